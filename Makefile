@@ -1,0 +1,50 @@
+# Quick start: `make demo` and `make test` on a fresh machine.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch 2.13.0's CPU wheel is what the worker-helper tests run against.
+TORCH  ?= torch==2.13.0
+
+.PHONY: demo test lint typecheck unit contract e2e bench schema clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.base: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q '$(TORCH)'
+	touch $@
+
+demo: $(VENV)/.base
+	$(BIN)/allocator demo --policy config/policy.example.yaml
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check allocator tests bench
+	$(BIN)/ruff format --check allocator tests bench
+	$(BIN)/mypy --strict allocator
+
+test: lint
+	$(BIN)/pytest -q
+
+unit: $(VENV)/.dev
+	$(BIN)/pytest -q tests/unit
+
+contract: $(VENV)/.dev
+	$(BIN)/pytest -q tests/contract
+
+e2e: $(VENV)/.dev
+	$(BIN)/pytest -q tests/e2e
+
+bench: $(VENV)/.dev
+	$(BIN)/python bench/run.py
+
+schema: $(VENV)/.base
+	$(BIN)/allocator policy schema > config/policy.schema.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,5 @@
+"""``python -m allocator`` runs the CLI."""
+
+from allocator.cli import run
+
+run()

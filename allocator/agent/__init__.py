@@ -1,0 +1,1 @@
+"""The host agent: watches the store, decides which workers should run, and supervises them."""

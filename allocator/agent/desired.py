@@ -1,0 +1,238 @@
+"""What should run on this host: policy + assignments + GPU health -> desired jobs.
+
+Pure: everything it needs is passed in, nothing is read or written. The
+command a worker runs comes from the reviewed policy; an assignment may carry
+its own command only where the policy's job allows ad-hoc commands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+
+from allocator.agent.model import DesiredJob, DesiredState, Device, WorkerSpec
+from allocator.errors import RequestError
+from allocator.gpus.model import GpuInfo
+from allocator.policy.model import FallbackRule, Job, Policy
+from allocator.records import Assignment
+
+__all__ = ["desired_job", "desired_jobs", "fingerprint", "master_port"]
+
+
+def desired_jobs(
+    policy: Policy,
+    host: str,
+    assignments: Mapping[str, Assignment],
+    assignment_revisions: Mapping[str, int],
+    inventory: Sequence[GpuInfo] | None,
+    unhealthy: Mapping[int, str],
+    failed: Mapping[str, int],
+) -> dict[str, DesiredJob]:
+    """Return the desired job for every assignment on ``host``, keyed by job name.
+
+    ``failed`` maps a job to the assignment revision at which a ``fail``
+    fallback rule marked it failed; it stays failed until that revision changes.
+    Assignments naming another host are not this agent's and are left out.
+    """
+    return {
+        name: desired_job(
+            policy,
+            assignment,
+            assignment_revisions.get(name, 0),
+            inventory,
+            unhealthy,
+            failed.get(name),
+        )
+        for name, assignment in sorted(assignments.items())
+        if assignment.host == host
+    }
+
+
+def desired_job(
+    policy: Policy,
+    assignment: Assignment,
+    revision: int,
+    inventory: Sequence[GpuInfo] | None,
+    unhealthy: Mapping[int, str],
+    failed_at: int | None,
+) -> DesiredJob:
+    """Decide what one assigned job should do: run (and how), wait, fail or be refused."""
+    job = policy.jobs.get(assignment.job)
+    if job is None:
+        message = (
+            f"job {assignment.job!r} holds GPUs but is not declared in the policy; "
+            "the agent runs only declared jobs"
+        )
+        return _not_running(
+            Job(name=assignment.job, command=()), assignment, revision, "undeclared", message
+        )
+    argv, refusal = _command(job, assignment)
+    if refusal is not None:
+        return _not_running(job, assignment, revision, "refused", refusal)
+    if failed_at is not None and failed_at == revision:
+        message = (
+            f"job {job.name!r} was marked failed; it stays failed until its assignment changes"
+        )
+        return _not_running(job, assignment, revision, "failed", message)
+    if assignment.mode == "cpu":
+        reason = assignment.fallback_reason or "assigned gpus=cpu"
+        return _running(policy, job, _on_cpu(assignment, reason), argv, revision, inventory, "")
+    return _with_health(policy, job, assignment, argv, revision, inventory, unhealthy)
+
+
+def _with_health(
+    policy: Policy,
+    job: Job,
+    assignment: Assignment,
+    argv: tuple[str, ...],
+    revision: int,
+    inventory: Sequence[GpuInfo] | None,
+    unhealthy: Mapping[int, str],
+) -> DesiredJob:
+    """Apply the job's fallback rule when one of its GPUs is unhealthy."""
+    bad = [(gpu, unhealthy[gpu]) for gpu in assignment.gpus if gpu in unhealthy]
+    if not bad:
+        return _running(policy, job, assignment, argv, revision, inventory, "")
+    trouble = "; ".join(f"GPU {gpu} unhealthy: {why}" for gpu, why in bad)
+    rule = policy.fallback_for(job.name)
+    if rule is None:
+        note = f"{trouble} (job {job.name!r} has no fallback rule; it keeps running on its GPUs)"
+        return _running(policy, job, assignment, argv, revision, inventory, note)
+    if rule.action == "cpu":
+        note = f"{trouble}; running on CPU ({_rule_words(rule)})"
+        return _running(policy, job, _on_cpu(assignment, trouble), argv, revision, inventory, note)
+    if rule.action == "wait":
+        message = f"{trouble}; waiting for it to recover ({_rule_words(rule)})"
+        return _not_running(job, assignment, revision, "wait", message)
+    message = f"{trouble}; job {job.name!r} failed ({_rule_words(rule)})"
+    return _not_running(job, assignment, revision, "failed", message)
+
+
+def _rule_words(rule: FallbackRule) -> str:
+    return f"fallback rule {rule.name!r}: {rule.action}"
+
+
+def _on_cpu(assignment: Assignment, reason: str) -> Assignment:
+    """The same assignment moved to CPU, so the rendered environment hides every GPU."""
+    return dataclasses.replace(assignment, mode="cpu", gpus=(), fallback_reason=reason)
+
+
+def _command(job: Job, assignment: Assignment) -> tuple[tuple[str, ...], str | None]:
+    """The argv to run and, when the assignment's ad-hoc command is not allowed, why."""
+    if assignment.command is None:
+        return job.command, None
+    if not job.allow_adhoc_command:
+        return (), (
+            f"job {job.name!r}: the assignment carries its own command but the policy does "
+            "not allow ad-hoc commands for this job (allow_adhoc_command: false)"
+        )
+    if not assignment.command:
+        return (), f"job {job.name!r}: the assignment's ad-hoc command is empty"
+    return assignment.command, None
+
+
+def _running(
+    policy: Policy,
+    job: Job,
+    assignment: Assignment,
+    argv: tuple[str, ...],
+    revision: int,
+    inventory: Sequence[GpuInfo] | None,
+    message: str,
+) -> DesiredJob:
+    """A job that should run: one WorkerSpec per rendered environment."""
+    # Imported here: the sibling module is the one place environments are rendered.
+    from allocator.gpus.visible import worker_environments
+
+    try:
+        envs = worker_environments(
+            assignment,
+            inventory,
+            policy,
+            fallback_reason=assignment.fallback_reason if assignment.mode == "cpu" else None,
+            master_port=master_port(job),
+        )
+    except RequestError as exc:
+        return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
+    device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
+    workers = tuple(
+        WorkerSpec(
+            job=job.name,
+            index=index,
+            argv=argv,
+            env={**job.env, **env},
+            cwd=job.cwd,
+            gpus=_worker_gpus(assignment, job, index),
+            device=device,
+        )
+        for index, env in enumerate(envs)
+    )
+    return _desired(job, assignment, revision, "run", message, workers, device)
+
+
+def _naming(job: Job, message: str) -> str:
+    """``message``, led by the job's name unless it already names the job."""
+    return message if message.startswith(f"job {job.name}") else f"job {job.name}: {message}"
+
+
+def _worker_gpus(assignment: Assignment, job: Job, index: int) -> tuple[int, ...]:
+    """The physical GPUs worker ``index`` sees: its own one in per-gpu mode."""
+    if assignment.mode == "cpu":
+        return ()
+    if job.workers == "per-gpu":
+        return assignment.gpus[index : index + 1]
+    return assignment.gpus
+
+
+def _not_running(
+    job: Job, assignment: Assignment, revision: int, state: DesiredState, message: str
+) -> DesiredJob:
+    device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
+    return _desired(job, assignment, revision, state, message, (), device)
+
+
+def _desired(
+    job: Job,
+    assignment: Assignment,
+    revision: int,
+    state: DesiredState,
+    message: str,
+    workers: tuple[WorkerSpec, ...],
+    device: Device,
+) -> DesiredJob:
+    return DesiredJob(
+        job=assignment.job,
+        state=state,
+        workers=workers,
+        fingerprint=fingerprint(workers),
+        on_change=job.on_change,
+        grace_seconds=job.grace_seconds,
+        max_restarts=job.max_restarts,
+        backoff_base=job.restart_backoff_seconds,
+        backoff_max=job.restart_backoff_max_seconds,
+        gpus=assignment.gpus,
+        device=device,
+        fallback_reason=assignment.fallback_reason if device == "cpu" else None,
+        message=message,
+        assignment_revision=revision,
+    )
+
+
+def fingerprint(workers: Sequence[WorkerSpec]) -> str:
+    """sha256 over every worker's argv, env and cwd: what a running process cannot change."""
+    body = [{"argv": list(w.argv), "env": dict(w.env), "cwd": w.cwd} for w in workers]
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def master_port(job: Job) -> int | None:
+    """The policy's MASTER_PORT for the job, if it sets a valid one.
+
+    The allocator's variables override the job's env, so a port the policy
+    chose must be handed to the renderer; otherwise it derives a stable one.
+    """
+    declared = job.env.get("MASTER_PORT", "")
+    if declared.isdigit() and 0 < int(declared) < 65536:
+        return int(declared)
+    return None

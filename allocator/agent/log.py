@@ -1,0 +1,54 @@
+"""One structured line per agent decision, as text (key=value) or JSON."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, TextIO
+
+from allocator.identity import format_time, utc_now
+
+__all__ = ["DecisionLog"]
+
+
+def _text_value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        value = ",".join(str(v) for v in value)
+    text = str(value)
+    if not text or any(c.isspace() or c in '"=' for c in text):
+        return json.dumps(text)
+    return text
+
+
+class DecisionLog:
+    """Write ``event`` and its fields as one line to ``stream`` (stderr by default)."""
+
+    def __init__(
+        self,
+        fmt: str,
+        host: str,
+        *,
+        stream: TextIO | None = None,
+        wall: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.fmt = fmt
+        self.host = host
+        self._stream = stream or sys.stderr
+        self._wall = wall
+
+    def __call__(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
+        """Log one decision or observation."""
+        record = {
+            "ts": format_time(self._wall()),
+            "host": self.host,
+            "event": event,
+            **(fields or {}),
+        }
+        if self.fmt == "json":
+            line = json.dumps(record, sort_keys=False, default=str)
+        else:
+            line = " ".join(f"{k}={_text_value(v)}" for k, v in record.items() if v is not None)
+        self._stream.write(line + "\n")
+        self._stream.flush()

@@ -1,0 +1,420 @@
+"""The host agent: watch the store, reconcile, supervise, report.
+
+Level-based: every change, and a periodic full re-read, recomputes the
+desired workers from the store and compares them with what runs; the
+supervisor carries out the planned actions. The loop sleeps on the watch
+queue, so it costs nothing while nothing happens.
+
+Hard rules kept here:
+
+* A store outage never stops a worker: the last known assignment stays in
+  force, the agent retries with capped, jittered backoff, says it is stale,
+  and resumes the watch from its last revision (after a compaction, it
+  re-reads everything).
+* Adoption happens before the first plan, so a restarted agent never runs a
+  second copy of a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from types import FrameType
+from typing import Any
+
+from allocator import __version__
+from allocator.agent.config import AgentConfig
+from allocator.agent.desired import desired_jobs
+from allocator.agent.link import Message, RetryTimer, WatchError, WatchThread, start_watches
+from allocator.agent.log import DecisionLog
+from allocator.agent.model import Action, DesiredJob, GiveUp, Start, Stop
+from allocator.agent.reconcile import plan
+from allocator.agent.report import agent_record, worker_records
+from allocator.agent.supervisor import Supervisor
+from allocator.errors import AllocatorError, Compacted, LeaseLost, PolicyError, StoreError
+from allocator.gpus.health import HealthMonitor
+from allocator.gpus.inventory import Inventory, read_inventory
+from allocator.identity import format_time, utc_now
+from allocator.keys import KeyLayout
+from allocator.policy import Policy, load_policy
+from allocator.records import Assignment, PolicyRecord
+from allocator.store import Store, open_store, resolve_store_url
+
+__all__ = ["Agent"]
+
+#: The longest the loop sleeps before reaping exits and checking timers.
+TICK_SECONDS = 0.2
+
+
+class Agent:
+    """One host's agent. ``run()`` returns when SIGTERM/SIGINT arrives."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = utc_now,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.wall = wall
+        self.environ = dict(os.environ if environ is None else environ)
+        self.layout = KeyLayout(config.prefix)
+        self.url = resolve_store_url(config.store)
+        self.log = DecisionLog(config.log_format, config.host)
+        config.agent_dir.mkdir(parents=True, exist_ok=True)
+        self.supervisor = Supervisor(
+            config.worker_log_dir, config.agent_dir / "workers.json", clock=clock, logger=self.log
+        )
+        self.inbox: queue.Queue[Message] = queue.Queue()
+        self.store: Store | None = None
+        self.watches: list[WatchThread] = []
+        self.revision = 0
+        self.policy: Policy | None = None
+        self.policy_sha = ""
+        self.assignments: dict[str, Assignment] = {}
+        self.assignment_revisions: dict[str, int] = {}
+        self.failed: dict[str, int] = {}
+        self.desired: dict[str, DesiredJob] = {}
+        self.inventory: Inventory = read_inventory(None, environ=self.environ)
+        self.health = HealthMonitor(environ=self.environ)
+        self.unhealthy: dict[int, str] = {}
+        self.lease: int | None = None
+        self.started_at = format_time(wall())
+        self.connected = False
+        self.have_state = False
+        self.retry = RetryTimer(config.retry_max_seconds)
+        self.next_connect = 0.0
+        self.next_resync = 0.0
+        self.next_heartbeat = 0.0
+        self.next_health = 0.0
+        self.published: dict[str, bytes] = {}
+        self.stop_requested = False
+        self.reload_requested = False
+
+    # --- the loop -------------------------------------------------------------
+
+    def run(self) -> int:
+        """Adopt, then watch-reconcile until asked to stop; return an exit code."""
+        self._install_signal_handlers()
+        report = self.supervisor.adopt()
+        self.log(
+            "adopt", {"adopted": _jobs_of(report, "adopted"), "stale": _jobs_of(report, "stale")}
+        )
+        self.log(
+            "start", {"store": self.url, "version": __version__, "inventory": self.inventory.source}
+        )
+        try:
+            while not self.stop_requested:
+                self._step()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _step(self) -> None:
+        now = self.clock()
+        if self.reload_requested:
+            self._reload()
+        if not self.connected and now >= self.next_connect:
+            self._connect(now)
+        elif self.connected and now >= self.next_resync:
+            self._guarded(self._full_read)
+        self._drain(self._sleep_for(self.clock()))
+        now = self.clock()
+        if now >= self.next_health:
+            self._check_health(now)
+        for exited in self.supervisor.tick():
+            self.log("exit", _as_fields(exited))
+        if self.have_state:
+            self._reconcile(self.clock())
+        if self.connected:
+            self._guarded(lambda: self._publish(self.clock()))
+
+    def _sleep_for(self, now: float) -> float:
+        due = [self.next_health]
+        if not self.connected:
+            due.append(self.next_connect)
+        return max(0.0, min(TICK_SECONDS, *(t - now for t in due)))
+
+    def _drain(self, timeout: float) -> None:
+        try:
+            messages = [self.inbox.get(timeout=timeout)]
+        except queue.Empty:
+            return
+        while True:
+            try:
+                messages.append(self.inbox.get_nowait())
+            except queue.Empty:
+                break
+        errors = [m for m in messages if isinstance(m, WatchError)]
+        if errors:
+            self._on_watch_error(errors[0].error)
+        elif self.connected:
+            self._guarded(self._full_read)
+
+    # --- the store -----------------------------------------------------------
+
+    def _connect(self, now: float) -> None:
+        try:
+            if self.store is None:
+                self.store = open_store(self.url)
+            self._full_read()
+            self._start_watches()
+            self.connected = True
+            self.retry.succeeded()
+            self.next_heartbeat = now
+            self.log("store-connected", {"store": self.url, "revision": self.revision})
+        except AllocatorError as exc:
+            self._disconnected(exc)
+
+    def _full_read(self) -> None:
+        """Re-read the host's assignments, then the policy (level-based)."""
+        store = self._require_store()
+        listing = store.list(self.layout.host_jobs(self.config.host))
+        assignments: dict[str, Assignment] = {}
+        revisions: dict[str, int] = {}
+        for item in listing.items:
+            job = item.key.rsplit("/", 1)[-1]
+            try:
+                assignments[job] = Assignment.from_json(item.value)
+                revisions[job] = item.mod_revision
+            except (StoreError, KeyError, TypeError, ValueError) as exc:
+                self.log("bad-record", {"key": item.key, "error": str(exc)})
+        self._read_policy(store)
+        self.assignments, self.assignment_revisions = assignments, revisions
+        self.revision = max(self.revision, listing.revision)
+        self.have_state = self.policy is not None
+        self.next_resync = self.clock() + self.config.resync_seconds
+
+    def _read_policy(self, store: Store) -> None:
+        item = store.get(self.layout.policy)
+        if item is None:
+            if self.policy is None:
+                self.log("no-policy", {"hint": "run `allocator policy apply FILE`"})
+            return
+        record = PolicyRecord.from_json(item.value)
+        if record.sha256 == self.policy_sha:
+            return
+        try:
+            self.policy = load_policy(record.yaml, source="applied policy")
+        except PolicyError as exc:  # keep the last good policy rather than stopping work
+            self.log("bad-policy", {"error": str(exc)})
+            return
+        self.policy_sha = record.sha256
+        self._policy_changed()
+        self.log("policy", {"sha256": record.sha256[:12], "applied_by": record.applied_by})
+
+    def _policy_changed(self) -> None:
+        assert self.policy is not None
+        declared = self.policy.hosts.get(self.config.host)
+        if self.inventory.source in ("declared", "none"):
+            count = declared.gpus if declared is not None else None
+            self.inventory = read_inventory(count, environ=self.environ)
+        self.health.ignored_xids = self.policy.health.ignored_xids
+
+    def _start_watches(self) -> None:
+        self._stop_watches()
+        prefixes = [self.layout.host_jobs(self.config.host), self.layout.policy]
+        self.watches = start_watches(
+            lambda: open_store(self.url), prefixes, self.revision + 1, self.inbox
+        )
+
+    def _stop_watches(self) -> None:
+        for watch in self.watches:
+            watch.stop()
+        self.watches = []
+        while not self.inbox.empty():
+            self.inbox.get_nowait()
+
+    def _on_watch_error(self, error: AllocatorError) -> None:
+        if isinstance(error, Compacted):
+            self.log(
+                "watch-compacted", {"revision": self.revision, "compact": error.compact_revision}
+            )
+            self.revision = 0
+            try:
+                self._full_read()
+                self._start_watches()
+            except AllocatorError as exc:
+                self._disconnected(exc)
+            return
+        self._disconnected(error)
+
+    def _disconnected(self, error: AllocatorError) -> None:
+        was_connected = self.connected
+        self.connected = False
+        self._stop_watches()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        self.next_connect = self.retry.failed(self.clock())
+        self.log(
+            "store-unavailable",
+            {
+                "error": " ".join(str(error).split()),
+                "stale": True,
+                "keeping_workers": len(self.supervisor.views()),
+                "retry_in": round(self.next_connect - self.clock(), 2),
+                "first": not was_connected,
+            },
+        )
+
+    def _guarded(self, operation: Callable[[], None]) -> None:
+        try:
+            operation()
+        except LeaseLost:
+            self.lease = None
+        except AllocatorError as exc:
+            self._disconnected(exc)
+
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise StoreError("not connected")
+        return self.store
+
+    # --- health, reconcile, publish --------------------------------------------
+
+    def _check_health(self, now: float) -> None:
+        interval = self.policy.health.interval_seconds if self.policy is not None else 5.0
+        self.next_health = now + interval
+        state = self.health.check(now)
+        unhealthy = state.unhealthy()
+        if set(unhealthy) != set(self.unhealthy):
+            self.log("health", {"unhealthy": {str(k): v for k, v in sorted(unhealthy.items())}})
+        self.unhealthy = unhealthy
+
+    def _reconcile(self, now: float) -> None:
+        assert self.policy is not None
+        self.desired = desired_jobs(
+            self.policy,
+            self.config.host,
+            self.assignments,
+            self.assignment_revisions,
+            self.inventory.gpus or None,
+            self.unhealthy,
+            self.failed,
+        )
+        for job, want in self.desired.items():
+            if want.state == "failed" and job not in self.failed:
+                self.failed[job] = want.assignment_revision
+                self.log("job-failed", {"job": job, "reason": want.message})
+        self.failed = {
+            j: rev for j, rev in self.failed.items() if self.assignment_revisions.get(j) == rev
+        }
+        for action in plan(self.desired, self.supervisor.views(), now):
+            self.log(_action_name(action), _action_fields(action))
+            self.supervisor.apply(action)
+
+    def _publish(self, now: float) -> None:
+        store = self._require_store()
+        if now >= self.next_heartbeat:
+            self._heartbeat(store)
+            self.next_heartbeat = now + self.config.heartbeat_seconds
+        records = worker_records(self.config.host, self.desired, self.supervisor.records())
+        for job, raw in records.items():
+            if self.published.get(job) != raw:
+                store.put(self.layout.workers(self.config.host, job), raw)
+                self.published[job] = raw
+        for job in set(self.published) - set(records):
+            store.delete(self.layout.workers(self.config.host, job))
+            del self.published[job]
+
+    def _heartbeat(self, store: Store) -> None:
+        if self.lease is not None:
+            try:
+                store.refresh_lease(self.lease)
+            except LeaseLost:
+                self.log("lease-lost", {"lease": self.lease})
+                self.lease = None
+        if self.lease is None:
+            self.lease = store.grant_lease(self.config.lease_ttl)
+        record = agent_record(
+            self.config.host,
+            self.inventory,
+            self.unhealthy,
+            heartbeat_at=format_time(self.wall()),
+            started_at=self.started_at,
+            version=__version__,
+        )
+        store.put(self.layout.agent(self.config.host), record, lease=self.lease)
+
+    # --- signals, reload, shutdown -----------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        def stop(signum: int, _frame: FrameType | None) -> None:
+            self.stop_requested = True
+
+        def reload(signum: int, _frame: FrameType | None) -> None:
+            self.reload_requested = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, reload)
+
+    def _reload(self) -> None:
+        """SIGHUP: re-read inventory and the store state; workers are left alone."""
+        self.reload_requested = False
+        declared = self.policy.hosts.get(self.config.host) if self.policy else None
+        self.inventory = read_inventory(declared.gpus if declared else None, environ=self.environ)
+        self.log("reload", {"inventory": self.inventory.source, "gpus": len(self.inventory.gpus)})
+        if self.connected:
+            self._guarded(self._full_read)
+
+    def _shutdown(self) -> None:
+        self._stop_watches()
+        if self.config.keep_workers_on_exit:
+            self.log("exit-keeping-workers", {"jobs": sorted(self.supervisor.views())})
+        else:
+            self.log("stopping-workers", {"jobs": sorted(self.supervisor.views())})
+            self.supervisor.stop_all()
+        if self.store is not None:
+            self._guarded(self._final_report)
+        if self.store is not None:
+            self.store.close()
+        self.health.close()
+        self.log("stopped", {})
+
+    def _final_report(self) -> None:
+        store = self._require_store()
+        if not self.config.keep_workers_on_exit:
+            for job in list(self.published):
+                store.delete(self.layout.workers(self.config.host, job))
+        if self.lease is not None:
+            store.revoke_lease(self.lease)
+
+
+def _jobs_of(report: Any, field: str) -> list[str]:
+    return sorted(str(j) for j in getattr(report, field, ()))
+
+
+def _as_fields(obj: Any) -> dict[str, Any]:
+    if hasattr(obj, "__dataclass_fields__"):
+        return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+    return {"detail": str(obj)}
+
+
+def _action_name(action: Action) -> str:
+    return type(action).__name__.lower()
+
+
+def _action_fields(action: Action) -> dict[str, Any]:
+    fields = _as_fields(action)
+    if isinstance(action, Start):
+        spec = action.spec
+        fields["spec"] = None
+        fields.update(
+            gpus=list(spec.gpus),
+            device=spec.device,
+            workers=len(spec.workers),
+            fallback=spec.fallback_reason,
+        )
+        del fields["spec"]
+    if isinstance(action, Stop | GiveUp):
+        fields["reason"] = action.reason
+    return fields

@@ -1,0 +1,129 @@
+"""Plain frozen data shared by the agent's parts.
+
+``desired`` turns policy and assignments into :class:`DesiredJob` values, the
+supervisor reports each running job as a :class:`JobView`, and ``reconcile``
+compares the two and returns :data:`Action` values for the supervisor to carry out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Device = Literal["cuda", "cpu"]
+DesiredState = Literal["run", "wait", "failed", "refused", "undeclared"]
+StartCause = Literal["new", "change", "crash"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """Everything needed to start one worker process of a job."""
+
+    job: str
+    index: int  # 0 for single; local rank in per-gpu mode
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # overlay: policy job.env, then the allocator's variables on top
+    cwd: str | None
+    gpus: tuple[int, ...]  # physical indices this worker sees
+    device: Device
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredJob:
+    """What the agent wants for one job on this host; only state "run" has workers."""
+
+    job: str
+    state: DesiredState
+    workers: tuple[WorkerSpec, ...]
+    fingerprint: str  # sha256 over every worker's argv, env, cwd
+    on_change: str  # "restart" | "none" | "signal:SIGUSR1" ...
+    grace_seconds: float
+    max_restarts: int
+    backoff_base: float
+    backoff_max: float
+    gpus: tuple[int, ...]
+    device: Device
+    fallback_reason: str | None
+    message: str  # why wait/failed/refused/undeclared; "" when running normally
+    assignment_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """The supervisor's snapshot of one job it tracks, input to ``plan``."""
+
+    job: str
+    fingerprint: str  # of the spec its workers run (or accepted via on_change none/signal)
+    alive: int  # workers whose process group still has live processes
+    stopping: bool  # a graceful stop is in progress
+    exit_codes: tuple[int | None, ...]  # per worker: None = running; 128+N for signal N
+    crash_restarts: int
+    change_restarts: int
+    next_restart_at: float | None  # monotonic time a crash restart is due
+    gave_up: bool  # crash-loop limit reached; stays until the fingerprint changes
+    started_at: float  # monotonic time the current workers started
+    gpus: tuple[int, ...] = field(default=())  # GPUs the running workers were started on
+    device: Device = "cuda"  # device the running workers were started on
+    grace_seconds: float = 10.0  # of the spec they were started with; stops an undeclared job
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start the job's workers from ``spec`` (the old group is entirely gone)."""
+
+    job: str
+    spec: DesiredJob
+    cause: StartCause
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Gracefully stop every worker group of the job: SIGTERM, then SIGKILL after grace."""
+
+    job: str
+    reason: str
+    grace_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class SignalJob:
+    """Send ``signum`` to the job's workers and record ``fingerprint`` as accepted."""
+
+    job: str
+    signum: int
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class Accept:
+    """Record ``fingerprint`` as accepted without touching the workers (on_change none)."""
+
+    job: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRestart:
+    """Record that a crash restart of the job is due at monotonic time ``at``."""
+
+    job: str
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class GiveUp:
+    """Stop restarting the job: the crash-loop limit was reached."""
+
+    job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Forget:
+    """Drop the job's runtime: nothing is left to track."""
+
+    job: str
+
+
+Action = Start | Stop | SignalJob | Accept | ScheduleRestart | GiveUp | Forget

@@ -1,0 +1,89 @@
+"""What the agent publishes: its own record and one record per job (pure)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from allocator.agent.model import DesiredJob
+from allocator.gpus.inventory import Inventory
+from allocator.records import AgentRecord, WorkerRecord
+
+__all__ = ["agent_record", "worker_records"]
+
+
+def agent_record(
+    host: str,
+    inventory: Inventory,
+    unhealthy: Mapping[int, str],
+    *,
+    heartbeat_at: str,
+    started_at: str,
+    version: str,
+) -> bytes:
+    """The leased liveness record: inventory, health, heartbeat."""
+    return AgentRecord(
+        host=host,
+        gpus=inventory.gpus,
+        unhealthy=dict(unhealthy),
+        heartbeat_at=heartbeat_at,
+        started_at=started_at,
+        pid=os.getpid(),
+        version=version,
+        inventory_source=inventory.source,
+    ).to_json()
+
+
+def worker_records(
+    host: str,
+    desired: Mapping[str, DesiredJob],
+    running: Mapping[str, Mapping[str, Any]],
+) -> dict[str, bytes]:
+    """One encoded :class:`WorkerRecord` per job that runs or is held back."""
+    out: dict[str, bytes] = {}
+    for job in sorted(set(desired) | set(running)):
+        want = desired.get(job)
+        have = running.get(job)
+        if have is not None:
+            record = _from_runtime(host, job, want, have)
+        elif want is not None and want.state != "run":
+            record = WorkerRecord(
+                job=job,
+                host=host,
+                state=want.state,
+                gpus=want.gpus,
+                device=want.device,
+                message=want.message,
+                fallback_reason=want.fallback_reason,
+                assignment_revision=want.assignment_revision,
+            )
+        else:
+            continue
+        out[job] = record.to_json()
+    return out
+
+
+def _from_runtime(
+    host: str, job: str, want: DesiredJob | None, have: Mapping[str, Any]
+) -> WorkerRecord:
+    message = want.message if want is not None else "not assigned: stopping"
+    if want is not None and want.state != "run":
+        message = want.message
+    last_exit = have.get("last_exit")
+    return WorkerRecord(
+        job=job,
+        host=host,
+        state=str(have.get("state", "unknown")),
+        pids=tuple(int(p) for p in have.get("pids", ())),
+        gpus=tuple(int(g) for g in have.get("gpus", ())),
+        device=str(have.get("device", "cuda")),
+        since=str(have.get("since", "")),
+        restarts=int(have.get("restarts", 0)),
+        crash_restarts=int(have.get("crash_restarts", 0)),
+        last_exit=int(last_exit) if last_exit is not None else None,
+        fallback_reason=have.get("fallback_reason"),
+        message=message,
+        start_times=tuple(float(t) for t in have.get("start_times", ())),
+        assignment_revision=want.assignment_revision if want is not None else 0,
+    )

@@ -1,0 +1,339 @@
+"""Reading and writing assignments and the policy: the race-free core.
+
+Every assignment write is one transaction that compares
+
+* the policy key's revision (the policy the request was checked against), and
+* the host's generation key (bumped by every assignment change on the host),
+
+so two operators racing for one GPU can never both win: the loser's
+transaction fails, it re-reads, and placement then refuses it naming the
+winner. A lost race is retried a bounded number of times (tenacity).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import TypeVar
+
+from allocator.errors import CasConflict, ConflictError, PlacementRefused, RequestError
+from allocator.identity import actor as default_actor
+from allocator.identity import format_time, local_hostname, utc_now
+from allocator.keys import DEFAULT_PREFIX, KeyLayout
+from allocator.placement import Placement, Request, place
+from allocator.policy import Policy, load_policy, policy_sha256
+from allocator.records import (
+    SCHEMA_VERSION,
+    AgentRecord,
+    Assignment,
+    PolicyRecord,
+    WorkerRecord,
+)
+from allocator.store import Compare, Delete, KeyValue, Put, Store
+
+__all__ = ["Allocator", "ApplyResult", "HostSnapshot", "PolicySnapshot"]
+
+DEFAULT_ATTEMPTS = 5
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    """The applied policy, its record, and the revision it was read at."""
+
+    policy: Policy
+    record: PolicyRecord
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    """Everything stored under one host, read in one prefix read."""
+
+    host: str
+    assignments: dict[str, Assignment] = field(default_factory=dict)
+    generation: int = 0
+    agent: AgentRecord | None = None
+    workers: dict[str, WorkerRecord] = field(default_factory=dict)
+    revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What ``policy apply`` did."""
+
+    changed: bool
+    record: PolicyRecord
+    revision: int
+    warnings: tuple[str, ...] = ()
+
+
+def snapshot_from_items(
+    host: str, items: tuple[KeyValue, ...], layout: KeyLayout, revision: int
+) -> HostSnapshot:
+    """Decode one host's keys (already read) into a :class:`HostSnapshot`."""
+    assignments: dict[str, Assignment] = {}
+    workers: dict[str, WorkerRecord] = {}
+    generation = 0
+    agent: AgentRecord | None = None
+    for item in items:
+        parsed = layout.parse_host_key(item.key)
+        if parsed is None or parsed[0] != host:
+            continue
+        _, kind, name = parsed
+        if kind == "jobs" and name:
+            assignments[name] = Assignment.from_json(item.value)
+        elif kind == "workers" and name:
+            workers[name] = WorkerRecord.from_json(item.value)
+        elif kind == "generation":
+            generation = item.mod_revision
+        elif kind == "agent":
+            agent = AgentRecord.from_json(item.value)
+    return HostSnapshot(host, assignments, generation, agent, workers, revision)
+
+
+class Allocator:
+    """Operations on one store: read state, assign, release, apply policy."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        clock: Callable[[], datetime] = utc_now,
+        actor: str | None = None,
+        attempts: int = DEFAULT_ATTEMPTS,
+    ) -> None:
+        self.store = store
+        self.layout = KeyLayout(prefix)
+        self.clock = clock
+        self.actor = actor or default_actor()
+        self.attempts = attempts
+
+    # --- reads ------------------------------------------------------------
+
+    def policy(self) -> PolicySnapshot | None:
+        """The applied policy, or ``None`` if none was applied yet."""
+        item = self.store.get(self.layout.policy)
+        if item is None:
+            return None
+        record = PolicyRecord.from_json(item.value)
+        policy = load_policy(record.yaml, source="applied policy")
+        return PolicySnapshot(policy, record, item.mod_revision)
+
+    def require_policy(self) -> PolicySnapshot:
+        """The applied policy, or a ``RequestError`` telling how to apply one."""
+        snapshot = self.policy()
+        if snapshot is None:
+            raise RequestError(
+                f"no policy applied in {self.store.url}: run `allocator policy apply FILE` first"
+            )
+        return snapshot
+
+    def host(self, host: str) -> HostSnapshot:
+        """Everything stored under ``host``, in one prefix read."""
+        listing = self.store.list(self.layout.host(host))
+        return snapshot_from_items(host, listing.items, self.layout, listing.revision)
+
+    def default_host(self, policy: Policy | None) -> str:
+        """The only host in the policy, else this machine's host name."""
+        if policy is not None and len(policy.hosts) == 1:
+            return next(iter(policy.hosts))
+        return local_hostname()
+
+    def find_job(self, job: str) -> list[Assignment]:
+        """Every host's assignment of ``job`` (one prefix read over all hosts)."""
+        found = []
+        for item in self.store.list(self.layout.hosts).items:
+            parsed = self.layout.parse_host_key(item.key)
+            if parsed is not None and parsed[1] == "jobs" and parsed[2] == job:
+                found.append(Assignment.from_json(item.value))
+        return found
+
+    # --- writes -----------------------------------------------------------
+
+    def assign(
+        self, request: Request, *, reason: str = "", command: tuple[str, ...] | None = None
+    ) -> tuple[Assignment, Placement]:
+        """Check ``request`` against policy and current state, then write it atomically.
+
+        ``request.host`` may be empty: the default host is used then.
+        """
+        return self._with_retries(lambda: self._assign_once(request, reason, command), "set")
+
+    def release(self, host: str, job: str) -> Assignment:
+        """Remove ``job``'s assignment on ``host``; return what was removed."""
+        return self._with_retries(lambda: self._release_once(host, job), "release")
+
+    def apply_policy(self, text: str, source: str, *, force: bool = False) -> ApplyResult:
+        """Validate ``text`` and store it as the applied policy (CAS on the old one).
+
+        Existing assignments the new policy would forbid are refused (exit 3,
+        each named) unless ``force``.
+        """
+        policy = load_policy(text, source=source)
+        return self._with_retries(
+            lambda: self._apply_once(policy, text, source, force), "policy apply"
+        )
+
+    # --- internals ----------------------------------------------------------
+
+    def _with_retries(self, operation: Callable[[], T], what: str) -> T:
+        from tenacity import (
+            Retrying,
+            retry_if_exception_type,
+            stop_after_attempt,
+            wait_random_exponential,
+        )
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(CasConflict),
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_random_exponential(multiplier=0.01, max=0.2),
+            reraise=True,
+        )
+        try:
+            return retrying(operation)
+        except CasConflict as exc:
+            raise ConflictError(
+                f"{what}: the store changed under us {self.attempts} times in a row "
+                f"({', '.join(exc.keys) or 'compared keys'}); nothing was written, try again"
+            ) from exc
+
+    def _assign_once(
+        self, asked: Request, reason: str, command: tuple[str, ...] | None
+    ) -> tuple[Assignment, Placement]:
+        snapshot = self.require_policy()
+        if command is not None:
+            _check_adhoc_command(snapshot.policy, asked.job)
+        host = asked.host or self.default_host(snapshot.policy)
+        state = self.host(host)
+        agent = state.agent
+        request = replace(asked, host=host)
+        decision = place(
+            snapshot.policy,
+            request,
+            state.assignments,
+            self.clock(),
+            inventory=agent.gpus if agent and agent.gpus else None,
+            unhealthy=agent.unhealthy if agent else None,
+        )
+        assignment = Assignment(
+            job=request.job,
+            host=host,
+            gpus=decision.gpus,
+            mode=decision.mode,
+            updated_by=self.actor,
+            updated_at=format_time(self.clock()),
+            reason=reason,
+            requested=describe_request(request),
+            policy_revision=snapshot.revision,
+            command=command,
+            fallback_reason=decision.fallback_reason,
+        )
+        self.store.txn(
+            [
+                Compare(self.layout.policy, snapshot.revision),
+                Compare(self.layout.host_generation(host), state.generation),
+            ],
+            [
+                Put(self.layout.assignment(host, request.job), assignment.to_json()),
+                Put(self.layout.host_generation(host), self._generation_value()),
+            ],
+        )
+        return assignment, decision
+
+    def _release_once(self, host: str, job: str) -> Assignment:
+        state = self.host(host)
+        current = state.assignments.get(job)
+        if current is None:
+            held = ", ".join(sorted(state.assignments)) or "none"
+            raise RequestError(
+                f"job {job!r} has no assignment on host {host!r} (jobs there: {held})"
+            )
+        self.store.txn(
+            [Compare(self.layout.host_generation(host), state.generation)],
+            [
+                Delete(self.layout.assignment(host, job)),
+                Put(self.layout.host_generation(host), self._generation_value()),
+            ],
+        )
+        return current
+
+    def _apply_once(self, policy: Policy, text: str, source: str, force: bool) -> ApplyResult:
+        current = self.store.get(self.layout.policy)
+        digest = policy_sha256(text)
+        if current is not None:
+            old = PolicyRecord.from_json(current.value)
+            if old.sha256 == digest:
+                return ApplyResult(False, old, current.mod_revision)
+        violations = self.violations(policy)
+        if violations and not force:
+            raise PlacementRefused(
+                f"the new policy conflicts with {len(violations)} current assignment(s): "
+                f"{violations[0]}"
+                + (f" (and {len(violations) - 1} more)" if len(violations) > 1 else "")
+                + "; release them first or use --force"
+            )
+        record = PolicyRecord(
+            yaml=text,
+            sha256=digest,
+            applied_by=self.actor,
+            applied_at=format_time(self.clock()),
+            source=source,
+        )
+        revision = self.store.put(
+            self.layout.policy,
+            record.to_json(),
+            expect_revision=current.mod_revision if current is not None else 0,
+        )
+        return ApplyResult(True, record, revision, tuple(violations))
+
+    def violations(self, policy: Policy) -> list[str]:
+        """Current assignments that ``policy`` would refuse, one line each."""
+        listing = self.store.list(self.layout.hosts)
+        hosts = sorted({p[0] for i in listing.items if (p := self.layout.parse_host_key(i.key))})
+        found: list[str] = []
+        now = self.clock()
+        for host in hosts:
+            state = snapshot_from_items(host, listing.items, self.layout, listing.revision)
+            inventory = state.agent.gpus if state.agent and state.agent.gpus else None
+            for job, held in sorted(state.assignments.items()):
+                if held.mode == "cpu":
+                    continue
+                others = {j: a for j, a in state.assignments.items() if j != job}
+                request = Request(job=job, host=host, gpus=held.gpus)
+                try:
+                    place(policy, request, others, now, inventory=inventory)
+                except (PlacementRefused, RequestError) as exc:
+                    found.append(f"{job}@{host}: {exc}")
+        return found
+
+    def _generation_value(self) -> bytes:
+        body = {"schema_version": SCHEMA_VERSION, "by": self.actor, "at": format_time(self.clock())}
+        return json.dumps(body, sort_keys=True).encode()
+
+
+def _check_adhoc_command(policy: Policy, job: str) -> None:
+    """An ad-hoc command runs only where the reviewed policy allows it for that job."""
+    spec = policy.jobs.get(job)
+    if spec is None:
+        raise RequestError(
+            f"job {job!r} is not declared in the policy, so it cannot be given a command="
+        )
+    if not spec.allow_adhoc_command:
+        raise RequestError(
+            f"the policy does not allow ad-hoc commands for job {job!r} "
+            "(set allow_adhoc_command: true on the job to permit command=)"
+        )
+
+
+def describe_request(request: Request) -> str:
+    """The request as the operator typed it: ``gpus=1,3``, ``count=2`` or ``gpus=cpu``."""
+    if request.cpu:
+        return "gpus=cpu"
+    if request.count is not None:
+        return f"count={request.count}"
+    return "gpus=" + ",".join(str(g) for g in request.gpus or ())

@@ -1,0 +1,64 @@
+"""``allocator agent``: the host agent (run it under systemd or docker compose)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add the ``agent`` command."""
+    parser = commands.add_parser(
+        "agent",
+        help="run the host agent: watch this host's assignments and supervise workers",
+        description="Watch this host's assignments and the policy; run each assigned job's "
+        "workers with CUDA_VISIBLE_DEVICES set before they start; publish inventory, health "
+        "and worker state. SIGTERM stops workers gracefully (unless --keep-workers-on-exit); "
+        "SIGHUP re-reads the config and inventory without restarting workers.",
+    )
+    parser.add_argument("--host", help="this host's name in the policy (default: the host name)")
+    parser.add_argument(
+        "--store",
+        default=argparse.SUPPRESS,
+        help="store URL (default: $ALLOCATOR_STORE, else local sqlite)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=argparse.SUPPRESS,
+        help="key prefix (default: $ALLOCATOR_PREFIX or /allocator)",
+    )
+    parser.add_argument("--config", help="agent settings file (YAML)")
+    parser.add_argument("--state-dir", help="where the agent keeps its state (adoption)")
+    parser.add_argument("--log-dir", help="where each job's stdout/stderr go (<job>.log)")
+    parser.add_argument("--log-format", choices=("text", "json"), help="decision log format")
+    parser.add_argument(
+        "--keep-workers-on-exit",
+        action="store_true",
+        default=None,
+        help="leave workers running when the agent stops (a restarted agent adopts them)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the settings and run the agent until SIGTERM."""
+    import os
+
+    from allocator.agent.config import load_agent_config
+    from allocator.agent.loop import Agent
+
+    config = load_agent_config(
+        args.config,
+        {
+            "host": args.host,
+            "store": getattr(args, "store", None),
+            "prefix": getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX"),
+            "state_dir": args.state_dir,
+            "log_dir": args.log_dir,
+            "log_format": args.log_format,
+            "keep_workers_on_exit": args.keep_workers_on_exit,
+        },
+    )
+    return Agent(config).run()

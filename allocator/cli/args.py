@@ -1,0 +1,156 @@
+"""The ``key=value`` grammar of ``set``, ``get``, ``release`` and friends.
+
+Pure functions: they turn words into typed requests or raise
+``InvalidInput`` with one line saying what is wrong. No other exception may
+escape them (a property test feeds them arbitrary input).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from allocator.errors import InvalidInput
+from allocator.keys import validate_name
+
+__all__ = [
+    "MAX_GPU_INDEX",
+    "SetArgs",
+    "parse_gpu_list",
+    "parse_key_values",
+    "parse_set_args",
+    "parse_target_args",
+]
+
+#: No host has more GPUs than this; bigger numbers are typos.
+MAX_GPU_INDEX = 1023
+_MAX_COUNT = MAX_GPU_INDEX + 1
+_MAX_REASON = 200
+
+
+def parse_key_values(words: Iterable[str], allowed: Sequence[str]) -> dict[str, str]:
+    """Split ``key=value`` words, refusing unknown, repeated or malformed ones."""
+    result: dict[str, str] = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep:
+            raise InvalidInput(f"expected key=value, got {word!r} (keys: {', '.join(allowed)})")
+        if key not in allowed:
+            hint = difflib.get_close_matches(key, allowed, n=1)
+            suggestion = (
+                f"; did you mean {hint[0]!r}?" if hint else f" (keys: {', '.join(allowed)})"
+            )
+            raise InvalidInput(f"unknown argument {key!r}{suggestion}")
+        if key in result:
+            raise InvalidInput(f"{key}= given twice")
+        result[key] = value
+    return result
+
+
+def _parse_index(token: str, raw: str) -> int:
+    if not token.isascii() or not token.isdigit():
+        raise InvalidInput(
+            f"gpus={raw}: {token!r} is not a GPU index (use e.g. gpus=0,2 or gpus=0-3)"
+        )
+    index = int(token)
+    if index > MAX_GPU_INDEX:
+        raise InvalidInput(f"gpus={raw}: GPU index {index} is out of range (0-{MAX_GPU_INDEX})")
+    return index
+
+
+def parse_gpu_list(raw: str) -> tuple[int, ...]:
+    """Parse ``1,3`` or ``0-3`` (Slurm-style ranges) into distinct indices, in order given."""
+    if not raw:
+        raise InvalidInput("gpus= is empty (use gpus=0,2, gpus=0-3 or gpus=cpu)")
+    indices: list[int] = []
+    for part in raw.split(","):
+        low, dash, high = part.partition("-")
+        if dash:
+            first, last = _parse_index(low, raw), _parse_index(high, raw)
+            if last < first:
+                raise InvalidInput(f"gpus={raw}: range {part!r} runs backwards")
+            indices.extend(range(first, last + 1))
+        else:
+            indices.append(_parse_index(part, raw))
+    seen: set[int] = set()
+    for index in indices:
+        if index in seen:
+            raise InvalidInput(f"gpus={raw}: GPU {index} is listed twice")
+        seen.add(index)
+    return tuple(indices)
+
+
+def _parse_count(raw: str) -> int:
+    if not raw.isascii() or not raw.isdigit():
+        raise InvalidInput(f"count={raw}: expected a positive whole number")
+    count = int(raw)
+    if not 1 <= count <= _MAX_COUNT:
+        raise InvalidInput(f"count={raw}: must be between 1 and {_MAX_COUNT}")
+    return count
+
+
+def _parse_reason(raw: str) -> str:
+    if len(raw) > _MAX_REASON:
+        raise InvalidInput(f"reason= is {len(raw)} characters; at most {_MAX_REASON}")
+    if not raw.isprintable():
+        raise InvalidInput("reason= must not contain control characters")
+    return raw
+
+
+@dataclass(frozen=True, slots=True)
+class SetArgs:
+    """A parsed ``allocator set``: exactly one of gpus, count or cpu."""
+
+    job: str
+    host: str | None
+    gpus: tuple[int, ...] | None = None
+    count: int | None = None
+    cpu: bool = False
+    reason: str = ""
+    command: tuple[str, ...] | None = None
+
+
+def parse_command(raw: str) -> tuple[str, ...]:
+    """Split an ad-hoc ``command=`` the way a POSIX shell would."""
+    import shlex
+
+    try:
+        argv = tuple(shlex.split(raw))
+    except ValueError as exc:
+        raise InvalidInput(f"command={raw!r}: {exc}") from None
+    if not argv:
+        raise InvalidInput("command= is empty")
+    return argv
+
+
+def parse_set_args(words: Iterable[str]) -> SetArgs:
+    """Parse ``job=x (gpus=1,3 | gpus=cpu | count=N) [host=h] [reason=...] [command=...]``."""
+    kv = parse_key_values(words, ("job", "gpus", "count", "host", "reason", "command"))
+    job, host = _job_and_host(kv)
+    if ("gpus" in kv) == ("count" in kv):
+        raise InvalidInput("give exactly one of gpus=LIST, gpus=cpu or count=N")
+    base = SetArgs(
+        job=job,
+        host=host,
+        reason=_parse_reason(kv.get("reason", "")),
+        command=parse_command(kv["command"]) if "command" in kv else None,
+    )
+    if "count" in kv:
+        return replace(base, count=_parse_count(kv["count"]))
+    if kv["gpus"] == "cpu":
+        return replace(base, cpu=True)
+    return replace(base, gpus=parse_gpu_list(kv["gpus"]))
+
+
+def parse_target_args(words: Iterable[str]) -> tuple[str, str | None]:
+    """Parse ``job=x [host=h]`` (for get and release); return (job, host)."""
+    return _job_and_host(parse_key_values(words, ("job", "host")))
+
+
+def _job_and_host(kv: dict[str, str]) -> tuple[str, str | None]:
+    if "job" not in kv:
+        raise InvalidInput("job= is required (e.g. job=train)")
+    job = validate_name(kv["job"], "job")
+    host = validate_name(kv["host"], "host") if "host" in kv else None
+    return job, host

@@ -1,0 +1,67 @@
+"""``allocator set``: give a job GPUs (or the CPU) on a host."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from allocator.cli.common import add_common_options, note, open_allocator, output_format
+
+__all__ = ["register"]
+
+USAGE = (
+    "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [host=H] [reason=TEXT]"
+    " [command='ARGV']"
+)
+
+
+def register(commands: Any) -> None:
+    """Add the ``set`` command."""
+    parser = commands.add_parser(
+        "set",
+        help="assign GPUs to a job on a host",
+        usage=USAGE,
+        description="Assign GPUs to a job. The write is one transaction checked against the "
+        "applied policy and the host's current assignments: two operators racing for one GPU "
+        "can never both win (the loser exits 3 naming the holder).",
+    )
+    parser.add_argument("words", nargs="*", metavar="key=value")
+    add_common_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Parse, place and write the assignment; print what was set."""
+    from allocator.cli.args import parse_set_args
+    from allocator.cli.output import emit
+    from allocator.placement import Request
+
+    parsed = parse_set_args(args.words)
+    allocator = open_allocator(args)
+    try:
+        request = Request(
+            job=parsed.job,
+            host=parsed.host or "",
+            gpus=parsed.gpus,
+            count=parsed.count,
+            cpu=parsed.cpu,
+        )
+        assignment, placement = allocator.assign(
+            request, reason=parsed.reason, command=parsed.command
+        )
+    finally:
+        allocator.store.close()
+    for message in placement.notes:
+        note(message)
+    if assignment.fallback_reason:
+        note(f"running on CPU: {assignment.fallback_reason}")
+    where = "cpu" if assignment.mode == "cpu" else "gpus " + ",".join(map(str, assignment.gpus))
+    emit(_as_dict(assignment), output_format(args), f"{assignment.job}@{assignment.host}: {where}")
+    return 0
+
+
+def _as_dict(assignment: Any) -> dict[str, Any]:
+    import json
+
+    data: dict[str, Any] = json.loads(assignment.to_json())
+    return data

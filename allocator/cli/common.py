@@ -1,0 +1,69 @@
+"""What every command shares: opening the store and the options that select it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+from allocator.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from allocator.assignments import Allocator
+
+__all__ = ["CliArgumentParser", "add_common_options", "note", "open_allocator"]
+
+
+class CliArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and exit 2 via ``InvalidInput``."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Raise instead of printing usage: the CLI prints one clear line."""
+        raise InvalidInput(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def add_common_options(parser: argparse.ArgumentParser) -> None:
+    """``--store``, ``--prefix`` and ``-o``; accepted before or after the command."""
+    parser.add_argument(
+        "--store",
+        default=argparse.SUPPRESS,
+        help="store URL: sqlite:///PATH, etcd://H:P[,H:P], consul://H:P, memory:// "
+        "(default: $ALLOCATOR_STORE, else sqlite under ~/.local/state/allocator)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=argparse.SUPPRESS,
+        help="key prefix in the store (default: $ALLOCATOR_PREFIX or /allocator)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json", "yaml"),
+        default=argparse.SUPPRESS,
+        help="output format (default: table)",
+    )
+
+
+def output_format(args: argparse.Namespace) -> str:
+    """The chosen ``-o`` format."""
+    return str(getattr(args, "output", "table"))
+
+
+def open_allocator(args: argparse.Namespace) -> Allocator:
+    """Open the store the options select and wrap it in an :class:`Allocator`."""
+    import os
+
+    from allocator.assignments import Allocator
+    from allocator.keys import DEFAULT_PREFIX, validate_prefix
+    from allocator.store import open_store, resolve_store_url
+
+    url = resolve_store_url(getattr(args, "store", None))
+    prefix = validate_prefix(
+        getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
+    )
+    return Allocator(open_store(url), prefix=prefix)
+
+
+def note(message: str) -> None:
+    """A one-line remark on stderr that does not change the exit code."""
+    sys.stderr.write(f"allocator: note: {message}\n")

@@ -1,0 +1,115 @@
+"""``allocator env``: the exact environment a job's worker starts with.
+
+It is computed by the same function the agent uses, so
+``eval "$(allocator env job=train)"`` in a hand-run script gives that script
+what the agent would give the worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from allocator.cli.common import add_common_options, note, open_allocator, output_format
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add the ``env`` command."""
+    parser = commands.add_parser(
+        "env",
+        help="print the environment a job's worker gets (shell exports or JSON)",
+        usage="allocator env job=NAME [host=H] [worker=N] [-o json]",
+        description=__doc__,
+    )
+    parser.add_argument("words", nargs="*", metavar="key=value")
+    add_common_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the worker environment of ``job`` on ``host``."""
+    from allocator.cli.args import parse_key_values
+    from allocator.cli.output import emit
+    from allocator.errors import ConflictError, InvalidInput
+    from allocator.gpus.visible import render_exports
+    from allocator.keys import validate_name
+
+    kv = parse_key_values(args.words, ("job", "host", "worker"))
+    if "job" not in kv:
+        raise InvalidInput("job= is required (e.g. job=train)")
+    job = validate_name(kv["job"], "job")
+    worker = _worker_index(kv.get("worker", "0"))
+    allocator = open_allocator(args)
+    try:
+        envs, message = _environments(allocator, job, kv.get("host"))
+    finally:
+        allocator.store.close()
+    if not envs:
+        raise ConflictError(message)
+    if message:
+        note(message)
+    if output_format(args) != "table":
+        emit(envs, output_format(args))
+        return 0
+    if worker >= len(envs):
+        raise InvalidInput(f"worker={worker}: job {job!r} has {len(envs)} worker(s)")
+    if len(envs) > 1:
+        note(f"job {job!r} has {len(envs)} workers; showing worker {worker} (worker=N for others)")
+    print(render_exports(envs[worker]), end="")
+    return 0
+
+
+def _worker_index(raw: str) -> int:
+    from allocator.errors import InvalidInput
+
+    if not raw.isascii() or not raw.isdigit():
+        raise InvalidInput(f"worker={raw}: expected a worker index (0, 1, ...)")
+    return int(raw)
+
+
+def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict[str, str]], str]:
+    """The job's worker environments, and a remark (why none, or a fallback)."""
+    from allocator.agent.desired import desired_job
+    from allocator.errors import ConflictError, RequestError
+    from allocator.gpus.visible import worker_environments
+    from allocator.keys import validate_name
+
+    snapshot = allocator.require_policy()
+    policy = snapshot.policy
+    if host is None:
+        found = allocator.find_job(job)
+        hosts = sorted({a.host for a in found})
+        if len(hosts) > 1:
+            raise RequestError(
+                f"job {job!r} holds GPUs on {', '.join(hosts)}: say which with host="
+            )
+        host = hosts[0] if hosts else allocator.default_host(policy)
+    state = allocator.host(validate_name(host, "host"))
+    assignment = state.assignments.get(job)
+    if assignment is None:
+        raise ConflictError(f"job {job!r} holds nothing on host {host!r}")
+    inventory, unhealthy = _inventory(state, policy, host)
+    if job not in policy.jobs:
+        return worker_environments(assignment, inventory, policy), ""
+    want = desired_job(policy, assignment, 0, inventory, unhealthy, None)
+    envs = [dict(w.env) for w in want.workers]
+    return envs, want.message or (want.fallback_reason or "")
+
+
+def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str]]:
+    """The host agent's inventory and health, else this machine's NVML (or the declared count)."""
+    import os
+
+    from allocator.identity import local_hostname
+
+    agent = state.agent
+    if agent is not None and agent.gpus:
+        return agent.gpus, dict(agent.unhealthy)
+    if host == local_hostname() or os.environ.get("ALLOCATOR_NVML"):
+        from allocator.gpus.inventory import read_inventory
+
+        declared = policy.hosts.get(host)
+        return read_inventory(declared.gpus if declared else None).gpus or None, {}
+    return None, {}

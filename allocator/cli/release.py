@@ -1,0 +1,59 @@
+"""``allocator release``: take a job's GPUs back."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from allocator.cli.common import add_common_options, open_allocator, output_format
+
+if TYPE_CHECKING:
+    from allocator.assignments import Allocator
+
+__all__ = ["register"]
+
+
+def register(commands: Any) -> None:
+    """Add the ``release`` command."""
+    parser = commands.add_parser(
+        "release",
+        help="release a job's GPUs on a host",
+        usage="allocator release job=NAME [host=H]",
+        description="Remove a job's assignment; its host agent stops the job's workers.",
+    )
+    parser.add_argument("words", nargs="*", metavar="key=value")
+    add_common_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Release and print what was released."""
+    import json
+
+    from allocator.cli.args import parse_target_args
+    from allocator.cli.output import emit
+
+    job, host = parse_target_args(args.words)
+    allocator = open_allocator(args)
+    try:
+        if host is None:
+            host = _host_of(allocator, job)
+        released = allocator.release(host, job)
+    finally:
+        allocator.store.close()
+    where = "cpu" if released.mode == "cpu" else "gpus " + ",".join(map(str, released.gpus))
+    emit(json.loads(released.to_json()), output_format(args), f"released {job}@{host} ({where})")
+    return 0
+
+
+def _host_of(allocator: Allocator, job: str) -> str:
+    """Where ``job`` is held, when host= was not given."""
+    from allocator.errors import RequestError
+
+    hosts = sorted({a.host for a in allocator.find_job(job)})
+    if len(hosts) == 1:
+        return hosts[0]
+    if len(hosts) > 1:
+        raise RequestError(f"job {job!r} holds GPUs on {', '.join(hosts)}: say which with host=")
+    snapshot = allocator.policy()
+    return allocator.default_host(snapshot.policy if snapshot else None)

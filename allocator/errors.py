@@ -1,0 +1,182 @@
+"""The one exception tree of allocator.
+
+Two families matter to callers:
+
+* :class:`Retryable` errors (store unavailable, lease lost, a lost
+  compare-and-swap) may go away if the same thing is tried again;
+* every other :class:`AllocatorError` is something a person must fix
+  (bad policy, bad request, an allocation conflict, a permission).
+
+Each class carries the process exit code the CLI uses for it, so the
+mapping lives in exactly one place.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_CONFLICT",
+    "EXIT_INTERNAL",
+    "EXIT_INVALID",
+    "EXIT_OK",
+    "EXIT_PERMISSION",
+    "EXIT_UNAVAILABLE",
+    "AllocatorError",
+    "CasConflict",
+    "Compacted",
+    "ConflictError",
+    "InvalidInput",
+    "InvalidName",
+    "LeaseLost",
+    "PermissionDenied",
+    "PlacementRefused",
+    "PolicyError",
+    "RequestError",
+    "Retryable",
+    "StoreConfigError",
+    "StoreError",
+    "StoreUnavailable",
+    "ValueTooLarge",
+]
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_INVALID = 2
+EXIT_CONFLICT = 3
+EXIT_UNAVAILABLE = 4
+EXIT_PERMISSION = 5
+
+
+class AllocatorError(Exception):
+    """Base of every error allocator raises on purpose."""
+
+    exit_code: int = EXIT_INTERNAL
+
+
+class Retryable(AllocatorError):
+    """Marker: trying the same operation again may succeed."""
+
+
+# --- errors the user must fix (exit 2) ---------------------------------------
+
+
+class InvalidInput(AllocatorError):
+    """Something the user typed or wrote is wrong."""
+
+    exit_code = EXIT_INVALID
+
+
+class InvalidName(InvalidInput):
+    """A host, job or key component is not an allowed name."""
+
+
+class RequestError(InvalidInput):
+    """A request (set/release/...) is malformed or impossible as asked."""
+
+
+class PolicyError(InvalidInput):
+    """A policy file is invalid; the message names file, line and field.
+
+    A policy with several problems raises one ``PolicyError`` whose message
+    is the first problem (plus "(and N more)"); ``errors`` holds every
+    problem as its own ``PolicyError`` (just ``(self,)`` for a single one).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+        errors: tuple[PolicyError, ...] = (),
+    ) -> None:
+        self.file = file
+        self.line = line
+        self.field = field
+        self.reason = message
+        self.errors: tuple[PolicyError, ...] = errors or (self,)
+        super().__init__(self._render())
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        """Return this one problem as JSON-ready data (for ``-o json``)."""
+        return {
+            "file": self.file,
+            "line": self.line,
+            "field": self.field,
+            "message": self.reason,
+            "error": self._render(),
+        }
+
+    def _render(self) -> str:
+        where = self.file or "<policy>"
+        if self.line is not None:
+            where = f"{where}:{self.line}"
+        if self.field:
+            return f"{where}: {self.field}: {self.reason}"
+        return f"{where}: {self.reason}"
+
+
+class StoreConfigError(InvalidInput):
+    """The store URL, credentials file or TLS material is unusable."""
+
+
+# --- conflicts (exit 3) --------------------------------------------------------
+
+
+class ConflictError(AllocatorError):
+    """The request is well-formed but collides with the current state."""
+
+    exit_code = EXIT_CONFLICT
+
+
+class PlacementRefused(ConflictError):
+    """A GPU is held by another job or reserved for others."""
+
+
+# --- store errors --------------------------------------------------------------
+
+
+class StoreError(AllocatorError):
+    """Base of errors coming from a store backend."""
+
+
+class StoreUnavailable(StoreError, Retryable):
+    """The store cannot be reached (or did not answer in time)."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class PermissionDenied(StoreError):
+    """The store refused the credentials or the key range."""
+
+    exit_code = EXIT_PERMISSION
+
+
+class CasConflict(StoreError, Retryable):
+    """A conditional write lost: a compared key changed since it was read."""
+
+    exit_code = EXIT_CONFLICT
+
+    def __init__(self, message: str, *, keys: tuple[str, ...] = ()) -> None:
+        self.keys = keys
+        super().__init__(message)
+
+
+class LeaseLost(StoreError, Retryable):
+    """A lease expired or was revoked before it could be refreshed."""
+
+    exit_code = EXIT_UNAVAILABLE
+
+
+class Compacted(StoreError):
+    """A watch asked for history the store no longer keeps; re-read instead."""
+
+    def __init__(self, message: str, *, compact_revision: int) -> None:
+        self.compact_revision = compact_revision
+        super().__init__(message)
+
+
+class ValueTooLarge(StoreError):
+    """A value exceeds the backend's size limit."""
+
+    exit_code = EXIT_INVALID

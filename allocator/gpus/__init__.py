@@ -1,0 +1,1 @@
+"""GPU inventory, health and worker-environment rendering."""

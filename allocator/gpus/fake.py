@@ -1,0 +1,298 @@
+"""A fake NVML over a JSON file, for tests and machines without GPUs.
+
+``ALLOCATOR_NVML=fake:PATH`` makes inventory and health use
+:class:`FakeNvml` instead of ``pynvml``. It implements the subset of
+pynvml's functions that :mod:`allocator.gpus.nvml` calls, with the same
+shapes and the same error codes, so the real code path is what gets tested.
+
+File shape (every device field but ``index`` is optional)::
+
+    {"devices": [{"index": 0, "uuid": "GPU-...", "pci_bus_id": "00000000:17:00.0",
+                  "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
+                  "healthy": true, "lost": false, "xid_events": [79],
+                  "ecc_uncorrected": 0, "remap_failure": false, "remap_pending": false,
+                  "mig_devices": ["MIG-..."], "numa_node": 0, "nvlink_peers": [1]}],
+     "driver_version": "550.54.15", "cuda_driver_version": 12040,
+     "init_error": "driver_not_loaded"}
+
+The file is re-read whenever its bytes change, so editing it changes what the
+next health read sees. ``lost`` makes every call on the GPU fail with "GPU is
+lost"; ``healthy: false`` makes them fail with NVML's "Unknown Error".
+
+``xid_events`` is an append-only log: an event set delivers each entry once
+(entries are told apart by position), including entries already in the file
+when the event set registered the GPU; shortening the list delivers nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from allocator.gpus.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
+from allocator.gpus.nvml import (
+    ERROR_DRIVER_NOT_LOADED,
+    ERROR_GPU_IS_LOST,
+    ERROR_INVALID_ARGUMENT,
+    ERROR_LIBRARY_NOT_FOUND,
+    ERROR_NO_PERMISSION,
+    ERROR_NOT_FOUND,
+    ERROR_NOT_SUPPORTED,
+    ERROR_TIMEOUT,
+    ERROR_UNINITIALIZED,
+    ERROR_UNKNOWN,
+    EVENT_XID_CRITICAL,
+)
+
+__all__ = ["FakeHandle", "FakeNvml", "FakeNvmlError"]
+
+_MESSAGES = {
+    ERROR_UNINITIALIZED: "Uninitialized",
+    ERROR_INVALID_ARGUMENT: "Invalid Argument",
+    ERROR_NOT_SUPPORTED: "Not Supported",
+    ERROR_NO_PERMISSION: "Insufficient Permissions",
+    ERROR_NOT_FOUND: "Not Found",
+    ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+    ERROR_TIMEOUT: "Timeout",
+    ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+    ERROR_GPU_IS_LOST: "GPU is lost",
+    ERROR_UNKNOWN: "Unknown Error",
+}
+
+_INIT_ERRORS = {
+    "driver_not_loaded": ERROR_DRIVER_NOT_LOADED,
+    "library_not_found": ERROR_LIBRARY_NOT_FOUND,
+    "no_permission": ERROR_NO_PERMISSION,
+    "unknown": ERROR_UNKNOWN,
+}
+_MAX_MIG_DEVICES = 7
+_MIB = 1024 * 1024
+
+
+class FakeNvmlError(Exception):
+    """pynvml's NVMLError, faked: ``value`` is the NVML return code."""
+
+    def __init__(self, value: int, message: str | None = None) -> None:
+        """Build the error for NVML return code ``value``."""
+        self.value = value
+        super().__init__(message or _MESSAGES.get(value, f"NVML Error with code {value}"))
+
+
+@dataclass(frozen=True, slots=True)
+class FakeHandle:
+    """A device handle: a GPU index, and a MIG slot for MIG device handles."""
+
+    index: int
+    mig_slot: int | None = None
+
+
+@dataclass(slots=True)
+class _EventSet:
+    registered: set[int] = field(default_factory=set)
+    delivered: dict[int, int] = field(default_factory=dict)
+
+
+class FakeNvml:
+    """The pynvml functions allocator uses, answered from a JSON file."""
+
+    NVMLError = FakeNvmlError
+    NVML_NVLINK_MAX_LINKS = 18
+
+    def __init__(self, path: str | Path) -> None:
+        """Serve NVML answers from the JSON file at ``path`` (read lazily)."""
+        self.path = Path(path)
+        self._raw: bytes | None = None
+        self._system: FakeSystem | None = None
+        self._inits = 0
+
+    # --- the file -------------------------------------------------------------
+
+    def _load(self) -> FakeSystem:
+        try:
+            raw = self.path.read_bytes()
+        except OSError as exc:
+            raise FakeNvmlError(
+                ERROR_UNKNOWN, f"fake NVML file {self.path}: {exc.strerror or exc}"
+            ) from exc
+        if raw != self._raw or self._system is None:
+            try:
+                system = parse_fake_file(raw, str(self.path))
+            except FakeFileError as exc:
+                raise FakeNvmlError(ERROR_UNKNOWN, str(exc)) from exc
+            self._raw, self._system = raw, system
+        return self._system
+
+    def _ready(self) -> FakeSystem:
+        if self._inits <= 0:
+            raise FakeNvmlError(ERROR_UNINITIALIZED)
+        return self._load()
+
+    def _device(self, handle: FakeHandle) -> FakeDevice:
+        devices = self._ready().devices
+        if handle.index >= len(devices):
+            raise FakeNvmlError(ERROR_GPU_IS_LOST)  # gone from the bus since the handle
+        device = devices[handle.index]
+        if device.lost:
+            raise FakeNvmlError(ERROR_GPU_IS_LOST)
+        if not device.healthy:
+            raise FakeNvmlError(ERROR_UNKNOWN)
+        return device
+
+    # --- system ------------------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        """Start a session; fails like NVML when the file says ``init_error``."""
+        system = self._load()
+        if system.init_error is not None:
+            raise FakeNvmlError(_INIT_ERRORS[system.init_error])
+        self._inits += 1
+
+    def nvmlShutdown(self) -> None:
+        """End a session."""
+        if self._inits <= 0:
+            raise FakeNvmlError(ERROR_UNINITIALIZED)
+        self._inits -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        """The driver version string."""
+        return self._ready().driver_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        """The newest CUDA version the driver supports, as 1000*major + 10*minor."""
+        return self._ready().cuda_driver_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        """How many GPUs."""
+        return len(self._ready().devices)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeHandle:
+        """The handle of the GPU at NVML index ``index``."""
+        if not 0 <= index < len(self._ready().devices):
+            raise FakeNvmlError(ERROR_INVALID_ARGUMENT)
+        return FakeHandle(index)
+
+    # --- device properties ------------------------------------------------------------
+
+    def nvmlDeviceGetIndex(self, handle: FakeHandle) -> int:
+        """The NVML index of a handle."""
+        self._device(handle)
+        return handle.index
+
+    def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
+        """The GPU's (or MIG device's) UUID."""
+        device = self._device(handle)
+        if handle.mig_slot is not None:
+            return device.mig_devices[handle.mig_slot].uuid
+        return device.uuid
+
+    def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
+        """The product name."""
+        device = self._device(handle)
+        if handle.mig_slot is not None:
+            return device.mig_devices[handle.mig_slot].name
+        return device.name
+
+    def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> SimpleNamespace:
+        """PCI info; only ``busId`` is filled in."""
+        return SimpleNamespace(busId=self._device(handle).pci_bus_id)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle) -> SimpleNamespace:
+        """Memory totals in bytes, as NVML gives them."""
+        device = self._device(handle)
+        mib: int | None = device.memory_total_mib
+        if handle.mig_slot is not None:
+            mib = device.mig_devices[handle.mig_slot].memory_total_mib
+        if mib is None:
+            raise FakeNvmlError(ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(total=mib * _MIB, free=mib * _MIB, used=0)
+
+    def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:
+        """The GPU's NUMA node (Not Supported when the file gives none)."""
+        node = self._device(handle).numa_node
+        if node is None:
+            raise FakeNvmlError(ERROR_NOT_SUPPORTED)
+        return node
+
+    def nvmlDeviceGetMigMode(self, handle: FakeHandle) -> list[int]:
+        """[current, pending] MIG mode."""
+        mode = int(self._device(handle).mig_enabled)
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeHandle) -> int:
+        """How many MIG slots to probe."""
+        return max(_MAX_MIG_DEVICES, len(self._device(handle).mig_devices))
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeHandle, slot: int) -> FakeHandle:
+        """The handle of a MIG device; Not Found for an empty slot."""
+        if slot >= len(self._device(handle).mig_devices):
+            raise FakeNvmlError(ERROR_NOT_FOUND)
+        return FakeHandle(handle.index, slot)
+
+    def nvmlDeviceGetNvLinkState(self, handle: FakeHandle, link: int) -> int:
+        """1 for each peer link; Invalid Argument past the last link."""
+        peers = self._device(handle).nvlink_peers
+        if peers is None:
+            raise FakeNvmlError(ERROR_NOT_SUPPORTED)
+        if link >= len(peers):
+            raise FakeNvmlError(ERROR_INVALID_ARGUMENT)
+        return 1
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, handle: FakeHandle, link: int) -> SimpleNamespace:
+        """PCI info of the GPU at the other end of ``link``."""
+        peers = self._device(handle).nvlink_peers or ()
+        peer = self._ready().devices[peers[link]]
+        return SimpleNamespace(busId=peer.pci_bus_id)
+
+    # --- health -----------------------------------------------------------------------
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, error_type: int, counter: int) -> int:
+        """The uncorrected volatile ECC count (Not Supported when the file gives none)."""
+        count = self._device(handle).ecc_uncorrected
+        if count is None:
+            raise FakeNvmlError(ERROR_NOT_SUPPORTED)
+        return count
+
+    def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
+        """(corrected rows, uncorrected rows, pending, failure occurred)."""
+        device = self._device(handle)
+        return (0, 0, int(device.remap_pending), int(device.remap_failure))
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        """A new, empty event set."""
+        self._ready()
+        return _EventSet()
+
+    def nvmlDeviceRegisterEvents(self, handle: FakeHandle, types: int, events: _EventSet) -> None:
+        """Register a GPU's XID critical events with an event set."""
+        self._device(handle)
+        if types & EVENT_XID_CRITICAL:
+            events.registered.add(handle.index)
+
+    def nvmlEventSetWait(self, events: _EventSet, timeout_ms: int) -> SimpleNamespace:
+        """The next undelivered XID event; Timeout when there is none (never blocks)."""
+        devices = self._ready().devices
+        for index in sorted(events.registered):
+            if index >= len(devices):
+                continue
+            log = devices[index].xid_events
+            seen = min(events.delivered.get(index, 0), len(log))
+            if seen < len(log):
+                events.delivered[index] = seen + 1
+                return SimpleNamespace(
+                    device=FakeHandle(index),
+                    eventType=EVENT_XID_CRITICAL,
+                    eventData=log[seen],
+                    gpuInstanceId=0xFFFFFFFF,
+                    computeInstanceId=0xFFFFFFFF,
+                )
+            events.delivered[index] = seen
+        raise FakeNvmlError(ERROR_TIMEOUT)
+
+    def nvmlEventSetFree(self, events: _EventSet) -> None:
+        """Release an event set."""
+        events.registered.clear()
+
+    def parsed(self) -> FakeSystem:
+        """The file as parsed now (raises FakeNvmlError naming the file if it is bad)."""
+        return self._load()

@@ -1,0 +1,234 @@
+"""Parsing and validating the fake-NVML JSON file (see :mod:`allocator.gpus.fake`).
+
+Unknown fields are refused so that a typo (``"heathy": false``) is an error
+naming the file and field rather than a silently healthy GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from allocator.errors import InvalidInput
+from allocator.gpus.model import MigDevice
+
+__all__ = [
+    "DEFAULT_CUDA_DRIVER_VERSION",
+    "DEFAULT_DRIVER_VERSION",
+    "DEFAULT_MEMORY_MIB",
+    "DEFAULT_NAME",
+    "INIT_ERRORS",
+    "FakeDevice",
+    "FakeFileError",
+    "FakeSystem",
+    "default_mig_uuid",
+    "default_pci_bus_id",
+    "default_uuid",
+    "parse_fake_file",
+]
+
+DEFAULT_NAME = "Fake GPU"
+DEFAULT_MEMORY_MIB = 81559
+DEFAULT_DRIVER_VERSION = "550.54.15"
+DEFAULT_CUDA_DRIVER_VERSION = 12040
+#: Values of ``init_error``: how nvmlInit fails.
+INIT_ERRORS = ("driver_not_loaded", "library_not_found", "no_permission", "unknown")
+
+_SYSTEM_KEYS = {"devices", "driver_version", "cuda_driver_version", "init_error"}
+_DEVICE_KEYS = {
+    "index",
+    "uuid",
+    "pci_bus_id",
+    "name",
+    "memory_total_mib",
+    "healthy",
+    "lost",
+    "xid_events",
+    "ecc_uncorrected",
+    "remap_failure",
+    "remap_pending",
+    "mig_enabled",
+    "mig_devices",
+    "numa_node",
+    "nvlink_peers",
+}
+_MIG_KEYS = {"uuid", "name", "memory_total_mib"}
+
+
+class FakeFileError(InvalidInput):
+    """The fake-NVML file is unreadable or malformed; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class FakeDevice:
+    """One fake GPU, with defaults filled in."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    name: str
+    memory_total_mib: int
+    healthy: bool = True
+    lost: bool = False
+    xid_events: tuple[int, ...] = ()
+    ecc_uncorrected: int | None = None
+    remap_failure: bool = False
+    remap_pending: bool = False
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    numa_node: int | None = None
+    nvlink_peers: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FakeSystem:
+    """The whole fake machine."""
+
+    devices: tuple[FakeDevice, ...]
+    driver_version: str = DEFAULT_DRIVER_VERSION
+    cuda_driver_version: int = DEFAULT_CUDA_DRIVER_VERSION
+    init_error: str | None = None
+
+
+def default_uuid(index: int) -> str:
+    """The UUID a fake GPU gets when the file gives none (stable per index)."""
+    return f"GPU-00000000-0000-4000-8000-{index:012x}"
+
+
+def default_pci_bus_id(index: int) -> str:
+    """The PCI bus id a fake GPU gets when the file gives none (PCI order = index order)."""
+    return f"00000000:{index + 1:02X}:00.0"
+
+
+def default_mig_uuid(index: int, slot: int) -> str:
+    """The UUID of a fake MIG device given without one."""
+    return f"MIG-00000000-0000-4000-8000-{index:04x}{slot:08x}"
+
+
+def parse_fake_file(raw: bytes, filename: str) -> FakeSystem:
+    """Parse the file's bytes; raise :class:`FakeFileError` naming ``filename``."""
+    try:
+        data = json.loads(raw)
+    except UnicodeDecodeError as exc:
+        raise FakeFileError(f"fake NVML file {filename}: not UTF-8 text: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise FakeFileError(
+            f"fake NVML file {filename}: line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from exc
+    try:
+        return _system(data)
+    except _Bad as exc:
+        raise FakeFileError(f"fake NVML file {filename}: {exc}") from None
+
+
+class _Bad(Exception):
+    """A validation problem; the message says where (``devices[1].index: ...``)."""
+
+
+def _mapping(value: Any, where: str, allowed: set[str]) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise _Bad(f"{where}: expected an object, got {type(value).__name__}")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise _Bad(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(allowed))})")
+    return value
+
+
+def _typed(data: Mapping[str, Any], key: str, kind: type, default: Any, where: str) -> Any:
+    value = data.get(key, default)
+    if value is None and default is None:
+        return None
+    # bool is an int in Python; a JSON true is never a count.
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise _Bad(f"{where}.{key}: expected {kind.__name__}, got {json.dumps(value)}")
+    if isinstance(value, int) and value < 0:
+        raise _Bad(f"{where}.{key}: must not be negative, got {value}")
+    return value
+
+
+def _int_list(data: Mapping[str, Any], key: str, where: str) -> tuple[int, ...] | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _Bad(f"{where}.{key}: expected a list of integers")
+    for item in value:
+        if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+            raise _Bad(f"{where}.{key}: expected non-negative integers, got {json.dumps(item)}")
+    return tuple(value)
+
+
+def _system(data: Any) -> FakeSystem:
+    top = _mapping(data, "top level", _SYSTEM_KEYS)
+    raw_devices = top.get("devices", [])
+    if not isinstance(raw_devices, list):
+        raise _Bad("devices: expected a list")
+    devices = tuple(_device(item, f"devices[{n}]") for n, item in enumerate(raw_devices))
+    _check_indices(devices)
+    init_error = _typed(top, "init_error", str, None, "top level")
+    if init_error is not None and init_error not in INIT_ERRORS:
+        raise _Bad(f"init_error: {init_error!r} is not one of {', '.join(INIT_ERRORS)}")
+    return FakeSystem(
+        devices=tuple(sorted(devices, key=lambda d: d.index)),
+        driver_version=_typed(top, "driver_version", str, DEFAULT_DRIVER_VERSION, "top level"),
+        cuda_driver_version=_typed(
+            top, "cuda_driver_version", int, DEFAULT_CUDA_DRIVER_VERSION, "top level"
+        ),
+        init_error=init_error,
+    )
+
+
+def _device(item: Any, where: str) -> FakeDevice:
+    data = _mapping(item, where, _DEVICE_KEYS)
+    if "index" not in data:
+        raise _Bad(f"{where}.index: required")
+    index: int = _typed(data, "index", int, None, where)
+    migs = _mig_devices(data.get("mig_devices", []), index, f"{where}.mig_devices")
+    return FakeDevice(
+        index=index,
+        uuid=_typed(data, "uuid", str, default_uuid(index), where),
+        pci_bus_id=_typed(data, "pci_bus_id", str, default_pci_bus_id(index), where),
+        name=_typed(data, "name", str, DEFAULT_NAME, where),
+        memory_total_mib=_typed(data, "memory_total_mib", int, DEFAULT_MEMORY_MIB, where),
+        healthy=_typed(data, "healthy", bool, True, where),
+        lost=_typed(data, "lost", bool, False, where),
+        xid_events=_int_list(data, "xid_events", where) or (),
+        ecc_uncorrected=_typed(data, "ecc_uncorrected", int, None, where),
+        remap_failure=_typed(data, "remap_failure", bool, False, where),
+        remap_pending=_typed(data, "remap_pending", bool, False, where),
+        mig_enabled=_typed(data, "mig_enabled", bool, bool(migs), where),
+        mig_devices=migs,
+        numa_node=_typed(data, "numa_node", int, None, where),
+        nvlink_peers=_int_list(data, "nvlink_peers", where),
+    )
+
+
+def _mig_devices(value: Any, index: int, where: str) -> tuple[MigDevice, ...]:
+    if not isinstance(value, list):
+        raise _Bad(f"{where}: expected a list of MIG UUIDs or objects")
+    result: list[MigDevice] = []
+    for slot, item in enumerate(value):
+        if isinstance(item, str):
+            result.append(MigDevice(uuid=item, name=f"MIG slot {slot}"))
+            continue
+        data = _mapping(item, f"{where}[{slot}]", _MIG_KEYS)
+        result.append(
+            MigDevice(
+                uuid=_typed(data, "uuid", str, default_mig_uuid(index, slot), f"{where}[{slot}]"),
+                name=_typed(data, "name", str, f"MIG slot {slot}", f"{where}[{slot}]"),
+                memory_total_mib=_typed(data, "memory_total_mib", int, None, f"{where}[{slot}]"),
+            )
+        )
+    return tuple(result)
+
+
+def _check_indices(devices: tuple[FakeDevice, ...]) -> None:
+    indices = sorted(d.index for d in devices)
+    if indices != list(range(len(devices))):
+        raise _Bad(f"devices: indices must be 0..{len(devices) - 1} once each, got {indices}")
+    for device in devices:
+        for peer in device.nvlink_peers or ():
+            if peer >= len(devices) or peer == device.index:
+                raise _Bad(f"devices[{device.index}].nvlink_peers: no other GPU {peer}")

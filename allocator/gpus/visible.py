@@ -1,0 +1,206 @@
+"""The environment each worker of a job starts with (pure).
+
+Rules, from how CUDA reads its environment:
+
+* ``CUDA_VISIBLE_DEVICES`` lists the job's GPUs in the assignment's order
+  (CUDA renumbers visible devices from 0 in listed order, so the first
+  listed GPU is ``cuda:0``): GPU UUIDs when the policy says
+  ``visible_devices: uuid`` and every assigned GPU's UUID is known, else
+  NVML indices; never both, never a duplicate, never a space.
+* ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` always, so indices mean what NVML's
+  (PCI-ordered) indices mean; ``NVIDIA_VISIBLE_DEVICES`` repeats the list
+  for containers.
+* A GPU in MIG mode is handed out as its first MIG instance's UUID
+  (``MIG-...``): one worker per MIG instance is out of scope. A process
+  enumerates at most one MIG device, so a worker given a MIG GPU gets
+  exactly that one device: two or more GPUs in one worker, any of them in
+  MIG mode, is a :class:`~allocator.errors.RequestError`. (Indices cannot
+  name a MIG instance, so MIG UUIDs are used even under ``index``.)
+* CPU (an assignment with ``mode="cpu"`` or a fallback): ``CUDA_VISIBLE_DEVICES``
+  is the empty string (never unset, never ``-1``), ``NVIDIA_VISIBLE_DEVICES=void``,
+  ``ALLOCATOR_DEVICE=cpu``, ``ALLOCATOR_FALLBACK_REASON``, and
+  ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` from the job's fallback rule.
+* ``workers: per-gpu``: one worker per GPU, each seeing only its GPU, with
+  torchrun's single-node variables (``RANK`` = ``LOCAL_RANK``, ``WORLD_SIZE`` =
+  ``LOCAL_WORLD_SIZE`` = number of GPUs, ``MASTER_ADDR``, ``MASTER_PORT``).
+  On CPU a per-GPU job runs one worker (rank 0 of 1).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import zlib
+from collections.abc import Mapping, Sequence
+
+from allocator.errors import RequestError
+from allocator.gpus.model import GpuInfo
+from allocator.policy.model import Policy
+from allocator.records import Assignment
+
+__all__ = [
+    "MASTER_PORT_RANGE",
+    "default_master_port",
+    "render_exports",
+    "worker_environments",
+]
+
+#: Derived MASTER_PORTs fall in [20000, 30000): unprivileged, and below
+#: Linux's default ephemeral range (32768-60999) so a client socket never holds it.
+MASTER_PORT_RANGE = (20000, 30000)
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def default_master_port(job: str) -> int:
+    """A MASTER_PORT derived from the job name: the same on every run and host."""
+    low, high = MASTER_PORT_RANGE
+    return low + zlib.crc32(job.encode()) % (high - low)
+
+
+def worker_environments(
+    assignment: Assignment,
+    inventory: Sequence[GpuInfo] | None,
+    policy: Policy,
+    *,
+    fallback_reason: str | None = None,
+    master_addr: str = "127.0.0.1",
+    master_port: int | None = None,
+) -> list[dict[str, str]]:
+    """One dict per worker: the variables to add to (override in) the job's env.
+
+    ``inventory`` is the host's GPUs (``None`` if unknown: indices are used).
+    Raises :class:`RequestError` for an assignment no environment can express.
+    """
+    job = policy.jobs.get(assignment.job)
+    per_gpu = job is not None and job.workers == "per-gpu"
+    port = _checked_port(master_port) if master_port is not None else None
+    base = {
+        "ALLOCATOR_JOB": assignment.job,
+        "ALLOCATOR_HOST": assignment.host,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+    }
+    if assignment.mode == "cpu" or fallback_reason is not None:
+        env = {**base, **_cpu_env(assignment, policy, fallback_reason)}
+        if per_gpu:
+            env.update(_rank_env(0, 1, master_addr, port, assignment.job))
+        return [env]
+    gpus = _checked_gpus(assignment)
+    known = _known(inventory, gpus)
+    ids = _device_ids(gpus, known, policy)
+    if per_gpu:
+        return [
+            {
+                **base,
+                **_gpu_env((gpu,), (ids[rank],)),
+                **_rank_env(rank, len(gpus), master_addr, port, assignment.job),
+            }
+            for rank, gpu in enumerate(gpus)
+        ]
+    if len(gpus) > 1 and any(info.mig_enabled for info in known.values()):
+        raise RequestError(
+            f"job {assignment.job}: GPUs {_join(gpus)} in one worker include a MIG-enabled "
+            "GPU; a process sees only one MIG device (assign it alone, or use workers: per-gpu)"
+        )
+    return [{**base, **_gpu_env(gpus, tuple(ids))}]
+
+
+def render_exports(env: Mapping[str, str]) -> str:
+    """Shell ``export NAME=value`` lines, quoted so ``eval "$(...)"`` restores ``env``."""
+    lines: list[str] = []
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise RequestError(f"{name!r} is not a valid environment variable name")
+        lines.append(f"export {name}={shlex.quote(value)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def _checked_port(port: int) -> int:
+    if not 1 <= port <= 65535:
+        raise RequestError(f"MASTER_PORT must be 1-65535, got {port}")
+    return port
+
+
+def _checked_gpus(assignment: Assignment) -> tuple[int, ...]:
+    gpus = assignment.gpus
+    if not gpus:
+        raise RequestError(f"job {assignment.job}: a GPU assignment with no GPUs")
+    if any(gpu < 0 for gpu in gpus):
+        raise RequestError(f"job {assignment.job}: negative GPU index in {list(gpus)}")
+    if len(set(gpus)) != len(gpus):
+        raise RequestError(f"job {assignment.job}: GPU listed twice in {list(gpus)}")
+    return gpus
+
+
+def _known(inventory: Sequence[GpuInfo] | None, gpus: tuple[int, ...]) -> dict[int, GpuInfo]:
+    """The assigned GPUs' inventory entries (empty when the inventory is unknown)."""
+    if inventory is None:
+        return {}
+    by_index = {gpu.index: gpu for gpu in inventory}
+    missing = [gpu for gpu in gpus if gpu not in by_index]
+    if missing:
+        raise RequestError(
+            f"GPU {_join(missing)} not on this host (it has {_join(sorted(by_index)) or 'none'})"
+        )
+    return {gpu: by_index[gpu] for gpu in gpus}
+
+
+def _device_ids(gpus: tuple[int, ...], known: dict[int, GpuInfo], policy: Policy) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of each GPU, in assignment order."""
+    plain = [gpu for gpu in gpus if gpu not in known or not known[gpu].mig_enabled]
+    use_uuid = policy.visible_devices == "uuid" and all(
+        gpu in known and known[gpu].uuid for gpu in plain
+    )
+    ids: list[str] = []
+    for gpu in gpus:
+        info = known.get(gpu)
+        if info is not None and info.mig_enabled:
+            if not info.mig_devices:
+                raise RequestError(f"GPU {gpu} is in MIG mode but has no MIG instance")
+            ids.append(info.mig_devices[0].uuid)
+        elif use_uuid and info is not None and info.uuid:
+            ids.append(info.uuid)
+        else:
+            ids.append(str(gpu))
+    return ids
+
+
+def _gpu_env(gpus: Sequence[int], ids: Sequence[str]) -> dict[str, str]:
+    visible = ",".join(ids)
+    return {
+        "CUDA_VISIBLE_DEVICES": visible,
+        "NVIDIA_VISIBLE_DEVICES": visible,
+        "ALLOCATOR_DEVICE": "cuda",
+        "ALLOCATOR_GPUS": _join(gpus),
+    }
+
+
+def _cpu_env(assignment: Assignment, policy: Policy, reason: str | None) -> dict[str, str]:
+    why = reason or assignment.fallback_reason or assignment.reason or "assigned to CPU"
+    env = {
+        "CUDA_VISIBLE_DEVICES": "",
+        "NVIDIA_VISIBLE_DEVICES": "void",
+        "ALLOCATOR_DEVICE": "cpu",
+        "ALLOCATOR_GPUS": "",
+        "ALLOCATOR_FALLBACK_REASON": why.replace("\x00", ""),
+    }
+    rule = policy.fallback_for(assignment.job)
+    if rule is not None and rule.action == "cpu" and rule.threads:
+        threads = str(rule.threads)
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, ALLOCATOR_THREADS=threads)
+    return env
+
+
+def _rank_env(rank: int, world: int, addr: str, port: int | None, job: str) -> dict[str, str]:
+    return {
+        "LOCAL_RANK": str(rank),
+        "RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port if port is not None else default_master_port(job)),
+    }
+
+
+def _join(values: Sequence[int]) -> str:
+    return ",".join(str(v) for v in values)

@@ -1,0 +1,118 @@
+"""Names and the key layout.
+
+Everything a user types that becomes part of a key goes through
+:func:`validate_name`, so nothing can escape its prefix (``../x``, ``a/b``)
+or smuggle in characters a backend treats specially.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from allocator.errors import InvalidName
+
+__all__ = ["DEFAULT_PREFIX", "MAX_NAME_LENGTH", "KeyLayout", "validate_name", "validate_prefix"]
+
+DEFAULT_PREFIX = "/allocator"
+MAX_NAME_LENGTH = 63
+_NAME = re.compile(r"[A-Za-z0-9._-]+", re.ASCII)
+_PREFIX = re.compile(r"(/[A-Za-z0-9._-]+)+", re.ASCII)
+
+
+def validate_name(value: str, what: str = "name") -> str:
+    """Return ``value`` if it is a valid host/job name, else raise ``InvalidName``.
+
+    Allowed: 1-63 ASCII letters, digits, ``.``, ``_``, ``-``; not ``.`` or
+    ``..``; not starting with ``-`` (it would read as an option).
+    """
+    if not value:
+        raise InvalidName(f"{what} must not be empty")
+    if len(value) > MAX_NAME_LENGTH:
+        raise InvalidName(f"{what} is {len(value)} characters long; at most {MAX_NAME_LENGTH}")
+    if not _NAME.fullmatch(value):
+        raise InvalidName(
+            f"{what} {value!r} may contain only ASCII letters, digits, '.', '_' and '-'"
+        )
+    if value in (".", "..") or value.startswith("-"):
+        raise InvalidName(f"{what} {value!r} is not allowed")
+    return value
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return a normalised key prefix (``/a/b``), or raise ``InvalidName``."""
+    cleaned = prefix.rstrip("/")
+    if not _PREFIX.fullmatch(cleaned) or any(p in (".", "..") for p in cleaned.split("/")[1:]):
+        raise InvalidName(f"key prefix {prefix!r} must look like /name or /name/name")
+    return cleaned
+
+
+@dataclass(frozen=True, slots=True)
+class KeyLayout:
+    """Where each record lives under a prefix (default ``/allocator``).
+
+    ``host_generation`` is bumped by every assignment write on that host; a
+    transaction compares it, which is how a new key appearing under the host
+    between read and write is detected (etcd and Consul cannot compare
+    "no new key under a prefix" directly).
+    """
+
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def root(self) -> str:
+        """The versioned root every key lives under."""
+        return f"{self.prefix}/v1"
+
+    @property
+    def policy(self) -> str:
+        """The applied policy record."""
+        return f"{self.root}/policy"
+
+    @property
+    def hosts(self) -> str:
+        """Prefix of every host's keys (trailing slash included)."""
+        return f"{self.root}/hosts/"
+
+    def host(self, host: str) -> str:
+        """Prefix of one host's keys (trailing slash included)."""
+        return f"{self.hosts}{validate_name(host, 'host')}/"
+
+    def host_jobs(self, host: str) -> str:
+        """Prefix of a host's assignment keys (trailing slash included)."""
+        return f"{self.host(host)}jobs/"
+
+    def assignment(self, host: str, job: str) -> str:
+        """Key of one job's assignment on one host."""
+        return f"{self.host_jobs(host)}{validate_name(job, 'job')}"
+
+    def host_generation(self, host: str) -> str:
+        """Key bumped by every assignment change on ``host``."""
+        return f"{self.host(host)}generation"
+
+    def agent(self, host: str) -> str:
+        """Key of the host agent's leased liveness/inventory record."""
+        return f"{self.host(host)}agent"
+
+    def host_workers(self, host: str) -> str:
+        """Prefix of what the agent reports it runs (trailing slash included)."""
+        return f"{self.host(host)}workers/"
+
+    def workers(self, host: str, job: str) -> str:
+        """Key of what the agent actually runs for ``job``."""
+        return f"{self.host_workers(host)}{validate_name(job, 'job')}"
+
+    def parse_host_key(self, key: str) -> tuple[str, str, str] | None:
+        """Split ``<hosts>/<host>/<kind>[/<name>]`` into (host, kind, name).
+
+        ``name`` is ``""`` for single keys like ``agent``. Returns ``None``
+        for keys outside the hosts prefix.
+        """
+        if not key.startswith(self.hosts):
+            return None
+        parts = key[len(self.hosts) :].split("/")
+        if len(parts) == 2:
+            return parts[0], parts[1], ""
+        if len(parts) == 3:
+            return parts[0], parts[1], parts[2]
+        return None

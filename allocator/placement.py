@@ -1,0 +1,430 @@
+"""Pure placement decisions: is this assignment legal, and which GPUs for ``count=N``?
+
+Everything here is a function of plain data (the policy, the host's current
+assignments, the time, the agent's inventory and health); nothing reads a
+store, a clock or a device. :func:`place` is the single entry point.
+
+Choices worth knowing:
+
+* The inventory (from the agent, via NVML) wins over the policy's declared
+  GPU count when present; an empty inventory means the host has no GPUs.
+* A job's own current assignment never conflicts with itself, so re-setting
+  or moving a job is legal.
+* An explicit request for an unhealthy GPU is allowed with a note: the
+  operator named the GPU on purpose (perhaps re-assigning it deliberately
+  after a repair), and the agent's health handling still applies the job's
+  fallback if the GPU is really broken. ``count=N`` never picks one.
+* ``count=N`` ranks every candidate set by, in order: NVLink pairs missing,
+  NUMA nodes spanned, other jobs sharing the GPUs (shared pools), GPUs the
+  job does not already hold (so re-running the same request does not move,
+  and restart, the job), and finally the lowest indices.
+* A request larger than the host (or a pool limit) is impossible as asked
+  (:class:`RequestError`, exit 2); GPUs busy right now is a conflict
+  (:class:`PlacementRefused`, exit 3). A job whose fallback rule says ``cpu``
+  gets a CPU placement instead of either conflict or a too-small host.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+from allocator.errors import PlacementRefused, RequestError
+from allocator.gpus.model import GpuInfo
+from allocator.policy.model import Policy, Pool, Reservation
+from allocator.records import Assignment
+
+__all__ = [
+    "Placement",
+    "Request",
+    "gpu_blockers",
+    "gpu_holders",
+    "host_gpu_indices",
+    "place",
+]
+
+#: Above this many candidate sets, ``count=N`` uses a greedy search instead of
+#: scoring every combination (real hosts have at most 16 GPUs: C(16, 8) = 12870).
+EXHAUSTIVE_LIMIT = 20_000
+
+Score = tuple[int, int, int, int, tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What an operator asks for: exactly one of explicit ``gpus``, a ``count``, or ``cpu``.
+
+    Construction validates the shape, so a malformed request never exists:
+    :class:`RequestError` for an empty or duplicated GPU list, a negative
+    index, ``count < 1``, or not exactly one kind of request.
+    """
+
+    job: str
+    host: str
+    gpus: tuple[int, ...] | None = None
+    count: int | None = None
+    cpu: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = [k for k, v in (("gpus", self.gpus), ("count", self.count)) if v is not None]
+        if self.cpu:
+            kinds.append("cpu")
+        if len(kinds) != 1:
+            given = ", ".join(kinds) if kinds else "nothing"
+            raise RequestError(
+                f"request for job '{self.job}' must give exactly one of gpus, count or cpu "
+                f"(got {given})"
+            )
+        if self.gpus is not None:
+            _check_gpu_list(self.job, self.gpus)
+        if self.count is not None and self.count < 1:
+            raise RequestError(f"job '{self.job}' asks for count={self.count}; count must be >= 1")
+
+    def describe(self) -> str:
+        """The request as an operator would type it (``gpus=1,3``, ``count=2``, ``cpu``)."""
+        if self.gpus is not None:
+            return "gpus=" + ",".join(str(g) for g in self.gpus)
+        if self.count is not None:
+            return f"count={self.count}"
+        return "cpu"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """The decision: which GPUs the job gets (none in ``cpu`` mode), and why."""
+
+    gpus: tuple[int, ...]
+    mode: Literal["gpu", "cpu"]
+    fallback_reason: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+def _check_gpu_list(job: str, gpus: tuple[int, ...]) -> None:
+    if not gpus:
+        raise RequestError(f"job '{job}' asks for an empty GPU list; use cpu for no GPU")
+    negative = sorted(g for g in gpus if g < 0)
+    if negative:
+        raise RequestError(f"job '{job}' asks for GPU {negative[0]}; GPU indices start at 0")
+    repeated = sorted({g for g in gpus if gpus.count(g) > 1})
+    if repeated:
+        listed = ", ".join(str(g) for g in repeated)
+        raise RequestError(f"job '{job}' lists GPU {listed} more than once")
+
+
+# --- facts about a host --------------------------------------------------------
+
+
+def host_gpu_indices(
+    policy: Policy, host: str, inventory: Sequence[GpuInfo] | None
+) -> tuple[int, ...]:
+    """The GPU indices of ``host``: the inventory's when given, else the policy's count.
+
+    Raises :class:`RequestError` for a host neither in the policy nor reporting
+    an inventory.
+    """
+    if inventory is not None:
+        return tuple(sorted({gpu.index for gpu in inventory}))
+    declared = policy.hosts.get(host)
+    if declared is None:
+        known = ", ".join(sorted(policy.hosts)) or "none"
+        raise RequestError(f"host '{host}' is not in the policy (hosts: {known})")
+    return tuple(range(declared.gpus))
+
+
+def gpu_holders(assignments: Mapping[str, Assignment]) -> dict[int, list[str]]:
+    """GPU index -> the jobs holding it (sorted), from GPU-mode assignments."""
+    holders: dict[int, list[str]] = {}
+    for job, assignment in sorted(assignments.items()):
+        if assignment.mode != "gpu":
+            continue  # a CPU-mode job holds no GPU whatever its record says
+        for gpu in assignment.gpus:
+            holders.setdefault(gpu, []).append(job)
+    return dict(sorted(holders.items()))
+
+
+def _reserved_against(policy: Policy, host: str, job: str, now: datetime) -> dict[int, Reservation]:
+    """GPU -> the first active reservation on ``host`` that does not admit ``job``."""
+    blocked: dict[int, Reservation] = {}
+    for reservation in policy.reservations:
+        if reservation.host != host or not reservation.active(now) or reservation.admits(job):
+            continue
+        for gpu in reservation.gpus:
+            blocked.setdefault(gpu, reservation)
+    return blocked
+
+
+def _is_shared(pool: Pool | None) -> bool:
+    return pool is not None and pool.sharing == "shared"
+
+
+def gpu_blockers(
+    policy: Policy,
+    host: str,
+    job: str,
+    assignments: Mapping[str, Assignment],
+    now: datetime,
+    inventory: Sequence[GpuInfo] | None = None,
+    unhealthy: Mapping[int, str] | None = None,
+) -> dict[int, str]:
+    """GPU index -> why ``job`` cannot be given that GPU by ``count=N`` right now.
+
+    GPUs absent from the result are free for ``job`` (possibly shared with
+    others in a shared pool). Reasons are short: ``held by job 'a'``,
+    ``reserved by 'r' for eval-* until ...``, ``unhealthy: XID 79``.
+    """
+    indices = host_gpu_indices(policy, host, inventory)
+    shared = _is_shared(policy.pool_of(host))
+    holders = gpu_holders(assignments)
+    reserved = _reserved_against(policy, host, job, now)
+    sick = unhealthy or {}
+    reasons: dict[int, str] = {}
+    for gpu in indices:
+        others = [holder for holder in holders.get(gpu, []) if holder != job]
+        if False:
+            reasons[gpu] = f"unhealthy: {sick[gpu]}"
+        elif others and not shared:
+            reasons[gpu] = "held by " + ", ".join(f"job '{other}'" for other in others)
+        elif gpu in reserved:
+            reasons[gpu] = _describe_reservation(reserved[gpu])
+    return reasons
+
+
+# --- wording -------------------------------------------------------------------
+
+
+def _format_time(moment: datetime) -> str:
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
+
+
+def _describe_reservation(reservation: Reservation) -> str:
+    until = (
+        f"until {_format_time(reservation.until)}"
+        if reservation.until is not None
+        else "with no end"
+    )
+    return f"reserved by '{reservation.name}' for {', '.join(reservation.for_jobs)} {until}"
+
+
+def _describe_holder(assignment: Assignment | None, job: str) -> str:
+    details = []
+    if assignment is not None and assignment.updated_at:
+        details.append(f"since {assignment.updated_at}")
+    if assignment is not None and assignment.updated_by:
+        details.append(f"by {assignment.updated_by}")
+    return f"job '{job}'" + (f" ({', '.join(details)})" if details else "")
+
+
+def _ranges(indices: Sequence[int]) -> str:
+    """``0-3, 6`` for (0, 1, 2, 3, 6); ``no GPUs`` for ()."""
+    if not indices:
+        return "no GPUs"
+    runs: list[list[int]] = []
+    for gpu in sorted(indices):
+        if runs and gpu == runs[-1][-1] + 1:
+            runs[-1].append(gpu)
+        else:
+            runs.append([gpu])
+    parts = [str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs]
+    return "GPUs " + ", ".join(parts)
+
+
+# --- the entry point -------------------------------------------------------------
+
+
+def place(
+    policy: Policy,
+    request: Request,
+    assignments: Mapping[str, Assignment],
+    now: datetime,
+    inventory: Sequence[GpuInfo] | None = None,
+    unhealthy: Mapping[int, str] | None = None,
+) -> Placement:
+    """Decide the placement of ``request`` on its host, or refuse it.
+
+    ``assignments`` are the host's current assignments (job -> record);
+    ``now`` must be timezone-aware; ``unhealthy`` maps GPU index -> reason.
+    Raises :class:`RequestError` (exit 2) for an unknown host, a GPU that does
+    not exist, a request over the pool's per-job limit or larger than the
+    host; :class:`PlacementRefused` (exit 3) when GPUs are held by other jobs
+    or reserved for others.
+    """
+    if now.tzinfo is None:
+        raise ValueError("place() needs a timezone-aware 'now'")
+    indices = host_gpu_indices(policy, request.host, inventory)
+    if request.gpus is not None:
+        return _place_explicit(
+            policy, request, request.gpus, assignments, now, indices, unhealthy or {}
+        )
+    if request.count is not None:
+        return _place_count(
+            policy, request, request.count, assignments, now, inventory, unhealthy or {}
+        )
+    return Placement(gpus=(), mode="cpu")
+
+
+def _check_pool_limit(policy: Policy, host: str, job: str, count: int) -> None:
+    pool = policy.pool_of(host)
+    if pool is not None and pool.max_gpus_per_job is not None and count > pool.max_gpus_per_job:
+        raise RequestError(
+            f"job '{job}' asks for {count} GPUs; pool '{pool.name}' allows at most "
+            f"{pool.max_gpus_per_job} per job"
+        )
+
+
+def _place_explicit(
+    policy: Policy,
+    request: Request,
+    gpus: tuple[int, ...],
+    assignments: Mapping[str, Assignment],
+    now: datetime,
+    indices: tuple[int, ...],
+    unhealthy: Mapping[int, str],
+) -> Placement:
+    host, job = request.host, request.job
+    missing = [g for g in gpus if g not in indices]
+    if missing:
+        verb = "does" if len(missing) == 1 else "do"
+        listed = ", ".join(str(g) for g in missing)
+        raise RequestError(f"GPU {listed} {verb} not exist on {host} ({_ranges(indices)})")
+    _check_pool_limit(policy, host, job, len(gpus))
+    shared = _is_shared(policy.pool_of(host))
+    holders = gpu_holders(assignments)
+    reserved = _reserved_against(policy, host, job, now)
+    conflicts: list[str] = []
+    notes: list[str] = []
+    for gpu in gpus:
+        others = [h for h in holders.get(gpu, []) if h != job]
+        held = " and ".join(_describe_holder(assignments.get(h), h) for h in others)
+        if others and not shared:
+            conflicts.append(f"GPU {gpu} on {host} is held by {held}")
+        elif others:
+            notes.append(f"GPU {gpu} on {host} is shared with {held}")
+        if gpu in reserved:
+            conflicts.append(f"GPU {gpu} on {host} is {_describe_reservation(reserved[gpu])}")
+        if gpu in unhealthy:
+            notes.append(f"GPU {gpu} on {host} is unhealthy: {unhealthy[gpu]}")
+    if conflicts:
+        raise PlacementRefused("; ".join(conflicts))
+    return Placement(gpus=gpus, mode="gpu", notes=tuple(notes))
+
+
+def _place_count(
+    policy: Policy,
+    request: Request,
+    count: int,
+    assignments: Mapping[str, Assignment],
+    now: datetime,
+    inventory: Sequence[GpuInfo] | None,
+    unhealthy: Mapping[int, str],
+) -> Placement:
+    host, job = request.host, request.job
+    _check_pool_limit(policy, host, job, count)
+    indices = host_gpu_indices(policy, host, inventory)
+    rule = policy.fallback_for(job)
+    falls_back = rule is not None and rule.action == "cpu"
+    if count > len(indices):
+        if falls_back:
+            reason = f"{host} has {len(indices)} GPUs: {count} requested"
+            return Placement(gpus=(), mode="cpu", fallback_reason=reason)
+        raise RequestError(
+            f"job '{job}' asks for {count} GPUs; {host} has {len(indices)} ({_ranges(indices)})"
+        )
+    blockers = gpu_blockers(policy, host, job, assignments, now, inventory, unhealthy)
+    candidates = [g for g in indices if g not in blockers]
+    if len(candidates) < count:
+        busy = "; ".join(f"{g}: {why}" for g, why in sorted(blockers.items()))
+        shortage = f"{count} requested, {len(candidates)} free ({busy})"
+        if falls_back:
+            reason = f"not enough free GPUs on {host}: {shortage}"
+            return Placement(gpus=(), mode="cpu", fallback_reason=reason)
+        raise PlacementRefused(f"not enough free GPUs on {host} for job '{job}': {shortage}")
+    topology = _Topology.build(inventory, assignments, job)
+    return Placement(gpus=topology.choose(candidates, count), mode="gpu")
+
+
+# --- choosing GPUs for count=N ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Topology:
+    """What ranks one candidate set against another (see the module docstring)."""
+
+    numa: Mapping[int, int | None]
+    links: frozenset[frozenset[int]]
+    load: Mapping[int, int]
+    own: frozenset[int]
+
+    @classmethod
+    def build(
+        cls,
+        inventory: Sequence[GpuInfo] | None,
+        assignments: Mapping[str, Assignment],
+        job: str,
+    ) -> _Topology:
+        gpus = inventory or ()
+        numa = {g.index: g.numa_node for g in gpus}
+        if all(node is None for node in numa.values()):
+            numa = {}  # no NUMA facts: every set spans "one" node
+        links = frozenset(
+            frozenset((g.index, peer)) for g in gpus for peer in g.nvlink_peers if peer != g.index
+        )
+        load: dict[int, int] = {}
+        for gpu, holders in gpu_holders(assignments).items():
+            load[gpu] = sum(1 for holder in holders if holder != job)
+        mine = assignments.get(job)
+        own = frozenset(mine.gpus) if mine is not None and mine.mode == "gpu" else frozenset()
+        return cls(numa=numa, links=links, load=load, own=own)
+
+    def score(self, chosen: tuple[int, ...]) -> Score:
+        """Lower is better; the last element makes ties go to the lowest indices."""
+        missing_links = 0
+        if self.links:
+            missing_links = sum(
+                1
+                for a, b in itertools.combinations(chosen, 2)
+                if frozenset((a, b)) not in self.links
+            )
+        numa_nodes = len({self.numa.get(g) for g in chosen}) if self.numa else 1
+        shared_load = sum(self.load.get(g, 0) for g in chosen)
+        moved = sum(1 for g in chosen if g not in self.own)
+        return (missing_links, numa_nodes, shared_load, moved, chosen)
+
+    def choose(self, candidates: Sequence[int], count: int) -> tuple[int, ...]:
+        """The best-scoring ``count`` GPUs among ``candidates`` (sorted ascending)."""
+        ordered = tuple(sorted(candidates))
+        if math.comb(len(ordered), count) <= EXHAUSTIVE_LIMIT:
+            return min(itertools.combinations(ordered, count), key=self.score)
+        return min(
+            (self._grow(seed, ordered, count) for seed in self._seeds(ordered)), key=self.score
+        )
+
+    def _seeds(self, ordered: tuple[int, ...]) -> list[int]:
+        """Where a greedy search starts: the lowest GPU of each NUMA node, and of the job's own."""
+        firsts = {self.numa.get(g): g for g in reversed(ordered)}
+        own = [g for g in ordered if g in self.own][:1]
+        return sorted({ordered[0], *firsts.values(), *own})
+
+    def _grow(self, seed: int, ordered: tuple[int, ...], count: int) -> tuple[int, ...]:
+        """Greedy: from ``seed``, add whichever GPU adds the least to the score."""
+        chosen = [seed]
+        while len(chosen) < count:
+            rest = [g for g in ordered if g not in chosen]
+            chosen.append(min(rest, key=lambda g: self._added_cost(chosen, g)))
+        return tuple(sorted(chosen))
+
+    def _added_cost(self, chosen: Sequence[int], gpu: int) -> tuple[int, int, int, int, int]:
+        unlinked = (
+            sum(1 for other in chosen if frozenset((gpu, other)) not in self.links)
+            if self.links
+            else 0
+        )
+        new_node = int(
+            bool(self.numa) and self.numa.get(gpu) not in {self.numa.get(g) for g in chosen}
+        )
+        return (unlinked, new_node, self.load.get(gpu, 0), int(gpu not in self.own), gpu)

@@ -1,0 +1,42 @@
+"""The policy: YAML file -> validated, frozen objects; its JSON Schema; its canonical form.
+
+Importing this package does not import PyYAML; reading a policy does.
+"""
+
+from __future__ import annotations
+
+from allocator.policy.loader import (
+    load_policy,
+    load_policy_file,
+    policy_json_schema,
+    policy_sha256,
+    policy_to_dict,
+    read_policy_text,
+)
+from allocator.policy.model import (
+    DEFAULT_IGNORED_XIDS,
+    FallbackRule,
+    HealthSettings,
+    Host,
+    Job,
+    Policy,
+    Pool,
+    Reservation,
+)
+
+__all__ = [
+    "DEFAULT_IGNORED_XIDS",
+    "FallbackRule",
+    "HealthSettings",
+    "Host",
+    "Job",
+    "Policy",
+    "Pool",
+    "Reservation",
+    "load_policy",
+    "load_policy_file",
+    "policy_json_schema",
+    "policy_sha256",
+    "policy_to_dict",
+    "read_policy_text",
+]

@@ -1,0 +1,75 @@
+"""YAML text to a node tree: the only module of the policy package importing PyYAML.
+
+The text is composed, not loaded: nodes keep their line numbers, and
+duplicate keys are still visible (a loaded dict has already dropped them).
+Scalars are turned into values by PyYAML's safe constructor, one node at a
+time, so no tag can build an arbitrary object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from yaml.constructor import SafeConstructor
+from yaml.nodes import Node
+
+from allocator.errors import PolicyError
+from allocator.policy.reader import one_line
+
+__all__ = ["compose"]
+
+# libyaml's parser when PyYAML was built with it (much faster), else pure Python
+_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)
+
+
+def compose(text: str, source: str) -> tuple[Node | None, Callable[[Node], Any]]:
+    """Return the root node of ``text`` (``None`` when empty) and a scalar constructor.
+
+    The constructor raises ``ValueError`` with a readable reason for scalars
+    it cannot turn into a value. Syntax errors raise ``PolicyError`` with
+    the line.
+    """
+    try:
+        root = yaml.compose(text, Loader=_LOADER)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = None if mark is None else mark.line + 1
+        problem = ", ".join(part for part in (exc.context, exc.problem) if part) or "unreadable"
+        raise PolicyError(f"invalid YAML: {one_line(problem)}", file=source, line=line) from exc
+    except yaml.reader.ReaderError as exc:
+        line = _line_at(text, exc.position)
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
+        reason = f"invalid YAML: character #x{code:04x} is not allowed ({exc.reason})"
+        raise PolicyError(reason, file=source, line=line) from exc
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"invalid YAML: {one_line(str(exc))}", file=source) from exc
+    except UnicodeEncodeError as exc:
+        line = _line_at(text, exc.start)
+        raise PolicyError("the text is not valid Unicode", file=source, line=line) from exc
+    except RecursionError as exc:
+        raise PolicyError("invalid YAML: nested too deeply", file=source) from exc
+    return root, _scalar_constructor()
+
+
+def _line_at(text: str, position: int) -> int:
+    return text.count("\n", 0, max(position, 0)) + 1
+
+
+def _scalar_constructor() -> Callable[[Node], Any]:
+    constructor = SafeConstructor()
+
+    def construct(node: Node) -> Any:
+        try:
+            return constructor.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "cannot read this value"
+            raise ValueError(problem) from exc
+        except (ValueError, TypeError, OverflowError) as exc:
+            kind = node.tag.rsplit(":", 1)[-1]
+            raise ValueError(f"cannot read {node.value!r} as {kind}: {exc}") from exc
+
+    return construct

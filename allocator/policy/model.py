@@ -1,0 +1,144 @@
+"""The policy as frozen, typed objects.
+
+These are produced only by :func:`allocator.policy.load_policy`, which has
+already validated every cross-reference, so code that receives a
+:class:`Policy` can trust it (every job's fallback rule exists, every
+reservation's GPUs exist on its host, and so on).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+__all__ = [
+    "DEFAULT_IGNORED_XIDS",
+    "FallbackRule",
+    "HealthSettings",
+    "Host",
+    "Job",
+    "Policy",
+    "Pool",
+    "Reservation",
+]
+
+#: Application-caused XIDs that say nothing about the GPU's health (NVIDIA's
+#: XID catalogue: 13 graphics engine exception, 31 MMU fault, 43 reset
+#: channel, 45 preemptive cleanup, 68 video processor exception, 109 context
+#: switch timeout).
+DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+Sharing = Literal["exclusive", "shared"]
+FallbackAction = Literal["cpu", "wait", "fail"]
+WorkerMode = Literal["single", "per-gpu"]
+VisibleDevices = Literal["uuid", "index"]
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """A host and its declared GPU count (used where NVML is absent)."""
+
+    name: str
+    gpus: int
+    pool: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    """A group of hosts sharing placement rules."""
+
+    name: str
+    hosts: tuple[str, ...] = ()
+    sharing: Sharing = "exclusive"
+    max_gpus_per_job: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """GPUs on one host kept for jobs matching ``for_jobs`` during a window."""
+
+    name: str
+    host: str
+    gpus: tuple[int, ...]
+    for_jobs: tuple[str, ...]
+    start: datetime | None = None
+    until: datetime | None = None
+
+    def active(self, now: datetime) -> bool:
+        """Whether the reservation applies at ``now`` (start inclusive, until exclusive)."""
+        if self.start is not None and now < self.start:
+            return False
+        return not (self.until is not None and now >= self.until)
+
+    def admits(self, job: str) -> bool:
+        """Whether ``job`` matches one of the reservation's globs."""
+        return any(fnmatch.fnmatchcase(job, pattern) for pattern in self.for_jobs)
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackRule:
+    """What happens to a job when its GPUs are unavailable."""
+
+    name: str
+    action: FallbackAction
+    threads: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job the agent may run: its command comes from here, never from a request."""
+
+    name: str
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    workers: WorkerMode = "single"
+    on_change: str = "restart"  # restart | none | signal:<SIGNAME>
+    grace_seconds: float = 10.0
+    fallback: str | None = None
+    allow_adhoc_command: bool = False
+    max_restarts: int = 5
+    restart_backoff_seconds: float = 1.0
+    restart_backoff_max_seconds: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class HealthSettings:
+    """GPU health tuning."""
+
+    ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
+    interval_seconds: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A validated policy file."""
+
+    version: int
+    hosts: Mapping[str, Host] = field(default_factory=dict)
+    pools: Mapping[str, Pool] = field(default_factory=dict)
+    reservations: tuple[Reservation, ...] = ()
+    jobs: Mapping[str, Job] = field(default_factory=dict)
+    fallback: Mapping[str, FallbackRule] = field(default_factory=dict)
+    visible_devices: VisibleDevices = "uuid"
+    health: HealthSettings = field(default_factory=HealthSettings)
+
+    def pool_of(self, host: str) -> Pool | None:
+        """Return the pool ``host`` belongs to, if any."""
+        declared = self.hosts.get(host)
+        if declared is not None and declared.pool is not None:
+            return self.pools.get(declared.pool)
+        for pool in self.pools.values():
+            if host in pool.hosts:
+                return pool
+        return None
+
+    def fallback_for(self, job: str) -> FallbackRule | None:
+        """Return the fallback rule of a declared job, if it names one."""
+        spec = self.jobs.get(job)
+        if spec is None or spec.fallback is None:
+            return None
+        return self.fallback.get(spec.fallback)

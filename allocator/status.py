@@ -1,0 +1,165 @@
+"""Who holds what: a pure join of the policy, assignments, agents and workers.
+
+``build_status`` turns one prefix read over every host into rows; the CLI
+only renders them. Time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from allocator.assignments import HostSnapshot, snapshot_from_items
+from allocator.identity import parse_time
+from allocator.keys import KeyLayout
+from allocator.placement import gpu_holders, host_gpu_indices
+from allocator.policy import Policy
+from allocator.store import KeyValue
+
+__all__ = ["AGENT_STALE_AFTER_SECONDS", "GpuRow", "HostStatus", "JobRow", "build_status"]
+
+#: An agent whose heartbeat is older than this is reported stale.
+AGENT_STALE_AFTER_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """One GPU of one host and who holds it."""
+
+    host: str
+    gpu: str
+    holder: str
+    since: str
+    reason: str
+    health: str
+    reserved: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """One job's desired assignment joined with what its agent reports."""
+
+    host: str
+    job: str
+    gpus: str
+    mode: str
+    since: str
+    by: str
+    reason: str
+    workers: str
+    matches: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostStatus:
+    """One host: agent liveness, its GPUs, its jobs."""
+
+    host: str
+    agent: str
+    gpus: tuple[GpuRow, ...]
+    jobs: tuple[JobRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON/YAML-ready form."""
+        return asdict(self)
+
+
+def build_status(
+    policy: Policy | None,
+    items: Sequence[KeyValue],
+    layout: KeyLayout,
+    now: datetime,
+    only_host: str | None = None,
+) -> list[HostStatus]:
+    """Join everything under the hosts prefix into per-host status."""
+    stored_hosts = {p[0] for i in items if (p := layout.parse_host_key(i.key))}
+    declared = set(policy.hosts) if policy is not None else set()
+    names = sorted(stored_hosts | declared)
+    if only_host is not None:
+        names = [only_host]
+    result = []
+    for host in names:
+        snapshot = snapshot_from_items(host, tuple(items), layout, 0)
+        result.append(_host_status(policy, snapshot, now))
+    return result
+
+
+def _agent_state(snapshot: HostSnapshot, now: datetime) -> str:
+    agent = snapshot.agent
+    if agent is None:
+        return "gone" if snapshot.workers else "none"
+    beat = parse_time(agent.heartbeat_at)
+    if agent.store_stale:
+        return "stale"
+    if beat is None or (now - beat).total_seconds() > AGENT_STALE_AFTER_SECONDS:
+        return "stale"
+    return "alive"
+
+
+def _host_status(policy: Policy | None, snapshot: HostSnapshot, now: datetime) -> HostStatus:
+    inventory = snapshot.agent.gpus if snapshot.agent and snapshot.agent.gpus else None
+    unhealthy = snapshot.agent.unhealthy if snapshot.agent else {}
+    indices: tuple[int, ...] = ()
+    if policy is not None and (snapshot.host in policy.hosts or inventory):
+        indices = host_gpu_indices(policy, snapshot.host, inventory)
+    elif inventory:
+        indices = tuple(g.index for g in inventory)
+    holders = gpu_holders(snapshot.assignments)
+    reservations = _reservation_labels(policy, snapshot.host, now)
+    rows = []
+    for index in sorted(set(indices) | set(holders)):
+        jobs = holders.get(index, [])
+        first = snapshot.assignments[jobs[0]] if jobs else None
+        rows.append(
+            GpuRow(
+                host=snapshot.host,
+                gpu=str(index),
+                holder=",".join(jobs) or "-",
+                since=first.updated_at if first else "",
+                reason=first.reason if first else "",
+                health=f"unhealthy: {unhealthy[index]}" if index in unhealthy else "ok",
+                reserved=reservations.get(index, ""),
+            )
+        )
+    for job, held in sorted(snapshot.assignments.items()):
+        if held.mode == "cpu":
+            rows.append(GpuRow(snapshot.host, "cpu", job, held.updated_at, held.reason, "-", ""))
+    job_rows = tuple(_job_row(snapshot, job) for job in sorted(snapshot.assignments))
+    return HostStatus(snapshot.host, _agent_state(snapshot, now), tuple(rows), job_rows)
+
+
+def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
+    held = snapshot.assignments[job]
+    worker = snapshot.workers.get(job)
+    matches: bool | None = None
+    workers = "-"
+    if worker is not None:
+        workers = worker.state + (f" pid {','.join(map(str, worker.pids))}" if worker.pids else "")
+        matches = tuple(worker.gpus) == tuple(held.gpus) or (
+            held.mode == "cpu" and worker.device == "cpu"
+        )
+    gpus = "cpu" if held.mode == "cpu" else ",".join(map(str, held.gpus))
+    return JobRow(
+        host=snapshot.host,
+        job=job,
+        gpus=gpus,
+        mode=held.mode,
+        since=held.updated_at,
+        by=held.updated_by,
+        reason=held.reason or (held.fallback_reason or ""),
+        workers=workers,
+        matches=matches,
+    )
+
+
+def _reservation_labels(policy: Policy | None, host: str, now: datetime) -> dict[int, str]:
+    labels: dict[int, str] = {}
+    if policy is None:
+        return labels
+    for reservation in policy.reservations:
+        if reservation.host == host and reservation.active(now):
+            for gpu in reservation.gpus:
+                labels[gpu] = f"{reservation.name} ({','.join(reservation.for_jobs)})"
+    return labels

@@ -1,0 +1,283 @@
+"""The pure parts of the Consul backend: key mapping, transaction payloads, watches.
+
+Nothing here does I/O or imports py-consul: :mod:`allocator.store.consul`
+sends what these functions build, and hands :class:`ConsulWatch` a function
+that runs one (blocking) query, so the watch loop's decisions -- diffing
+snapshots, resetting an index that went backwards, rate-limiting -- are
+tested on plain data with an injected clock.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from allocator.errors import CasConflict, Compacted, InvalidInput, LeaseLost, PermissionDenied
+from allocator.store import _local
+from allocator.store.base import Delete, Event, KeyValue, Op
+
+__all__ = [
+    "ConsulWatch",
+    "Item",
+    "LockHeld",
+    "Payload",
+    "Query",
+    "TokenBucket",
+    "consul_key",
+    "diff_snapshot",
+    "guard_op",
+    "key_value",
+    "random_flags",
+    "session_id",
+    "txn_failure",
+    "write_op",
+]
+
+#: One KV entry as py-consul returns it (``Value`` already base64-decoded).
+Item = Mapping[str, Any]
+#: A /v1/txn request body.
+Payload = list[dict[str, Any]]
+#: ``query(index, wait)`` reads the watched prefix: (X-Consul-Index, entries).
+#: ``index`` 0 answers at once; otherwise it blocks up to ``wait`` seconds.
+Query = Callable[[int, float], tuple[int, list[Item]]]
+
+#: Under churn a watch degrades to one query per interval (after a burst of 2).
+WATCH_MIN_INTERVAL_S = 1.0
+
+
+def consul_key(key: str, what: str = "key") -> str:
+    """The Consul key for a Store key: ``/a/b`` -> ``a/b`` (a prefix may map to ``""``)."""
+    _local.check_key(key, what)
+    inner = key[1:]
+    if inner.startswith("/") or (what == "key" and not inner):
+        raise InvalidInput(
+            f"store {what} {key!r} cannot be stored in Consul: '/' must start a name"
+        )
+    return inner
+
+
+def key_value(item: Item) -> KeyValue:
+    """A Store ``KeyValue`` from a Consul KV entry; a lock holder becomes the lease."""
+    session = item.get("Session")
+    return KeyValue(
+        key="/" + str(item["Key"]),
+        value=item.get("Value") or b"",
+        mod_revision=int(item["ModifyIndex"]),
+        create_revision=int(item["CreateIndex"]),
+        lease=uuid.UUID(str(session)).int if session else None,
+    )
+
+
+def session_id(lease: int) -> str:
+    """The Consul session a lease id stands for (a lease id is the session UUID's int)."""
+    try:
+        return str(uuid.UUID(int=lease))
+    except (ValueError, TypeError) as exc:
+        raise LeaseLost(f"lease {lease!r} is not a Consul session") from exc
+
+
+def random_flags() -> int:
+    """Flags for a write: Consul skips a write that changes nothing, keeping the old
+    ModifyIndex; a random value makes every write a real one with a new index."""
+    return random.getrandbits(63) | 1
+
+
+def _kv_op(verb: str, key: str, **fields: Any) -> dict[str, Any]:
+    return {"KV": {"Verb": verb, "Key": key, **fields}}
+
+
+def guard_op(key: str, mod_revision: int) -> dict[str, Any]:
+    """The txn operation that checks a compare (0 = the key must not exist)."""
+    if mod_revision == 0:
+        return _kv_op("check-not-exists", consul_key(key))
+    return _kv_op("check-index", consul_key(key), Index=mod_revision)
+
+
+def write_op(op: Op) -> dict[str, Any]:
+    """The txn operation for a put (``lock`` when leased) or a delete."""
+    key = consul_key(op.key)
+    if isinstance(op, Delete):
+        return _kv_op("delete", key)
+    value = base64.b64encode(op.value).decode("ascii")
+    lease = _local.lease_of(op.lease)
+    if lease is None:
+        return _kv_op("set", key, Value=value, Flags=random_flags())
+    return _kv_op("lock", key, Value=value, Flags=random_flags(), Session=session_id(lease))
+
+
+def unlock_op(key: str, session: str) -> dict[str, Any]:
+    """The txn operation releasing ``key`` from ``session`` (it must hold it)."""
+    return _kv_op("unlock", consul_key(key), Session=session)
+
+
+class LockHeld(Exception):
+    """A ``lock`` failed because another session holds these (Store) keys."""
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        super().__init__(", ".join(keys))
+        self.keys = tuple(keys)
+
+
+def txn_failure(
+    address: str, payload: Sequence[Mapping[str, Any]], keys: Sequence[str], errors: Any
+) -> Exception:
+    """The exception for a transaction Consul rolled back (409), from its ``Errors``.
+
+    ``keys[i]`` is the Store key of ``payload[i]``; each error's ``OpIndex``
+    points into both.
+    """
+    failed = []
+    for error in errors or ():
+        at = int(error["OpIndex"])
+        failed.append((str(payload[at]["KV"]["Verb"]), keys[at], str(error["What"])))
+    whats = "; ".join(f"{key}: {what}" for _, key, what in failed)
+    if any("Permission denied" in what or "ACL not found" in what for _, _, what in failed):
+        return PermissionDenied(f"Consul at {address} refused the write: {whats}")
+    locks = [(key, what) for verb, key, what in failed if verb == "lock"]
+    if any("session" in what and "held" not in what for _, what in locks):
+        return LeaseLost(f"cannot write with a lease that expired or was revoked: {whats}")
+    if any("held" in what for _, what in locks):
+        return LockHeld([key for key, what in locks if "held" in what])
+    conflicted = tuple(dict.fromkeys(key for _, key, _ in failed))
+    return CasConflict(f"compare failed: {whats}", keys=conflicted)
+
+
+class TokenBucket:
+    """A token bucket (``burst`` tokens, one more per ``interval``) on an injected clock."""
+
+    def __init__(self, interval: float, burst: float, now: float) -> None:
+        self.interval = interval
+        self.burst = burst
+        self.tokens = burst
+        self._stamp = now
+
+    def _refill(self, now: float) -> None:
+        if self.interval <= 0:
+            self.tokens = self.burst
+        else:
+            self.tokens = min(self.burst, self.tokens + (now - self._stamp) / self.interval)
+        self._stamp = now
+
+    def delay(self, now: float) -> float:
+        """Seconds until a token is available (0 when one is)."""
+        self._refill(now)
+        return max(0.0, (1 - self.tokens) * self.interval)
+
+    def take(self, now: float) -> None:
+        """Spend one token."""
+        self._refill(now)
+        self.tokens -= 1
+
+
+def diff_snapshot(
+    known: Mapping[str, int], items: Sequence[Item], index: int, start: int
+) -> tuple[list[Event], dict[str, int]]:
+    """The events that turn ``known`` (Consul key -> ModifyIndex) into ``items``.
+
+    Puts carry their ``ModifyIndex``; deletes carry the response ``index``
+    (Consul does not say when a key went). Only revisions >= ``start`` are
+    reported; the new ``known`` map is returned with them.
+    """
+    current = {str(item["Key"]): item for item in items}
+    seen = {key: int(item["ModifyIndex"]) for key, item in current.items()}
+    puts = [
+        Event("put", "/" + key, current[key].get("Value") or b"", revision)
+        for key, revision in seen.items()
+        if known.get(key) != revision and revision >= start
+    ]
+    puts.sort(key=lambda event: (event.revision, event.key))
+    gone = sorted(key for key in known if key not in current) if index >= start else []
+    return puts + [Event("delete", "/" + key, None, index) for key in gone], seen
+
+
+class ConsulWatch:
+    """A prefix watch on Consul blocking queries (``?recurse&index=&wait=``).
+
+    Creating it reads the prefix once: keys whose ``ModifyIndex`` >= the start
+    revision are delivered first, as puts of their current value. Consul
+    keeps no history, so older versions and deletes from before the watch
+    cannot be replayed; when that read proves a delete in the requested range
+    is lost (the prefix's index is newer than every key in it), ``next``
+    raises :class:`Compacted` so the caller re-reads. After that each
+    response is diffed with the previous one: new or changed keys become
+    puts, vanished keys deletes; versions overwritten between two responses
+    are not seen. An index that goes backwards (a snapshot restore, say)
+    resets the query to index 0, as Consul's docs require, and from then on
+    every change is delivered whatever its revision. Responses that bring no
+    newer index spend tokens of a bucket (burst 2, one per ``min_interval``),
+    so a server answering at once cannot drive a busy loop.
+    """
+
+    def __init__(
+        self,
+        query: Query,
+        prefix: str,
+        start_revision: int,
+        *,
+        on_close: Callable[[], None] = lambda: None,
+        min_interval: float = WATCH_MIN_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._query = query
+        self._prefix = prefix
+        self._on_close = on_close
+        self._clock = clock
+        self._sleep = sleep
+        self._bucket = TokenBucket(min_interval, 2, clock())
+        self._closed = False
+        index, items = query(0, 0.0)
+        self._start = start_revision if start_revision > 0 else index + 1
+        self._pending, self._known = diff_snapshot({}, items, index, self._start)
+        newest_key = max(self._known.values(), default=index)
+        self._lost = self._start <= index and index > newest_key
+        self._index = max(index, 1)  # never 0: a query at index 0 does not block
+
+    def next(self, timeout: float) -> list[Event]:
+        """Block up to ``timeout`` seconds; return the next batch of events."""
+        if self._closed:
+            return []
+        if self._lost:
+            self._lost = False
+            raise Compacted(
+                f"Consul cannot replay deletes under {self._prefix} from revision "
+                f"{self._start}; re-read and watch again",
+                compact_revision=self._index,
+            )
+        if self._pending:
+            events, self._pending = self._pending, []
+            return events
+        deadline = self._clock() + max(timeout, 0.0)
+        while not self._closed:
+            delay = self._bucket.delay(self._clock())
+            if delay >= deadline - self._clock():
+                self._sleep(max(0.0, deadline - self._clock()))
+                return []
+            if delay > 0:
+                self._sleep(delay)
+            events = self._poll(max(deadline - self._clock(), 0.001))
+            if events or self._clock() >= deadline:
+                return events
+        return []
+
+    def _poll(self, wait: float) -> list[Event]:
+        index, items = self._query(self._index, wait)
+        if index <= self._index:
+            self._bucket.take(self._clock())
+        events, self._known = diff_snapshot(self._known, items, index, self._start)
+        if index < self._index:
+            # The store's indexes restarted (or shrank): every change from now on is new.
+            self._index, self._start = 0, 0
+        else:
+            self._index = max(index, 1)
+        return events
+
+    def close(self) -> None:
+        """Stop watching and release the watch's connection. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._on_close()

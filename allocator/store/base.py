@@ -1,0 +1,190 @@
+"""The Store protocol every backend implements, and the plain data it speaks.
+
+Semantics (the contract suite in ``tests/contract`` checks all of them on
+every backend):
+
+* Keys are ``str`` beginning with ``/`` (a backend that cannot store a
+  leading slash, like Consul, maps it internally); values are ``bytes``.
+* The store has one global, monotonically increasing ``revision``. Every
+  successful write (put, delete, transaction) increments it by exactly one;
+  every key version remembers the revision that wrote it (``mod_revision``)
+  and the revision that created it (``create_revision``).
+* ``expect_revision`` on put/delete is a compare-and-swap: ``0`` means "the
+  key must not exist", ``n > 0`` means "the key's mod_revision must be n".
+  A failed compare raises :class:`~allocator.errors.CasConflict` and writes
+  nothing.
+* A transaction applies all its operations at one revision, or none.
+* A watch on a prefix delivers every change with ``revision >= start``, in
+  revision order, at most once. A watch whose history was compacted raises
+  :class:`~allocator.errors.Compacted`; a watch whose connection broke
+  raises :class:`~allocator.errors.StoreUnavailable` (never hangs silently).
+  The caller then re-reads with :meth:`Store.list` and watches again from
+  the revision that read returned + 1.
+* A lease is a TTL: keys put with a lease are deleted (with delete events)
+  when the lease expires or is revoked, unless it is refreshed in time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "MAX_VALUE_BYTES",
+    "Compare",
+    "Delete",
+    "Event",
+    "KeyValue",
+    "Listing",
+    "Op",
+    "Put",
+    "Store",
+    "Watch",
+]
+
+#: The largest value every backend accepts: Consul's default KV limit is
+#: 512 KiB; etcd's default request limit is 1.5 MiB. One limit for all keeps
+#: behaviour identical whichever backend an operator picks.
+MAX_VALUE_BYTES = 512 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    """One stored key and the revisions that describe its current version."""
+
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    lease: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The result of a prefix read: the items and the store revision it saw."""
+
+    items: tuple[KeyValue, ...]
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A change seen by a watch. ``value`` is ``None`` for deletes."""
+
+    type: Literal["put", "delete"]
+    key: str
+    value: bytes | None
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """A transaction guard: ``key``'s mod_revision must equal ``mod_revision``.
+
+    ``mod_revision == 0`` means the key must not exist.
+    """
+
+    key: str
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """A transaction operation writing ``value`` at ``key``."""
+
+    key: str
+    value: bytes
+    lease: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """A transaction operation deleting ``key`` (no error if absent)."""
+
+    key: str
+
+
+Op = Put | Delete
+
+
+@runtime_checkable
+class Watch(Protocol):
+    """A live subscription to changes under a prefix."""
+
+    def next(self, timeout: float) -> list[Event]:
+        """Block up to ``timeout`` seconds; return the next batch of events.
+
+        Returns an empty list when nothing happened in time. Raises
+        ``StoreUnavailable`` if the connection broke and ``Compacted`` if the
+        requested history is gone.
+        """
+        ...
+
+    def close(self) -> None:
+        """Stop watching and release resources. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A consistent key-value store with revisions, watches and leases."""
+
+    url: str
+
+    def get(self, key: str) -> KeyValue | None:
+        """Return the current version of ``key``, or ``None`` if absent."""
+        ...
+
+    def list(self, prefix: str) -> Listing:
+        """Return every key starting with ``prefix`` (sorted) in one read."""
+        ...
+
+    def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expect_revision: int | None = None,
+        lease: int | None = None,
+    ) -> int:
+        """Write ``key``; return the new store revision.
+
+        With ``expect_revision`` the write is conditional (see module doc).
+        """
+        ...
+
+    def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
+        """Delete ``key``; return whether it existed.
+
+        With ``expect_revision`` the delete is conditional.
+        """
+        ...
+
+    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+        """Apply ``ops`` atomically if every compare holds; return the revision.
+
+        Raises ``CasConflict`` naming the failed keys otherwise; nothing is
+        written then.
+        """
+        ...
+
+    def watch(self, prefix: str, start_revision: int) -> Watch:
+        """Watch ``prefix`` for changes with revision >= ``start_revision``."""
+        ...
+
+    def grant_lease(self, ttl: float) -> int:
+        """Create a lease of ``ttl`` seconds; return its id."""
+        ...
+
+    def refresh_lease(self, lease: int) -> None:
+        """Extend ``lease`` by its TTL; raise ``LeaseLost`` if it is gone."""
+        ...
+
+    def revoke_lease(self, lease: int) -> None:
+        """End ``lease`` now, deleting its keys. No error if already gone."""
+        ...
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...

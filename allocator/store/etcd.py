@@ -1,0 +1,602 @@
+"""The etcd v3 backend (``etcd://h1:2379,h2:2379``, ``etcds://`` for TLS).
+
+The only module that imports ``aetcd`` (and grpc, which it is built on). It
+speaks etcd's gRPC API through aetcd's generated stubs: aetcd's ``Client``
+has no TLS, no multi-endpoint target, drops the transaction header (the
+revision) and keeps a watch the server refused as if live. aetcd is
+asyncio-only and :class:`~allocator.store.base.Store` is synchronous, so each
+store runs a private loop thread (:mod:`allocator.store.aio_bridge`) and one
+gRPC channel that every call and watch shares. With several endpoints the
+store talks to one at a time and moves on when it is unreachable.
+
+Semantics: store revision = etcd revision; compare-and-swap = a transaction
+comparing ``mod_revision`` (``create_revision == 0`` for "must not exist");
+a failed transaction reads the compared keys in its failure branch, so
+:class:`CasConflict` names exactly the keys that changed at that revision; a
+prefix list is one range request; a watch is one gRPC stream from a start
+revision, and every way it can end (error, server cancel, compaction, clean
+end of stream) reaches ``next()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+# gRPC core otherwise prints INFO lines (a failed TLS handshake, say) to
+# stderr, under the CLI's one-line error. Read when grpc loads; an operator's
+# own setting wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import aetcd.utils
+import grpc
+from aetcd import rpc
+
+from allocator.errors import (
+    AllocatorError,
+    CasConflict,
+    Compacted,
+    LeaseLost,
+    PermissionDenied,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailable,
+    ValueTooLarge,
+)
+from allocator.store._local import (
+    check_key,
+    check_prefix,
+    check_ttl,
+    check_txn,
+    check_value,
+    lease_of,
+)
+from allocator.store.aio_bridge import EventQueue, LoopThread
+from allocator.store.base import Compare, Delete, Event, KeyValue, Listing, Op, Put
+from allocator.store.etcd_config import (
+    EtcdConfig,
+    format_endpoint,
+    parse_etcd_url,
+    read_pem,
+    redact_url,
+)
+
+__all__ = ["EtcdStore", "EtcdWatch", "open_etcd", "translate_error"]
+
+_T = TypeVar("_T")
+_Op = Callable[["_Connection"], Awaitable[_T]]
+
+
+def open_etcd(url: str) -> EtcdStore:
+    """Open an etcd store for ``url`` (syntax in :mod:`allocator.store.etcd_config`).
+
+    No network I/O happens here; the first call connects. A malformed URL,
+    an unreadable TLS file or half-given credentials raise ``StoreConfigError``.
+    """
+    return EtcdStore(parse_etcd_url(url), url)
+
+
+# --- error translation -----------------------------------------------------------
+
+_UNAVAILABLE_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+    }
+)
+
+
+def _details(exc: BaseException) -> str:
+    return (exc.details() or "") if isinstance(exc, grpc.aio.AioRpcError) else ""
+
+
+def _token_is_stale(exc: BaseException) -> bool:
+    # Simple tokens expire after 5 idle minutes, and any change to users or
+    # roles makes every earlier token "old": etcd's own client logs in again.
+    details = _details(exc)
+    return "invalid auth token" in details or "auth store is old" in details
+
+
+def translate_error(exc: BaseException, where: str) -> AllocatorError:
+    """Map a grpc/aetcd exception onto allocator's tree; ``where`` names the endpoint(s)."""
+    if isinstance(exc, AllocatorError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return StoreUnavailable(f"etcd at {where} did not answer in time")
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return StoreError(f"etcd at {where}: {exc!r}")
+    code, details = exc.code(), _details(exc) or exc.code().name
+    if code in _UNAVAILABLE_CODES:
+        return StoreUnavailable(f"etcd at {where} is unavailable: {details}")
+    if "user name is empty" in details:
+        return PermissionDenied(
+            f"etcd at {where} requires a user: set ETCDCTL_USER or give user:password@ in the URL"
+        )
+    if "authentication is not enabled" in details:
+        return StoreConfigError(f"etcd at {where}: a user was given but {details}")
+    denied = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+    if code in denied or "authentication failed" in details:
+        return PermissionDenied(f"etcd at {where}: {details}")
+    if "lease not found" in details:
+        return LeaseLost(f"etcd at {where}: {details}")
+    if "request is too large" in details:
+        return ValueTooLarge(f"etcd at {where}: {details}")
+    return StoreError(f"etcd at {where}: {details}")
+
+
+# --- one channel to one endpoint ---------------------------------------------------
+
+_CHANNEL_OPTIONS = (
+    # After a long outage the channel must not go on backing off for minutes
+    # once etcd is back (gRPC's default cap is 120 s).
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    # gRPC uses this as the connect timeout: a silent endpoint fails in 3 s.
+    ("grpc.min_reconnect_backoff_ms", 3000),
+    # Pings find a silently dead peer under a watch; etcd accepts one per 5 s.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.http2.max_pings_without_data", 0),
+    # 1,000 hosts x 8 GPUs come back in one range read.
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.max_send_message_length", 64 * 1024 * 1024),
+)
+
+
+class _Connection:
+    """One gRPC channel to one endpoint, its stubs and its auth token."""
+
+    def __init__(self, config: EtcdConfig, index: int, credentials: Any) -> None:
+        self.config = config
+        self.endpoint = format_endpoint(*config.endpoints[index])
+        if credentials is None:
+            self.channel = grpc.aio.insecure_channel(self.endpoint, options=_CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.aio.secure_channel(
+                self.endpoint, credentials, options=_CHANNEL_OPTIONS
+            )
+        self.kv = rpc.KVStub(self.channel)
+        self.lease = rpc.LeaseStub(self.channel)
+        self.watch = rpc.WatchStub(self.channel)
+        self.metadata: Any = None
+
+    async def authenticate(self) -> None:
+        """Get a fresh token when the config names a user; no-op otherwise."""
+        if self.config.username is None:
+            return
+        request = rpc.AuthenticateRequest(name=self.config.username, password=self.config.password)
+        reply = await rpc.AuthStub(self.channel).Authenticate(request, timeout=self.config.timeout)
+        self.metadata = (("token", reply.token),)
+
+    @property
+    def call_options(self) -> dict[str, Any]:
+        """Keyword arguments for a unary call: deadline and token."""
+        return {"timeout": self.config.timeout, "metadata": self.metadata}
+
+
+def _tls_credentials(config: EtcdConfig) -> Any:
+    if not config.tls:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=read_pem(config.cacert, "CA certificate"),
+        private_key=read_pem(config.key, "client key"),
+        certificate_chain=read_pem(config.cert, "client certificate"),
+    )
+
+
+# --- requests and replies ------------------------------------------------------------
+
+
+def _key(key: str) -> bytes:
+    return key.encode("utf-8")
+
+
+def _prefix_range(prefix: str) -> tuple[bytes, bytes]:
+    start = _key(prefix)
+    return start, aetcd.utils.prefix_range_end(start)
+
+
+def _key_value(kv: Any) -> KeyValue:
+    return KeyValue(
+        key=kv.key.decode(),
+        value=bytes(kv.value),
+        mod_revision=kv.mod_revision,
+        create_revision=kv.create_revision,
+        lease=kv.lease or None,
+    )
+
+
+def _event(item: Any) -> Event:
+    kv = item.kv
+    if item.type == rpc.Event.PUT:
+        return Event("put", kv.key.decode(), bytes(kv.value), kv.mod_revision)
+    return Event("delete", kv.key.decode(), None, kv.mod_revision)
+
+
+def _request_op(op: Op) -> Any:
+    if isinstance(op, Put):
+        put = rpc.PutRequest(key=_key(op.key), value=op.value, lease=op.lease or 0)
+        return rpc.RequestOp(request_put=put)
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=_key(op.key)))
+
+
+def _compare(compare: Compare) -> Any:
+    key = _key(compare.key)
+    if compare.mod_revision == 0:  # must not exist
+        return rpc.Compare(
+            key=key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL, create_revision=0
+        )
+    return rpc.Compare(
+        key=key,
+        target=rpc.Compare.MOD,
+        result=rpc.Compare.EQUAL,
+        mod_revision=compare.mod_revision,
+    )
+
+
+def _txn_request(compares: Sequence[Compare], ops: Sequence[Any]) -> Any:
+    # The failure branch reads every compared key, so a conflict can name the
+    # keys that changed as of the very revision the compare failed at.
+    reads = [
+        rpc.RequestOp(request_range=rpc.RangeRequest(key=_key(c.key), keys_only=True))
+        for c in compares
+    ]
+    return rpc.TxnRequest(compare=[_compare(c) for c in compares], success=ops, failure=reads)
+
+
+def _conflict(compares: Sequence[Compare], reply: Any) -> CasConflict:
+    failed: list[str] = []
+    details: list[str] = []
+    for compare, response in zip(compares, reply.responses, strict=True):
+        kvs = response.response_range.kvs
+        found = kvs[0].mod_revision if kvs else 0
+        if found != compare.mod_revision:
+            failed.append(compare.key)
+            want = compare.mod_revision or "absent"
+            details.append(f"{compare.key} (expected {want}, found {found or 'absent'})")
+    return CasConflict(f"changed since read: {', '.join(details)}", keys=tuple(failed))
+
+
+# --- watches -----------------------------------------------------------------------
+
+
+def _watch_error(response: Any, where: str) -> AllocatorError | None:
+    if response.compact_revision:
+        rev = int(response.compact_revision)
+        return Compacted(
+            f"etcd at {where}: history before revision {rev} is compacted", compact_revision=rev
+        )
+    if response.canceled:
+        reason = response.cancel_reason or "watch cancelled by the server"
+        kind = PermissionDenied if "permission denied" in reason else StoreUnavailable
+        return kind(f"etcd at {where}: {reason}")
+    return None
+
+
+async def _pump_watch(
+    conn: _Connection, create: Any, queue: EventQueue, created: asyncio.Future[None]
+) -> None:
+    """Feed one watch stream into ``queue`` until it ends; every ending is an error.
+
+    ``created`` resolves once the server has the watch, or carries the error
+    that refused it (a compacted start revision is left for ``next()``).
+    """
+    call = conn.watch.Watch(metadata=conn.metadata)
+    try:
+        await call.write(rpc.WatchRequest(create_request=create))
+        async for response in call:
+            error = _watch_error(response, conn.endpoint)
+            if error is not None:
+                _settle(created, None if isinstance(error, Compacted) else error)
+                queue.fail(error)
+                return
+            if response.created:
+                _settle(created, None)
+            if response.events:
+                queue.put([_event(item) for item in response.events])
+        queue.fail(StoreUnavailable(f"etcd at {conn.endpoint}: the watch stream ended"))
+    except Exception as exc:
+        _settle(created, exc)  # raw, so watch() can fail over or log in again
+        queue.fail(translate_error(exc, conn.endpoint))
+    finally:
+        _settle(created, None)
+        call.cancel()
+
+
+def _settle(created: asyncio.Future[None], error: BaseException | None) -> None:
+    if created.done():
+        return
+    if error is None:
+        created.set_result(None)
+    else:
+        created.set_exception(error)
+
+
+class EtcdWatch:
+    """A prefix watch; see :class:`~allocator.store.base.Watch`."""
+
+    def __init__(self, store: EtcdStore) -> None:
+        self._store = store
+        self._queue = EventQueue()
+        self._task: asyncio.Task[None] | None = None
+
+    def next(self, timeout: float) -> list[Event]:
+        """Return the next batch of events, or ``[]`` after ``timeout`` seconds."""
+        return self._queue.next(timeout)
+
+    def close(self) -> None:
+        """Stop watching (the stream is cancelled). Idempotent."""
+        if self._queue.close():
+            self._store._forget(self)
+            if self._task is not None:
+                self._store._loop.call_soon(self._task.cancel)
+
+
+# --- the store ---------------------------------------------------------------------
+
+
+class EtcdStore:
+    """:class:`~allocator.store.base.Store` on etcd v3."""
+
+    def __init__(self, config: EtcdConfig, url: str) -> None:
+        self.url = redact_url(url)
+        self.config = config
+        self.endpoints = config.endpoint_names
+        self._credentials = _tls_credentials(config)  # bad TLS files fail before any thread
+        self._index = 0
+        self._conn: _Connection | None = None
+        self._conn_lock = asyncio.Lock()
+        self._closed = False
+        self._state_lock = threading.Lock()
+        self._watches: set[EtcdWatch] = set()
+        self._loop = LoopThread(name=f"allocator-etcd {self.endpoints}")
+
+    # --- reads and writes ----------------------------------------------------
+
+    def get(self, key: str) -> KeyValue | None:
+        """Return the current version of ``key``, or ``None``."""
+
+        request = rpc.RangeRequest(key=_key(check_key(key)))
+
+        async def op(conn: _Connection) -> KeyValue | None:
+            reply = await conn.kv.Range(request, **conn.call_options)
+            return _key_value(reply.kvs[0]) if reply.kvs else None
+
+        return self._call(op)
+
+    def list(self, prefix: str) -> Listing:
+        """Every key under ``prefix``, sorted, with the revision read at: one range request."""
+        start, end = _prefix_range(check_prefix(prefix))
+        request = rpc.RangeRequest(
+            key=start,
+            range_end=end,
+            sort_order=rpc.RangeRequest.ASCEND,
+            sort_target=rpc.RangeRequest.KEY,
+        )
+
+        async def op(conn: _Connection) -> Listing:
+            reply = await conn.kv.Range(request, **conn.call_options)
+            items = tuple(_key_value(kv) for kv in reply.kvs)
+            return Listing(items=items, revision=int(reply.header.revision))
+
+        return self._call(op)
+
+    def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expect_revision: int | None = None,
+        lease: int | None = None,
+    ) -> int:
+        """Write ``key``; with ``expect_revision``, only if that still holds."""
+        if expect_revision is not None:
+            return self.txn([Compare(key, expect_revision)], [Put(key, value, lease)])
+        check_value(check_key(key), value)
+        request = rpc.PutRequest(key=_key(key), value=value, lease=lease_of(lease) or 0)
+
+        async def op(conn: _Connection) -> int:
+            reply = await conn.kv.Put(request, **conn.call_options)
+            return int(reply.header.revision)
+
+        return self._call(op)
+
+    def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
+        """Delete ``key``; return whether it existed."""
+        compares = [] if expect_revision is None else [Compare(key, expect_revision)]
+        check_txn(compares, [Delete(key)])
+        request = _txn_request(compares, [_request_op(Delete(key))])
+
+        async def op(conn: _Connection) -> bool:
+            reply = await self._txn(conn, compares, request)
+            return bool(reply.responses[0].response_delete_range.deleted)
+
+        return self._call(op)
+
+    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+        """Apply ``ops`` at one revision if every compare holds, else ``CasConflict``."""
+        check_txn(compares, ops)
+        request = _txn_request(compares, [_request_op(op) for op in ops])
+
+        async def op(conn: _Connection) -> int:
+            reply = await self._txn(conn, compares, request)
+            return int(reply.header.revision)
+
+        return self._call(op)
+
+    async def _txn(self, conn: _Connection, compares: Sequence[Compare], request: Any) -> Any:
+        reply = await conn.kv.Txn(request, **conn.call_options)
+        if not reply.succeeded:
+            raise _conflict(compares, reply)
+        return reply
+
+    # --- watches -------------------------------------------------------------
+
+    def watch(self, prefix: str, start_revision: int) -> EtcdWatch:
+        """Watch ``prefix`` for changes at ``start_revision`` and later.
+
+        Raises ``StoreUnavailable``/``PermissionDenied`` if the watch cannot
+        be created; a compacted start revision is raised by ``next()``.
+        """
+        start, end = _prefix_range(check_prefix(prefix))
+        create = rpc.WatchCreateRequest(
+            key=start, range_end=end, start_revision=max(start_revision, 0)
+        )
+        watch = EtcdWatch(self)
+
+        async def op(conn: _Connection) -> None:
+            created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            task = asyncio.create_task(_pump_watch(conn, create, watch._queue, created))
+            try:
+                await asyncio.wait_for(created, self.config.timeout)
+            except BaseException:
+                task.cancel()
+                raise
+            watch._task = task
+
+        self._call(op)
+        with self._state_lock:
+            self._watches.add(watch)
+        return watch
+
+    def _forget(self, watch: EtcdWatch) -> None:
+        with self._state_lock:
+            self._watches.discard(watch)
+
+    # --- leases --------------------------------------------------------------
+
+    def grant_lease(self, ttl: float) -> int:
+        """Create a lease of ``ttl`` seconds (rounded up: etcd counts whole seconds)."""
+        request = rpc.LeaseGrantRequest(TTL=max(1, math.ceil(check_ttl(ttl))))
+
+        async def op(conn: _Connection) -> int:
+            reply = await conn.lease.LeaseGrant(request, **conn.call_options)
+            if reply.error:
+                raise StoreError(f"etcd at {conn.endpoint}: lease grant failed: {reply.error}")
+            return int(reply.ID)
+
+        return self._call(op)
+
+    def refresh_lease(self, lease: int) -> None:
+        """Send one keep-alive; ``LeaseLost`` if the lease expired or was revoked."""
+
+        async def op(conn: _Connection) -> None:
+            call = conn.lease.LeaseKeepAlive(**conn.call_options)
+            await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
+            await call.done_writing()
+            reply = await call.read()
+            # Read to the end, so the stream finishes rather than being abandoned.
+            while await call.read() is not grpc.aio.EOF:
+                pass
+            if reply is grpc.aio.EOF or reply.TTL <= 0:
+                raise LeaseLost(f"etcd at {conn.endpoint}: lease {lease:x} has expired")
+
+        self._call(op)
+
+    def revoke_lease(self, lease: int) -> None:
+        """End ``lease`` now, deleting its keys; no error if it is already gone."""
+
+        async def op(conn: _Connection) -> None:
+            try:
+                await conn.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease), **conn.call_options)
+            except grpc.aio.AioRpcError as exc:
+                if "lease not found" not in _details(exc):
+                    raise
+
+        self._call(op)
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every watch, the channel and the loop thread. Idempotent."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+            watches, self._watches = list(self._watches), set()
+        for watch in watches:
+            watch._queue.close()
+        with contextlib.suppress(AllocatorError):
+            self._loop.run(self._close_channel(), self.config.timeout, self.endpoints)
+        self._loop.stop(self.config.timeout)
+
+    async def _close_channel(self) -> None:
+        async with self._conn_lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.channel.close()
+
+    def __enter__(self) -> EtcdStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing ------------------------------------------------------------
+
+    def _call(self, op: _Op[_T]) -> _T:
+        """Run ``op`` on the loop against the current connection, errors translated."""
+        # A hang guard only: every request carries its own deadline.
+        guard = self.config.timeout * (2 * len(self.config.endpoints) + 1) + 1
+        with self._state_lock:
+            if self._closed:
+                raise StoreError(f"the etcd store for {self.endpoints} is closed")
+            coro = self._attempt(op)
+        return self._loop.run(coro, guard, f"etcd at {self.endpoints}")
+
+    async def _attempt(self, op: _Op[_T]) -> _T:
+        count = len(self.config.endpoints)
+        for tried in range(1, count + 1):
+            conn: _Connection | None = None
+            try:
+                conn = await self._connection()
+                return await self._with_fresh_token(conn, op)
+            except AllocatorError:
+                raise
+            except Exception as exc:
+                unreachable = (
+                    isinstance(exc, grpc.aio.AioRpcError)
+                    and exc.code() == grpc.StatusCode.UNAVAILABLE
+                )
+                if not unreachable or tried == count:
+                    where = conn.endpoint if conn is not None and count == 1 else self.endpoints
+                    raise translate_error(exc, where) from exc
+                await self._next_endpoint(conn)
+        raise AssertionError("every attempt returns or raises")
+
+    @staticmethod
+    async def _with_fresh_token(conn: _Connection, op: _Op[_T]) -> _T:
+        try:
+            return await op(conn)
+        except grpc.aio.AioRpcError as exc:
+            # Log in again, once (see _token_is_stale).
+            if not _token_is_stale(exc) or conn.config.username is None:
+                raise
+        await conn.authenticate()
+        return await op(conn)
+
+    async def _connection(self) -> _Connection:
+        async with self._conn_lock:
+            if self._conn is None:
+                conn = _Connection(self.config, self._index, self._credentials)
+                try:
+                    await conn.authenticate()
+                except BaseException:
+                    await conn.channel.close()
+                    raise
+                self._conn = conn
+            return self._conn
+
+    async def _next_endpoint(self, failed: _Connection | None) -> None:
+        async with self._conn_lock:
+            if failed is not None and self._conn is failed:
+                self._conn = None
+                await failed.channel.close()
+            self._index = (self._index + 1) % len(self.config.endpoints)

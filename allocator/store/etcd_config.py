@@ -1,0 +1,207 @@
+"""Where and how to reach etcd: the URL plus etcdctl's environment variables.
+
+Pure parsing, no I/O except reading TLS files on request, and no client
+library: the CLI can validate a store URL without loading grpc.
+
+``etcd://[user[:password]@]h1:2379,h2:2379[/][?cacert=F&cert=F&key=F&timeout=S]``;
+``etcds://`` means TLS. Where the URL says nothing, etcdctl's variables
+apply: ``ETCDCTL_ENDPOINTS`` (``http://`` or ``https://`` endpoints),
+``ETCDCTL_USER`` (``user:password``, or ``user`` plus ``ETCDCTL_PASSWORD``),
+``ETCDCTL_CACERT``, ``ETCDCTL_CERT``, ``ETCDCTL_KEY``. No endpoint at all
+means ``127.0.0.1:2379``, as for etcdctl.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from allocator.errors import StoreConfigError
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_TIMEOUT",
+    "EtcdConfig",
+    "format_endpoint",
+    "parse_etcd_url",
+    "read_pem",
+    "redact_url",
+]
+
+DEFAULT_PORT = 2379
+#: Seconds one request may take before the store counts as unavailable.
+DEFAULT_TIMEOUT = 5.0
+_QUERY_KEYS = frozenset({"cacert", "cert", "key", "timeout"})
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    """Everything needed to connect, resolved from the URL and ``ETCDCTL_*``."""
+
+    endpoints: tuple[tuple[str, int], ...]
+    tls: bool = False
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+
+    @property
+    def endpoint_names(self) -> str:
+        """``h1:2379,h2:2379``, for messages."""
+        return ",".join(format_endpoint(host, port) for host, port in self.endpoints)
+
+
+def format_endpoint(host: str, port: int) -> str:
+    """``host:port``, with IPv6 hosts in brackets (gRPC's target syntax)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_etcd_url(url: str, env: Mapping[str, str] | None = None) -> EtcdConfig:
+    """Resolve ``url`` plus ``ETCDCTL_*`` variables from ``env`` (default: the process's).
+
+    The URL wins wherever it says something. Raises ``StoreConfigError`` for
+    anything malformed; never reads a file.
+    """
+    env = os.environ if env is None else env
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("etcd", "etcds"):
+        raise StoreConfigError(f"not an etcd URL: {redact_url(url)!r} (want etcd:// or etcds://)")
+    try:
+        parts = urlsplit(f"{scheme}://{rest}")
+    except ValueError as exc:  # unbalanced [ ] around an IPv6 host
+        raise StoreConfigError(f"malformed etcd URL {redact_url(url)!r}: {exc}") from None
+    if parts.path not in ("", "/") or parts.fragment:
+        raise StoreConfigError(f"etcd URL {redact_url(url)!r} must not have a path or fragment")
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    endpoints, tls = _endpoints(hosts, scheme == "etcds", url, env)
+    options = _query_options(parts.query)
+    user, password = _credentials(userinfo if at else None, env)
+    cert = options.get("cert", env.get("ETCDCTL_CERT")) or None
+    key = options.get("key", env.get("ETCDCTL_KEY")) or None
+    if (cert is None) != (key is None):
+        raise StoreConfigError("etcd client TLS needs both a certificate and its key")
+    return EtcdConfig(
+        endpoints=endpoints,
+        tls=tls,
+        username=user,
+        password=password,
+        cacert=options.get("cacert", env.get("ETCDCTL_CACERT")) or None,
+        cert=cert,
+        key=key,
+        timeout=float(options.get("timeout", DEFAULT_TIMEOUT)),
+    )
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (safe to print and log)."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, tail = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{tail}"
+
+
+def read_pem(path: str | None, what: str) -> bytes | None:
+    """Read a PEM file; ``StoreConfigError`` naming the file if missing or not PEM."""
+    if path is None:
+        return None
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise StoreConfigError(f"cannot read etcd {what} file {path}: {exc.strerror}") from exc
+    if b"-----BEGIN" not in data:
+        raise StoreConfigError(f"etcd {what} file {path} is not a PEM file")
+    return data
+
+
+def _endpoints(
+    hosts: str, tls: bool, url: str, env: Mapping[str, str]
+) -> tuple[tuple[tuple[str, int], ...], bool]:
+    if hosts:
+        source = f"etcd URL {redact_url(url)!r}"
+        return tuple(_parse_endpoint(h, source) for h in hosts.split(",")), tls
+    if not env.get("ETCDCTL_ENDPOINTS"):
+        return ((("127.0.0.1", DEFAULT_PORT),), tls)
+    endpoints, schemes = [], set()
+    for item in env["ETCDCTL_ENDPOINTS"].split(","):
+        item_scheme, sep, address = item.strip().partition("://")
+        schemes.add(item_scheme if sep else "http")
+        endpoints.append(
+            _parse_endpoint((address if sep else item).rstrip("/"), "ETCDCTL_ENDPOINTS")
+        )
+    if len(schemes) > 1 or not schemes <= {"http", "https"}:
+        raise StoreConfigError("ETCDCTL_ENDPOINTS must all use http:// or all use https://")
+    return tuple(endpoints), tls or schemes == {"https"}
+
+
+def _parse_endpoint(text: str, source: str) -> tuple[str, int]:
+    text = text.strip()
+    if text.startswith("["):  # [v6] or [v6]:port
+        host, closed, rest = text[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            raise StoreConfigError(f"{source}: malformed endpoint {text!r}")
+        has_port, port_text = bool(rest), rest[1:]
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+        has_port = True
+    elif ":" in text:
+        raise StoreConfigError(f"{source}: write IPv6 endpoints as [addr]:port, not {text!r}")
+    else:
+        host, has_port, port_text = text, False, ""
+    if not host or "/" in host:
+        raise StoreConfigError(f"{source}: endpoint {text!r} has an empty or bad host")
+    if not has_port:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise StoreConfigError(f"{source}: endpoint {text!r} has a bad port {port_text!r}")
+    return host, int(port_text)
+
+
+def _credentials(userinfo: str | None, env: Mapping[str, str]) -> tuple[str | None, str | None]:
+    user: str | None = None
+    password: str | None = None
+    if userinfo is not None:
+        name, colon, secret = userinfo.partition(":")
+        user, password = unquote(name), (unquote(secret) if colon else None)
+    elif env.get("ETCDCTL_USER"):
+        user, colon, secret = env["ETCDCTL_USER"].partition(":")
+        password = secret if colon else None
+    if user is None:
+        return None, None
+    if not user:
+        raise StoreConfigError("etcd user name is empty")
+    if password is None:
+        password = env.get("ETCDCTL_PASSWORD")
+        if password is None:
+            raise StoreConfigError(
+                f"etcd user {user!r} has no password: give user:password or set ETCDCTL_PASSWORD"
+            )
+    return user, password
+
+
+def _query_options(query: str) -> dict[str, str]:
+    try:
+        options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
+    except ValueError as exc:
+        raise StoreConfigError(f"malformed etcd URL options {query!r}") from exc
+    unknown = sorted(set(options) - _QUERY_KEYS)
+    if unknown:
+        known = ", ".join(sorted(_QUERY_KEYS))
+        raise StoreConfigError(f"unknown etcd URL option(s) {', '.join(unknown)}; known: {known}")
+    timeout = options.get("timeout")
+    if timeout is not None and not _positive_number(timeout):
+        raise StoreConfigError(f"etcd URL option timeout={timeout!r} must be seconds > 0")
+    return options
+
+
+def _positive_number(text: str) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return 0 < value < float("inf")

@@ -1,0 +1,63 @@
+"""Fixtures shared by every test directory: key prefixes and real servers."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix unique to this test, so tests never see each other's data."""
+    return f"/t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A real etcd (Debian's etcd-server) on free loopback ports, shared by the session."""
+    from tests.support.etcd_server import EtcdServer
+
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def etcd_server_private(tmp_path: Path) -> Iterator[object]:
+    """A real etcd of this test's own, for tests that stop and restart it."""
+    from tests.support.etcd_server import EtcdServer
+
+    server = EtcdServer(tmp_path / "etcd")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def consul_url() -> Iterator[str]:
+    """A real Consul agent when CONSUL_HTTP_ADDR is set, else the KV test double."""
+    addr = os.environ.get("CONSUL_HTTP_ADDR")
+    if addr:
+        yield (
+            addr
+            if "://" in addr and addr.startswith("consul")
+            else f"consul://{addr.split('://')[-1]}"
+        )
+        return
+    from tests.support.consul_double import ConsulDouble
+
+    double = ConsulDouble()
+    double.start()
+    try:
+        yield double.url
+    finally:
+        double.stop()

@@ -1,0 +1,133 @@
+"""Contract: watches deliver every change once, in order, from a revision, on every backend."""
+
+from __future__ import annotations
+
+import time
+
+from allocator.store import Delete, Event, Put, Store, Watch
+
+# Generous: a watch must deliver within it, but tests return as soon as it does.
+DEADLINE_S = 10.0
+
+
+def collect(watch: Watch, count: int, deadline_s: float = DEADLINE_S) -> list[Event]:
+    """Gather events until ``count`` arrived or the deadline passed."""
+    events: list[Event] = []
+    deadline = time.monotonic() + deadline_s
+    while len(events) < count:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        events.extend(watch.next(min(remaining, 1.0)))
+    return events
+
+
+def summary(events: list[Event]) -> list[tuple[str, str, bytes | None, int]]:
+    """Events as plain tuples, for readable comparisons."""
+    return [(e.type, e.key, e.value, e.revision) for e in events]
+
+
+def test_watch_sees_every_change_once_in_revision_order(store: Store, prefix: str) -> None:
+    watched = f"{prefix}/w/"
+    start = store.put(f"{prefix}/before", b"x") + 1
+    watch = store.watch(watched, start)
+    try:
+        expected: list[tuple[str, str, bytes | None, int]] = []
+        for i in range(12):
+            key = f"{watched}k{i % 4}"
+            if i % 5 == 4:
+                assert store.delete(key) is True
+                expected.append(("delete", key, None, store.list(watched).revision))
+            else:
+                value = f"v{i}".encode()
+                expected.append(("put", key, value, store.put(key, value)))
+
+        events = collect(watch, len(expected))
+        assert summary(events) == expected
+        assert watch.next(0.3) == []
+    finally:
+        watch.close()
+
+
+def test_txn_events_share_one_revision(store: Store, prefix: str) -> None:
+    watched = f"{prefix}/w/"
+    store.put(f"{watched}old", b"o")
+    start = store.list(watched).revision + 1
+    watch = store.watch(watched, start)
+    try:
+        revision = store.txn([], [Put(f"{watched}new", b"n"), Delete(f"{watched}old")])
+
+        events = collect(watch, 2)
+
+        assert sorted(summary(events)) == [
+            ("delete", f"{watched}old", None, revision),
+            ("put", f"{watched}new", b"n", revision),
+        ]
+    finally:
+        watch.close()
+
+
+def test_watch_from_a_past_revision_replays_from_it(store: Store, prefix: str) -> None:
+    watched = f"{prefix}/w/"
+    first = store.put(f"{watched}a", b"1")
+    second = store.put(f"{watched}b", b"2")
+    third = store.put(f"{watched}a", b"3")
+
+    watch = store.watch(watched, second)
+    try:
+        events = collect(watch, 2)
+        assert summary(events) == [
+            ("put", f"{watched}b", b"2", second),
+            ("put", f"{watched}a", b"3", third),
+        ]
+        assert all(e.revision > first for e in events)
+        later = store.put(f"{watched}c", b"4")
+        assert summary(collect(watch, 1)) == [("put", f"{watched}c", b"4", later)]
+    finally:
+        watch.close()
+
+
+def test_resuming_after_the_last_seen_revision_misses_nothing(store: Store, prefix: str) -> None:
+    watched = f"{prefix}/w/"
+    watch = store.watch(watched, store.put(f"{watched}a", b"1"))
+    try:
+        seen = collect(watch, 1)
+    finally:
+        watch.close()
+    # Changes made while nobody watches must arrive when watching resumes.
+    gap = [store.put(f"{watched}b", b"2"), store.put(f"{watched}c", b"3")]
+
+    resumed = store.watch(watched, seen[-1].revision + 1)
+    try:
+        assert [e.revision for e in collect(resumed, 2)] == gap
+        assert resumed.next(0.2) == []
+    finally:
+        resumed.close()
+
+
+def test_watch_does_not_see_sibling_prefixes(store: Store, prefix: str) -> None:
+    watched = f"{prefix}/a/b/"
+    start = store.put(f"{prefix}/marker", b"m") + 1
+    watch = store.watch(watched, start)
+    try:
+        store.put(f"{prefix}/a/bc", b"sibling")
+        store.put(f"{prefix}/a/bc/x", b"sibling child")
+        store.put(f"{prefix}/a/b", b"the prefix key itself")
+        inside = store.put(f"{prefix}/a/b/x", b"inside")
+        store.put(f"{prefix}/a/c/x", b"elsewhere")
+
+        events = collect(watch, 1)
+        assert summary(events) == [("put", f"{prefix}/a/b/x", b"inside", inside)]
+        assert watch.next(0.3) == []
+    finally:
+        watch.close()
+
+
+def test_next_on_a_quiet_prefix_returns_an_empty_batch(store: Store, prefix: str) -> None:
+    start = store.put(f"{prefix}/elsewhere", b"x") + 1
+    watch = store.watch(f"{prefix}/quiet/", start)
+    try:
+        store.put(f"{prefix}/elsewhere", b"y")
+        assert watch.next(0.3) == []
+    finally:
+        watch.close()

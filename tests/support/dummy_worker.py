@@ -1,0 +1,113 @@
+"""A stand-in worker for tests and demos: report who it is, then behave as asked.
+
+On start it writes one JSON report (PID, process group, process start time
+from ``/proc``, argv, its whole environment) to the file named by ``--out``
+or, failing that, by the ``DUMMY_WORKER_OUT`` environment variable. The file
+is written atomically (temporary file + rename), so a reader that sees it
+sees all of it. It also prints one line to stdout and one to stderr, so
+log capture can be checked. Then it does what its options say:
+
+* (default) sleep until a signal ends it;
+* ``--ignore-sigterm``: SIGTERM is ignored, only SIGKILL ends it;
+* ``--exit-after S --exit-code N``: exit with N after S seconds;
+* ``--crash``: exit 1 right away (after the report);
+* ``--spawn-child``: first start a child (this same script in child mode)
+  that sleeps too, ignores SIGTERM when the parent does, and writes its own
+  report to ``<out>.child``; the parent's report names it as ``child_pid``
+  and is only written once the child's report exists, so a test that sees
+  the parent's report knows both have their signal handling in place.
+
+Run standalone with the interpreter under test (``sys.executable``); it
+imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OUT_ENV = "DUMMY_WORKER_OUT"
+_CHILD_WAIT_SECONDS = 30.0
+_POLL = 0.01
+
+
+def _start_ticks(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat: start time in clock ticks since boot."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    # The command name may hold spaces and parentheses: split after the last ")".
+    rest = raw[raw.rindex(")") + 2 :].split()
+    return int(rest[22 - 3])
+
+
+def _write_atomic(path: Path, data: dict[str, object]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _spawn_child(out: Path, ignore_sigterm: bool) -> int:
+    child_out = out.with_name(out.name + ".child")
+    argv = [sys.executable, os.path.abspath(__file__), "--out", str(child_out)]
+    if ignore_sigterm:
+        argv.append("--ignore-sigterm")
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + _CHILD_WAIT_SECONDS
+    while not child_out.exists():
+        if time.monotonic() > deadline or child.poll() is not None:
+            sys.exit("dummy worker: the child did not report")
+        time.sleep(_POLL)
+    return child.pid
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="allocator test worker")
+    parser.add_argument("--out", help=f"report file (default: ${OUT_ENV})")
+    parser.add_argument("--ignore-sigterm", action="store_true")
+    parser.add_argument("--exit-after", type=float, default=None, metavar="SECONDS")
+    parser.add_argument("--exit-code", type=int, default=0)
+    parser.add_argument("--spawn-child", action="store_true")
+    parser.add_argument("--crash", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    """Report, then sleep, exit or crash as the options say."""
+    args = _parse(argv)
+    out_name = args.out or os.environ.get(OUT_ENV)
+    if not out_name:
+        sys.exit(f"dummy worker: no report file (--out or ${OUT_ENV})")
+    out = Path(out_name)
+    if args.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child_pid = _spawn_child(out, args.ignore_sigterm) if args.spawn_child else None
+    pid = os.getpid()
+    report = {
+        "pid": pid,
+        "pgid": os.getpgid(0),
+        "sid": os.getsid(0),
+        "start_ticks": _start_ticks(pid),
+        "argv": sys.argv,
+        "cwd": os.getcwd(),
+        "env": dict(os.environ),
+        "child_pid": child_pid,
+    }
+    _write_atomic(out, report)
+    print(f"dummy worker {pid} started (stdout)", flush=True)
+    print(f"dummy worker {pid} started (stderr)", file=sys.stderr, flush=True)
+    if args.crash:
+        return 1
+    if args.exit_after is not None:
+        time.sleep(args.exit_after)
+        return int(args.exit_code)
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

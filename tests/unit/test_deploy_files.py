@@ -1,0 +1,63 @@
+"""The files operators deploy from: compose file, systemd unit, agent settings."""
+
+from __future__ import annotations
+
+import configparser
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from allocator.agent.config import load_agent_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _compose_command() -> list[str] | None:
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, check=False)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+def test_compose_file_parses() -> None:
+    command = _compose_command()
+    if command is None:
+        pytest.skip("neither docker-compose nor `docker compose` is installed")
+    result = subprocess.run(
+        [*command, "-f", str(REPO / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_compose_wires_the_agent_to_a_store() -> None:
+    import yaml
+
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"etcd", "consul", "agent"} <= set(services)
+    assert services["agent"]["environment"]["ALLOCATOR_STORE"].startswith("etcd://etcd:")
+    assert all("healthcheck" in services[name] for name in ("etcd", "consul", "agent"))
+
+
+def test_systemd_unit_runs_the_agent_and_reloads_with_sighup() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(REPO / "config" / "allocator-agent.service")
+    service = unit["Service"]
+    assert "allocator agent" in service["ExecStart"]
+    assert "-HUP" in service["ExecReload"]
+    assert service["KillMode"] == "mixed"  # SIGTERM to the agent only: it stops workers itself
+
+
+def test_example_agent_settings_load() -> None:
+    config = load_agent_config(str(REPO / "config" / "agent.example.yaml"), {})
+    assert config.host == "node1"
+    assert config.heartbeat_seconds < config.lease_ttl

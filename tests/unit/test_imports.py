@@ -1,0 +1,56 @@
+"""Start-up stays lean: commands never import what they do not use."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("torch", "grpc", "aetcd", "consul", "requests", "pynvml", "numpy")
+
+_PROBE = """
+import json, sys
+from allocator.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def _modules_after(args: list[str], env_store: str) -> tuple[int, set[str]]:
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"ALLOCATOR_STORE": env_store, "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+        check=False,
+    )
+    report = json.loads(proc.stderr.strip().splitlines()[-1])
+    return int(report["code"]), set(report["modules"])
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["get", "job=train"], ["status"], ["policy", "--help"]],
+)
+def test_cli_commands_import_nothing_heavy(args: list[str], tmp_path: Path) -> None:
+    code, modules = _modules_after(args, f"sqlite://{tmp_path / 's.db'}")
+    assert code in (0, 3), code
+    assert _heavy(modules) == []
+    assert "allocator.torch" not in modules
+
+
+def test_help_does_not_even_load_yaml_or_tenacity(tmp_path: Path) -> None:
+    _, modules = _modules_after(["--help"], f"sqlite://{tmp_path / 's.db'}")
+    assert "yaml" not in modules and "tenacity" not in modules
+    assert "sqlite3" not in modules
