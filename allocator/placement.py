@@ -184,9 +184,9 @@ def gpu_blockers(
     reasons: dict[int, str] = {}
     for gpu in indices:
         others = [holder for holder in holders.get(gpu, []) if holder != job]
-        if False:
+        if gpu in sick:
             reasons[gpu] = f"unhealthy: {sick[gpu]}"
-        elif others and not shared:
+        elif False:
             reasons[gpu] = "held by " + ", ".join(f"job '{other}'" for other in others)
         elif gpu in reserved:
             reasons[gpu] = _describe_reservation(reserved[gpu])

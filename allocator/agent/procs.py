@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import json
 import os
 import signal
@@ -27,6 +28,7 @@ __all__ = [
     "ProcStat",
     "SpawnResult",
     "become_subreaper",
+    "clean_base_env",
     "describe_exit",
     "exit_code_of",
     "group_alive",
@@ -49,6 +51,7 @@ UNKNOWN_EXIT = -1
 _PR_SET_CHILD_SUBREAPER = 36
 _EXIT_NOT_FOUND = 127  # the shell's "command not found"
 _EXIT_CANNOT_RUN = 126  # the shell's "found but cannot run"
+_STRIPPED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,13 +189,30 @@ def become_subreaper() -> bool:
 
 def ticks_to_epoch(start_ticks: int) -> float | None:
     """Convert a ``/proc`` start time (ticks after boot) to seconds since the epoch."""
+    boot = _boot_time()
+    return None if boot is None else boot + start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+@functools.cache
+def _boot_time() -> int | None:
     try:
-        stat_lines = Path("/proc/stat").read_text().splitlines()
-        boot = next(int(line.split()[1]) for line in stat_lines if line.startswith("btime "))
-        ticks_per_second = os.sysconf("SC_CLK_TCK")
-    except (OSError, StopIteration, ValueError):
+        lines = Path("/proc/stat").read_text().splitlines()
+        return next(int(line.split()[1]) for line in lines if line.startswith("btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
         return None
-    return boot + start_ticks / ticks_per_second
+
+
+def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment minus its own GPU selection and ``ALLOCATOR_*`` settings.
+
+    A worker must see only the GPUs its spec names; whatever the agent itself
+    was started with must never leak into it.
+    """
+    return {
+        key: value
+        for key, value in environ.items()
+        if key not in _STRIPPED_VARIABLES and not key.startswith("ALLOCATOR_")
+    }
 
 
 @dataclass(frozen=True, slots=True)

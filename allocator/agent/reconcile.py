@@ -38,7 +38,31 @@ def plan(
     actions: list[Action] = []
     for job in sorted(desired.keys() | running.keys()):
         actions.extend(_plan_job(job, desired.get(job), running.get(job), now))
-    return actions
+    busy = _gpus_still_held(running, actions)
+    return [a for a in actions if not _starts_on_busy_gpus(a, busy)]
+
+
+def _gpus_still_held(running: Mapping[str, JobView], actions: list[Action]) -> dict[int, str]:
+    """GPUs whose process groups are going away but are not gone yet (GPU -> job)."""
+    stopping_now = {a.job for a in actions if isinstance(a, Stop)}
+    held: dict[int, str] = {}
+    for job, view in running.items():
+        leaving = view.stopping or (job in stopping_now and view.alive > 0)
+        if view.device == "cuda" and leaving:
+            for gpu in view.gpus:
+                held[gpu] = job
+    return held
+
+
+def _starts_on_busy_gpus(action: Action, busy: Mapping[int, str]) -> bool:
+    """Hold a Start while another job's old workers still run on one of its GPUs.
+
+    A GPU handed from one job to another must be free of the first job's
+    processes (and their CUDA contexts and memory) before the second starts.
+    """
+    if not isinstance(action, Start) or action.spec.device != "cuda":
+        return False
+    return any(busy.get(gpu, action.job) != action.job for gpu in action.spec.gpus)
 
 
 def crash_backoff(crash_restarts: int, base: float, cap: float) -> float:

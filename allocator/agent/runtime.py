@@ -18,6 +18,7 @@ from allocator.agent import procs
 from allocator.agent.model import DesiredJob, Device, JobView, WorkerSpec
 
 __all__ = [
+    "STABLE_RUN_SECONDS",
     "STATE_SCHEMA_VERSION",
     "JobRuntime",
     "StateFileError",
@@ -29,6 +30,9 @@ __all__ = [
     "read_state_file",
     "write_state_file",
 ]
+
+
+STABLE_RUN_SECONDS = 600.0
 
 
 @dataclass(slots=True)
@@ -98,20 +102,22 @@ class JobRuntime:
     def note_crash(self, code: int, message: str, ran_seconds: float) -> None:
         """Record the first crash of the current workers.
 
-        A worker that had run at least ``backoff_max`` seconds before
-        crashing was not in a crash loop: the loop count starts again from 0,
-        so a job that fails once a day is never given up on.
+        Workers that had run at least :data:`STABLE_RUN_SECONDS` before the
+        crash were not in a crash loop: the loop count starts again from 0, so
+        a job that fails once a day is never given up on. (The same rule as
+        the kubelet's ten minutes; tying it to ``backoff_max`` instead would
+        reset the count on every crash of a job with a short backoff.)
         """
         if self.crashed:
             return
-        if self.spec.backoff_max > 0 and ran_seconds >= self.spec.backoff_max:
+        if ran_seconds >= STABLE_RUN_SECONDS:
             self.crash_restarts = 0
         self.crashed, self.last_exit, self.message = True, code, message
 
     def current_state(self) -> str:
-        """running, stopping, crashed, backoff, gave_up, exited or stopped."""
+        """running, stopping, crashed, backoff, gave-up, exited or stopped."""
         if self.gave_up:
-            return "gave_up"
+            return "gave-up"
         if self.stopping:
             return "stopping"
         alive = self.alive() > 0
@@ -342,7 +348,10 @@ def poll_leader(worker: WorkerRuntime) -> int | None:
         return None  # our own zombie: reap_group collects its status on the next tick
     if stat.exit_status is None:
         return procs.UNKNOWN_EXIT
-    return procs.exit_code_of(stat.exit_status)
+    try:  # a zombie's /proc entry still holds its wait status (Linux >= 3.5)
+        return procs.exit_code_of(stat.exit_status)
+    except ValueError:
+        return procs.UNKNOWN_EXIT
 
 
 def classify_recorded(worker: WorkerRuntime) -> str:

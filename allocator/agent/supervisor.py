@@ -43,6 +43,7 @@ from allocator.agent.model import (
     Stop,
     WorkerSpec,
 )
+from allocator.agent.procs import clean_base_env
 from allocator.agent.runtime import (
     JobRuntime,
     StateFileError,
@@ -59,7 +60,6 @@ __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit",
 
 Logger = Callable[[str, dict[str, Any]], None]
 
-_STRIPPED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 _STOP_POLL_SECONDS = 0.02
 _KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
 
@@ -93,19 +93,6 @@ class AdoptReport:
     adopted: tuple[str, ...]
     stale: tuple[str, ...]
     workers: tuple[AdoptedWorker, ...]
-
-
-def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The agent's environment minus its own GPU selection and ``ALLOCATOR_*`` settings.
-
-    A worker must see only the GPUs its spec names; whatever the agent itself
-    was started with must never leak into it.
-    """
-    return {
-        key: value
-        for key, value in environ.items()
-        if key not in _STRIPPED_VARIABLES and not key.startswith("ALLOCATOR_")
-    }
 
 
 def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
@@ -151,7 +138,7 @@ class Supervisor:
         ``crash_restarts`` counts crash restarts since the last change/new
         start (the number the crash-loop limit applies to). ``start_times``
         are seconds since the epoch; ``state`` is one of running, stopping,
-        crashed, backoff, gave_up, exited, stopped.
+        crashed, backoff, gave-up, exited, stopped.
         """
         return {name: job.record() for name, job in sorted(self._jobs.items())}
 
@@ -436,6 +423,11 @@ class Supervisor:
                 stale.append(name)
         self._dirty = True
         self._settle()
-        report = AdoptReport(tuple(adopted), tuple(stale), tuple(outcomes))
-        self._log("adopted", {"adopted": adopted, "stale": stale})
-        return report
+        for outcome in outcomes:  # the loop logs the job lists; this says why, per worker
+            self._log(
+                "adopt-worker",
+                dict(
+                    job=outcome.job, index=outcome.index, pid=outcome.pid, outcome=outcome.outcome
+                ),
+            )
+        return AdoptReport(tuple(adopted), tuple(stale), tuple(outcomes))

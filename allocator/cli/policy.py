@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from allocator.cli.common import add_common_options, note, open_allocator, output_format
@@ -47,14 +46,9 @@ def register(commands: Any) -> None:
 
 
 def _read(path: str) -> str:
-    from allocator.errors import PolicyError
+    from allocator.policy import read_policy_text
 
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PolicyError("file not found", file=path) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"cannot read: {exc}", file=path) from None
+    return read_policy_text(path)
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -68,7 +62,7 @@ def run_validate(args: argparse.Namespace) -> int:
     except PolicyError as exc:
         if output_format(args) == "table":
             raise
-        errors = [str(e) for e in getattr(exc, "errors", ()) or (exc,)]
+        errors = [e.to_dict() for e in exc.errors]
         emit({"valid": False, "file": args.file, "errors": errors}, output_format(args))
         return exc.exit_code
     summary = (

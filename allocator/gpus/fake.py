@@ -31,6 +31,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from allocator.gpus.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
+from allocator.gpus.model import MigDevice
 from allocator.gpus.nvml import (
     ERROR_DRIVER_NOT_LOADED,
     ERROR_GPU_IS_LOST,
@@ -139,6 +140,15 @@ class FakeNvml:
             raise FakeNvmlError(ERROR_UNKNOWN)
         return device
 
+    def _mig(self, handle: FakeHandle) -> MigDevice | None:
+        """The MIG device a MIG handle names (``None`` for a whole-GPU handle)."""
+        device = self._device(handle)
+        if handle.mig_slot is None:
+            return None
+        if handle.mig_slot >= len(device.mig_devices):
+            raise FakeNvmlError(ERROR_NOT_FOUND)  # the instance was destroyed
+        return device.mig_devices[handle.mig_slot]
+
     # --- system ------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
@@ -181,17 +191,13 @@ class FakeNvml:
 
     def nvmlDeviceGetUUID(self, handle: FakeHandle) -> str:
         """The GPU's (or MIG device's) UUID."""
-        device = self._device(handle)
-        if handle.mig_slot is not None:
-            return device.mig_devices[handle.mig_slot].uuid
-        return device.uuid
+        mig = self._mig(handle)
+        return mig.uuid if mig is not None else self._device(handle).uuid
 
     def nvmlDeviceGetName(self, handle: FakeHandle) -> str:
         """The product name."""
-        device = self._device(handle)
-        if handle.mig_slot is not None:
-            return device.mig_devices[handle.mig_slot].name
-        return device.name
+        mig = self._mig(handle)
+        return mig.name if mig is not None else self._device(handle).name
 
     def nvmlDeviceGetPciInfo(self, handle: FakeHandle) -> SimpleNamespace:
         """PCI info; only ``busId`` is filled in."""
@@ -199,10 +205,8 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeHandle) -> SimpleNamespace:
         """Memory totals in bytes, as NVML gives them."""
-        device = self._device(handle)
-        mib: int | None = device.memory_total_mib
-        if handle.mig_slot is not None:
-            mib = device.mig_devices[handle.mig_slot].memory_total_mib
+        mig = self._mig(handle)
+        mib = mig.memory_total_mib if mig is not None else self._device(handle).memory_total_mib
         if mib is None:
             raise FakeNvmlError(ERROR_NOT_SUPPORTED)
         return SimpleNamespace(total=mib * _MIB, free=mib * _MIB, used=0)

@@ -386,10 +386,10 @@ class NvmlSignalReader:
         if self._closed:
             return
         self._closed = True
-        try:
-            if self._events is not None:
-                _optional(lib, "nvmlEventSetFree", self._events)
+        # Shutting down: nothing a caller could do about an error here.
+        if self._events is not None:
+            with suppress(lib.NVMLError):
+                lib.nvmlEventSetFree(self._events)
+        with suppress(lib.NVMLError):
             lib.nvmlShutdown()
-        except lib.NVMLError:
-            pass  # shutting down: nothing a caller could do about it
         self._events = None

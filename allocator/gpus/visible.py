@@ -50,6 +50,8 @@ __all__ = [
 MASTER_PORT_RANGE = (20000, 30000)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# An index, a GPU-/MIG- UUID, or MIG-GPU-<uuid>/<gi>/<ci>: nothing CUDA would split or trim.
+_DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_-]*\Z")
 
 
 def default_master_port(job: str) -> int:
@@ -162,7 +164,17 @@ def _device_ids(gpus: tuple[int, ...], known: dict[int, GpuInfo], policy: Policy
             ids.append(info.uuid)
         else:
             ids.append(str(gpu))
+    _check_ids(gpus, ids)
     return ids
+
+
+def _check_ids(gpus: tuple[int, ...], ids: list[str]) -> None:
+    """Refuse ids CUDA would misparse: a space, a comma, or the same device twice."""
+    for gpu, device_id in zip(gpus, ids, strict=True):
+        if not _DEVICE_ID.match(device_id):
+            raise RequestError(f"GPU {gpu} has an unusable device id {device_id!r}")
+    if len(set(ids)) != len(ids):
+        raise RequestError(f"GPUs {_join(gpus)} resolve to a repeated device id: {ids}")
 
 
 def _gpu_env(gpus: Sequence[int], ids: Sequence[str]) -> dict[str, str]:

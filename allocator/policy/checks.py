@@ -42,7 +42,7 @@ def _check_pool_members(pools: dict[str, Pool], r: Reader) -> dict[str, tuple[st
     members: dict[str, tuple[str, str]] = {}
     for pool in pools.values():
         for index, host in enumerate(pool.hosts):
-            path = f"pools.{pool.name}.hosts[{index}]"
+            path = r.item_path(f"pools.{pool.name}.hosts", index)
             if host not in declared:
                 r.error_on(path, f"unknown host {host!r} (declared: {_known(r, 'hosts')})")
             elif host in members:
@@ -133,7 +133,8 @@ def _check_reservation(
                     else "which has no GPUs"
                 )
                 r.error_on(
-                    f"{path}.gpus[{index}]", f"GPU {gpu} is not on host {host.name!r}, {has}"
+                    r.item_path(f"{path}.gpus", index),
+                    f"GPU {gpu} is not on host {host.name!r}, {has}",
                 )
                 ok = False
     start, until = reservation.start, reservation.until
@@ -176,7 +177,7 @@ def _iso(value: Any) -> str:
 def _check_jobs(jobs: dict[str, Job], r: Reader) -> None:
     rules = r.declared.get("fallback", [])
     for job in jobs.values():
-        path = f"jobs.{job.name}"
+        path = r.origins[id(job)]
         if job.fallback is not None and job.fallback not in rules:
             r.error_on(
                 f"{path}.fallback",

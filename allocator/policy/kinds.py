@@ -40,12 +40,14 @@ __all__ = [
     "OnChange",
     "Str",
     "Timestamp",
+    "name_problem",
     "suggest",
 ]
 
 #: JSON Schema (ECMA-262) twin of :func:`allocator.keys.validate_name`.
 NAME_PATTERN = rf"^(?!\.\.?$)(?!-)[A-Za-z0-9._-]{{1,{MAX_NAME_LENGTH}}}$"
 _GLOB = re.compile(r"[A-Za-z0-9._*?!\[\]-]{1,128}", re.ASCII)
+_JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?[eE][-+]?[0-9]+", re.ASCII)
 _UNHANDLEABLE_SIGNALS = frozenset({"SIGKILL", "SIGSTOP"})
 
 
@@ -231,6 +233,8 @@ class Number(_Scalar):
 
     def problem(self, value: Any, node: Node) -> str | None:
         """Refuse non-numbers, infinities, NaN and values out of bounds."""
+        if _is_plain_json_number(value, node):
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return self.wrong_type(value, node)
         if not math.isfinite(value):
@@ -242,7 +246,7 @@ class Number(_Scalar):
         return None
 
     def convert(self, value: Any) -> float:
-        """Return the number as a float."""
+        """Return the number as a float (a plain ``1e3`` arrives as text)."""
         return float(value)
 
     def schema(self) -> dict[str, Any]:
@@ -253,6 +257,19 @@ class Number(_Scalar):
         if self.above is not None:
             schema["exclusiveMinimum"] = self.above
         return schema
+
+
+def _is_plain_json_number(value: Any, node: Node) -> bool:
+    """Whether ``value`` is an unquoted number YAML 1.1 reads as text (``1e3``, ``5e-324``).
+
+    YAML 1.2 and JSON read these as numbers, so editors and JSON Schema tools
+    would too; refusing them here would make the same file mean two things.
+    """
+    return (
+        isinstance(value, str)
+        and not getattr(node, "style", None)  # plain: None, or "" from libyaml
+        and _JSON_NUMBER.fullmatch(value) is not None
+    )
 
 
 class Enum(_Scalar):

@@ -115,10 +115,10 @@ class Reader:
     ``lines`` maps a field path (``jobs.train.fallback``) to the line it was
     written on, so cross-reference checks, which run after the walk, can
     still point at the right line; ``origins`` gives the path each model
-    object was read from (list items that failed are skipped, so indices
-    alone would not tell). ``declared`` keeps every key of each
-    name map, valid or not, so one bad entry does not cause a second error
-    wherever it is referenced.
+    object was read from and ``item_paths`` the path of each list item kept
+    (items that failed are skipped, so indices alone would not tell).
+    ``declared`` keeps every key of each name map, valid or not, so one bad
+    entry does not cause a second error wherever it is referenced.
     """
 
     def __init__(self, source: str, construct: Callable[[Node], Any]) -> None:
@@ -128,6 +128,7 @@ class Reader:
         self.lines: dict[str, int] = {}
         self.declared: dict[str, list[str]] = {}
         self.origins: dict[int, str] = {}  # id of each built model object -> its path
+        self.item_paths: dict[str, list[str]] = {}  # list path -> path of each item kept
         self._pairs: dict[int, list[Pair]] = {}
 
     def error(self, line: int | None, field: str | None, reason: str) -> None:
@@ -149,6 +150,11 @@ class Reader:
         """Record one problem on an already-read field, at the line it was written on."""
         self.error(self.lines.get(path), path, reason)
 
+    def item_path(self, path: str, index: int) -> str:
+        """Return where the ``index``-th kept item of the list at ``path`` was written."""
+        kept = self.item_paths.get(path, [])
+        return kept[index] if index < len(kept) else f"{path}[{index}]"
+
     def scalar(self, node: Node, path: str) -> Any:
         """Return the Python value of a scalar node, or ``INVALID`` after reporting why."""
         try:
@@ -160,10 +166,7 @@ class Reader:
     def mapping(self, node: Node, path: str, expected: str = "a mapping") -> bool:
         """Whether ``node`` is a plain mapping; reports the problem when it is not."""
         if kind_of(node) != "mapping":
-            got = (
-                describe_node(node) if kind_of(node) != "scalar" else self._scalar_kind(node, path)
-            )
-            self.error_at(node, path, f"expected {expected}, got {got}")
+            self.error_at(node, path, f"expected {expected}, got {self._describe(node)}")
             return False
         if node.tag != MAP_TAG:
             self.error_at(node, path, f"unsupported tag {node.tag!r} on a mapping")
@@ -173,17 +176,16 @@ class Reader:
     def sequence(self, node: Node, path: str, expected: str = "a list") -> bool:
         """Whether ``node`` is a plain list; reports the problem when it is not."""
         if kind_of(node) != "sequence":
-            got = (
-                describe_node(node) if kind_of(node) != "scalar" else self._scalar_kind(node, path)
-            )
-            self.error_at(node, path, f"expected {expected}, got {got}")
+            self.error_at(node, path, f"expected {expected}, got {self._describe(node)}")
             return False
         if node.tag != SEQ_TAG:
             self.error_at(node, path, f"unsupported tag {node.tag!r} on a list")
             return False
         return True
 
-    def _scalar_kind(self, node: Node, path: str) -> str:
+    def _describe(self, node: Node) -> str:
+        if kind_of(node) != "scalar":
+            return describe_node(node)
         if is_null(node):
             return "null"
         try:

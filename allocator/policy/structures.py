@@ -54,6 +54,7 @@ class ListOf:
             r.error_at(node, path, f"needs at least {self.min_items} {self.label}(s)")
             return INVALID
         items: list[Any] = []
+        kept_paths = r.item_paths.setdefault(path, [])
         first_index: dict[Any, int] = {}
         for index, child in enumerate(node.value):
             child_path = f"{path}[{index}]"
@@ -70,6 +71,7 @@ class ListOf:
             if self.unique:
                 first_index[value] = index
             items.append(value)
+            kept_paths.append(child_path)
         return self.collect(items)
 
     def schema(self) -> dict[str, Any]:

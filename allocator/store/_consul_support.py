@@ -33,6 +33,7 @@ __all__ = [
     "key_value",
     "random_flags",
     "session_id",
+    "take_over",
     "txn_failure",
     "write_op",
 ]
@@ -109,9 +110,21 @@ def write_op(op: Op) -> dict[str, Any]:
     return _kv_op("lock", key, Value=value, Flags=random_flags(), Session=session_id(lease))
 
 
-def unlock_op(key: str, session: str) -> dict[str, Any]:
-    """The txn operation releasing ``key`` from ``session`` (it must hold it)."""
-    return _kv_op("unlock", consul_key(key), Session=session)
+def take_over(
+    payload: Payload, keys: Sequence[str], holders: Mapping[str, str]
+) -> tuple[Payload, list[str]]:
+    """``payload`` with each ``lock`` of a key in ``holders`` preceded by an ``unlock``
+    by its current holder: etcd lets a put move a key to another lease, Consul only
+    lets the holding session let go. Returns the new payload and its Store keys."""
+    new_payload: Payload = []
+    new_keys: list[str] = []
+    for op, key in zip(payload, keys, strict=True):
+        if op["KV"]["Verb"] == "lock" and key in holders:
+            new_payload.append(_kv_op("unlock", consul_key(key), Session=holders[key]))
+            new_keys.append(key)
+        new_payload.append(op)
+        new_keys.append(key)
+    return new_payload, new_keys
 
 
 class LockHeld(Exception):
@@ -207,9 +220,10 @@ class ConsulWatch:
     puts, vanished keys deletes; versions overwritten between two responses
     are not seen. An index that goes backwards (a snapshot restore, say)
     resets the query to index 0, as Consul's docs require, and from then on
-    every change is delivered whatever its revision. Responses that bring no
-    newer index spend tokens of a bucket (burst 2, one per ``min_interval``),
-    so a server answering at once cannot drive a busy loop.
+    every change is delivered whatever its revision. Answers that come early
+    without a newer index spend tokens of a bucket (burst 2, one per
+    ``min_interval``), so a server answering at once cannot drive a busy
+    loop, while changes that do advance the index are never held back.
     """
 
     def __init__(
@@ -259,22 +273,37 @@ class ConsulWatch:
                 return []
             if delay > 0:
                 self._sleep(delay)
-            events = self._poll(max(deadline - self._clock(), 0.001))
+            try:
+                events = self._poll(max(deadline - self._clock(), 0.001))
+            except Exception:
+                if self._closed:  # close() from another thread cut the query short
+                    return []
+                raise
             if events or self._clock() >= deadline:
                 return events
         return []
 
     def _poll(self, wait: float) -> list[Event]:
+        asked = self._clock()
         index, items = self._query(self._index, wait)
-        if index <= self._index:
-            self._bucket.take(self._clock())
-        events, self._known = diff_snapshot(self._known, items, index, self._start)
-        if index < self._index:
-            # The store's indexes restarted (or shrank): every change from now on is new.
+        answered = self._clock()
+        # Only an answer that came early without a newer index is suspect; one that
+        # waited (most of) its wait out is what a quiet prefix looks like.
+        if index <= self._index and answered - asked < wait * 0.9:
+            self._bucket.take(answered)
+        if 0 < index < self._index:
+            # Consul's rule: an index that goes backwards restarts the loop at 0. The
+            # store's indexes restarted (or shrank), so every change from here on is new.
             self._index, self._start = 0, 0
         else:
-            self._index = max(index, 1)
+            self._index = max(index, 1)  # 0 is a server bug; blocking at 1 is always safe
+        events, self._known = diff_snapshot(self._known, items, index, self._start)
         return events
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
 
     def close(self) -> None:
         """Stop watching and release the watch's connection. Idempotent."""

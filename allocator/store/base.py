@@ -19,7 +19,11 @@ every backend):
   :class:`~allocator.errors.Compacted`; a watch whose connection broke
   raises :class:`~allocator.errors.StoreUnavailable` (never hangs silently).
   The caller then re-reads with :meth:`Store.list` and watches again from
-  the revision that read returned + 1.
+  the revision that read returned + 1. Backends with history (etcd, SQLite,
+  memory) deliver every version; Consul keeps none, so its watch coalesces
+  the changes made between two blocking reads into the latest version of
+  each key (still in revision order, still at most once). Callers must be
+  level-based: react to "this changed", not count events.
 * A lease is a TTL: keys put with a lease are deleted (with delete events)
   when the lease expires or is revoked, unless it is refreshed in time.
 """

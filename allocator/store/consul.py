@@ -20,9 +20,9 @@ requests); the pure parts live in :mod:`allocator.store._consul_support` and
 * A value whose transaction body would pass Consul's 512 KiB request limit
   (base64 grows it by a third) goes through ``PUT /v1/kv`` (``?cas=``,
   ``?acquire=``) and its revision is read back.
-* ``list`` is one ``?recurse`` read with ``?consistent``; its revision is
-  Consul's ``X-Consul-Index`` for the prefix (the newest write or delete
-  under it, else the newest KV write anywhere).
+* ``list`` is one ``?recurse`` read with ``?consistent``. Its revision is
+  the store's: Consul's index for a prefix only covers the prefix, so the KV
+  index is read just before (see :meth:`ConsulStore.list`).
 * Leases are sessions with ``Behavior=delete``, a TTL and no lock-delay;
   leased keys are written with the ``lock`` verb, and a put with a lease
   takes a key over from another session. Consul accepts TTLs of 10 s..24 h,
@@ -44,7 +44,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import consul
@@ -72,8 +72,8 @@ from allocator.store._consul_support import (
     key_value,
     random_flags,
     session_id,
+    take_over,
     txn_failure,
-    unlock_op,
     write_op,
 )
 from allocator.store.base import Compare, Delete, KeyValue, Listing, Op, Put
@@ -89,6 +89,8 @@ CONNECT_TIMEOUT_S = 3.0
 REQUEST_TIMEOUT_S = 10.0
 WATCH_MIN_INTERVAL_S = 1.0
 _DELETE_ATTEMPTS = 16
+#: A key name nothing writes: reading it (absent) yields Consul's KV index.
+_INDEX_PROBE = ".allocator-index-probe"
 
 
 def _reason(exc: BaseException) -> str:
@@ -119,7 +121,7 @@ def _translated(address: str, what: str) -> Iterator[None]:
         text = str(exc)
         if text.startswith("413"):
             raise ValueTooLarge(f"Consul at {address} refused to {what}: {text}") from exc
-        if text[:1] == "5":
+        if text[:1] == "5" or text.startswith("429"):  # server trouble or rate limiting
             raise StoreUnavailable(f"Consul at {address} failed to {what}: {text}") from exc
         raise StoreError(f"Consul at {address} could not {what}: {text}") from exc
 
@@ -167,7 +169,7 @@ class _Client(consul.Consul):  # type: ignore[misc]
     def __init__(self, config: ConsulConfig, timeouts: tuple[float, float]) -> None:
         self._timeouts = timeouts
         super().__init__(
-            host=config.host,
+            host=f"[{config.host}]" if ":" in config.host else config.host,  # IPv6 literal
             port=config.port,
             scheme=config.scheme,
             verify=config.verify,
@@ -211,7 +213,7 @@ class ConsulStore:
             raise StoreUnavailable(f"store {self.url} is closed")
         return self._client
 
-    def _call(self, what: str) -> Any:
+    def _call(self, what: str) -> AbstractContextManager[None]:
         return _translated(self.config.address, what)
 
     def get(self, key: str) -> KeyValue | None:
@@ -223,13 +225,21 @@ class ConsulStore:
         return key_value(item) if item else None
 
     def list(self, prefix: str) -> Listing:
-        """Every key under ``prefix``, sorted, in one consistent read, and its index."""
+        """Every key under ``prefix``, sorted, in one consistent read, and the revision.
+
+        A prefix read's ``X-Consul-Index`` only covers that prefix, so the
+        store revision is read first, from a key that does not exist (Consul
+        then answers with its KV index), and the larger of the two returned.
+        Read first, it can only be older than the listing: a watch from it
+        + 1 may replay a key the listing already showed, never miss one.
+        """
         name = consul_key(prefix, "prefix")
         client = self._live()
         with self._call(f"list {prefix}"):
+            store_index, _ = client.kv.get(name + _INDEX_PROBE, consistency="consistent")
             index, items = client.kv.get(name, recurse=True, consistency="consistent")
         found = sorted((key_value(item) for item in items or ()), key=lambda kv: kv.key)
-        return Listing(tuple(found), int(index))
+        return Listing(tuple(found), max(int(index), int(store_index)))
 
     def put(
         self,
@@ -294,8 +304,11 @@ class ConsulStore:
         indexes = [int(r["KV"]["ModifyIndex"]) for r in results if r.get("KV")]
         if any(isinstance(op, Put) for op in ops):
             return max(indexes)
-        deleted = [op.key for op in ops]
-        return self._read_index(deleted[0] if deleted else "/", what)
+        if ops:  # deletes only: no result carries the index
+            return self._read_index(ops[0].key, what)
+        with self._call(what):  # compares only: Consul ran them as a read
+            index, _ = self._live().kv.get(_INDEX_PROBE, consistency="consistent")
+        return int(index)
 
     def _send_txn(self, payload: Payload, keys: Sequence[str], what: str) -> Any:
         body = json.dumps(payload)
@@ -314,23 +327,14 @@ class ConsulStore:
     def _take_over(
         self, payload: Payload, keys: Sequence[str], held: Sequence[str]
     ) -> tuple[Payload, Sequence[str]]:
-        """Unlock keys another lease holds right before locking them (etcd lets a put move a
-        key to another lease; Consul needs the old holder's session to release it)."""
+        """The payload again, unlocking ``held`` keys from their current sessions first."""
         holders = {}
         for key in held:
             found = self.get(key)
             if found is None or found.lease is None:
                 raise CasConflict(f"{key} changed while moving it to another lease", keys=(key,))
             holders[key] = session_id(found.lease)
-        new_payload: Payload = []
-        new_keys: list[str] = []
-        for op, key in zip(payload, keys, strict=True):
-            if op["KV"]["Verb"] == "lock" and key in holders:
-                new_payload.append(unlock_op(key, holders[key]))
-                new_keys.append(key)
-            new_payload.append(op)
-            new_keys.append(key)
-        return new_payload, new_keys
+        return take_over(payload, keys, holders)
 
     def _read_index(self, key: str, what: str) -> int:
         """Consul's index for ``key`` and the keys under it (one level of key names)."""
@@ -398,7 +402,7 @@ class ConsulStore:
         except BaseException:
             client.close()
             raise
-        self._watches.append(watch)
+        self._watches = [w for w in self._watches if not w.closed] + [watch]
         return watch
 
     def grant_lease(self, ttl: float) -> int:

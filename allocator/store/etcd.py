@@ -1,21 +1,17 @@
 """The etcd v3 backend (``etcd://h1:2379,h2:2379``, ``etcds://`` for TLS).
 
 The only module that imports ``aetcd`` (and grpc, which it is built on). It
-speaks etcd's gRPC API through aetcd's generated stubs: aetcd's ``Client``
-has no TLS, no multi-endpoint target, drops the transaction header (the
-revision) and keeps a watch the server refused as if live. aetcd is
-asyncio-only and :class:`~allocator.store.base.Store` is synchronous, so each
-store runs a private loop thread (:mod:`allocator.store.aio_bridge`) and one
-gRPC channel that every call and watch shares. With several endpoints the
-store talks to one at a time and moves on when it is unreachable.
+uses aetcd's generated gRPC stubs rather than its ``Client``, which has no
+TLS, drops a transaction's revision and keeps a watch the server refused as
+if live. Each store runs a private loop thread (aetcd is asyncio-only) and
+one gRPC channel shared by every call and watch; with several endpoints it
+talks to one at a time and moves on when that one cannot take a call.
 
 Semantics: store revision = etcd revision; compare-and-swap = a transaction
-comparing ``mod_revision`` (``create_revision == 0`` for "must not exist");
-a failed transaction reads the compared keys in its failure branch, so
-:class:`CasConflict` names exactly the keys that changed at that revision; a
-prefix list is one range request; a watch is one gRPC stream from a start
-revision, and every way it can end (error, server cancel, compaction, clean
-end of stream) reaches ``next()``.
+comparing ``mod_revision`` (``create_revision == 0``: "must not exist") whose
+failure branch reads the compared keys, so ``CasConflict`` names exactly the
+keys that changed; a list is one range request; a watch is one gRPC stream
+from a start revision, and every way it can end reaches ``next()``.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ import math
 import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 # gRPC core otherwise prints INFO lines (a failed TLS handshake, say) to
 # stderr, under the CLI's one-line error. Read when grpc loads; an operator's
@@ -57,7 +53,7 @@ from allocator.store._local import (
     lease_of,
 )
 from allocator.store.aio_bridge import EventQueue, LoopThread
-from allocator.store.base import Compare, Delete, Event, KeyValue, Listing, Op, Put
+from allocator.store.base import Compare, Delete, Event, KeyValue, Listing, Op, Put, Store, Watch
 from allocator.store.etcd_config import (
     EtcdConfig,
     format_endpoint,
@@ -98,10 +94,19 @@ def _details(exc: BaseException) -> str:
 
 
 def _token_is_stale(exc: BaseException) -> bool:
-    # Simple tokens expire after 5 idle minutes, and any change to users or
-    # roles makes every earlier token "old": etcd's own client logs in again.
+    # Simple tokens expire after 5 idle minutes (or when auth is switched off
+    # and on); a JWT from before any change to users or roles is "old". A
+    # refused watch reports either as its cancel reason, hence str(exc).
+    text = _details(exc) or str(exc)
+    return "invalid auth token" in text or "auth store is old" in text
+
+
+def _worth_another_endpoint(exc: BaseException, idempotent: bool) -> bool:
+    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+        return False
+    # A write that may have been applied must not be applied twice.
     details = _details(exc)
-    return "invalid auth token" in details or "auth store is old" in details
+    return idempotent or "failed to connect" in details or "no leader" in details
 
 
 def translate_error(exc: BaseException, where: str) -> AllocatorError:
@@ -275,7 +280,8 @@ def _watch_error(response: Any, where: str) -> AllocatorError | None:
         )
     if response.canceled:
         reason = response.cancel_reason or "watch cancelled by the server"
-        kind = PermissionDenied if "permission denied" in reason else StoreUnavailable
+        refused = any(word in reason for word in ("permission denied", "auth", "Unauthenticated"))
+        kind = PermissionDenied if refused else StoreUnavailable
         return kind(f"etcd at {where}: {reason}")
     return None
 
@@ -301,13 +307,15 @@ async def _pump_watch(
                 _settle(created, None)
             if response.events:
                 queue.put([_event(item) for item in response.events])
-        queue.fail(StoreUnavailable(f"etcd at {conn.endpoint}: the watch stream ended"))
     except Exception as exc:
         _settle(created, exc)  # raw, so watch() can fail over or log in again
         queue.fail(translate_error(exc, conn.endpoint))
     finally:
         _settle(created, None)
         call.cancel()
+        # However the stream ended (cleanly, or its channel was closed under
+        # it), next() must say so; the first error recorded wins.
+        queue.fail(StoreUnavailable(f"etcd at {conn.endpoint}: the watch stream ended"))
 
 
 def _settle(created: asyncio.Future[None], error: BaseException | None) -> None:
@@ -322,10 +330,10 @@ def _settle(created: asyncio.Future[None], error: BaseException | None) -> None:
 class EtcdWatch:
     """A prefix watch; see :class:`~allocator.store.base.Watch`."""
 
-    def __init__(self, store: EtcdStore) -> None:
+    def __init__(self, store: EtcdStore, queue: EventQueue, task: asyncio.Task[None]) -> None:
         self._store = store
-        self._queue = EventQueue()
-        self._task: asyncio.Task[None] | None = None
+        self._queue = queue
+        self._task = task
 
     def next(self, timeout: float) -> list[Event]:
         """Return the next batch of events, or ``[]`` after ``timeout`` seconds."""
@@ -335,8 +343,7 @@ class EtcdWatch:
         """Stop watching (the stream is cancelled). Idempotent."""
         if self._queue.close():
             self._store._forget(self)
-            if self._task is not None:
-                self._store._loop.call_soon(self._task.cancel)
+            self._store._loop.call_soon(self._task.cancel)
 
 
 # --- the store ---------------------------------------------------------------------
@@ -362,14 +369,13 @@ class EtcdStore:
 
     def get(self, key: str) -> KeyValue | None:
         """Return the current version of ``key``, or ``None``."""
-
         request = rpc.RangeRequest(key=_key(check_key(key)))
 
         async def op(conn: _Connection) -> KeyValue | None:
             reply = await conn.kv.Range(request, **conn.call_options)
             return _key_value(reply.kvs[0]) if reply.kvs else None
 
-        return self._call(op)
+        return self._call(op, idempotent=True)
 
     def list(self, prefix: str) -> Listing:
         """Every key under ``prefix``, sorted, with the revision read at: one range request."""
@@ -386,7 +392,7 @@ class EtcdStore:
             items = tuple(_key_value(kv) for kv in reply.kvs)
             return Listing(items=items, revision=int(reply.header.revision))
 
-        return self._call(op)
+        return self._call(op, idempotent=True)
 
     def put(
         self,
@@ -449,19 +455,20 @@ class EtcdStore:
         create = rpc.WatchCreateRequest(
             key=start, range_end=end, start_revision=max(start_revision, 0)
         )
-        watch = EtcdWatch(self)
 
-        async def op(conn: _Connection) -> None:
+        async def op(conn: _Connection) -> tuple[EventQueue, asyncio.Task[None]]:
+            # A fresh queue per attempt: a refused attempt has failed its own.
+            queue = EventQueue()
             created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            task = asyncio.create_task(_pump_watch(conn, create, watch._queue, created))
+            task = asyncio.create_task(_pump_watch(conn, create, queue, created))
             try:
                 await asyncio.wait_for(created, self.config.timeout)
             except BaseException:
                 task.cancel()
                 raise
-            watch._task = task
+            return queue, task
 
-        self._call(op)
+        watch = EtcdWatch(self, *self._call(op, idempotent=True))
         with self._state_lock:
             self._watches.add(watch)
         return watch
@@ -498,7 +505,7 @@ class EtcdStore:
             if reply is grpc.aio.EOF or reply.TTL <= 0:
                 raise LeaseLost(f"etcd at {conn.endpoint}: lease {lease:x} has expired")
 
-        self._call(op)
+        self._call(op, idempotent=True)
 
     def revoke_lease(self, lease: int) -> None:
         """End ``lease`` now, deleting its keys; no error if it is already gone."""
@@ -510,7 +517,7 @@ class EtcdStore:
                 if "lease not found" not in _details(exc):
                     raise
 
-        self._call(op)
+        self._call(op, idempotent=True)
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -541,17 +548,22 @@ class EtcdStore:
 
     # --- plumbing ------------------------------------------------------------
 
-    def _call(self, op: _Op[_T]) -> _T:
-        """Run ``op`` on the loop against the current connection, errors translated."""
+    def _call(self, op: _Op[_T], *, idempotent: bool = False) -> _T:
+        """Run ``op`` on the loop against the current connection, errors translated.
+
+        With several endpoints, a call the current one could not take is
+        tried on the next: any ``idempotent`` call, and any other call only
+        when it cannot have been applied (no connection, no leader).
+        """
         # A hang guard only: every request carries its own deadline.
         guard = self.config.timeout * (2 * len(self.config.endpoints) + 1) + 1
         with self._state_lock:
             if self._closed:
                 raise StoreError(f"the etcd store for {self.endpoints} is closed")
-            coro = self._attempt(op)
+            coro = self._attempt(op, idempotent)
         return self._loop.run(coro, guard, f"etcd at {self.endpoints}")
 
-    async def _attempt(self, op: _Op[_T]) -> _T:
+    async def _attempt(self, op: _Op[_T], idempotent: bool) -> _T:
         count = len(self.config.endpoints)
         for tried in range(1, count + 1):
             conn: _Connection | None = None
@@ -561,12 +573,8 @@ class EtcdStore:
             except AllocatorError:
                 raise
             except Exception as exc:
-                unreachable = (
-                    isinstance(exc, grpc.aio.AioRpcError)
-                    and exc.code() == grpc.StatusCode.UNAVAILABLE
-                )
-                if not unreachable or tried == count:
-                    where = conn.endpoint if conn is not None and count == 1 else self.endpoints
+                if tried == count or not _worth_another_endpoint(exc, idempotent):
+                    where = conn.endpoint if conn is not None and tried == 1 else self.endpoints
                     raise translate_error(exc, where) from exc
                 await self._next_endpoint(conn)
         raise AssertionError("every attempt returns or raises")
@@ -575,8 +583,8 @@ class EtcdStore:
     async def _with_fresh_token(conn: _Connection, op: _Op[_T]) -> _T:
         try:
             return await op(conn)
-        except grpc.aio.AioRpcError as exc:
-            # Log in again, once (see _token_is_stale).
+        except Exception as exc:
+            # Log in again, once, as etcd's own client does.
             if not _token_is_stale(exc) or conn.config.username is None:
                 raise
         await conn.authenticate()
@@ -600,3 +608,8 @@ class EtcdStore:
                 self._conn = None
                 await failed.channel.close()
             self._index = (self._index + 1) % len(self.config.endpoints)
+
+
+if TYPE_CHECKING:  # mypy checks both classes against the protocols
+    _STORE: type[Store] = EtcdStore
+    _WATCH: type[Watch] = EtcdWatch

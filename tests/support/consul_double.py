@@ -318,7 +318,12 @@ class ConsulDouble:
         self._server = _Server(("127.0.0.1", 0), _Handler, self)
         self._stopping = False
         self._threads = [
-            threading.Thread(target=self._server.serve_forever, name="consul-double", daemon=True),
+            threading.Thread(
+                target=self._server.serve_forever,
+                kwargs={"poll_interval": 0.05},  # so stop() returns quickly
+                name="consul-double",
+                daemon=True,
+            ),
             threading.Thread(target=self._expire_sessions, name="consul-double-ttl", daemon=True),
         ]
         for thread in self._threads:
@@ -642,6 +647,7 @@ def _op_entry(op: Mapping[str, Any]) -> Entry:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # like Go's listener; 5 would reset a burst of clients
 
     def __init__(
         self, address: tuple[str, int], handler: type[_Handler], double: ConsulDouble

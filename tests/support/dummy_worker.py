@@ -15,7 +15,16 @@ log capture can be checked. Then it does what its options say:
   that sleeps too, ignores SIGTERM when the parent does, and writes its own
   report to ``<out>.child``; the parent's report names it as ``child_pid``
   and is only written once the child's report exists, so a test that sees
-  the parent's report knows both have their signal handling in place.
+  the parent's report knows both have their signal handling in place;
+* ``--lock PATH``: before anything else take an exclusive ``flock`` on PATH,
+  waiting for it if need be, and report ``lock_acquired_at_once``. The
+  child inherits the locked descriptor, so the lock is free only once the
+  whole worker (child included) is gone: a replacement that started while
+  any of its predecessor still ran reports ``false``.
+
+Per-GPU workers run the same command: a worker whose ``LOCAL_RANK`` is set
+and not 0 appends ``.rank<N>`` to its report and lock paths, so ranks
+neither overwrite each other's report nor wait for each other's lock.
 
 Run standalone with the interpreter under test (``sys.executable``); it
 imports nothing from the project.
@@ -24,6 +33,7 @@ imports nothing from the project.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -46,17 +56,29 @@ def _start_ticks(pid: int) -> int:
 
 
 def _write_atomic(path: Path, data: dict[str, object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, sort_keys=True))
     os.replace(tmp, path)
 
 
-def _spawn_child(out: Path, ignore_sigterm: bool) -> int:
+def _take_lock(path: Path) -> tuple[int, bool]:
+    """Lock ``path`` exclusively; return the descriptor and whether it was free at once."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd, False
+    return fd, True
+
+
+def _spawn_child(out: Path, ignore_sigterm: bool, keep_fds: tuple[int, ...]) -> int:
     child_out = out.with_name(out.name + ".child")
     argv = [sys.executable, os.path.abspath(__file__), "--out", str(child_out)]
     if ignore_sigterm:
         argv.append("--ignore-sigterm")
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=keep_fds)
     deadline = time.monotonic() + _CHILD_WAIT_SECONDS
     while not child_out.exists():
         if time.monotonic() > deadline or child.poll() is not None:
@@ -73,6 +95,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--spawn-child", action="store_true")
     parser.add_argument("--crash", action="store_true")
+    parser.add_argument("--lock", help="hold an exclusive flock on this file while running")
     return parser.parse_args(argv)
 
 
@@ -82,10 +105,14 @@ def main(argv: list[str]) -> int:
     out_name = args.out or os.environ.get(OUT_ENV)
     if not out_name:
         sys.exit(f"dummy worker: no report file (--out or ${OUT_ENV})")
-    out = Path(out_name)
+    rank = os.environ.get("LOCAL_RANK", "0")
+    suffix = "" if rank == "0" else f".rank{rank}"
+    out = Path(out_name + suffix)
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    child_pid = _spawn_child(out, args.ignore_sigterm) if args.spawn_child else None
+    lock_fd, at_once = _take_lock(Path(args.lock + suffix)) if args.lock else (None, None)
+    keep = (lock_fd,) if lock_fd is not None else ()
+    child_pid = _spawn_child(out, args.ignore_sigterm, keep) if args.spawn_child else None
     pid = os.getpid()
     report = {
         "pid": pid,
@@ -96,6 +123,7 @@ def main(argv: list[str]) -> int:
         "cwd": os.getcwd(),
         "env": dict(os.environ),
         "child_pid": child_pid,
+        "lock_acquired_at_once": at_once,
     }
     _write_atomic(out, report)
     print(f"dummy worker {pid} started (stdout)", flush=True)

@@ -26,6 +26,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,12 +65,26 @@ def free_port() -> int:
         return port
 
 
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill and reap ``proc`` if it still runs (an interrupted run must not leak etcd)."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(10)
+
+
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    """The log's complaints (lines that look like errors) and then its last lines."""
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
-    return "\n".join(text.splitlines()[-lines:])
+    early = text[:-lines]
+    complaints = [
+        line
+        for line in early
+        if any(word in line.lower() for word in ("error", "fatal", "not defined", "panic"))
+    ]
+    return "\n".join([*complaints[:5], *text[-lines:]])
 
 
 class EtcdServer:
@@ -93,6 +108,7 @@ class EtcdServer:
         self.client_port = 0
         self.peer_port = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        self._reaper: weakref.finalize[..., EtcdServer] | None = None
         self._log_file: Path = self.data_dir / "etcd.log"
         self._auth_enabled = False
 
@@ -238,6 +254,7 @@ class EtcdServer:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
+        self._reaper = weakref.finalize(self, _reap, self._proc)
         try:
             self._wait_healthy(timeout)
         except BaseException:
@@ -300,3 +317,6 @@ class EtcdServer:
                     os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(10)
         self._proc = None
+        if self._reaper is not None:
+            self._reaper.detach()
+            self._reaper = None

@@ -308,7 +308,7 @@ def test_planner_rules(
 
 def test_actions_come_sorted_by_job_and_plan_is_deterministic() -> None:
     desired = {name: want(name) for name in ("zeta", "alpha", "mid")}
-    running = {"old": view("old")}
+    running = {"old": view("old", gpus=(7,))}
     actions = plan(desired, running, T0)
     assert [a.job for a in actions] == ["alpha", "mid", "old", "zeta"]
     assert plan(desired, running, T0) == actions
@@ -432,6 +432,11 @@ class FakeSupervisor:
             assert old.fingerprint != action.spec.fingerprint, f"{action}: nothing changed"
         if old is not None and action.cause == "crash":
             self._check_crash_restart(action, old, now)
+        # Nor beside another job's workers that are on their way out of the same GPUs.
+        for other, runtime in self.runtimes.items():
+            if other != action.job and runtime.stopping and action.spec.device == "cuda":
+                overlap = set(runtime.gpus) & set(action.spec.gpus)
+                assert not overlap, f"{action} while {other} still stops on GPUs {overlap}"
         spec = action.spec
         crashes = old.crash_restarts + 1 if old is not None and action.cause == "crash" else 0
         changes = old.change_restarts if old is not None else 0
@@ -549,12 +554,38 @@ class PlannerMachine(RuleBasedStateMachine):
             if wanted is None or wanted.state != "run":
                 # Settled means Forget already ran for a gone runtime: only a stop can remain.
                 assert runtime.stopping, (job, runtime)
-            elif not runtime.stopping:
+            elif not runtime.stopping and not self._held_back(job, wanted):
                 assert runtime.fingerprint == wanted.fingerprint, (job, runtime, wanted)
         for job, wanted in self.desired.items():
-            if wanted.state == "run":
+            if wanted.state == "run" and not self._held_back(job, wanted):
                 assert job in self.supervisor.runtimes, f"{job} desired but not started"
+
+    def _held_back(self, job: str, wanted: DesiredJob) -> bool:
+        """Whether another job's workers are still stopping on one of ``job``'s GPUs."""
+        return wanted.device == "cuda" and any(
+            other != job and rt.stopping and rt.device == "cuda" and set(rt.gpus) & set(wanted.gpus)
+            for other, rt in self.supervisor.runtimes.items()
+        )
 
 
 PlannerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 TestPlannerConverges = PlannerMachine.TestCase
+
+
+def test_a_start_waits_while_another_jobs_workers_still_stop_on_its_gpus() -> None:
+    # "old" was released from GPU 1 and ignores SIGTERM; "new" was just given GPU 1.
+    desired = {"new": want("new", gpus=(1,))}
+    stopping = {"old": view("old", gpus=(1,), exit_codes=(None,), stopping=True)}
+    assert plan(desired, stopping, T0) == []
+    released = {"old": view("old", gpus=(1,), exit_codes=(None,))}
+    assert plan(desired, released, T0) == [Stop("old", "assignment released", 7.0)]
+    gone = {"old": view("old", gpus=(1,), exit_codes=(-1,), alive=0)}
+    assert plan(desired, gone, T0) == [Start("new", desired["new"], "new"), Forget("old")]
+
+
+def test_starts_on_other_gpus_or_on_cpu_are_not_held() -> None:
+    stopping = {"old": view("old", gpus=(1,), exit_codes=(None,), stopping=True)}
+    other_gpu = {"new": want("new", gpus=(2,))}
+    assert plan(other_gpu, stopping, T0) == [Start("new", other_gpu["new"], "new")]
+    on_cpu = {"new": want("new", gpus=(), device="cpu")}
+    assert plan(on_cpu, stopping, T0) == [Start("new", on_cpu["new"], "new")]

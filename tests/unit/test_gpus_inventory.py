@@ -195,3 +195,14 @@ def test_inventory_dict_round_trips_through_gpu_info(tmp_path: Path) -> None:
     assert data["source"] == "fake" and data["cuda_driver"] == "12.4"
     gpu = GpuInfo.from_dict(data["gpus"][0])
     assert gpu.mig_enabled and gpu.mig_devices[0].uuid == "MIG-x"
+
+
+def test_gpu_modules_import_neither_pynvml_nor_torch() -> None:
+    code = (
+        "import sys\n"
+        "import allocator.gpus.doctor, allocator.gpus.health, allocator.gpus.inventory\n"
+        "import allocator.gpus.probe, allocator.gpus.visible, allocator.worker\n"
+        "print(sorted({'pynvml', 'torch'} & set(sys.modules)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

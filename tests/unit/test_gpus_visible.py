@@ -179,6 +179,9 @@ def test_per_gpu_workers_each_get_one_mig_or_gpu_uuid() -> None:
         ((), INVENTORY, "no GPUs"),
         ((7,), INVENTORY, "GPU 7 not on this host"),
         ((2,), [GpuInfo(index=2, mig_enabled=True)], "no MIG instance"),
+        ((0,), [GpuInfo(index=0, uuid="GPU-a b")], "unusable device id"),
+        ((0,), [GpuInfo(index=0, uuid="GPU-a,GPU-b")], "unusable device id"),
+        ((0, 1), [GpuInfo(index=0, uuid="GPU-a"), GpuInfo(index=1, uuid="GPU-a")], "repeated"),
     ],
 )
 def test_impossible_assignments_are_request_errors(

@@ -380,7 +380,8 @@ def test_reservation_without_timezone_is_refused() -> None:
         (
             6,
             "reservations[0].until",
-            "timestamp '2027-01-01T00:00:00' has no timezone; add Z for UTC or an offset like +02:00",
+            "timestamp '2027-01-01T00:00:00' has no timezone; "
+            "add Z for UTC or an offset like +02:00",
         ),
         (
             7,
@@ -462,7 +463,8 @@ def test_threads_only_valid_for_action_cpu() -> None:
             "pool name is 64 characters long; at most 63",
         ),
         (
-            "version: 1\nhosts: {n: {gpus: 1}}\nreservations:\n  - {name: a b, host: n, gpus: [0], for: [x]}\n",
+            "version: 1\nhosts: {n: {gpus: 1}}\n"
+            "reservations:\n  - {name: a b, host: n, gpus: [0], for: [x]}\n",
             4,
             "reservations[0].name",
             "reservation 'a b' may contain only ASCII letters, digits, '.', '_' and '-'",
@@ -531,7 +533,8 @@ def test_control_characters_are_refused_with_their_line() -> None:
     [
         ("version: 1\nhosts: {}\nversion: 1\n", 3, "version", 1),
         (
-            "version: 1\njobs:\n  train: {command: [a]}\n  eval: {command: [b]}\n  train: {command: [c]}\n",
+            "version: 1\njobs:\n  train: {command: [a]}\n"
+            "  eval: {command: [b]}\n  train: {command: [c]}\n",
             5,
             "jobs.train",
             3,
@@ -573,7 +576,8 @@ def test_top_level_must_be_a_mapping(text: str, got: str) -> None:
         ("signal:SIGKILL", "SIGKILL cannot be handled by a worker; use restart"),
         (
             "restrat",
-            "expected restart, none or signal:<SIGNAME>, got a string ('restrat') (did you mean 'restart'?)",
+            "expected restart, none or signal:<SIGNAME>, got a string ('restrat') "
+            "(did you mean 'restart'?)",
         ),
         ("yes", "expected restart, none or signal:<SIGNAME>, got a boolean (yes)"),
     ],
@@ -667,7 +671,8 @@ def test_numbers_must_be_finite_and_health_interval_positive() -> None:
         (
             "version: 1\njobs:\n  a: {command: [!!python/name:os.system x]}\n",
             "jobs.a.command[0]",
-            "could not determine a constructor for the tag 'tag:yaml.org,2002:python/name:os.system'",
+            "could not determine a constructor for the tag "
+            "'tag:yaml.org,2002:python/name:os.system'",
         ),
         (
             "version: 1\nhosts: !!set {a}\n",
@@ -718,10 +723,46 @@ def test_many_problems_are_all_reported_first_one_in_the_message() -> None:
         "line": 6,
         "field": "jobs.eval.workers",
         "message": "expected one of single, per-gpu, got a string ('many')",
-        "error": "policy.yaml:6: jobs.eval.workers: expected one of single, per-gpu, got a string ('many')",
+        "error": "policy.yaml:6: jobs.eval.workers: "
+        "expected one of single, per-gpu, got a string ('many')",
     }
 
 
 def test_a_single_error_lists_itself() -> None:
     error = only_error("version: 3\n")
     assert error.errors == (error,)
+
+
+def test_cross_reference_errors_point_at_the_written_item_after_skipped_ones() -> None:
+    errors = errors_of(
+        """
+        version: 1
+        hosts:
+          node1: {gpus: 2}
+        pools:
+          default:
+            hosts:
+              - node1
+              - node1
+              - node9
+        reservations:
+          - name: r
+            for: [x]
+            host: node1
+            gpus:
+              - 1
+              - 1
+              - 2
+        """
+    )
+    found = {(e.line, e.field, e.reason) for e in errors}
+    assert found == {
+        (
+            8,
+            "pools.default.hosts[1]",
+            "host 'node1' is listed twice (first at pools.default.hosts[0])",
+        ),
+        (9, "pools.default.hosts[2]", "unknown host 'node9' (declared: node1)"),
+        (16, "reservations[0].gpus[1]", "GPU 1 is listed twice (first at reservations[0].gpus[0])"),
+        (17, "reservations[0].gpus[2]", "GPU 2 is not on host 'node1', which has 2 GPUs (0-1)"),
+    }

@@ -161,7 +161,11 @@ def test_timestamps_from_yaml_or_strings_become_utc() -> None:
 
 
 def test_on_change_signals() -> None:
-    text = "version: 1\njobs:\n  a: {command: [x], on_change: signal:SIGUSR1}\n  b: {command: [x], on_change: none}\n"
+    text = (
+        "version: 1\njobs:\n"
+        "  a: {command: [x], on_change: signal:SIGUSR1}\n"
+        "  b: {command: [x], on_change: none}\n"
+    )
     policy = load_policy(text)
     assert policy.jobs["a"].on_change == "signal:SIGUSR1"
     assert policy.jobs["b"].on_change == "none"
@@ -296,3 +300,12 @@ def test_importing_the_package_does_not_import_yaml() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_unquoted_exponent_numbers_are_numbers() -> None:
+    # YAML 1.1 reads 1e3 as text; YAML 1.2, JSON and schema tools read a number
+    policy = load_policy("version: 1\njobs:\n  a: {command: [x], grace_seconds: 1e1}\n")
+    assert policy.jobs["a"].grace_seconds == 10.0
+    with pytest.raises(PolicyError) as info:
+        load_policy("version: 1\njobs:\n  a: {command: [x], grace_seconds: '1e1'}\n")
+    assert info.value.reason == "expected a number, got a string ('1e1')"

@@ -14,7 +14,7 @@ from allocator.errors import PolicyError
 from allocator.policy import Policy, load_policy, policy_json_schema, policy_to_dict
 
 VALIDATOR = jsonschema.Draft202012Validator(policy_json_schema())
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 YAML_PIECES = [
     "version: 1\n",
@@ -264,14 +264,15 @@ def valid_documents(draw: st.DrawFn) -> dict[str, Any]:
         name: {} for name in draw(st.lists(VALID_NAMES, unique=True, max_size=3))
     }
     for name, host in hosts.items():
-        if pools and draw(st.booleans()):
-            pool = draw(st.sampled_from(sorted(pools)))
-            if draw(st.booleans()):
-                host["pool"] = pool
-            else:
-                pools[pool].setdefault("hosts", []).append(name)
-    for pool in pools.values():
-        pool.update(
+        if not pools or not draw(st.booleans()):
+            continue
+        pool_name = draw(st.sampled_from(sorted(pools)))
+        if draw(st.booleans()):
+            host["pool"] = pool_name
+        else:
+            pools[pool_name].setdefault("hosts", []).append(name)
+    for pool_spec in pools.values():
+        pool_spec.update(
             draw(
                 st.fixed_dictionaries(
                     {},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -93,7 +94,7 @@ def test_close_wakes_a_waiting_next_which_then_raises() -> None:
 
 
 @pytest.fixture
-def loop_thread() -> object:
+def loop_thread() -> Iterator[LoopThread]:
     thread = LoopThread(name="test-loop")
     yield thread
     thread.stop(JOIN_S)

@@ -90,7 +90,7 @@ def test_a_tiny_model_trains_one_step_on_cpu_without_warnings(cpu_worker: None) 
                 return torch.nn.functional.mse_loss(model(x).float(), y)
 
         before = loss_now()
-        scaler.scale(before).backward()
+        scaler.scale(before).backward()  # type: ignore[no-untyped-call]
         grads = [p.grad for p in model.parameters()]
         assert all(g is not None and bool(torch.isfinite(g).all()) for g in grads)
         scaler.step(optimizer)

@@ -81,7 +81,9 @@ def test_parse_explains_why_it_stopped_or_saw_none() -> None:
     assert parse_visible_devices(G0).indices == ()
 
 
-def environ_for(gpus: tuple[int, ...], mode: str = "gpu", workers: str = "single") -> list[dict]:
+def environ_for(
+    gpus: tuple[int, ...], mode: str = "gpu", workers: str = "single"
+) -> list[dict[str, str]]:
     policy = Policy(
         version=1,
         jobs={"train": Job("train", ("x",), workers=workers, fallback="cpu")},  # type: ignore[arg-type]

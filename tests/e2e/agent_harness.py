@@ -1,0 +1,212 @@
+"""Run a real agent process against a real store, with a fake-NVML host of 4 GPUs.
+
+The workers are ``tests/support/dummy_worker.py`` processes that write a
+report (PID, process group, environment) to a file per job and hold an
+exclusive lock on a per-job lock file, recording whether they got it at
+once: a worker that started while its predecessor still ran would not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, TypeVar
+
+from allocator.keys import KeyLayout
+from allocator.records import WorkerRecord
+from allocator.store import open_store
+from tests.e2e.conftest import Result, run_cli
+from tests.support.fake_gpus import FakeGpus
+
+DUMMY = Path(__file__).resolve().parents[1] / "support" / "dummy_worker.py"
+HOST = "node1"
+T = TypeVar("T")
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 15.0) -> T:
+    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _job(name: str, workdir: Path, *extra: str, **fields: Any) -> dict[str, Any]:
+    out = workdir / f"{name}.json"
+    command = [sys.executable, str(DUMMY), "--out", str(out), "--lock", str(workdir / f"{name}.lock")]
+    return {"command": [*command, *extra], "grace_seconds": 1, **fields}
+
+
+def agent_policy(workdir: Path) -> dict[str, Any]:
+    """A policy with one host of 4 GPUs and the jobs the tests run."""
+    return {
+        "version": 1,
+        "visible_devices": "uuid",
+        "hosts": {HOST: {"gpus": 4}},
+        "jobs": {
+            "train": _job("train", workdir, fallback="cpu-2"),
+            "waiter": _job("waiter", workdir, fallback="wait"),
+            "stubborn": _job("stubborn", workdir, "--ignore-sigterm", "--spawn-child"),
+            "crashy": _job(
+                "crashy",
+                workdir,
+                "--crash",
+                max_restarts=2,
+                restart_backoff_seconds=0.1,
+                restart_backoff_max_seconds=0.2,
+            ),
+            "ranks": _job("ranks", workdir, workers="per-gpu"),
+        },
+        "fallback": {"cpu-2": {"action": "cpu", "threads": 2}, "wait": {"action": "wait"}},
+        "health": {"interval_seconds": 0.2},
+    }
+
+
+class AgentHarness:
+    """One test's world: store, policy, fake GPUs, and the agent process."""
+
+    def __init__(self, workdir: Path, store_url: str, prefix: str) -> None:
+        self.workdir = workdir
+        self.store_url = store_url
+        self.prefix = prefix
+        self.gpus = FakeGpus(workdir / "gpus.json", 4)
+        self.env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("ALLOCATOR_", "CUDA_", "NVIDIA_"))
+        }
+        self.env.update(
+            ALLOCATOR_STORE=store_url,
+            ALLOCATOR_PREFIX=prefix,
+            ALLOCATOR_NVML=f"fake:{self.gpus.path}",
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "agent.log"
+        self.layout = KeyLayout(prefix)
+
+    # --- set-up ---------------------------------------------------------------
+
+    def apply_policy(self, policy: dict[str, Any] | None = None) -> None:
+        """Write and apply the policy (the default: :func:`agent_policy`)."""
+        path = self.workdir / "policy.yaml"
+        path.write_text(json.dumps(policy or agent_policy(self.workdir)))  # JSON is YAML
+        result = self.cli("policy", "apply", str(path))
+        assert result.code == 0, result.err
+
+    def start_agent(self, *extra: str) -> None:
+        """Start ``allocator agent`` for the host; its log goes to agent.log."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "allocator", "agent", "--host", HOST,
+                    "--state-dir", str(self.workdir / "agent"), "--log-format", "json", *extra,
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for("the agent to publish its record", self.agent_record_present)
+
+    def stop_agent(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """Signal the agent and wait for it to exit; return its exit code."""
+        assert self.process is not None
+        self.process.send_signal(sig)
+        code = self.process.wait(timeout)
+        self.process = None
+        return code
+
+    def cleanup(self) -> None:
+        """Stop the agent and kill anything a failed test left running."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+        # Every worker's command line names a file in this test's directory.
+        for pid in processes_running(str(self.workdir)):
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+    # --- observing ----------------------------------------------------------------
+
+    def cli(self, *args: str) -> Result:
+        """Run the allocator CLI against this world's store."""
+        return run_cli(args, self.env)
+
+    def report(self, job: str) -> dict[str, Any] | None:
+        """The latest report of ``job``'s (single) worker, if any."""
+        try:
+            data: dict[str, Any] = json.loads((self.workdir / f"{job}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return data
+
+    def new_report(self, job: str, not_pid: int | None = None, timeout: float = 15.0) -> dict[str, Any]:
+        """Wait for a report of ``job`` from a live worker other than ``not_pid``."""
+
+        def fresh() -> dict[str, Any] | None:
+            report = self.report(job)
+            if report and report["pid"] != not_pid and pid_alive(report["pid"]):
+                return report
+            return None
+
+        return wait_for(f"a new worker of {job}", fresh, timeout)
+
+    def worker_record(self, job: str) -> WorkerRecord | None:
+        """What the agent reports it runs for ``job``."""
+        store = open_store(self.store_url)
+        try:
+            item = store.get(self.layout.workers(HOST, job))
+        finally:
+            store.close()
+        return WorkerRecord.from_json(item.value) if item else None
+
+    def agent_record_present(self) -> bool:
+        """Whether the agent's leased record exists."""
+        if self.process is not None and self.process.poll() is not None:
+            raise AssertionError(f"the agent exited early:\n{self.log_text()}")
+        store = open_store(self.store_url)
+        try:
+            return store.get(self.layout.agent(HOST)) is not None
+        finally:
+            store.close()
+
+    def log_events(self) -> list[dict[str, Any]]:
+        """The agent's decision log, parsed."""
+        events = []
+        for line in self.log_text().splitlines():
+            with suppress(ValueError):
+                events.append(json.loads(line))
+        return events
+
+    def log_text(self) -> str:
+        """The agent's raw log."""
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+
+def processes_running(marker: str) -> Iterator[int]:
+    """PIDs of live processes whose command line contains ``marker``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with suppress(OSError):
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if marker in cmdline and pid_alive(int(entry.name)):
+                yield int(entry.name)

@@ -1,0 +1,70 @@
+"""A store outage never stops a worker; the agent catches up when the store returns."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.agent_harness import AgentHarness, pid_alive, wait_for
+
+
+@pytest.fixture
+def outage_world(tmp_path: Path, etcd_server_private: Any, prefix: str) -> Iterator[AgentHarness]:
+    """An agent on its own etcd, which the test stops and starts."""
+    harness = AgentHarness(tmp_path, etcd_server_private.url, prefix)
+    try:
+        harness.apply_policy()
+        # A short backoff cap keeps the test quick; the default (30 s) suits a fleet.
+        settings = tmp_path / "agent.yaml"
+        settings.write_text("retry_max_seconds: 1\n")
+        harness.start_agent("--config", str(settings))
+        yield harness
+    finally:
+        harness.cleanup()
+
+
+def _events(world: AgentHarness, name: str) -> list[dict[str, Any]]:
+    return [e for e in world.log_events() if e["event"] == name]
+
+
+def test_etcd_down_keeps_workers_and_changes_after_it_returns_apply(
+    outage_world: AgentHarness, etcd_server_private: Any
+) -> None:
+    world = outage_world
+    assert world.cli("set", "job=train", "gpus=0").code == 0
+    first = world.new_report("train")
+
+    etcd_server_private.stop()
+    wait_for("the agent to notice the outage", lambda: _events(world, "store-unavailable"))
+    # Several seconds of outage: the agent keeps retrying (jittered backoff) and the
+    # worker keeps running on the last known assignment the whole time.
+    wait_for("a few retries", lambda: len(_events(world, "store-unavailable")) >= 3, timeout=30)
+    assert pid_alive(first["pid"])
+    assert world.report("train") == first
+
+    etcd_server_private.restart()  # same ports, same data
+    wait_for("the agent to reconnect", lambda: _events(world, "store-connected")[1:], timeout=60)
+    assert pid_alive(first["pid"]) and world.report("train") == first
+
+    assert world.cli("set", "job=train", "gpus=2").code == 0
+    moved = world.new_report("train", not_pid=first["pid"], timeout=20)
+    assert moved["env"]["ALLOCATOR_GPUS"] == "2"
+    assert not pid_alive(first["pid"])
+
+
+def test_etcd_down_while_a_worker_crashes_restarts_it_from_the_last_known_assignment(
+    outage_world: AgentHarness, etcd_server_private: Any
+) -> None:
+    world = outage_world
+    assert world.cli("set", "job=train", "gpus=1").code == 0
+    first = world.new_report("train")
+    etcd_server_private.stop()
+    wait_for("the agent to notice the outage", lambda: _events(world, "store-unavailable"))
+    os.kill(first["pid"], signal.SIGKILL)
+    again = world.new_report("train", not_pid=first["pid"], timeout=20)
+    assert again["env"]["ALLOCATOR_GPUS"] == "1"
