@@ -47,11 +47,8 @@ def consul_url() -> Iterator[str]:
     """A real Consul agent when CONSUL_HTTP_ADDR is set, else the KV test double."""
     addr = os.environ.get("CONSUL_HTTP_ADDR")
     if addr:
-        yield (
-            addr
-            if "://" in addr and addr.startswith("consul")
-            else f"consul://{addr.split('://')[-1]}"
-        )
+        scheme = "consuls" if addr.startswith("https://") else "consul"
+        yield f"{scheme}://{addr.split('://')[-1]}"
         return
     from tests.support.consul_double import ConsulDouble
 
