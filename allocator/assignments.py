@@ -16,14 +16,12 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from allocator.errors import CasConflict, ConflictError, PlacementRefused, RequestError
 from allocator.identity import actor as default_actor
 from allocator.identity import format_time, local_hostname, utc_now
 from allocator.keys import DEFAULT_PREFIX, KeyLayout
-from allocator.placement import Placement, Request, place
-from allocator.policy import Policy, load_policy, policy_sha256
 from allocator.records import (
     SCHEMA_VERSION,
     AgentRecord,
@@ -32,6 +30,10 @@ from allocator.records import (
     WorkerRecord,
 )
 from allocator.store import Compare, Delete, KeyValue, Put, Store
+
+if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need not pay
+    from allocator.placement import Placement, Request
+    from allocator.policy import Policy
 
 __all__ = ["Allocator", "ApplyResult", "HostSnapshot", "PolicySnapshot"]
 
@@ -119,6 +121,8 @@ class Allocator:
         item = self.store.get(self.layout.policy)
         if item is None:
             return None
+        from allocator.policy import load_policy
+
         record = PolicyRecord.from_json(item.value)
         policy = load_policy(record.yaml, source="applied policy")
         return PolicySnapshot(policy, record, item.mod_revision)
@@ -173,6 +177,8 @@ class Allocator:
         Existing assignments the new policy would forbid are refused (exit 3,
         each named) unless ``force``.
         """
+        from allocator.policy import load_policy
+
         policy = load_policy(text, source=source)
         return self._with_retries(
             lambda: self._apply_once(policy, text, source, force), "policy apply"
@@ -205,6 +211,8 @@ class Allocator:
     def _assign_once(
         self, asked: Request, reason: str, command: tuple[str, ...] | None
     ) -> tuple[Assignment, Placement]:
+        from allocator.placement import place
+
         snapshot = self.require_policy()
         if command is not None:
             _check_adhoc_command(snapshot.policy, asked.job)
@@ -263,6 +271,8 @@ class Allocator:
         return current
 
     def _apply_once(self, policy: Policy, text: str, source: str, force: bool) -> ApplyResult:
+        from allocator.policy import policy_sha256
+
         current = self.store.get(self.layout.policy)
         digest = policy_sha256(text)
         if current is not None:
@@ -293,6 +303,8 @@ class Allocator:
 
     def violations(self, policy: Policy) -> list[str]:
         """Current assignments that ``policy`` would refuse, one line each."""
+        from allocator.placement import Request, place
+
         listing = self.store.list(self.layout.hosts)
         hosts = sorted({p[0] for i in listing.items if (p := self.layout.parse_host_key(i.key))})
         found: list[str] = []

@@ -186,7 +186,7 @@ def gpu_blockers(
         others = [holder for holder in holders.get(gpu, []) if holder != job]
         if gpu in sick:
             reasons[gpu] = f"unhealthy: {sick[gpu]}"
-        elif False:
+        elif others and not shared:
             reasons[gpu] = "held by " + ", ".join(f"job '{other}'" for other in others)
         elif gpu in reserved:
             reasons[gpu] = _describe_reservation(reserved[gpu])
@@ -221,7 +221,7 @@ def _describe_holder(assignment: Assignment | None, job: str) -> str:
 
 
 def _ranges(indices: Sequence[int]) -> str:
-    """``0-3, 6`` for (0, 1, 2, 3, 6); ``no GPUs`` for ()."""
+    """``GPUs 0-3, 6`` for (0, 1, 2, 3, 6); ``no GPUs`` for ()."""
     if not indices:
         return "no GPUs"
     runs: list[list[int]] = []

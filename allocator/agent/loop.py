@@ -48,6 +48,9 @@ __all__ = ["Agent"]
 
 #: The longest the loop sleeps before reaping exits and checking timers.
 TICK_SECONDS = 0.2
+#: How often it looks while workers are being stopped or started: a replacement
+#: starts as soon as the old process group is gone.
+BUSY_TICK_SECONDS = 0.005
 
 
 class Agent:
@@ -97,6 +100,8 @@ class Agent:
         self.published: dict[str, bytes] = {}
         self.stop_requested = False
         self.reload_requested = False
+        self.busy = False
+        self._desired_inputs: tuple[Any, ...] = ()
 
     # --- the loop -------------------------------------------------------------
 
@@ -140,7 +145,8 @@ class Agent:
         due = [self.next_health]
         if not self.connected:
             due.append(self.next_connect)
-        return max(0.0, min(TICK_SECONDS, *(t - now for t in due)))
+        tick = BUSY_TICK_SECONDS if self.busy else TICK_SECONDS
+        return max(0.0, min(tick, *(t - now for t in due)))
 
     def _drain(self, timeout: float) -> None:
         try:
@@ -284,22 +290,33 @@ class Agent:
         interval = self.policy.health.interval_seconds if self.policy is not None else 5.0
         self.next_health = now + interval
         state = self.health.check(now)
-        unhealthy = state.unhealthy()
+        # The bare reason, not "(recovering: 1/2 clean checks)": it feeds the worker's
+        # ALLOCATOR_FALLBACK_REASON, and a changing reason would restart the worker.
+        unhealthy = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
         if set(unhealthy) != set(self.unhealthy):
             self.log("health", {"unhealthy": {str(k): v for k, v in sorted(unhealthy.items())}})
         self.unhealthy = unhealthy
 
     def _reconcile(self, now: float) -> None:
         assert self.policy is not None
-        self.desired = desired_jobs(
-            self.policy,
-            self.config.host,
-            self.assignments,
-            self.assignment_revisions,
-            self.inventory.gpus or None,
-            self.unhealthy,
-            self.failed,
+        inputs = (
+            self.policy_sha,
+            tuple(sorted(self.assignment_revisions.items())),
+            self.inventory,
+            tuple(sorted(self.unhealthy.items())),
+            tuple(sorted(self.failed.items())),
         )
+        if inputs != self._desired_inputs:  # recompute only when something it reads changed
+            self._desired_inputs = inputs
+            self.desired = desired_jobs(
+                self.policy,
+                self.config.host,
+                self.assignments,
+                self.assignment_revisions,
+                self.inventory.gpus or None,
+                self.unhealthy,
+                self.failed,
+            )
         for job, want in self.desired.items():
             if want.state == "failed" and job not in self.failed:
                 self.failed[job] = want.assignment_revision
@@ -307,9 +324,12 @@ class Agent:
         self.failed = {
             j: rev for j, rev in self.failed.items() if self.assignment_revisions.get(j) == rev
         }
-        for action in plan(self.desired, self.supervisor.views(), now):
+        views = self.supervisor.views()
+        actions = plan(self.desired, views, now)
+        for action in actions:
             self.log(_action_name(action), _action_fields(action))
             self.supervisor.apply(action)
+        self.busy = bool(actions) or any(v.stopping for v in views.values())
 
     def _publish(self, now: float) -> None:
         store = self._require_store()

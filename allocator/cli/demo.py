@@ -44,6 +44,7 @@ def register(commands: Any) -> None:
         description=__doc__,
     )
     parser.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy file to apply")
+    parser.add_argument("--no-agent", action="store_true", help="skip the agent part")
     parser.set_defaults(handler=run)
 
 
@@ -67,6 +68,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"# exit {code}\n" if code else "", flush=True)
             if code != expected:
                 print(f"demo: expected exit {expected}, got {code}", file=sys.stderr)
+                return 1
+        if not args.no_agent:
+            from allocator.cli.demo_agent import run_agent_tour
+
+            print("# part 2: a host agent on a fake 4-GPU host runs the job's worker\n")
+            try:
+                run_agent_tour(Path(tmp), main)
+            except RuntimeError as exc:
+                print(f"demo: {exc}", file=sys.stderr)
                 return 1
     print("# done: the temporary store is gone")
     return 0

@@ -116,6 +116,10 @@ def test_an_unhealthy_gpu_moves_its_job_to_cpu_and_back(world: AgentHarness) -> 
     world.gpus.update(1, healthy=True)
     back = world.new_report("train", not_pid=on_cpu["pid"])
     assert back["env"]["CUDA_VISIBLE_DEVICES"] == _uuid(1)
+    # Exactly three starts: on the GPU, on CPU, back on the GPU (recovery checks
+    # in between must not restart the CPU worker).
+    starts = [e for e in world.log_events() if e["event"] == "start" and e.get("job") == "train"]
+    assert [e["device"] for e in starts] == ["cuda", "cpu", "cuda"]
 
 
 def test_wait_rule_stops_the_job_until_the_gpu_is_healthy(world: AgentHarness) -> None:

@@ -321,6 +321,12 @@ def test_count_keeps_the_jobs_current_gpus() -> None:
     assert place(make_policy(), count(3), on(held("train", 2, 3)), NOW).gpus == (0, 2, 3)
 
 
+def test_topology_outranks_keeping_the_jobs_gpus() -> None:
+    gpus = inventory(4, numa=(0, 0, 1, 1))
+    result = place(make_policy(), count(2), on(held("train", 0, 2)), NOW, inventory=gpus)
+    assert result.gpus == (0, 1)
+
+
 def test_count_in_shared_pool_prefers_unshared_gpus_then_shares() -> None:
     policy = make_policy(sharing="shared")
     assert place(policy, count(2), on(held("infer", 0, 1)), NOW).gpus == (2, 3)
