@@ -91,7 +91,8 @@ def report_moves(name: str, samples: list[float], floor: float) -> None:
     median, worst = statistics.median(samples), max(samples)
     print(
         f"  {name:<7} moves={len(samples)}  median {median * 1000:6.1f} ms  "
-        f"worst {worst * 1000:6.1f} ms  ({median / floor:.1f}x python -c pass = {floor * 1000:.0f} ms)"
+        f"worst {worst * 1000:6.1f} ms  "
+        f"({median / floor:.1f}x python -c pass = {floor * 1000:.0f} ms)"
     )
 
 
@@ -110,7 +111,10 @@ def run(backend: str, tmp: Path, server: EtcdServer | None, args: argparse.Names
         assert world.process is not None
         pid = world.process.pid
         print(f"  {backend:<7} agent RSS {rss_mib(pid):.1f} MiB")
-        print(f"  {backend:<7} agent CPU idle ({args.idle:.0f} s): {cpu_percent_over(pid, args.idle):.2f}%")
+        print(
+        idle = cpu_percent_over(pid, args.idle)
+        print(f"  {backend:<7} agent CPU idle ({args.idle:.0f} s): {idle:.2f}%")
+        )
         if server is not None:
             server.stop()
             down = cpu_percent_over(pid, args.idle)

@@ -54,7 +54,9 @@ def main() -> None:
         server.start()
         try:
             # As installed: byte-compiled (an editable checkout may forbid .pyc files).
-            subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "allocator")], check=True)
+            subprocess.run(
+                [sys.executable, "-m", "compileall", "-q", str(REPO / "allocator")], check=True
+            )
             base = {
                 k: v
                 for k, v in os.environ.items()
@@ -69,12 +71,18 @@ def main() -> None:
                 "python -c pass": ([sys.executable, "-c", "pass"], base),
                 "allocator --help": (allocator("--help"), base),
                 "allocator get (sqlite)": (allocator("get", "job=train", "host=node1"), sqlite),
-                "allocator set (sqlite)": (allocator("set", "job=train", "gpus=0", "host=node1"), sqlite),
+                "allocator set (sqlite)": (
+                    allocator("set", "job=train", "gpus=0", "host=node1"),
+                    sqlite,
+                ),
                 "etcdctl put": (
                     ["etcdctl", "--endpoints", server.endpoint, "put", "/bench/k", "v"],
                     {**base, "ETCDCTL_API": "3"},
                 ),
-                "allocator set (etcd)": (allocator("set", "job=train", "gpus=0", "host=node1"), etcd),
+                "allocator set (etcd)": (
+                    allocator("set", "job=train", "gpus=0", "host=node1"),
+                    etcd,
+                ),
             }
             samples: dict[str, list[float]] = {name: [] for name in commands}
             for _ in range(rounds):

@@ -25,9 +25,9 @@ HOST = "node1"
 # What the demo job runs: it says what it was given, then sleeps until stopped.
 WORKER = (
     "import os, time; e = os.environ; "
-    "print(f'worker pid {os.getpid()}: CUDA_VISIBLE_DEVICES={e[\"CUDA_VISIBLE_DEVICES\"]!r} "
-    "ALLOCATOR_DEVICE={e[\"ALLOCATOR_DEVICE\"]} "
-    "fallback={e.get(\"ALLOCATOR_FALLBACK_REASON\", \"-\")!r}', flush=True); time.sleep(3600)"
+    'print(f\'worker pid {os.getpid()}: CUDA_VISIBLE_DEVICES={e["CUDA_VISIBLE_DEVICES"]!r} '
+    'ALLOCATOR_DEVICE={e["ALLOCATOR_DEVICE"]} '
+    'fallback={e.get("ALLOCATOR_FALLBACK_REASON", "-")!r}\', flush=True); time.sleep(3600)'
 )
 
 
@@ -79,9 +79,22 @@ class _Tour:
         print(f"$ ALLOCATOR_NVML=fake:{self.gpus.name} allocator agent --host {HOST} &", flush=True)
         with (self.workdir / "agent.log").open("wb") as log:
             self.agent = subprocess.Popen(
-                [sys.executable, "-m", "allocator", "agent", "--host", HOST, "--store", self.store,
-                 "--state-dir", str(self.workdir / "agent")],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "allocator",
+                    "agent",
+                    "--host",
+                    HOST,
+                    "--store",
+                    self.store,
+                    "--state-dir",
+                    str(self.workdir / "agent"),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     def stop_agent(self) -> None:
@@ -103,7 +116,9 @@ class _Tour:
                 print(f"  agent -> {lines[-1]}", flush=True)
                 return len(lines)
             time.sleep(0.05)
-        raise RuntimeError(f"the agent did not {what} within 20 s (see {self.workdir / 'agent.log'})")
+        raise RuntimeError(
+            f"the agent did not {what} within 20 s (see {self.workdir / 'agent.log'})"
+        )
 
     def worker_stopped(self) -> None:
         deadline = time.monotonic() + 20

@@ -76,7 +76,8 @@ def collect_until_quiet(watch: Watch, quiet_s: float = 1.5) -> list[Event]:
 
 
 def assert_coalesced(
-    seen: list[tuple[str, str, bytes | None, int]], expected: list[tuple[str, str, bytes | None, int]]
+    seen: list[tuple[str, str, bytes | None, int]],
+    expected: list[tuple[str, str, bytes | None, int]],
 ) -> None:
     """Seen events are a subsequence of the true history that ends each key in its final state."""
     revisions = [revision for *_, revision in seen]

@@ -53,7 +53,14 @@ def pid_alive(pid: int) -> bool:
 
 def _job(name: str, workdir: Path, *extra: str, **fields: Any) -> dict[str, Any]:
     out = workdir / f"{name}.json"
-    command = [sys.executable, str(DUMMY), "--out", str(out), "--lock", str(workdir / f"{name}.lock")]
+    command = [
+        sys.executable,
+        str(DUMMY),
+        "--out",
+        str(out),
+        "--lock",
+        str(workdir / f"{name}.lock"),
+    ]
     return {"command": [*command, *extra], "grace_seconds": 1, **fields}
 
 
@@ -91,7 +98,9 @@ class AgentHarness:
         self.prefix = prefix
         self.gpus = FakeGpus(workdir / "gpus.json", 4)
         self.env = {
-            k: v for k, v in os.environ.items() if not k.startswith(("ALLOCATOR_", "CUDA_", "NVIDIA_"))
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("ALLOCATOR_", "CUDA_", "NVIDIA_"))
         }
         self.env.update(
             ALLOCATOR_STORE=store_url,
@@ -116,8 +125,17 @@ class AgentHarness:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable, "-m", "allocator", "agent", "--host", HOST,
-                    "--state-dir", str(self.workdir / "agent"), "--log-format", "json", *extra,
+                    sys.executable,
+                    "-m",
+                    "allocator",
+                    "agent",
+                    "--host",
+                    HOST,
+                    "--state-dir",
+                    str(self.workdir / "agent"),
+                    "--log-format",
+                    "json",
+                    *extra,
                 ],
                 env=self.env,
                 stdout=log,
@@ -158,7 +176,9 @@ class AgentHarness:
             return None
         return data
 
-    def new_report(self, job: str, not_pid: int | None = None, timeout: float = 15.0) -> dict[str, Any]:
+    def new_report(
+        self, job: str, not_pid: int | None = None, timeout: float = 15.0
+    ) -> dict[str, Any]:
         """Wait for a report of ``job`` from a live worker other than ``not_pid``."""
 
         def fresh() -> dict[str, Any] | None:

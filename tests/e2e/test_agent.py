@@ -45,7 +45,9 @@ def test_set_starts_a_worker_with_its_gpus_in_order(world: AgentHarness) -> None
     assert "(stdout)" in log and "(stderr)" in log
 
 
-def test_moving_a_job_replaces_its_worker_only_after_the_old_one_is_gone(world: AgentHarness) -> None:
+def test_moving_a_job_replaces_its_worker_only_after_the_old_one_is_gone(
+    world: AgentHarness,
+) -> None:
     assert world.cli("set", "job=train", "gpus=1,3").code == 0
     first = world.new_report("train")
     assert world.cli("set", "job=train", "gpus=2").code == 0
@@ -127,7 +129,9 @@ def test_wait_rule_stops_the_job_until_the_gpu_is_healthy(world: AgentHarness) -
     first = world.new_report("waiter")
     world.gpus.update(2, xid_events=[79])
     wait_for("the waiter to stop", lambda: not pid_alive(first["pid"]))
-    record = wait_for("a wait record", lambda: (r := world.worker_record("waiter")) and r.state == "wait" and r)
+    record = wait_for(
+        "a wait record", lambda: (r := world.worker_record("waiter")) and r.state == "wait" and r
+    )
     assert "GPU 2" in record.message
     world.gpus.update(2, xid_events=[])
     world.new_report("waiter", not_pid=first["pid"])
@@ -138,15 +142,23 @@ def test_an_ad_hoc_command_the_policy_does_not_allow_is_refused(world: AgentHarn
     assert refused.code == 2 and "ad-hoc" in refused.err
     # Someone with write access to the store bypasses the CLI: the agent refuses too.
     sneaky = Assignment(
-        job="train", host=HOST, gpus=(0,), mode="gpu", updated_by="mallory@x",
-        updated_at="2026-01-01T00:00:00Z", command=("sh", "-c", "touch pwned"),
+        job="train",
+        host=HOST,
+        gpus=(0,),
+        mode="gpu",
+        updated_by="mallory@x",
+        updated_at="2026-01-01T00:00:00Z",
+        command=("sh", "-c", "touch pwned"),
     )
     store = open_store(world.store_url)
     try:
         store.put(world.layout.assignment(HOST, "train"), sneaky.to_json())
     finally:
         store.close()
-    record = wait_for("a refused record", lambda: (r := world.worker_record("train")) and r.state == "refused" and r)
+    record = wait_for(
+        "a refused record",
+        lambda: (r := world.worker_record("train")) and r.state == "refused" and r,
+    )
     assert "ad-hoc" in record.message
     assert world.report("train") is None
 
@@ -158,7 +170,8 @@ def test_kill_9_and_restart_runs_exactly_one_copy(world: AgentHarness) -> None:
     assert pid_alive(report["pid"])  # workers live in their own sessions
     world.start_agent()
     adopted = wait_for(
-        "adoption", lambda: [e for e in world.log_events() if e["event"] == "adopt" and e["adopted"]]
+        "adoption",
+        lambda: [e for e in world.log_events() if e["event"] == "adopt" and e["adopted"]],
     )
     assert adopted[-1]["adopted"] == ["train"]
     record = wait_for("the adopted worker's record", lambda: _running(world, "train"))
