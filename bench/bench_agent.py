@@ -111,10 +111,8 @@ def run(backend: str, tmp: Path, server: EtcdServer | None, args: argparse.Names
         assert world.process is not None
         pid = world.process.pid
         print(f"  {backend:<7} agent RSS {rss_mib(pid):.1f} MiB")
-        print(
         idle = cpu_percent_over(pid, args.idle)
         print(f"  {backend:<7} agent CPU idle ({args.idle:.0f} s): {idle:.2f}%")
-        )
         if server is not None:
             server.stop()
             down = cpu_percent_over(pid, args.idle)
