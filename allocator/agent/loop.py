@@ -22,6 +22,7 @@ import queue
 import signal
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, replace
 from datetime import datetime
 from types import FrameType
 from typing import Any
@@ -63,8 +64,10 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = utc_now,
         environ: Mapping[str, str] | None = None,
+        reload_config: Callable[[], AgentConfig] | None = None,
     ) -> None:
         self.config = config
+        self.reload_config = reload_config
         self.clock = clock
         self.wall = wall
         self.environ = dict(os.environ if environ is None else environ)
@@ -378,13 +381,32 @@ class Agent:
         signal.signal(signal.SIGHUP, reload)
 
     def _reload(self) -> None:
-        """SIGHUP: re-read inventory and the store state; workers are left alone."""
+        """SIGHUP: re-read settings, inventory and the store state; workers are left alone."""
         self.reload_requested = False
+        self._reload_settings()
         declared = self.policy.hosts.get(self.config.host) if self.policy else None
         self.inventory = read_inventory(declared.gpus if declared else None, environ=self.environ)
         self.log("reload", {"inventory": self.inventory.source, "gpus": len(self.inventory.gpus)})
         if self.connected:
             self._guarded(self._full_read)
+
+    def _reload_settings(self) -> None:
+        if self.reload_config is None:
+            return
+        try:
+            new = self.reload_config()
+        except AllocatorError as exc:  # a typo in the file must not take the agent down
+            self.log("reload-refused", {"error": str(exc)})
+            return
+        fixed = ("host", "store", "prefix", "state_dir", "log_dir")
+        ignored = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
+        if ignored:
+            self.log("reload-needs-restart", {"settings": ignored})
+            new = replace(new, **{name: getattr(self.config, name) for name in ignored})
+        self.config = new
+        self.log.fmt = new.log_format
+        self.retry = RetryTimer(new.retry_max_seconds)
+        self.log("settings", {k: str(v) for k, v in asdict(new).items()})
 
     def _shutdown(self) -> None:
         self._stop_watches()

@@ -80,8 +80,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(label: str, message: str) -> None:
-    one_line = " ".join(message.split()) if "\n" in message else message
-    sys.stderr.write(f"allocator: {label}: {one_line}\n")
+    sys.stderr.write(f"allocator: {label}: {one_line(message)}\n")
+
+
+def one_line(message: str) -> str:
+    """Collapse whitespace and escape control characters a user may have typed.
+
+    An error message often quotes the input; a typed ``\x1e`` or newline must
+    not split the one line a script reads from stderr.
+    """
+    collapsed = " ".join(message.split())
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in collapsed)
 
 
 def run() -> None:

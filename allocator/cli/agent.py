@@ -49,16 +49,15 @@ def run(args: argparse.Namespace) -> int:
     from allocator.agent.config import load_agent_config
     from allocator.agent.loop import Agent
 
-    config = load_agent_config(
-        args.config,
-        {
-            "host": args.host,
-            "store": getattr(args, "store", None),
-            "prefix": getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX"),
-            "state_dir": args.state_dir,
-            "log_dir": args.log_dir,
-            "log_format": args.log_format,
-            "keep_workers_on_exit": args.keep_workers_on_exit,
-        },
-    )
-    return Agent(config).run()
+    overrides = {
+        "host": args.host,
+        "store": getattr(args, "store", None),
+        "prefix": getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX"),
+        "state_dir": args.state_dir,
+        "log_dir": args.log_dir,
+        "log_format": args.log_format,
+        "keep_workers_on_exit": args.keep_workers_on_exit,
+    }
+    config = load_agent_config(args.config, overrides)
+    # SIGHUP re-reads the same file with the same flags on top.
+    return Agent(config, reload_config=lambda: load_agent_config(args.config, overrides)).run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from allocator.cli.common import add_common_options, note, open_allocator, output_format
+from allocator.cli.common import add_words_command, note, open_allocator, output_format
 
 __all__ = ["register"]
 
@@ -17,17 +17,16 @@ USAGE = (
 
 def register(commands: Any) -> None:
     """Add the ``set`` command."""
-    parser = commands.add_parser(
+    add_words_command(
+        commands,
         "set",
+        run,
         help="assign GPUs to a job on a host",
         usage=USAGE,
         description="Assign GPUs to a job. The write is one transaction checked against the "
         "applied policy and the host's current assignments: two operators racing for one GPU "
         "can never both win (the loser exits 3 naming the holder).",
     )
-    parser.add_argument("words", nargs="*", metavar="key=value")
-    add_common_options(parser)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from allocator.errors import InvalidInput
 
 if TYPE_CHECKING:
     from allocator.assignments import Allocator
 
-__all__ = ["CliArgumentParser", "add_common_options", "note", "open_allocator"]
+__all__ = [
+    "CliArgumentParser",
+    "add_common_options",
+    "add_words_command",
+    "note",
+    "open_allocator",
+    "output_format",
+]
 
 
 class CliArgumentParser(argparse.ArgumentParser):
@@ -42,6 +50,17 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="output format (default: table)",
     )
+
+
+def add_words_command(
+    commands: Any, name: str, handler: Callable[[argparse.Namespace], int], **texts: str
+) -> argparse.ArgumentParser:
+    """Register a ``key=value`` command (``set``, ``get``, ...) with the common options."""
+    parser: argparse.ArgumentParser = commands.add_parser(name, **texts)
+    parser.add_argument("words", nargs="*", metavar="key=value")
+    add_common_options(parser)
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def output_format(args: argparse.Namespace) -> str:

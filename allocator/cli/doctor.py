@@ -9,23 +9,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from allocator.cli.common import add_common_options, open_allocator, output_format
+from allocator.cli.common import add_words_command, open_allocator, output_format
 
 __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
     """Add the ``doctor`` command."""
-    parser = commands.add_parser(
+    parser = add_words_command(
+        commands,
         "doctor",
+        run,
         help="check NVML, driver vs torch CUDA, the environment, the store and the agent",
         usage="allocator doctor [host=H] [--no-torch]",
         description=__doc__,
     )
-    parser.add_argument("words", nargs="*", metavar="key=value")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch subprocess check")
-    add_common_options(parser)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

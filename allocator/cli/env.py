@@ -10,22 +10,21 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from allocator.cli.common import add_common_options, note, open_allocator, output_format
+from allocator.cli.common import add_words_command, note, open_allocator, output_format
 
 __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
     """Add the ``env`` command."""
-    parser = commands.add_parser(
+    add_words_command(
+        commands,
         "env",
+        run,
         help="print the environment a job's worker gets (shell exports or JSON)",
         usage="allocator env job=NAME [host=H] [worker=N] [-o json]",
         description=__doc__,
     )
-    parser.add_argument("words", nargs="*", metavar="key=value")
-    add_common_options(parser)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,23 +6,22 @@ import argparse
 import json
 from typing import Any
 
-from allocator.cli.common import add_common_options, open_allocator, output_format
+from allocator.cli.common import add_words_command, open_allocator, output_format
 
 __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
     """Add the ``get`` command."""
-    parser = commands.add_parser(
+    add_words_command(
+        commands,
         "get",
+        run,
         help="show a job's assignment",
         usage="allocator get job=NAME [host=H]",
         description="Show where a job holds GPUs. Without host= every host is searched "
         "(one read). Exits 3 if the job holds nothing.",
     )
-    parser.add_argument("words", nargs="*", metavar="key=value")
-    add_common_options(parser)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from allocator.cli.common import add_common_options, open_allocator, output_format
+from allocator.cli.common import add_words_command, open_allocator, output_format
 
 if TYPE_CHECKING:
     from allocator.assignments import Allocator
@@ -15,15 +15,14 @@ __all__ = ["register"]
 
 def register(commands: Any) -> None:
     """Add the ``release`` command."""
-    parser = commands.add_parser(
+    add_words_command(
+        commands,
         "release",
+        run,
         help="release a job's GPUs on a host",
         usage="allocator release job=NAME [host=H]",
         description="Remove a job's assignment; its host agent stops the job's workers.",
     )
-    parser.add_argument("words", nargs="*", metavar="key=value")
-    add_common_options(parser)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,23 +5,22 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from allocator.cli.common import add_common_options, open_allocator, output_format
+from allocator.cli.common import add_words_command, open_allocator, output_format
 
 __all__ = ["register"]
 
 
 def register(commands: Any) -> None:
     """Add the ``status`` command."""
-    parser = commands.add_parser(
+    add_words_command(
+        commands,
         "status",
+        run,
         help="show every GPU, its holder, and each host agent's state",
         usage="allocator status [host=H] [-o table|json|yaml]",
         description="One table of host, GPU, holder, since and reason, joined with what each "
         "host's agent reports. Reads every host in one range read.",
     )
-    parser.add_argument("words", nargs="*", metavar="key=value")
-    add_common_options(parser)
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

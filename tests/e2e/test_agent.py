@@ -198,10 +198,27 @@ def _running(world: AgentHarness, job: str) -> object:
     return record if record is not None and record.state == "running" and record.pids else None
 
 
-def test_sighup_reloads_without_restarting_workers(world: AgentHarness) -> None:
+def test_sighup_reloads_settings_without_restarting_workers(world: AgentHarness) -> None:
+    settings = world.workdir / "agent.yaml"
+    settings.write_text("resync_seconds: 30\n")
+    assert world.stop_agent() == 0
+    world.start_agent("--config", str(settings))
     assert world.cli("set", "job=train", "gpus=0").code == 0
     report = world.new_report("train")
     assert world.process is not None
+
+    settings.write_text("resync_seconds: 7\n")
     os.kill(world.process.pid, signal.SIGHUP)
-    wait_for("the reload", lambda: any(e["event"] == "reload" for e in world.log_events()))
+    applied = wait_for("the new settings", lambda: _events(world, "settings"))
+    assert applied[-1]["resync_seconds"] == "7.0"
+
+    settings.write_text("resync_secnds: 7\n")  # a typo: refused, the agent carries on
+    os.kill(world.process.pid, signal.SIGHUP)
+    refused = wait_for("the refusal", lambda: _events(world, "reload-refused"))
+    assert "did you mean 'resync_seconds'" in refused[-1]["error"]
+    assert world.process.poll() is None
     assert pid_alive(report["pid"]) and world.report("train") == report
+
+
+def _events(world: AgentHarness, name: str) -> list[dict[str, object]]:
+    return [e for e in world.log_events() if e["event"] == name]

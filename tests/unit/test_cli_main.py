@@ -64,3 +64,12 @@ def test_any_argv_gives_a_documented_exit_code_and_one_line(
     assert "Traceback" not in captured.err
     if code != 0:
         assert len(captured.err.strip().splitlines()) == 1, captured.err
+
+
+@pytest.mark.parametrize("typed", ["-\x1e", "a\nb", "x\x00y", "\u2028z"])
+def test_control_characters_in_input_never_split_the_error_line(
+    store_url: str, capsys: pytest.CaptureFixture[str], typed: str
+) -> None:
+    assert main(["set", f"job={typed}", "gpus=0", "--store", store_url]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.endswith("\n"), repr(err)
