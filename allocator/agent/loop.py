@@ -31,8 +31,9 @@ from allocator import __version__
 from allocator.agent.config import AgentConfig
 from allocator.agent.desired import desired_jobs
 from allocator.agent.link import Message, RetryTimer, WatchError, WatchThread, start_watches
-from allocator.agent.log import DecisionLog
-from allocator.agent.model import Action, DesiredJob, GiveUp, Start, Stop
+from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
+from allocator.agent.model import DesiredJob
+from allocator.agent.publisher import Publisher
 from allocator.agent.reconcile import plan
 from allocator.agent.report import agent_record, worker_records
 from allocator.agent.supervisor import Supervisor
@@ -91,7 +92,7 @@ class Agent:
         self.inventory: Inventory = read_inventory(None, environ=self.environ)
         self.health = HealthMonitor(environ=self.environ)
         self.unhealthy: dict[int, str] = {}
-        self.lease: int | None = None
+        self.publisher = Publisher(self.layout, config.host, self.log)
         self.started_at = format_time(wall())
         self.connected = False
         self.have_state = False
@@ -100,7 +101,6 @@ class Agent:
         self.next_resync = 0.0
         self.next_heartbeat = 0.0
         self.next_health = 0.0
-        self.published: dict[str, bytes] = {}
         self.stop_requested = False
         self.reload_requested = False
         self.busy = False
@@ -112,9 +112,7 @@ class Agent:
         """Adopt, then watch-reconcile until asked to stop; return an exit code."""
         self._install_signal_handlers()
         report = self.supervisor.adopt()
-        self.log(
-            "adopt", {"adopted": _jobs_of(report, "adopted"), "stale": _jobs_of(report, "stale")}
-        )
+        self.log("adopt", {"adopted": sorted(report.adopted), "stale": sorted(report.stale)})
         self.log(
             "start", {"store": self.url, "version": __version__, "inventory": self.inventory.source}
         )
@@ -138,7 +136,7 @@ class Agent:
         if now >= self.next_health:
             self._check_health(now)
         for exited in self.supervisor.tick():
-            self.log("exit", _as_fields(exited))
+            self.log("exit", as_fields(exited))
         if self.have_state:
             self._reconcile(self.clock())
         if self.connected:
@@ -278,7 +276,7 @@ class Agent:
         try:
             operation()
         except LeaseLost:
-            self.lease = None
+            self.publisher.lease = None
         except AllocatorError as exc:
             self._disconnected(exc)
 
@@ -298,6 +296,7 @@ class Agent:
         unhealthy = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
         if set(unhealthy) != set(self.unhealthy):
             self.log("health", {"unhealthy": {str(k): v for k, v in sorted(unhealthy.items())}})
+            self.next_heartbeat = now  # publish it now: `allocator set count=N` reads it
         self.unhealthy = unhealthy
 
     def _reconcile(self, now: float) -> None:
@@ -330,42 +329,25 @@ class Agent:
         views = self.supervisor.views()
         actions = plan(self.desired, views, now)
         for action in actions:
-            self.log(_action_name(action), _action_fields(action))
+            self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
         self.busy = bool(actions) or any(v.stopping for v in views.values())
 
     def _publish(self, now: float) -> None:
         store = self._require_store()
         if now >= self.next_heartbeat:
-            self._heartbeat(store)
+            record = agent_record(
+                self.config.host,
+                self.inventory,
+                self.unhealthy,
+                heartbeat_at=format_time(self.wall()),
+                started_at=self.started_at,
+                version=__version__,
+            )
+            self.publisher.heartbeat(store, record, self.config.lease_ttl)
             self.next_heartbeat = now + self.config.heartbeat_seconds
         records = worker_records(self.config.host, self.desired, self.supervisor.records())
-        for job, raw in records.items():
-            if self.published.get(job) != raw:
-                store.put(self.layout.workers(self.config.host, job), raw)
-                self.published[job] = raw
-        for job in set(self.published) - set(records):
-            store.delete(self.layout.workers(self.config.host, job))
-            del self.published[job]
-
-    def _heartbeat(self, store: Store) -> None:
-        if self.lease is not None:
-            try:
-                store.refresh_lease(self.lease)
-            except LeaseLost:
-                self.log("lease-lost", {"lease": self.lease})
-                self.lease = None
-        if self.lease is None:
-            self.lease = store.grant_lease(self.config.lease_ttl)
-        record = agent_record(
-            self.config.host,
-            self.inventory,
-            self.unhealthy,
-            heartbeat_at=format_time(self.wall()),
-            started_at=self.started_at,
-            version=__version__,
-        )
-        store.put(self.layout.agent(self.config.host), record, lease=self.lease)
+        self.publisher.workers(store, records)
 
     # --- signals, reload, shutdown -----------------------------------------------
 
@@ -423,40 +405,6 @@ class Agent:
         self.log("stopped", {})
 
     def _final_report(self) -> None:
-        store = self._require_store()
-        if not self.config.keep_workers_on_exit:
-            for job in list(self.published):
-                store.delete(self.layout.workers(self.config.host, job))
-        if self.lease is not None:
-            store.revoke_lease(self.lease)
-
-
-def _jobs_of(report: Any, field: str) -> list[str]:
-    return sorted(str(j) for j in getattr(report, field, ()))
-
-
-def _as_fields(obj: Any) -> dict[str, Any]:
-    if hasattr(obj, "__dataclass_fields__"):
-        return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
-    return {"detail": str(obj)}
-
-
-def _action_name(action: Action) -> str:
-    return type(action).__name__.lower()
-
-
-def _action_fields(action: Action) -> dict[str, Any]:
-    fields = _as_fields(action)
-    if isinstance(action, Start):
-        spec = action.spec
-        fields["spec"] = None
-        fields.update(
-            gpus=list(spec.gpus),
-            device=spec.device,
-            workers=len(spec.workers),
-            fallback=spec.fallback_reason,
+        self.publisher.withdraw(
+            self._require_store(), keep_worker_records=self.config.keep_workers_on_exit
         )
-        del fields["spec"]
-    if isinstance(action, Stop | GiveUp):
-        fields["reason"] = action.reason
-    return fields
