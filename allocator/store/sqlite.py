@@ -193,6 +193,7 @@ class SqliteStore(_local.ConditionalWrites):
         self._clock = clock
         self._history = history
         self._poll_interval = poll_interval
+        self._next_watch_reap = 0.0
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = _connect(self.path, busy_timeout)
 
@@ -315,7 +316,12 @@ class SqliteStore(_local.ConditionalWrites):
         """
         low, high = _local.prefix_range(prefix)
         with self._session(f"watching {prefix}") as conn:
-            self._reap_if_due(conn)
+            # A watch polls every few milliseconds; looking for expired leases once
+            # a second is enough (TTLs are seconds).
+            now = time.monotonic()
+            if now >= self._next_watch_reap:
+                self._next_watch_reap = now + 1.0
+                self._reap_if_due(conn)
             # The common, quiet case: one cheap read and no transaction.
             if self._revisions(conn)[0] < cursor:
                 return [], cursor
