@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch 2.13.0's CPU wheel is what the worker-helper tests run against.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint typecheck unit contract e2e bench schema clean
+.PHONY: demo test lint unit contract e2e bench schema servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,19 +28,23 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check allocator tests bench
 	$(BIN)/mypy --strict allocator
 
-test: lint
+# Debian's etcd, docker-compose and openssl, installed with apt-get when missing.
+servers:
+	tools/install-test-servers
+
+test: servers lint
 	$(BIN)/pytest -q
 
 unit: $(VENV)/.dev
 	$(BIN)/pytest -q tests/unit
 
-contract: $(VENV)/.dev
+contract: servers $(VENV)/.dev
 	$(BIN)/pytest -q tests/contract
 
-e2e: $(VENV)/.dev
+e2e: servers $(VENV)/.dev
 	$(BIN)/pytest -q tests/e2e
 
-bench: $(VENV)/.dev
+bench: servers $(VENV)/.dev
 	$(BIN)/python bench/run.py
 
 schema: $(VENV)/.base
