@@ -299,7 +299,12 @@ class Allocator:
             record.to_json(),
             expect_revision=current.mod_revision if current is not None else 0,
         )
-        return ApplyResult(True, record, revision, tuple(violations))
+        # A `set` checked against the old policy may have committed between the
+        # check above and this write (later ones re-check: they compare the policy's
+        # revision). Look again, so such a conflict is reported, not silent.
+        late = [v for v in self.violations(policy) if v not in violations]
+        warnings = [*violations, *(f"made while applying: {v}" for v in late)]
+        return ApplyResult(True, record, revision, tuple(warnings))
 
     def violations(self, policy: Policy) -> list[str]:
         """Current assignments that ``policy`` would refuse, one line each."""

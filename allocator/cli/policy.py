@@ -117,7 +117,7 @@ def run_apply(args: argparse.Namespace) -> int:
     finally:
         allocator.store.close()
     for warning in result.warnings:
-        note(f"applied with --force over a conflicting assignment: {warning}")
+        note(f"applied over a conflicting assignment: {warning}")
     verb = "applied" if result.changed else "unchanged"
     summary = f"{verb} {args.file} (sha256 {result.record.sha256[:12]}, revision {result.revision})"
     data = {
