@@ -13,33 +13,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import suppress
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from allocator.keys import KeyLayout
 from allocator.records import WorkerRecord
 from allocator.store import open_store
 from tests.e2e.conftest import Result, run_cli
 from tests.support.fake_gpus import FakeGpus
+from tests.support.waiting import wait_for
 
 DUMMY = Path(__file__).resolve().parents[1] / "support" / "dummy_worker.py"
 HOST = "node1"
-T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 15.0) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 def pid_alive(pid: int) -> bool:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.agent_harness import AgentHarness, pid_alive, wait_for
+from tests.e2e.agent_harness import AgentHarness, pid_alive
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

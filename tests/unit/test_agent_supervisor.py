@@ -40,6 +40,7 @@ from allocator.agent.model import (
 from allocator.agent.reconcile import plan
 from allocator.agent.runtime import STABLE_RUN_SECONDS
 from allocator.agent.supervisor import Supervisor, WorkerExit, clean_base_env
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
 
@@ -73,14 +74,7 @@ class FakeClock:
 
 def poll(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
     """Return the first truthy value of ``predicate()``, polling until a deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(POLL)
+    return wait_for(what, predicate, timeout, every=POLL)
 
 
 @dataclass
