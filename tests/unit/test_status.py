@@ -1,0 +1,112 @@
+"""build_status: the pure join behind `allocator status`."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from allocator.gpus.model import GpuInfo
+from allocator.keys import KeyLayout
+from allocator.policy.model import Host, Policy, Reservation
+from allocator.records import AgentRecord, Assignment, WorkerRecord
+from allocator.status import AGENT_STALE_AFTER_SECONDS, build_status
+from allocator.store import KeyValue
+
+NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+LAYOUT = KeyLayout("/a")
+POLICY = Policy(
+    version=1,
+    hosts={"n1": Host("n1", 4), "n2": Host("n2", 2)},
+    reservations=(
+        Reservation("nightly", "n1", (3,), ("eval-*",), until=NOW + timedelta(days=1)),
+        Reservation("old", "n1", (2,), ("x",), until=NOW - timedelta(days=1)),
+    ),
+)
+
+
+def _kv(key: str, raw: bytes) -> KeyValue:
+    return KeyValue(key, raw, 1, 1)
+
+
+def _assignment(job: str, host: str, gpus: tuple[int, ...], mode: str = "gpu") -> KeyValue:
+    record = Assignment(
+        job=job,
+        host=host,
+        gpus=gpus,
+        mode=mode,  # type: ignore[arg-type]
+        updated_by="ops@x",
+        updated_at="2026-06-01T11:00:00Z",
+        reason="why",
+    )
+    return _kv(LAYOUT.assignment(host, job), record.to_json())
+
+
+def _agent(host: str, beat: datetime, **extra: object) -> KeyValue:
+    record = AgentRecord(
+        host=host,
+        gpus=tuple(GpuInfo(i) for i in range(4)),
+        heartbeat_at=beat.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **extra,  # type: ignore[arg-type]
+    )
+    return _kv(LAYOUT.agent(host), record.to_json())
+
+
+def _worker(job: str, host: str, gpus: tuple[int, ...], device: str = "cuda") -> KeyValue:
+    record = WorkerRecord(job=job, host=host, state="running", pids=(42,), gpus=gpus, device=device)
+    return _kv(LAYOUT.workers(host, job), record.to_json())
+
+
+def test_every_declared_host_and_gpu_is_listed_with_its_holder() -> None:
+    items = [_assignment("train", "n1", (1, 0))]
+    n1, n2 = build_status(POLICY, items, LAYOUT, NOW)
+    assert [(g.gpu, g.holder) for g in n1.gpus] == [
+        ("0", "train"),
+        ("1", "train"),
+        ("2", "-"),
+        ("3", "-"),
+    ]
+    assert n1.gpus[0].since == "2026-06-01T11:00:00Z" and n1.gpus[0].reason == "why"
+    assert [g.gpu for g in n2.gpus] == ["0", "1"]
+
+
+def test_active_reservations_are_labelled_and_expired_ones_are_not() -> None:
+    (n1,) = build_status(POLICY, [], LAYOUT, NOW, only_host="n1")
+    labels = {g.gpu: g.reserved for g in n1.gpus}
+    assert labels["3"] == "nightly (eval-*)" and labels["2"] == ""
+
+
+def test_agent_is_alive_stale_gone_or_none() -> None:
+    fresh = [_agent("n1", NOW - timedelta(seconds=5))]
+    old = [_agent("n1", NOW - timedelta(seconds=AGENT_STALE_AFTER_SECONDS + 1))]
+    flagged = [_agent("n1", NOW, store_stale=True)]
+    orphaned = [_worker("train", "n1", (0,))]
+    states = [
+        build_status(POLICY, i, LAYOUT, NOW, "n1")[0].agent
+        for i in (fresh, old, flagged, orphaned, [])
+    ]
+    assert states == ["alive", "stale", "stale", "gone", "none"]
+
+
+def test_unhealthy_gpus_show_their_reason() -> None:
+    items = [_agent("n1", NOW, unhealthy={2: "XID 79"})]
+    (n1,) = build_status(POLICY, items, LAYOUT, NOW, "n1")
+    assert {g.gpu: g.health for g in n1.gpus}["2"] == "unhealthy: XID 79"
+
+
+def test_cpu_jobs_get_a_cpu_row_and_jobs_say_whether_workers_match() -> None:
+    items = [
+        _assignment("train", "n1", (0,)),
+        _worker("train", "n1", (1,)),  # still on the old GPU
+        _assignment("notebook", "n1", (), mode="cpu"),
+        _worker("notebook", "n1", (), device="cpu"),
+        _assignment("eval-a", "n1", (3,)),
+    ]
+    (n1,) = build_status(POLICY, items, LAYOUT, NOW, "n1")
+    assert ("cpu", "notebook") in [(g.gpu, g.holder) for g in n1.gpus]
+    matches = {j.job: j.matches for j in n1.jobs}
+    assert matches == {"eval-a": None, "notebook": True, "train": False}
+
+
+def test_hosts_known_only_from_the_store_are_listed_too() -> None:
+    items = [_agent("n9", NOW)]
+    names = [h.host for h in build_status(POLICY, items, LAYOUT, NOW)]
+    assert names == ["n1", "n2", "n9"]
