@@ -137,9 +137,15 @@ def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
     workers = "-"
     if worker is not None:
         workers = worker.state + (f" pid {','.join(map(str, worker.pids))}" if worker.pids else "")
-        matches = tuple(worker.gpus) == tuple(held.gpus) or (
-            held.mode == "cpu" and worker.device == "cpu"
-        )
+        on_cpu = worker.device == "cpu"
+        if on_cpu and held.mode == "gpu" and worker.fallback_reason:
+            # A fallback rule at work (a GPU is unhealthy): what the policy asks for.
+            workers += f" on CPU ({worker.fallback_reason})"
+            matches = True
+        else:
+            matches = tuple(worker.gpus) == tuple(held.gpus) and on_cpu == (held.mode == "cpu")
+        if not worker.pids and worker.message:
+            workers += f": {worker.message}"
     gpus = "cpu" if held.mode == "cpu" else ",".join(map(str, held.gpus))
     return JobRow(
         host=snapshot.host,

@@ -106,6 +106,32 @@ def test_cpu_jobs_get_a_cpu_row_and_jobs_say_whether_workers_match() -> None:
     assert matches == {"eval-a": None, "notebook": True, "train": False}
 
 
+def test_a_job_on_cpu_fallback_is_in_sync_and_says_why() -> None:
+    fallback = WorkerRecord(
+        job="train",
+        host="n1",
+        state="running",
+        pids=(7,),
+        gpus=(),
+        device="cpu",
+        fallback_reason="GPU 1 unhealthy: XID 79",
+    )
+    waiting = WorkerRecord(
+        job="waiter", host="n1", state="wait", gpus=(2,), message="GPU 2 unhealthy: XID 48"
+    )
+    items = [
+        _assignment("train", "n1", (1,)),
+        _kv(LAYOUT.workers("n1", "train"), fallback.to_json()),
+        _assignment("waiter", "n1", (2,)),
+        _kv(LAYOUT.workers("n1", "waiter"), waiting.to_json()),
+    ]
+    (n1,) = build_status(POLICY, items, LAYOUT, NOW, "n1")
+    rows = {j.job: j for j in n1.jobs}
+    assert rows["train"].matches is True
+    assert rows["train"].workers == "running pid 7 on CPU (GPU 1 unhealthy: XID 79)"
+    assert rows["waiter"].workers == "wait: GPU 2 unhealthy: XID 48"
+
+
 def test_hosts_known_only_from_the_store_are_listed_too() -> None:
     items = [_agent("n9", NOW)]
     names = [h.host for h in build_status(POLICY, items, LAYOUT, NOW)]
