@@ -44,12 +44,14 @@ def _policy() -> dict[str, Any]:
             }
         },
         "fallback": {"cpu-4": {"action": "cpu", "threads": 4}},
-        "health": {"interval_seconds": 0.5},
+        "health": {"interval_seconds": 1},
     }
 
 
 def _write_gpus(path: Path, broken: set[int]) -> None:
-    devices = [{"index": i, "healthy": i not in broken} for i in range(4)]
+    # XID 79 is "GPU has fallen off the bus"; an XID is one event, so the GPU is
+    # back in service after two clean health checks once it stops recurring.
+    devices = [{"index": i, "xid_events": [79] if i in broken else []} for i in range(4)]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"devices": devices, "driver_version": "550.54.15"}))
     os.replace(tmp, path)
@@ -158,9 +160,10 @@ def run_agent_tour(workdir: Path, run_cli: Callable[[list[str]], int]) -> None:
         seen = tour.worker_line(0, "start the worker")
         tour.cli("set", "job=train", "gpus=2", f"host={HOST}")
         seen = tour.worker_line(seen, "move the worker")
-        print("# GPU 2 fails (fake NVML: healthy=false)", flush=True)
+        print("# GPU 2 fails (fake NVML reports XID 79)", flush=True)
         _write_gpus(tour.gpus, broken={2})
         seen = tour.worker_line(seen, "fall back to CPU")
+        tour.cli("status", f"host={HOST}")
         print("# GPU 2 recovers", flush=True)
         _write_gpus(tour.gpus, broken=set())
         seen = tour.worker_line(seen, "return the worker to its GPU")
