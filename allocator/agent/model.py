@@ -11,6 +11,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+__all__ = [
+    "Accept",
+    "Action",
+    "DesiredJob",
+    "DesiredState",
+    "Device",
+    "Forget",
+    "GiveUp",
+    "JobView",
+    "ScheduleRestart",
+    "SignalJob",
+    "Start",
+    "StartCause",
+    "Stop",
+    "WorkerSpec",
+]
+
 Device = Literal["cuda", "cpu"]
 DesiredState = Literal["run", "wait", "failed", "refused", "undeclared"]
 StartCause = Literal["new", "change", "crash"]

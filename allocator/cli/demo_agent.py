@@ -69,12 +69,14 @@ class _Tour:
         self.agent: subprocess.Popen[bytes] | None = None
 
     def cli(self, *words: str) -> None:
+        """Run one CLI command against the tour's store, echoing it like a shell would."""
         print(f"$ allocator {' '.join(words)}", flush=True)
         code = self.run_cli([*words, "--store", self.store])
         if code != 0:
             raise RuntimeError(f"`allocator {' '.join(words)}` exited {code}")
 
     def start_agent(self) -> None:
+        """Start ``allocator agent`` as a child, NVML faked by the tour's file."""
         env = {**os.environ, "ALLOCATOR_NVML": f"fake:{self.gpus}"}
         for name in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
             env.pop(name, None)
@@ -100,6 +102,7 @@ class _Tour:
             )
 
     def stop_agent(self) -> None:
+        """SIGTERM the agent (it stops its workers) and wait for it."""
         if self.agent is not None and self.agent.poll() is None:
             self.agent.send_signal(signal.SIGTERM)
             try:
@@ -123,6 +126,7 @@ class _Tour:
         )
 
     def worker_stopped(self) -> None:
+        """Wait until the last reported worker is gone; print it."""
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if _no_train_process(self.log):

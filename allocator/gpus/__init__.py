@@ -1,1 +1,3 @@
 """GPU inventory, health and worker-environment rendering."""
+
+__all__: list[str] = []

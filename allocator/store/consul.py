@@ -180,10 +180,12 @@ class _Client(consul.Consul):  # type: ignore[misc]
     def http_connect(
         self, host: str, port: int, scheme: str, verify: bool | str = True, cert: Any = None
     ) -> _HTTPClient:
+        """py-consul's hook for its HTTP client: ours carries the connect/read timeouts."""
         return _HTTPClient(host, port, scheme, verify, cert, timeouts=self._timeouts)
 
     def close(self) -> None:
-        self.http.session.close()  # py-consul's own close() leaves the session open
+        """Close the HTTP session (py-consul's own close() leaves it open)."""
+        self.http.session.close()
 
 
 # --- the store ---------------------------------------------------------------------

@@ -104,12 +104,14 @@ class _State:
             self.end_lease(lease_id)
 
     def seconds_to_next_expiry(self) -> float:
+        """How long a watch may sleep before a lease could expire (and delete keys)."""
         if not self.leases:
             return float("inf")
         soonest = min(lease.expires_at for lease in self.leases.values())
         return max(soonest - self.clock(), 0.001)
 
     def events_since(self, cursor: int, prefix: str) -> list[Event]:
+        """Logged events at revision >= ``cursor`` under ``prefix``, in order."""
         start = bisect.bisect_left(self.events, cursor, key=lambda e: e.revision)
         return [e for e in self.events[start:] if e.key.startswith(prefix)]
 
