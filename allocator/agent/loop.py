@@ -33,8 +33,10 @@ from allocator.agent.desired import desired_jobs
 from allocator.agent.link import Message, RetryTimer, WatchError, WatchThread, start_watches
 from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
 from allocator.agent.model import DesiredJob
+from allocator.agent.procs import clean_base_env
 from allocator.agent.publisher import Publisher
 from allocator.agent.reconcile import plan
+from allocator.agent.recovery import RecoveryProbes
 from allocator.agent.report import agent_record, worker_records
 from allocator.agent.supervisor import Supervisor
 from allocator.errors import AllocatorError, Compacted, LeaseLost, PolicyError, StoreError
@@ -91,6 +93,7 @@ class Agent:
         self.desired: dict[str, DesiredJob] = {}
         self.inventory: Inventory = read_inventory(None, environ=self.environ)
         self.health = HealthMonitor(environ=self.environ)
+        self.recovery = RecoveryProbes(clean_base_env(self.environ), self.log)
         self.unhealthy: dict[int, str] = {}
         self.publisher = Publisher(self.layout, config.host, self.log)
         self.started_at = format_time(wall())
@@ -291,9 +294,20 @@ class Agent:
         interval = self.policy.health.interval_seconds if self.policy is not None else 5.0
         self.next_health = now + interval
         state = self.health.check(now)
-        # The bare reason, not "(recovering: 1/2 clean checks)": it feeds the worker's
-        # ALLOCATOR_FALLBACK_REASON, and a changing reason would restart the worker.
-        unhealthy = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
+        nvml = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
+        settings = self.policy.health if self.policy is not None else None
+        out = self.recovery.out_of_service(
+            nvml,
+            self.unhealthy,
+            settings.recovery_probe if settings is not None else None,
+            settings.recovery_probe_timeout_seconds if settings is not None else 60.0,
+            self.inventory.gpus or None,
+            now,
+            retry_after=30 * (settings.interval_seconds if settings is not None else 5.0),
+        )
+        # A GPU keeps the reason it went out with while it stays out: the reason is
+        # the worker's ALLOCATOR_FALLBACK_REASON, and a changing one would restart it.
+        unhealthy = {index: self.unhealthy.get(index, reason) for index, reason in out.items()}
         if set(unhealthy) != set(self.unhealthy):
             self.log("health", {"unhealthy": {str(k): v for k, v in sorted(unhealthy.items())}})
             self.next_heartbeat = now  # publish it now: `allocator set count=N` reads it

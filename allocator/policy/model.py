@@ -111,6 +111,8 @@ class HealthSettings:
 
     ignored_xids: frozenset[int] = DEFAULT_IGNORED_XIDS
     interval_seconds: float = 5.0
+    recovery_probe: tuple[str, ...] | None = None
+    recovery_probe_timeout_seconds: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,6 +219,20 @@ HEALTH = Record(
             Number(above=0),
             "Seconds between GPU health checks.",
         ),
+        Field(
+            "recovery_probe",
+            ListOf(Str(), min_items=1, label="argument"),
+            "Command the agent runs, with only the recovering GPU visible, before it "
+            "returns a GPU to service after NVML reports it healthy again (e.g. a script "
+            "that creates a CUDA context); it must exit 0 within the timeout. Unset: "
+            "NVML's clean checks alone return the GPU.",
+        ),
+        Field(
+            "recovery_probe_timeout_seconds",
+            Number(above=0),
+            "Hard time limit of one recovery probe; a probe still running is killed "
+            "and counts as a failure.",
+        ),
     ),
     description="GPU health monitoring.",
 )

@@ -221,6 +221,8 @@ def test_policy_to_dict_spells_out_every_field() -> None:
     assert data["health"] == {
         "ignored_xids": [13, 31, 43, 45, 68, 109],
         "interval_seconds": 5.0,
+        "recovery_probe": None,
+        "recovery_probe_timeout_seconds": 60.0,
     }
     assert data["jobs"]["eval-nightly"]["env"] == {}
 
