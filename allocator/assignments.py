@@ -13,10 +13,10 @@ winner. A lost race is retried a bounded number of times (tenacity).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from allocator.errors import CasConflict, ConflictError, PlacementRefused, RequestError
 from allocator.identity import actor as default_actor
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need
     from allocator.placement import Placement, Request
     from allocator.policy import Policy
 
-__all__ = ["Allocator", "ApplyResult", "HostSnapshot", "PolicySnapshot"]
+__all__ = ["Allocator", "ApplyResult", "HostSnapshot", "PolicySnapshot", "snapshots_by_host"]
 
 DEFAULT_ATTEMPTS = 5
 T = TypeVar("T")
@@ -72,28 +72,31 @@ class ApplyResult:
     warnings: tuple[str, ...] = ()
 
 
-def snapshot_from_items(
-    host: str, items: tuple[KeyValue, ...], layout: KeyLayout, revision: int
-) -> HostSnapshot:
-    """Decode one host's keys (already read) into a :class:`HostSnapshot`."""
-    assignments: dict[str, Assignment] = {}
-    workers: dict[str, WorkerRecord] = {}
-    generation = 0
-    agent: AgentRecord | None = None
+def snapshots_by_host(
+    items: Sequence[KeyValue], layout: KeyLayout, revision: int
+) -> dict[str, HostSnapshot]:
+    """Decode keys read under the hosts prefix into one :class:`HostSnapshot` per host.
+
+    One pass over ``items``: ``status`` on a fleet reads every host at once.
+    """
+    parts: dict[str, dict[str, Any]] = {}
     for item in items:
         parsed = layout.parse_host_key(item.key)
-        if parsed is None or parsed[0] != host:
+        if parsed is None:
             continue
-        _, kind, name = parsed
+        host, kind, name = parsed
+        part = parts.setdefault(
+            host, {"assignments": {}, "workers": {}, "generation": 0, "agent": None}
+        )
         if kind == "jobs" and name:
-            assignments[name] = Assignment.from_json(item.value)
+            part["assignments"][name] = Assignment.from_json(item.value)
         elif kind == "workers" and name:
-            workers[name] = WorkerRecord.from_json(item.value)
+            part["workers"][name] = WorkerRecord.from_json(item.value)
         elif kind == "generation":
-            generation = item.mod_revision
+            part["generation"] = item.mod_revision
         elif kind == "agent":
-            agent = AgentRecord.from_json(item.value)
-    return HostSnapshot(host, assignments, generation, agent, workers, revision)
+            part["agent"] = AgentRecord.from_json(item.value)
+    return {host: HostSnapshot(host, revision=revision, **part) for host, part in parts.items()}
 
 
 class Allocator:
@@ -139,7 +142,8 @@ class Allocator:
     def host(self, host: str) -> HostSnapshot:
         """Everything stored under ``host``, in one prefix read."""
         listing = self.store.list(self.layout.host(host))
-        return snapshot_from_items(host, listing.items, self.layout, listing.revision)
+        found = snapshots_by_host(listing.items, self.layout, listing.revision)
+        return found.get(host, HostSnapshot(host, revision=listing.revision))
 
     def default_host(self, policy: Policy | None) -> str:
         """The only host in the policy, else this machine's host name."""
@@ -311,11 +315,9 @@ class Allocator:
         from allocator.placement import Request, place
 
         listing = self.store.list(self.layout.hosts)
-        hosts = sorted({p[0] for i in listing.items if (p := self.layout.parse_host_key(i.key))})
         found: list[str] = []
         now = self.clock()
-        for host in hosts:
-            state = snapshot_from_items(host, listing.items, self.layout, listing.revision)
+        for host, state in sorted(snapshots_by_host(listing.items, self.layout, 0).items()):
             inventory = state.agent.gpus if state.agent and state.agent.gpus else None
             for job, held in sorted(state.assignments.items()):
                 if held.mode == "cpu":

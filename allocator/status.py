@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from allocator.assignments import HostSnapshot, snapshot_from_items
+from allocator.assignments import HostSnapshot, snapshots_by_host
 from allocator.identity import parse_time
 from allocator.keys import KeyLayout
 from allocator.placement import gpu_holders, host_gpu_indices
@@ -74,16 +74,10 @@ def build_status(
     only_host: str | None = None,
 ) -> list[HostStatus]:
     """Join everything under the hosts prefix into per-host status."""
-    stored_hosts = {p[0] for i in items if (p := layout.parse_host_key(i.key))}
+    stored = snapshots_by_host(items, layout, 0)
     declared = set(policy.hosts) if policy is not None else set()
-    names = sorted(stored_hosts | declared)
-    if only_host is not None:
-        names = [only_host]
-    result = []
-    for host in names:
-        snapshot = snapshot_from_items(host, tuple(items), layout, 0)
-        result.append(_host_status(policy, snapshot, now))
-    return result
+    names = [only_host] if only_host is not None else sorted(set(stored) | declared)
+    return [_host_status(policy, stored.get(h, HostSnapshot(h)), now) for h in names]
 
 
 def _agent_state(snapshot: HostSnapshot, now: datetime) -> str:
