@@ -203,6 +203,14 @@ class AgentHarness:
                 events.append(json.loads(line))
         return events
 
+    def events(self, name: str, **match: object) -> list[dict[str, Any]]:
+        """The agent's log events called ``name`` whose fields equal ``match``."""
+        return [
+            e
+            for e in self.log_events()
+            if e["event"] == name and all(e.get(k) == v for k, v in match.items())
+        ]
+
     def log_text(self) -> str:
         """The agent's raw log."""
         return self.log_path.read_text() if self.log_path.exists() else ""

@@ -95,7 +95,7 @@ def test_a_crashing_worker_backs_off_and_stops_at_the_limit(world: AgentHarness)
     record = wait_for("the crash-loop limit", gave_up, timeout=20)
     assert record.crash_restarts == 2
     assert record.last_exit == 1
-    starts = [e for e in world.log_events() if e["event"] == "start" and e.get("job") == "crashy"]
+    starts = world.events("start", job="crashy")
     assert [e["cause"] for e in starts] == ["new", "crash", "crash"]
 
 
@@ -121,7 +121,7 @@ def test_an_unhealthy_gpu_moves_its_job_to_cpu_and_back(world: AgentHarness) -> 
     assert back["env"]["CUDA_VISIBLE_DEVICES"] == _uuid(1)
     # Exactly three starts: on the GPU, on CPU, back on the GPU (recovery checks
     # in between must not restart the CPU worker).
-    starts = [e for e in world.log_events() if e["event"] == "start" and e.get("job") == "train"]
+    starts = world.events("start", job="train")
     assert [e["device"] for e in starts] == ["cuda", "cpu", "cuda"]
 
 
@@ -172,7 +172,7 @@ def test_kill_9_and_restart_runs_exactly_one_copy(world: AgentHarness) -> None:
     world.start_agent()
     adopted = wait_for(
         "adoption",
-        lambda: [e for e in world.log_events() if e["event"] == "adopt" and e["adopted"]],
+        lambda: [e for e in world.events("adopt") if e["adopted"]],
     )
     assert adopted[-1]["adopted"] == ["train"]
     record = wait_for("the adopted worker's record", lambda: _running(world, "train"))
@@ -210,16 +210,12 @@ def test_sighup_reloads_settings_without_restarting_workers(world: AgentHarness)
 
     settings.write_text("resync_seconds: 7\n")
     os.kill(world.process.pid, signal.SIGHUP)
-    applied = wait_for("the new settings", lambda: _events(world, "settings"))
+    applied = wait_for("the new settings", lambda: world.events("settings"))
     assert applied[-1]["resync_seconds"] == "7.0"
 
     settings.write_text("resync_secnds: 7\n")  # a typo: refused, the agent carries on
     os.kill(world.process.pid, signal.SIGHUP)
-    refused = wait_for("the refusal", lambda: _events(world, "reload-refused"))
+    refused = wait_for("the refusal", lambda: world.events("reload-refused"))
     assert "did you mean 'resync_seconds'" in refused[-1]["error"]
     assert world.process.poll() is None
     assert pid_alive(report["pid"]) and world.report("train") == report
-
-
-def _events(world: AgentHarness, name: str) -> list[dict[str, object]]:
-    return [e for e in world.log_events() if e["event"] == name]

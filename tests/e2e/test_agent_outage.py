@@ -29,10 +29,6 @@ def outage_world(tmp_path: Path, etcd_server_private: Any, prefix: str) -> Itera
         harness.cleanup()
 
 
-def _events(world: AgentHarness, name: str) -> list[dict[str, Any]]:
-    return [e for e in world.log_events() if e["event"] == name]
-
-
 def test_etcd_down_keeps_workers_and_changes_after_it_returns_apply(
     outage_world: AgentHarness, etcd_server_private: Any
 ) -> None:
@@ -41,15 +37,15 @@ def test_etcd_down_keeps_workers_and_changes_after_it_returns_apply(
     first = world.new_report("train")
 
     etcd_server_private.stop()
-    wait_for("the agent to notice the outage", lambda: _events(world, "store-unavailable"))
+    wait_for("the agent to notice the outage", lambda: world.events("store-unavailable"))
     # Several seconds of outage: the agent keeps retrying (jittered backoff) and the
     # worker keeps running on the last known assignment the whole time.
-    wait_for("a few retries", lambda: len(_events(world, "store-unavailable")) >= 3, timeout=30)
+    wait_for("a few retries", lambda: len(world.events("store-unavailable")) >= 3, timeout=30)
     assert pid_alive(first["pid"])
     assert world.report("train") == first
 
     etcd_server_private.restart()  # same ports, same data
-    wait_for("the agent to reconnect", lambda: _events(world, "store-connected")[1:], timeout=60)
+    wait_for("the agent to reconnect", lambda: world.events("store-connected")[1:], timeout=60)
     assert pid_alive(first["pid"]) and world.report("train") == first
 
     assert world.cli("set", "job=train", "gpus=2").code == 0
@@ -65,7 +61,7 @@ def test_etcd_down_while_a_worker_crashes_restarts_it_from_the_last_known_assign
     assert world.cli("set", "job=train", "gpus=1").code == 0
     first = world.new_report("train")
     etcd_server_private.stop()
-    wait_for("the agent to notice the outage", lambda: _events(world, "store-unavailable"))
+    wait_for("the agent to notice the outage", lambda: world.events("store-unavailable"))
     os.kill(first["pid"], signal.SIGKILL)
     again = world.new_report("train", not_pid=first["pid"], timeout=20)
     assert again["env"]["ALLOCATOR_GPUS"] == "1"

@@ -49,14 +49,13 @@ def test_a_failing_probe_keeps_the_job_on_cpu_until_the_gpu_passes(
     # XIDs are one-shot: NVML soon reports the GPU clean, but the probe says no.
     wait_for(
         "a failed re-test",
-        lambda: [e for e in world.log_events() if e["event"] == "gpu-retest-failed"],
+        lambda: world.events("gpu-retest-failed", gpu=1),
     )
     assert pid_alive(on_cpu["pid"]) and world.report("train") == on_cpu
 
     marker.unlink()
     back = world.new_report("train", not_pid=on_cpu["pid"], timeout=30)
     assert back["env"]["CUDA_VISIBLE_DEVICES"].endswith("000000000001")
-    events = world.log_events()
-    assert any(e["event"] == "gpu-recovered" and e["gpu"] == 1 for e in events)
-    starts = [e["device"] for e in events if e["event"] == "start" and e.get("job") == "train"]
+    assert world.events("gpu-recovered", gpu=1)
+    starts = [e["device"] for e in world.events("start", job="train")]
     assert starts == ["cuda", "cpu", "cuda"]  # probing never restarted the CPU worker

@@ -40,6 +40,7 @@ from allocator.agent.model import (
 from allocator.agent.reconcile import plan
 from allocator.agent.runtime import STABLE_RUN_SECONDS
 from allocator.agent.supervisor import Supervisor, WorkerExit, clean_base_env
+from tests.support.clock import FakeClock
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
@@ -57,19 +58,6 @@ AGENT_ENV = {
     "ALLOCATOR_STORE": "sqlite:///agent-only.db",
     "AGENT_SIDE_VARIABLE": "kept",
 }
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def poll(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:

@@ -20,21 +20,9 @@ from allocator.errors import CasConflict, Compacted, InvalidInput, LeaseLost, St
 from allocator.store import Compare, Delete, Put, Store, Watch
 from allocator.store.memory import MemoryStore
 from allocator.store.sqlite import SqliteStore
+from tests.support.clock import FakeClock
 
 HISTORY = 5
-
-
-class FakeClock:
-    """A clock that moves only when told to."""
-
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @dataclass
@@ -45,7 +33,7 @@ class Local:
 
 @pytest.fixture(params=["memory", "sqlite"])
 def local(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Local]:
-    clock = FakeClock()
+    clock = FakeClock(1_000_000.0)
     store: Store
     if request.param == "memory":
         store = MemoryStore(clock=clock, history=HISTORY)
