@@ -222,11 +222,14 @@ class Agent:
 
     def _policy_changed(self) -> None:
         assert self.policy is not None
-        declared = self.policy.hosts.get(self.config.host)
         if self.inventory.source in ("declared", "none"):
-            count = declared.gpus if declared is not None else None
-            self.inventory = read_inventory(count, environ=self.environ)
+            self._read_inventory()
         self.health.ignored_xids = self.policy.health.ignored_xids
+
+    def _read_inventory(self) -> None:
+        """NVML's GPUs, else the count this host declares in the policy."""
+        declared = self.policy.hosts.get(self.config.host) if self.policy else None
+        self.inventory = read_inventory(declared.gpus if declared else None, environ=self.environ)
 
     def _start_watches(self) -> None:
         self._stop_watches()
@@ -380,8 +383,7 @@ class Agent:
         """SIGHUP: re-read settings, inventory and the store state; workers are left alone."""
         self.reload_requested = False
         self._reload_settings()
-        declared = self.policy.hosts.get(self.config.host) if self.policy else None
-        self.inventory = read_inventory(declared.gpus if declared else None, environ=self.environ)
+        self._read_inventory()
         self.log("reload", {"inventory": self.inventory.source, "gpus": len(self.inventory.gpus)})
         if self.connected:
             self._guarded(self._full_read)
