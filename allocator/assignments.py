@@ -18,7 +18,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from allocator.errors import CasConflict, ConflictError, PlacementRefused, RequestError
+from allocator.errors import (
+    BadRecord,
+    CasConflict,
+    ConflictError,
+    PlacementRefused,
+    RequestError,
+)
 from allocator.identity import actor as default_actor
 from allocator.identity import format_time, local_hostname, utc_now
 from allocator.keys import DEFAULT_PREFIX, KeyLayout
@@ -28,6 +34,7 @@ from allocator.records import (
     Assignment,
     PolicyRecord,
     WorkerRecord,
+    decode_record,
 )
 from allocator.store import Compare, Delete, KeyValue, Put, Store
 
@@ -60,6 +67,7 @@ class HostSnapshot:
     agent: AgentRecord | None = None
     workers: dict[str, WorkerRecord] = field(default_factory=dict)
     revision: int = 0
+    bad_records: tuple[BadRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,9 @@ def snapshots_by_host(
     """Decode keys read under the hosts prefix into one :class:`HostSnapshot` per host.
 
     One pass over ``items``: ``status`` on a fleet reads every host at once.
+    A record that does not decode, or whose body disagrees with its key, is
+    left out and listed in its host's ``bad_records``; it never hides the
+    rest of the host, let alone other hosts.
     """
     parts: dict[str, dict[str, Any]] = {}
     for item in items:
@@ -86,17 +97,29 @@ def snapshots_by_host(
             continue
         host, kind, name = parsed
         part = parts.setdefault(
-            host, {"assignments": {}, "workers": {}, "generation": 0, "agent": None}
+            host,
+            {"assignments": {}, "workers": {}, "generation": 0, "agent": None, "bad_records": ()},
         )
-        if kind == "jobs" and name:
-            part["assignments"][name] = Assignment.from_json(item.value)
-        elif kind == "workers" and name:
-            part["workers"][name] = WorkerRecord.from_json(item.value)
-        elif kind == "generation":
-            part["generation"] = item.mod_revision
-        elif kind == "agent":
-            part["agent"] = AgentRecord.from_json(item.value)
+        try:
+            _add_host_item(part, item, host, kind, name)
+        except BadRecord as exc:
+            part["bad_records"] = (*part["bad_records"], exc)
     return {host: HostSnapshot(host, revision=revision, **part) for host, part in parts.items()}
+
+
+def _add_host_item(part: dict[str, Any], item: KeyValue, host: str, kind: str, name: str) -> None:
+    if kind == "jobs" and name:
+        part["assignments"][name] = decode_record(
+            item.value, Assignment, item.key, job=name, host=host
+        )
+    elif kind == "workers" and name:
+        part["workers"][name] = decode_record(
+            item.value, WorkerRecord, item.key, job=name, host=host
+        )
+    elif kind == "generation":
+        part["generation"] = item.mod_revision
+    elif kind == "agent":
+        part["agent"] = decode_record(item.value, AgentRecord, item.key, host=host)
 
 
 class Allocator:
@@ -110,8 +133,10 @@ class Allocator:
         clock: Callable[[], datetime] = utc_now,
         actor: str | None = None,
         attempts: int = DEFAULT_ATTEMPTS,
+        on_bad_record: Callable[[BadRecord], None] | None = None,
     ) -> None:
         self.store = store
+        self.on_bad_record = on_bad_record or (lambda _bad: None)
         self.layout = KeyLayout(prefix)
         self.clock = clock
         self.actor = actor or default_actor()
@@ -126,7 +151,7 @@ class Allocator:
             return None
         from allocator.policy import load_policy
 
-        record = PolicyRecord.from_json(item.value)
+        record = decode_record(item.value, PolicyRecord, item.key)
         policy = load_policy(record.yaml, source="applied policy")
         return PolicySnapshot(policy, record, item.mod_revision)
 
@@ -143,7 +168,10 @@ class Allocator:
         """Everything stored under ``host``, in one prefix read."""
         listing = self.store.list(self.layout.host(host))
         found = snapshots_by_host(listing.items, self.layout, listing.revision)
-        return found.get(host, HostSnapshot(host, revision=listing.revision))
+        snapshot = found.get(host, HostSnapshot(host, revision=listing.revision))
+        for bad in snapshot.bad_records:
+            self.on_bad_record(bad)
+        return snapshot
 
     def default_host(self, policy: Policy | None) -> str:
         """The only host in the policy, else this machine's host name."""
@@ -152,12 +180,21 @@ class Allocator:
         return local_hostname()
 
     def find_job(self, job: str) -> list[Assignment]:
-        """Every host's assignment of ``job`` (one prefix read over all hosts)."""
+        """Every host's assignment of ``job`` (one prefix read over all hosts).
+
+        A bad record of the job is skipped and reported to ``on_bad_record``.
+        """
         found = []
         for item in self.store.list(self.layout.hosts).items:
             parsed = self.layout.parse_host_key(item.key)
-            if parsed is not None and parsed[1] == "jobs" and parsed[2] == job:
-                found.append(Assignment.from_json(item.value))
+            if parsed is None or parsed[1] != "jobs" or parsed[2] != job:
+                continue
+            try:
+                found.append(
+                    decode_record(item.value, Assignment, item.key, job=job, host=parsed[0])
+                )
+            except BadRecord as exc:
+                self.on_bad_record(exc)
         return found
 
     # --- writes -----------------------------------------------------------
@@ -280,9 +317,13 @@ class Allocator:
         current = self.store.get(self.layout.policy)
         digest = policy_sha256(text)
         if current is not None:
-            old = PolicyRecord.from_json(current.value)
-            if old.sha256 == digest:
-                return ApplyResult(False, old, current.mod_revision)
+            try:
+                old = decode_record(current.value, PolicyRecord, current.key)
+            except BadRecord as exc:  # a damaged record is what apply is there to replace
+                self.on_bad_record(exc)
+            else:
+                if old.sha256 == digest:
+                    return ApplyResult(False, old, current.mod_revision)
         violations = self.violations(policy)
         if violations and not force:
             raise PlacementRefused(

@@ -17,16 +17,19 @@ __all__ = [
     "EXIT_CONFLICT",
     "EXIT_INTERNAL",
     "EXIT_INVALID",
+    "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_PERMISSION",
     "EXIT_UNAVAILABLE",
     "AllocatorError",
+    "BadRecord",
     "CasConflict",
     "Compacted",
     "ConflictError",
     "InvalidInput",
     "InvalidName",
     "LeaseLost",
+    "NotFound",
     "PermissionDenied",
     "PlacementRefused",
     "PolicyError",
@@ -44,6 +47,7 @@ EXIT_INVALID = 2
 EXIT_CONFLICT = 3
 EXIT_UNAVAILABLE = 4
 EXIT_PERMISSION = 5
+EXIT_NOT_FOUND = 6
 
 
 class AllocatorError(Exception):
@@ -133,6 +137,15 @@ class PlacementRefused(ConflictError):
     """A GPU is held by another job or reserved for others."""
 
 
+# --- not found (exit 6) ---------------------------------------------------------
+
+
+class NotFound(AllocatorError):
+    """The job or host asked about holds nothing (a script can tell this from a refusal)."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
 # --- store errors --------------------------------------------------------------
 
 
@@ -180,3 +193,16 @@ class ValueTooLarge(StoreError):
     """A value exceeds the backend's size limit."""
 
     exit_code = EXIT_INVALID
+
+
+class BadRecord(StoreError):
+    """A stored record is malformed: wrong JSON, wrong types, or a body that disagrees with its key.
+
+    Readers skip such a record and report it (``key`` says where it is);
+    it is never a reason to crash or to stop a worker.
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"bad record at {key}: {reason}" if key else f"bad record: {reason}")

@@ -1,244 +1,270 @@
-"""Stored records and their JSON encoding.
+"""Stored records: typed structs, strictly decoded, checked against the key they live at.
 
-Every record carries ``schema_version``; a reader refuses a newer version it
-does not understand instead of misreading it.
+Anything can be written into a store by hand (``etcdctl put``), so nothing read
+back is trusted: :func:`decode_record` checks JSON syntax, every field's type
+and range, ``schema_version``, and that the names in the body agree with the
+key (a record under ``jobs/ghost`` whose body says ``train`` is not ``train``).
+A record that fails raises :class:`BadRecord`; callers skip it and report it,
+never crash on it.
+
+The GPU description an agent publishes (:class:`GpuInfo`) lives here too, so
+records depend on nothing above them.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import hashlib
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
 
-from allocator.errors import StoreError
-from allocator.gpus.model import GpuInfo
+import msgspec
+
+from allocator.errors import BadRecord
 
 __all__ = [
+    "MAX_GPU_INDEX",
     "SCHEMA_VERSION",
     "AgentRecord",
     "Assignment",
+    "BadRecord",
+    "GpuInfo",
+    "MigDevice",
     "PolicyRecord",
     "WorkerRecord",
-    "decode",
+    "decode_record",
+    "encode_record",
+    "replace_struct",
 ]
 
 SCHEMA_VERSION = 1
+#: The highest GPU index anything accepts (the CLI, the policy, stored records).
+MAX_GPU_INDEX = 1023
+
+_NAME = r"^(?!-)(?!\.\.?$)[A-Za-z0-9._-]{1,63}$"
+Name = Annotated[str, msgspec.Meta(pattern=_NAME)]
+GpuIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Text = Annotated[str, msgspec.Meta(max_length=4096)]
+# A device id that goes into CUDA_VISIBLE_DEVICES: no comma, no space, nothing CUDA stops at.
+DeviceUuid = Annotated[str, msgspec.Meta(pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]{1,120}$")]
+Argument = Annotated[str, msgspec.Meta(max_length=65536)]
+Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 
 
-def decode(raw: bytes, what: str) -> dict[str, Any]:
-    """Parse a stored JSON record, checking its schema_version."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise StoreError(f"stored {what} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise StoreError(f"stored {what} is not a JSON object")
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise StoreError(
-            f"stored {what} has schema_version {version!r}; this allocator reads "
-            f"{SCHEMA_VERSION} (upgrade allocator)"
-        )
-    return data
+class MigDevice(msgspec.Struct, frozen=True):
+    """One MIG instance of a GPU."""
+
+    uuid: DeviceUuid
+    name: Text = ""
+    memory_total_mib: Count | None = None
 
 
-def _encode(data: dict[str, Any]) -> bytes:
-    return json.dumps({"schema_version": SCHEMA_VERSION, **data}, sort_keys=True).encode()
+class GpuInfo(msgspec.Struct, frozen=True):
+    """One physical GPU as NVML (or the policy's declaration) knows it.
+
+    ``index`` is the NVML index, which follows PCI bus order. Fields NVML
+    could not provide are ``None``/empty (a declared-only GPU has just an
+    index); ``error`` says why NVML could not read the GPU at all.
+    """
+
+    index: GpuIndex
+    uuid: DeviceUuid | None = None
+    pci_bus_id: Text | None = None
+    name: Text | None = None
+    memory_total_mib: Count | None = None
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDevice, ...] = ()
+    numa_node: Count | None = None
+    nvlink_peers: tuple[GpuIndex, ...] = ()
+    error: Text = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-ready dict."""
+        data: dict[str, Any] = msgspec.to_builtins(self)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GpuInfo:
+        """Build from :meth:`to_dict` output, checking every field (ValueError if wrong)."""
+        try:
+            return msgspec.convert(dict(data), cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(str(exc)) from None
 
 
-@dataclass(frozen=True, slots=True)
-class Assignment:
+class Assignment(msgspec.Struct, frozen=True):
     """Which GPUs a job holds on a host (``mode="cpu"``: it holds none, runs on CPU)."""
 
-    job: str
-    host: str
-    gpus: tuple[int, ...]
+    job: Name
+    host: Name
+    gpus: tuple[GpuIndex, ...]
     mode: Literal["gpu", "cpu"]
-    updated_by: str
-    updated_at: str
-    reason: str = ""
-    requested: str = ""
-    policy_revision: int = 0
-    command: tuple[str, ...] | None = None
-    fallback_reason: str | None = None
+    updated_by: Text
+    updated_at: Text
+    reason: Text = ""
+    requested: Text = ""
+    policy_revision: Count = 0
+    command: Annotated[tuple[Argument, ...], msgspec.Meta(max_length=4096)] | None = None
+    fallback_reason: Text | None = None
+    schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
         """Encode for the store."""
-        return _encode(
-            {
-                "job": self.job,
-                "host": self.host,
-                "gpus": list(self.gpus),
-                "mode": self.mode,
-                "updated_by": self.updated_by,
-                "updated_at": self.updated_at,
-                "reason": self.reason,
-                "requested": self.requested,
-                "policy_revision": self.policy_revision,
-                "command": list(self.command) if self.command is not None else None,
-                "fallback_reason": self.fallback_reason,
-            }
-        )
+        return encode_record(self)
 
     @classmethod
     def from_json(cls, raw: bytes) -> Assignment:
-        """Decode a stored assignment."""
-        d = decode(raw, "assignment")
-        command = d.get("command")
-        return cls(
-            job=d["job"],
-            host=d["host"],
-            gpus=tuple(int(g) for g in d.get("gpus", ())),
-            mode="cpu" if d.get("mode") == "cpu" else "gpu",
-            updated_by=d.get("updated_by", ""),
-            updated_at=d.get("updated_at", ""),
-            reason=d.get("reason", ""),
-            requested=d.get("requested", ""),
-            policy_revision=int(d.get("policy_revision", 0)),
-            command=tuple(command) if command is not None else None,
-            fallback_reason=d.get("fallback_reason"),
-        )
+        """Decode a stored assignment (``BadRecord`` if it is not one)."""
+        return decode_record(raw, cls)
 
 
-@dataclass(frozen=True, slots=True)
-class PolicyRecord:
+class PolicyRecord(msgspec.Struct, frozen=True):
     """The applied policy: its YAML text, hash, and who applied it when."""
 
     yaml: str
-    sha256: str
-    applied_by: str
-    applied_at: str
-    source: str = ""
+    sha256: Sha256
+    applied_by: Text
+    applied_at: Text
+    source: Text = ""
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        actual = hashlib.sha256(self.yaml.encode("utf-8", "surrogatepass")).hexdigest()
+        if actual != self.sha256:
+            raise ValueError("sha256 does not match the policy text (edited by hand?)")
 
     def to_json(self) -> bytes:
         """Encode for the store."""
-        return _encode(
-            {
-                "yaml": self.yaml,
-                "sha256": self.sha256,
-                "applied_by": self.applied_by,
-                "applied_at": self.applied_at,
-                "source": self.source,
-            }
-        )
+        return encode_record(self)
 
     @classmethod
     def from_json(cls, raw: bytes) -> PolicyRecord:
-        """Decode a stored policy record."""
-        d = decode(raw, "policy")
-        return cls(
-            yaml=d["yaml"],
-            sha256=d["sha256"],
-            applied_by=d.get("applied_by", ""),
-            applied_at=d.get("applied_at", ""),
-            source=d.get("source", ""),
-        )
+        """Decode a stored policy record (``BadRecord`` if it is not one)."""
+        return decode_record(raw, cls)
 
 
-@dataclass(frozen=True, slots=True)
-class AgentRecord:
-    """What a host agent publishes under its lease: inventory, health, heartbeat."""
+class AgentRecord(msgspec.Struct, frozen=True):
+    """What a host agent publishes under its lease: inventory and health."""
 
-    host: str
+    host: Name
     gpus: tuple[GpuInfo, ...]
-    unhealthy: dict[int, str] = field(default_factory=dict)
-    heartbeat_at: str = ""
-    started_at: str = ""
-    pid: int = 0
-    version: str = ""
+    unhealthy: dict[GpuIndex, Text] = {}
+    heartbeat_at: Text = ""
+    started_at: Text = ""
+    pid: Count = 0
+    version: Text = ""
     store_stale: bool = False
-    inventory_source: str = "nvml"
+    inventory_source: Text = "nvml"
+    schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
         """Encode for the store."""
-        return _encode(
-            {
-                "host": self.host,
-                "gpus": [g.to_dict() for g in self.gpus],
-                "unhealthy": {str(k): v for k, v in sorted(self.unhealthy.items())},
-                "heartbeat_at": self.heartbeat_at,
-                "started_at": self.started_at,
-                "pid": self.pid,
-                "version": self.version,
-                "store_stale": self.store_stale,
-                "inventory_source": self.inventory_source,
-            }
-        )
+        return encode_record(self)
 
     @classmethod
     def from_json(cls, raw: bytes) -> AgentRecord:
-        """Decode a stored agent record."""
-        d = decode(raw, "agent record")
-        return cls(
-            host=d["host"],
-            gpus=tuple(GpuInfo.from_dict(g) for g in d.get("gpus", ())),
-            unhealthy={int(k): str(v) for k, v in d.get("unhealthy", {}).items()},
-            heartbeat_at=d.get("heartbeat_at", ""),
-            started_at=d.get("started_at", ""),
-            pid=int(d.get("pid", 0)),
-            version=d.get("version", ""),
-            store_stale=bool(d.get("store_stale", False)),
-            inventory_source=d.get("inventory_source", "nvml"),
-        )
+        """Decode a stored agent record (``BadRecord`` if it is not one)."""
+        return decode_record(raw, cls)
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerRecord:
+class WorkerRecord(msgspec.Struct, frozen=True):
     """What the agent actually runs for one job."""
 
-    job: str
-    host: str
-    state: str
-    pids: tuple[int, ...] = ()
-    gpus: tuple[int, ...] = ()
-    device: str = "cuda"
-    since: str = ""
-    restarts: int = 0
-    crash_restarts: int = 0
+    job: Name
+    host: Name
+    state: Text
+    pids: tuple[Count, ...] = ()
+    gpus: tuple[GpuIndex, ...] = ()
+    device: Literal["cuda", "cpu"] = "cuda"
+    since: Text = ""
+    restarts: Count = 0
+    crash_restarts: Count = 0
     last_exit: int | None = None
-    fallback_reason: str | None = None
-    message: str = ""
+    fallback_reason: Text | None = None
+    message: Text = ""
     start_times: tuple[float, ...] = ()
-    assignment_revision: int = 0
+    assignment_revision: Count = 0
+    schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
         """Encode for the store."""
-        return _encode(
-            {
-                "job": self.job,
-                "host": self.host,
-                "state": self.state,
-                "pids": list(self.pids),
-                "gpus": list(self.gpus),
-                "device": self.device,
-                "since": self.since,
-                "restarts": self.restarts,
-                "crash_restarts": self.crash_restarts,
-                "last_exit": self.last_exit,
-                "fallback_reason": self.fallback_reason,
-                "message": self.message,
-                "start_times": list(self.start_times),
-                "assignment_revision": self.assignment_revision,
-            }
-        )
+        return encode_record(self)
 
     @classmethod
     def from_json(cls, raw: bytes) -> WorkerRecord:
-        """Decode a stored worker record."""
-        d = decode(raw, "worker record")
-        return cls(
-            job=d["job"],
-            host=d["host"],
-            state=d["state"],
-            pids=tuple(int(p) for p in d.get("pids", ())),
-            gpus=tuple(int(g) for g in d.get("gpus", ())),
-            device=d.get("device", "cuda"),
-            since=d.get("since", ""),
-            restarts=int(d.get("restarts", 0)),
-            crash_restarts=int(d.get("crash_restarts", 0)),
-            last_exit=d.get("last_exit"),
-            fallback_reason=d.get("fallback_reason"),
-            message=d.get("message", ""),
-            start_times=tuple(float(t) for t in d.get("start_times", ())),
-            assignment_revision=int(d.get("assignment_revision", 0)),
+        """Decode a stored worker record (``BadRecord`` if it is not one)."""
+        return decode_record(raw, cls)
+
+
+Record = Assignment | PolicyRecord | AgentRecord | WorkerRecord
+R = TypeVar("R", Assignment, PolicyRecord, AgentRecord, WorkerRecord)
+
+_ENCODER = msgspec.json.Encoder()
+
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+def replace_struct(record: S, **changes: Any) -> S:
+    """A copy of ``record`` (any of the structs here) with ``changes`` applied."""
+    return msgspec.structs.replace(record, **changes)
+
+
+class _Header(msgspec.Struct):
+    schema_version: Any = None
+
+
+def encode_record(record: Record) -> bytes:
+    """The stored form of ``record``: compact JSON, fields in declaration order.
+
+    Publishers compare encoded bytes to skip unchanged writes, so callers build
+    mappings (``AgentRecord.unhealthy``) in sorted order.
+    """
+    return _ENCODER.encode(record)
+
+
+def decode_record(raw: bytes, kind: type[R], key: str = "", **names: str | None) -> R:
+    """Decode ``raw`` as ``kind``, or raise :class:`BadRecord` saying what is wrong.
+
+    ``names`` are the names the key says the record has (``job="train"``,
+    ``host="node1"``); a body that names another is a bad record.
+    """
+    what = _KIND_WORDS[kind]
+    version = _stored_version(raw, key, what)
+    if version is None:
+        raise BadRecord(key, f"{what} has no schema_version")
+    if version != SCHEMA_VERSION:
+        raise BadRecord(
+            key,
+            f"{what} has schema_version {version!r}; this allocator reads {SCHEMA_VERSION}"
+            + (" (written by a newer allocator? upgrade)" if isinstance(version, int) else ""),
         )
+    try:
+        record = msgspec.json.decode(raw, type=kind)
+    except msgspec.MsgspecError as exc:
+        raise BadRecord(key, f"not a valid {what}: {exc}") from None
+    for field, expected in names.items():
+        actual = getattr(record, field)
+        if expected is not None and actual != expected:
+            raise BadRecord(
+                key, f"its {field} {actual!r} disagrees with the key, which says {expected!r}"
+            )
+    return record
+
+
+_KIND_WORDS: dict[type[Any], str] = {
+    Assignment: "assignment",
+    PolicyRecord: "policy record",
+    AgentRecord: "agent record",
+    WorkerRecord: "worker record",
+}
+
+
+def _stored_version(raw: bytes, key: str, what: str) -> object:
+    """The record's ``schema_version`` (None when absent); BadRecord if it is no JSON object."""
+    try:
+        return msgspec.json.decode(raw, type=_Header).schema_version
+    except msgspec.ValidationError:
+        raise BadRecord(key, f"{what} is not a JSON object") from None
+    except msgspec.DecodeError as exc:
+        raise BadRecord(key, f"{what} is not valid JSON: {exc}") from None

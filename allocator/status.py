@@ -60,6 +60,7 @@ class HostStatus:
     agent: str
     gpus: tuple[GpuRow, ...]
     jobs: tuple[JobRow, ...]
+    bad_records: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON/YAML-ready form."""
@@ -121,7 +122,8 @@ def _host_status(policy: Policy | None, snapshot: HostSnapshot, now: datetime) -
         if held.mode == "cpu":
             rows.append(GpuRow(snapshot.host, "cpu", job, held.updated_at, held.reason, "-", ""))
     job_rows = tuple(_job_row(snapshot, job) for job in sorted(snapshot.assignments))
-    return HostStatus(snapshot.host, _agent_state(snapshot, now), tuple(rows), job_rows)
+    bad = tuple(str(b) for b in snapshot.bad_records)
+    return HostStatus(snapshot.host, _agent_state(snapshot, now), tuple(rows), job_rows, bad)
 
 
 def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:

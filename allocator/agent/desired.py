@@ -7,7 +7,6 @@ its own command only where the policy's job allows ad-hoc commands.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -16,7 +15,7 @@ from allocator.agent.model import DesiredJob, DesiredState, Device, WorkerSpec
 from allocator.errors import RequestError
 from allocator.gpus.model import GpuInfo
 from allocator.policy.model import FallbackRule, Job, Policy
-from allocator.records import Assignment
+from allocator.records import Assignment, replace_struct
 
 __all__ = ["desired_job", "desired_jobs", "fingerprint", "master_port"]
 
@@ -116,7 +115,7 @@ def _rule_words(rule: FallbackRule) -> str:
 
 def _on_cpu(assignment: Assignment, reason: str) -> Assignment:
     """The same assignment moved to CPU, so the rendered environment hides every GPU."""
-    return dataclasses.replace(assignment, mode="cpu", gpus=(), fallback_reason=reason)
+    return replace_struct(assignment, mode="cpu", gpus=(), fallback_reason=reason)
 
 
 def _command(job: Job, assignment: Assignment) -> tuple[tuple[str, ...], str | None]:

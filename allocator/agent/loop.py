@@ -39,13 +39,20 @@ from allocator.agent.reconcile import plan
 from allocator.agent.recovery import RecoveryProbes
 from allocator.agent.report import agent_record, worker_records
 from allocator.agent.supervisor import Supervisor
-from allocator.errors import AllocatorError, Compacted, LeaseLost, PolicyError, StoreError
+from allocator.errors import (
+    AllocatorError,
+    BadRecord,
+    Compacted,
+    LeaseLost,
+    PolicyError,
+    StoreError,
+)
 from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory, read_inventory
 from allocator.identity import format_time, utc_now
 from allocator.keys import KeyLayout
 from allocator.policy import Policy, load_policy
-from allocator.records import Assignment, PolicyRecord
+from allocator.records import Assignment, PolicyRecord, decode_record
 from allocator.store import Store, open_store, resolve_store_url
 
 __all__ = ["Agent"]
@@ -108,6 +115,7 @@ class Agent:
         self.reload_requested = False
         self.busy = False
         self._desired_inputs: tuple[Any, ...] = ()
+        self.bad_seen: dict[str, int] = {}
 
     # --- the loop -------------------------------------------------------------
 
@@ -192,10 +200,12 @@ class Agent:
         for item in listing.items:
             job = item.key.rsplit("/", 1)[-1]
             try:
-                assignments[job] = Assignment.from_json(item.value)
+                assignments[job] = decode_record(
+                    item.value, Assignment, item.key, job=job, host=self.config.host
+                )
                 revisions[job] = item.mod_revision
-            except (StoreError, KeyError, TypeError, ValueError) as exc:
-                self.log("bad-record", {"key": item.key, "error": str(exc)})
+            except BadRecord as exc:
+                self._bad_record(exc, item.mod_revision)
         self._read_policy(store)
         self.assignments, self.assignment_revisions = assignments, revisions
         self.revision = max(self.revision, listing.revision)
@@ -208,7 +218,11 @@ class Agent:
             if self.policy is None:
                 self.log("no-policy", {"hint": "run `allocator policy apply FILE`"})
             return
-        record = PolicyRecord.from_json(item.value)
+        try:
+            record = decode_record(item.value, PolicyRecord, item.key)
+        except BadRecord as exc:  # keep the last good policy: a damaged record stops no work
+            self._bad_record(exc, item.mod_revision)
+            return
         if record.sha256 == self.policy_sha:
             return
         try:
@@ -219,6 +233,12 @@ class Agent:
         self.policy_sha = record.sha256
         self._policy_changed()
         self.log("policy", {"sha256": record.sha256[:12], "applied_by": record.applied_by})
+
+    def _bad_record(self, error: BadRecord, revision: int) -> None:
+        """Log a skipped record once per version of it, not on every re-read."""
+        if self.bad_seen.get(error.key) != revision:
+            self.bad_seen[error.key] = revision
+            self.log("bad-record", {"key": error.key, "revision": revision, "error": error.reason})
 
     def _policy_changed(self) -> None:
         assert self.policy is not None

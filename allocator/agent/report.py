@@ -26,7 +26,7 @@ def agent_record(
     return AgentRecord(
         host=host,
         gpus=inventory.gpus,
-        unhealthy=dict(unhealthy),
+        unhealthy=dict(sorted(unhealthy.items())),
         heartbeat_at=heartbeat_at,
         started_at=started_at,
         pid=os.getpid(),
@@ -77,7 +77,7 @@ def _from_runtime(
         state=str(have.get("state", "unknown")),
         pids=tuple(int(p) for p in have.get("pids", ())),
         gpus=tuple(int(g) for g in have.get("gpus", ())),
-        device=str(have.get("device", "cuda")),
+        device="cpu" if have.get("device") == "cpu" else "cuda",
         since=str(have.get("since", "")),
         restarts=int(have.get("restarts", 0)),
         crash_restarts=int(have.get("crash_restarts", 0)),

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from allocator import __version__
 from allocator.cli.common import CliArgumentParser, add_common_options
-from allocator.errors import EXIT_INTERNAL, AllocatorError
+from allocator.errors import EXIT_INTERNAL, AllocatorError, BadRecord
 
 __all__ = ["build_parser", "main"]
 
@@ -33,7 +33,13 @@ COMMAND_MODULES = (
     "allocator.cli.demo",
 )
 
-_LABELS = {2: "error", 3: "conflict", 4: "store unavailable", 5: "permission denied"}
+_LABELS = {
+    2: "error",
+    3: "conflict",
+    4: "store unavailable",
+    5: "permission denied",
+    6: "not found",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Centralized GPU allocator: assign GPUs to jobs, see who holds what, "
         "and run each host's workers with CUDA_VISIBLE_DEVICES set.",
         epilog="exit codes: 0 ok, 1 internal error, 2 invalid input, 3 conflict, "
-        "4 store unreachable, 5 permission denied",
+        "4 store unreachable, 5 permission denied, 6 not found",
     )
     parser.add_argument("--version", action="version", version=f"allocator {__version__}")
     add_common_options(parser)
@@ -62,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         code: int = args.handler(args)
         return code
+    except BadRecord as exc:  # damaged data in the store, not a bug here
+        _fail("error", f"{exc}; rewrite it (for the policy: `allocator policy apply FILE`)")
+        return exc.exit_code
     except AllocatorError as exc:
         _fail(_LABELS.get(exc.exit_code, "internal error"), str(exc))
         return exc.exit_code

@@ -80,7 +80,20 @@ def open_allocator(args: argparse.Namespace) -> Allocator:
     prefix = validate_prefix(
         getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
     )
-    return Allocator(open_store(url), prefix=prefix)
+    return Allocator(open_store(url), prefix=prefix, on_bad_record=_bad_record_noter())
+
+
+def _bad_record_noter() -> Callable[[Exception], None]:
+    """A note on stderr per bad record the command skipped, each key once."""
+    seen: set[str] = set()
+
+    def noter(bad: Exception) -> None:
+        key = str(getattr(bad, "key", ""))
+        if key not in seen:
+            seen.add(key)
+            note(f"skipped {bad}")
+
+    return noter
 
 
 def note(message: str) -> None:

@@ -61,7 +61,8 @@ def _text(hosts: Any, render_table: Any) -> str:
     ]
     table = render_table(["HOST", "GPU", "HOLDER", "SINCE", "REASON", "HEALTH", "RESERVED"], rows)
     agents = "\n".join(f"{h.host}: agent {h.agent}" + _job_summary(h) for h in hosts)
-    return f"{table}\n\n{agents}"
+    bad = "".join(f"\n{h.host}: {line}" for h in hosts for line in h.bad_records)
+    return f"{table}\n\n{agents}{bad}"
 
 
 def _job_summary(host: Any) -> str:

@@ -195,9 +195,9 @@ def _count_finding(seen: int, declared: int, host: str) -> Finding:
 
 def _broken_gpus(inventory: Inventory) -> list[Finding]:
     return [
-        Finding("fail", "gpus", f"GPU {gpu.index} does not answer NVML: {gpu.extra['error']}")
+        Finding("fail", "gpus", f"GPU {gpu.index} does not answer NVML: {gpu.error}")
         for gpu in inventory.gpus
-        if gpu.extra.get("error")
+        if gpu.error
     ]
 
 

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from allocator.errors import EXIT_UNAVAILABLE, AllocatorError
 from allocator.gpus.model import GpuInfo, MigDevice
+from allocator.records import replace_struct
 
 __all__ = [
     "ERROR_GPU_IS_LOST",
@@ -211,7 +212,7 @@ def _read_gpu_or_failure(lib: Any, index: int) -> tuple[GpuInfo, tuple[str, ...]
     try:
         return _read_gpu(lib, index)
     except lib.NVMLError as exc:
-        return GpuInfo(index=index, extra={"error": describe_error(exc)}), ()
+        return GpuInfo(index=index, error=describe_error(exc)), ()
 
 
 def _read_gpu(lib: Any, index: int) -> tuple[GpuInfo, tuple[str, ...]]:
@@ -276,7 +277,7 @@ def _with_nvlink_peers(read: list[tuple[GpuInfo, tuple[str, ...]]]) -> tuple[Gpu
     result: list[GpuInfo] = []
     for gpu, remotes in read:
         peers = sorted({by_bus[bus] for bus in remotes if bus in by_bus} - {gpu.index})
-        result.append(replace(gpu, nvlink_peers=tuple(peers)))
+        result.append(replace_struct(gpu, nvlink_peers=tuple(peers)))
     return tuple(result)
 
 

@@ -89,7 +89,7 @@ def test_lost_gpu_keeps_its_index_and_the_error(tmp_path: Path) -> None:
     healthy, lost = inventory.gpus
     assert healthy.uuid == default_uuid(0)
     assert lost.index == 1 and lost.uuid is None
-    assert "lost" in lost.extra["error"]
+    assert "lost" in lost.error
 
 
 @pytest.mark.parametrize("declared", [None, 0, 4])
