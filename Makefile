@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch 2.13.0's CPU wheel is what the worker-helper tests run against.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint unit contract e2e bench schema servers clean
+.PHONY: demo test lint unit contract e2e reliability soak bench schema servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ contract: servers $(VENV)/.dev
 
 e2e: servers $(VENV)/.dev
 	$(BIN)/pytest -q tests/e2e
+
+reliability: servers $(VENV)/.dev
+	$(BIN)/pytest -q tests/reliability
+
+# The reliability suite at its long sizes; prints the figures at the end.
+soak: servers $(VENV)/.dev
+	ALLOCATOR_SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/reliability
 
 bench: servers $(VENV)/.dev
 	$(BIN)/python bench/run.py
