@@ -31,7 +31,12 @@ EXHAUSTIVE_LIMIT = 20_000
 MAX_SEEDS = 16
 
 Score = tuple[int, int, int, int, int, tuple[int, ...]]
-StepCost = tuple[int, int, int, int, int, int]
+StepCost = tuple[int, int, int, int, int, int, int]
+# What a greedy search keeps: links into the set per GPU, NUMA nodes entered,
+# each node's candidates, and how many candidates each node has.
+_GrowState = tuple[
+    dict[int, int], set[int | None], dict[int | None, list[int]], dict[int | None, int]
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,29 +119,29 @@ class Ranking:
         members: dict[int | None, list[int]] = {}
         for gpu in ordered:
             members.setdefault(self.numa.get(gpu), []).append(gpu)
-        cost = {g: self._step_cost(g, links, nodes) for g in ordered if g != seed}
+        room = {node: len(gpus) for node, gpus in members.items()}
+        cost = {g: self._step_cost(g, links, nodes, room) for g in ordered if g != seed}
         heap = [(value, g) for g, value in cost.items()]
         heapq.heapify(heap)
-        self._joined(seed, chosen, links, nodes, members, cost, heap)
+        self._joined(seed, chosen, (links, nodes, members, room), cost, heap)
         while len(chosen) < count:
             value, gpu = heapq.heappop(heap)
             if gpu in chosen or cost[gpu] != value:
                 continue  # a stale entry: the GPU's cost changed since it was pushed
             chosen.add(gpu)
-            self._joined(gpu, chosen, links, nodes, members, cost, heap)
+            self._joined(gpu, chosen, (links, nodes, members, room), cost, heap)
         return tuple(sorted(chosen))
 
     def _joined(
         self,
         gpu: int,
         chosen: set[int],
-        links: dict[int, int],
-        nodes: set[int | None],
-        members: dict[int | None, list[int]],
+        state: _GrowState,
         cost: dict[int, StepCost],
         heap: list[tuple[StepCost, int]],
     ) -> None:
         """Update the costs ``gpu`` joining the set changes: its peers', its NUMA node's."""
+        links, nodes, members, room = state
         touched = [peer for peer in self.peers.get(gpu, ()) if peer in cost]
         for peer in touched:
             links[peer] = links.get(peer, 0) + 1
@@ -147,16 +152,28 @@ class Ranking:
         for other in touched:
             if other in chosen:
                 continue
-            cost[other] = self._step_cost(other, links, nodes)
+            cost[other] = self._step_cost(other, links, nodes, room)
             heapq.heappush(heap, (cost[other], other))
 
-    def _step_cost(self, gpu: int, links: dict[int, int], nodes: set[int | None]) -> StepCost:
-        """What adding ``gpu`` costs: the score's order, links counted as those it brings."""
-        new_node = int(bool(self.numa) and self.numa.get(gpu) not in nodes)
+    def _step_cost(
+        self,
+        gpu: int,
+        links: dict[int, int],
+        nodes: set[int | None],
+        room: dict[int | None, int],
+    ) -> StepCost:
+        """What adding ``gpu`` costs: the score's order, links counted as those it brings.
+
+        Entering a new NUMA node, the one with the most candidates comes
+        first, so a large request spans as few nodes as it can.
+        """
+        node = self.numa.get(gpu)
+        new_node = bool(self.numa) and node not in nodes
         return (
             int(gpu in self.later),
             -links.get(gpu, 0),
-            new_node,
+            int(new_node),
+            -room[node] if new_node else 0,
             self.load.get(gpu, 0),
             int(gpu not in self.own),
             gpu,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import signal
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +31,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_TEXT_LENGTH",
     "NAME_PATTERN",
-    "RELOAD_SIGNALS",
     "Bool",
     "Const",
     "Enum",
@@ -41,7 +39,7 @@ __all__ = [
     "Kind",
     "Name",
     "Number",
-    "OnChange",
+    "Scalar",
     "Str",
     "Timestamp",
     "name_problem",
@@ -53,27 +51,6 @@ NAME_PATTERN = rf"^(?!\.\.?$)(?!-)[A-Za-z0-9._-]{{1,{MAX_NAME_LENGTH}}}$"
 #: The longest string a policy field takes unless it says otherwise.
 MAX_TEXT_LENGTH = 4096
 _GLOB = re.compile(r"[A-Za-z0-9._*?!\[\]-]{1,128}", re.ASCII)
-_UNHANDLEABLE_SIGNALS = frozenset({"SIGKILL", "SIGSTOP"})
-#: Signals ``on_change`` may send: what programs handle to reload or stop.
-RELOAD_SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGWINCH")
-_RELOAD_WORDS = "restart, or signal:SIGHUP, SIGUSR1, SIGUSR2, SIGINT, SIGTERM, SIGQUIT or SIGWINCH"
-_STOPS = "a stop signal would suspend the workers, holding their GPUs"
-_IGNORED = "programs ignore it by default"
-_FAULT = "it reports a fault, so the worker would look crashed"
-_SIGNAL_TROUBLE = {
-    "SIGTSTP": _STOPS,
-    "SIGTTIN": _STOPS,
-    "SIGTTOU": _STOPS,
-    "SIGCHLD": _IGNORED,
-    "SIGCONT": _IGNORED,
-    "SIGURG": _IGNORED,
-    "SIGRTMIN": "real-time signals are ignored by default and numbered differently per system",
-    "SIGRTMAX": "real-time signals are ignored by default and numbered differently per system",
-    **dict.fromkeys(
-        ("SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE", "SIGABRT", "SIGIOT", "SIGTRAP", "SIGSYS"),
-        _FAULT,
-    ),
-}
 
 
 class Kind(Protocol):
@@ -95,7 +72,7 @@ def suggest(word: str, known: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-class _Scalar:
+class Scalar:
     """A kind read from one scalar node; subclasses check the Python value."""
 
     expected = "a value"
@@ -140,7 +117,7 @@ class _Scalar:
         return f"expected {self.expected}, got {got}"
 
 
-class Str(_Scalar):
+class Str(Scalar):
     """A non-empty string (``nonempty=False`` allows ``""``) of at most ``max_length``."""
 
     expected = "a string"
@@ -223,7 +200,7 @@ class Glob(Str):
         return {"type": "string", "pattern": f"^{_GLOB.pattern}$"}
 
 
-class Bool(_Scalar):
+class Bool(Scalar):
     """``true`` or ``false``."""
 
     expected = "a boolean (true or false)"
@@ -238,7 +215,7 @@ class Bool(_Scalar):
         return {"type": "boolean"}
 
 
-class Int(_Scalar):
+class Int(Scalar):
     """An integer between ``minimum`` and ``maximum`` (both inclusive)."""
 
     expected = "an integer"
@@ -265,7 +242,7 @@ class Int(_Scalar):
         return {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
 
 
-class Number(_Scalar):
+class Number(Scalar):
     """A finite number (integers accepted) read as a float, within its bounds."""
 
     expected = "a number"
@@ -313,7 +290,7 @@ class Number(_Scalar):
         return schema
 
 
-class Enum(_Scalar):
+class Enum(Scalar):
     """One of a fixed set of strings."""
 
     wants_text = True
@@ -334,7 +311,7 @@ class Enum(_Scalar):
         return {"type": "string", "enum": list(self.choices)}
 
 
-class Const(_Scalar):
+class Const(Scalar):
     """Exactly one integer value (the policy format ``version``)."""
 
     value_kinds = frozenset({"number"})
@@ -356,46 +333,7 @@ class Const(_Scalar):
         return {"const": self.value}
 
 
-class OnChange(_Scalar):
-    """``restart``, ``none`` or ``signal:<SIGNAME>`` for a signal a program handles to reload.
-
-    Only signals that mean "reconfigure" or "stop" to a program are
-    accepted: a stop signal (SIGTSTP) would suspend the workers, SIGCHLD and
-    real-time signals are ignored by default, and fault signals (SIGSEGV)
-    make a worker look like it crashed.
-    """
-
-    expected = "restart, none or signal:<SIGNAME>"
-    wants_text = True
-
-    def problem(self, value: Any, node: Node) -> str | None:
-        """Refuse unknown words and signals that cannot tell a worker its GPUs changed."""
-        if not isinstance(value, str):
-            return self.wrong_type(value, node)
-        if value in ("restart", "none"):
-            return None
-        if not value.startswith("signal:"):
-            return self.wrong_type(value, node) + suggest(value, ("restart", "none"))
-        name = value.removeprefix("signal:")
-        if name in RELOAD_SIGNALS:
-            return None
-        if name in _UNHANDLEABLE_SIGNALS:
-            return f"{name} cannot be handled by a worker; use restart"
-        if name.startswith("SIG") and name in signal.Signals.__members__:
-            why = _SIGNAL_TROUBLE.get(name, "it is not how a program is told to reload or stop")
-            return f"{name} cannot tell a worker its GPUs changed: {why}; use {_RELOAD_WORDS}"
-        guess = f"SIG{name.upper()}"
-        if guess in RELOAD_SIGNALS:
-            return f"unknown signal {name!r} (did you mean 'signal:{guess}'?)"
-        return f"unknown signal {name!r} (e.g. signal:SIGHUP, signal:SIGUSR1)"
-
-    def schema(self) -> dict[str, Any]:
-        """A string: restart, none, or signal: and an accepted signal name."""
-        names = "|".join(RELOAD_SIGNALS)
-        return {"type": "string", "pattern": f"^(restart|none|signal:({names}))$"}
-
-
-class Timestamp(_Scalar):
+class Timestamp(Scalar):
     """A timezone-aware instant: a YAML timestamp or an ISO 8601 string.
 
     A time without a timezone is refused rather than guessed: a reservation

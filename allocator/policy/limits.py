@@ -12,6 +12,7 @@ one record whose value is the text, JSON-escaped, plus a few fields.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Final
 
 import msgspec
@@ -44,6 +45,8 @@ ALIAS_FACTOR: Final = 4
 ALIAS_ALLOWANCE: Final = 10_000
 
 _ENCODE = msgspec.json.Encoder().encode
+# Where an alias (*name) can start; a false match (in a comment) only costs a walk.
+_ALIAS = re.compile(r"(?:^|[\s\[{,:])\*")
 
 
 def stored_size(text: str) -> int:
@@ -71,13 +74,15 @@ def size_problem(text: str) -> tuple[str, int] | None:
     return reason, max(line, 1)
 
 
-def expansion_problem(root: Node) -> tuple[str, int | None] | None:
+def expansion_problem(root: Node, text: str) -> tuple[str, int | None] | None:
     """Why ``root``'s aliases expand too far (or refer to themselves), and where; or ``None``.
 
     Counts every node as the reader would visit it: an aliased node once per
     use. The walk visits each distinct node once, so it is cheap whatever the
-    expansion.
+    expansion; a text with no alias at all (``text``) is not walked.
     """
+    if _ALIAS.search(text) is None:
+        return None
     sizes: dict[int, int] = {}
     uses: dict[int, int] = {}
     nodes: dict[int, Node] = {}

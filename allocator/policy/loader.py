@@ -78,7 +78,7 @@ def _load(text: str, source: str) -> tuple[Policy, Reader]:
         raise PolicyError(
             "the policy is empty (it needs at least 'version: 1')", file=source, line=1
         )
-    expands = expansion_problem(root)
+    expands = expansion_problem(root, text)
     if expands is not None:
         raise PolicyError(expands[0], file=source, line=expands[1])
     r = Reader(source, construct)

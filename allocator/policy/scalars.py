@@ -86,6 +86,9 @@ _YAML11_TIMESTAMP = re.compile(
     r"(?:\.[0-9]*)?(?:[ \t]*(?:Z|[-+][0-9]{1,2}(?::[0-9]{2})?))?",
     re.ASCII,
 )
+_WORDS = _NULLS | _YAML11_TRUE | _YAML11_FALSE | {"true", "false"}
+# Every number, time or special float starts with one of these.
+_MAYBE_NOT_TEXT = frozenset("-+.0123456789")
 _SIGN = r"[-+]?"
 _LEADING_ZERO = re.compile(_SIGN + r"0[0-9_]+", re.ASCII)
 _HEX = re.compile(_SIGN + r"0x[0-9a-fA-F_]+", re.ASCII)
@@ -127,6 +130,8 @@ def _shown(text: str) -> str:
 
 def plain_tag(text: str) -> str:
     """The tag of a plain, untagged scalar: a core tag, ``STR_TAG`` or ``AMBIGUOUS_TAG``."""
+    if text and text[0] not in _MAYBE_NOT_TEXT and text not in _WORDS:
+        return STR_TAG  # most scalars: words that no rule below can match
     if text in _NULLS:
         return NULL_TAG
     if text in ("true", "false"):

@@ -16,7 +16,6 @@ from allocator.policy.kinds import (
     Int,
     Name,
     Number,
-    OnChange,
     Str,
     Timestamp,
 )
@@ -29,6 +28,7 @@ from allocator.policy.model import (
     Pool,
     Reservation,
 )
+from allocator.policy.on_change import OnChange
 from allocator.policy.structures import EnvMap, Field, ListOf, NameMap, OnlyWhen, Record
 from allocator.records import MAX_GPU_INDEX
 
