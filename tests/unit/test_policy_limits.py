@@ -1,4 +1,4 @@
-"""Sizes are bounded before work is done: counts, text, aliases, and values that can only be mistakes."""
+"""Sizes are bounded before work is done: counts, text, aliases, values that are mistakes."""
 
 from __future__ import annotations
 
@@ -103,7 +103,10 @@ def test_cpu_threads_beyond_any_machine_are_refused() -> None:
         ("SIGTSTP", "a stop signal would suspend the workers, holding their GPUs"),
         ("SIGTTIN", "a stop signal would suspend the workers, holding their GPUs"),
         ("SIGCHLD", "programs ignore it by default"),
-        ("SIGRTMIN", "real-time signals are ignored by default and numbered differently per system"),
+        (
+            "SIGRTMIN",
+            "real-time signals are ignored by default and numbered differently per system",
+        ),
         ("SIGSEGV", "it reports a fault, so the worker would look crashed"),
     ],
 )
@@ -115,7 +118,8 @@ def test_on_change_refuses_signals_that_cannot_mean_reload(signal_name: str, why
 
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGWINCH"])
 def test_on_change_accepts_the_signals_programs_reload_on(name: str) -> None:
-    assert load_policy(job_with(f"on_change: signal:{name}")).jobs["a"].on_change == f"signal:{name}"
+    policy = load_policy(job_with(f"on_change: signal:{name}"))
+    assert policy.jobs["a"].on_change == f"signal:{name}"
 
 
 @pytest.mark.parametrize(

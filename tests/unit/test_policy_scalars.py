@@ -33,7 +33,10 @@ def host_with(value: str) -> str:
         ("0b11", "0b11 is ambiguous (YAML 1.1 reads it as binary 3); write 3"),
         ("0o17", "0o17 is ambiguous (YAML 1.2 reads it as octal 15, YAML 1.1 as text); write 15"),
         ("0x1F", "0x1F is hexadecimal, which JSON cannot write; write 31"),
-        ("1:30", "1:30 is ambiguous (YAML 1.1 reads it as 90, base 60; YAML 1.2 as text); write 90"),
+        (
+            "1:30",
+            "1:30 is ambiguous (YAML 1.1 reads it as 90, base 60; YAML 1.2 as text); write 90",
+        ),
         ("+4", "+4 has a leading +, which JSON does not allow; write 4"),
     ],
 )
