@@ -82,7 +82,7 @@ MAX_RESTARTS = 10_000
 MAX_XID = 65_535
 MAX_XID_ITEMS = 1024
 #: Health checks more often than this only burn the agent's CPU.
-MIN_HEALTH_INTERVAL = 0.5
+MIN_HEALTH_INTERVAL = 0.1
 HOUR = 3600.0
 DAY = 86_400.0
 _ARGUMENT = Str(max_length=MAX_ARGUMENT_LENGTH)

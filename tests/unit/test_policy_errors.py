@@ -661,7 +661,7 @@ def test_numbers_must_be_finite_and_health_interval_positive() -> None:
     found = {(e.line, e.field, e.reason) for e in errors}
     assert found == {
         (3, "jobs.a.grace_seconds", "must be a finite number, got .inf"),
-        (5, "health.interval_seconds", "must be >= 0.5, got 0"),
+        (5, "health.interval_seconds", "must be >= 0.1, got 0"),
     }
 
 

@@ -81,7 +81,7 @@ def test_health_checks_cannot_run_on_every_loop_nor_never() -> None:
         "version: 1\nhealth:\n  interval_seconds: 1e-300\n  recovery_probe_timeout_seconds: 1e-9\n"
     )
     assert found == [
-        (3, "health.interval_seconds", "must be >= 0.5, got 1e-300"),
+        (3, "health.interval_seconds", "must be >= 0.1, got 1e-300"),
         (4, "health.recovery_probe_timeout_seconds", "must be >= 1, got 1e-09"),
     ]
 
