@@ -139,7 +139,7 @@ class Allocator:
         self.on_bad_record = on_bad_record or (lambda _bad: None)
         self.layout = KeyLayout(prefix)
         self.clock = clock
-        self.actor = actor or default_actor()
+        self.actor = actor or default_actor(store.url)
         self.attempts = attempts
 
     # --- reads ------------------------------------------------------------

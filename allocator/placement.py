@@ -14,10 +14,11 @@ Choices worth knowing:
   operator named the GPU on purpose (perhaps re-assigning it deliberately
   after a repair), and the agent's health handling still applies the job's
   fallback if the GPU is really broken. ``count=N`` never picks one.
-* ``count=N`` ranks every candidate set by, in order: NVLink pairs missing,
-  NUMA nodes spanned, other jobs sharing the GPUs (shared pools), GPUs the
-  job does not already hold (so re-running the same request does not move,
-  and restart, the job), and finally the lowest indices.
+* ``count=N`` ranks candidate sets as :mod:`allocator.ranking` says: GPUs a
+  reservation will take from the job later first, then NVLink, NUMA, sharing,
+  moves, and the lowest indices; its cost is linear in the host's size.
+* A GPU whose reservation for other jobs starts later is given with a note
+  (``set`` prints it): the job will lose it when the window opens.
 * A request larger than the host (or a pool limit) is impossible as asked
   (:class:`RequestError`, exit 2); GPUs busy right now is a conflict
   (:class:`PlacementRefused`, exit 3). A job whose fallback rule says ``cpu``
@@ -26,17 +27,24 @@ Choices worth knowing:
 
 from __future__ import annotations
 
-import itertools
-import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 from allocator.errors import PlacementRefused, RequestError
 from allocator.gpus.model import GpuInfo
 from allocator.policy.model import Policy, Pool, Reservation
+from allocator.ranking import Ranking
 from allocator.records import Assignment
+from allocator.reservations import (
+    describe_reservation,
+    format_time,
+    reserved_against,
+    reserved_later,
+)
+from allocator.text import printable
 
 __all__ = [
     "Placement",
@@ -45,13 +53,8 @@ __all__ = [
     "gpu_holders",
     "host_gpu_indices",
     "place",
+    "unavailable_gpus",
 ]
-
-#: Above this many candidate sets, ``count=N`` uses a greedy search instead of
-#: scoring every combination (real hosts have at most 16 GPUs: C(16, 8) = 12870).
-EXHAUSTIVE_LIMIT = 20_000
-
-Score = tuple[int, int, int, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +112,7 @@ def _check_gpu_list(job: str, gpus: tuple[int, ...]) -> None:
     negative = sorted(g for g in gpus if g < 0)
     if negative:
         raise RequestError(f"job '{job}' asks for GPU {negative[0]}; GPU indices start at 0")
-    repeated = sorted({g for g in gpus if gpus.count(g) > 1})
+    repeated = sorted(g for g, times in Counter(gpus).items() if times > 1)
     if repeated:
         listed = ", ".join(str(g) for g in repeated)
         raise RequestError(f"job '{job}' lists GPU {listed} more than once")
@@ -146,17 +149,6 @@ def gpu_holders(assignments: Mapping[str, Assignment]) -> dict[int, list[str]]:
     return dict(sorted(holders.items()))
 
 
-def _reserved_against(policy: Policy, host: str, job: str, now: datetime) -> dict[int, Reservation]:
-    """GPU -> the first active reservation on ``host`` that does not admit ``job``."""
-    blocked: dict[int, Reservation] = {}
-    for reservation in policy.reservations:
-        if reservation.host != host or not reservation.active(now) or reservation.admits(job):
-            continue
-        for gpu in reservation.gpus:
-            blocked.setdefault(gpu, reservation)
-    return blocked
-
-
 def _is_shared(pool: Pool | None) -> bool:
     return pool is not None and pool.sharing == "shared"
 
@@ -179,7 +171,7 @@ def gpu_blockers(
     indices = host_gpu_indices(policy, host, inventory)
     shared = _is_shared(policy.pool_of(host))
     holders = gpu_holders(assignments)
-    reserved = _reserved_against(policy, host, job, now)
+    reserved = reserved_against(policy, host, job, now)
     sick = unhealthy or {}
     reasons: dict[int, str] = {}
     for gpu in indices:
@@ -189,35 +181,58 @@ def gpu_blockers(
         elif others and not shared:
             reasons[gpu] = "held by " + ", ".join(f"job '{other}'" for other in others)
         elif gpu in reserved:
-            reasons[gpu] = _describe_reservation(reserved[gpu])
+            reasons[gpu] = describe_reservation(reserved[gpu])
     return reasons
+
+
+def unavailable_gpus(
+    policy: Policy,
+    assignment: Assignment,
+    unhealthy: Mapping[int, str],
+    now: datetime | None,
+) -> tuple[dict[int, str], bool]:
+    """Which of an assignment's GPUs it cannot use now, why, and whether a reservation is why.
+
+    The agent's decision at a window's start: a GPU held by a job the
+    reservation does not cover is unavailable to that job, like an unhealthy
+    one, so the job's fallback rule applies. ``now`` is the agent's clock;
+    ``None`` judges health alone. Reasons read ``unhealthy: XID 79`` or
+    ``reserved by 'r' for eval-* until ...``.
+    """
+    if assignment.mode != "gpu":
+        return {}, False
+    reserved = (
+        {}
+        if now is None
+        else reserved_against(policy, assignment.host, assignment.job, now, assignment.gpus)
+    )
+    reasons: dict[int, str] = {}
+    for gpu in assignment.gpus:
+        if gpu in unhealthy:
+            reasons[gpu] = f"unhealthy: {unhealthy[gpu]}"
+        elif gpu in reserved:
+            reasons[gpu] = describe_reservation(reserved[gpu])
+    return reasons, any(gpu in reserved for gpu in reasons)
 
 
 # --- wording -------------------------------------------------------------------
 
 
-def _format_time(moment: datetime) -> str:
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC)
-    return moment.replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
-
-
-def _describe_reservation(reservation: Reservation) -> str:
-    until = (
-        f"until {_format_time(reservation.until)}"
-        if reservation.until is not None
-        else "with no end"
-    )
-    return f"reserved by '{reservation.name}' for {', '.join(reservation.for_jobs)} {until}"
-
-
 def _describe_holder(assignment: Assignment | None, job: str) -> str:
     details = []
     if assignment is not None and assignment.updated_at:
-        details.append(f"since {assignment.updated_at}")
+        details.append(f"since {printable(assignment.updated_at)}")
     if assignment is not None and assignment.updated_by:
-        details.append(f"by {assignment.updated_by}")
+        details.append(f"by {printable(assignment.updated_by)}")
     return f"job '{job}'" + (f" ({', '.join(details)})" if details else "")
+
+
+def _later_note(host: str, job: str, gpu: int, reservation: Reservation) -> str:
+    start = format_time(reservation.start) if reservation.start is not None else "now"
+    return (
+        f"GPU {gpu} on {host} is {describe_reservation(reservation)} from {start}; "
+        f"job '{job}' loses it then (its fallback rule applies)"
+    )
 
 
 def _ranges(indices: Sequence[int]) -> str:
@@ -287,7 +302,8 @@ def _place_explicit(
     unhealthy: Mapping[int, str],
 ) -> Placement:
     host, job = request.host, request.job
-    missing = [g for g in gpus if g not in indices]
+    present = set(indices)
+    missing = [g for g in gpus if g not in present]
     if missing:
         verb = "does" if len(missing) == 1 else "do"
         listed = ", ".join(str(g) for g in missing)
@@ -295,7 +311,8 @@ def _place_explicit(
     _check_pool_limit(policy, host, job, len(gpus))
     shared = _is_shared(policy.pool_of(host))
     holders = gpu_holders(assignments)
-    reserved = _reserved_against(policy, host, job, now)
+    reserved = reserved_against(policy, host, job, now, gpus)
+    later = reserved_later(policy, host, job, now, gpus)
     conflicts: list[str] = []
     notes: list[str] = []
     for gpu in gpus:
@@ -306,7 +323,9 @@ def _place_explicit(
         elif others:
             notes.append(f"GPU {gpu} on {host} is shared with {held}")
         if gpu in reserved:
-            conflicts.append(f"GPU {gpu} on {host} is {_describe_reservation(reserved[gpu])}")
+            conflicts.append(f"GPU {gpu} on {host} is {describe_reservation(reserved[gpu])}")
+        elif gpu in later:
+            notes.append(_later_note(host, job, gpu, later[gpu]))
         if gpu in unhealthy:
             notes.append(f"GPU {gpu} on {host} is unhealthy: {unhealthy[gpu]}")
     if conflicts:
@@ -344,87 +363,21 @@ def _place_count(
             reason = f"not enough free GPUs on {host}: {shortage}"
             return Placement(gpus=(), mode="cpu", fallback_reason=reason)
         raise PlacementRefused(f"not enough free GPUs on {host} for job '{job}': {shortage}")
-    topology = _Topology.build(inventory, assignments, job)
-    return Placement(gpus=topology.choose(candidates, count), mode="gpu")
+    later = reserved_later(policy, host, job, now, candidates)
+    chosen = _ranking(inventory, assignments, job, frozenset(later)).choose(candidates, count)
+    notes = tuple(_later_note(host, job, gpu, later[gpu]) for gpu in chosen if gpu in later)
+    return Placement(gpus=chosen, mode="gpu", notes=notes)
 
 
-# --- choosing GPUs for count=N ---------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Topology:
-    """What ranks one candidate set against another (see the module docstring)."""
-
-    numa: Mapping[int, int | None]
-    links: frozenset[frozenset[int]]
-    load: Mapping[int, int]
-    own: frozenset[int]
-
-    @classmethod
-    def build(
-        cls,
-        inventory: Sequence[GpuInfo] | None,
-        assignments: Mapping[str, Assignment],
-        job: str,
-    ) -> _Topology:
-        gpus = inventory or ()
-        numa = {g.index: g.numa_node for g in gpus}
-        if all(node is None for node in numa.values()):
-            numa = {}  # no NUMA facts: every set spans "one" node
-        links = frozenset(
-            frozenset((g.index, peer)) for g in gpus for peer in g.nvlink_peers if peer != g.index
-        )
-        load: dict[int, int] = {}
-        for gpu, holders in gpu_holders(assignments).items():
-            load[gpu] = sum(1 for holder in holders if holder != job)
-        mine = assignments.get(job)
-        own = frozenset(mine.gpus) if mine is not None and mine.mode == "gpu" else frozenset()
-        return cls(numa=numa, links=links, load=load, own=own)
-
-    def score(self, chosen: tuple[int, ...]) -> Score:
-        """Lower is better; the last element makes ties go to the lowest indices."""
-        missing_links = 0
-        if self.links:
-            missing_links = sum(
-                1
-                for a, b in itertools.combinations(chosen, 2)
-                if frozenset((a, b)) not in self.links
-            )
-        numa_nodes = len({self.numa.get(g) for g in chosen}) if self.numa else 1
-        shared_load = sum(self.load.get(g, 0) for g in chosen)
-        moved = sum(1 for g in chosen if g not in self.own)
-        return (missing_links, numa_nodes, shared_load, moved, chosen)
-
-    def choose(self, candidates: Sequence[int], count: int) -> tuple[int, ...]:
-        """The best-scoring ``count`` GPUs among ``candidates`` (sorted ascending)."""
-        ordered = tuple(sorted(candidates))
-        if math.comb(len(ordered), count) <= EXHAUSTIVE_LIMIT:
-            return min(itertools.combinations(ordered, count), key=self.score)
-        return min(
-            (self._grow(seed, ordered, count) for seed in self._seeds(ordered)), key=self.score
-        )
-
-    def _seeds(self, ordered: tuple[int, ...]) -> list[int]:
-        """Where a greedy search starts: the lowest GPU of each NUMA node, and of the job's own."""
-        firsts = {self.numa.get(g): g for g in reversed(ordered)}
-        own = [g for g in ordered if g in self.own][:1]
-        return sorted({ordered[0], *firsts.values(), *own})
-
-    def _grow(self, seed: int, ordered: tuple[int, ...], count: int) -> tuple[int, ...]:
-        """Greedy: from ``seed``, add whichever GPU adds the least to the score."""
-        chosen = [seed]
-        while len(chosen) < count:
-            rest = [g for g in ordered if g not in chosen]
-            chosen.append(min(rest, key=lambda g: self._added_cost(chosen, g)))
-        return tuple(sorted(chosen))
-
-    def _added_cost(self, chosen: Sequence[int], gpu: int) -> tuple[int, int, int, int, int]:
-        unlinked = (
-            sum(1 for other in chosen if frozenset((gpu, other)) not in self.links)
-            if self.links
-            else 0
-        )
-        new_node = int(
-            bool(self.numa) and self.numa.get(gpu) not in {self.numa.get(g) for g in chosen}
-        )
-        return (unlinked, new_node, self.load.get(gpu, 0), int(gpu not in self.own), gpu)
+def _ranking(
+    inventory: Sequence[GpuInfo] | None,
+    assignments: Mapping[str, Assignment],
+    job: str,
+    later: frozenset[int],
+) -> Ranking:
+    load: dict[int, int] = {}
+    for gpu, holders in gpu_holders(assignments).items():
+        load[gpu] = sum(1 for holder in holders if holder != job)
+    mine = assignments.get(job)
+    own = frozenset(mine.gpus) if mine is not None and mine.mode == "gpu" else frozenset()
+    return Ranking.build(inventory, load, own, later)

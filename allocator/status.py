@@ -16,6 +16,7 @@ from allocator.identity import parse_time
 from allocator.keys import KeyLayout
 from allocator.placement import gpu_holders, host_gpu_indices
 from allocator.policy import Policy
+from allocator.reservations import on_host, trespassers
 from allocator.store import KeyValue
 
 __all__ = ["AGENT_STALE_AFTER_SECONDS", "GpuRow", "HostStatus", "JobRow", "build_status"]
@@ -35,6 +36,8 @@ class GpuRow:
     reason: str
     health: str
     reserved: str
+    #: Holders inside a reservation window in force that does not admit them.
+    outside_reservation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,7 @@ def _host_status(policy: Policy | None, snapshot: HostSnapshot, now: datetime) -
         indices = tuple(g.index for g in inventory)
     holders = gpu_holders(snapshot.assignments)
     reservations = _reservation_labels(policy, snapshot.host, now)
+    outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
     rows = []
     for index in sorted(set(indices) | set(holders)):
         jobs = holders.get(index, [])
@@ -115,7 +119,8 @@ def _host_status(policy: Policy | None, snapshot: HostSnapshot, now: datetime) -
                 since=first.updated_at if first else "",
                 reason=first.reason if first else "",
                 health=f"unhealthy: {unhealthy[index]}" if index in unhealthy else "ok",
-                reserved=reservations.get(index, ""),
+                reserved=_flagged(reservations.get(index, ""), outside.get(index, "")),
+                outside_reservation=outside.get(index, ""),
             )
         )
     for job, held in sorted(snapshot.assignments.items()):
@@ -156,12 +161,17 @@ def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
     )
 
 
+def _flagged(label: str, outside: str) -> str:
+    """The RESERVED column: the reservation, and a holder it does not admit, loudly."""
+    return f"{label}: HELD OUTSIDE IT ({outside})" if outside else label
+
+
 def _reservation_labels(policy: Policy | None, host: str, now: datetime) -> dict[int, str]:
     labels: dict[int, str] = {}
     if policy is None:
         return labels
-    for reservation in policy.reservations:
-        if reservation.host == host and reservation.active(now):
+    for reservation in on_host(policy, host):
+        if reservation.active(now):
             for gpu in reservation.gpus:
                 labels[gpu] = f"{reservation.name} ({','.join(reservation.for_jobs)})"
     return labels

@@ -10,10 +10,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 
 from allocator.agent.model import DesiredJob, DesiredState, Device, WorkerSpec
 from allocator.errors import RequestError
 from allocator.gpus.model import GpuInfo
+from allocator.placement import unavailable_gpus
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records import Assignment, replace_struct
 
@@ -28,12 +30,14 @@ def desired_jobs(
     inventory: Sequence[GpuInfo] | None,
     unhealthy: Mapping[int, str],
     failed: Mapping[str, int],
+    now: datetime | None = None,
 ) -> dict[str, DesiredJob]:
     """Return the desired job for every assignment on ``host``, keyed by job name.
 
     ``failed`` maps a job to the assignment revision at which a ``fail``
     fallback rule marked it failed; it stays failed until that revision changes.
     Assignments naming another host are not this agent's and are left out.
+    ``now`` is the agent's clock, which judges reservation windows.
     """
     return {
         name: desired_job(
@@ -43,6 +47,7 @@ def desired_jobs(
             inventory,
             unhealthy,
             failed.get(name),
+            now,
         )
         for name, assignment in sorted(assignments.items())
         if assignment.host == host
@@ -56,6 +61,7 @@ def desired_job(
     inventory: Sequence[GpuInfo] | None,
     unhealthy: Mapping[int, str],
     failed_at: int | None,
+    now: datetime | None = None,
 ) -> DesiredJob:
     """Decide what one assigned job should do: run (and how), wait, fail or be refused."""
     job = policy.jobs.get(assignment.job)
@@ -78,7 +84,7 @@ def desired_job(
     if assignment.mode == "cpu":
         reason = assignment.fallback_reason or "assigned gpus=cpu"
         return _running(policy, job, _on_cpu(assignment, reason), argv, revision, inventory, "")
-    return _with_health(policy, job, assignment, argv, revision, inventory, unhealthy)
+    return _with_health(policy, job, assignment, argv, revision, inventory, unhealthy, now)
 
 
 def _with_health(
@@ -89,13 +95,17 @@ def _with_health(
     revision: int,
     inventory: Sequence[GpuInfo] | None,
     unhealthy: Mapping[int, str],
+    now: datetime | None,
 ) -> DesiredJob:
-    """Apply the job's fallback rule when one of its GPUs is unhealthy."""
-    bad = [(gpu, unhealthy[gpu]) for gpu in assignment.gpus if gpu in unhealthy]
+    """Apply the job's fallback rule when one of its GPUs is unhealthy or reserved for others."""
+    bad, reserved = unavailable_gpus(policy, assignment, unhealthy, now)
     if not bad:
         return _running(policy, job, assignment, argv, revision, inventory, "")
-    trouble = "; ".join(f"GPU {gpu} unhealthy: {why}" for gpu, why in bad)
+    trouble = "; ".join(f"GPU {gpu} {why}" for gpu, why in bad.items())
     rule = policy.fallback_for(job.name)
+    if rule is None and reserved:  # running on would break the reservation
+        message = f"{trouble}; job {job.name!r} has no fallback rule, so it waits"
+        return _not_running(job, assignment, revision, "wait", message)
     if rule is None:
         note = f"{trouble} (job {job.name!r} has no fallback rule; it keeps running on its GPUs)"
         return _running(policy, job, assignment, argv, revision, inventory, note)

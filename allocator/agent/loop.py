@@ -53,6 +53,7 @@ from allocator.identity import format_time, utc_now
 from allocator.keys import KeyLayout
 from allocator.policy import Policy, load_policy
 from allocator.records import Assignment, PolicyRecord, decode_record
+from allocator.reservations import active_reservations
 from allocator.store import Store, open_store, resolve_store_url
 
 __all__ = ["Agent"]
@@ -338,12 +339,14 @@ class Agent:
 
     def _reconcile(self, now: float) -> None:
         assert self.policy is not None
+        wall = self.wall()  # reservations are judged by this host's clock
         inputs = (
             self.policy_sha,
             tuple(sorted(self.assignment_revisions.items())),
             self.inventory,
             tuple(sorted(self.unhealthy.items())),
             tuple(sorted(self.failed.items())),
+            active_reservations(self.policy, self.config.host, wall),  # windows opening
         )
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
             self._desired_inputs = inputs
@@ -355,6 +358,7 @@ class Agent:
                 self.inventory.gpus or None,
                 self.unhealthy,
                 self.failed,
+                wall,
             )
         for job, want in self.desired.items():
             if want.state == "failed" and job not in self.failed:

@@ -2,7 +2,10 @@
 
 Pure functions: they turn words into typed requests or raise
 ``InvalidInput`` with one line saying what is wrong. No other exception may
-escape them (a property test feeds them arbitrary input).
+escape them (a property test feeds them arbitrary input). Every value has a
+maximum length, checked before anything else is done with it: Python's
+``int()`` refuses numbers over 4,300 digits with an error of its own, and an
+error message must not echo a megabyte back.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from allocator.keys import validate_name
 
 __all__ = [
     "MAX_GPU_INDEX",
+    "MAX_OTHER_VALUE_LENGTH",
+    "MAX_VALUE_LENGTH",
     "SetArgs",
     "parse_gpu_list",
     "parse_key_values",
@@ -27,23 +32,38 @@ __all__ = [
 MAX_GPU_INDEX = 1023
 _MAX_COUNT = MAX_GPU_INDEX + 1
 _MAX_REASON = 200
+#: The longest value each key takes (``gpus=0,1,...,1023`` is 4,014 characters).
+MAX_VALUE_LENGTH = {"command": 65_536, "gpus": 8192, "reason": 4096, "count": 8, "worker": 8}
+#: The longest value of any other key (names then say they are at most 63 characters).
+MAX_OTHER_VALUE_LENGTH = 1024
+_SHOWN = 40
+
+
+def _shown(text: str) -> str:
+    """``text`` cut for an error message."""
+    return text if len(text) <= _SHOWN else f"{text[: _SHOWN - 3]}..."
 
 
 def parse_key_values(words: Iterable[str], allowed: Sequence[str]) -> dict[str, str]:
-    """Split ``key=value`` words, refusing unknown, repeated or malformed ones."""
+    """Split ``key=value`` words, refusing unknown, repeated, malformed or overlong ones."""
     result: dict[str, str] = {}
     for word in words:
         key, sep, value = word.partition("=")
         if not sep:
-            raise InvalidInput(f"expected key=value, got {word!r} (keys: {', '.join(allowed)})")
+            raise InvalidInput(
+                f"expected key=value, got {_shown(word)!r} (keys: {', '.join(allowed)})"
+            )
         if key not in allowed:
-            hint = difflib.get_close_matches(key, allowed, n=1)
+            hint = difflib.get_close_matches(key, allowed, n=1) if len(key) <= _SHOWN else []
             suggestion = (
                 f"; did you mean {hint[0]!r}?" if hint else f" (keys: {', '.join(allowed)})"
             )
-            raise InvalidInput(f"unknown argument {key!r}{suggestion}")
+            raise InvalidInput(f"unknown argument {_shown(key)!r}{suggestion}")
         if key in result:
             raise InvalidInput(f"{key}= given twice")
+        limit = MAX_VALUE_LENGTH.get(key, MAX_OTHER_VALUE_LENGTH)
+        if len(value) > limit:
+            raise InvalidInput(f"{key}= is {len(value):,} characters long; at most {limit:,}")
         result[key] = value
     return result
 
@@ -51,11 +71,18 @@ def parse_key_values(words: Iterable[str], allowed: Sequence[str]) -> dict[str, 
 def _parse_index(token: str, raw: str) -> int:
     if not token.isascii() or not token.isdigit():
         raise InvalidInput(
-            f"gpus={raw}: {token!r} is not a GPU index (use e.g. gpus=0,2 or gpus=0-3)"
+            f"gpus={_shown(raw)}: {_shown(token)!r} is not a GPU index "
+            "(use e.g. gpus=0,2 or gpus=0-3)"
+        )
+    if len(token.lstrip("0")) > len(str(MAX_GPU_INDEX)):  # too long to be an index: no int()
+        raise InvalidInput(
+            f"gpus={_shown(raw)}: GPU index {_shown(token)} is out of range (0-{MAX_GPU_INDEX})"
         )
     index = int(token)
     if index > MAX_GPU_INDEX:
-        raise InvalidInput(f"gpus={raw}: GPU index {index} is out of range (0-{MAX_GPU_INDEX})")
+        raise InvalidInput(
+            f"gpus={_shown(raw)}: GPU index {index} is out of range (0-{MAX_GPU_INDEX})"
+        )
     return index
 
 
@@ -69,14 +96,14 @@ def parse_gpu_list(raw: str) -> tuple[int, ...]:
         if dash:
             first, last = _parse_index(low, raw), _parse_index(high, raw)
             if last < first:
-                raise InvalidInput(f"gpus={raw}: range {part!r} runs backwards")
+                raise InvalidInput(f"gpus={_shown(raw)}: range {_shown(part)!r} runs backwards")
             indices.extend(range(first, last + 1))
         else:
             indices.append(_parse_index(part, raw))
     seen: set[int] = set()
     for index in indices:
         if index in seen:
-            raise InvalidInput(f"gpus={raw}: GPU {index} is listed twice")
+            raise InvalidInput(f"gpus={_shown(raw)}: GPU {index} is listed twice")
         seen.add(index)
     return tuple(indices)
 
@@ -118,7 +145,7 @@ def parse_command(raw: str) -> tuple[str, ...]:
     try:
         argv = tuple(shlex.split(raw))
     except ValueError as exc:
-        raise InvalidInput(f"command={raw!r}: {exc}") from None
+        raise InvalidInput(f"command={_shown(raw)!r}: {exc}") from None
     if not argv:
         raise InvalidInput("command= is empty")
     return argv

@@ -1,12 +1,22 @@
-"""``allocator policy validate|diff|apply|show|schema``: the reviewed policy file."""
+"""``allocator policy validate|diff|apply|show|schema``: the reviewed policy file.
+
+Warnings (a policy that loads but holds a likely mistake) print as
+``allocator: warning: file:line: field: ...`` on stderr; ``validate`` exits 0
+with warnings unless ``--strict``, which makes them an error (exit 2).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+import sys
+from typing import TYPE_CHECKING, Any
 
 from allocator.cli.common import add_common_options, note, open_allocator, output_format
+
+if TYPE_CHECKING:
+    from allocator.assignments import Allocator
+    from allocator.policy import Policy, PolicyWarning
 
 __all__ = ["register"]
 
@@ -26,6 +36,7 @@ def register(commands: Any) -> None:
         "validate", help="check a policy file; exit 2 with file:line: field: problem"
     )
     validate.add_argument("file")
+    validate.add_argument("--strict", action="store_true", help="treat warnings as errors (exit 2)")
     validate.set_defaults(handler=run_validate)
     diff = sub.add_parser("diff", help="compare a policy file with the applied one")
     diff.add_argument("file")
@@ -51,25 +62,58 @@ def _read(path: str) -> str:
     return read_policy_text(path)
 
 
-def run_validate(args: argparse.Namespace) -> int:
-    """Validate without touching any store."""
-    from allocator.cli.output import emit
-    from allocator.errors import PolicyError
-    from allocator.policy import load_policy
+def _lint(path: str) -> tuple[str, Policy, tuple[PolicyWarning, ...]]:
+    """The file's text, its policy and the warnings about it now (``PolicyError`` if invalid)."""
+    from allocator.identity import utc_now
+    from allocator.policy import lint_policy
 
+    text = _read(path)
+    policy, warnings = lint_policy(text, path, utc_now())
+    return text, policy, warnings
+
+
+def _warn(message: str) -> None:
+    from allocator.cli import one_line
+
+    sys.stderr.write(f"allocator: warning: {one_line(message)}\n")
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    """Validate without touching any store; warnings exit 2 only with ``--strict``."""
+    from allocator.cli.output import emit
+    from allocator.errors import InvalidInput, PolicyError
+
+    fmt = output_format(args)
     try:
-        policy = load_policy(_read(args.file), source=args.file)
+        _, policy, warnings = _lint(args.file)
     except PolicyError as exc:
-        if output_format(args) == "table":
+        if fmt == "table":
             raise
         errors = [e.to_dict() for e in exc.errors]
-        emit({"valid": False, "file": args.file, "errors": errors}, output_format(args))
+        emit({"valid": False, "file": args.file, "errors": errors, "warnings": []}, fmt)
         return exc.exit_code
+    refused = bool(warnings) and args.strict
+    if fmt != "table":
+        data = {
+            "valid": not refused,
+            "file": args.file,
+            "errors": [],
+            "warnings": [w.to_dict() for w in warnings],
+        }
+        emit(data, fmt)
+        return 2 if refused else 0
+    if refused:
+        more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        raise InvalidInput(f"{warnings[0]} (a warning, refused by --strict){more}")
+    for warning in warnings:
+        _warn(str(warning))
     summary = (
         f"{args.file}: ok ({len(policy.hosts)} hosts, {len(policy.pools)} pools, "
-        f"{len(policy.reservations)} reservations, {len(policy.jobs)} jobs)"
+        f"{len(policy.reservations)} reservations, {len(policy.jobs)} jobs"
+        + (f"; {len(warnings)} warning(s)" if warnings else "")
+        + ")"
     )
-    emit({"valid": True, "file": args.file, "errors": []}, output_format(args), summary)
+    emit({}, fmt, summary)
     return 0
 
 
@@ -86,6 +130,7 @@ def run_diff(args: argparse.Namespace) -> int:
     try:
         snapshot = allocator.policy()
         violations = allocator.violations(policy)
+        upcoming = _upcoming(allocator, policy)
     finally:
         allocator.store.close()
     applied = snapshot.record.yaml if snapshot else ""
@@ -101,23 +146,53 @@ def run_diff(args: argparse.Namespace) -> int:
     body = "".join(lines) if changed else f"{args.file}: same as the applied policy\n"
     if violations:
         body += "\n".join(f"would conflict: {v}" for v in violations) + "\n"
-    data = {"changed": changed, "diff": "".join(lines), "conflicts": violations}
+    if upcoming:
+        body += "\n".join(f"will conflict when its window opens: {u}" for u in upcoming) + "\n"
+    data = {
+        "changed": changed,
+        "diff": "".join(lines),
+        "conflicts": violations,
+        "upcoming_conflicts": upcoming,
+    }
     emit(data, output_format(args), body.rstrip("\n"))
     return 3 if changed and args.exit_code else 0
 
 
+def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
+    """Held GPUs that ``policy``'s reservations take from their holders later (one read)."""
+    from allocator.assignments import snapshots_by_host
+    from allocator.reservations import upcoming_conflicts
+
+    listing = allocator.store.list(allocator.layout.hosts)
+    now = allocator.clock()
+    found: list[str] = []
+    for host, state in sorted(snapshots_by_host(listing.items, allocator.layout, 0).items()):
+        held = {job: a.gpus for job, a in state.assignments.items() if a.mode == "gpu"}
+        found += upcoming_conflicts(policy, host, held, now)
+    return found
+
+
 def run_apply(args: argparse.Namespace) -> int:
-    """Store FILE as the applied policy, atomically."""
+    """Store FILE as the applied policy, atomically; report what it leaves in conflict."""
     from allocator.cli.output import emit
 
-    text = _read(args.file)
+    text, policy, lints = _lint(args.file)  # a bad file is refused before the store is opened
     allocator = open_allocator(args)
     try:
         result = allocator.apply_policy(text, source=args.file, force=args.force)
+        # Re-applying the applied file writes nothing, but must still say what breaks it now.
+        standing = [] if result.changed else allocator.violations(policy)
+        upcoming = _upcoming(allocator, policy)
     finally:
         allocator.store.close()
+    for lint in lints:
+        _warn(str(lint))
     for warning in result.warnings:
         note(f"applied over a conflicting assignment: {warning}")
+    for conflict in standing:
+        _warn(f"the applied policy is broken by a current assignment: {conflict}")
+    for conflict in upcoming:
+        _warn(f"will conflict when its reservation window opens: {conflict}")
     verb = "applied" if result.changed else "unchanged"
     summary = f"{verb} {args.file} (sha256 {result.record.sha256[:12]}, revision {result.revision})"
     data = {
@@ -136,6 +211,7 @@ def run_show(args: argparse.Namespace) -> int:
     from allocator.cli.output import emit
     from allocator.errors import RequestError
     from allocator.policy import policy_to_dict
+    from allocator.text import printable
 
     allocator = open_allocator(args)
     try:
@@ -153,11 +229,11 @@ def run_show(args: argparse.Namespace) -> int:
         "revision": snapshot.revision,
         "policy": policy_to_dict(snapshot.policy),
     }
-    header = (
+    header = printable(
         f"# applied {record.applied_at} by {record.applied_by} from {record.source} "
-        f"(sha256 {record.sha256[:12]})\n"
+        f"(sha256 {record.sha256[:12]})"
     )
-    emit(data, output_format(args), header + record.yaml)
+    emit(data, output_format(args), f"{header}\n{record.yaml}", keep="\n\t")
     return 0
 
 

@@ -5,7 +5,10 @@ Importing this package does not import PyYAML; reading a policy does.
 
 from __future__ import annotations
 
+from allocator.policy.limits import MAX_POLICY_BYTES
+from allocator.policy.lint import PolicyWarning
 from allocator.policy.loader import (
+    lint_policy,
     load_policy,
     load_policy_file,
     policy_json_schema,
@@ -26,13 +29,16 @@ from allocator.policy.model import (
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
+    "MAX_POLICY_BYTES",
     "FallbackRule",
     "HealthSettings",
     "Host",
     "Job",
     "Policy",
+    "PolicyWarning",
     "Pool",
     "Reservation",
+    "lint_policy",
     "load_policy",
     "load_policy_file",
     "policy_json_schema",

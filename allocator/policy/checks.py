@@ -15,7 +15,7 @@ from typing import Any
 from allocator.policy.model import Host, Job, Pool, Reservation
 from allocator.policy.reader import Reader
 
-__all__ = ["check_policy"]
+__all__ = ["MAX_FLEET_GPUS", "check_policy"]
 
 
 def check_policy(values: dict[str, Any], r: Reader) -> dict[str, Any]:
@@ -24,11 +24,26 @@ def check_policy(values: dict[str, Any], r: Reader) -> dict[str, Any]:
     pools: dict[str, Pool] = values.get("pools", {})
     members = _check_pool_members(pools, r)
     _check_host_pools(hosts, members, r)
+    _check_fleet_size(hosts, r)
     _check_reservations(values.get("reservations", ()), hosts, r)
     _check_jobs(values.get("jobs", {}), r)
     if hosts or pools:
         values["hosts"], values["pools"] = _normalise_pools(hosts, pools, members)
     return values
+
+
+#: GPUs all declared hosts may have together: more than the largest clusters, and
+#: what ``status`` can still show the whole fleet of in about a second.
+MAX_FLEET_GPUS = 131_072
+
+
+def _check_fleet_size(hosts: dict[str, Host], r: Reader) -> None:
+    total = sum(host.gpus for host in hosts.values())
+    if total > MAX_FLEET_GPUS:
+        r.error_on(
+            "hosts",
+            f"the hosts declare {total:,} GPUs together; at most {MAX_FLEET_GPUS:,} in one policy",
+        )
 
 
 def _known(r: Reader, section: str) -> str:
@@ -96,7 +111,7 @@ def _check_reservations(
     reservations: tuple[Reservation, ...], hosts: dict[str, Host], r: Reader
 ) -> None:
     first_by_name: dict[str, str] = {}
-    sound: list[tuple[Reservation, str]] = []
+    sound: dict[str, list[tuple[Reservation, str]]] = {}  # by host: only those can overlap
     for reservation in reservations:
         path = r.origins[id(reservation)]
         ok = _check_reservation(reservation, path, hosts, r)
@@ -108,8 +123,9 @@ def _check_reservations(
                 f"(first at line {r.lines.get(first + '.name')})",
             )
         if ok:
-            _check_overlaps(reservation, path, sound, r)
-            sound.append((reservation, path))
+            earlier = sound.setdefault(reservation.host, [])
+            _check_overlaps(reservation, path, earlier, r)
+            earlier.append((reservation, path))
 
 
 def _check_reservation(

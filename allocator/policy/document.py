@@ -2,8 +2,10 @@
 
 The text is composed, not loaded: nodes keep their line numbers, and
 duplicate keys are still visible (a loaded dict has already dropped them).
-Scalars are turned into values by PyYAML's safe constructor, one node at a
-time, so no tag can build an arbitrary object.
+Plain scalars are resolved by :mod:`allocator.policy.scalars` (the forms
+YAML 1.1, YAML 1.2 and JSON read alike), not by PyYAML's YAML 1.1 rules;
+other tags go through PyYAML's safe constructor, one node at a time, so no
+tag can build an arbitrary object.
 """
 
 from __future__ import annotations
@@ -13,17 +15,49 @@ from typing import Any
 
 import yaml
 from yaml.constructor import SafeConstructor
-from yaml.nodes import Node
+from yaml.nodes import Node, ScalarNode
 
 from allocator.errors import PolicyError
-from allocator.policy.reader import one_line
+from allocator.policy.reader import MERGE_TAG, one_line
+from allocator.policy.scalars import plain_tag, read_tagged
 
-__all__ = ["compose"]
+__all__ = ["compose", "dump_yaml"]
 
 # libyaml's parser when PyYAML was built with it (much faster), else pure Python
-_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(
+_BASE: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(
     yaml, "CSafeLoader", yaml.SafeLoader
 )
+
+
+class _Loader(_BASE):  # type: ignore[valid-type,misc]
+    """PyYAML's safe loader, with plain scalars resolved by our rules, not YAML 1.1's."""
+
+    def resolve(self, kind: type[Node], value: str, implicit: tuple[bool, bool]) -> str:
+        """The tag of a node; a plain, untagged scalar gets :func:`plain_tag`'s."""
+        if kind is ScalarNode and implicit[0]:
+            return MERGE_TAG if value == "<<" else plain_tag(value)
+        tag: str = super().resolve(kind, value, implicit)
+        return tag
+
+
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, quoting every string the loader would not read as text."""
+
+    def resolve(self, kind: type[Node], value: str, implicit: tuple[bool, bool]) -> str:
+        """The tag a scalar would get when read back: the loader's rules, not YAML 1.1's."""
+        if kind is ScalarNode and implicit[0]:
+            return MERGE_TAG if value == "<<" else plain_tag(value)
+        tag: str = super().resolve(kind, value, implicit)  # type: ignore[no-untyped-call]
+        return tag
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as block-style YAML (keys sorted) that every YAML reader reads back the same.
+
+    ``yaml.safe_dump`` writes the string ``"1e3"`` plain, which YAML 1.2 reads
+    as a number; this quotes whatever the policy loader would not read as text.
+    """
+    return yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False)
 
 
 def compose(text: str, source: str) -> tuple[Node | None, Callable[[Node], Any]]:
@@ -34,7 +68,7 @@ def compose(text: str, source: str) -> tuple[Node | None, Callable[[Node], Any]]
     the line.
     """
     try:
-        root = yaml.compose(text, Loader=_LOADER)
+        root = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = None if mark is None else mark.line + 1
@@ -55,6 +89,10 @@ def compose(text: str, source: str) -> tuple[Node | None, Callable[[Node], Any]]
     return root, _scalar_constructor()
 
 
+def _is_scalar(node: Node) -> bool:
+    return isinstance(node, ScalarNode)
+
+
 def _line_at(text: str, position: int) -> int:
     return text.count("\n", 0, max(position, 0)) + 1
 
@@ -63,6 +101,11 @@ def _scalar_constructor() -> Callable[[Node], Any]:
     constructor = SafeConstructor()
 
     def construct(node: Node) -> Any:
+        if _is_scalar(node):
+            try:
+                return read_tagged(node.tag, node.value)
+            except LookupError:
+                pass  # not a core tag: PyYAML's safe constructor knows it, or refuses it
         try:
             return constructor.construct_object(node, deep=True)
         except yaml.YAMLError as exc:

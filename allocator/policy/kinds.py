@@ -16,18 +16,20 @@ from __future__ import annotations
 import difflib
 import math
 import re
-import signal
 from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from allocator.errors import InvalidName
 from allocator.keys import MAX_NAME_LENGTH, validate_name
+from allocator.policy.globs import glob_never_matches
 from allocator.policy.reader import INVALID, Reader, describe_value, is_null, kind_of
+from allocator.policy.scalars import parse_rfc3339
 
 if TYPE_CHECKING:
     from yaml.nodes import Node
 
 __all__ = [
+    "MAX_TEXT_LENGTH",
     "NAME_PATTERN",
     "Bool",
     "Const",
@@ -37,7 +39,7 @@ __all__ = [
     "Kind",
     "Name",
     "Number",
-    "OnChange",
+    "Scalar",
     "Str",
     "Timestamp",
     "name_problem",
@@ -46,9 +48,9 @@ __all__ = [
 
 #: JSON Schema (ECMA-262) twin of :func:`allocator.keys.validate_name`.
 NAME_PATTERN = rf"^(?!\.\.?$)(?!-)[A-Za-z0-9._-]{{1,{MAX_NAME_LENGTH}}}$"
+#: The longest string a policy field takes unless it says otherwise.
+MAX_TEXT_LENGTH = 4096
 _GLOB = re.compile(r"[A-Za-z0-9._*?!\[\]-]{1,128}", re.ASCII)
-_JSON_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?[eE][-+]?[0-9]+", re.ASCII)
-_UNHANDLEABLE_SIGNALS = frozenset({"SIGKILL", "SIGSTOP"})
 
 
 class Kind(Protocol):
@@ -70,10 +72,14 @@ def suggest(word: str, known: list[str] | tuple[str, ...]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-class _Scalar:
+class Scalar:
     """A kind read from one scalar node; subclasses check the Python value."""
 
     expected = "a value"
+    #: Whether the value is text (an ambiguous plain scalar is then told to be quoted).
+    wants_text = False
+    #: What the value is (``boolean``, ``number``, ``time``), for wording ambiguities.
+    value_kinds: frozenset[str] = frozenset()
 
     def read(self, node: Node, path: str, r: Reader) -> Any:
         """Return the checked value of ``node``, or ``INVALID``."""
@@ -81,7 +87,7 @@ class _Scalar:
             got = "a list" if kind_of(node) == "sequence" else "a mapping"
             r.error_at(node, path, f"expected {self.expected}, got {got}")
             return INVALID
-        value = r.scalar(node, path)
+        value = r.scalar(node, path, self.expected, self.value_kinds, text=self.wants_text)
         if value is INVALID:
             return INVALID
         problem = self.problem(value, node)
@@ -111,28 +117,35 @@ class _Scalar:
         return f"expected {self.expected}, got {got}"
 
 
-class Str(_Scalar):
-    """A non-empty string (``nonempty=False`` allows ``""``)."""
+class Str(Scalar):
+    """A non-empty string (``nonempty=False`` allows ``""``) of at most ``max_length``."""
 
     expected = "a string"
+    wants_text = True
 
-    def __init__(self, *, nonempty: bool = True) -> None:
+    def __init__(self, *, nonempty: bool = True, max_length: int = MAX_TEXT_LENGTH) -> None:
         self.nonempty = nonempty
+        self.max_length = max_length
 
     def problem(self, value: Any, node: Node) -> str | None:
-        """Refuse non-strings (with a quoting hint), empty strings and NUL bytes."""
+        """Refuse non-strings (with a quoting hint), empty or overlong strings and NUL bytes."""
         if not isinstance(value, str):
             hint = "" if is_null(node) else f"; quote it if you mean the text {node.value!r}"
             return self.wrong_type(value, node) + hint
         if self.nonempty and not value:
             return "must not be empty"
+        if len(value) > self.max_length:
+            return f"is {len(value):,} characters long; at most {self.max_length:,}"
         if "\0" in value:
             return "must not contain a NUL character"
         return None
 
     def schema(self) -> dict[str, Any]:
-        """A string, non-empty unless allowed."""
-        return {"type": "string", "minLength": 1} if self.nonempty else {"type": "string"}
+        """A string, non-empty unless allowed, bounded in length."""
+        schema: dict[str, Any] = {"type": "string", "maxLength": self.max_length}
+        if self.nonempty:
+            schema["minLength"] = 1
+        return schema
 
 
 class Name(Str):
@@ -177,6 +190,9 @@ class Glob(Str):
                 f"job glob {value!r} may contain only letters, digits, '.', '_', '-' "
                 "and the wildcards * ? [ ] !"
             )
+        never = glob_never_matches(value)
+        if never is not None:
+            return f"job glob {value!r} can never match a job name: {never}"
         return None
 
     def schema(self) -> dict[str, Any]:
@@ -184,10 +200,11 @@ class Glob(Str):
         return {"type": "string", "pattern": f"^{_GLOB.pattern}$"}
 
 
-class Bool(_Scalar):
+class Bool(Scalar):
     """``true`` or ``false``."""
 
     expected = "a boolean (true or false)"
+    value_kinds = frozenset({"boolean"})
 
     def problem(self, value: Any, node: Node) -> str | None:
         """Refuse anything but a boolean."""
@@ -198,43 +215,54 @@ class Bool(_Scalar):
         return {"type": "boolean"}
 
 
-class Int(_Scalar):
-    """An integer, optionally bounded."""
+class Int(Scalar):
+    """An integer between ``minimum`` and ``maximum`` (both inclusive)."""
 
     expected = "an integer"
+    value_kinds = frozenset({"number"})
 
-    def __init__(self, *, minimum: int | None = None) -> None:
+    def __init__(self, *, minimum: int, maximum: int, why: str = "") -> None:
         self.minimum = minimum
+        self.maximum = maximum
+        self.why = why
 
     def problem(self, value: Any, node: Node) -> str | None:
-        """Refuse non-integers (booleans included) and values below the minimum."""
+        """Refuse non-integers (booleans included) and values out of range."""
         if isinstance(value, bool) or not isinstance(value, int):
             return self.wrong_type(value, node)
-        if self.minimum is not None and value < self.minimum:
+        if value < self.minimum:
             return f"must be >= {self.minimum}, got {value}"
+        if value > self.maximum:
+            why = f" ({self.why})" if self.why else ""
+            return f"must be <= {self.maximum:,}{why}, got {value:,}"
         return None
 
     def schema(self) -> dict[str, Any]:
-        """A JSON integer with its bound."""
-        schema: dict[str, Any] = {"type": "integer"}
-        if self.minimum is not None:
-            schema["minimum"] = self.minimum
-        return schema
+        """A JSON integer with its bounds."""
+        return {"type": "integer", "minimum": self.minimum, "maximum": self.maximum}
 
 
-class Number(_Scalar):
-    """A finite number (integers accepted), read as a float."""
+class Number(Scalar):
+    """A finite number (integers accepted) read as a float, within its bounds."""
 
     expected = "a number"
+    value_kinds = frozenset({"number"})
 
-    def __init__(self, *, minimum: float | None = None, above: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        maximum: float,
+        minimum: float | None = None,
+        above: float | None = None,
+        why: str = "",
+    ) -> None:
         self.minimum = minimum
         self.above = above
+        self.maximum = maximum
+        self.why = why
 
     def problem(self, value: Any, node: Node) -> str | None:
         """Refuse non-numbers, infinities, NaN and values out of bounds."""
-        if _is_plain_json_number(value, node):
-            value = float(value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return self.wrong_type(value, node)
         if not math.isfinite(value):
@@ -243,15 +271,18 @@ class Number(_Scalar):
             return f"must be >= {self.minimum:g}, got {value:g}"
         if self.above is not None and value <= self.above:
             return f"must be > {self.above:g}, got {value:g}"
+        if value > self.maximum:
+            why = f" ({self.why})" if self.why else ""
+            return f"must be <= {self.maximum:g}{why}, got {value:g}"
         return None
 
     def convert(self, value: Any) -> float:
-        """Return the number as a float (a plain ``1e3`` arrives as text)."""
+        """Return the number as a float."""
         return float(value)
 
     def schema(self) -> dict[str, Any]:
         """A JSON number with its bounds."""
-        schema: dict[str, Any] = {"type": "number"}
+        schema: dict[str, Any] = {"type": "number", "maximum": self.maximum}
         if self.minimum is not None:
             schema["minimum"] = self.minimum
         if self.above is not None:
@@ -259,21 +290,10 @@ class Number(_Scalar):
         return schema
 
 
-def _is_plain_json_number(value: Any, node: Node) -> bool:
-    """Whether ``value`` is an unquoted number YAML 1.1 reads as text (``1e3``, ``5e-324``).
-
-    YAML 1.2 and JSON read these as numbers, so editors and JSON Schema tools
-    would too; refusing them here would make the same file mean two things.
-    """
-    return (
-        isinstance(value, str)
-        and not getattr(node, "style", None)  # plain: None, or "" from libyaml
-        and _JSON_NUMBER.fullmatch(value) is not None
-    )
-
-
-class Enum(_Scalar):
+class Enum(Scalar):
     """One of a fixed set of strings."""
+
+    wants_text = True
 
     def __init__(self, *choices: str) -> None:
         self.choices = choices
@@ -291,8 +311,10 @@ class Enum(_Scalar):
         return {"type": "string", "enum": list(self.choices)}
 
 
-class Const(_Scalar):
+class Const(Scalar):
     """Exactly one integer value (the policy format ``version``)."""
+
+    value_kinds = frozenset({"number"})
 
     def __init__(self, value: int) -> None:
         self.value = value
@@ -311,35 +333,7 @@ class Const(_Scalar):
         return {"const": self.value}
 
 
-class OnChange(_Scalar):
-    """``restart``, ``none`` or ``signal:<SIGNAME>`` (a name of ``signal.Signals``)."""
-
-    expected = "restart, none or signal:<SIGNAME>"
-
-    def problem(self, value: Any, node: Node) -> str | None:
-        """Refuse unknown words and signals a worker cannot handle."""
-        if not isinstance(value, str):
-            return self.wrong_type(value, node)
-        if value in ("restart", "none"):
-            return None
-        if not value.startswith("signal:"):
-            return self.wrong_type(value, node) + suggest(value, ("restart", "none"))
-        name = value.removeprefix("signal:")
-        if name in _UNHANDLEABLE_SIGNALS:
-            return f"{name} cannot be handled by a worker; use restart"
-        if name.startswith("SIG") and name in signal.Signals.__members__:
-            return None
-        guess = f"SIG{name.upper()}"
-        if guess in signal.Signals.__members__:
-            return f"unknown signal {name!r} (did you mean 'signal:{guess}'?)"
-        return f"unknown signal {name!r} (e.g. signal:SIGHUP, signal:SIGUSR1)"
-
-    def schema(self) -> dict[str, Any]:
-        """A string: restart, none, or signal: and a signal name."""
-        return {"type": "string", "pattern": "^(restart|none|signal:SIG[A-Z0-9+-]+)$"}
-
-
-class Timestamp(_Scalar):
+class Timestamp(Scalar):
     """A timezone-aware instant: a YAML timestamp or an ISO 8601 string.
 
     A time without a timezone is refused rather than guessed: a reservation
@@ -347,7 +341,8 @@ class Timestamp(_Scalar):
     are converted to UTC.
     """
 
-    expected = "a timestamp with a timezone, like 2027-01-01T00:00:00Z"
+    expected = "an RFC 3339 time with a timezone, like 2027-01-01T00:00:00Z"
+    value_kinds = frozenset({"time"})
 
     def read(self, node: Node, path: str, r: Reader) -> Any:
         """Return the instant in UTC, or ``INVALID``."""
@@ -362,7 +357,10 @@ class Timestamp(_Scalar):
 
     def problem(self, value: Any, node: Node) -> str | None:
         """Refuse non-timestamps, dates without a time and times without a zone."""
-        instant = _as_datetime(value)
+        try:
+            instant = _as_datetime(value)
+        except ValueError as exc:
+            return str(exc)
         if instant is None:
             if isinstance(value, date):
                 return f"expected {self.expected}, got a date without a time ({node.value})"
@@ -387,11 +385,9 @@ class Timestamp(_Scalar):
 
 
 def _as_datetime(value: Any) -> datetime | None:
+    """The instant ``value`` is (a read timestamp, or RFC 3339 text); ``ValueError`` if none."""
     if isinstance(value, datetime):
         return value
     if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value)
-        except ValueError:
-            return None
+        return parse_rfc3339(value)
     return None

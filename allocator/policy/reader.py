@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from allocator.errors import PolicyError
+from allocator.policy.scalars import AmbiguousScalar
 
 if TYPE_CHECKING:
     from yaml.nodes import Node
@@ -155,10 +156,26 @@ class Reader:
         kept = self.item_paths.get(path, [])
         return kept[index] if index < len(kept) else f"{path}[{index}]"
 
-    def scalar(self, node: Node, path: str) -> Any:
-        """Return the Python value of a scalar node, or ``INVALID`` after reporting why."""
+    def scalar(
+        self,
+        node: Node,
+        path: str,
+        expected: str = "a value",
+        kinds: frozenset[str] = frozenset(),
+        *,
+        text: bool = False,
+    ) -> Any:
+        """Return the Python value of a scalar node, or ``INVALID`` after reporting why.
+
+        An ambiguous plain scalar (``010``, ``yes``) is reported for the field
+        at hand: one wanting ``text`` says to quote it, one whose value
+        ``kinds`` include what it looks like says how to write that value.
+        """
         try:
             return self._construct(node)
+        except AmbiguousScalar as exc:
+            self.error_at(node, path, exc.for_field(expected, kinds, text))
+            return INVALID
         except ValueError as exc:
             self.error_at(node, path, str(exc))
             return INVALID

@@ -16,7 +16,6 @@ from allocator.policy.kinds import (
     Int,
     Name,
     Number,
-    OnChange,
     Str,
     Timestamp,
 )
@@ -29,13 +28,31 @@ from allocator.policy.model import (
     Pool,
     Reservation,
 )
+from allocator.policy.on_change import OnChange
 from allocator.policy.structures import EnvMap, Field, ListOf, NameMap, OnlyWhen, Record
+from allocator.records import MAX_GPU_INDEX
 
 __all__ = [
+    "DAY",
     "FALLBACK",
     "HEALTH",
     "HOST",
+    "HOUR",
     "JOB",
+    "MAX_ARGUMENTS",
+    "MAX_ARGUMENT_LENGTH",
+    "MAX_ENV_ENTRIES",
+    "MAX_GLOBS",
+    "MAX_HOSTS",
+    "MAX_HOST_GPUS",
+    "MAX_JOBS",
+    "MAX_RESERVATIONS",
+    "MAX_RESTARTS",
+    "MAX_SMALL_SECTION",
+    "MAX_THREADS",
+    "MAX_XID",
+    "MAX_XID_ITEMS",
+    "MIN_HEALTH_INTERVAL",
     "POLICY",
     "POOL",
     "RESERVATION",
@@ -46,6 +63,30 @@ __all__ = [
 
 SUPPORTED_VERSION = 1
 
+# Bounds: what hardware has, or more than any sane policy needs. Each stops a
+# typo (or a hostile file) from costing memory or time before anything runs.
+#: GPUs on one host: the indices every part accepts run 0..MAX_GPU_INDEX.
+MAX_HOST_GPUS = MAX_GPU_INDEX + 1
+_GPU_LIMIT = f"a host has at most {MAX_HOST_GPUS:,} GPUs, indices 0-{MAX_GPU_INDEX:,}"
+MAX_HOSTS = 20_000
+MAX_JOBS = 10_000
+MAX_RESERVATIONS = 1_000
+MAX_SMALL_SECTION = 1_000
+MAX_GLOBS = 100
+#: Matches what an assignment's ad-hoc command may hold (allocator.records).
+MAX_ARGUMENTS = 4096
+MAX_ARGUMENT_LENGTH = 65_536
+MAX_ENV_ENTRIES = 1024
+MAX_THREADS = 4096
+MAX_RESTARTS = 10_000
+MAX_XID = 65_535
+MAX_XID_ITEMS = 1024
+#: Health checks more often than this only burn the agent's CPU.
+MIN_HEALTH_INTERVAL = 0.1
+HOUR = 3600.0
+DAY = 86_400.0
+_ARGUMENT = Str(max_length=MAX_ARGUMENT_LENGTH)
+
 #: Set by the agent from the assignment; a job's ``env`` may not override them.
 RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 RESERVED_ENV_PREFIX = "ALLOCATOR_"
@@ -55,7 +96,7 @@ HOST = Record(
     (
         Field(
             "gpus",
-            Int(minimum=0),
+            Int(minimum=0, maximum=MAX_HOST_GPUS, why=_GPU_LIMIT),
             "Number of GPUs on the host (indices 0..gpus-1); used where NVML is "
             "absent and to check reservations.",
             required=True,
@@ -74,7 +115,7 @@ POOL = Record(
     (
         Field(
             "hosts",
-            ListOf(Name("host"), unique=True, label="host"),
+            ListOf(Name("host"), unique=True, label="host", max_items=MAX_HOSTS),
             "Hosts in this pool; each must be declared under hosts and belong to one pool only.",
         ),
         Field(
@@ -84,7 +125,7 @@ POOL = Record(
         ),
         Field(
             "max_gpus_per_job",
-            Int(minimum=1),
+            Int(minimum=1, maximum=MAX_HOST_GPUS, why=_GPU_LIMIT),
             "Most GPUs one job may hold on one host of this pool (unlimited when absent).",
         ),
     ),
@@ -98,13 +139,19 @@ RESERVATION = Record(
         Field("host", Name("host"), "Host whose GPUs are reserved.", required=True),
         Field(
             "gpus",
-            ListOf(Int(minimum=0), min_items=1, unique=True, label="GPU"),
+            ListOf(
+                Int(minimum=0, maximum=MAX_GPU_INDEX, why=_GPU_LIMIT),
+                min_items=1,
+                max_items=MAX_HOST_GPUS,
+                unique=True,
+                label="GPU",
+            ),
             "Reserved GPU indices; each must exist on the host.",
             required=True,
         ),
         Field(
             "for",
-            ListOf(Glob(), min_items=1, unique=True, label="glob"),
+            ListOf(Glob(), min_items=1, max_items=MAX_GLOBS, unique=True, label="glob"),
             "Job-name globs (fnmatch, case-sensitive) that may use the reserved GPUs.",
             required=True,
             attr="for_jobs",
@@ -131,13 +178,18 @@ JOB = Record(
     (
         Field(
             "command",
-            ListOf(Str(), min_items=1, label="argument"),
+            ListOf(_ARGUMENT, min_items=1, max_items=MAX_ARGUMENTS, label="argument"),
             "Program and arguments a worker runs (no shell).",
             required=True,
         ),
         Field(
             "env",
-            EnvMap(Str(nonempty=False), RESERVED_ENV, RESERVED_ENV_PREFIX),
+            EnvMap(
+                Str(nonempty=False, max_length=MAX_ARGUMENT_LENGTH),
+                RESERVED_ENV,
+                RESERVED_ENV_PREFIX,
+                max_entries=MAX_ENV_ENTRIES,
+            ),
             "Extra environment variables for the workers (CUDA_VISIBLE_DEVICES, "
             "NVIDIA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER and ALLOCATOR_* are set by the agent).",
         ),
@@ -155,7 +207,7 @@ JOB = Record(
         ),
         Field(
             "grace_seconds",
-            Number(minimum=0),
+            Number(minimum=0, maximum=HOUR, why="an hour; longer and a hung worker holds its GPUs"),
             "Seconds between SIGTERM and SIGKILL when stopping a worker.",
         ),
         Field(
@@ -170,17 +222,17 @@ JOB = Record(
         ),
         Field(
             "max_restarts",
-            Int(minimum=0),
+            Int(minimum=0, maximum=MAX_RESTARTS),
             "Crash restarts allowed before the worker is left stopped.",
         ),
         Field(
             "restart_backoff_seconds",
-            Number(minimum=0),
+            Number(minimum=0, maximum=HOUR, why="an hour"),
             "First delay before restarting a crashed worker; doubles on each crash.",
         ),
         Field(
             "restart_backoff_max_seconds",
-            Number(minimum=0),
+            Number(minimum=0, maximum=DAY, why="a day"),
             "Cap of the crash-restart delay; at least restart_backoff_seconds.",
         ),
     ),
@@ -198,7 +250,7 @@ FALLBACK = Record(
         ),
         Field(
             "threads",
-            Int(minimum=1),
+            Int(minimum=1, maximum=MAX_THREADS, why="more CPU threads than any machine has"),
             "CPU threads (OMP_NUM_THREADS, torch.set_num_threads) for action cpu only.",
         ),
     ),
@@ -211,17 +263,23 @@ HEALTH = Record(
     (
         Field(
             "ignored_xids",
-            ListOf(Int(minimum=0), unique=True, label="XID", collect=frozenset),
+            ListOf(
+                Int(minimum=0, maximum=MAX_XID),
+                unique=True,
+                max_items=MAX_XID_ITEMS,
+                label="XID",
+                collect=frozenset,
+            ),
             "XID events caused by applications, not by a failing GPU; they do not mark a GPU bad.",
         ),
         Field(
             "interval_seconds",
-            Number(above=0),
+            Number(minimum=MIN_HEALTH_INTERVAL, maximum=HOUR, why="an hour"),
             "Seconds between GPU health checks.",
         ),
         Field(
             "recovery_probe",
-            ListOf(Str(), min_items=1, label="argument"),
+            ListOf(_ARGUMENT, min_items=1, max_items=MAX_ARGUMENTS, label="argument"),
             "Command the agent runs, with only the recovering GPU visible, before it "
             "returns a GPU to service after NVML reports it healthy again (e.g. a script "
             "that creates a CUDA context); it must exit 0 within the timeout. Unset: "
@@ -229,7 +287,7 @@ HEALTH = Record(
         ),
         Field(
             "recovery_probe_timeout_seconds",
-            Number(above=0),
+            Number(minimum=1, maximum=HOUR, why="an hour"),
             "Hard time limit of one recovery probe; a probe still running is killed "
             "and counts as a failure.",
         ),
@@ -248,21 +306,26 @@ POLICY = Record(
         ),
         Field(
             "hosts",
-            NameMap(HOST, "host"),
+            NameMap(HOST, "host", max_entries=MAX_HOSTS),
             "Hosts by name, with their GPU inventory.",
             nullable=True,
         ),
-        Field("pools", NameMap(POOL, "pool"), "GPU pools by name.", nullable=True),
+        Field(
+            "pools",
+            NameMap(POOL, "pool", max_entries=MAX_SMALL_SECTION),
+            "GPU pools by name.",
+            nullable=True,
+        ),
         Field(
             "reservations",
-            ListOf(RESERVATION, label="reservation"),
+            ListOf(RESERVATION, label="reservation", max_items=MAX_RESERVATIONS),
             "GPU reservations.",
             nullable=True,
         ),
-        Field("jobs", NameMap(JOB, "job"), "Jobs by name.", nullable=True),
+        Field("jobs", NameMap(JOB, "job", max_entries=MAX_JOBS), "Jobs by name.", nullable=True),
         Field(
             "fallback",
-            NameMap(FALLBACK, "fallback rule"),
+            NameMap(FALLBACK, "fallback rule", max_entries=MAX_SMALL_SECTION),
             "Fallback rules by name, referenced by jobs.",
             nullable=True,
         ),

@@ -28,6 +28,14 @@ def _show(value: object) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
+def _within(node: Node, path: str, r: Reader, limit: int, what: str) -> bool:
+    """Whether a mapping has at most ``limit`` entries; reports it when not."""
+    if len(node.value) <= limit:
+        return True
+    r.error_at(node, path, f"has {len(node.value):,} {what}; at most {limit:,}")
+    return False
+
+
 class ListOf:
     """A list of one kind; ``unique`` refuses repeated items."""
 
@@ -36,12 +44,14 @@ class ListOf:
         item: Kind,
         *,
         min_items: int = 0,
+        max_items: int = 100_000,
         unique: bool = False,
         label: str = "item",
         collect: Callable[[Iterable[Any]], Any] = tuple,
     ) -> None:
         self.item = item
         self.min_items = min_items
+        self.max_items = max_items
         self.unique = unique
         self.label = label
         self.collect = collect
@@ -52,6 +62,13 @@ class ListOf:
             return INVALID
         if len(node.value) < self.min_items:
             r.error_at(node, path, f"needs at least {self.min_items} {self.label}(s)")
+            return INVALID
+        if len(node.value) > self.max_items:
+            r.error_at(
+                node,
+                path,
+                f"has {len(node.value):,} {self.label}s; at most {self.max_items:,}",
+            )
             return INVALID
         items: list[Any] = []
         kept_paths = r.item_paths.setdefault(path, [])
@@ -76,7 +93,11 @@ class ListOf:
 
     def schema(self) -> dict[str, Any]:
         """A JSON array of the item's schema."""
-        schema: dict[str, Any] = {"type": "array", "items": self.item.schema()}
+        schema: dict[str, Any] = {
+            "type": "array",
+            "items": self.item.schema(),
+            "maxItems": self.max_items,
+        }
         if self.min_items:
             schema["minItems"] = self.min_items
         if self.unique:
@@ -96,14 +117,22 @@ class EnvMap:
     job setting them would silently escape its GPUs.
     """
 
-    def __init__(self, value: Kind, reserved: tuple[str, ...], reserved_prefix: str) -> None:
+    def __init__(
+        self,
+        value: Kind,
+        reserved: tuple[str, ...],
+        reserved_prefix: str,
+        *,
+        max_entries: int,
+    ) -> None:
         self.value = value
         self.reserved = reserved
         self.reserved_prefix = reserved_prefix
+        self.max_entries = max_entries
 
     def read(self, node: Node, path: str, r: Reader) -> Any:
         """Return a ``dict`` of the readable entries, or ``INVALID``."""
-        if not r.mapping(node, path):
+        if not r.mapping(node, path) or not _within(node, path, r, self.max_entries, "variables"):
             return INVALID
         result: dict[str, Any] = {}
         for key, key_node, value_node in r.pairs(node, path):
@@ -135,6 +164,7 @@ class EnvMap:
                 "not": {"pattern": f"^({reserved})$"},
             },
             "additionalProperties": self.value.schema(),
+            "maxProperties": self.max_entries,
         }
 
     def dump(self, value: Any) -> Any:
@@ -318,13 +348,16 @@ class Record:
 class NameMap:
     """A mapping of names (validated like host/job names) to records."""
 
-    def __init__(self, record: Record, what: str) -> None:
+    def __init__(self, record: Record, what: str, *, max_entries: int) -> None:
         self.record = record
         self.what = what
+        self.max_entries = max_entries
 
     def read(self, node: Node, path: str, r: Reader) -> Any:
         """Return ``{name: model}`` for the readable entries, or ``INVALID``."""
         if not r.mapping(node, path, f"a mapping of {self.what} names"):
+            return INVALID
+        if not _within(node, path, r, self.max_entries, f"{self.what}s"):
             return INVALID
         result: dict[str, Any] = {}
         declared = r.declared.setdefault(path, [])
@@ -347,6 +380,7 @@ class NameMap:
             "type": "object",
             "propertyNames": {"pattern": NAME_PATTERN},
             "additionalProperties": self.record.schema(),
+            "maxProperties": self.max_entries,
         }
 
     def dump(self, value: Any) -> Any:

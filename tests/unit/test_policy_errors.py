@@ -322,7 +322,7 @@ def test_reservations_that_do_not_overlap_are_accepted() -> None:
     text = RESERVATION_HEAD + textwrap.dedent(
         """\
         - {name: a, host: node1, gpus: [3], for: [x], until: 2027-01-01T00:00:00Z}
-        - {name: b, host: node1, gpus: [3], for: [y], start: 2027-01-01T00:00:00Z}
+        - {name: b, host: node1, gpus: [3], for: [w], start: 2027-01-01T00:00:00Z}
         - {name: c, host: node1, gpus: [2], for: [z]}
         - {name: d, host: node2, gpus: [1], for: [z]}
         - {name: e, host: node2, gpus: [0], for: [z]}
@@ -386,18 +386,19 @@ def test_reservation_without_timezone_is_refused() -> None:
         (
             7,
             "reservations[1].until",
-            "timestamp '2027-01-01 10:00' has no timezone; add Z for UTC or an offset like +02:00",
+            "expected an RFC 3339 time with a timezone, like 2027-01-01T00:00:00Z, "
+            "got a string ('2027-01-01 10:00')",
         ),
         (
             8,
             "reservations[2].until",
-            "expected a timestamp with a timezone, like 2027-01-01T00:00:00Z, "
+            "expected an RFC 3339 time with a timezone, like 2027-01-01T00:00:00Z, "
             "got a date without a time (2027-01-01)",
         ),
         (
             9,
             "reservations[3].until",
-            "expected a timestamp with a timezone, like 2027-01-01T00:00:00Z, "
+            "expected an RFC 3339 time with a timezone, like 2027-01-01T00:00:00Z, "
             "got a string ('next week')",
         ),
     }
@@ -579,7 +580,11 @@ def test_top_level_must_be_a_mapping(text: str, got: str) -> None:
             "expected restart, none or signal:<SIGNAME>, got a string ('restrat') "
             "(did you mean 'restart'?)",
         ),
-        ("yes", "expected restart, none or signal:<SIGNAME>, got a boolean (yes)"),
+        (
+            "yes",
+            "yes is ambiguous (YAML 1.1 reads it as true, YAML 1.2 as text); "
+            "quote it ('yes') if you mean the text",
+        ),
     ],
 )
 def test_on_change_is_restart_none_or_a_known_signal(value: str, reason: str) -> None:
@@ -656,7 +661,7 @@ def test_numbers_must_be_finite_and_health_interval_positive() -> None:
     found = {(e.line, e.field, e.reason) for e in errors}
     assert found == {
         (3, "jobs.a.grace_seconds", "must be a finite number, got .inf"),
-        (5, "health.interval_seconds", "must be > 0, got 0"),
+        (5, "health.interval_seconds", "must be >= 0.1, got 0"),
     }
 
 
