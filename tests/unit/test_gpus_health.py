@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from allocator.gpus.fake_file import default_uuid
 from allocator.gpus.health import (
     GpuHealth,
     HealthMonitor,
@@ -14,7 +15,6 @@ from allocator.gpus.health import (
     check_health,
     signal_problems,
 )
-from allocator.gpus.fake_file import default_uuid
 from allocator.gpus.signals import COUNTERS, GpuSignals
 from allocator.policy.model import DEFAULT_IGNORED_XIDS
 from tests.support.fake_gpus import FakeGpus
