@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import socket
-import zlib
 from pathlib import Path
 
 import pytest
 
 from allocator.agent.ports import (
-    MASTER_PORT_RANGE,
     PortTable,
     allocate_master_ports,
     port_is_free,
@@ -18,21 +16,9 @@ from allocator.agent.ports import (
 from allocator.gpus.visible import default_master_port
 from allocator.policy.model import Job, Policy
 from allocator.records import Assignment
+from tests.support.ports import colliding_job_names
 
 HOST = "node1"
-
-
-def colliding_names(count: int) -> list[str]:
-    """``count`` job names whose name-derived ports are all the same (the old bug)."""
-    low, high = MASTER_PORT_RANGE
-    by_port: dict[int, list[str]] = {}
-    for n in range(100_000):
-        name = f"job{n}"
-        names = by_port.setdefault(low + zlib.crc32(name.encode()) % (high - low), [])
-        names.append(name)
-        if len(names) == count:
-            return names
-    raise AssertionError("no collision found")
 
 
 def per_gpu(name: str, **env: str) -> Job:
@@ -56,7 +42,7 @@ def world(*jobs: Job, host: str = HOST) -> tuple[Policy, dict[str, Assignment]]:
 
 
 def test_jobs_whose_names_hash_to_one_port_get_different_ports() -> None:
-    names = colliding_names(3)
+    names = colliding_job_names(3)
     policy, assignments = world(*(per_gpu(name) for name in names))
     ports = allocate_master_ports(policy, HOST, assignments, {})
     assert len(set(ports.values())) == 3
@@ -65,7 +51,7 @@ def test_jobs_whose_names_hash_to_one_port_get_different_ports() -> None:
 
 
 def test_a_job_keeps_its_port_when_others_come_and_go() -> None:
-    a, b = colliding_names(2)
+    a, b = colliding_job_names(2)
     policy, assignments = world(per_gpu(b))
     first = allocate_master_ports(policy, HOST, assignments, {})
     policy, assignments = world(per_gpu(a), per_gpu(b))  # a sorts first and wants b's port
@@ -118,7 +104,7 @@ def test_port_is_free_sees_a_listener() -> None:
 
 
 def test_the_table_survives_an_agent_restart(tmp_path: Path) -> None:
-    a, b = colliding_names(2)
+    a, b = colliding_job_names(2)
     events: list[tuple[str, dict[str, object]]] = []
     log = lambda e, f: events.append((e, f))  # noqa: E731
     policy, assignments = world(per_gpu(b))
