@@ -41,8 +41,8 @@ SafeAction = Literal["cpu", "wait"]
 class Damping:
     """The policy's damping settings (``health:`` section)."""
 
-    hold_down_seconds: float = 30.0
-    hold_down_max_seconds: float = 600.0
+    hold_down_seconds: float = 10.0
+    hold_down_max_seconds: float = 300.0
     flap_restart_limit: int = 4
 
     @classmethod
