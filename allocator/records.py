@@ -49,6 +49,7 @@ Text = Annotated[str, msgspec.Meta(max_length=4096)]
 DeviceUuid = Annotated[str, msgspec.Meta(pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]{1,120}$")]
 Argument = Annotated[str, msgspec.Meta(max_length=65536)]
 Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 
 
 class MigDevice(msgspec.Struct, frozen=True):
@@ -168,7 +169,11 @@ class AgentRecord(msgspec.Struct, frozen=True):
 
 
 class WorkerRecord(msgspec.Struct, frozen=True):
-    """What the agent actually runs for one job."""
+    """What the agent actually runs for one job.
+
+    ``master_addr``/``master_port`` are the rendezvous its per-gpu workers were
+    given (``allocator env`` shows them), ``None`` for other jobs.
+    """
 
     job: Name
     host: Name
@@ -184,6 +189,8 @@ class WorkerRecord(msgspec.Struct, frozen=True):
     message: Text = ""
     start_times: tuple[float, ...] = ()
     assignment_revision: Count = 0
+    master_addr: Text | None = None
+    master_port: Port | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

@@ -14,6 +14,12 @@
 Visible devices are renumbered from 0 in the order the agent listed them,
 so a worker's first GPU is always ``cuda:0``, never ``cuda:<physical id>``.
 Mixed precision uses the device-generic ``torch.amp`` API only.
+
+A worker assigned a GPU never trains on CPU by accident: when CUDA does not
+work, :func:`device` (and everything built on it) raises
+:class:`GpuUnavailableError` naming the GPUs and the likely cause. CPU is used
+only when the assignment says so (``ALLOCATOR_DEVICE=cpu``, a CPU fallback),
+or when nothing was assigned at all (a script run by hand).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from allocator import worker
 from allocator.gpus.probe import ProbeResult, run_deep_probe
 
 __all__ = [
+    "GpuUnavailableError",
     "autocast",
     "autocast_dtype",
     "configure",
@@ -45,11 +52,55 @@ local_rank = worker.local_rank
 world_size = worker.world_size
 
 
+class GpuUnavailableError(RuntimeError):
+    """This worker was assigned GPUs but CUDA cannot use them; it must not run on CPU."""
+
+
 def device() -> _torch.device:
-    """``cuda:0`` when the worker was given a GPU and CUDA works, else ``cpu``."""
-    if worker.device_kind() == "cuda" and _torch.cuda.is_available():
+    """``cuda:0`` for a worker given a GPU, ``cpu`` for one given CPU.
+
+    Raises :class:`GpuUnavailableError` when the worker was given a GPU but
+    CUDA does not work, rather than training on CPU by accident.
+    """
+    if worker.device_kind() == "cpu":
+        return _torch.device("cpu")
+    if _torch.cuda.is_available():
         return _torch.device("cuda", 0)
-    return _torch.device("cpu")
+    if not worker.gpu_assigned():
+        return _torch.device("cpu")  # nothing assigned: a script run by hand without a GPU
+    raise GpuUnavailableError(_no_cuda_message())
+
+
+def _no_cuda_message() -> str:
+    """Which GPUs this worker was given, why CUDA cannot use them, and what to do."""
+    gpus = os.environ.get("ALLOCATOR_GPUS", "").strip()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    given = f"GPU {gpus}" if gpus else "a GPU"
+    return (
+        f"this worker was assigned {given} (CUDA_VISIBLE_DEVICES={visible!r}) but CUDA cannot "
+        f"use it: {_likely_cause()}. Refusing to fall back to CPU silently; fix that, or "
+        "assign the job gpus=cpu"
+    )
+
+
+def _likely_cause() -> str:
+    build = _torch.__version__
+    if _torch.version.cuda is None and getattr(_torch.version, "hip", None) is None:
+        return (
+            f"this PyTorch ({build}) is a CPU-only build, compiled without CUDA; install a "
+            "CUDA build of PyTorch (https://pytorch.org/get-started/locally/)"
+        )
+    try:
+        _torch.cuda.init()  # type: ignore[no-untyped-call]
+    except Exception as exc:  # whatever CUDA says is the best hint there is
+        return (
+            f"CUDA failed to initialise ({' '.join(str(exc).split())}); is the NVIDIA driver "
+            f"loaded and new enough for CUDA {_torch.version.cuda} (check nvidia-smi)?"
+        )
+    return (
+        "no CUDA device is visible: the listed devices are not on this machine, or the "
+        "container was started without them (NVIDIA_VISIBLE_DEVICES / --gpus)"
+    )
 
 
 def configure() -> _torch.device:

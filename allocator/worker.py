@@ -40,6 +40,7 @@ __all__ = [
     "current",
     "device_kind",
     "fallback_reason",
+    "gpu_assigned",
     "local_rank",
     "parse_visible_devices",
     "rank",
@@ -193,6 +194,21 @@ def device_kind(environ: Mapping[str, str] | None = None) -> DeviceKind:
     if declared == "cpu" or visible.kind == "none":
         return "cpu"
     return "cuda"
+
+
+def gpu_assigned(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was given GPUs: it must then never quietly run on CPU.
+
+    ``ALLOCATOR_DEVICE=cuda`` (the agent's word) or, without it, a
+    ``CUDA_VISIBLE_DEVICES`` naming devices (set by hand, or by another
+    scheduler). Nothing set at all is no assignment: a script run by hand.
+    """
+    env = _env(environ)
+    if device_kind(env) == "cpu":
+        return False
+    if env.get("ALLOCATOR_DEVICE", "").strip() == "cuda":
+        return True
+    return parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES")).kind not in ("all", "none")
 
 
 def _gpus(env: Mapping[str, str]) -> tuple[int, ...]:

@@ -2,7 +2,10 @@
 
 Pure: everything it needs is passed in, nothing is read or written. The
 command a worker runs comes from the reviewed policy; an assignment may carry
-its own command only where the policy's job allows ad-hoc commands.
+its own command only where the policy's job allows ad-hoc commands. On an
+exclusive host no two jobs run on one GPU (:mod:`allocator.agent.claims`),
+and a job held back by the flap limit (:mod:`allocator.agent.holddown`)
+stays in its fallback.
 """
 
 from __future__ import annotations
@@ -10,16 +13,23 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 
+from allocator.agent.claims import refuse_double_claims
+from allocator.agent.holddown import Pin
 from allocator.agent.model import DesiredJob, DesiredState, Device, WorkerSpec
+from allocator.agent.ports import declared_master_port
 from allocator.errors import RequestError
 from allocator.gpus.model import GpuInfo
 from allocator.placement import unavailable_gpus
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records import Assignment, replace_struct
 
-__all__ = ["desired_job", "desired_jobs", "fingerprint", "master_port"]
+__all__ = ["DEFAULT_MASTER_ADDR", "desired_job", "desired_jobs", "fingerprint", "master_port"]
+
+#: MASTER_ADDR of a single-host per-gpu job unless the agent's config says otherwise.
+DEFAULT_MASTER_ADDR = "127.0.0.1"
 
 
 def desired_jobs(
@@ -31,6 +41,11 @@ def desired_jobs(
     unhealthy: Mapping[int, str],
     failed: Mapping[str, int],
     now: datetime | None = None,
+    *,
+    holders: Mapping[str, tuple[int, ...]] | None = None,
+    pinned: Mapping[str, Pin] | None = None,
+    ports: Mapping[str, int] | None = None,
+    master_addr: str = DEFAULT_MASTER_ADDR,
 ) -> dict[str, DesiredJob]:
     """Return the desired job for every assignment on ``host``, keyed by job name.
 
@@ -38,20 +53,33 @@ def desired_jobs(
     fallback rule marked it failed; it stays failed until that revision changes.
     Assignments naming another host are not this agent's and are left out.
     ``now`` is the agent's clock, which judges reservation windows.
+    ``holders`` are the GPUs each job's live workers run on (who keeps a GPU
+    two assignments claim); ``pinned`` jobs are held in their fallback by the
+    flap limit; ``ports`` are the agent's MASTER_PORTs (see :mod:`allocator.agent.ports`).
     """
-    return {
+    pins = pinned or {}
+    result = {
         name: desired_job(
             policy,
             assignment,
             assignment_revisions.get(name, 0),
             inventory,
-            unhealthy,
+            {**unhealthy, **pins[name].unhealthy} if name in pins else unhealthy,
             failed.get(name),
             now,
+            master_port=(ports or {}).get(name),
+            master_addr=master_addr,
         )
         for name, assignment in sorted(assignments.items())
         if assignment.host == host
     }
+    for name, pin in pins.items():
+        if name in result and result[name].state in ("run", "wait"):
+            result[name] = replace(result[name], message=f"{result[name].message}; {pin.note}")
+    pool = policy.pool_of(host)
+    if pool is not None and pool.sharing == "shared":
+        return result
+    return refuse_double_claims(result, holders or {}, pool.name if pool else None, fingerprint(()))
 
 
 def desired_job(
@@ -62,8 +90,15 @@ def desired_job(
     unhealthy: Mapping[int, str],
     failed_at: int | None,
     now: datetime | None = None,
+    *,
+    master_port: int | None = None,
+    master_addr: str = DEFAULT_MASTER_ADDR,
 ) -> DesiredJob:
-    """Decide what one assigned job should do: run (and how), wait, fail or be refused."""
+    """Decide what one assigned job should do: run (and how), wait, fail or be refused.
+
+    ``master_port`` is the port the agent allocated for a per-gpu job; a port
+    the policy declares for the job wins over it.
+    """
     job = policy.jobs.get(assignment.job)
     if job is None:
         message = (
@@ -81,10 +116,25 @@ def desired_job(
             f"job {job.name!r} was marked failed; it stays failed until its assignment changes"
         )
         return _not_running(job, assignment, revision, "failed", message)
+    rank = _Rendezvous(master_addr, _port_for(job, master_port))
     if assignment.mode == "cpu":
         reason = assignment.fallback_reason or "assigned gpus=cpu"
-        return _running(policy, job, _on_cpu(assignment, reason), argv, revision, inventory, "")
-    return _with_health(policy, job, assignment, argv, revision, inventory, unhealthy, now)
+        on_cpu = _on_cpu(assignment, reason)
+        return _running(policy, job, on_cpu, argv, revision, inventory, "", rank)
+    return _with_health(policy, job, assignment, argv, revision, inventory, unhealthy, now, rank)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendezvous:
+    """Where a per-gpu job's ranks meet: MASTER_ADDR and MASTER_PORT."""
+
+    addr: str
+    port: int | None
+
+
+def _port_for(job: Job, allocated: int | None) -> int | None:
+    declared = declared_master_port(job)
+    return declared if declared is not None else allocated
 
 
 def _with_health(
@@ -96,11 +146,12 @@ def _with_health(
     inventory: Sequence[GpuInfo] | None,
     unhealthy: Mapping[int, str],
     now: datetime | None,
+    rank: _Rendezvous,
 ) -> DesiredJob:
     """Apply the job's fallback rule when one of its GPUs is unhealthy or reserved for others."""
     bad, reserved = unavailable_gpus(policy, assignment, unhealthy, now)
     if not bad:
-        return _running(policy, job, assignment, argv, revision, inventory, "")
+        return _running(policy, job, assignment, argv, revision, inventory, "", rank)
     trouble = "; ".join(f"GPU {gpu} {why}" for gpu, why in bad.items())
     rule = policy.fallback_for(job.name)
     if rule is None and reserved:  # running on would break the reservation
@@ -108,10 +159,11 @@ def _with_health(
         return _not_running(job, assignment, revision, "wait", message)
     if rule is None:
         note = f"{trouble} (job {job.name!r} has no fallback rule; it keeps running on its GPUs)"
-        return _running(policy, job, assignment, argv, revision, inventory, note)
+        return _running(policy, job, assignment, argv, revision, inventory, note, rank)
     if rule.action == "cpu":
         note = f"{trouble}; running on CPU ({_rule_words(rule)})"
-        return _running(policy, job, _on_cpu(assignment, trouble), argv, revision, inventory, note)
+        on_cpu = _on_cpu(assignment, trouble)
+        return _running(policy, job, on_cpu, argv, revision, inventory, note, rank)
     if rule.action == "wait":
         message = f"{trouble}; waiting for it to recover ({_rule_words(rule)})"
         return _not_running(job, assignment, revision, "wait", message)
@@ -150,6 +202,7 @@ def _running(
     revision: int,
     inventory: Sequence[GpuInfo] | None,
     message: str,
+    rank: _Rendezvous,
 ) -> DesiredJob:
     """A job that should run: one WorkerSpec per rendered environment."""
     # Imported here: the sibling module is the one place environments are rendered.
@@ -161,7 +214,8 @@ def _running(
             inventory,
             policy,
             fallback_reason=assignment.fallback_reason if assignment.mode == "cpu" else None,
-            master_port=master_port(job),
+            master_addr=rank.addr,
+            master_port=rank.port,
         )
     except RequestError as exc:
         return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
@@ -239,9 +293,6 @@ def master_port(job: Job) -> int | None:
     """The policy's MASTER_PORT for the job, if it sets a valid one.
 
     The allocator's variables override the job's env, so a port the policy
-    chose must be handed to the renderer; otherwise it derives a stable one.
+    chose must be handed to the renderer; otherwise the agent allocates one.
     """
-    declared = job.env.get("MASTER_PORT", "")
-    if declared.isdigit() and 0 < int(declared) < 65536:
-        return int(declared)
-    return None
+    return declared_master_port(job)

@@ -28,15 +28,16 @@ from types import FrameType
 from typing import Any
 
 from allocator import __version__
+from allocator.agent.claims import gpu_holders
 from allocator.agent.config import AgentConfig
 from allocator.agent.desired import desired_jobs
+from allocator.agent.gpu_state import GpuState
 from allocator.agent.link import Message, RetryTimer, WatchError, WatchThread, start_watches
 from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
 from allocator.agent.model import DesiredJob
-from allocator.agent.procs import clean_base_env
+from allocator.agent.ports import PortTable
 from allocator.agent.publisher import Publisher
 from allocator.agent.reconcile import plan
-from allocator.agent.recovery import RecoveryProbes
 from allocator.agent.report import agent_record, worker_records
 from allocator.agent.supervisor import Supervisor
 from allocator.errors import (
@@ -47,8 +48,7 @@ from allocator.errors import (
     PolicyError,
     StoreError,
 )
-from allocator.gpus.health import HealthMonitor
-from allocator.gpus.inventory import Inventory, read_inventory
+from allocator.gpus.inventory import Inventory
 from allocator.identity import format_time, utc_now
 from allocator.keys import KeyLayout
 from allocator.policy import Policy, load_policy
@@ -99,10 +99,11 @@ class Agent:
         self.assignment_revisions: dict[str, int] = {}
         self.failed: dict[str, int] = {}
         self.desired: dict[str, DesiredJob] = {}
-        self.inventory: Inventory = read_inventory(None, environ=self.environ)
-        self.health = HealthMonitor(environ=self.environ)
-        self.recovery = RecoveryProbes(clean_base_env(self.environ), self.log)
-        self.unhealthy: dict[int, str] = {}
+        self.gpus = GpuState(self.environ, config.agent_dir / "gpus.json", self.log, clock())
+        self.ports = PortTable(config.agent_dir / "ports.json", self.log)
+        self.inventory: Inventory = self.gpus.inventory
+        self.health = self.gpus.monitor
+        self.unhealthy: dict[int, str] = dict(self.gpus.unhealthy)
         self.publisher = Publisher(self.layout, config.host, self.log)
         self.started_at = format_time(wall())
         self.connected = False
@@ -248,9 +249,9 @@ class Agent:
         self.health.ignored_xids = self.policy.health.ignored_xids
 
     def _read_inventory(self) -> None:
-        """NVML's GPUs, else the count this host declares in the policy."""
+        """NVML's GPUs (the last good ones while it fails), else the count the policy declares."""
         declared = self.policy.hosts.get(self.config.host) if self.policy else None
-        self.inventory = read_inventory(declared.gpus if declared else None, environ=self.environ)
+        self.inventory = self.gpus.reload(declared.gpus if declared else None, self.clock())
 
     def _start_watches(self) -> None:
         self._stop_watches()
@@ -317,21 +318,9 @@ class Agent:
     def _check_health(self, now: float) -> None:
         interval = self.policy.health.interval_seconds if self.policy is not None else 5.0
         self.next_health = now + interval
-        state = self.health.check(now)
-        nvml = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
-        settings = self.policy.health if self.policy is not None else None
-        out = self.recovery.out_of_service(
-            nvml,
-            self.unhealthy,
-            settings.recovery_probe if settings is not None else None,
-            settings.recovery_probe_timeout_seconds if settings is not None else 60.0,
-            self.inventory.gpus or None,
-            now,
-            retry_after=30 * (settings.interval_seconds if settings is not None else 5.0),
-        )
-        # A GPU keeps the reason it went out with while it stays out: the reason is
-        # the worker's ALLOCATOR_FALLBACK_REASON, and a changing one would restart it.
-        unhealthy = {index: self.unhealthy.get(index, reason) for index, reason in out.items()}
+        assignments = self.assignments if self.have_state else None
+        unhealthy = self.gpus.check(now, self.policy, self.config.host, assignments)
+        self.inventory = self.gpus.inventory
         if set(unhealthy) != set(self.unhealthy):
             self.log("health", {"unhealthy": {str(k): v for k, v in sorted(unhealthy.items())}})
             self.next_heartbeat = now  # publish it now: `allocator set count=N` reads it
@@ -340,6 +329,8 @@ class Agent:
     def _reconcile(self, now: float) -> None:
         assert self.policy is not None
         wall = self.wall()  # reservations are judged by this host's clock
+        views = self.supervisor.views()
+        holders = gpu_holders(views)
         inputs = (
             self.policy_sha,
             tuple(sorted(self.assignment_revisions.items())),
@@ -347,6 +338,9 @@ class Agent:
             tuple(sorted(self.unhealthy.items())),
             tuple(sorted(self.failed.items())),
             active_reservations(self.policy, self.config.host, wall),  # windows opening
+            tuple(sorted(holders.items())),
+            tuple(sorted(self.gpus.pins)),
+            self.config.master_addr,
         )
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
             self._desired_inputs = inputs
@@ -359,6 +353,15 @@ class Agent:
                 self.unhealthy,
                 self.failed,
                 wall,
+                holders=holders,
+                pinned=self.gpus.pins,
+                ports=self.ports.allocate(
+                    self.policy,
+                    self.config.host,
+                    self.assignments,
+                    running={job for job, view in views.items() if view.alive},
+                ),
+                master_addr=self.config.master_addr,
             )
         for job, want in self.desired.items():
             if want.state == "failed" and job not in self.failed:

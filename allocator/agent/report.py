@@ -8,7 +8,7 @@ from typing import Any
 
 from allocator.agent.model import DesiredJob
 from allocator.gpus.inventory import Inventory
-from allocator.records import AgentRecord, WorkerRecord
+from allocator.records import AgentRecord, WorkerRecord, replace_struct
 
 __all__ = ["agent_record", "worker_records"]
 
@@ -46,7 +46,7 @@ def worker_records(
         want = desired.get(job)
         have = running.get(job)
         if have is not None:
-            record = _from_runtime(host, job, want, have)
+            record = _with_rendezvous(_from_runtime(host, job, want, have), want)
         elif want is not None and want.state != "run":
             record = WorkerRecord(
                 job=job,
@@ -62,6 +62,15 @@ def worker_records(
             continue
         out[job] = record.to_json()
     return out
+
+
+def _with_rendezvous(record: WorkerRecord, want: DesiredJob | None) -> WorkerRecord:
+    """The record with the MASTER_ADDR/MASTER_PORT its workers run with, if any."""
+    env = want.workers[0].env if want is not None and want.workers else {}
+    port = env.get("MASTER_PORT", "")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return record
+    return replace_struct(record, master_addr=env.get("MASTER_ADDR"), master_port=int(port))
 
 
 def _from_runtime(

@@ -44,7 +44,7 @@ def _policy() -> dict[str, Any]:
             }
         },
         "fallback": {"cpu-4": {"action": "cpu", "threads": 4}},
-        "health": {"interval_seconds": 1},
+        "health": {"interval_seconds": 1, "hold_down_seconds": 2},
     }
 
 

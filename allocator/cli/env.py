@@ -2,7 +2,10 @@
 
 It is computed by the same function the agent uses, so
 ``eval "$(allocator env job=train)"`` in a hand-run script gives that script
-what the agent would give the worker.
+what the agent would give the worker. A per-gpu job's MASTER_ADDR and
+MASTER_PORT are the ones the host's agent published for it; for a job the
+agent has not started yet, the port is the one the agent's allocation would
+choose given the ports its other jobs hold.
 """
 
 from __future__ import annotations
@@ -92,9 +95,34 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
     inventory, unhealthy = _inventory(state, policy, host)
     if job not in policy.jobs:
         return worker_environments(assignment, inventory, policy), ""
-    want = desired_job(policy, assignment, 0, inventory, unhealthy, None)
+    addr, port = _rendezvous(state, policy, host, job)
+    want = desired_job(
+        policy,
+        assignment,
+        0,
+        inventory,
+        unhealthy,
+        None,
+        allocator.clock(),  # inside a reservation window the agent moves the job too
+        master_port=port,
+        master_addr=addr,
+    )
     envs = [dict(w.env) for w in want.workers]
     return envs, want.message or (want.fallback_reason or "")
+
+
+def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int | None]:
+    """MASTER_ADDR and MASTER_PORT as the host's agent gives them to ``job``."""
+    from allocator.agent.desired import DEFAULT_MASTER_ADDR
+    from allocator.agent.ports import allocate_master_ports
+
+    published = state.workers.get(job)
+    if published is not None and published.master_port is not None:
+        return published.master_addr or DEFAULT_MASTER_ADDR, published.master_port
+    held = {name: r.master_port for name, r in state.workers.items() if r.master_port is not None}
+    addrs = {r.master_addr for r in state.workers.values() if r.master_addr}
+    addr = addrs.pop() if len(addrs) == 1 else DEFAULT_MASTER_ADDR
+    return addr, allocate_master_ports(policy, host, state.assignments, held).get(job)
 
 
 def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str]]:

@@ -10,14 +10,23 @@ File shape (every device field but ``index`` is optional)::
     {"devices": [{"index": 0, "uuid": "GPU-...", "pci_bus_id": "00000000:17:00.0",
                   "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
                   "healthy": true, "lost": false, "xid_events": [79],
-                  "ecc_uncorrected": 0, "remap_failure": false, "remap_pending": false,
+                  "ecc_uncorrected": 0, "ecc_uncorrected_aggregate": 0,
+                  "remapped_rows_uncorrectable": 0, "retired_pages_double_bit": 0,
+                  "remap_failure": false, "remap_pending": false,
                   "mig_devices": ["MIG-..."], "numa_node": 0, "nvlink_peers": [1]}],
      "driver_version": "550.54.15", "cuda_driver_version": 12040,
-     "init_error": "driver_not_loaded"}
+     "init_error": "driver_not_loaded", "nvml_error": "unknown"}
 
 The file is re-read whenever its bytes change, so editing it changes what the
 next health read sees. ``lost`` makes every call on the GPU fail with "GPU is
 lost"; ``healthy: false`` makes them fail with NVML's "Unknown Error".
+``nvml_error`` makes every call after ``nvmlInit`` fail with that error for
+as long as it is in the file: NVML itself failing, as when the driver is
+being reloaded (``init_error`` does the same to ``nvmlInit``). The ECC counts
+are read by ``nvmlDeviceGetTotalEccErrors`` (volatile and aggregate),
+``remapped_rows_uncorrectable`` by ``nvmlDeviceGetRemappedRows``, and
+``retired_pages_double_bit`` by ``nvmlDeviceGetRetiredPages`` (Not Supported
+when absent, as on GPUs that remap rows instead).
 
 ``xid_events`` is an append-only log: an event set delivers each entry once
 (entries are told apart by position), including entries already in the file
@@ -46,6 +55,10 @@ from allocator.gpus.nvml import (
     EVENT_XID_CRITICAL,
 )
 
+_AGGREGATE_ECC = 1  # NVML_AGGREGATE_ECC
+_RETIRED_DOUBLE_BIT = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+_PAGE_BYTES = 64 * 1024
+
 __all__ = ["FakeHandle", "FakeNvml", "FakeNvmlError"]
 
 _MESSAGES = {
@@ -61,11 +74,14 @@ _MESSAGES = {
     ERROR_UNKNOWN: "Unknown Error",
 }
 
-_INIT_ERRORS = {
+_NAMED_ERRORS = {
     "driver_not_loaded": ERROR_DRIVER_NOT_LOADED,
     "library_not_found": ERROR_LIBRARY_NOT_FOUND,
     "no_permission": ERROR_NO_PERMISSION,
     "unknown": ERROR_UNKNOWN,
+    "timeout": ERROR_TIMEOUT,
+    "uninitialized": ERROR_UNINITIALIZED,
+    "gpu_is_lost": ERROR_GPU_IS_LOST,
 }
 _MAX_MIG_DEVICES = 7
 _MIB = 1024 * 1024
@@ -127,7 +143,10 @@ class FakeNvml:
     def _ready(self) -> FakeSystem:
         if self._inits <= 0:
             raise FakeNvmlError(ERROR_UNINITIALIZED)
-        return self._load()
+        system = self._load()
+        if system.nvml_error is not None:
+            raise FakeNvmlError(_NAMED_ERRORS[system.nvml_error])
+        return system
 
     def _device(self, handle: FakeHandle) -> FakeDevice:
         devices = self._ready().devices
@@ -155,7 +174,7 @@ class FakeNvml:
         """Start a session; fails like NVML when the file says ``init_error``."""
         system = self._load()
         if system.init_error is not None:
-            raise FakeNvmlError(_INIT_ERRORS[system.init_error])
+            raise FakeNvmlError(_NAMED_ERRORS[system.init_error])
         self._inits += 1
 
     def nvmlShutdown(self) -> None:
@@ -251,8 +270,10 @@ class FakeNvml:
     # --- health -----------------------------------------------------------------------
 
     def nvmlDeviceGetTotalEccErrors(self, handle: FakeHandle, error_type: int, counter: int) -> int:
-        """The uncorrected volatile ECC count (Not Supported when the file gives none)."""
-        count = self._device(handle).ecc_uncorrected
+        """The uncorrected ECC count, volatile or aggregate (Not Supported when not given)."""
+        device = self._device(handle)
+        aggregate = counter == _AGGREGATE_ECC
+        count = device.ecc_uncorrected_aggregate if aggregate else device.ecc_uncorrected
         if count is None:
             raise FakeNvmlError(ERROR_NOT_SUPPORTED)
         return count
@@ -260,7 +281,19 @@ class FakeNvml:
     def nvmlDeviceGetRemappedRows(self, handle: FakeHandle) -> tuple[int, int, int, int]:
         """(corrected rows, uncorrected rows, pending, failure occurred)."""
         device = self._device(handle)
-        return (0, 0, int(device.remap_pending), int(device.remap_failure))
+        return (
+            0,
+            device.remapped_rows_uncorrectable,
+            int(device.remap_pending),
+            int(device.remap_failure),
+        )
+
+    def nvmlDeviceGetRetiredPages(self, handle: FakeHandle, cause: int) -> list[int]:
+        """Addresses of pages retired for ``cause`` (only double-bit ones are faked)."""
+        count = self._device(handle).retired_pages_double_bit
+        if count is None:
+            raise FakeNvmlError(ERROR_NOT_SUPPORTED)
+        return [n * _PAGE_BYTES for n in range(count)] if cause == _RETIRED_DOUBLE_BIT else []
 
     def nvmlEventSetCreate(self) -> _EventSet:
         """A new, empty event set."""

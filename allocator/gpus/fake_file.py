@@ -20,6 +20,7 @@ __all__ = [
     "DEFAULT_MEMORY_MIB",
     "DEFAULT_NAME",
     "INIT_ERRORS",
+    "NVML_ERRORS",
     "FakeDevice",
     "FakeFileError",
     "FakeSystem",
@@ -35,8 +36,10 @@ DEFAULT_DRIVER_VERSION = "550.54.15"
 DEFAULT_CUDA_DRIVER_VERSION = 12040
 #: Values of ``init_error``: how nvmlInit fails.
 INIT_ERRORS = ("driver_not_loaded", "library_not_found", "no_permission", "unknown")
+#: Values of ``nvml_error``: how every call after nvmlInit fails while it is set.
+NVML_ERRORS = ("unknown", "driver_not_loaded", "timeout", "uninitialized", "gpu_is_lost")
 
-_SYSTEM_KEYS = {"devices", "driver_version", "cuda_driver_version", "init_error"}
+_SYSTEM_KEYS = {"devices", "driver_version", "cuda_driver_version", "init_error", "nvml_error"}
 _DEVICE_KEYS = {
     "index",
     "uuid",
@@ -47,6 +50,9 @@ _DEVICE_KEYS = {
     "lost",
     "xid_events",
     "ecc_uncorrected",
+    "ecc_uncorrected_aggregate",
+    "remapped_rows_uncorrectable",
+    "retired_pages_double_bit",
     "remap_failure",
     "remap_pending",
     "mig_enabled",
@@ -74,6 +80,9 @@ class FakeDevice:
     lost: bool = False
     xid_events: tuple[int, ...] = ()
     ecc_uncorrected: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    remapped_rows_uncorrectable: int = 0
+    retired_pages_double_bit: int | None = None
     remap_failure: bool = False
     remap_pending: bool = False
     mig_enabled: bool = False
@@ -90,6 +99,7 @@ class FakeSystem:
     driver_version: str = DEFAULT_DRIVER_VERSION
     cuda_driver_version: int = DEFAULT_CUDA_DRIVER_VERSION
     init_error: str | None = None
+    nvml_error: str | None = None
 
 
 def default_uuid(index: int) -> str:
@@ -167,9 +177,8 @@ def _system(data: Any) -> FakeSystem:
         raise _Bad("devices: expected a list")
     devices = tuple(_device(item, f"devices[{n}]") for n, item in enumerate(raw_devices))
     _check_indices(devices)
-    init_error = _typed(top, "init_error", str, None, "top level")
-    if init_error is not None and init_error not in INIT_ERRORS:
-        raise _Bad(f"init_error: {init_error!r} is not one of {', '.join(INIT_ERRORS)}")
+    init_error = _one_of(top, "init_error", INIT_ERRORS)
+    nvml_error = _one_of(top, "nvml_error", NVML_ERRORS)
     return FakeSystem(
         devices=tuple(sorted(devices, key=lambda d: d.index)),
         driver_version=_typed(top, "driver_version", str, DEFAULT_DRIVER_VERSION, "top level"),
@@ -177,7 +186,15 @@ def _system(data: Any) -> FakeSystem:
             top, "cuda_driver_version", int, DEFAULT_CUDA_DRIVER_VERSION, "top level"
         ),
         init_error=init_error,
+        nvml_error=nvml_error,
     )
+
+
+def _one_of(top: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str | None:
+    value: str | None = _typed(top, key, str, None, "top level")
+    if value is not None and value not in allowed:
+        raise _Bad(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+    return value
 
 
 def _device(item: Any, where: str) -> FakeDevice:
@@ -196,6 +213,9 @@ def _device(item: Any, where: str) -> FakeDevice:
         lost=_typed(data, "lost", bool, False, where),
         xid_events=_int_list(data, "xid_events", where) or (),
         ecc_uncorrected=_typed(data, "ecc_uncorrected", int, None, where),
+        ecc_uncorrected_aggregate=_typed(data, "ecc_uncorrected_aggregate", int, None, where),
+        remapped_rows_uncorrectable=_typed(data, "remapped_rows_uncorrectable", int, 0, where),
+        retired_pages_double_bit=_typed(data, "retired_pages_double_bit", int, None, where),
         remap_failure=_typed(data, "remap_failure", bool, False, where),
         remap_pending=_typed(data, "remap_pending", bool, False, where),
         mig_enabled=_typed(data, "mig_enabled", bool, bool(migs), where),

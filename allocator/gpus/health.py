@@ -6,11 +6,13 @@ Rules (all evaluated by :func:`check_health`, time passed in):
   XIDs in ``policy.health.ignored_xids`` (13, 31, 43, 45, 68, 109 by
   default). An XID is a one-shot event: it keeps the GPU unhealthy until
   ``recover_after`` consecutive clean checks *after* the check that saw it.
-* **Uncorrected ECC errors** use NVML's volatile counter (errors since the
-  driver loaded). A GPU is unhealthy on a check where the count rose above
-  the previous check's; when a GPU is first seen the baseline is 0, so any
-  uncorrected error since the driver loaded counts once. A counter that
-  goes down (driver reload) just becomes the new baseline.
+* **Cumulative error counters** (uncorrected ECC, volatile and lifetime;
+  rows remapped and pages retired after uncorrectable errors): a GPU is
+  unhealthy on a check where a counter rose above its baseline. The
+  baseline is the first value read (or one the caller restores from an
+  earlier run of the agent), never 0: an old count says nothing new, and a
+  restarted agent must not condemn a GPU for errors it already judged. A
+  counter that goes down (driver reload) just becomes the new baseline.
 * **Row remapping** failed or pending (a reset is needed): unhealthy for
   as long as NVML says so.
 * **A failing device call** (GPU lost, unknown error, reset required) or a
@@ -19,6 +21,10 @@ Rules (all evaluated by :func:`check_health`, time passed in):
 Recovery: an unhealthy GPU whose signals are clean again is re-tested on
 each following check and returned to service after ``recover_after``
 (default 2) consecutive clean checks; any bad signal restarts the count.
+
+NVML itself failing is no verdict: :class:`HealthMonitor` keeps its last
+state, says why in ``error``, and re-opens NVML with a capped backoff (or
+at once, on :meth:`HealthMonitor.reopen`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.gpus.nvml import GpuSignals, NvmlSignalReader, NvmlUnavailable, load_nvml
+from allocator.gpus.nvml import NvmlUnavailable, load_nvml
+from allocator.gpus.signals import COUNTERS, GpuSignals, NvmlSignalReader
 from allocator.policy.model import DEFAULT_IGNORED_XIDS
 
 __all__ = [
@@ -38,11 +45,16 @@ __all__ = [
     "HealthMonitor",
     "HealthState",
     "check_health",
+    "next_baselines",
     "open_signal_reader",
     "signal_problems",
 ]
 
 DEFAULT_RECOVER_AFTER = 2
+#: Re-opening NVML after it failed: first retry after this many seconds, doubling ...
+REOPEN_FIRST_SECONDS = 1.0
+#: ... up to this.
+REOPEN_MAX_SECONDS = 60.0
 
 # A few XIDs worth naming in a reason (NVIDIA's XID catalogue).
 _XID_NAMES = {
@@ -58,6 +70,8 @@ _XID_NAMES = {
     120: "GSP error",
 }
 
+Baselines = tuple[tuple[str, int], ...]
+
 
 @dataclass(frozen=True, slots=True)
 class GpuHealth:
@@ -65,8 +79,9 @@ class GpuHealth:
 
     ``reason`` is the latest bad signal while unhealthy; ``since`` is when
     the GPU entered its current state; ``clean_checks`` counts consecutive
-    clean checks while unhealthy; ``ecc_uncorrected`` is the ECC baseline
-    for the next check.
+    clean checks while unhealthy; ``baselines`` are the cumulative counters
+    (name, value) the next check compares against; ``uuid`` is the GPU's,
+    when NVML gave it (a state restored from disk is matched on it).
     """
 
     index: int
@@ -74,12 +89,17 @@ class GpuHealth:
     reason: str | None = None
     since: float = 0.0
     clean_checks: int = 0
-    ecc_uncorrected: int | None = None
+    baselines: Baselines = ()
+    uuid: str | None = None
 
     @property
     def recovering(self) -> bool:
         """Unhealthy, but its signals have been clean for at least one check."""
         return not self.healthy and self.clean_checks > 0
+
+    def baseline(self, counter: str) -> int | None:
+        """The baseline of one counter (see :data:`allocator.gpus.signals.COUNTERS`)."""
+        return dict(self.baselines).get(counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,9 +132,12 @@ class HealthState:
 
 
 def signal_problems(
-    signals: GpuSignals, ignored_xids: frozenset[int], ecc_baseline: int | None
+    signals: GpuSignals, ignored_xids: frozenset[int], baselines: Mapping[str, int]
 ) -> list[str]:
-    """What is wrong with a GPU according to one read (empty: clean)."""
+    """What is wrong with a GPU according to one read (empty: clean).
+
+    A counter without a baseline (first sight) is never a problem.
+    """
     problems: list[str] = []
     if signals.failure is not None:
         problems.append(f"device error: {signals.failure}")
@@ -122,15 +145,26 @@ def signal_problems(
         if xid not in ignored_xids:
             name = _XID_NAMES.get(xid)
             problems.append(f"XID {xid}" + (f" ({name})" if name else ""))
-    count = signals.ecc_uncorrected
-    before = ecc_baseline or 0
-    if count is not None and count > before:
-        problems.append(f"uncorrected ECC errors: {count} (was {before})")
+    for counter, count in signals.counters().items():
+        before = baselines.get(counter)
+        if before is not None and count > before:
+            problems.append(f"{COUNTERS[counter]}: {count} (was {before})")
     if signals.remap_failure:
         problems.append("row remapping failed")
     if signals.remap_pending:
         problems.append("row remapping pending (GPU reset required)")
     return problems
+
+
+def next_baselines(before: Mapping[str, int], signals: GpuSignals) -> Baselines:
+    """The baselines after a read: every counter read becomes its own baseline.
+
+    Up (judged already), down (driver reload reset it) or first seen: the
+    value just read is what the next read is compared with. A counter the
+    read did not report keeps its old baseline.
+    """
+    merged = {**before, **signals.counters()}
+    return tuple(sorted(merged.items()))
 
 
 def check_health(
@@ -162,19 +196,21 @@ def _next_health(
     now: float,
     recover_after: int,
 ) -> GpuHealth:
-    baseline = last.ecc_uncorrected if last is not None else None
-    problems = signal_problems(signals, ignored_xids, baseline)
-    ecc = signals.ecc_uncorrected if signals.ecc_uncorrected is not None else baseline
+    old = dict(last.baselines) if last is not None else {}
+    problems = signal_problems(signals, ignored_xids, old)
+    baselines = next_baselines(old, signals)
+    uuid = signals.uuid or (last.uuid if last is not None else None)
+    index = signals.index
     if problems:
         since = last.since if last is not None and not last.healthy else now
-        return GpuHealth(signals.index, False, "; ".join(problems), since, 0, ecc)
+        return GpuHealth(index, False, "; ".join(problems), since, 0, baselines, uuid)
     if last is None or last.healthy:
         since = last.since if last is not None else now
-        return GpuHealth(signals.index, True, None, since, 0, ecc)
+        return GpuHealth(index, True, None, since, 0, baselines, uuid)
     clean = last.clean_checks + 1
     if clean >= recover_after:
-        return GpuHealth(signals.index, True, None, now, 0, ecc)
-    return GpuHealth(signals.index, False, last.reason, last.since, clean, ecc)
+        return GpuHealth(index, True, None, now, 0, baselines, uuid)
+    return GpuHealth(index, False, last.reason, last.since, clean, baselines, uuid)
 
 
 def open_signal_reader(environ: Mapping[str, str] | None = None) -> NvmlSignalReader:
@@ -188,7 +224,9 @@ def open_signal_reader(environ: Mapping[str, str] | None = None) -> NvmlSignalRe
 class HealthMonitor:
     """Reads signals and evaluates them, keeping the state between checks.
 
-    Without NVML, every check returns an empty state and ``error`` says why.
+    When NVML cannot be opened, or stops answering, a check returns the last
+    state unchanged (empty if there is none) and ``error`` says why; NVML is
+    re-opened on a later check (1 s, doubling to 60 s) or by :meth:`reopen`.
     """
 
     def __init__(
@@ -203,25 +241,68 @@ class HealthMonitor:
         self.recover_after = recover_after
         self.error: str | None = None
         self.state: HealthState | None = None
+        self._environ = dict(os.environ if environ is None else environ)
         self._reader: NvmlSignalReader | None = None
+        self._failures = 0
+        self._reopen_at = 0.0
+        self._open(0.0)
+
+    def _open(self, now: float) -> NvmlSignalReader | None:
         try:
-            self._reader = open_signal_reader(environ)
+            self._reader = open_signal_reader(self._environ)
         except NvmlUnavailable as exc:
-            self.error = str(exc)
+            self._failed(str(exc), now)
+        return self._reader
+
+    def _failed(self, error: str, now: float) -> None:
+        self.error = error
+        delay = min(REOPEN_FIRST_SECONDS * 2.0 ** min(self._failures, 16), REOPEN_MAX_SECONDS)
+        self._failures += 1
+        self._reopen_at = now + delay
+
+    def resume(self, state: HealthState) -> None:
+        """Continue from ``state`` (restored from an earlier run): its baselines and verdicts."""
+        self.state = state
 
     def check(self, now: float) -> HealthState:
-        """Read the signals now and return the new state."""
-        signals = self._reader.read() if self._reader is not None else []
+        """Read the signals now and return the new state (the last one if NVML fails)."""
+        reader = self._reader
+        if reader is None and now >= self._reopen_at:
+            reader = self._open(now)
+        if reader is None:
+            return self._unchanged(now)
+        try:
+            signals = reader.read()
+        except NvmlUnavailable as exc:
+            self._close_reader()
+            self._failed(str(exc), now)
+            return self._unchanged(now)
+        self.error, self._failures = None, 0
         self.state = check_health(
             signals, self.ignored_xids, self.state, now, recover_after=self.recover_after
         )
         return self.state
 
-    def close(self) -> None:
-        """Release NVML."""
+    def _unchanged(self, now: float) -> HealthState:
+        if self.state is None:
+            return HealthState(gpus=(), checked_at=now, recover_after=self.recover_after)
+        return self.state
+
+    def reopen(self, now: float) -> None:
+        """Close NVML and open it again now (SIGHUP: the driver may have been reloaded)."""
+        self._close_reader()
+        self._failures = 0
+        if self._open(now) is not None:
+            self.error = None
+
+    def _close_reader(self) -> None:
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+
+    def close(self) -> None:
+        """Release NVML."""
+        self._close_reader()
 
     def __enter__(self) -> HealthMonitor:
         """Use as a context manager that closes NVML on exit."""

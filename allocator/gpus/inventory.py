@@ -4,19 +4,32 @@ NVML being absent or failing (library missing, no driver, init error, a bad
 fake file) is never a crash: the inventory says "no GPUs found" with the
 reason in ``error``, and the policy's declared count stands in (indices
 only, ``source="declared"``).
+
+A long-running reader (the agent) must not let one failed read change the
+world: :func:`keep_last_good` keeps what NVML last said, GPU by GPU, so a
+transient failure never swaps UUIDs for indices in a worker's environment.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from allocator.gpus.model import GpuInfo
 from allocator.gpus.nvml import NvmlUnavailable, load_nvml, nvml_session, read_devices, source_kind
+from allocator.records import replace_struct
 
-__all__ = ["Inventory", "InventorySource", "cuda_version_text", "read_inventory"]
+__all__ = [
+    "Inventory",
+    "InventorySource",
+    "cuda_version_text",
+    "declared_inventory",
+    "from_nvml",
+    "keep_last_good",
+    "read_inventory",
+]
 
 InventorySource = Literal["nvml", "fake", "declared", "none"]
 
@@ -40,6 +53,22 @@ class Inventory:
     def indices(self) -> tuple[int, ...]:
         """The GPUs' NVML indices."""
         return tuple(gpu.index for gpu in self.gpus)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Inventory:
+        """Rebuild from :meth:`to_dict` output; ``ValueError`` if it is not one."""
+        source = data.get("source")
+        if source not in ("nvml", "fake", "declared", "none"):
+            raise ValueError(f"unknown inventory source {source!r}")
+        driver, cuda = data.get("driver_version"), data.get("cuda_driver_version")
+        error = data.get("error")
+        return cls(
+            gpus=tuple(GpuInfo.from_dict(gpu) for gpu in data.get("gpus", ())),
+            source=source,
+            driver_version=driver if isinstance(driver, str) else None,
+            cuda_driver_version=cuda if isinstance(cuda, int) else None,
+            error=error if isinstance(error, str) else None,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (for ``allocator doctor --json`` and agent records)."""
@@ -88,6 +117,37 @@ def read_inventory(
         driver_version=reading.driver_version,
         cuda_driver_version=reading.cuda_driver_version,
     )
+
+
+def from_nvml(inventory: Inventory) -> bool:
+    """Whether NVML (or its fake) answered the read that made ``inventory``."""
+    return inventory.source in ("nvml", "fake") and inventory.error is None
+
+
+def keep_last_good(last_good: Inventory | None, fresh: Inventory) -> Inventory:
+    """What a long-running reader should use after reading ``fresh`` (pure).
+
+    * NVML answered: ``fresh``, except that a GPU it could not describe this
+      time (a failing device: no UUID, ``error`` set) keeps its last-good
+      entry, with the new error, so its device id does not change.
+    * NVML failed and an earlier read succeeded: the last good inventory,
+      with this read's error.
+    * NVML never answered: ``fresh`` (the declared count, or nothing).
+    """
+    if from_nvml(fresh):
+        if last_good is None:
+            return fresh
+        known = {gpu.index: gpu for gpu in last_good.gpus}
+        return replace(fresh, gpus=tuple(_kept(gpu, known.get(gpu.index)) for gpu in fresh.gpus))
+    if last_good is not None:
+        return replace(last_good, error=fresh.error)
+    return fresh
+
+
+def _kept(gpu: GpuInfo, last: GpuInfo | None) -> GpuInfo:
+    if gpu.uuid is not None or not gpu.error or last is None or last.uuid is None:
+        return gpu
+    return replace_struct(last, error=gpu.error)
 
 
 def declared_inventory(declared_gpus: int | None, reason: str) -> Inventory:

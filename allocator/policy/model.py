@@ -113,6 +113,9 @@ class HealthSettings:
     interval_seconds: float = 5.0
     recovery_probe: tuple[str, ...] | None = None
     recovery_probe_timeout_seconds: float = 60.0
+    hold_down_seconds: float = 10.0
+    hold_down_max_seconds: float = 300.0
+    flap_restart_limit: int = 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,6 +291,24 @@ HEALTH = Record(
             "Hard time limit of one recovery probe; a probe still running is killed "
             "and counts as a failure.",
         ),
+        Field(
+            "hold_down_seconds",
+            Number(minimum=0, maximum=DAY, why="a day"),
+            "How long a GPU that was out of service must stay healthy before jobs return "
+            "to it; doubles with each further failure (0: no hold-down).",
+        ),
+        Field(
+            "hold_down_max_seconds",
+            Number(minimum=0, maximum=DAY, why="a day"),
+            "Cap of the hold-down. A GPU in service this long is stable: its failures are "
+            "forgotten, and jobs held back by flap_restart_limit return to it.",
+        ),
+        Field(
+            "flap_restart_limit",
+            Int(minimum=0, maximum=MAX_RESTARTS),
+            "Restarts of a job caused by its GPUs' health (moving off and back) before it "
+            "stays in its fallback (on CPU, or stopped) until the GPUs are stable.",
+        ),
     ),
     description="GPU health monitoring.",
 )

@@ -72,7 +72,8 @@ def agent_policy(workdir: Path) -> dict[str, Any]:
             "ranks": _job("ranks", workdir, workers="per-gpu"),
         },
         "fallback": {"cpu-2": {"action": "cpu", "threads": 2}, "wait": {"action": "wait"}},
-        "health": {"interval_seconds": 0.2},
+        # A short hold-down: a recovered GPU returns half a second after its last failure.
+        "health": {"interval_seconds": 0.2, "hold_down_seconds": 0.5},
     }
 
 

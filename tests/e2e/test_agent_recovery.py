@@ -25,6 +25,7 @@ def probed(tmp_path: Path, prefix: str) -> Iterator[tuple[AgentHarness, Path]]:
         "interval_seconds": 0.2,  # a failed probe is retried after 30 intervals: 6 s
         "recovery_probe": [sys.executable, "-c", PROBE, str(marker)],
         "recovery_probe_timeout_seconds": 10,
+        "hold_down_seconds": 0.5,
     }
     try:
         world.apply_policy(policy)

@@ -11,9 +11,10 @@ from typing import Any, Literal
 import pytest
 
 from allocator.agent.desired import desired_jobs, fingerprint
+from allocator.agent.holddown import Pin
 from allocator.agent.model import DesiredJob, WorkerSpec
 from allocator.gpus.model import GpuInfo, MigDevice
-from allocator.policy.model import FallbackRule, Job, Policy
+from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool
 from allocator.records import Assignment
 
 HOST = "node7"
@@ -362,3 +363,111 @@ def test_fingerprint_ignores_how_changes_are_applied() -> None:
     before = one(policy(), assigned()).fingerprint
     tuned = dataclasses.replace(TRAIN, on_change="restart", grace_seconds=1.0, max_restarts=1)
     assert one(policy(tuned), assigned()).fingerprint == before
+
+
+# --- one job per GPU on an exclusive host (a store written around `allocator set`) ----
+
+
+def test_a_second_job_on_a_gpu_another_job_runs_on_is_refused_naming_the_holder() -> None:
+    infer = Job(name="infer", command=("serve",))
+    result = desired_jobs(
+        policy(TRAIN, infer),
+        HOST,
+        {"train": assigned(gpus=(1,)), "infer": assigned(job="infer", gpus=(1, 3))},
+        {"train": 9, "infer": 4},  # infer was written first, but train's workers run on GPU 1
+        INVENTORY,
+        {},
+        {},
+        holders={"train": (1,)},
+    )
+    assert result["train"].state == "run"
+    refused = result["infer"]
+    assert (refused.state, refused.workers) == ("refused", ())
+    assert "GPU 1 is also assigned to job 'train', which runs on it" in refused.message
+    assert refused.fingerprint == fingerprint(())
+
+
+def test_without_a_running_holder_the_assignment_written_first_keeps_the_gpu() -> None:
+    infer = Job(name="infer", command=("serve",))
+    result = decide(
+        policy(TRAIN, infer),
+        assigned(gpus=(2,)),
+        assigned(job="infer", gpus=(2,)),
+        revisions={"train": 12, "infer": 7},
+    )
+    assert result["infer"].state == "run"
+    assert result["train"].state == "refused"
+    assert "job 'infer', which was assigned it first" in result["train"].message
+
+
+def test_a_shared_pool_lets_jobs_share_a_gpu() -> None:
+    infer = Job(name="infer", command=("serve",))
+    shared = dataclasses.replace(
+        policy(TRAIN, infer),
+        hosts={HOST: Host(name=HOST, gpus=4, pool="p")},
+        pools={"p": Pool(name="p", sharing="shared")},
+    )
+    result = decide(shared, assigned(gpus=(2,)), assigned(job="infer", gpus=(2,)))
+    assert {want.state for want in result.values()} == {"run"}
+
+
+def test_a_job_on_cpu_claims_no_gpu() -> None:
+    infer = Job(name="infer", command=("serve",))
+    train = dataclasses.replace(TRAIN, fallback="cpu")
+    result = decide(
+        policy(train, infer, rules=[FallbackRule("cpu", "cpu")]),
+        assigned(gpus=(2,)),
+        assigned(job="infer", gpus=(2,)),
+        unhealthy={2: "XID 79"},
+    )
+    # train (cpu rule) runs on CPU; infer (no rule) keeps its GPU: no double claim.
+    assert result["train"].device == "cpu"
+    assert result["infer"].state == "run"
+
+
+# --- flap pins, ports, master_addr ------------------------------------------------------
+
+
+def test_a_pinned_job_stays_on_cpu_with_the_same_environment_and_says_why() -> None:
+    job = dataclasses.replace(TRAIN, fallback="cpu")
+    pol = policy(job, rules=[FallbackRule("cpu", "cpu")])
+    on_cpu = one(pol, assigned(gpus=(1,)), unhealthy={1: "XID 79"})
+    pin = Pin({1: "XID 79"}, "GPU 1 flapped: 4 health-driven restarts")
+    pinned = desired_jobs(
+        pol, HOST, {"train": assigned(gpus=(1,))}, {}, INVENTORY, {}, {}, pinned={"train": pin}
+    )["train"]
+    assert pinned.device == "cpu"
+    assert pinned.fingerprint == on_cpu.fingerprint  # no restart when the pin takes over
+    assert pinned.message.endswith("; GPU 1 flapped: 4 health-driven restarts")
+
+
+def test_per_gpu_workers_get_the_agents_port_and_master_addr() -> None:
+    job = dataclasses.replace(TRAIN, workers="per-gpu")
+    result = desired_jobs(
+        policy(job),
+        HOST,
+        {"train": assigned(gpus=(0, 1))},
+        {},
+        INVENTORY,
+        {},
+        {},
+        ports={"train": 23456},
+        master_addr="10.1.2.3",
+    )
+    envs = [w.env for w in result["train"].workers]
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("10.1.2.3", "23456")}
+
+
+def test_a_declared_master_port_wins_over_the_agents() -> None:
+    job = dataclasses.replace(TRAIN, workers="per-gpu", env={"MASTER_PORT": "29411"})
+    result = desired_jobs(
+        policy(job),
+        HOST,
+        {"train": assigned(gpus=(0,))},
+        {},
+        INVENTORY,
+        {},
+        {},
+        ports={"train": 23456},
+    )
+    assert result["train"].workers[0].env["MASTER_PORT"] == "29411"

@@ -90,3 +90,41 @@ def test_load_nvml_choices(tmp_path: Path) -> None:
         load_nvml({"ALLOCATOR_NVML": "off"})
     with pytest.raises(NvmlUnavailable, match="not understood"):
         load_nvml({"ALLOCATOR_NVML": "yes"})
+
+
+def test_nvml_error_fails_every_call_after_init_while_it_is_in_the_file(
+    gpus: FakeGpus, nvml: FakeNvml
+) -> None:
+    gpus.system["nvml_error"] = "unknown"
+    gpus.save()
+    assert code_of(nvml.nvmlDeviceGetCount) == ERROR_UNKNOWN
+    assert code_of(nvml.nvmlDeviceGetHandleByIndex, 0) == ERROR_UNKNOWN
+    fresh = FakeNvml(gpus.path)
+    fresh.nvmlInit()  # init itself works: init_error is for that
+    assert code_of(fresh.nvmlSystemGetDriverVersion) == ERROR_UNKNOWN
+    del gpus.system["nvml_error"]
+    gpus.save()
+    assert nvml.nvmlDeviceGetCount() == 2
+
+
+def test_error_counters_are_read_like_nvml(gpus: FakeGpus, nvml: FakeNvml) -> None:
+    handle = nvml.nvmlDeviceGetHandleByIndex(0)
+    assert code_of(nvml.nvmlDeviceGetRetiredPages, handle, 1) == ERROR_NOT_SUPPORTED
+    gpus.update(
+        0,
+        ecc_uncorrected=2,
+        ecc_uncorrected_aggregate=9,
+        remapped_rows_uncorrectable=3,
+        retired_pages_double_bit=2,
+    )
+    assert nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 0) == 2  # volatile
+    assert nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 1) == 9  # aggregate
+    assert nvml.nvmlDeviceGetRemappedRows(handle) == (0, 3, 0, 0)
+    assert len(nvml.nvmlDeviceGetRetiredPages(handle, 1)) == 2  # double-bit
+    assert nvml.nvmlDeviceGetRetiredPages(handle, 0) == []
+
+
+def test_unknown_nvml_error_names_are_refused(tmp_path: Path) -> None:
+    path = write_fake_nvml(tmp_path / "nvml.json", 1, nvml_error="flaky")
+    with pytest.raises(FakeNvmlError, match="nvml_error: 'flaky' is not one of"):
+        FakeNvml(path).nvmlInit()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from allocator.gpus.fake_file import default_uuid
 from allocator.gpus.health import (
     GpuHealth,
     HealthMonitor,
@@ -14,7 +15,7 @@ from allocator.gpus.health import (
     check_health,
     signal_problems,
 )
-from allocator.gpus.nvml import GpuSignals
+from allocator.gpus.signals import COUNTERS, GpuSignals
 from allocator.policy.model import DEFAULT_IGNORED_XIDS
 from tests.support.fake_gpus import FakeGpus
 
@@ -42,6 +43,8 @@ def gpu0(state: HealthState) -> GpuHealth:
 
 
 CLEAN = GpuSignals(0)
+#: The fake reports row remapping (0 rows) for every GPU, so that is always a baseline.
+ROWS = (("remapped_rows_uncorrectable", 0),)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +53,6 @@ CLEAN = GpuSignals(0)
         (GpuSignals(0, xids=(79,)), "XID 79 (GPU has fallen off the bus)"),
         (GpuSignals(0, xids=(48,)), "XID 48"),
         (GpuSignals(0, xids=(13, 94)), "XID 94"),
-        (GpuSignals(0, ecc_uncorrected=3), "uncorrected ECC errors: 3 (was 0)"),
         (GpuSignals(0, remap_failure=True), "row remapping failed"),
         (GpuSignals(0, remap_pending=True), "row remapping pending"),
         (GpuSignals(0, failure="GPU is lost"), "device error: GPU is lost"),
@@ -74,19 +76,35 @@ def test_ignored_xids_come_from_the_caller() -> None:
     assert not gpu0(state).healthy
 
 
+@pytest.mark.parametrize("counter", sorted(COUNTERS))
+def test_each_counter_makes_a_gpu_unhealthy_when_it_rises(counter: str) -> None:
+    states = run([[GpuSignals(0, **{counter: 0})], [GpuSignals(0, **{counter: 3})]])
+    assert [gpu0(s).healthy for s in states] == [True, False]
+    assert f"{COUNTERS[counter]}: 3 (was 0)" in states[1].unhealthy()[0]
+
+
+@pytest.mark.parametrize("counter", sorted(COUNTERS))
+def test_a_gpu_first_seen_with_old_errors_is_healthy(counter: str) -> None:
+    # The baseline is the first read, not 0: a count from last week is no news,
+    # and a restarted agent must not stop a healthy worker over it.
+    states = run([[GpuSignals(0, **{counter: 7})]] * 3)
+    assert [gpu0(s).healthy for s in states] == [True, True, True]
+    assert gpu0(states[0]).baseline(counter) == 7
+
+
 @pytest.mark.parametrize(
     ("counts", "healthy"),
     [
         ([0], [True]),
         ([None], [True]),
-        # first seen with errors: counts once, then recovers after 2 clean checks
-        ([2, 2, 2], [False, False, True]),
+        ([2, 2, 2], [True, True, True]),
         # an increase is a new problem; the same count is not
         ([0, 0, 1, 1, 1, 1], [True, True, False, False, True, True]),
         # driver reload resets the volatile counter: the lower count is the new baseline
         ([0, 5, 5, 5, 1, 1], [True, False, False, True, True, True]),
         # an unsupported read keeps the old baseline
-        ([3, None, None, 3], [False, False, True, True]),
+        ([3, None, None, 3], [True, True, True, True]),
+        ([3, None, 4, 4, 4], [True, True, False, False, True]),
     ],
 )
 def test_ecc_counts_against_the_previous_check(
@@ -140,7 +158,19 @@ def test_recover_after_must_be_positive() -> None:
 
 
 def test_signal_problems_is_empty_for_clean_signals() -> None:
-    assert signal_problems(GpuSignals(0, ecc_uncorrected=4), IGNORED, 4) == []
+    assert signal_problems(GpuSignals(0, ecc_uncorrected=4), IGNORED, {"ecc_uncorrected": 4}) == []
+    assert signal_problems(GpuSignals(0, ecc_uncorrected=4), IGNORED, {}) == []
+
+
+def test_a_restored_state_keeps_its_baselines_and_verdicts() -> None:
+    # What an agent restarted on the same boot resumes from (see HealthMonitor.resume).
+    saved = HealthState(
+        (GpuHealth(0, False, "XID 79", 5.0, 0, (("ecc_uncorrected", 2),), "GPU-a"),), 5.0
+    )
+    clean, more = GpuSignals(0, ecc_uncorrected=2), GpuSignals(0, ecc_uncorrected=3)
+    assert not gpu0(check_health([clean], IGNORED, saved, 6.0)).healthy  # still recovering
+    rose = gpu0(check_health([more], IGNORED, saved, 6.0))
+    assert "uncorrected ECC errors: 3 (was 2)" in (rose.reason or "")
 
 
 # --- the reader, over the fake NVML file -----------------------------------------
@@ -172,7 +202,7 @@ def test_reader_delivers_each_xid_once(gpus: FakeGpus, monitor: HealthMonitor) -
     gpus.add_xid(0, 79)
     assert "XID 79" in monitor.check(1.0).unhealthy()[0]
     assert monitor.check(2.0).get(0) == GpuHealth(
-        0, False, "XID 79 (GPU has fallen off the bus)", 1.0, 1, None
+        0, False, "XID 79 (GPU has fallen off the bus)", 1.0, 1, ROWS, default_uuid(0)
     )
     assert monitor.check(3.0).unhealthy() == {}  # returned to service, not unhealthy forever
     gpus.add_xid(0, 13)  # application XID: ignored
@@ -187,18 +217,38 @@ def test_xids_already_in_the_file_are_delivered_on_the_first_check(tmp_path: Pat
 
 
 @pytest.mark.parametrize(
-    ("fields", "reason"),
+    ("before", "fields", "reason"),
     [
-        ({"ecc_uncorrected": 1}, "uncorrected ECC errors: 1"),
-        ({"remap_failure": True}, "row remapping failed"),
-        ({"remap_pending": True}, "row remapping pending"),
-        ({"lost": True}, "GPU is lost"),
-        ({"healthy": False}, "Unknown Error"),
+        ({"ecc_uncorrected": 0}, {"ecc_uncorrected": 1}, "uncorrected ECC errors: 1 (was 0)"),
+        (
+            {"ecc_uncorrected_aggregate": 4},
+            {"ecc_uncorrected_aggregate": 5},
+            "uncorrected ECC errors (lifetime): 5 (was 4)",
+        ),
+        (
+            {},
+            {"remapped_rows_uncorrectable": 1},
+            "rows remapped after uncorrectable errors: 1 (was 0)",
+        ),
+        (
+            {"retired_pages_double_bit": 0},
+            {"retired_pages_double_bit": 2},
+            "pages retired after double-bit ECC errors: 2 (was 0)",
+        ),
+        ({}, {"remap_failure": True}, "row remapping failed"),
+        ({}, {"remap_pending": True}, "row remapping pending"),
+        ({}, {"lost": True}, "GPU is lost"),
+        ({}, {"healthy": False}, "Unknown Error"),
     ],
 )
 def test_reader_reports_each_signal_from_the_file(
-    gpus: FakeGpus, monitor: HealthMonitor, fields: dict[str, object], reason: str
+    gpus: FakeGpus,
+    monitor: HealthMonitor,
+    before: dict[str, object],
+    fields: dict[str, object],
+    reason: str,
 ) -> None:
+    gpus.update(0, **before)
     monitor.check(0.0)
     gpus.update(0, **fields)
     unhealthy = monitor.check(1.0).unhealthy()
@@ -206,17 +256,60 @@ def test_reader_reports_each_signal_from_the_file(
     assert reason in unhealthy[0]
 
 
-def test_broken_file_mid_run_makes_gpus_unhealthy_naming_the_file(
+def test_a_gpu_read_with_old_error_counts_on_first_sight_is_healthy(tmp_path: Path) -> None:
+    gpus = FakeGpus(tmp_path / "nvml.json", 1)
+    gpus.update(0, ecc_uncorrected=12, ecc_uncorrected_aggregate=40, retired_pages_double_bit=3)
+    with HealthMonitor(environ=gpus.environ) as monitor:
+        assert monitor.check(0.0).unhealthy() == {}
+        assert monitor.check(1.0).unhealthy() == {}
+
+
+def test_nvml_failing_is_no_verdict_on_any_gpu(gpus: FakeGpus, monitor: HealthMonitor) -> None:
+    gpus.update(1, xid_events=[79])
+    before = monitor.check(0.0)
+    assert list(before.unhealthy()) == [1]
+    gpus.system["nvml_error"] = "unknown"
+    gpus.save()
+    assert monitor.check(1.0) == before  # the last judgement stands
+    assert monitor.error is not None and "Unknown Error" in monitor.error
+    assert monitor.check(1.5) == before  # not re-opened before its backoff (1 s)
+    del gpus.system["nvml_error"]
+    gpus.save()
+    after = monitor.check(2.0)  # re-opened: reads again
+    assert monitor.error is None and after.checked_at == 2.0
+
+
+def test_a_broken_file_mid_run_is_no_verdict_and_names_the_file(
     gpus: FakeGpus, monitor: HealthMonitor
 ) -> None:
     monitor.check(0.0)
     gpus.path.write_text("{not json")
-    unhealthy = monitor.check(1.0).unhealthy()
-    assert sorted(unhealthy) == [0, 1]
-    assert str(gpus.path) in unhealthy[0]
+    assert monitor.check(1.0).unhealthy() == {}
+    assert monitor.error is not None and str(gpus.path) in monitor.error
     gpus.save()
-    monitor.check(2.0)
-    assert monitor.check(3.0).unhealthy() == {}
+    assert monitor.check(2.0).unhealthy() == {} and monitor.error is None
+
+
+def test_reopen_opens_nvml_at_once(tmp_path: Path) -> None:
+    gpus = FakeGpus(tmp_path / "nvml.json", 2, init_error="driver_not_loaded")
+    with HealthMonitor(environ=gpus.environ) as monitor:
+        assert monitor.error is not None and "driver not loaded" in monitor.error
+        assert monitor.check(0.0).gpus == ()
+        del gpus.system["init_error"]
+        gpus.save()
+        monitor.reopen(0.1)  # SIGHUP: no waiting for the backoff
+        assert monitor.error is None
+        assert monitor.check(0.2).healthy_indices() == (0, 1)
+
+
+def test_a_monitor_whose_nvml_failed_at_start_retries_with_backoff(tmp_path: Path) -> None:
+    gpus = FakeGpus(tmp_path / "nvml.json", 1, init_error="unknown")
+    with HealthMonitor(environ=gpus.environ) as monitor:
+        assert monitor.check(0.5).gpus == ()
+        del gpus.system["init_error"]
+        gpus.save()
+        assert monitor.check(0.9).gpus == ()  # next try at 1.0
+        assert monitor.check(1.0).healthy_indices() == (0,)
 
 
 def test_monitor_without_nvml_reports_why_and_no_gpus() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from allocator.gpus.fake_file import DEFAULT_MEMORY_MIB, DEFAULT_NAME, default_uuid
-from allocator.gpus.inventory import cuda_version_text, read_inventory
+from allocator.gpus.inventory import Inventory, cuda_version_text, keep_last_good, read_inventory
 from allocator.gpus.model import GpuInfo
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml
 
@@ -206,3 +206,41 @@ def test_gpu_modules_import_neither_pynvml_nor_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# --- keeping the last good inventory (a long-running reader) ---------------------------
+
+
+def test_a_failed_read_keeps_the_last_good_inventory_with_the_new_error(tmp_path: Path) -> None:
+    path = write_fake_nvml(tmp_path / "nvml.json", 2)
+    good = read_inventory(environ=fake_environ(path))
+    write_fake_nvml(path, 2, nvml_error="unknown")
+    failed = read_inventory(2, environ=fake_environ(path))
+    assert failed.source == "declared" and failed.gpus[0].uuid is None
+    kept = keep_last_good(good, failed)
+    assert kept.gpus == good.gpus and kept.source == "fake"
+    assert kept.error is not None and "Unknown Error" in kept.error
+
+
+def test_a_gpu_that_fails_to_answer_keeps_its_uuid(tmp_path: Path) -> None:
+    path = write_fake_nvml(tmp_path / "nvml.json", 2)
+    good = read_inventory(environ=fake_environ(path))
+    write_fake_nvml(path, [fake_device(0), fake_device(1, lost=True)])
+    fresh = read_inventory(environ=fake_environ(path))
+    assert fresh.gpus[1].uuid is None and fresh.gpus[1].error
+    kept = keep_last_good(good, fresh)
+    assert kept.gpus[1].uuid == default_uuid(1)
+    assert kept.gpus[1].error == fresh.gpus[1].error
+
+
+def test_without_a_good_read_the_declared_count_stands_in(tmp_path: Path) -> None:
+    path = write_fake_nvml(tmp_path / "nvml.json", 2, nvml_error="unknown")
+    failed = read_inventory(3, environ=fake_environ(path))
+    assert keep_last_good(None, failed) == failed
+    assert failed.indices == (0, 1, 2)
+
+
+def test_an_inventory_round_trips_through_to_dict(tmp_path: Path) -> None:
+    path = write_fake_nvml(tmp_path / "nvml.json", 2)
+    inventory = read_inventory(environ=fake_environ(path))
+    assert Inventory.from_dict(json.loads(json.dumps(inventory.to_dict()))) == inventory

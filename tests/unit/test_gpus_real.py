@@ -74,7 +74,9 @@ def test_torch_device_is_cuda0_with_a_one_gpu_mask(inventory: Inventory) -> None
     assignment = Assignment("j", "h", (last.index,), "gpu", "test", "now")
     (worker_env,) = worker_environments(assignment, inventory.gpus, policy)
     code = (
-        "import json, torch, allocator.torch as at\n"
+        "import json, sys, torch, allocator.torch as at\n"
+        # A CPU-only build would (rightly) raise GpuUnavailableError: skip instead.
+        "if torch.version.cuda is None: print(json.dumps({'cuda_build': None})); sys.exit()\n"
         "dev = at.configure()\n"
         "props = torch.cuda.get_device_properties(0)\n"
         "print(json.dumps({'cuda_build': torch.version.cuda, 'device': str(dev),"

@@ -223,6 +223,9 @@ def test_policy_to_dict_spells_out_every_field() -> None:
         "interval_seconds": 5.0,
         "recovery_probe": None,
         "recovery_probe_timeout_seconds": 60.0,
+        "hold_down_seconds": 10.0,
+        "hold_down_max_seconds": 300.0,
+        "flap_restart_limit": 4,
     }
     assert data["jobs"]["eval-nightly"]["env"] == {}
 

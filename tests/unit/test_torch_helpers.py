@@ -40,9 +40,57 @@ def test_device_is_cpu_on_fallback(cpu_worker: None) -> None:
     assert atorch.device() == torch.device("cpu")
 
 
-def test_device_is_cpu_when_cuda_is_not_available(monkeypatch: pytest.MonkeyPatch) -> None:
+NO_CUDA = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="this machine's CUDA works: nothing fails"
+)
+
+
+@pytest.fixture
+def gpu_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as a worker the agent gave physical GPU 3."""
     monkeypatch.setenv("ALLOCATOR_DEVICE", "cuda")
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("ALLOCATOR_GPUS", "3")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-00000000-0000-4000-8000-000000000003")
+    monkeypatch.delenv("ALLOCATOR_FALLBACK_REASON", raising=False)
+
+
+@NO_CUDA
+def test_a_worker_assigned_a_gpu_never_falls_back_to_cpu_silently(gpu_worker: None) -> None:
+    # torch here is the CPU build: exactly what a worker with the wrong wheel meets.
+    with pytest.raises(atorch.GpuUnavailableError) as caught:
+        atorch.device()
+    message = str(caught.value)
+    assert "assigned GPU 3" in message
+    assert "GPU-00000000-0000-4000-8000-000000000003" in message
+    assert "CPU-only build" in message and torch.__version__ in message
+    assert "gpus=cpu" in message  # what to do instead
+
+
+@NO_CUDA
+@pytest.mark.parametrize(
+    "helper", [atorch.configure, atorch.autocast_dtype, atorch.grad_scaler, atorch.autocast]
+)
+def test_every_helper_of_a_gpu_worker_without_cuda_fails_loudly(
+    gpu_worker: None, helper: object
+) -> None:
+    with pytest.raises(atorch.GpuUnavailableError, match="GPU 3"):
+        helper()  # type: ignore[operator]
+
+
+@NO_CUDA
+def test_visible_devices_set_by_another_scheduler_count_as_an_assignment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("ALLOCATOR_DEVICE", "ALLOCATOR_GPUS", "ALLOCATOR_FALLBACK_REASON"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with pytest.raises(atorch.GpuUnavailableError, match="CUDA_VISIBLE_DEVICES='1'"):
+        atorch.device()
+
+
+def test_a_script_given_nothing_runs_where_it_can(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ALLOCATOR_DEVICE", "ALLOCATOR_GPUS", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
     expected = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     assert atorch.device() == expected
 

@@ -15,6 +15,7 @@ from allocator.worker import (
     current,
     device_kind,
     fallback_reason,
+    gpu_assigned,
     local_rank,
     parse_visible_devices,
     rank,
@@ -137,6 +138,23 @@ def test_current_reads_back_a_cpu_fallback() -> None:
 )
 def test_device_kind(env: dict[str, str], expected: str) -> None:
     assert device_kind(env) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, False),  # nothing assigned: a script run by hand
+        ({"ALLOCATOR_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": G0}, True),
+        ({"ALLOCATOR_DEVICE": "cuda"}, True),
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, True),  # another scheduler's assignment
+        ({"CUDA_VISIBLE_DEVICES": MIG}, True),
+        ({"CUDA_VISIBLE_DEVICES": ""}, False),
+        ({"ALLOCATOR_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "0"}, False),
+        ({"ALLOCATOR_DEVICE": "cuda", "CUDA_VISIBLE_DEVICES": ""}, False),
+    ],
+)
+def test_gpu_assigned(env: dict[str, str], expected: bool) -> None:
+    assert gpu_assigned(env) is expected
 
 
 @pytest.mark.parametrize(
