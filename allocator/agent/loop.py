@@ -66,7 +66,7 @@ BUSY_TICK_SECONDS = 0.005
 #: On shutdown, how long the link may take to revoke the lease and drop the
 #: worker records; a store that does not answer does not hold the agent up
 #: (the lease then expires on its own).
-WITHDRAW_SECONDS = 3.0
+WITHDRAW_SECONDS = 2.0
 
 
 class Agent:
@@ -198,8 +198,11 @@ class Agent:
         elif self.policy is None and not self.said_no_policy:
             self.said_no_policy = True
             self.log("no-policy", {"hint": "run `allocator policy apply FILE`"})
-        self.assignments = dict(view.assignments)
-        self.assignment_revisions = dict(view.revisions)
+        assignments, revisions = dict(view.assignments), dict(view.revisions)
+        for job in view.damaged & self.assignments.keys():  # keep its last good assignment
+            assignments[job] = self.assignments[job]
+            revisions[job] = self.assignment_revisions[job]
+        self.assignments, self.assignment_revisions = assignments, revisions
         self.have_state = self.policy is not None
         self.pending_view = None
 
@@ -214,6 +217,7 @@ class Agent:
             return
         self.policy, self.policy_sha = policy, record.sha256
         self._policy_changed()
+        self.next_health = 0.0  # check now, and from now on at the policy's interval
         self.log("policy", {"sha256": record.sha256[:12], "applied_by": record.applied_by})
 
     def _policy_changed(self) -> None:

@@ -32,8 +32,10 @@ class HostView:
     ``policy`` is ``None`` when no usable policy is stored (absent, or a bad
     record: see ``bad``); the agent then keeps the last good one it had.
     ``bad`` pairs each skipped record with its ``mod_revision``, so it is
-    reported once per version. ``own`` maps each of the agent's own keys to
-    what is stored there.
+    reported once per version; ``damaged`` names the jobs whose own key holds
+    such a record (the agent keeps their last good assignment: a damaged
+    record is never a reason to stop a worker). ``own`` maps each of the
+    agent's own keys to what is stored there.
     """
 
     revision: int
@@ -42,6 +44,7 @@ class HostView:
     policy: PolicyRecord | None = None
     policy_present: bool = False
     bad: tuple[tuple[BadRecord, int], ...] = ()
+    damaged: frozenset[str] = frozenset()
     own: Mapping[str, KeyValue] = field(default_factory=dict)
 
 
@@ -53,16 +56,20 @@ def host_view(
     assignments: dict[str, Assignment] = {}
     revisions: dict[str, int] = {}
     bad: list[tuple[BadRecord, int]] = []
+    damaged: set[str] = set()
     own = {item.key: item for item in listing.items if _is_own(item.key, layout, host)}
     for item in listing.items:
         if not item.key.startswith(jobs_prefix):
             continue
+        job = ""
         try:
             job = _job_name(item.key, item.key[len(jobs_prefix) :])
             assignments[job] = decode_record(item.value, Assignment, item.key, job=job, host=host)
             revisions[job] = item.mod_revision
         except BadRecord as exc:
             bad.append((exc, item.mod_revision))
+            if job:
+                damaged.add(job)
     policy: PolicyRecord | None = None
     if policy_item is not None:
         try:
@@ -76,6 +83,7 @@ def host_view(
         policy=policy,
         policy_present=policy_item is not None,
         bad=tuple(bad),
+        damaged=frozenset(damaged),
         own=own,
     )
 

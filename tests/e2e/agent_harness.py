@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -107,14 +107,24 @@ class AgentHarness:
         result = self.cli("policy", "apply", str(path))
         assert result.code == 0, result.err
 
-    def start_agent(self, *extra: str) -> None:
-        """Start ``allocator agent`` for the host; its log goes to agent.log."""
+    def start_agent(
+        self,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        launcher: Sequence[str] = ("-m", "allocator"),
+        wait: bool = True,
+    ) -> None:
+        """Start ``allocator agent`` for the host; its log goes to agent.log.
+
+        ``env`` adds variables; ``launcher`` replaces ``-m allocator`` (a
+        script that wraps the CLI); ``wait=False`` returns at once instead of
+        waiting for the agent's record (for a store that does not answer).
+        """
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
-                    "-m",
-                    "allocator",
+                    *launcher,
                     "agent",
                     "--host",
                     HOST,
@@ -124,12 +134,13 @@ class AgentHarness:
                     "json",
                     *extra,
                 ],
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        wait_for("the agent to publish its record", self.agent_record_present)
+        if wait:
+            wait_for("the agent to publish its record", self.agent_record_present)
 
     def stop_agent(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Signal the agent and wait for it to exit; return its exit code."""
@@ -184,6 +195,14 @@ class AgentHarness:
         finally:
             store.close()
         return WorkerRecord.from_json(item.value) if item else None
+
+    def put_raw(self, key: str, value: bytes) -> int:
+        """Write ``value`` at ``key`` (a full key) straight into the store; return the revision."""
+        store = open_store(self.store_url)
+        try:
+            return store.put(key, value)
+        finally:
+            store.close()
 
     def agent_record_present(self) -> bool:
         """Whether the agent's leased record exists."""
