@@ -51,12 +51,12 @@ def _job(name: str, workdir: Path, *extra: str, **fields: Any) -> dict[str, Any]
     return {"command": [*command, *extra], "grace_seconds": 1, **fields}
 
 
-def agent_policy(workdir: Path) -> dict[str, Any]:
-    """A policy with one host of 4 GPUs and the jobs the tests run."""
+def agent_policy(workdir: Path, gpus: int = 4) -> dict[str, Any]:
+    """A policy with one host of ``gpus`` GPUs and the jobs the tests run."""
     return {
         "version": 1,
         "visible_devices": "uuid",
-        "hosts": {HOST: {"gpus": 4}},
+        "hosts": {HOST: {"gpus": gpus}},
         "jobs": {
             "train": _job("train", workdir, fallback="cpu-2"),
             "waiter": _job("waiter", workdir, fallback="wait"),
@@ -79,11 +79,11 @@ def agent_policy(workdir: Path) -> dict[str, Any]:
 class AgentHarness:
     """One test's world: store, policy, fake GPUs, and the agent process."""
 
-    def __init__(self, workdir: Path, store_url: str, prefix: str) -> None:
+    def __init__(self, workdir: Path, store_url: str, prefix: str, gpus: int = 4) -> None:
         self.workdir = workdir
         self.store_url = store_url
         self.prefix = prefix
-        self.gpus = FakeGpus(workdir / "gpus.json", 4)
+        self.gpus = FakeGpus(workdir / "gpus.json", gpus)
         self.env = {
             k: v
             for k, v in os.environ.items()
