@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 
 from allocator.records import Assignment
 from tests.e2e.agent_harness import HOST, AgentHarness, pid_alive
+from tests.e2e.conftest import run_cli
 from tests.support.waiting import wait_for
 
 BUGGY_AGENT = Path(__file__).resolve().parents[1] / "support" / "buggy_agent.py"
@@ -153,3 +155,15 @@ def test_a_bug_in_a_reconcile_step_is_logged_and_retried_without_touching_worker
     assert world.events("recovered", step="reconcile")
     assert pid_alive(train["pid"]) and world.report("train") == train
     assert Assignment  # the records module is importable by the planted launcher's run too
+
+
+def test_a_malformed_store_url_is_refused_at_start_not_retried_forever(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALLOCATOR_")}
+    state = str(tmp_path / "agent")
+    result = run_cli(
+        ["agent", "--host", HOST, "--state-dir", state, "--store", "bogus://somewhere"],
+        env,
+        timeout=30,
+    )
+    assert result.code == 2
+    assert result.err.count("\n") == 1 and "unknown store URL" in result.err
