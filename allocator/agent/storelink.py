@@ -17,6 +17,8 @@ What counts as what:
 * a compacted watch means "re-read everything", not an outage;
 * a record or key the agent cannot use is a bad record, skipped and logged
   once per version (see :mod:`allocator.agent.view`), never an error here;
+* another refusal (a setting, a request the store will not take) is logged
+  and retried with backoff;
 * anything else is a bug: logged with its traceback, retried with backoff.
 """
 
@@ -34,7 +36,7 @@ from allocator.agent.config import AgentConfig
 from allocator.agent.link import RetryTimer, WatchError, WatchEvents, WatchThread, start_watches
 from allocator.agent.publisher import Publisher
 from allocator.agent.view import HostView, host_view
-from allocator.errors import Compacted, LeaseLost, PermissionDenied, Retryable
+from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
 from allocator.keys import KeyLayout
 from allocator.records import AgentRecord, BadRecord, encode_record, replace_struct
 from allocator.store import Store
@@ -119,6 +121,7 @@ class StoreLink:
         self.store: Store | None = None
         self.watches: list[WatchThread] = []
         self.epoch = 0
+        self.up = False  # connected: the first read after opening the store succeeded
         self.observed = False  # the agent's own keys have been read since connecting
         self.stale = False  # reads are refused while the lease still works
         self.read_due = False
@@ -232,6 +235,7 @@ class StoreLink:
         self.next_keepalive = now + self.config.heartbeat_seconds
         self._read(self.store, now)
         self.retry.connected(now)
+        self.up = True
         self.log("store-connected", {"store": self.url, "revision": self.revision})
         self.to_loop.put(LinkState(True, f"connected at revision {self.revision}"))
 
@@ -246,7 +250,7 @@ class StoreLink:
             self._refused(exc, now)
             return
         view = host_view(listing, policy_item, self.layout, self.config.host)
-        self.revision = max(self.revision, view.revision)
+        self.revision = view.revision  # the store's own, even if it went back (a restore)
         self.publisher.observe(view.own)
         self.observed = True
         if self.stale:
@@ -304,7 +308,7 @@ class StoreLink:
             self.publisher.lease_lost()
             self.next_keepalive = self._clock()
             return
-        was_connected = self.store is not None
+        was_connected = self.up
         self._drop()
         now = self._clock()
         text = " ".join(str(error).split()) or type(error).__name__
@@ -314,7 +318,10 @@ class StoreLink:
         elif isinstance(error, PermissionDenied):
             self.next_connect = self.retry.failed_slowly(now)
             event, fields = "store-permission-denied", {"error": text}
-        else:  # not the store's fault: ours, or a setting; keep workers, retry with backoff
+        elif isinstance(error, AllocatorError):  # a setting or the store refusing a request
+            self.next_connect = self.retry.failed(now)
+            event, fields = "store-error", {"error": f"{type(error).__name__}: {text}"}
+        else:  # a bug of ours: keep workers, retry with backoff, say where it happened
             self.next_connect = self.retry.failed(now)
             event = "link-error"
             fields = {"error": f"{type(error).__name__}: {text}", "traceback": _trace(error)}
@@ -326,7 +333,7 @@ class StoreLink:
     def _drop(self) -> None:
         self._stop_watches()
         self.publisher.forget()
-        self.observed = False
+        self.observed = self.up = False
         store, self.store = self.store, None
         if store is not None:
             try:

@@ -47,7 +47,8 @@ def _put_json(world: AgentHarness, key: str, body: Any) -> int:
 
 
 def _no_outage(world: AgentHarness) -> bool:
-    return not world.events("store-unavailable") and not world.events("link-error")
+    problems = ("store-unavailable", "store-error", "link-error", "internal-error")
+    return not any(world.events(event) for event in problems)
 
 
 def test_malformed_records_are_skipped_and_every_other_job_keeps_running(

@@ -64,14 +64,14 @@ def test_sigterm_stops_adopted_workers_promptly_while_every_store_endpoint_hangs
         notify.wait_for("READY=1", timeout=REACT_SECONDS)
         # Ready means adopted: the workers are supervised before any store answers.
         assert world.events("adopt")[-1]["adopted"] == ["stubborn", "train"]
-        for _ in range(5):  # pings keep coming while every store call hangs
+        for _ in range(3):  # pings keep coming while every store call hangs
             notify.wait_for("WATCHDOG=1", timeout=REACT_SECONDS)
 
         # A stuck loop stops pinging, so systemd would restart the agent.
         os.kill(world.process.pid, signal.SIGSTOP)
         wait_for("the agent to be stopped", lambda: _state(world.process.pid) == "T")
         notify.drain()
-        assert notify.receive(timeout=1.5) is None  # 7 intervals of 0.2 s without a ping
+        assert notify.receive(timeout=1.0) is None  # 5 ping intervals of 0.2 s: none came
         os.kill(world.process.pid, signal.SIGCONT)
         notify.wait_for("WATCHDOG=1", timeout=REACT_SECONDS)
 
