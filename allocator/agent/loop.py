@@ -97,7 +97,9 @@ class Agent:
             config.worker_log_dir, config.agent_dir / "workers.json", clock=clock, logger=self.log
         )
         self.inbox: queue.Queue[HostView | LinkState] = queue.Queue()
-        self.link = StoreLink(config, self.url, self.log, self.inbox, open_store=store_opener)
+        self.link = StoreLink(
+            config, self.url, self.log, self.inbox, open_store=store_opener, clock=clock
+        )
         self.policy: Policy | None = None
         self.policy_sha = ""
         self.refused_policy_sha = ""
