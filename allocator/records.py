@@ -40,13 +40,14 @@ SCHEMA_VERSION = 1
 #: The highest GPU index anything accepts (the CLI, the policy, stored records).
 MAX_GPU_INDEX = 1023
 
-_NAME = r"^(?!-)(?!\.\.?$)[A-Za-z0-9._-]{1,63}$"
+# \Z, not $: "$" also matches before a trailing newline, and "train\n" is no job name.
+_NAME = r"^(?!-)(?!\.\.?\Z)[A-Za-z0-9._-]{1,63}\Z"
 Name = Annotated[str, msgspec.Meta(pattern=_NAME)]
 GpuIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
 # A device id that goes into CUDA_VISIBLE_DEVICES: no comma, no space, nothing CUDA stops at.
-DeviceUuid = Annotated[str, msgspec.Meta(pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]{1,120}$")]
+DeviceUuid = Annotated[str, msgspec.Meta(pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]{1,120}\Z")]
 Argument = Annotated[str, msgspec.Meta(max_length=65536)]
 Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
@@ -145,12 +146,18 @@ class PolicyRecord(msgspec.Struct, frozen=True):
 
 
 class AgentRecord(msgspec.Struct, frozen=True):
-    """What a host agent publishes under its lease: inventory and health."""
+    """What a host agent publishes under its lease: inventory and health.
+
+    Liveness is the lease (the key exists while the agent keeps it alive),
+    not a timestamp: comparing clocks across machines misjudges skewed hosts,
+    and a record rewritten on every heartbeat fills etcd's history. The
+    record changes only when its content does. ``store_stale`` says the agent
+    can keep its lease but cannot read its assignments (its view may be old).
+    """
 
     host: Name
     gpus: tuple[GpuInfo, ...]
     unhealthy: dict[GpuIndex, Text] = {}
-    heartbeat_at: Text = ""
     started_at: Text = ""
     pid: Count = 0
     version: Text = ""

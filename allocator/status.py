@@ -1,7 +1,19 @@
 """Who holds what: a pure join of the policy, assignments, agents and workers.
 
 ``build_status`` turns one prefix read over every host into rows; the CLI
-only renders them. Time is passed in.
+only renders them. Time is passed in (reservations start and end).
+
+An agent's liveness never compares clocks between machines: the agent's key
+is leased, so it exists exactly while the agent keeps its lease alive.
+
+* ``alive``: the key is there, under a lease;
+* ``stale``: the agent says it can keep its lease but cannot read its
+  assignments (its record's ``store_stale``), so it works from an old view;
+* ``unleased``: the key is there without a lease (written by hand?), which
+  proves nothing; the agent puts its own back on its next full read;
+* ``gone``: no key, but worker records remain (the agent died, or cannot
+  reach the store, with workers it ran);
+* ``none``: no key and nothing recorded.
 """
 
 from __future__ import annotations
@@ -12,17 +24,13 @@ from datetime import datetime
 from typing import Any
 
 from allocator.assignments import HostSnapshot, snapshots_by_host
-from allocator.identity import parse_time
 from allocator.keys import KeyLayout
 from allocator.placement import gpu_holders, host_gpu_indices
 from allocator.policy import Policy
 from allocator.reservations import on_host, trespassers
 from allocator.store import KeyValue
 
-__all__ = ["AGENT_STALE_AFTER_SECONDS", "GpuRow", "HostStatus", "JobRow", "build_status"]
-
-#: An agent whose heartbeat is older than this is reported stale.
-AGENT_STALE_AFTER_SECONDS = 30.0
+__all__ = ["GpuRow", "HostStatus", "JobRow", "agent_state", "build_status"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,22 +89,34 @@ def build_status(
     stored = snapshots_by_host(items, layout, 0)
     declared = set(policy.hosts) if policy is not None else set()
     names = [only_host] if only_host is not None else sorted(set(stored) | declared)
-    return [_host_status(policy, stored.get(h, HostSnapshot(h)), now) for h in names]
+    agent_keys = {item.key: item for item in items if item.key.endswith("/agent")}
+    hosts = []
+    for name in names:
+        snapshot = stored.get(name, HostSnapshot(name))
+        agent = agent_state(agent_keys.get(layout.agent(name)), snapshot)
+        hosts.append(_host_status(policy, snapshot, agent, now))
+    return hosts
 
 
-def _agent_state(snapshot: HostSnapshot, now: datetime) -> str:
-    agent = snapshot.agent
-    if agent is None:
+def agent_state(key: KeyValue | None, snapshot: HostSnapshot) -> str:
+    """``alive``, ``stale``, ``unleased``, ``gone`` or ``none`` (see the module docstring).
+
+    ``key`` is the host's agent key as read; its lease, not a timestamp, says
+    the agent lives. A key whose body is damaged but whose lease lives is an
+    agent alive (its record is listed among the bad records).
+    """
+    if key is None:
         return "gone" if snapshot.workers else "none"
-    beat = parse_time(agent.heartbeat_at)
-    if agent.store_stale:
-        return "stale"
-    if beat is None or (now - beat).total_seconds() > AGENT_STALE_AFTER_SECONDS:
+    if key.lease is None:
+        return "unleased"
+    if snapshot.agent is not None and snapshot.agent.store_stale:
         return "stale"
     return "alive"
 
 
-def _host_status(policy: Policy | None, snapshot: HostSnapshot, now: datetime) -> HostStatus:
+def _host_status(
+    policy: Policy | None, snapshot: HostSnapshot, agent: str, now: datetime
+) -> HostStatus:
     inventory = snapshot.agent.gpus if snapshot.agent and snapshot.agent.gpus else None
     unhealthy = snapshot.agent.unhealthy if snapshot.agent else {}
     indices: tuple[int, ...] = ()
@@ -128,7 +148,7 @@ def _host_status(policy: Policy | None, snapshot: HostSnapshot, now: datetime) -
             rows.append(GpuRow(snapshot.host, "cpu", job, held.updated_at, held.reason, "-", ""))
     job_rows = tuple(_job_row(snapshot, job) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
-    return HostStatus(snapshot.host, _agent_state(snapshot, now), tuple(rows), job_rows, bad)
+    return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad)
 
 
 def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:

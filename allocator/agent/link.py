@@ -1,10 +1,12 @@
-"""The agent's connection to the store: reads, watches and retry timing.
+"""Pieces of the agent's store link: watch threads, their messages, and retry timing.
 
 Watches run in threads (one store handle each, since backends such as
 SQLite must not share a connection across threads) and push batches of
-events, or the error that ended them, onto one queue; the agent's loop waits
+events, or the error that ended them, onto the link's queue; the link waits
 on that queue with a timeout, so it sleeps while nothing happens and never
-spins while the store is down.
+spins while the store is down. Each batch of watches carries an ``epoch``:
+a message from a watch the link has already replaced is recognised and
+dropped, so a late error from an old watch cannot tear down a new connection.
 """
 
 from __future__ import annotations
@@ -13,11 +15,12 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from allocator.errors import AllocatorError, Compacted, Retryable
+from allocator.errors import AllocatorError
 from allocator.store import Event, Store
 
-__all__ = ["RetryTimer", "WatchError", "WatchEvents", "WatchThread"]
+__all__ = ["RetryTimer", "WatchError", "WatchEvents", "WatchThread", "start_watches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +29,7 @@ class WatchEvents:
 
     prefix: str
     events: tuple[Event, ...]
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,7 @@ class WatchError:
 
     prefix: str
     error: AllocatorError
+    epoch: int = 0
 
 
 Message = WatchEvents | WatchError
@@ -47,14 +52,16 @@ class WatchThread:
         open_store: Callable[[], Store],
         prefix: str,
         start_revision: int,
-        inbox: queue.Queue[Message],
+        inbox: queue.Queue[Any],
         poll_seconds: float = 1.0,
+        epoch: int = 0,
     ) -> None:
         self._open_store = open_store
         self.prefix = prefix
         self._start = start_revision
         self._inbox = inbox
         self._poll = poll_seconds
+        self.epoch = epoch
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"watch {prefix}", daemon=True)
 
@@ -79,13 +86,12 @@ class WatchThread:
                 while not self._stopping.is_set():
                     events = watch.next(self._poll)
                     if events and not self._stopping.is_set():
-                        self._inbox.put(WatchEvents(self.prefix, tuple(events)))
+                        self._inbox.put(WatchEvents(self.prefix, tuple(events), self.epoch))
             finally:
                 watch.close()
-        except (Retryable, Compacted) as exc:
-            self._inbox.put(WatchError(self.prefix, exc))
-        except AllocatorError as exc:  # permission and similar: reported, retried by the loop
-            self._inbox.put(WatchError(self.prefix, exc))
+        except AllocatorError as exc:  # unavailable, compacted, permission: the link decides
+            if not self._stopping.is_set():
+                self._inbox.put(WatchError(self.prefix, exc, self.epoch))
         finally:
             if store is not None:
                 store.close()
@@ -95,33 +101,53 @@ def start_watches(
     open_store: Callable[[], Store],
     prefixes: Sequence[str],
     start_revision: int,
-    inbox: queue.Queue[Message],
+    inbox: queue.Queue[Any],
+    epoch: int = 0,
 ) -> list[WatchThread]:
     """Start one :class:`WatchThread` per prefix."""
-    threads = [WatchThread(open_store, p, start_revision, inbox) for p in prefixes]
+    threads = [WatchThread(open_store, p, start_revision, inbox, epoch=epoch) for p in prefixes]
     for thread in threads:
         thread.start()
     return threads
 
 
 class RetryTimer:
-    """When to try the store again: capped, jittered exponential backoff (tenacity's)."""
+    """When to try the store again: capped, jittered exponential backoff (tenacity's).
 
-    def __init__(self, cap_seconds: float, base_seconds: float = 0.5) -> None:
+    The backoff is forgiven only after the link has stayed up for
+    ``healthy_seconds`` (the cap, by default), not on every successful
+    connect: an endpoint that accepts connections and then fails every time
+    must not be hammered at the base rate forever.
+    """
+
+    def __init__(
+        self, cap_seconds: float, base_seconds: float = 0.5, healthy_seconds: float | None = None
+    ) -> None:
         from tenacity import wait_random_exponential
 
+        self.cap_seconds = cap_seconds
+        self.healthy_seconds = cap_seconds if healthy_seconds is None else healthy_seconds
         self._wait = wait_random_exponential(multiplier=base_seconds, max=cap_seconds)
         self.failures = 0
+        self._up_since: float | None = None
+
+    def connected(self, now: float) -> None:
+        """The link came up at ``now``; the backoff resets once it has stayed up long enough."""
+        self._up_since = now
 
     def failed(self, now: float) -> float:
-        """Record a failure; return the time of the next attempt."""
+        """Record a failure at ``now``; return the time of the next attempt."""
         from tenacity import RetryCallState
 
+        if self._up_since is not None and now - self._up_since >= self.healthy_seconds:
+            self.failures = 0
+        self._up_since = None
         self.failures += 1
         state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
         state.attempt_number = self.failures
         return now + float(self._wait(state))
 
-    def succeeded(self) -> None:
-        """Reset after a success."""
-        self.failures = 0
+    def failed_slowly(self, now: float) -> float:
+        """Record a failure that retrying soon cannot fix (a refused permission): wait the cap."""
+        self.failed(now)
+        return now + self.cap_seconds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TextIO
@@ -38,6 +39,8 @@ class DecisionLog:
         self.host = host
         self._stream = stream or sys.stderr
         self._wall = wall
+        # The store link and GPU probes log from their own threads: one line at a time.
+        self._lock = threading.Lock()
 
     def __call__(self, event: str, fields: Mapping[str, Any] | None = None) -> None:
         """Log one decision or observation."""
@@ -51,8 +54,9 @@ class DecisionLog:
             line = json.dumps(record, sort_keys=False, default=str)
         else:
             line = " ".join(f"{k}={_text_value(v)}" for k, v in record.items() if v is not None)
-        self._stream.write(line + "\n")
-        self._stream.flush()
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
 
 
 def as_fields(obj: Any) -> dict[str, Any]:

@@ -1,18 +1,25 @@
-"""The host agent: watch the store, reconcile, supervise, report.
+"""The host agent: supervise, reconcile, and hear from the store through its link.
 
-Level-based: every change, and a periodic full re-read, recomputes the
-desired workers from the store and compares them with what runs; the
-supervisor carries out the planned actions. The loop sleeps on the watch
-queue, so it costs nothing while nothing happens.
+Level-based: every read of the store (after each change, and a periodic full
+re-read) recomputes the desired workers from the policy and the assignments
+and compares them with what runs; the supervisor carries out the planned
+actions. The loop sleeps on the link's queue between ticks, so it costs
+nearly nothing while nothing happens.
 
 Hard rules kept here:
 
+* The loop never calls the store: the store link (its own thread) does
+  every store call, so a store endpoint that hangs cannot delay reaping,
+  SIGKILL escalation, crash restarts, signals or the systemd watchdog.
 * A store outage never stops a worker: the last known assignment stays in
-  force, the agent retries with capped, jittered backoff, says it is stale,
-  and resumes the watch from its last revision (after a compaction, it
-  re-reads everything).
+  force until the link brings a newer read.
+* An unexpected error in one step (a bug) never stops a worker either: it is
+  logged with its traceback, the last good state is kept, and the step is
+  retried with backoff. Only an orderly stop (SIGTERM) stops workers; if the
+  agent itself dies of a bug, workers keep running and the next agent adopts
+  them.
 * Adoption happens before the first plan, so a restarted agent never runs a
-  second copy of a worker.
+  second copy of a worker; systemd hears ``READY=1`` only after adoption.
 """
 
 from __future__ import annotations
@@ -32,37 +39,35 @@ from allocator.agent.claims import gpu_holders
 from allocator.agent.config import AgentConfig
 from allocator.agent.desired import desired_jobs
 from allocator.agent.gpu_state import GpuState
-from allocator.agent.link import Message, RetryTimer, WatchError, WatchThread, start_watches
+from allocator.agent.guard import StepGuard
 from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
 from allocator.agent.model import DesiredJob
+from allocator.agent.notify import notifier_from_environ
 from allocator.agent.ports import PortTable
-from allocator.agent.publisher import Publisher
 from allocator.agent.reconcile import plan
 from allocator.agent.report import agent_record, worker_records
+from allocator.agent.storelink import LinkState, StoreLink
 from allocator.agent.supervisor import Supervisor
-from allocator.errors import (
-    AllocatorError,
-    BadRecord,
-    Compacted,
-    LeaseLost,
-    PolicyError,
-    StoreError,
-)
+from allocator.agent.view import HostView
+from allocator.errors import AllocatorError, PolicyError
 from allocator.gpus.inventory import Inventory
 from allocator.identity import format_time, utc_now
-from allocator.keys import KeyLayout
 from allocator.policy import Policy, load_policy
-from allocator.records import Assignment, PolicyRecord, decode_record
+from allocator.records import Assignment, PolicyRecord
 from allocator.reservations import active_reservations
 from allocator.store import Store, open_store, resolve_store_url
 
-__all__ = ["Agent"]
+__all__ = ["WITHDRAW_SECONDS", "Agent"]
 
 #: The longest the loop sleeps before reaping exits and checking timers.
 TICK_SECONDS = 0.2
 #: How often it looks while workers are being stopped or started: a replacement
 #: starts as soon as the old process group is gone.
 BUSY_TICK_SECONDS = 0.005
+#: On shutdown, how long the link may take to revoke the lease and drop the
+#: worker records; a store that does not answer does not hold the agent up
+#: (the lease then expires on its own).
+WITHDRAW_SECONDS = 2.0
 
 
 class Agent:
@@ -76,25 +81,29 @@ class Agent:
         wall: Callable[[], datetime] = utc_now,
         environ: Mapping[str, str] | None = None,
         reload_config: Callable[[], AgentConfig] | None = None,
+        store_opener: Callable[[str], Store] = open_store,
     ) -> None:
         self.config = config
         self.reload_config = reload_config
         self.clock = clock
         self.wall = wall
-        self.environ = dict(os.environ if environ is None else environ)
-        self.layout = KeyLayout(config.prefix)
+        # systemd's variables leave the environment here, so no worker inherits them.
+        source = os.environ if environ is None else dict(environ)
+        self.notifier = notifier_from_environ(source)
+        self.environ = dict(source)
         self.url = resolve_store_url(config.store)
         self.log = DecisionLog(config.log_format, config.host)
         config.agent_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor = Supervisor(
             config.worker_log_dir, config.agent_dir / "workers.json", clock=clock, logger=self.log
         )
-        self.inbox: queue.Queue[Message] = queue.Queue()
-        self.store: Store | None = None
-        self.watches: list[WatchThread] = []
-        self.revision = 0
+        self.inbox: queue.Queue[HostView | LinkState] = queue.Queue()
+        self.link = StoreLink(
+            config, self.url, self.log, self.inbox, open_store=store_opener, clock=clock
+        )
         self.policy: Policy | None = None
         self.policy_sha = ""
+        self.refused_policy_sha = ""
         self.assignments: dict[str, Assignment] = {}
         self.assignment_revisions: dict[str, int] = {}
         self.failed: dict[str, int] = {}
@@ -104,61 +113,59 @@ class Agent:
         self.inventory: Inventory = self.gpus.inventory
         self.health = self.gpus.monitor
         self.unhealthy: dict[int, str] = dict(self.gpus.unhealthy)
-        self.publisher = Publisher(self.layout, config.host, self.log)
         self.started_at = format_time(wall())
         self.connected = False
         self.have_state = False
-        self.retry = RetryTimer(config.retry_max_seconds)
-        self.next_connect = 0.0
-        self.next_resync = 0.0
-        self.next_heartbeat = 0.0
+        self.reconciled = False
+        self.said_no_policy = False
         self.next_health = 0.0
         self.stop_requested = False
         self.reload_requested = False
         self.busy = False
+        self.pending_view: HostView | None = None
         self._desired_inputs: tuple[Any, ...] = ()
-        self.bad_seen: dict[str, int] = {}
+        self.guard = StepGuard(
+            clock, self.log, lambda: {"keeping_workers": len(self.supervisor.views())}
+        )
 
     # --- the loop -------------------------------------------------------------
 
     def run(self) -> int:
-        """Adopt, then watch-reconcile until asked to stop; return an exit code."""
+        """Adopt, then supervise and reconcile until asked to stop; return an exit code."""
         self._install_signal_handlers()
         report = self.supervisor.adopt()
         self.log("adopt", {"adopted": sorted(report.adopted), "stale": sorted(report.stale)})
         self.log(
             "start", {"store": self.url, "version": __version__, "inventory": self.inventory.source}
         )
+        self.link.start()
+        self.notifier.ready(f"supervising {len(report.adopted)} adopted job(s); connecting")
+        orderly = False
         try:
             while not self.stop_requested:
                 self._step()
+            orderly = True
         finally:
-            self._shutdown()
+            self._shutdown(orderly)
         return 0
 
     def _step(self) -> None:
-        now = self.clock()
         if self.reload_requested:
-            self._reload()
-        if not self.connected and now >= self.next_connect:
-            self._connect(now)
-        elif self.connected and now >= self.next_resync:
-            self._guarded(self._full_read)
+            self.guard.run("reload", self._reload)
         self._drain(self._sleep_for(self.clock()))
-        now = self.clock()
-        if now >= self.next_health:
-            self._check_health(now)
-        for exited in self.supervisor.tick():
-            self.log("exit", as_fields(exited))
+        if self.pending_view is not None:
+            self.guard.run("read", self._take_view)
+        if self.clock() >= self.next_health:
+            self.guard.run("health", lambda: self._check_health(self.clock()))
+        self.guard.run("reap", self._reap)
         if self.have_state:
-            self._reconcile(self.clock())
-        if self.connected:
-            self._guarded(lambda: self._publish(self.clock()))
+            self.guard.run("reconcile", lambda: self._reconcile(self.clock()))
+        self.guard.run("publish", self._offer)
+        self.notifier.ping(self.clock())
 
     def _sleep_for(self, now: float) -> float:
         due = [self.next_health]
-        if not self.connected:
-            due.append(self.next_connect)
+        due += [t for t in (self.guard.next_retry(), self.notifier.next_ping) if t is not None]
         tick = BUSY_TICK_SECONDS if self.busy else TICK_SECONDS
         return max(0.0, min(tick, *(t - now for t in due)))
 
@@ -172,75 +179,50 @@ class Agent:
                 messages.append(self.inbox.get_nowait())
             except queue.Empty:
                 break
-        errors = [m for m in messages if isinstance(m, WatchError)]
-        if errors:
-            self._on_watch_error(errors[0].error)
-        elif self.connected:
-            self._guarded(self._full_read)
+        states = [m for m in messages if isinstance(m, LinkState)]
+        views = [m for m in messages if isinstance(m, HostView)]
+        if states:
+            self.connected = states[-1].connected
+            self.notifier.status(self._status_line(states[-1].detail))
+        if views:  # level-based: only the newest read matters
+            self.pending_view = views[-1]
 
-    # --- the store -----------------------------------------------------------
+    def _status_line(self, detail: str) -> str:
+        store = "store connected" if self.connected else f"store unavailable ({detail})"
+        return f"{len(self.supervisor.views())} job(s); {store}"
 
-    def _connect(self, now: float) -> None:
-        try:
-            if self.store is None:
-                self.store = open_store(self.url)
-            self._full_read()
-            self._start_watches()
-            self.connected = True
-            self.retry.succeeded()
-            self.next_heartbeat = now
-            self.log("store-connected", {"store": self.url, "revision": self.revision})
-        except AllocatorError as exc:
-            self._disconnected(exc)
+    # --- what the store says ---------------------------------------------------
 
-    def _full_read(self) -> None:
-        """Re-read the host's assignments, then the policy (level-based)."""
-        store = self._require_store()
-        listing = store.list(self.layout.host_jobs(self.config.host))
-        assignments: dict[str, Assignment] = {}
-        revisions: dict[str, int] = {}
-        for item in listing.items:
-            job = item.key.rsplit("/", 1)[-1]
-            try:
-                assignments[job] = decode_record(
-                    item.value, Assignment, item.key, job=job, host=self.config.host
-                )
-                revisions[job] = item.mod_revision
-            except BadRecord as exc:
-                self._bad_record(exc, item.mod_revision)
-        self._read_policy(store)
+    def _take_view(self) -> None:
+        """Adopt the newest read of the store as the state to reconcile towards."""
+        view = self.pending_view
+        assert view is not None
+        if view.policy is not None:
+            self._use_policy(view.policy)
+        elif self.policy is None and not self.said_no_policy:
+            self.said_no_policy = True
+            self.log("no-policy", {"hint": "run `allocator policy apply FILE`"})
+        assignments, revisions = dict(view.assignments), dict(view.revisions)
+        for job in view.damaged & self.assignments.keys():  # keep its last good assignment
+            assignments[job] = self.assignments[job]
+            revisions[job] = self.assignment_revisions[job]
         self.assignments, self.assignment_revisions = assignments, revisions
-        self.revision = max(self.revision, listing.revision)
         self.have_state = self.policy is not None
-        self.next_resync = self.clock() + self.config.resync_seconds
+        self.pending_view = None
 
-    def _read_policy(self, store: Store) -> None:
-        item = store.get(self.layout.policy)
-        if item is None:
-            if self.policy is None:
-                self.log("no-policy", {"hint": "run `allocator policy apply FILE`"})
+    def _use_policy(self, record: PolicyRecord) -> None:
+        if record.sha256 in (self.policy_sha, self.refused_policy_sha):
             return
         try:
-            record = decode_record(item.value, PolicyRecord, item.key)
-        except BadRecord as exc:  # keep the last good policy: a damaged record stops no work
-            self._bad_record(exc, item.mod_revision)
-            return
-        if record.sha256 == self.policy_sha:
-            return
-        try:
-            self.policy = load_policy(record.yaml, source="applied policy")
+            policy = load_policy(record.yaml, source="applied policy")
         except PolicyError as exc:  # keep the last good policy rather than stopping work
-            self.log("bad-policy", {"error": str(exc)})
+            self.refused_policy_sha = record.sha256
+            self.log("bad-policy", {"sha256": record.sha256[:12], "error": str(exc)})
             return
-        self.policy_sha = record.sha256
+        self.policy, self.policy_sha = policy, record.sha256
         self._policy_changed()
+        self.next_health = 0.0  # check now, and from now on at the policy's interval
         self.log("policy", {"sha256": record.sha256[:12], "applied_by": record.applied_by})
-
-    def _bad_record(self, error: BadRecord, revision: int) -> None:
-        """Log a skipped record once per version of it, not on every re-read."""
-        if self.bad_seen.get(error.key) != revision:
-            self.bad_seen[error.key] = revision
-            self.log("bad-record", {"key": error.key, "revision": revision, "error": error.reason})
 
     def _policy_changed(self) -> None:
         assert self.policy is not None
@@ -253,66 +235,6 @@ class Agent:
         declared = self.policy.hosts.get(self.config.host) if self.policy else None
         self.inventory = self.gpus.reload(declared.gpus if declared else None, self.clock())
 
-    def _start_watches(self) -> None:
-        self._stop_watches()
-        prefixes = [self.layout.host_jobs(self.config.host), self.layout.policy]
-        self.watches = start_watches(
-            lambda: open_store(self.url), prefixes, self.revision + 1, self.inbox
-        )
-
-    def _stop_watches(self) -> None:
-        for watch in self.watches:
-            watch.stop()
-        self.watches = []
-        while not self.inbox.empty():
-            self.inbox.get_nowait()
-
-    def _on_watch_error(self, error: AllocatorError) -> None:
-        if isinstance(error, Compacted):
-            self.log(
-                "watch-compacted", {"revision": self.revision, "compact": error.compact_revision}
-            )
-            self.revision = 0
-            try:
-                self._full_read()
-                self._start_watches()
-            except AllocatorError as exc:
-                self._disconnected(exc)
-            return
-        self._disconnected(error)
-
-    def _disconnected(self, error: AllocatorError) -> None:
-        was_connected = self.connected
-        self.connected = False
-        self._stop_watches()
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-        self.next_connect = self.retry.failed(self.clock())
-        self.log(
-            "store-unavailable",
-            {
-                "error": " ".join(str(error).split()),
-                "stale": True,
-                "keeping_workers": len(self.supervisor.views()),
-                "retry_in": round(self.next_connect - self.clock(), 2),
-                "first": not was_connected,
-            },
-        )
-
-    def _guarded(self, operation: Callable[[], None]) -> None:
-        try:
-            operation()
-        except LeaseLost:
-            self.publisher.lease = None
-        except AllocatorError as exc:
-            self._disconnected(exc)
-
-    def _require_store(self) -> Store:
-        if self.store is None:
-            raise StoreError("not connected")
-        return self.store
-
     # --- health, reconcile, publish --------------------------------------------
 
     def _check_health(self, now: float) -> None:
@@ -323,8 +245,11 @@ class Agent:
         self.inventory = self.gpus.inventory
         if set(unhealthy) != set(self.unhealthy):
             self.log("health", {"unhealthy": {str(k): v for k, v in sorted(unhealthy.items())}})
-            self.next_heartbeat = now  # publish it now: `allocator set count=N` reads it
         self.unhealthy = unhealthy
+
+    def _reap(self) -> None:
+        for exited in self.supervisor.tick():
+            self.log("exit", as_fields(exited))
 
     def _reconcile(self, now: float) -> None:
         assert self.policy is not None
@@ -343,7 +268,6 @@ class Agent:
             self.config.master_addr,
         )
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
-            self._desired_inputs = inputs
             self.desired = desired_jobs(
                 self.policy,
                 self.config.host,
@@ -363,6 +287,7 @@ class Agent:
                 ),
                 master_addr=self.config.master_addr,
             )
+            self._desired_inputs = inputs  # only once computed: a failure is retried
         for job, want in self.desired.items():
             if want.state == "failed" and job not in self.failed:
                 self.failed[job] = want.assignment_revision
@@ -376,22 +301,21 @@ class Agent:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
         self.busy = bool(actions) or any(v.stopping for v in views.values())
+        self.reconciled = True
 
-    def _publish(self, now: float) -> None:
-        store = self._require_store()
-        if now >= self.next_heartbeat:
-            record = agent_record(
-                self.config.host,
-                self.inventory,
-                self.unhealthy,
-                heartbeat_at=format_time(self.wall()),
-                started_at=self.started_at,
-                version=__version__,
-            )
-            self.publisher.heartbeat(store, record, self.config.lease_ttl)
-            self.next_heartbeat = now + self.config.heartbeat_seconds
-        records = worker_records(self.config.host, self.desired, self.supervisor.records())
-        self.publisher.workers(store, records)
+    def _offer(self) -> None:
+        """Hand the link what to publish; it writes only what differs from the store."""
+        record = agent_record(
+            self.config.host,
+            self.inventory,
+            self.unhealthy,
+            started_at=self.started_at,
+            version=__version__,
+        )
+        workers = None
+        if self.reconciled:  # before that, the agent does not know yet what it runs
+            workers = worker_records(self.config.host, self.desired, self.supervisor.records())
+        self.link.offer(record, workers)
 
     # --- signals, reload, shutdown -----------------------------------------------
 
@@ -412,8 +336,7 @@ class Agent:
         self._reload_settings()
         self._read_inventory()
         self.log("reload", {"inventory": self.inventory.source, "gpus": len(self.inventory.gpus)})
-        if self.connected:
-            self._guarded(self._full_read)
+        self.link.resync()
 
     def _reload_settings(self) -> None:
         if self.reload_config is None:
@@ -430,24 +353,31 @@ class Agent:
             new = replace(new, **{name: getattr(self.config, name) for name in ignored})
         self.config = new
         self.log.fmt = new.log_format
-        self.retry = RetryTimer(new.retry_max_seconds)
+        self.link.reconfigure(new)
         self.log("settings", {k: str(v) for k, v in asdict(new).items()})
 
-    def _shutdown(self) -> None:
-        self._stop_watches()
-        if self.config.keep_workers_on_exit:
-            self.log("exit-keeping-workers", {"jobs": sorted(self.supervisor.views())})
+    def _shutdown(self, orderly: bool) -> None:
+        """Stop workers (orderly stop only, unless told to keep them), then withdraw."""
+        self.notifier.stopping()
+        keep = self.config.keep_workers_on_exit or not orderly
+        jobs = sorted(self.supervisor.views())
+        if not orderly:
+            self.log("crashed-keeping-workers", {"jobs": jobs})
+        elif keep:
+            self.log("exit-keeping-workers", {"jobs": jobs})
         else:
-            self.log("stopping-workers", {"jobs": sorted(self.supervisor.views())})
+            self.log("stopping-workers", {"jobs": jobs})
             self.supervisor.stop_all()
-        if self.store is not None:
-            self._guarded(self._final_report)
-        if self.store is not None:
-            self.store.close()
+        if keep and orderly and self.reconciled:
+            self.guard.run("publish", self._offer)
+        if not self.link.close(keep_worker_records=keep, timeout=WITHDRAW_SECONDS):
+            self.log(
+                "withdraw-skipped",
+                {
+                    "reason": f"the store did not answer within {WITHDRAW_SECONDS:g} s; "
+                    "the lease expires on its own"
+                },
+            )
         self.health.close()
+        self.notifier.close()
         self.log("stopped", {})
-
-    def _final_report(self) -> None:
-        self.publisher.withdraw(
-            self._require_store(), keep_worker_records=self.config.keep_workers_on_exit
-        )

@@ -18,21 +18,24 @@ def agent_record(
     inventory: Inventory,
     unhealthy: Mapping[int, str],
     *,
-    heartbeat_at: str,
     started_at: str,
     version: str,
-) -> bytes:
-    """The leased liveness record: inventory, health, heartbeat."""
+) -> AgentRecord:
+    """The leased record: inventory and health.
+
+    Nothing in it changes while the host is idle (no heartbeat time): the
+    lease's keep-alive is the liveness signal, and the record is rewritten
+    only when its content changes.
+    """
     return AgentRecord(
         host=host,
         gpus=inventory.gpus,
         unhealthy=dict(sorted(unhealthy.items())),
-        heartbeat_at=heartbeat_at,
         started_at=started_at,
         pid=os.getpid(),
         version=version,
         inventory_source=inventory.source,
-    ).to_json()
+    )
 
 
 def worker_records(

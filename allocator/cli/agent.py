@@ -16,7 +16,9 @@ def register(commands: Any) -> None:
         description="Watch this host's assignments and the policy; run each assigned job's "
         "workers with CUDA_VISIBLE_DEVICES set before they start; publish inventory, health "
         "and worker state. SIGTERM stops workers gracefully (unless --keep-workers-on-exit); "
-        "SIGHUP re-reads the config and inventory without restarting workers.",
+        "SIGHUP re-reads the config and inventory without restarting workers. Under systemd "
+        "(Type=notify) it reports ready once it has adopted its workers and pings the "
+        "watchdog (WatchdogSec=) from its supervision loop.",
     )
     parser.add_argument("--host", help="this host's name in the policy (default: the host name)")
     parser.add_argument(
@@ -59,5 +61,23 @@ def run(args: argparse.Namespace) -> int:
         "keep_workers_on_exit": args.keep_workers_on_exit,
     }
     config = load_agent_config(args.config, overrides)
+    _check_store_url(config.store)
     # SIGHUP re-reads the same file with the same flags on top.
     return Agent(config, reload_config=lambda: load_agent_config(args.config, overrides)).run()
+
+
+def _check_store_url(explicit: str | None) -> None:
+    """Refuse a malformed store URL now (exit 2), rather than retrying it forever.
+
+    Opening a store does no network I/O; only the URL, credentials and TLS
+    files are checked. A store that cannot be reached is the agent's to retry.
+    """
+    from allocator.errors import StoreConfigError, StoreError
+    from allocator.store import open_store, resolve_store_url
+
+    try:
+        open_store(resolve_store_url(explicit)).close()
+    except StoreConfigError:
+        raise
+    except StoreError:
+        pass

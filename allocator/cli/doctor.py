@@ -131,8 +131,8 @@ def _agent_finding(allocator: Any, host: str, finding: Any) -> Any:
         return finding(
             "warn",
             "agent",
-            f"agent on {host} is stale (no recent heartbeat)",
-            "check `journalctl -u allocator-agent`",
+            f"agent on {host} is running but cannot read its assignments (stale view)",
+            "check the agent's store permissions and `journalctl -u allocator-agent`",
         )
     return finding(
         "fail", "agent", f"no agent running for {host}", "start it: systemctl start allocator-agent"

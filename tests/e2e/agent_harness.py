@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
@@ -51,12 +51,12 @@ def _job(name: str, workdir: Path, *extra: str, **fields: Any) -> dict[str, Any]
     return {"command": [*command, *extra], "grace_seconds": 1, **fields}
 
 
-def agent_policy(workdir: Path) -> dict[str, Any]:
-    """A policy with one host of 4 GPUs and the jobs the tests run."""
+def agent_policy(workdir: Path, gpus: int = 4) -> dict[str, Any]:
+    """A policy with one host of ``gpus`` GPUs and the jobs the tests run."""
     return {
         "version": 1,
         "visible_devices": "uuid",
-        "hosts": {HOST: {"gpus": 4}},
+        "hosts": {HOST: {"gpus": gpus}},
         "jobs": {
             "train": _job("train", workdir, fallback="cpu-2"),
             "waiter": _job("waiter", workdir, fallback="wait"),
@@ -80,11 +80,11 @@ def agent_policy(workdir: Path) -> dict[str, Any]:
 class AgentHarness:
     """One test's world: store, policy, fake GPUs, and the agent process."""
 
-    def __init__(self, workdir: Path, store_url: str, prefix: str) -> None:
+    def __init__(self, workdir: Path, store_url: str, prefix: str, gpus: int = 4) -> None:
         self.workdir = workdir
         self.store_url = store_url
         self.prefix = prefix
-        self.gpus = FakeGpus(workdir / "gpus.json", 4)
+        self.gpus = FakeGpus(workdir / "gpus.json", gpus)
         self.env = {
             k: v
             for k, v in os.environ.items()
@@ -108,14 +108,24 @@ class AgentHarness:
         result = self.cli("policy", "apply", str(path))
         assert result.code == 0, result.err
 
-    def start_agent(self, *extra: str) -> None:
-        """Start ``allocator agent`` for the host; its log goes to agent.log."""
+    def start_agent(
+        self,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        launcher: Sequence[str] = ("-m", "allocator"),
+        wait: bool = True,
+    ) -> None:
+        """Start ``allocator agent`` for the host; its log goes to agent.log.
+
+        ``env`` adds variables; ``launcher`` replaces ``-m allocator`` (a
+        script that wraps the CLI); ``wait=False`` returns at once instead of
+        waiting for the agent's record (for a store that does not answer).
+        """
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
-                    "-m",
-                    "allocator",
+                    *launcher,
                     "agent",
                     "--host",
                     HOST,
@@ -125,12 +135,13 @@ class AgentHarness:
                     "json",
                     *extra,
                 ],
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        wait_for("the agent to publish its record", self.agent_record_present)
+        if wait:
+            wait_for("the agent to publish its record", self.agent_record_present)
 
     def stop_agent(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Signal the agent and wait for it to exit; return its exit code."""
@@ -185,6 +196,14 @@ class AgentHarness:
         finally:
             store.close()
         return WorkerRecord.from_json(item.value) if item else None
+
+    def put_raw(self, key: str, value: bytes) -> int:
+        """Write ``value`` at ``key`` (a full key) straight into the store; return the revision."""
+        store = open_store(self.store_url)
+        try:
+            return store.put(key, value)
+        finally:
+            store.close()
 
     def agent_record_present(self) -> bool:
         """Whether the agent's leased record exists."""

@@ -20,8 +20,32 @@ def test_retry_delays_grow_are_jittered_and_capped() -> None:
         max(delays[:2]) <= 2.0 < max(delays[100:])
     )  # early retries are quick, later ones back off
     assert len(set(delays)) > 1  # with jitter, agents do not retry in lock-step
-    timer.succeeded()
-    assert timer.failures == 0
+
+
+def test_backoff_is_not_forgiven_by_a_connect_that_fails_again_soon() -> None:
+    random.seed(99)
+    timer = RetryTimer(cap_seconds=8.0, base_seconds=0.5)
+    now = 0.0
+    for _ in range(6):  # connects, then fails a moment later, again and again
+        now = timer.failed(now)
+        timer.connected(now)
+        now += 0.1
+    assert timer.failures == 6
+    assert timer.failed(now) - now <= 8.0
+
+
+def test_backoff_is_forgiven_after_a_healthy_period() -> None:
+    timer = RetryTimer(cap_seconds=8.0, base_seconds=0.5)
+    for _ in range(5):
+        timer.failed(0.0)
+    timer.connected(100.0)
+    timer.failed(100.0 + 8.0)  # up for the whole healthy period: a fresh outage
+    assert timer.failures == 1
+
+
+def test_a_refused_permission_is_retried_at_the_cap() -> None:
+    timer = RetryTimer(cap_seconds=30.0)
+    assert timer.failed_slowly(10.0) == 40.0
 
 
 def test_watches_on_two_prefixes_feed_one_queue(prefix: str) -> None:

@@ -57,6 +57,16 @@ def test_systemd_unit_runs_the_agent_and_reloads_with_sighup() -> None:
     assert service["KillMode"] == "mixed"  # SIGTERM to the agent only: it stops workers itself
 
 
+def test_systemd_unit_notices_a_hung_agent() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(REPO / "config" / "allocator-agent.service")
+    service = unit["Service"]
+    assert service["Type"] == "notify"  # ready once it has adopted its workers
+    assert service["NotifyAccess"] == "main"  # a worker cannot ping for it
+    assert int(service["WatchdogSec"]) > 0
+    assert service["Restart"] == "always"
+
+
 def test_example_agent_settings_load() -> None:
     config = load_agent_config(str(REPO / "config" / "agent.example.yaml"), {})
     assert config.host == "node1"

@@ -8,7 +8,7 @@ from allocator.gpus.model import GpuInfo
 from allocator.keys import KeyLayout
 from allocator.policy.model import Host, Policy, Reservation
 from allocator.records import AgentRecord, Assignment, WorkerRecord
-from allocator.status import AGENT_STALE_AFTER_SECONDS, build_status
+from allocator.status import build_status
 from allocator.store import KeyValue
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -23,8 +23,8 @@ POLICY = Policy(
 )
 
 
-def _kv(key: str, raw: bytes) -> KeyValue:
-    return KeyValue(key, raw, 1, 1)
+def _kv(key: str, raw: bytes, lease: int | None = None) -> KeyValue:
+    return KeyValue(key, raw, 1, 1, lease)
 
 
 def _assignment(job: str, host: str, gpus: tuple[int, ...], mode: str = "gpu") -> KeyValue:
@@ -40,14 +40,13 @@ def _assignment(job: str, host: str, gpus: tuple[int, ...], mode: str = "gpu") -
     return _kv(LAYOUT.assignment(host, job), record.to_json())
 
 
-def _agent(host: str, beat: datetime, **extra: object) -> KeyValue:
+def _agent(host: str, *, lease: int | None = 7, **extra: object) -> KeyValue:
     record = AgentRecord(
         host=host,
         gpus=tuple(GpuInfo(i) for i in range(4)),
-        heartbeat_at=beat.strftime("%Y-%m-%dT%H:%M:%SZ"),
         **extra,  # type: ignore[arg-type]
     )
-    return _kv(LAYOUT.agent(host), record.to_json())
+    return _kv(LAYOUT.agent(host), record.to_json(), lease)
 
 
 def _worker(job: str, host: str, gpus: tuple[int, ...], device: str = "cuda") -> KeyValue:
@@ -74,20 +73,30 @@ def test_active_reservations_are_labelled_and_expired_ones_are_not() -> None:
     assert labels["3"] == "nightly (eval-*)" and labels["2"] == ""
 
 
-def test_agent_is_alive_stale_gone_or_none() -> None:
-    fresh = [_agent("n1", NOW - timedelta(seconds=5))]
-    old = [_agent("n1", NOW - timedelta(seconds=AGENT_STALE_AFTER_SECONDS + 1))]
-    flagged = [_agent("n1", NOW, store_stale=True)]
+def test_agent_liveness_is_its_leased_key_not_a_clock() -> None:
+    leased = [_agent("n1")]
+    flagged = [_agent("n1", store_stale=True)]
+    by_hand = [_agent("n1", lease=None)]
+    damaged = [_kv(LAYOUT.agent("n1"), b"{not json", lease=7)]
     orphaned = [_worker("train", "n1", (0,))]
     states = [
         build_status(POLICY, i, LAYOUT, NOW, "n1")[0].agent
-        for i in (fresh, old, flagged, orphaned, [])
+        for i in (leased, flagged, by_hand, damaged, orphaned, [])
     ]
-    assert states == ["alive", "stale", "stale", "gone", "none"]
+    assert states == ["alive", "stale", "unleased", "alive", "gone", "none"]
+
+
+def test_an_agent_whose_clock_is_behind_is_alive_while_its_lease_lives() -> None:
+    # What an agent whose clock runs a minute behind the operator's wrote (older
+    # agents stamped a heartbeat time): its lease, not the time, says it lives.
+    skewed = (NOW - timedelta(seconds=60)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    raw = f'{{"host":"n1","gpus":[],"heartbeat_at":"{skewed}","schema_version":1}}'
+    items = [_kv(LAYOUT.agent("n1"), raw.encode(), lease=7)]
+    assert build_status(POLICY, items, LAYOUT, NOW, "n1")[0].agent == "alive"
 
 
 def test_unhealthy_gpus_show_their_reason() -> None:
-    items = [_agent("n1", NOW, unhealthy={2: "XID 79"})]
+    items = [_agent("n1", unhealthy={2: "XID 79"})]
     (n1,) = build_status(POLICY, items, LAYOUT, NOW, "n1")
     assert {g.gpu: g.health for g in n1.gpus}["2"] == "unhealthy: XID 79"
 
@@ -133,6 +142,6 @@ def test_a_job_on_cpu_fallback_is_in_sync_and_says_why() -> None:
 
 
 def test_hosts_known_only_from_the_store_are_listed_too() -> None:
-    items = [_agent("n9", NOW)]
+    items = [_agent("n9")]
     names = [h.host for h in build_status(POLICY, items, LAYOUT, NOW)]
     assert names == ["n1", "n2", "n9"]
