@@ -1,26 +1,30 @@
 """The agent's process supervisor: carries out planned actions on real processes.
 
-``plan()`` decides; the :class:`Supervisor` does. It starts each worker in
-its own session and process group with its environment fixed before exec,
-stops a job by signalling whole groups (SIGTERM, a grace period, SIGKILL),
-reaps every exit, counts crashes apart from change restarts, and keeps a
-state file so that an agent restarted after ``kill -9`` adopts the workers
-still running instead of starting duplicates.
+``plan()`` decides; the :class:`Supervisor` does. Each worker runs under a
+small shim (:mod:`allocator.agent.shim`) in a session of its own, as the
+user its job names, with its environment fixed before exec. A worker is its
+whole process tree (:mod:`allocator.agent.tree`): a stop is SIGTERM to every
+process of it, a grace period, then SIGKILL to every process of it, and a
+worker holds its GPUs until nothing of the tree is left. Exits are reaped,
+crashes counted apart from change restarts, and a stop the agent ordered is
+never a crash. A state file lets an agent restarted after ``kill -9`` adopt
+the workers still running instead of starting duplicates, and the shims'
+status files tell it how the others ended.
 
 Nothing here blocks for a grace period: :meth:`Supervisor.apply` sends
 signals and records deadlines, :meth:`Supervisor.tick` (called by the loop
 every few hundred milliseconds) reaps, escalates overdue stops and notices
-groups that are gone. Only :meth:`Supervisor.stop_all` waits, for shutdown.
+trees that are gone. Only :meth:`Supervisor.stop_all` waits, for shutdown.
 
 The agent makes itself a child subreaper (see :func:`procs.become_subreaper`):
-grandchildren orphaned by a dying worker are reparented to the agent, which
-reaps them; otherwise zombies left to init would make a group look alive.
+if a shim is killed outright, its orphans come to the agent, which reaps them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -29,7 +33,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from allocator.agent import procs
+from allocator.agent import procs, tree
+from allocator.agent.cgroups import create_worker_cgroup, worker_cgroup_base
+from allocator.agent.launch import start_under_shim
 from allocator.agent.model import (
     Accept,
     Action,
@@ -44,16 +50,14 @@ from allocator.agent.model import (
     WorkerSpec,
 )
 from allocator.agent.procs import clean_base_env
-from allocator.agent.runtime import (
-    JobRuntime,
+from allocator.agent.runtime import JobRuntime, WorkerRuntime
+from allocator.agent.statefile import (
     StateFileError,
-    WorkerRuntime,
-    classify_recorded,
     job_from_state,
-    poll_leader,
     read_state_file,
     write_state_file,
 )
+from allocator.agent.users import RunAsError, identity_env, resolve_run_as
 from allocator.identity import format_time, utc_now
 
 __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
@@ -62,6 +66,9 @@ Logger = Callable[[str, dict[str, Any]], None]
 
 _STOP_POLL_SECONDS = 0.02
 _KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
+_KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (forks race us)
+_SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
+_EXIT_CANNOT_RUN = 126
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +85,7 @@ class WorkerExit:
 
 @dataclass(frozen=True, slots=True)
 class AdoptedWorker:
-    """What adopt() decided for one recorded worker: adopted, gone, reused or orphans."""
+    """What adopt() decided for one recorded worker (see :func:`tree.adopt_worker`)."""
 
     job: str
     index: int
@@ -88,11 +95,12 @@ class AdoptedWorker:
 
 @dataclass(frozen=True, slots=True)
 class AdoptReport:
-    """Jobs adopted from the state file (tracked again) and stale ones (forgotten)."""
+    """Jobs from the state file: adopted (running), ended (tracked for their exit), stale (bad)."""
 
     adopted: tuple[str, ...]
     stale: tuple[str, ...]
     workers: tuple[AdoptedWorker, ...]
+    ended: tuple[str, ...] = ()
 
 
 def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
@@ -112,9 +120,11 @@ class Supervisor:
         wall: Callable[[], datetime] = utc_now,
         logger: Logger | None = None,
         subreaper: bool = True,
+        cgroups: bool = True,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.state_file = Path(state_file)
+        self.status_dir = self.state_file.parent / "workers"
         self._base_env = clean_base_env(os.environ if base_env is None else base_env)
         self._clock = clock
         self._wall = wall
@@ -122,8 +132,13 @@ class Supervisor:
         self._jobs: dict[str, JobRuntime] = {}
         self._pending_exits: list[WorkerExit] = []
         self._dirty = False
-        # See the module docstring: orphaned grandchildren must come to us to be reaped.
+        # See the module docstring: orphans of a shim killed outright come to us.
         self.subreaper = procs.become_subreaper() if subreaper else False
+        self.cgroup_base, why = worker_cgroup_base() if cgroups else (None, "disabled")
+        self._log(
+            "process-tracking",
+            {"cgroups": str(self.cgroup_base) if self.cgroup_base else None, "why_not": why or None},
+        )
 
     # --- snapshots ----------------------------------------------------------------
 
@@ -165,7 +180,7 @@ class Supervisor:
     def _start(self, action: Start) -> None:
         old = self._jobs.get(action.job)
         if old is not None and old.alive() > 0:
-            # Never two copies: the planner waits for the old groups, this is the backstop.
+            # Never two copies: the planner waits for the old trees, this is the backstop.
             self._log("start-refused", {"job": action.job, "reason": "old workers still alive"})
             return
         spec = action.spec
@@ -177,44 +192,72 @@ class Supervisor:
         job = JobRuntime(spec=spec, fingerprint=spec.fingerprint, started_at=self._clock())
         if old is not None:
             job.inherit_counters(old)
+            for worker in old.workers:
+                tree.discard(worker)
         job.count_start(action.cause)
-        job.workers = [self._spawn(spec, worker, action.cause) for worker in spec.workers]
+        job.workers = [self._prepare(worker) for worker in spec.workers]
         self._jobs[action.job] = job
-        self._dirty = True
+        self._save()  # before any fork: a restarted agent finds every shim this start makes
         for worker in job.workers:
+            self._launch(spec, worker, action.cause)
             if worker.exit_code is not None:  # could not even start: an immediate crash
                 self._pending_exits.append(self._exited(job, worker, worker.exit_code))
+        self._dirty = True
 
-    def _spawn(self, spec: DesiredJob, worker: WorkerSpec, cause: str) -> WorkerRuntime:
-        name = f"{worker.job}.log" if len(spec.workers) == 1 else f"{worker.job}.{worker.index}.log"
-        log_path = self.log_dir / name
-        header = (
-            f"--- allocator {format_time(self._wall())}: starting job {worker.job} worker "
-            f"{worker.index} ({cause}) gpus={','.join(map(str, worker.gpus))} "
-            f"device={worker.device} argv={list(worker.argv)} ---"
+    def _prepare(self, spec: WorkerSpec) -> WorkerRuntime:
+        """A worker about to launch: its status file and cgroup are named before it exists."""
+        name = f"{spec.job}.{spec.index}.{secrets.token_hex(4)}"
+        cgroup = create_worker_cgroup(self.cgroup_base, name) if self.cgroup_base else None
+        return WorkerRuntime(
+            spec=spec,
+            pid=0,
+            start_ticks=None,
+            status_path=str(self.status_dir / f"{name}.status"),
+            cgroup=str(cgroup) if cgroup is not None else "",
         )
-        env = {**self._base_env, **worker.env}
-        result = procs.spawn(worker.argv, env, worker.cwd, log_path, header)
-        runtime = WorkerRuntime(
-            spec=worker, pid=result.pid, start_ticks=result.start_ticks, popen=result.popen
+
+    def _launch(self, spec: DesiredJob, worker: WorkerRuntime, cause: str) -> None:
+        ws = worker.spec
+        name = f"{ws.job}.log" if len(spec.workers) == 1 else f"{ws.job}.{ws.index}.log"
+        header = (
+            f"--- allocator {format_time(self._wall())}: starting job {ws.job} worker "
+            f"{ws.index} ({cause}) gpus={','.join(map(str, ws.gpus))} "
+            f"device={ws.device} argv={list(ws.argv)} ---"
+        )
+        try:
+            run_as = resolve_run_as(ws.user, ws.group, job=ws.job)
+        except RunAsError as exc:
+            self._failed_start(worker, cause, str(exc))
+            return
+        self.status_dir.mkdir(parents=True, exist_ok=True)
+        result = start_under_shim(
+            ws.argv,
+            {**self._base_env, **identity_env(run_as), **ws.env},
+            cwd=ws.cwd,
+            log_path=self.log_dir / name,
+            header=header,
+            status_path=Path(worker.status_path),
+            grace=spec.grace_seconds,
+            cgroup=Path(worker.cgroup) if worker.cgroup else None,
+            run_as=run_as,
         )
         if result.pid == 0:
-            runtime.exit_code = result.exit_code
-            runtime.group_gone = True
-            runtime.error = result.error
-        event = "worker-started" if result.pid else "worker-start-failed"
+            self._failed_start(worker, cause, result.error, result.exit_code)
+            return
+        worker.pid, worker.start_ticks, worker.popen = result.pid, result.start_ticks, result.popen
+        fields = dict(job=ws.job, index=ws.index, shim_pid=result.pid, cause=cause)
         self._log(
-            event,
-            dict(
-                job=worker.job,
-                index=worker.index,
-                pid=result.pid,
-                cause=cause,
-                gpus=list(worker.gpus),
-                error=result.error or None,
-            ),
+            "worker-started",
+            {**fields, "gpus": list(ws.gpus), "user": run_as.user if run_as else None},
         )
-        return runtime
+
+    def _failed_start(
+        self, worker: WorkerRuntime, cause: str, error: str, code: int | None = None
+    ) -> None:
+        worker.exit_code = _EXIT_CANNOT_RUN if code is None else code
+        worker.group_gone, worker.error = True, error
+        fields = dict(job=worker.spec.job, index=worker.spec.index, cause=cause, error=error)
+        self._log("worker-start-failed", fields)
 
     def _stop(self, name: str, reason: str, grace: float) -> None:
         job = self._jobs.get(name)
@@ -228,24 +271,23 @@ class Supervisor:
         for worker in job.workers:
             if worker.exit_code is None:
                 worker.stop_sent = True  # its exit is ours, not a crash
-            if not worker.group_gone:
-                procs.signal_group(worker.pgid, signal.SIGTERM)
         job.stopping, job.stop_deadline, job.stop_reason = True, deadline, reason
-        job.killed = False
-        self._dirty = True
+        job.killed, job.killed_at, job.last_kill_pass = False, None, None
+        self._save()  # recorded before the signal: a restarted agent never counts it a crash
+        for worker in job.workers:
+            if not worker.group_gone:
+                tree.stop_tree(worker, signal.SIGTERM)
         self._log("stopping", {"job": name, "reason": reason, "grace_seconds": grace})
 
     def _signal(self, action: SignalJob) -> None:
-        """Deliver the on_change signal to each worker's main process, which passes it on."""
+        """Deliver the on_change signal to each worker's main process (through its shim)."""
         job = self._jobs.get(action.job)
         if job is None:
             return
         sent = [
-            worker.pid
+            worker.shown_pid
             for worker in job.workers
-            if worker.exit_code is None
-            and procs.same_process_alive(worker.pid, worker.start_ticks)
-            and procs.signal_process(worker.pid, action.signum)
+            if worker.exit_code is None and tree.signal_main(worker, action.signum)
         ]
         self._log("signalled", {"job": action.job, "signal": action.signum, "pids": sent})
         self._accept(action.job, action.fingerprint)
@@ -279,19 +321,21 @@ class Supervisor:
         if job.alive() > 0:  # never lose track of live processes
             self._log("forget-refused", {"job": name, "reason": "workers still alive"})
             return
+        for worker in job.workers:
+            tree.discard(worker)
         del self._jobs[name]
         self._dirty = True
 
     # --- reaping ----------------------------------------------------------------------
 
     def tick(self) -> list[WorkerExit]:
-        """Reap exits, escalate overdue stops to SIGKILL, mark gone groups; return the exits."""
+        """Reap exits, escalate overdue stops to SIGKILL, mark gone trees; return the exits."""
         exits, self._pending_exits = self._pending_exits, []
         now = self._clock()
         for job in self._jobs.values():
             exits.extend(self._collect(job))
             if job.stopping and job.stop_deadline is not None and now >= job.stop_deadline:
-                self._kill(job)
+                self._kill(job, now)
         self._settle()
         return exits
 
@@ -300,22 +344,16 @@ class Supervisor:
         for worker in job.workers:
             if worker.group_gone:
                 continue
-            for pid, code in procs.reap_group(worker.pgid):
-                if pid == worker.pid and worker.exit_code is None:
-                    exits.append(self._exited(job, worker, code))
-            if worker.exit_code is None:
-                polled = poll_leader(worker)
-                if polled is not None:
-                    exits.append(self._exited(job, worker, polled))
-            if worker.exit_code is not None and not procs.group_alive(worker.pgid):
+            code = tree.observe(worker)
+            if code is not None:
+                exits.append(self._exited(job, worker, code))
+            if worker.exit_code is not None and tree.finished(worker):
                 worker.group_gone = True
                 self._dirty = True
         return exits
 
     def _exited(self, job: JobRuntime, worker: WorkerRuntime, code: int) -> WorkerExit:
         worker.exit_code = code
-        if worker.popen is not None and worker.popen.returncode is None:
-            worker.popen.returncode = code  # it is reaped: Popen must never wait on the pid again
         crash = code != 0 and not worker.stop_sent and not job.stopping
         index = worker.spec.index
         message = worker.error or f"worker {index} exited with {procs.describe_exit(code)}"
@@ -323,16 +361,25 @@ class Supervisor:
             ran = self._clock() - job.started_at
             job.note_crash(code, message, ran)
         self._dirty = True
-        fields = dict(job=job.spec.job, index=index, pid=worker.pid, exit_code=code, crash=crash)
+        pid = worker.shown_pid
+        fields = dict(job=job.spec.job, index=index, pid=pid, exit_code=code, crash=crash)
         self._log("worker-exited", fields)
-        return WorkerExit(job.spec.job, index, worker.pid, code, crash, message)
+        return WorkerExit(job.spec.job, index, pid, code, crash, message)
 
-    def _kill(self, job: JobRuntime) -> None:
+    def _kill(self, job: JobRuntime, now: float) -> None:
+        """SIGKILL every process of the job's trees; again every pass, for forks that raced us."""
+        if job.last_kill_pass is not None and now - job.last_kill_pass < _KILL_PASS_SECONDS:
+            return
+        job.last_kill_pass = now
+        if job.killed_at is None:
+            job.killed_at = now
+        stuck = now - job.killed_at >= _SHIM_STUCK_SECONDS
         for worker in job.workers:
             if not worker.group_gone:
-                procs.signal_group(worker.pgid, signal.SIGKILL)
+                tree.kill_tree(worker, shim_too=stuck)
         if not job.killed:
             job.killed = True
+            self._dirty = True
             self._log("killed", {"job": job.spec.job, "reason": "grace period over"})
 
     def _settle(self) -> None:
@@ -341,6 +388,7 @@ class Supervisor:
         for job in self._jobs.values():
             if job.stopping and job.alive() == 0:
                 job.stopping, job.stop_deadline = False, None
+                job.stopped = not job.crashed  # its workers went because we said so
                 self._dirty = True
                 self._log("stopped", {"job": job.spec.job, "reason": job.stop_reason})
             if job.refresh_state(stamp):
@@ -393,15 +441,17 @@ class Supervisor:
             return {}
 
     def adopt(self) -> AdoptReport:
-        """After an agent restart: take over recorded workers that still run, forget the rest.
+        """After an agent restart: take over every recorded job; start nothing twice.
 
-        A recorded worker is adopted only if its pid is alive and its process
-        start time equals the recorded one (a reused pid is someone else's).
-        When the main process is gone but its group still has members, the
-        job is tracked too, so the planner stops those orphans before a
-        replacement starts. Call once, before the first ``plan()``.
+        A worker whose shim still runs (same pid and start time) is adopted;
+        one whose shim ended is tracked until the next :meth:`tick` reads how
+        it ended from the shim's status file, so a clean exit stays finished
+        (never re-run) and a crash counts as one. A stop that was under way
+        carries on. A job the agent died launching is stopped and started
+        afresh. Call once, before the first ``plan()``.
         """
         adopted: list[str] = []
+        ended: list[str] = []
         stale: list[str] = []
         outcomes: list[AdoptedWorker] = []
         for name, entry in sorted(self._load().items()):
@@ -413,14 +463,14 @@ class Supervisor:
                 self._log("adopt-skipped", {"job": name, "error": f"bad state entry: {exc}"})
                 stale.append(name)
                 continue
-            outcomes.extend(
-                AdoptedWorker(name, w.spec.index, w.pid, classify_recorded(w)) for w in job.workers
-            )
-            if job.alive() > 0:
-                self._jobs[name] = job
-                adopted.append(name)
-            else:
-                stale.append(name)
+            found = [
+                AdoptedWorker(name, w.spec.index, w.pid, tree.adopt_worker(w)) for w in job.workers
+            ]
+            outcomes.extend(found)
+            self._jobs[name] = job
+            (adopted if job.alive() > 0 else ended).append(name)
+            if any(w.outcome == "never-started" for w in found):
+                self._restart_half_started(job)
         self._dirty = True
         self._settle()
         for outcome in outcomes:  # the loop logs the job lists; this says why, per worker
@@ -430,4 +480,11 @@ class Supervisor:
                     job=outcome.job, index=outcome.index, pid=outcome.pid, outcome=outcome.outcome
                 ),
             )
-        return AdoptReport(tuple(adopted), tuple(stale), tuple(outcomes))
+        return AdoptReport(tuple(adopted), tuple(stale), tuple(outcomes), tuple(ended))
+
+    def _restart_half_started(self, job: JobRuntime) -> None:
+        """Some workers of the job never started: stop the rest, so it restarts whole."""
+        if job.alive() > 0:
+            self._stop(job.spec.job, "the agent restarted while starting the job", 0.0)
+        else:
+            job.stopped = True

@@ -1,0 +1,186 @@
+"""Starting a worker under its shim, and reading what the shim reports.
+
+Each worker runs as ``python -I -S shim.py ... -- ARGV`` in a session of its
+own (see :mod:`allocator.agent.shim`): the shim is the anchor of the
+worker's process tree and writes the worker's exit status to a file in the
+agent's state directory, which is how an agent restarted after ``kill -9``
+learns how a worker that is not its child ended.
+
+The worker's log is opened here, by the agent, without following symlinks
+and only if it is a plain file with one name, and is handed to the worker's
+user: a job cannot make the agent write through a link it planted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from allocator.agent import procs
+from allocator.agent.shim import NO_VALUE
+from allocator.agent.users import RunAs
+
+__all__ = [
+    "SHIM",
+    "Launch",
+    "LogError",
+    "ShimStatus",
+    "open_log",
+    "read_shim_status",
+    "start_under_shim",
+    "status_signature",
+]
+
+#: The shim program, run by path with the agent's interpreter in isolated mode.
+SHIM = Path(__file__).with_name("shim.py")
+
+_EXIT_NOT_FOUND = 127
+_EXIT_CANNOT_RUN = 126
+_LOG_MODE = 0o640
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """A started shim (``pid`` > 0), or why the worker could not start (``exit_code``, ``error``)."""
+
+    pid: int
+    start_ticks: int | None
+    popen: subprocess.Popen[bytes] | None
+    exit_code: int | None = None
+    error: str = ""
+
+
+class ShimStatus(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
+    """The shim's status file: who it is, the worker's main process, how it ended."""
+
+    shim_pid: int
+    state: str  # starting, running, exited, failed
+    shim_start_ticks: int | None = None
+    pid: int = 0
+    start_ticks: int | None = None
+    exit_code: int | None = None
+    error: str = ""
+
+
+def read_shim_status(path: Path) -> ShimStatus | None:
+    """The status file's content; None when it is missing or not a status (never raises)."""
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=ShimStatus)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def status_signature(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of the status file: it changes whenever the shim rewrites it."""
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns
+
+
+class LogError(Exception):
+    """The worker's log file cannot be used safely."""
+
+
+def open_log(path: Path, run_as: RunAs | None) -> int:
+    """Open ``path`` for appending; the descriptor belongs to the caller.
+
+    Refuses a symlink (``O_NOFOLLOW``), a FIFO or device (opened without
+    blocking, then checked) and a file with another name (a hard link to
+    something the worker's user should not write). The file is handed to
+    ``run_as`` so the job's user owns its own log.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, _LOG_MODE)
+    except OSError as exc:
+        words = "it is a symbolic link" if path.is_symlink() else exc.strerror or str(exc)
+        raise LogError(f"cannot open log {path}: {words}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+            raise LogError(f"cannot open log {path}: not a plain file with a single name")
+        os.set_blocking(fd, True)
+        if run_as is not None and os.geteuid() == 0:
+            os.fchown(fd, run_as.uid, run_as.gid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def start_under_shim(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    cwd: str | None,
+    log_path: Path,
+    header: str,
+    status_path: Path,
+    grace: float,
+    cgroup: Path | None,
+    run_as: RunAs | None,
+) -> Launch:
+    """Start ``argv`` under a shim in a new session, output appended to ``log_path``.
+
+    The environment is handed over at exec time, so it holds from the
+    worker's first instruction. Nothing is raised: a log that cannot be
+    opened or a shim that cannot start is a failed :class:`Launch` with a
+    shell-like exit code (126) and one line saying why. A command that does
+    not exist is reported by the shim (status ``failed``, exit 127).
+    """
+    if not argv:
+        return Launch(0, None, None, _EXIT_NOT_FOUND, "empty command")
+    try:
+        log = open_log(log_path, run_as)
+    except (LogError, OSError) as exc:
+        return Launch(0, None, None, _EXIT_CANNOT_RUN, str(exc))
+    try:
+        os.write(log, header.encode(errors="replace") + b"\n")
+        command = [
+            sys.executable or "python3",
+            "-I",
+            "-S",
+            str(SHIM),
+            str(status_path),
+            repr(max(float(grace), 0.0)),
+            str(cgroup) if cgroup is not None else NO_VALUE,
+            run_as.shim_argument() if run_as is not None else NO_VALUE,
+            _cwd_argument(cwd),
+            "--",
+            *argv,
+        ]
+        popen = subprocess.Popen(
+            command,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        message = f"cannot start the worker's shim: {exc}"
+        with contextlib.suppress(OSError):
+            os.write(log, f"allocator: {message}\n".encode(errors="replace"))
+        return Launch(0, None, None, _EXIT_CANNOT_RUN, message)
+    finally:
+        os.close(log)
+    started = procs.read_stat(popen.pid)
+    return Launch(popen.pid, started.start_ticks if started else None, popen)
+
+
+def _cwd_argument(cwd: str | None) -> str:
+    if cwd is None:
+        return NO_VALUE
+    return f"./{cwd}" if cwd == NO_VALUE else cwd
