@@ -222,7 +222,7 @@ def _desired(
 
 
 def fingerprint(workers: Sequence[WorkerSpec]) -> str:
-    """sha256 over every worker's argv, env, cwd (and identity): what a running process cannot change.
+    """sha256 over every worker's argv, env, cwd and user: what a running process cannot change.
 
     ``user``/``group`` enter only when set, so jobs that name no one keep
     the fingerprints they had before the fields existed (no restart on upgrade).

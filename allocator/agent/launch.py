@@ -49,7 +49,7 @@ _LOG_MODE = 0o640
 
 @dataclass(frozen=True, slots=True)
 class Launch:
-    """A started shim (``pid`` > 0), or why the worker could not start (``exit_code``, ``error``)."""
+    """A started shim (``pid`` > 0), or why the worker could not start (exit code, error)."""
 
     pid: int
     start_ticks: int | None

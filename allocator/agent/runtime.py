@@ -44,6 +44,9 @@ class WorkerRuntime:
     adopted: bool = False
     error: str = ""
     status_seen: tuple[int, int] | None = None  # the status file version last read
+    # Processes of the tree that came to the agent after the shim died (pid -> start
+    # time), to be reaped by pid: they may be in no group of the worker's.
+    strays: dict[int, int] = field(default_factory=dict)
 
     @property
     def pgid(self) -> int:

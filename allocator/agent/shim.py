@@ -201,7 +201,7 @@ def _launch(
         except OSError as exc:
             who = "cannot switch to the job's user" if runas else f"cannot run {argv[0]!r}"
             os.write(write_end, f"{_EXIT_CANNOT_RUN} {who}: {exc.strerror or exc}".encode())
-        except BaseException as exc:  # noqa: BLE001 - the child must never run the shim's code
+        except BaseException as exc:  # the child must never go on to run the shim's code
             os.write(write_end, f"{_EXIT_CANNOT_RUN} cannot start: {exc}".encode(errors="replace"))
         os._exit(_EXIT_CANNOT_RUN)
     os.close(write_end)
@@ -239,7 +239,7 @@ def _descendants(root: int) -> list[int]:
 
 def _signal_tree(signum: int) -> None:
     for pid in _descendants(os.getpid()):
-        try:
+        try:  # noqa: SIM105 - contextlib is an import the shim does without
             os.kill(pid, signum)
         except OSError:
             pass  # already gone
@@ -257,7 +257,7 @@ class _Supervision:
         self.deadline: float | None = None
         self.killing = False
 
-    def run(self, waited: set[int]) -> int:
+    def run(self, waited: set[signal.Signals]) -> int:
         while True:
             info = signal.sigtimedwait(waited, self._timeout())
             if info is not None and info.si_signo != signal.SIGCHLD:
@@ -283,10 +283,10 @@ class _Supervision:
                 self.stopping = True
                 self._due(self.grace + _BACKSTOP_SECONDS)
         elif self.code is None:
-            try:
+            try:  # noqa: SIM105 - contextlib is an import the shim does without
                 os.kill(self.worker, signum)
             except OSError:
-                pass
+                pass  # it has just ended
 
     def _due(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds

@@ -103,6 +103,11 @@ class AdoptReport:
     ended: tuple[str, ...] = ()
 
 
+def _adopted(job: str, worker: WorkerRuntime) -> AdoptedWorker:
+    outcome = tree.adopt_worker(worker)  # may learn the pid (from the shim's status file)
+    return AdoptedWorker(job, worker.spec.index, worker.pid, outcome)
+
+
 def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
     logging.getLogger("allocator.agent").info("%s %s", event, fields)
 
@@ -135,10 +140,8 @@ class Supervisor:
         # See the module docstring: orphans of a shim killed outright come to us.
         self.subreaper = procs.become_subreaper() if subreaper else False
         self.cgroup_base, why = worker_cgroup_base() if cgroups else (None, "disabled")
-        self._log(
-            "process-tracking",
-            {"cgroups": str(self.cgroup_base) if self.cgroup_base else None, "why_not": why or None},
-        )
+        base = str(self.cgroup_base) if self.cgroup_base else None
+        self._log("process-tracking", {"cgroups": base, "why_not": why or None})
 
     # --- snapshots ----------------------------------------------------------------
 
@@ -344,11 +347,15 @@ class Supervisor:
         for worker in job.workers:
             if worker.group_gone:
                 continue
+            known = worker.main_pid
             code = tree.observe(worker)
+            if worker.main_pid != known:
+                self._dirty = True  # a restarted agent should name the worker's pid too
             if code is not None:
                 exits.append(self._exited(job, worker, code))
             if worker.exit_code is not None and tree.finished(worker):
                 worker.group_gone = True
+                tree.release_cgroup(worker)
                 self._dirty = True
         return exits
 
@@ -463,12 +470,11 @@ class Supervisor:
                 self._log("adopt-skipped", {"job": name, "error": f"bad state entry: {exc}"})
                 stale.append(name)
                 continue
-            found = [
-                AdoptedWorker(name, w.spec.index, w.pid, tree.adopt_worker(w)) for w in job.workers
-            ]
+            found = [_adopted(name, worker) for worker in job.workers]
             outcomes.extend(found)
             self._jobs[name] = job
-            (adopted if job.alive() > 0 else ended).append(name)
+            running = any(w.outcome == "adopted" for w in found)
+            (adopted if running else ended).append(name)
             if any(w.outcome == "never-started" for w in found):
                 self._restart_half_started(job)
         self._dirty = True

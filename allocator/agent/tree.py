@@ -29,6 +29,7 @@ from pathlib import Path
 
 from allocator.agent import procs
 from allocator.agent.cgroups import (
+    cgroup_members,
     cgroup_populated,
     kill_cgroup,
     remove_cgroup,
@@ -44,6 +45,7 @@ __all__ = [
     "kill_tree",
     "observe",
     "poll_leader",
+    "release_cgroup",
     "shim_running",
     "signal_main",
     "stop_tree",
@@ -58,10 +60,11 @@ def observe(worker: WorkerRuntime) -> int | None:
             worker.shim_code = code
             if worker.popen is not None and worker.popen.returncode is None:
                 worker.popen.returncode = code  # reaped: Popen must never wait on it again
+    _reap_strays(worker)
     if worker.exit_code is not None or worker.pid <= 0:
         return None
-    if not worker.shim:
-        return poll_leader(worker)
+    if not worker.shim:  # the main process leads the group: its reaped status is the exit
+        return worker.shim_code if worker.shim_code is not None else poll_leader(worker)
     reported = _read_status(worker, force=False)
     if reported is not None:
         return reported
@@ -77,6 +80,26 @@ def observe(worker: WorkerRuntime) -> int | None:
     return _zombie_code(worker)
 
 
+def _reap_strays(worker: WorkerRuntime) -> None:
+    """Reap the tree's processes that were reparented to the agent, once they are zombies."""
+    for pid, ticks in list(worker.strays.items()):
+        stat = procs.read_stat(pid)
+        if stat is None or stat.start_ticks != ticks:
+            del worker.strays[pid]  # gone (someone else reaped it) or the pid is another's now
+        elif stat.state == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            del worker.strays[pid]
+
+
+def _note_strays(worker: WorkerRuntime) -> None:
+    """Remember the cgroup's members: once the shim is gone, they may come to the agent."""
+    for pid in cgroup_members(Path(worker.cgroup)):
+        stat = procs.read_stat(pid)
+        if stat is not None:
+            worker.strays[pid] = stat.start_ticks
+
+
 def _read_status(worker: WorkerRuntime, *, force: bool) -> int | None:
     """Take in a rewritten status file: the main pid, a failed start, an exit code."""
     path = Path(worker.status_path)
@@ -87,6 +110,9 @@ def _read_status(worker: WorkerRuntime, *, force: bool) -> int | None:
     status = read_shim_status(path)
     if status is None or status.shim_pid != worker.pid:
         return None
+    known = None not in (status.shim_start_ticks, worker.start_ticks)
+    if known and status.shim_start_ticks != worker.start_ticks:
+        return None  # written by another shim that had the same pid: not this worker's news
     if status.pid and not worker.main_pid:
         worker.main_pid, worker.main_ticks = status.pid, status.start_ticks
     if status.state == "failed" and status.error:
@@ -134,7 +160,7 @@ def finished(worker: WorkerRuntime) -> bool:
         return True
     if worker.shim and shim_running(worker):
         return False
-    if worker.cgroup and cgroup_populated(Path(worker.cgroup)):
+    if worker.strays or (worker.cgroup and cgroup_populated(Path(worker.cgroup))):
         return False
     return not (_group_is_ours(worker) and procs.group_alive(worker.pgid))
 
@@ -157,6 +183,7 @@ def stop_tree(worker: WorkerRuntime, signum: int) -> None:
     if _group_is_ours(worker):
         procs.signal_group(worker.pgid, signum)
     if worker.cgroup:
+        _note_strays(worker)
         signal_cgroup(Path(worker.cgroup), signum)
 
 
@@ -172,6 +199,7 @@ def kill_tree(worker: WorkerRuntime, *, shim_too: bool) -> None:
     if _group_is_ours(worker):
         procs.signal_group(worker.pgid, signal.SIGKILL)
     if worker.cgroup:
+        _note_strays(worker)
         kill_cgroup(Path(worker.cgroup))
 
 
@@ -244,6 +272,12 @@ def _adopt_legacy(worker: WorkerRuntime) -> str:
     # The main process is gone; a live group with its id can only be its orphans.
     worker.group_gone = not procs.group_alive(worker.pgid)
     return "gone" if worker.group_gone else "orphans"
+
+
+def release_cgroup(worker: WorkerRuntime) -> None:
+    """Remove the worker's cgroup once its tree is gone (an empty one costs the kernel)."""
+    if worker.cgroup:
+        remove_cgroup(Path(worker.cgroup))
 
 
 def discard(worker: WorkerRuntime) -> None:

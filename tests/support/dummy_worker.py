@@ -16,6 +16,7 @@ log capture can be checked. Then it does what its options say:
   report to ``<out>.child``; the parent's report names it as ``child_pid``
   and is only written once the child's report exists, so a test that sees
   the parent's report knows both have their signal handling in place;
+* ``--stubborn-child``: with ``--spawn-child``, only the child ignores SIGTERM;
 * ``--setsid-child``: with ``--spawn-child``, the child leaves the worker's
   session and process group (``os.setsid()``, as torchrun's ranks and
   daemonising helpers do) before it reports; its report gives its ``sid``;
@@ -104,6 +105,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--spawn-child", action="store_true")
     parser.add_argument("--setsid-child", action="store_true")
+    parser.add_argument("--stubborn-child", action="store_true")
     parser.add_argument("--setsid", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--exit-on-usr2", action="store_true")
     parser.add_argument("--crash", action="store_true")
@@ -130,7 +132,7 @@ def main(argv: list[str]) -> int:
     lock_fd, at_once = _take_lock(Path(args.lock + suffix)) if args.lock else (None, None)
     keep = (lock_fd,) if lock_fd is not None else ()
     child_pid = (
-        _spawn_child(out, args.ignore_sigterm, keep, args.setsid_child)
+        _spawn_child(out, args.ignore_sigterm or args.stubborn_child, keep, args.setsid_child)
         if args.spawn_child
         else None
     )
@@ -140,6 +142,9 @@ def main(argv: list[str]) -> int:
         "pgid": os.getpgid(0),
         "sid": os.getsid(0),
         "ppid": os.getppid(),
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": sorted(os.getgroups()),
         "start_ticks": _start_ticks(pid),
         "argv": sys.argv,
         "cwd": os.getcwd(),

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from allocator.agent import procs
+from allocator.agent.launch import SHIM
 from allocator.agent.model import DesiredJob, Device, WorkerSpec
 from allocator.agent.supervisor import Supervisor, WorkerExit
 from tests.support.clock import FakeClock
@@ -227,26 +228,32 @@ def h(make_harness: Callable[..., Harness]) -> Harness:
 
 
 _HELPER = """
-import json, signal, sys
+import json, sys
 from pathlib import Path
-from allocator.agent.model import DesiredJob, Start, WorkerSpec
+from allocator.agent.model import DesiredJob, Start, Stop, WorkerSpec
 from allocator.agent.supervisor import Supervisor
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
-workers = tuple(
-    WorkerSpec(cfg["job"], i, tuple(argv), cfg["env"], None, (i,), "cuda")
-    for i, argv in enumerate(cfg["argvs"])
-)
-spec = DesiredJob(
-    job=cfg["job"], state="run", workers=workers, fingerprint=cfg["fingerprint"],
-    on_change="restart", grace_seconds=0.5, max_restarts=3, backoff_base=1.0,
-    backoff_max=30.0, gpus=tuple(range(len(workers))), device="cuda",
-    fallback_reason=None, message="", assignment_revision=1,
-)
-sup = Supervisor(Path(cfg["logs"]), Path(cfg["state"]))
-sup.apply(Start(cfg["job"], spec, "new"))
+sup = Supervisor(Path(cfg["logs"]), Path(cfg["state"]), cgroups=cfg["cgroups"])
+for job, argvs in cfg["jobs"].items():
+    workers = tuple(
+        WorkerSpec(job, i, tuple(argv), cfg["env"], None, (i,), "cuda")
+        for i, argv in enumerate(argvs)
+    )
+    spec = DesiredJob(
+        job=job, state="run", workers=workers, fingerprint=f"fp-{job}",
+        on_change="restart", grace_seconds=cfg["grace"], max_restarts=3, backoff_base=1.0,
+        backoff_max=30.0, gpus=tuple(range(len(workers))), device="cuda",
+        fallback_reason=None, message="", assignment_revision=1,
+    )
+    sup.apply(Start(job, spec, "new"))
 print("ready", flush=True)
-signal.pause()  # never ticks again: exits of its workers stay unreaped while it lives
+# It never ticks: exits of its workers stay unreaped while it lives. It obeys
+# "stop JOB GRACE" lines, to be killed in the middle of a stop.
+for line in sys.stdin:
+    _, job, grace = line.split()
+    sup.apply(Stop(job, "told to", float(grace)))
+    print("ok", flush=True)
 """
 
 
@@ -256,34 +263,53 @@ class OtherAgent:
 
     proc: subprocess.Popen[str]
 
+    def stop(self, job: str, grace: float) -> None:
+        """Make it start stopping ``job`` (SIGTERM now, SIGKILL after ``grace``, if it lived)."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"stop {job} {grace}\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "ok"
+
     def kill_9(self) -> None:
+        """Kill it as ``kill -9`` would: its workers are left to whoever adopts them."""
         self.proc.kill()
         self.proc.wait(timeout=DEADLINE)
 
 
 @pytest.fixture
 def other_agent(tmp_path: Path) -> Iterator[Callable[..., OtherAgent]]:
-    """Start a job from a supervisor running in its own process (killed at teardown)."""
+    """Start jobs from a supervisor running in its own process (killed at teardown).
+
+    ``start({job: [worker args, ...]}, grace=..., cgroups=...)``; each worker
+    is the dummy reporting to ``reports/<job>.<index>.json``, each job's
+    fingerprint is ``fp-<job>``, and the state file is the harness's.
+    """
     started: list[subprocess.Popen[str]] = []
 
-    def start(job: str, worker_args: list[list[str]]) -> OtherAgent:
-        argvs = [
-            [sys.executable, DUMMY, "--out", str(tmp_path / "reports" / f"{job}.{i}.json"), *a]
-            for i, a in enumerate(worker_args)
-        ]
+    def start(
+        jobs: dict[str, list[list[str]]], *, grace: float = 0.5, cgroups: bool = True
+    ) -> OtherAgent:
+        argvs = {
+            job: [
+                [sys.executable, DUMMY, "--out", str(tmp_path / "reports" / f"{job}.{i}.json"), *a]
+                for i, a in enumerate(worker_args)
+            ]
+            for job, worker_args in jobs.items()
+        }
         cfg = {
-            "job": job,
-            "argvs": argvs,
+            "jobs": argvs,
             "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
-            "fingerprint": f"fp-{job}",
+            "grace": grace,
+            "cgroups": cgroups,
             "logs": str(tmp_path / "logs"),
             "state": str(tmp_path / "state.json"),
         }
-        cfg_path = tmp_path / f"{job}.agent.json"
+        cfg_path = tmp_path / "other-agent.json"
         cfg_path.write_text(json.dumps(cfg))
         proc = subprocess.Popen(
             [sys.executable, "-c", _HELPER, str(cfg_path)],
             cwd=REPO,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -299,12 +325,13 @@ def other_agent(tmp_path: Path) -> Iterator[Callable[..., OtherAgent]]:
             if proc.poll() is None:
                 proc.kill()
             proc.wait(timeout=DEADLINE)
-            if proc.stdout is not None:
-                proc.stdout.close()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
 
 
 def processes_running(out_path: Path) -> list[int]:
-    """Pids of live processes whose command line names ``out_path``."""
+    """Pids of live worker processes (shims aside) whose command line names ``out_path``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -312,6 +339,8 @@ def processes_running(out_path: Path) -> list[int]:
         try:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
+            continue
+        if str(SHIM).encode() in cmdline:
             continue
         if str(out_path).encode() in cmdline and alive(int(entry.name)):
             found.append(int(entry.name))

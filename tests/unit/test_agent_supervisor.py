@@ -303,8 +303,8 @@ def test_a_crashed_worker_stops_its_siblings_without_counting_them_as_crashes(h:
     spec = job_spec(h.tmp, gpus=(0, 1), per_gpu=True, worker_args=worker_args)
     h.sup.apply(Start("train", spec, "new"))
     h.wait_report("train", 1)
-    h.until(lambda: h.sup.views()["train"].exit_codes[0] == 3, "rank 0 crash")
-    assert h.sup.views()["train"].alive == 1
+    view = h.sup.views
+    h.until(lambda: view()["train"].exit_codes[0] == 3 and view()["train"].alive == 1, "crash")
     h.sup.apply(Stop("train", "worker crashed", 0.5))
     h.until(lambda: h.sup.views()["train"].alive == 0, "rank 1 stopped")
     assert h.sup.views()["train"].exit_codes == (3, 143)
