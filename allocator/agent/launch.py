@@ -15,25 +15,32 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from allocator.agent import procs
+from allocator.agent.cgroups import create_worker_cgroup
+from allocator.agent.model import DesiredJob, WorkerSpec
+from allocator.agent.runtime import WorkerRuntime
 from allocator.agent.shim import NO_VALUE
-from allocator.agent.users import RunAs
+from allocator.agent.users import RunAs, RunAsError, identity_env, resolve_run_as
 
 __all__ = [
     "SHIM",
     "Launch",
     "LogError",
     "ShimStatus",
+    "launch_worker",
     "open_log",
+    "prepare_worker",
     "read_shim_status",
     "start_under_shim",
     "status_signature",
@@ -184,3 +191,75 @@ def _cwd_argument(cwd: str | None) -> str:
     if cwd is None:
         return NO_VALUE
     return f"./{cwd}" if cwd == NO_VALUE else cwd
+
+
+def prepare_worker(spec: WorkerSpec, status_dir: Path, cgroup_base: Path | None) -> WorkerRuntime:
+    """A worker about to launch: its status file and cgroup are named before it exists.
+
+    The supervisor records it like this first, so an agent killed during the
+    launch finds the shim by its status file.
+    """
+    name = f"{spec.job}.{spec.index}.{secrets.token_hex(4)}"
+    cgroup = create_worker_cgroup(cgroup_base, name) if cgroup_base is not None else None
+    return WorkerRuntime(
+        spec=spec,
+        pid=0,
+        start_ticks=None,
+        status_path=str(status_dir / f"{name}.status"),
+        cgroup=str(cgroup) if cgroup is not None else "",
+    )
+
+
+def launch_worker(
+    job: DesiredJob,
+    worker: WorkerRuntime,
+    cause: str,
+    *,
+    base_env: Mapping[str, str],
+    log_dir: Path,
+    stamp: str,
+) -> tuple[str, dict[str, Any]]:
+    """Start a prepared worker as its job's user; return the event to log.
+
+    A job whose user cannot be used, or a worker that cannot be started at
+    all, leaves the worker ended with exit 126 and ``error`` saying why.
+    """
+    ws = worker.spec
+    name = f"{ws.job}.log" if len(job.workers) == 1 else f"{ws.job}.{ws.index}.log"
+    header = (
+        f"--- allocator {stamp}: starting job {ws.job} worker {ws.index} ({cause}) "
+        f"gpus={','.join(map(str, ws.gpus))} device={ws.device} argv={list(ws.argv)} ---"
+    )
+    try:
+        run_as = resolve_run_as(ws.user, ws.group, job=ws.job)
+    except RunAsError as exc:
+        return _failed(worker, cause, str(exc), _EXIT_CANNOT_RUN)
+    Path(worker.status_path).parent.mkdir(parents=True, exist_ok=True)
+    result = start_under_shim(
+        ws.argv,
+        {**base_env, **identity_env(run_as), **ws.env},
+        cwd=ws.cwd,
+        log_path=log_dir / name,
+        header=header,
+        status_path=Path(worker.status_path),
+        grace=job.grace_seconds,
+        cgroup=Path(worker.cgroup) if worker.cgroup else None,
+        run_as=run_as,
+    )
+    if result.pid == 0:
+        return _failed(worker, cause, result.error, result.exit_code or _EXIT_CANNOT_RUN)
+    worker.pid, worker.start_ticks, worker.popen = result.pid, result.start_ticks, result.popen
+    return "worker-started", {
+        "job": ws.job,
+        "index": ws.index,
+        "shim_pid": result.pid,
+        "cause": cause,
+        "gpus": list(ws.gpus),
+        "user": run_as.user if run_as is not None else None,
+    }
+
+
+def _failed(worker: WorkerRuntime, cause: str, error: str, code: int) -> tuple[str, dict[str, Any]]:
+    worker.exit_code, worker.group_gone, worker.error = code, True, error
+    fields = {"job": worker.spec.job, "index": worker.spec.index, "cause": cause, "error": error}
+    return "worker-start-failed", fields

@@ -24,18 +24,18 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from allocator.agent import procs, tree
-from allocator.agent.cgroups import create_worker_cgroup, worker_cgroup_base
-from allocator.agent.launch import start_under_shim
+from allocator.agent.adoption import AdoptedWorker, AdoptReport, take_over
+from allocator.agent.cgroups import worker_cgroup_base
+from allocator.agent.launch import launch_worker, prepare_worker
 from allocator.agent.model import (
     Accept,
     Action,
@@ -47,17 +47,10 @@ from allocator.agent.model import (
     SignalJob,
     Start,
     Stop,
-    WorkerSpec,
 )
 from allocator.agent.procs import clean_base_env
 from allocator.agent.runtime import JobRuntime, WorkerRuntime
-from allocator.agent.statefile import (
-    StateFileError,
-    job_from_state,
-    read_state_file,
-    write_state_file,
-)
-from allocator.agent.users import RunAsError, identity_env, resolve_run_as
+from allocator.agent.statefile import StateFileError, read_state_file, write_state_file
 from allocator.identity import format_time, utc_now
 
 __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
@@ -68,7 +61,6 @@ _STOP_POLL_SECONDS = 0.02
 _KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
 _KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (forks race us)
 _SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
-_EXIT_CANNOT_RUN = 126
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,31 +73,6 @@ class WorkerExit:
     exit_code: int
     crash: bool
     message: str
-
-
-@dataclass(frozen=True, slots=True)
-class AdoptedWorker:
-    """What adopt() decided for one recorded worker (see :func:`tree.adopt_worker`)."""
-
-    job: str
-    index: int
-    pid: int
-    outcome: str
-
-
-@dataclass(frozen=True, slots=True)
-class AdoptReport:
-    """Jobs from the state file: adopted (running), ended (tracked for their exit), stale (bad)."""
-
-    adopted: tuple[str, ...]
-    stale: tuple[str, ...]
-    workers: tuple[AdoptedWorker, ...]
-    ended: tuple[str, ...] = ()
-
-
-def _adopted(job: str, worker: WorkerRuntime) -> AdoptedWorker:
-    outcome = tree.adopt_worker(worker)  # may learn the pid (from the shim's status file)
-    return AdoptedWorker(job, worker.spec.index, worker.pid, outcome)
 
 
 def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
@@ -198,7 +165,9 @@ class Supervisor:
             for worker in old.workers:
                 tree.discard(worker)
         job.count_start(action.cause)
-        job.workers = [self._prepare(worker) for worker in spec.workers]
+        job.workers = [
+            prepare_worker(worker, self.status_dir, self.cgroup_base) for worker in spec.workers
+        ]
         self._jobs[action.job] = job
         self._save()  # before any fork: a restarted agent finds every shim this start makes
         for worker in job.workers:
@@ -207,60 +176,16 @@ class Supervisor:
                 self._pending_exits.append(self._exited(job, worker, worker.exit_code))
         self._dirty = True
 
-    def _prepare(self, spec: WorkerSpec) -> WorkerRuntime:
-        """A worker about to launch: its status file and cgroup are named before it exists."""
-        name = f"{spec.job}.{spec.index}.{secrets.token_hex(4)}"
-        cgroup = create_worker_cgroup(self.cgroup_base, name) if self.cgroup_base else None
-        return WorkerRuntime(
-            spec=spec,
-            pid=0,
-            start_ticks=None,
-            status_path=str(self.status_dir / f"{name}.status"),
-            cgroup=str(cgroup) if cgroup is not None else "",
-        )
-
     def _launch(self, spec: DesiredJob, worker: WorkerRuntime, cause: str) -> None:
-        ws = worker.spec
-        name = f"{ws.job}.log" if len(spec.workers) == 1 else f"{ws.job}.{ws.index}.log"
-        header = (
-            f"--- allocator {format_time(self._wall())}: starting job {ws.job} worker "
-            f"{ws.index} ({cause}) gpus={','.join(map(str, ws.gpus))} "
-            f"device={ws.device} argv={list(ws.argv)} ---"
+        event, fields = launch_worker(
+            spec,
+            worker,
+            cause,
+            base_env=self._base_env,
+            log_dir=self.log_dir,
+            stamp=format_time(self._wall()),
         )
-        try:
-            run_as = resolve_run_as(ws.user, ws.group, job=ws.job)
-        except RunAsError as exc:
-            self._failed_start(worker, cause, str(exc))
-            return
-        self.status_dir.mkdir(parents=True, exist_ok=True)
-        result = start_under_shim(
-            ws.argv,
-            {**self._base_env, **identity_env(run_as), **ws.env},
-            cwd=ws.cwd,
-            log_path=self.log_dir / name,
-            header=header,
-            status_path=Path(worker.status_path),
-            grace=spec.grace_seconds,
-            cgroup=Path(worker.cgroup) if worker.cgroup else None,
-            run_as=run_as,
-        )
-        if result.pid == 0:
-            self._failed_start(worker, cause, result.error, result.exit_code)
-            return
-        worker.pid, worker.start_ticks, worker.popen = result.pid, result.start_ticks, result.popen
-        fields = dict(job=ws.job, index=ws.index, shim_pid=result.pid, cause=cause)
-        self._log(
-            "worker-started",
-            {**fields, "gpus": list(ws.gpus), "user": run_as.user if run_as else None},
-        )
-
-    def _failed_start(
-        self, worker: WorkerRuntime, cause: str, error: str, code: int | None = None
-    ) -> None:
-        worker.exit_code = _EXIT_CANNOT_RUN if code is None else code
-        worker.group_gone, worker.error = True, error
-        fields = dict(job=worker.spec.job, index=worker.spec.index, cause=cause, error=error)
-        self._log("worker-start-failed", fields)
+        self._log(event, fields)
 
     def _stop(self, name: str, reason: str, grace: float) -> None:
         job = self._jobs.get(name)
@@ -450,47 +375,18 @@ class Supervisor:
     def adopt(self) -> AdoptReport:
         """After an agent restart: take over every recorded job; start nothing twice.
 
-        A worker whose shim still runs (same pid and start time) is adopted;
-        one whose shim ended is tracked until the next :meth:`tick` reads how
-        it ended from the shim's status file, so a clean exit stays finished
-        (never re-run) and a crash counts as one. A stop that was under way
-        carries on. A job the agent died launching is stopped and started
-        afresh. Call once, before the first ``plan()``.
+        See :func:`adoption.take_over`. A job the agent died launching is
+        stopped, so that it starts again whole. Call once, before the first ``plan()``.
         """
-        adopted: list[str] = []
-        ended: list[str] = []
-        stale: list[str] = []
-        outcomes: list[AdoptedWorker] = []
-        for name, entry in sorted(self._load().items()):
-            if name in self._jobs:
-                continue
-            try:
-                job = job_from_state(entry)
-            except (KeyError, TypeError, ValueError) as exc:
-                self._log("adopt-skipped", {"job": name, "error": f"bad state entry: {exc}"})
-                stale.append(name)
-                continue
-            found = [_adopted(name, worker) for worker in job.workers]
-            outcomes.extend(found)
-            self._jobs[name] = job
-            running = any(w.outcome == "adopted" for w in found)
-            (adopted if running else ended).append(name)
-            if any(w.outcome == "never-started" for w in found):
-                self._restart_half_started(job)
+        jobs, report = take_over(self._load(), set(self._jobs), self._log)
+        self._jobs.update(jobs)
+        for name in report.half_started:
+            if jobs[name].alive() > 0:
+                self._stop(name, "the agent restarted while starting the job", 0.0)
+            else:
+                jobs[name].stopped = True
         self._dirty = True
         self._settle()
-        for outcome in outcomes:  # the loop logs the job lists; this says why, per worker
-            self._log(
-                "adopt-worker",
-                dict(
-                    job=outcome.job, index=outcome.index, pid=outcome.pid, outcome=outcome.outcome
-                ),
-            )
-        return AdoptReport(tuple(adopted), tuple(stale), tuple(outcomes), tuple(ended))
-
-    def _restart_half_started(self, job: JobRuntime) -> None:
-        """Some workers of the job never started: stop the rest, so it restarts whole."""
-        if job.alive() > 0:
-            self._stop(job.spec.job, "the agent restarted while starting the job", 0.0)
-        else:
-            job.stopped = True
+        for outcome in report.workers:  # the loop logs the job lists; this says why, per worker
+            self._log("adopt-worker", asdict(outcome))
+        return report
