@@ -280,7 +280,7 @@ class Supervisor:
                 exits.append(self._exited(job, worker, code))
             if worker.exit_code is not None and tree.finished(worker):
                 worker.group_gone = True
-                tree.release_cgroup(worker)
+                tree.settle(worker)
                 self._dirty = True
         return exits
 

@@ -45,7 +45,7 @@ __all__ = [
     "kill_tree",
     "observe",
     "poll_leader",
-    "release_cgroup",
+    "settle",
     "shim_running",
     "signal_main",
     "stop_tree",
@@ -149,8 +149,6 @@ def shim_running(worker: WorkerRuntime) -> bool:
     """Whether the worker's shim (its main process, for a worker without one) still runs."""
     if worker.pid <= 0 or worker.shim_code is not None:
         return False
-    if worker.popen is not None:
-        return True  # our child, and observe() has not reaped it
     return procs.same_process_alive(worker.pid, worker.start_ticks)
 
 
@@ -274,10 +272,14 @@ def _adopt_legacy(worker: WorkerRuntime) -> str:
     return "gone" if worker.group_gone else "orphans"
 
 
-def release_cgroup(worker: WorkerRuntime) -> None:
-    """Remove the worker's cgroup once its tree is gone (an empty one costs the kernel)."""
+def settle(worker: WorkerRuntime) -> None:
+    """Once nothing of the tree is left: remove its cgroup, and tell Popen its shim is done."""
     if worker.cgroup:
         remove_cgroup(Path(worker.cgroup))
+    if worker.popen is not None and worker.popen.returncode is None:
+        # Reaped already (by us, or by someone who took our child): Popen must not wait on it.
+        code = worker.shim_code if worker.shim_code is not None else worker.exit_code
+        worker.popen.returncode = code if code is not None else procs.UNKNOWN_EXIT
 
 
 def discard(worker: WorkerRuntime) -> None:

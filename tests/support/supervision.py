@@ -163,6 +163,15 @@ def job_spec(
     )
 
 
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON file's content, or None while it does not exist."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    return data
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (not a zombie)."""
     stat = procs.read_stat(pid)

@@ -415,3 +415,43 @@ def test_exit_codes_follow_the_shell_convention() -> None:
     assert procs.exit_code_of(signal.SIGKILL) == 137
     assert procs.describe_exit(143) == "143 (SIGTERM)"
     assert procs.describe_exit(procs.UNKNOWN_EXIT) == "unknown exit status"
+
+
+# --- a stop the agent ordered is never a crash --------------------------------------------
+
+
+@pytest.mark.parametrize("meanwhile", ["released", "gpu-wait"])
+def test_a_job_stopped_and_wanted_again_within_its_grace_restarts_without_a_crash(
+    h: Harness, meanwhile: str
+) -> None:
+    """Released and set again (or a ``wait`` GPU back) during the grace: no crash counted."""
+    spec = job_spec(h.tmp, args=("--ignore-sigterm",), grace=5.0, max_restarts=0)
+    interim: dict[str, DesiredJob] = (
+        {} if meanwhile == "released" else {"train": replace(spec, state="wait", workers=())}
+    )
+    seen: list[object] = []
+
+    def reconcile(desired: dict[str, DesiredJob]) -> None:
+        h.tick()
+        for action in plan(desired, h.sup.views(), h.clock()):
+            seen.append(action)
+            h.sup.apply(action)
+
+    reconcile({"train": spec})
+    first = h.wait_report("train")
+    reconcile(interim)  # SIGTERM, which the worker ignores
+    assert h.sup.views()["train"].stopping
+    reconcile({"train": spec})  # wanted again while the stop is under way
+    h.clock.advance(5.1)  # the grace is over: SIGKILL
+
+    def restarted() -> dict[str, Any] | None:
+        reconcile({"train": spec})
+        report = h.report("train")
+        return report if report is not None and report["pid"] != first["pid"] else None
+
+    poll(restarted, "the job to start again")
+    view = h.sup.views()["train"]
+    assert (view.crash_restarts, view.change_restarts, view.gave_up) == (0, 1, False)
+    assert not [a for a in seen if isinstance(a, GiveUp | ScheduleRestart)]
+    assert [getattr(a, "cause", None) for a in seen if isinstance(a, Start)] == ["new", "change"]
+    assert [(e.exit_code, e.crash) for e in h.exits] == [(137, False)]
