@@ -238,7 +238,11 @@ class Supervisor:
     def _give_up(self, action: GiveUp) -> None:
         job = self._jobs.get(action.job)
         if job is not None and not job.gave_up:
-            job.gave_up, job.next_restart_at, job.message = True, None, action.reason
+            # Keep what the workers said (a user that does not exist, a missing command):
+            # the planner's reason only knows their exit codes.
+            errors = [w.error for w in job.workers if w.error]
+            message = "; ".join([*errors[:1], action.reason])
+            job.gave_up, job.next_restart_at, job.message = True, None, message
             self._dirty = True
             self._log("gave-up", {"job": action.job, "reason": action.reason})
 
@@ -292,6 +296,8 @@ class Supervisor:
         if crash:
             ran = self._clock() - job.started_at
             job.note_crash(code, message, ran)
+        elif not job.crashed:
+            job.last_exit = code  # a crash's code stays the one shown
         self._dirty = True
         pid = worker.shown_pid
         fields = dict(job=job.spec.job, index=index, pid=pid, exit_code=code, crash=crash)
