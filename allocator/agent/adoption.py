@@ -10,15 +10,22 @@ worker never started) is reported, for the supervisor to restart it whole.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from allocator.agent import tree
+from allocator.agent import procs, tree
+from allocator.agent.cgroups import remove_cgroup
+from allocator.agent.launch import read_shim_status
 from allocator.agent.runtime import JobRuntime, WorkerRuntime
 from allocator.agent.statefile import job_from_state
 
-__all__ = ["AdoptReport", "AdoptedWorker", "take_over"]
+__all__ = ["AdoptReport", "AdoptedWorker", "sweep", "take_over"]
+
+Log = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +50,7 @@ class AdoptReport:
 
 
 def take_over(
-    entries: Mapping[str, Any],
-    tracked: set[str],
-    log: Callable[[str, dict[str, Any]], None],
+    entries: Mapping[str, Any], tracked: set[str], log: Log
 ) -> tuple[dict[str, JobRuntime], AdoptReport]:
     """Rebuild the recorded jobs not ``tracked`` already; an unreadable entry is stale."""
     jobs: dict[str, JobRuntime] = {}
@@ -77,3 +82,36 @@ def take_over(
 def _adopt(job: str, worker: WorkerRuntime) -> AdoptedWorker:
     outcome = tree.adopt_worker(worker)  # may learn the pid (from the shim's status file)
     return AdoptedWorker(job, worker.spec.index, worker.pid, outcome)
+
+
+def sweep(
+    status_dir: Path, cgroup_base: Path | None, jobs: Mapping[str, JobRuntime], log: Log
+) -> None:
+    """Clear what no tracked worker names: old status files, empty cgroups, unknown shims.
+
+    A shim still running that no state entry names (the state file was lost)
+    runs a worker nobody would stop and whose job the planner would start a
+    second time: it is told to stop (its shim stops the whole tree).
+    """
+    workers = [worker for job in jobs.values() for worker in job.workers]
+    named = {worker.status_path for worker in workers}
+    with contextlib.suppress(OSError):
+        for path in sorted(status_dir.glob("*.status")):
+            if str(path) not in named:
+                _sweep_status(path, log)
+    if cgroup_base is not None:
+        kept = {worker.cgroup for worker in workers}
+        with contextlib.suppress(OSError):
+            for path in cgroup_base.iterdir():
+                if path.is_dir() and str(path) not in kept:
+                    remove_cgroup(path)  # only an empty one goes
+
+
+def _sweep_status(path: Path, log: Log) -> None:
+    status = read_shim_status(path)
+    if status is not None and procs.same_process_alive(status.shim_pid, status.shim_start_ticks):
+        log("unknown-worker-stopped", {"status": str(path), "shim_pid": status.shim_pid})
+        procs.signal_process(status.shim_pid, signal.SIGTERM)
+        return  # its file goes once it is gone, at a later restart
+    with contextlib.suppress(OSError):
+        path.unlink()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from allocator.agent import procs, tree
-from allocator.agent.adoption import AdoptedWorker, AdoptReport, take_over
+from allocator.agent.adoption import AdoptedWorker, AdoptReport, sweep, take_over
 from allocator.agent.cgroups import worker_cgroup_base
 from allocator.agent.launch import launch_worker, prepare_worker
 from allocator.agent.model import (
@@ -386,6 +386,7 @@ class Supervisor:
         """
         jobs, report = take_over(self._load(), set(self._jobs), self._log)
         self._jobs.update(jobs)
+        sweep(self.status_dir, self.cgroup_base, self._jobs, self._log)
         for name in report.half_started:
             if jobs[name].alive() > 0:
                 self._stop(name, "the agent restarted while starting the job", 0.0)

@@ -303,3 +303,20 @@ def test_state_file_is_private_and_names_the_shim_and_its_status_file(h: Harness
         "running",
     )
     assert worker["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_a_worker_no_state_entry_names_is_stopped_rather_than_run_twice(
+    h: Harness, other_agent: Callable[..., OtherAgent]
+) -> None:
+    agent = other_agent({"train": [[]]})
+    report = h.wait_report("train")
+    agent.kill_9()
+    (h.tmp / "state.json").unlink()  # the record of it is lost
+    leftover = h.tmp / "workers" / "old.0.cafe.status"
+    leftover.write_text('{"shim_pid": 999999999, "state": "exited", "exit_code": 0}')
+    assert h.sup.adopt().adopted == ()
+    assert [f["shim_pid"] for n, f in h.events if n == "unknown-worker-stopped"] == [
+        report["ppid"]
+    ]
+    poll(lambda: not alive(report["pid"]) and not alive(report["ppid"]), "it to be stopped")
+    assert not leftover.exists()  # what nothing runs for any more is cleared away
