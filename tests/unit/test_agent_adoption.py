@@ -315,8 +315,7 @@ def test_a_worker_no_state_entry_names_is_stopped_rather_than_run_twice(
     leftover = h.tmp / "workers" / "old.0.cafe.status"
     leftover.write_text('{"shim_pid": 999999999, "state": "exited", "exit_code": 0}')
     assert h.sup.adopt().adopted == ()
-    assert [f["shim_pid"] for n, f in h.events if n == "unknown-worker-stopped"] == [
-        report["ppid"]
-    ]
+    stopped = [f["shim_pid"] for n, f in h.events if n == "unknown-worker-stopped"]
+    assert stopped == [report["ppid"]]
     poll(lambda: not alive(report["pid"]) and not alive(report["ppid"]), "it to be stopped")
     assert not leftover.exists()  # what nothing runs for any more is cleared away
