@@ -152,6 +152,7 @@ def start_under_shim(
         log = open_log(log_path, run_as)
     except (LogError, OSError) as exc:
         return Launch(0, None, None, _EXIT_CANNOT_RUN, str(exc))
+    env_read, env_write = os.pipe()
     try:
         os.write(log, header.encode(errors="replace") + b"\n")
         command = [
@@ -164,27 +165,39 @@ def start_under_shim(
             str(cgroup) if cgroup is not None else NO_VALUE,
             run_as.shim_argument() if run_as is not None else NO_VALUE,
             _cwd_argument(cwd),
+            str(env_read),
             "--",
             *argv,
         ]
         popen = subprocess.Popen(
             command,
-            env=dict(env),
+            env={},  # the shim may be root: the job's LD_PRELOAD & co. must not reach it
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
             start_new_session=True,
             close_fds=True,
+            pass_fds=(env_read,),
         )
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         message = f"cannot start the worker's shim: {exc}"
         with contextlib.suppress(OSError):
             os.write(log, f"allocator: {message}\n".encode(errors="replace"))
+        os.close(env_write)
         return Launch(0, None, None, _EXIT_CANNOT_RUN, message)
     finally:
         os.close(log)
+        os.close(env_read)
+    _hand_over_env(env_write, env)
     started = procs.read_stat(popen.pid)
     return Launch(popen.pid, started.start_ticks if started else None, popen)
+
+
+def _hand_over_env(fd: int, env: Mapping[str, str]) -> None:
+    """Write the worker's environment to the shim's pipe (it reads it before anything else)."""
+    payload = b"\0".join(os.fsencode(f"{key}={value}") for key, value in env.items())
+    with contextlib.suppress(OSError), os.fdopen(fd, "wb") as pipe:  # OSError: the shim
+        pipe.write(payload)  # died at once, and its exit says why
 
 
 def _cwd_argument(cwd: str | None) -> str:

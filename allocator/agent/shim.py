@@ -1,14 +1,17 @@
 """The worker shim: one small supervising process per worker (the containerd-shim pattern).
 
-The agent runs ``python -I -S shim.py STATUS GRACE CGROUP RUNAS CWD -- ARGV...``
-in a new session for every worker. The shim
+The agent runs ``python -I -S shim.py STATUS GRACE CGROUP RUNAS CWD ENVFD -- ARGV...``
+in a new session for every worker, with an empty environment: the worker's
+comes through the pipe ENVFD (``KEY=VALUE`` entries, NUL-separated; ``-``:
+the shim's own), so nothing in it (``LD_PRELOAD``, ``LD_LIBRARY_PATH``) ever
+reaches the shim, which may run as root for a worker that does not. The shim
 
 * makes itself a child subreaper, so every descendant of the worker stays
   below it whatever session or process group it moves to (torchrun starts
   its ranks with ``start_new_session=True``): while the shim lives, its
   descendants *are* the worker's process tree;
 * joins the worker's cgroup first when the agent made one (CGROUP, ``-``: none);
-* forks and execs the worker with the environment it was given, in CWD,
+* forks and execs the worker with the environment it was handed, in CWD,
   as RUNAS (``uid:gid:g1,g2``, ``-``: as itself), with the parent-death
   signal set to SIGKILL so a shim killed outright takes its worker along;
 * forwards signals: SIGTERM and SIGINT (a stop) to every descendant, any
@@ -35,7 +38,7 @@ import signal
 import sys
 import time
 
-__all__ = ["NO_VALUE", "main", "parse_runas"]
+__all__ = ["NO_VALUE", "main", "parse_runas", "read_env"]
 
 #: Spelling of "not given" for the CGROUP, RUNAS and CWD arguments.
 NO_VALUE = "-"
@@ -148,7 +151,11 @@ def parse_runas(text: str) -> tuple[int, int, list[int]] | None:
 
 
 def _exec_worker(
-    argv: list[str], cwd: str | None, runas: tuple[int, int, list[int]] | None, shim: int
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    runas: tuple[int, int, list[int]] | None,
+    shim: int,
 ) -> None:
     """In the forked child: become the worker. Never returns; raises on failure."""
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a worker must not
@@ -172,7 +179,7 @@ def _exec_worker(
                 _EXIT_CANNOT_RUN, f"cannot use working directory {cwd!r}: {exc.strerror}"
             ) from exc
     try:
-        _execvpe(argv, dict(os.environ))
+        _execvpe(argv, env)
     except FileNotFoundError as exc:
         raise _StartError(_EXIT_NOT_FOUND, f"command not found: {argv[0]!r}") from exc
     except OSError as exc:
@@ -186,7 +193,10 @@ class _StartError(Exception):
 
 
 def _launch(
-    argv: list[str], cwd: str | None, runas: tuple[int, int, list[int]] | None
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    runas: tuple[int, int, list[int]] | None,
 ) -> tuple[int, int, str]:
     """Fork and exec the worker: (pid, 0, "") or (pid, exit code, why it could not start)."""
     read_end, write_end = os.pipe()  # both close on exec: EOF means the exec succeeded
@@ -195,7 +205,7 @@ def _launch(
     if pid == 0:
         os.close(read_end)
         try:
-            _exec_worker(argv, cwd, runas, shim)
+            _exec_worker(argv, env, cwd, runas, shim)
         except _StartError as exc:
             os.write(write_end, f"{exc.code} {exc}".encode(errors="replace"))
         except OSError as exc:
@@ -314,19 +324,34 @@ class _Supervision:
             self._due(self.grace)
 
 
-def _arguments(argv: list[str]) -> tuple[str, float, str, str, str, list[str]]:
-    status, grace, cgroup, runas, cwd, separator, *command = argv
+def _arguments(argv: list[str]) -> tuple[str, float, str, str, str, str, list[str]]:
+    status, grace, cgroup, runas, cwd, env_fd, separator, *command = argv
     if separator != "--" or not command:
-        raise ValueError("expected STATUS GRACE CGROUP RUNAS CWD -- COMMAND...")
-    return status, float(grace), cgroup, runas, cwd, command
+        raise ValueError("expected STATUS GRACE CGROUP RUNAS CWD ENVFD -- COMMAND...")
+    return status, float(grace), cgroup, runas, cwd, env_fd, command
+
+
+def read_env(fd: int) -> dict[str, str]:
+    """The worker's environment from pipe ``fd``: ``KEY=VALUE`` entries separated by NULs."""
+    chunks = []
+    while chunk := os.read(fd, 65536):
+        chunks.append(chunk)
+    os.close(fd)
+    env = {}
+    for entry in b"".join(chunks).split(b"\0"):
+        key, equals, value = entry.partition(b"=")
+        if key and equals:
+            env[os.fsdecode(key)] = os.fsdecode(value)
+    return env
 
 
 def main(argv: list[str]) -> int:
     """Run the worker ``argv`` describes (see the module docstring); return its exit code."""
     try:
-        status_path, grace, cgroup, runas_text, cwd, command = _arguments(argv)
+        status_path, grace, cgroup, runas_text, cwd, env_fd, command = _arguments(argv)
         runas = parse_runas(runas_text)
-    except ValueError as exc:
+        env = dict(os.environ) if env_fd == NO_VALUE else read_env(int(env_fd))
+    except (ValueError, OSError) as exc:
         _say(f"bad arguments: {exc}")
         return 2
     waited = set(signal.valid_signals()) - _NOT_FORWARDED | {signal.SIGCHLD}
@@ -339,7 +364,7 @@ def main(argv: list[str]) -> int:
         _join_cgroup(cgroup)
     status = _Status(status_path)
     status.write(state="starting")
-    pid, code, error = _launch(command, None if cwd == NO_VALUE else cwd, runas)
+    pid, code, error = _launch(command, env, None if cwd == NO_VALUE else cwd, runas)
     if error:
         os.waitpid(pid, 0)
         _say(error)

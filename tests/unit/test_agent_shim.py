@@ -34,7 +34,7 @@ class Shim:
         command = [sys.executable, DUMMY, "--out", str(self.out), *worker_args]
         shim = [sys.executable, "-I", "-S", str(SHIM), str(self.status), str(grace)]
         self.proc = subprocess.Popen(
-            [*shim, "-", "-", "-", "--", *command],
+            [*shim, "-", "-", "-", "-", "--", *command],
             start_new_session=True,
             stdout=subprocess.DEVNULL,
         )
@@ -119,7 +119,7 @@ def test_a_shim_killed_with_its_group_leaves_no_worker_behind(tmp: Path) -> None
 
 @pytest.mark.parametrize(
     ("arguments", "words"),
-    [([], "bad arguments"), (["s", "x", "-", "-", "-", "--", "true"], "bad arguments")],
+    [([], "bad arguments"), (["s", "x", "-", "-", "-", "-", "--", "true"], "bad arguments")],
 )
 def test_bad_arguments_are_one_line_and_exit_2(tmp: Path, arguments: list[str], words: str) -> None:
     done = subprocess.run(

@@ -75,6 +75,17 @@ def test_worker_starts_with_the_specs_environment_in_its_own_session(h: Harness)
     assert abs(record["start_times"][0] - time.time()) < 3600
 
 
+def test_the_shim_runs_with_none_of_the_workers_environment(h: Harness) -> None:
+    """The shim may be root for a worker that is not: a job's LD_* must never reach it."""
+    libs = str(h.tmp / "libs")
+    h.sup.apply(Start("train", job_spec(h.tmp, env={"LD_LIBRARY_PATH": libs}), "new"))
+    report = h.wait_report("train")
+    assert report["env"]["LD_LIBRARY_PATH"] == libs
+    assert report["env"]["AGENT_SIDE_VARIABLE"] == "kept"
+    shim_env = Path(f"/proc/{report['ppid']}/environ").read_bytes().split(b"\0")
+    assert not [v for v in shim_env if v.startswith((b"LD_", b"AGENT_SIDE", b"ALLOCATOR_"))]
+
+
 def test_cpu_worker_sees_no_gpu_even_though_the_agent_has_one(h: Harness) -> None:
     h.sup.apply(Start("cpujob", job_spec(h.tmp, "cpujob", gpus=(), device="cpu"), "new"))
     env = h.wait_report("cpujob")["env"]
