@@ -139,3 +139,21 @@ def test_with_a_cgroup_nothing_escapes_even_a_shim_killed_outright(
     h.until(lambda: h.sup.views()["train"].alive == 0, "the orphan to be killed")
     assert not exists(int(child["pid"]))  # killed, and reaped by the agent (its subreaper)
     assert not cgroup.exists()  # an empty worker cgroup is removed
+
+
+def test_where_no_cgroup_can_be_made_the_agent_says_why(tmp_path: Path) -> None:
+    """It then tracks trees by ancestry alone (the ``ancestry`` cases above)."""
+    own = tmp_path / "cgroup"
+    own.write_text("0::/\n")
+    no_cgroup2 = tmp_path / "mountinfo"
+    no_cgroup2.write_text("22 1 0:21 / /proc rw,nosuid - proc proc rw\n")
+    assert worker_cgroup_base(no_cgroup2, own) == (None, "no cgroup2 file system is mounted")
+    blocked = tmp_path / "a-file"  # as a read-only /sys/fs/cgroup in a container refuses
+    blocked.write_text("")
+    mounted = tmp_path / "mountinfo2"
+    mounted.write_text(f"30 1 0:26 / {blocked} rw,nosuid - cgroup2 cgroup2 rw\n")
+    base, why = worker_cgroup_base(mounted, own)
+    assert base is None and why.startswith(f"cannot create cgroups under {blocked}")
+    v1_only = tmp_path / "cgroup-v1"
+    v1_only.write_text("4:memory:/x\n")
+    assert worker_cgroup_base(mounted, v1_only) == (None, "this process is in no cgroup2 group")
