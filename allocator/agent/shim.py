@@ -20,10 +20,11 @@ reaches the shim, which may run as root for a worker that does not. The shim
   the worker runs, and when the worker's main process ends (its exit code,
   128+N for signal N), so an agent restarted in the meantime still learns
   the real exit status of a worker that is not its child;
-* once the main process has ended, or GRACE seconds (plus a margin that
-  leaves the agent in charge) after a stop, stops what is left of the tree
-  (SIGTERM, then SIGKILL after GRACE), reaps everything, and exits with the
-  worker's exit code. The shim's end therefore means the whole tree is gone.
+* once the main process has ended, stops what is left of the tree (SIGTERM,
+  then SIGKILL after GRACE); after a stop the agent escalates, and the shim
+  does only if the agent that started it died (GRACE plus a margin after the
+  stop); it reaps everything and exits with the worker's exit code. The
+  shim's end therefore means the whole tree is gone.
 
 Standard library only, and nothing from ``allocator``: it runs isolated
 (``-I -S``) for the worker's whole life, so it must start fast and stay small
@@ -47,9 +48,11 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _EXIT_NOT_FOUND = 127
 _EXIT_CANNOT_RUN = 126
-#: After a stop, the agent escalates to SIGKILL itself when the grace is over;
-#: the shim does it only this much later, for the case that the agent is dead.
+#: After a stop, the agent escalates to SIGKILL itself when the grace it chose
+#: is over. Only once the agent that started the shim is gone does the shim do
+#: it, this long after its own grace.
 _BACKSTOP_SECONDS = 2.0
+_AGENT_CHECK_SECONDS = 1.0
 _KILL_PASS_SECONDS = 0.05
 #: Signals that must never be waited for: they cannot be caught, report the
 #: shim's own faults, or (SIGCHLD) are handled apart.
@@ -258,13 +261,15 @@ def _signal_tree(signum: int) -> None:
 class _Supervision:
     """The shim's loop: forward signals, reap, stop what is left, exit with the worker's code."""
 
-    def __init__(self, worker: int, grace: float, status: _Status) -> None:
+    def __init__(self, worker: int, grace: float, status: _Status, agent: int) -> None:
         self.worker = worker
         self.grace = grace
         self.status = status
+        self.agent = agent
         self.code: int | None = None
         self.stopping = False
         self.deadline: float | None = None
+        self.backstop = False  # the deadline is the agent's to act on while it lives
         self.killing = False
 
     def run(self, waited: set[signal.Signals]) -> int:
@@ -275,9 +280,17 @@ class _Supervision:
             if self._reap() and self.code is not None:
                 return self.code
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                self.killing = True
+                self._deadline_reached()
             if self.killing:
                 _signal_tree(signal.SIGKILL)
+
+    def _deadline_reached(self) -> None:
+        if self.backstop and os.getppid() == self.agent:
+            # The agent that ordered the stop lives: it escalates when its grace
+            # (which may be longer than the one the shim was started with) is over.
+            self.deadline = time.monotonic() + _AGENT_CHECK_SECONDS
+            return
+        self.killing = True
 
     def _timeout(self) -> float:
         if self.killing:
@@ -290,7 +303,7 @@ class _Supervision:
         if signum in _STOP_SIGNALS:
             _signal_tree(signum)
             if not self.stopping:
-                self.stopping = True
+                self.stopping, self.backstop = True, True
                 self._due(self.grace + _BACKSTOP_SECONDS)
         elif self.code is None:
             try:  # noqa: SIM105 - contextlib is an import the shim does without
@@ -319,7 +332,7 @@ class _Supervision:
         self.code = 128 - code if code < 0 else code
         self.status.write(state="exited", exit_code=self.code)
         if not self.stopping:  # what it leaves behind goes too, as when it is stopped
-            self.stopping = True
+            self.stopping = True  # and the shim sees to it itself: no agent orders this
             _signal_tree(signal.SIGTERM)
             self._due(self.grace)
 
@@ -347,6 +360,7 @@ def read_env(fd: int) -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     """Run the worker ``argv`` describes (see the module docstring); return its exit code."""
+    agent = os.getppid()  # the agent that started this shim
     try:
         status_path, grace, cgroup, runas_text, cwd, env_fd, command = _arguments(argv)
         runas = parse_runas(runas_text)
@@ -371,7 +385,7 @@ def main(argv: list[str]) -> int:
         status.write(state="failed", exit_code=code, error=error)
         return code
     status.write(state="running", pid=pid, start_ticks=_start_ticks(pid))
-    return _Supervision(pid, grace, status).run(waited)
+    return _Supervision(pid, grace, status, agent).run(waited)
 
 
 def _join_cgroup(path: str) -> None:

@@ -6,6 +6,7 @@ session, with the dummy worker under it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -101,12 +102,44 @@ def test_a_stop_goes_to_every_process_of_the_tree(tmp: Path) -> None:
     assert not exists(report["pid"]) and not exists(child["pid"])
 
 
-def test_a_shim_finishes_a_stop_on_its_own_when_no_agent_is_left(tmp: Path) -> None:
-    shim = Shim(tmp, "--spawn-child", "--setsid-child", "--ignore-sigterm", grace=0.1)
-    report, child = shim.report(), shim.report(".child")
-    os.kill(shim.proc.pid, signal.SIGTERM)  # then nobody escalates: the shim must
-    assert shim.wait() == 128 + signal.SIGKILL
-    assert not exists(report["pid"]) and not exists(child["pid"])
+_SHORT_LIVED_AGENT = """
+import subprocess, sys, time
+from pathlib import Path
+status = Path(sys.argv[1])
+shim = subprocess.Popen(
+    sys.argv[2:], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+)
+while not status.exists():  # it has started its worker: now its agent dies
+    time.sleep(0.01)
+print(shim.pid)
+"""
+
+
+def test_a_shim_finishes_a_stop_on_its_own_when_its_agent_is_gone(tmp: Path) -> None:
+    status = tmp / "worker.status"
+    out = tmp / "reports" / "train.0.json"
+    worker = [sys.executable, DUMMY, "--out", str(out), "--spawn-child", "--ignore-sigterm"]
+    shim = [sys.executable, "-I", "-S", str(SHIM), str(status), "0.1", "-", "-", "-", "-"]
+    started = subprocess.run(
+        [sys.executable, "-c", _SHORT_LIVED_AGENT, str(status), *shim, "--", *worker],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = int(started.stdout)
+    report = dict(poll(lambda: read_json(out), "the worker's report"))
+    os.kill(pid, signal.SIGTERM)  # nobody is left to escalate: the shim must
+    poll(lambda: not alive(pid), "the shim to finish the stop")
+    reap_orphan(pid)
+    assert not exists(report["pid"]) and not exists(report["child_pid"])
+    ended = read_shim_status(status)
+    assert ended is not None and ended.exit_code == 128 + signal.SIGKILL
+
+
+def reap_orphan(pid: int) -> None:
+    """Reap ``pid`` if it was reparented to this process (a subreaper); init does otherwise."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def test_a_shim_killed_with_its_group_leaves_no_worker_behind(tmp: Path) -> None:
