@@ -171,7 +171,7 @@ def start_under_shim(
         ]
         popen = subprocess.Popen(
             command,
-            env={},  # the shim may be root: the job's LD_PRELOAD & co. must not reach it
+            env=_shim_env(),  # the shim may be root: no job's LD_PRELOAD & co. may reach it
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -191,6 +191,11 @@ def start_under_shim(
     _hand_over_env(env_write, env)
     started = procs.read_stat(popen.pid)
     return Launch(popen.pid, started.start_ticks if started else None, popen)
+
+
+def _shim_env() -> dict[str, str]:
+    """The agent's own (not the job's) settings the interpreter may need to start."""
+    return {key: os.environ[key] for key in ("PATH", "LD_LIBRARY_PATH") if key in os.environ}
 
 
 def _hand_over_env(fd: int, env: Mapping[str, str]) -> None:
