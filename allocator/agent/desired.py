@@ -229,6 +229,8 @@ def _running(
             cwd=job.cwd,
             gpus=_worker_gpus(assignment, job, index),
             device=device,
+            user=job.user,
+            group=job.group,
         )
         for index, env in enumerate(envs)
     )
@@ -284,8 +286,20 @@ def _desired(
 
 
 def fingerprint(workers: Sequence[WorkerSpec]) -> str:
-    """sha256 over every worker's argv, env and cwd: what a running process cannot change."""
-    body = [{"argv": list(w.argv), "env": dict(w.env), "cwd": w.cwd} for w in workers]
+    """sha256 over every worker's argv, env, cwd and user: what a running process cannot change.
+
+    ``user``/``group`` enter only when set, so jobs that name no one keep
+    the fingerprints they had before the fields existed (no restart on upgrade).
+    """
+    body = [
+        {
+            "argv": list(w.argv),
+            "env": dict(w.env),
+            "cwd": w.cwd,
+            **({"user": w.user, "group": w.group} if w.user or w.group else {}),
+        }
+        for w in workers
+    ]
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

@@ -44,6 +44,8 @@ class WorkerSpec:
     cwd: str | None
     gpus: tuple[int, ...]  # physical indices this worker sees
     device: Device
+    user: str | None = None  # the policy's job.user: run as this user (None: as the agent)
+    group: str | None = None  # the policy's job.group (None: the user's primary group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,7 @@ class JobView:
     gpus: tuple[int, ...] = field(default=())  # GPUs the running workers were started on
     device: Device = "cuda"  # device the running workers were started on
     grace_seconds: float = 10.0  # of the spec they were started with; stops an undeclared job
+    stopped: bool = False  # the agent stopped them (not a crash) and none is left
 
 
 @dataclass(frozen=True, slots=True)

@@ -138,6 +138,10 @@ def _same_spec(want: DesiredJob, view: JobView, now: float) -> list[Action]:
     """Rule 4: the workers run the desired spec; handle crashes and finished jobs."""
     if view.stopping or view.gave_up:
         return []
+    if view.stopped:
+        # The agent stopped them (released and set again, a "wait" GPU back, ...)
+        # and they are gone: that was no crash, so start them again at once.
+        return [Start(want.job, want, "change")]
     crash = _crash(view)
     if crash is None:
         return []

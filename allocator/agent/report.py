@@ -80,8 +80,8 @@ def _from_runtime(
     host: str, job: str, want: DesiredJob | None, have: Mapping[str, Any]
 ) -> WorkerRecord:
     message = want.message if want is not None else "not assigned: stopping"
-    if want is not None and want.state != "run":
-        message = want.message
+    if want is not None and want.state == "run":  # plus what happened to the workers
+        message = "; ".join(m for m in (want.message, str(have.get("message", ""))) if m)
     last_exit = have.get("last_exit")
     return WorkerRecord(
         job=job,

@@ -1,35 +1,20 @@
-"""The supervisor's mutable bookkeeping per job and worker, and its state-file form.
+"""The supervisor's mutable bookkeeping per job and worker.
 
 Kept apart from :mod:`allocator.agent.supervisor` (which does the process
-I/O) so the counting rules and the JSON round trip read on their own.
+I/O) so the counting rules read on their own; the state-file form is in
+:mod:`allocator.agent.statefile`.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from allocator.agent import procs
-from allocator.agent.model import DesiredJob, Device, JobView, WorkerSpec
+from allocator.agent.model import DesiredJob, JobView, WorkerSpec
 
-__all__ = [
-    "STABLE_RUN_SECONDS",
-    "STATE_SCHEMA_VERSION",
-    "JobRuntime",
-    "StateFileError",
-    "WorkerRuntime",
-    "classify_recorded",
-    "job_from_state",
-    "job_to_state",
-    "poll_leader",
-    "read_state_file",
-    "write_state_file",
-]
+__all__ = ["STABLE_RUN_SECONDS", "JobRuntime", "WorkerRuntime"]
 
 
 STABLE_RUN_SECONDS = 600.0
@@ -37,22 +22,46 @@ STABLE_RUN_SECONDS = 600.0
 
 @dataclass(slots=True)
 class WorkerRuntime:
-    """One worker process (its main process leads its own session and process group)."""
+    """One worker: its shim (which leads the worker's session and process group) and its tree.
+
+    ``pid`` is the shim's; the worker's main process is ``main_pid`` once the
+    shim reported it. A worker recorded by an agent that started workers
+    without a shim has no ``status_path``: then ``pid`` is the main process.
+    """
 
     spec: WorkerSpec
-    pid: int  # 0: it never started (``error`` says why)
+    pid: int  # 0: not started (yet, or ever: ``error`` says why)
     start_ticks: int | None  # /proc start time: with the pid, names exactly one process
     popen: subprocess.Popen[bytes] | None = None  # None when adopted or never started
+    status_path: str = ""  # the shim's status file: the exit status outlives the agent
+    cgroup: str = ""  # the worker's own cgroup, when the agent could make one
+    main_pid: int = 0
+    main_ticks: int | None = None
     exit_code: int | None = None  # of the main process; 128+N for signal N
+    shim_code: int | None = None  # the shim's own exit status, once reaped
     stop_sent: bool = False  # we asked it to stop, so its exit is not a crash
-    group_gone: bool = False  # no process of its group is left (reaped and checked)
+    group_gone: bool = False  # nothing of its process tree is left (reaped and checked)
     adopted: bool = False
     error: str = ""
+    status_seen: tuple[int, int] | None = None  # the status file version last read
+    # Processes of the tree that came to the agent after the shim died (pid -> start
+    # time), to be reaped by pid: they may be in no group of the worker's.
+    strays: dict[int, int] = field(default_factory=dict)
 
     @property
     def pgid(self) -> int:
-        """The process group id: the main process started a new session, so its own pid."""
+        """The process group id: the shim started a new session, so its own pid."""
         return self.pid
+
+    @property
+    def shim(self) -> bool:
+        """Whether the worker runs under a shim (every worker this agent starts does)."""
+        return bool(self.status_path)
+
+    @property
+    def shown_pid(self) -> int:
+        """The pid users care about: the worker's main process (0 while not known)."""
+        return self.main_pid if self.shim else self.pid
 
 
 @dataclass(slots=True)
@@ -72,6 +81,9 @@ class JobRuntime:
     stop_deadline: float | None = None
     stop_reason: str = ""
     killed: bool = False  # SIGKILL already sent for the current stop
+    killed_at: float | None = None  # when the first SIGKILL pass went out
+    last_kill_pass: float | None = None
+    stopped: bool = False  # the last stop was ordered by the agent and finished: not a crash
     crashed: bool = False  # a worker crashed since the current workers started
     last_exit: int | None = None
     message: str = ""
@@ -153,16 +165,18 @@ class JobRuntime:
             gpus=self.spec.gpus,
             device=self.spec.device,
             grace_seconds=self.spec.grace_seconds,
+            stopped=self.stopped and not self.crashed and self.alive() == 0,
         )
 
     def record(self) -> dict[str, Any]:
         """What the loop publishes for this job (see ``Supervisor.records``)."""
-        running = [w for w in self.workers if w.pid > 0 and w.exit_code is None]
-        start_times = [procs.ticks_to_epoch(w.start_ticks) for w in running if w.start_ticks]
+        running = [w for w in self.workers if w.shown_pid > 0 and w.exit_code is None]
+        ticks = [w.main_ticks if w.shim else w.start_ticks for w in running]
+        start_times = [procs.ticks_to_epoch(t) for t in ticks if t]
         return {
             "state": self.state or self.current_state(),
             "since": self.since,
-            "pids": [w.pid for w in running],
+            "pids": [w.shown_pid for w in running],
             "start_times": [t for t in start_times if t is not None],
             "restarts": self.restarts,
             "crash_restarts": self.crash_restarts,
@@ -176,205 +190,3 @@ class JobRuntime:
             "fingerprint": self.fingerprint,
             "assignment_revision": self.spec.assignment_revision,
         }
-
-
-_COUNTERS = ("crash_restarts", "change_restarts", "restarts")
-
-
-def job_to_state(job: JobRuntime) -> dict[str, Any]:
-    """The state-file entry of one job: enough to adopt its workers after ``kill -9``."""
-    spec = job.spec
-    return {
-        "fingerprint": job.fingerprint,
-        "spec": {
-            "job": spec.job,
-            "fingerprint": spec.fingerprint,
-            "on_change": spec.on_change,
-            "grace_seconds": spec.grace_seconds,
-            "max_restarts": spec.max_restarts,
-            "backoff_base": spec.backoff_base,
-            "backoff_max": spec.backoff_max,
-            "gpus": list(spec.gpus),
-            "device": spec.device,
-            "fallback_reason": spec.fallback_reason,
-            "assignment_revision": spec.assignment_revision,
-        },
-        "workers": [_worker_to_state(worker) for worker in job.workers],
-        **{name: getattr(job, name) for name in _COUNTERS},
-        "started_at": job.started_at,
-        "next_restart_at": job.next_restart_at,
-        "gave_up": job.gave_up,
-        "crashed": job.crashed,
-        "last_exit": job.last_exit,
-        "message": job.message,
-        "state": job.state,
-        "since": job.since,
-    }
-
-
-def _worker_to_state(worker: WorkerRuntime) -> dict[str, Any]:
-    spec = worker.spec
-    return {
-        "index": spec.index,
-        "argv": list(spec.argv),
-        "env": dict(spec.env),
-        "cwd": spec.cwd,
-        "gpus": list(spec.gpus),
-        "device": spec.device,
-        "pid": worker.pid,
-        "pgid": worker.pgid,
-        "start_ticks": worker.start_ticks,
-        "exit_code": worker.exit_code,
-        "group_gone": worker.group_gone,
-        "error": worker.error,
-    }
-
-
-def job_from_state(entry: dict[str, Any]) -> JobRuntime:
-    """Rebuild a job from its state-file entry; KeyError/TypeError/ValueError if malformed."""
-    raw = entry["spec"]
-    name = str(raw["job"])
-    workers = [_worker_from_state(name, w) for w in entry["workers"]]
-    spec = DesiredJob(
-        job=name,
-        state="run",
-        workers=tuple(worker.spec for worker in workers),
-        fingerprint=str(raw["fingerprint"]),
-        on_change=str(raw["on_change"]),
-        grace_seconds=float(raw["grace_seconds"]),
-        max_restarts=int(raw["max_restarts"]),
-        backoff_base=float(raw["backoff_base"]),
-        backoff_max=float(raw["backoff_max"]),
-        gpus=tuple(int(g) for g in raw["gpus"]),
-        device=_device(raw["device"]),
-        fallback_reason=raw.get("fallback_reason"),
-        message="",
-        assignment_revision=int(raw.get("assignment_revision", 0)),
-    )
-    job = JobRuntime(
-        spec=spec,
-        fingerprint=str(entry["fingerprint"]),
-        workers=workers,
-        started_at=float(entry["started_at"]),
-    )
-    for name_ in _COUNTERS:
-        setattr(job, name_, int(entry.get(name_, 0)))
-    next_at = entry.get("next_restart_at")
-    job.next_restart_at = float(next_at) if next_at is not None else None
-    job.gave_up = bool(entry.get("gave_up", False))
-    job.crashed = bool(entry.get("crashed", False))
-    last_exit = entry.get("last_exit")
-    job.last_exit = int(last_exit) if last_exit is not None else None
-    job.message = str(entry.get("message", ""))
-    job.state, job.since = str(entry.get("state", "")), str(entry.get("since", ""))
-    return job
-
-
-def _worker_from_state(job: str, raw: dict[str, Any]) -> WorkerRuntime:
-    pid = int(raw["pid"])
-    if int(raw.get("pgid", pid)) != pid:
-        raise ValueError(f"worker pid {pid} is not its group's leader")
-    spec = WorkerSpec(
-        job=job,
-        index=int(raw["index"]),
-        argv=tuple(str(a) for a in raw["argv"]),
-        env={str(k): str(v) for k, v in raw["env"].items()},
-        cwd=raw.get("cwd"),
-        gpus=tuple(int(g) for g in raw["gpus"]),
-        device=_device(raw["device"]),
-    )
-    ticks = raw.get("start_ticks")
-    exit_code = raw.get("exit_code")
-    return WorkerRuntime(
-        spec=spec,
-        pid=pid,
-        start_ticks=int(ticks) if ticks is not None else None,
-        exit_code=int(exit_code) if exit_code is not None else None,
-        group_gone=bool(raw.get("group_gone", False)),
-        error=str(raw.get("error", "")),
-    )
-
-
-def _device(value: object) -> Device:
-    if value == "cuda":
-        return "cuda"
-    if value == "cpu":
-        return "cpu"
-    raise ValueError(f"unknown device {value!r}")
-
-
-STATE_SCHEMA_VERSION = 1
-
-
-class StateFileError(Exception):
-    """The supervisor's state file exists but cannot be used."""
-
-
-def write_state_file(path: Path, jobs: Mapping[str, JobRuntime]) -> None:
-    """Atomically rewrite the state file with every tracked job (OSError on failure)."""
-    data = {
-        "schema_version": STATE_SCHEMA_VERSION,
-        "agent_pid": os.getpid(),
-        "jobs": {name: job_to_state(job) for name, job in sorted(jobs.items())},
-    }
-    procs.write_json_atomic(path, data)
-
-
-def read_state_file(path: Path) -> dict[str, Any]:
-    """The recorded jobs by name ({} when there is no file); StateFileError if unusable."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise StateFileError(str(exc)) from exc
-    if not isinstance(data, dict) or data.get("schema_version") != STATE_SCHEMA_VERSION:
-        raise StateFileError("unknown format or schema_version")
-    jobs = data.get("jobs")
-    if not isinstance(jobs, dict):
-        raise StateFileError("no jobs table")
-    return jobs
-
-
-def poll_leader(worker: WorkerRuntime) -> int | None:
-    """Poll a main process that may not be our child: None while it runs, else its exit code."""
-    stat = procs.read_stat(worker.pid)
-    same = stat is not None and worker.start_ticks in (None, stat.start_ticks)
-    if stat is None or not same:
-        return procs.UNKNOWN_EXIT
-    if stat.state != "Z":
-        return None
-    if stat.ppid == os.getpid():
-        return None  # our own zombie: reap_group collects its status on the next tick
-    if stat.exit_status is None:
-        return procs.UNKNOWN_EXIT
-    try:  # a zombie's /proc entry still holds its wait status (Linux >= 3.5)
-        return procs.exit_code_of(stat.exit_status)
-    except ValueError:
-        return procs.UNKNOWN_EXIT
-
-
-def classify_recorded(worker: WorkerRuntime) -> str:
-    """Classify a worker read back from the state file, updating it in place.
-
-    Returns ``adopted`` (same pid and start time: still ours), ``reused``
-    (the pid is another process now), ``gone`` (nothing left) or ``orphans``
-    (main process gone, group members left), or ``exited`` (known before).
-    """
-    if worker.pid <= 0 or worker.group_gone:
-        worker.group_gone = True
-        return "exited"
-    stat = procs.read_stat(worker.pid)
-    same = stat is not None and worker.start_ticks in (None, stat.start_ticks)
-    if stat is not None and not same:
-        # The pid now names another process: leave it and its group alone.
-        worker.exit_code = procs.UNKNOWN_EXIT if worker.exit_code is None else worker.exit_code
-        worker.group_gone = True
-        return "reused"
-    if same and worker.exit_code is None:
-        worker.adopted = True  # running (or a zombie whose status tick() collects)
-        return "adopted"
-    worker.exit_code = procs.UNKNOWN_EXIT if worker.exit_code is None else worker.exit_code
-    # The main process is gone; a live group with its id can only be its orphans.
-    worker.group_gone = not procs.group_alive(worker.pgid)
-    return "gone" if worker.group_gone else "orphans"

@@ -1,20 +1,23 @@
 """The agent's process supervisor: carries out planned actions on real processes.
 
-``plan()`` decides; the :class:`Supervisor` does. It starts each worker in
-its own session and process group with its environment fixed before exec,
-stops a job by signalling whole groups (SIGTERM, a grace period, SIGKILL),
-reaps every exit, counts crashes apart from change restarts, and keeps a
-state file so that an agent restarted after ``kill -9`` adopts the workers
-still running instead of starting duplicates.
+``plan()`` decides; the :class:`Supervisor` does. Each worker runs under a
+small shim (:mod:`allocator.agent.shim`) in a session of its own, as the
+user its job names, with its environment fixed before exec. A worker is its
+whole process tree (:mod:`allocator.agent.tree`): a stop is SIGTERM to every
+process of it, a grace period, then SIGKILL to every process of it, and a
+worker holds its GPUs until nothing of the tree is left. Exits are reaped,
+crashes counted apart from change restarts, and a stop the agent ordered is
+never a crash. A state file lets an agent restarted after ``kill -9`` adopt
+the workers still running instead of starting duplicates, and the shims'
+status files tell it how the others ended.
 
 Nothing here blocks for a grace period: :meth:`Supervisor.apply` sends
 signals and records deadlines, :meth:`Supervisor.tick` (called by the loop
 every few hundred milliseconds) reaps, escalates overdue stops and notices
-groups that are gone. Only :meth:`Supervisor.stop_all` waits, for shutdown.
+trees that are gone. Only :meth:`Supervisor.stop_all` waits, for shutdown.
 
 The agent makes itself a child subreaper (see :func:`procs.become_subreaper`):
-grandchildren orphaned by a dying worker are reparented to the agent, which
-reaps them; otherwise zombies left to init would make a group look alive.
+if a shim is killed outright, its orphans come to the agent, which reaps them.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from allocator.agent import procs
+from allocator.agent import procs, tree
+from allocator.agent.adoption import AdoptedWorker, AdoptReport, sweep, take_over
+from allocator.agent.cgroups import worker_cgroup_base
+from allocator.agent.launch import launch_worker, prepare_worker
 from allocator.agent.model import (
     Accept,
     Action,
@@ -41,19 +47,10 @@ from allocator.agent.model import (
     SignalJob,
     Start,
     Stop,
-    WorkerSpec,
 )
 from allocator.agent.procs import clean_base_env
-from allocator.agent.runtime import (
-    JobRuntime,
-    StateFileError,
-    WorkerRuntime,
-    classify_recorded,
-    job_from_state,
-    poll_leader,
-    read_state_file,
-    write_state_file,
-)
+from allocator.agent.runtime import JobRuntime, WorkerRuntime
+from allocator.agent.statefile import StateFileError, read_state_file, write_state_file
 from allocator.identity import format_time, utc_now
 
 __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
@@ -62,6 +59,8 @@ Logger = Callable[[str, dict[str, Any]], None]
 
 _STOP_POLL_SECONDS = 0.02
 _KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
+_KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (forks race us)
+_SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,25 +73,6 @@ class WorkerExit:
     exit_code: int
     crash: bool
     message: str
-
-
-@dataclass(frozen=True, slots=True)
-class AdoptedWorker:
-    """What adopt() decided for one recorded worker: adopted, gone, reused or orphans."""
-
-    job: str
-    index: int
-    pid: int
-    outcome: str
-
-
-@dataclass(frozen=True, slots=True)
-class AdoptReport:
-    """Jobs adopted from the state file (tracked again) and stale ones (forgotten)."""
-
-    adopted: tuple[str, ...]
-    stale: tuple[str, ...]
-    workers: tuple[AdoptedWorker, ...]
 
 
 def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
@@ -112,9 +92,11 @@ class Supervisor:
         wall: Callable[[], datetime] = utc_now,
         logger: Logger | None = None,
         subreaper: bool = True,
+        cgroups: bool = True,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.state_file = Path(state_file)
+        self.status_dir = self.state_file.parent / "workers"
         self._base_env = clean_base_env(os.environ if base_env is None else base_env)
         self._clock = clock
         self._wall = wall
@@ -122,8 +104,11 @@ class Supervisor:
         self._jobs: dict[str, JobRuntime] = {}
         self._pending_exits: list[WorkerExit] = []
         self._dirty = False
-        # See the module docstring: orphaned grandchildren must come to us to be reaped.
+        # See the module docstring: orphans of a shim killed outright come to us.
         self.subreaper = procs.become_subreaper() if subreaper else False
+        self.cgroup_base, why = worker_cgroup_base() if cgroups else (None, "disabled")
+        base = str(self.cgroup_base) if self.cgroup_base else None
+        self._log("process-tracking", {"cgroups": base, "why_not": why or None})
 
     # --- snapshots ----------------------------------------------------------------
 
@@ -165,7 +150,7 @@ class Supervisor:
     def _start(self, action: Start) -> None:
         old = self._jobs.get(action.job)
         if old is not None and old.alive() > 0:
-            # Never two copies: the planner waits for the old groups, this is the backstop.
+            # Never two copies: the planner waits for the old trees, this is the backstop.
             self._log("start-refused", {"job": action.job, "reason": "old workers still alive"})
             return
         spec = action.spec
@@ -177,44 +162,30 @@ class Supervisor:
         job = JobRuntime(spec=spec, fingerprint=spec.fingerprint, started_at=self._clock())
         if old is not None:
             job.inherit_counters(old)
+            for worker in old.workers:
+                tree.discard(worker)
         job.count_start(action.cause)
-        job.workers = [self._spawn(spec, worker, action.cause) for worker in spec.workers]
+        job.workers = [
+            prepare_worker(worker, self.status_dir, self.cgroup_base) for worker in spec.workers
+        ]
         self._jobs[action.job] = job
-        self._dirty = True
+        self._save()  # before any fork: a restarted agent finds every shim this start makes
         for worker in job.workers:
+            self._launch(spec, worker, action.cause)
             if worker.exit_code is not None:  # could not even start: an immediate crash
                 self._pending_exits.append(self._exited(job, worker, worker.exit_code))
+        self._dirty = True
 
-    def _spawn(self, spec: DesiredJob, worker: WorkerSpec, cause: str) -> WorkerRuntime:
-        name = f"{worker.job}.log" if len(spec.workers) == 1 else f"{worker.job}.{worker.index}.log"
-        log_path = self.log_dir / name
-        header = (
-            f"--- allocator {format_time(self._wall())}: starting job {worker.job} worker "
-            f"{worker.index} ({cause}) gpus={','.join(map(str, worker.gpus))} "
-            f"device={worker.device} argv={list(worker.argv)} ---"
+    def _launch(self, spec: DesiredJob, worker: WorkerRuntime, cause: str) -> None:
+        event, fields = launch_worker(
+            spec,
+            worker,
+            cause,
+            base_env=self._base_env,
+            log_dir=self.log_dir,
+            stamp=format_time(self._wall()),
         )
-        env = {**self._base_env, **worker.env}
-        result = procs.spawn(worker.argv, env, worker.cwd, log_path, header)
-        runtime = WorkerRuntime(
-            spec=worker, pid=result.pid, start_ticks=result.start_ticks, popen=result.popen
-        )
-        if result.pid == 0:
-            runtime.exit_code = result.exit_code
-            runtime.group_gone = True
-            runtime.error = result.error
-        event = "worker-started" if result.pid else "worker-start-failed"
-        self._log(
-            event,
-            dict(
-                job=worker.job,
-                index=worker.index,
-                pid=result.pid,
-                cause=cause,
-                gpus=list(worker.gpus),
-                error=result.error or None,
-            ),
-        )
-        return runtime
+        self._log(event, fields)
 
     def _stop(self, name: str, reason: str, grace: float) -> None:
         job = self._jobs.get(name)
@@ -228,24 +199,23 @@ class Supervisor:
         for worker in job.workers:
             if worker.exit_code is None:
                 worker.stop_sent = True  # its exit is ours, not a crash
-            if not worker.group_gone:
-                procs.signal_group(worker.pgid, signal.SIGTERM)
         job.stopping, job.stop_deadline, job.stop_reason = True, deadline, reason
-        job.killed = False
-        self._dirty = True
+        job.killed, job.killed_at, job.last_kill_pass = False, None, None
+        self._save()  # recorded before the signal: a restarted agent never counts it a crash
+        for worker in job.workers:
+            if not worker.group_gone:
+                tree.stop_tree(worker, signal.SIGTERM)
         self._log("stopping", {"job": name, "reason": reason, "grace_seconds": grace})
 
     def _signal(self, action: SignalJob) -> None:
-        """Deliver the on_change signal to each worker's main process, which passes it on."""
+        """Deliver the on_change signal to each worker's main process (through its shim)."""
         job = self._jobs.get(action.job)
         if job is None:
             return
         sent = [
-            worker.pid
+            worker.shown_pid
             for worker in job.workers
-            if worker.exit_code is None
-            and procs.same_process_alive(worker.pid, worker.start_ticks)
-            and procs.signal_process(worker.pid, action.signum)
+            if worker.exit_code is None and tree.signal_main(worker, action.signum)
         ]
         self._log("signalled", {"job": action.job, "signal": action.signum, "pids": sent})
         self._accept(action.job, action.fingerprint)
@@ -268,7 +238,11 @@ class Supervisor:
     def _give_up(self, action: GiveUp) -> None:
         job = self._jobs.get(action.job)
         if job is not None and not job.gave_up:
-            job.gave_up, job.next_restart_at, job.message = True, None, action.reason
+            # Keep what the workers said (a user that does not exist, a missing command):
+            # the planner's reason only knows their exit codes.
+            errors = [w.error for w in job.workers if w.error]
+            message = "; ".join([*errors[:1], action.reason])
+            job.gave_up, job.next_restart_at, job.message = True, None, message
             self._dirty = True
             self._log("gave-up", {"job": action.job, "reason": action.reason})
 
@@ -279,19 +253,21 @@ class Supervisor:
         if job.alive() > 0:  # never lose track of live processes
             self._log("forget-refused", {"job": name, "reason": "workers still alive"})
             return
+        for worker in job.workers:
+            tree.discard(worker)
         del self._jobs[name]
         self._dirty = True
 
     # --- reaping ----------------------------------------------------------------------
 
     def tick(self) -> list[WorkerExit]:
-        """Reap exits, escalate overdue stops to SIGKILL, mark gone groups; return the exits."""
+        """Reap exits, escalate overdue stops to SIGKILL, mark gone trees; return the exits."""
         exits, self._pending_exits = self._pending_exits, []
         now = self._clock()
         for job in self._jobs.values():
             exits.extend(self._collect(job))
             if job.stopping and job.stop_deadline is not None and now >= job.stop_deadline:
-                self._kill(job)
+                self._kill(job, now)
         self._settle()
         return exits
 
@@ -300,39 +276,48 @@ class Supervisor:
         for worker in job.workers:
             if worker.group_gone:
                 continue
-            for pid, code in procs.reap_group(worker.pgid):
-                if pid == worker.pid and worker.exit_code is None:
-                    exits.append(self._exited(job, worker, code))
-            if worker.exit_code is None:
-                polled = poll_leader(worker)
-                if polled is not None:
-                    exits.append(self._exited(job, worker, polled))
-            if worker.exit_code is not None and not procs.group_alive(worker.pgid):
+            known = worker.main_pid
+            code = tree.observe(worker)
+            if worker.main_pid != known:
+                self._dirty = True  # a restarted agent should name the worker's pid too
+            if code is not None:
+                exits.append(self._exited(job, worker, code))
+            if worker.exit_code is not None and tree.finished(worker):
                 worker.group_gone = True
+                tree.settle(worker)
                 self._dirty = True
         return exits
 
     def _exited(self, job: JobRuntime, worker: WorkerRuntime, code: int) -> WorkerExit:
         worker.exit_code = code
-        if worker.popen is not None and worker.popen.returncode is None:
-            worker.popen.returncode = code  # it is reaped: Popen must never wait on the pid again
         crash = code != 0 and not worker.stop_sent and not job.stopping
         index = worker.spec.index
         message = worker.error or f"worker {index} exited with {procs.describe_exit(code)}"
         if crash:
             ran = self._clock() - job.started_at
             job.note_crash(code, message, ran)
+        elif not job.crashed:
+            job.last_exit = code  # a crash's code stays the one shown
         self._dirty = True
-        fields = dict(job=job.spec.job, index=index, pid=worker.pid, exit_code=code, crash=crash)
+        pid = worker.shown_pid
+        fields = dict(job=job.spec.job, index=index, pid=pid, exit_code=code, crash=crash)
         self._log("worker-exited", fields)
-        return WorkerExit(job.spec.job, index, worker.pid, code, crash, message)
+        return WorkerExit(job.spec.job, index, pid, code, crash, message)
 
-    def _kill(self, job: JobRuntime) -> None:
+    def _kill(self, job: JobRuntime, now: float) -> None:
+        """SIGKILL every process of the job's trees; again every pass, for forks that raced us."""
+        if job.last_kill_pass is not None and now - job.last_kill_pass < _KILL_PASS_SECONDS:
+            return
+        job.last_kill_pass = now
+        if job.killed_at is None:
+            job.killed_at = now
+        stuck = now - job.killed_at >= _SHIM_STUCK_SECONDS
         for worker in job.workers:
             if not worker.group_gone:
-                procs.signal_group(worker.pgid, signal.SIGKILL)
+                tree.kill_tree(worker, shim_too=stuck)
         if not job.killed:
             job.killed = True
+            self._dirty = True
             self._log("killed", {"job": job.spec.job, "reason": "grace period over"})
 
     def _settle(self) -> None:
@@ -341,6 +326,7 @@ class Supervisor:
         for job in self._jobs.values():
             if job.stopping and job.alive() == 0:
                 job.stopping, job.stop_deadline = False, None
+                job.stopped = not job.crashed  # its workers went because we said so
                 self._dirty = True
                 self._log("stopped", {"job": job.spec.job, "reason": job.stop_reason})
             if job.refresh_state(stamp):
@@ -393,41 +379,21 @@ class Supervisor:
             return {}
 
     def adopt(self) -> AdoptReport:
-        """After an agent restart: take over recorded workers that still run, forget the rest.
+        """After an agent restart: take over every recorded job; start nothing twice.
 
-        A recorded worker is adopted only if its pid is alive and its process
-        start time equals the recorded one (a reused pid is someone else's).
-        When the main process is gone but its group still has members, the
-        job is tracked too, so the planner stops those orphans before a
-        replacement starts. Call once, before the first ``plan()``.
+        See :func:`adoption.take_over`. A job the agent died launching is
+        stopped, so that it starts again whole. Call once, before the first ``plan()``.
         """
-        adopted: list[str] = []
-        stale: list[str] = []
-        outcomes: list[AdoptedWorker] = []
-        for name, entry in sorted(self._load().items()):
-            if name in self._jobs:
-                continue
-            try:
-                job = job_from_state(entry)
-            except (KeyError, TypeError, ValueError) as exc:
-                self._log("adopt-skipped", {"job": name, "error": f"bad state entry: {exc}"})
-                stale.append(name)
-                continue
-            outcomes.extend(
-                AdoptedWorker(name, w.spec.index, w.pid, classify_recorded(w)) for w in job.workers
-            )
-            if job.alive() > 0:
-                self._jobs[name] = job
-                adopted.append(name)
+        jobs, report = take_over(self._load(), set(self._jobs), self._log)
+        self._jobs.update(jobs)
+        sweep(self.status_dir, self.cgroup_base, self._jobs, self._log)
+        for name in report.half_started:
+            if jobs[name].alive() > 0:
+                self._stop(name, "the agent restarted while starting the job", 0.0)
             else:
-                stale.append(name)
+                jobs[name].stopped = True
         self._dirty = True
         self._settle()
-        for outcome in outcomes:  # the loop logs the job lists; this says why, per worker
-            self._log(
-                "adopt-worker",
-                dict(
-                    job=outcome.job, index=outcome.index, pid=outcome.pid, outcome=outcome.outcome
-                ),
-            )
-        return AdoptReport(tuple(adopted), tuple(stale), tuple(outcomes))
+        for outcome in report.workers:  # the loop logs the job lists; this says why, per worker
+            self._log("adopt-worker", asdict(outcome))
+        return report

@@ -199,6 +199,12 @@ def _check_jobs(jobs: dict[str, Job], r: Reader) -> None:
                 f"{path}.fallback",
                 f"unknown fallback rule {job.fallback!r} (defined: {_known(r, 'fallback')})",
             )
+        if job.allow_adhoc_command and job.user in (None, "root", "0"):
+            r.error_on(
+                f"{path}.user" if f"{path}.user" in r.lines else f"{path}.allow_adhoc_command",
+                "a job with allow_adhoc_command: true must name a non-root user: whoever can "
+                "write an assignment chooses the command it runs",
+            )
         if job.restart_backoff_max_seconds < job.restart_backoff_seconds:
             where = f"{path}.restart_backoff_max_seconds"
             if where not in r.lines:

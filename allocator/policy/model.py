@@ -103,6 +103,8 @@ class Job:
     max_restarts: int = 5
     restart_backoff_seconds: float = 1.0
     restart_backoff_max_seconds: float = 60.0
+    user: str | None = None  # run the workers as this user (name or uid); None: as the agent
+    group: str | None = None  # and this group; None: the user's primary group
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,6 +235,18 @@ JOB = Record(
             Number(minimum=0, maximum=DAY, why="a day"),
             "Cap of the crash-restart delay; at least restart_backoff_seconds.",
         ),
+        Field(
+            "user",
+            Str(),
+            "User the workers run as (a name or uid from the host's user database, with its "
+            "supplementary groups); the agent must run as root to switch. Unset: the agent's "
+            "own user. Required, and not root, when allow_adhoc_command is true.",
+        ),
+        Field(
+            "group",
+            Str(),
+            "Group the workers run as (a name or gid). Unset: the user's primary group.",
+        ),
     ),
     description="A job the agent may run; its command comes from here, never from a request.",
 )

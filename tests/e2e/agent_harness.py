@@ -18,6 +18,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from allocator.agent.launch import SHIM
 from allocator.keys import KeyLayout
 from allocator.records import WorkerRecord
 from allocator.store import open_store
@@ -156,8 +157,8 @@ class AgentHarness:
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
-        # Every worker's command line names a file in this test's directory.
-        for pid in processes_running(str(self.workdir)):
+        # Every worker's (and shim's) command line names a file in this test's directory.
+        for pid in processes_running(str(self.workdir), shims=True):
             with suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -236,12 +237,14 @@ class AgentHarness:
         return self.log_path.read_text() if self.log_path.exists() else ""
 
 
-def processes_running(marker: str) -> Iterator[int]:
-    """PIDs of live processes whose command line contains ``marker``."""
+def processes_running(marker: str, *, shims: bool = False) -> Iterator[int]:
+    """PIDs of live processes whose command line contains ``marker`` (workers' shims aside)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         with suppress(OSError):
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if not shims and str(SHIM) in cmdline:
+                continue
             if marker in cmdline and pid_alive(int(entry.name)):
                 yield int(entry.name)

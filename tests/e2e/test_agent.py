@@ -39,7 +39,7 @@ def test_set_starts_a_worker_with_its_gpus_in_order(world: AgentHarness) -> None
     assert env["NVIDIA_VISIBLE_DEVICES"] == env["CUDA_VISIBLE_DEVICES"]
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["ALLOCATOR_GPUS"] == "3,1" and env["ALLOCATOR_DEVICE"] == "cuda"
-    assert report["sid"] == report["pid"]  # its own session and process group
+    assert report["sid"] == report["pgid"] == report["ppid"]  # its shim's own session and group
     record = wait_for("a running worker record", lambda: _running(world, "train"))
     assert record.pids == (report["pid"],) and record.gpus == (3, 1)
     log = (world.workdir / "agent" / "logs" / "train.log").read_text()

@@ -16,6 +16,12 @@ log capture can be checked. Then it does what its options say:
   report to ``<out>.child``; the parent's report names it as ``child_pid``
   and is only written once the child's report exists, so a test that sees
   the parent's report knows both have their signal handling in place;
+* ``--stubborn-child``: with ``--spawn-child``, only the child ignores SIGTERM;
+* ``--setsid-child``: with ``--spawn-child``, the child leaves the worker's
+  session and process group (``os.setsid()``, as torchrun's ranks and
+  daemonising helpers do) before it reports; its report gives its ``sid``;
+* ``--exit-on-usr2``: SIGUSR2 makes it exit with ``--exit-code`` (a worker
+  that ends on cue, e.g. while no agent is running);
 * ``--lock PATH``: before anything else take an exclusive ``flock`` on PATH,
   waiting for it if need be, and report ``lock_acquired_at_once``. The
   child inherits the locked descriptor, so the lock is free only once the
@@ -73,11 +79,15 @@ def _take_lock(path: Path) -> tuple[int, bool]:
     return fd, True
 
 
-def _spawn_child(out: Path, ignore_sigterm: bool, keep_fds: tuple[int, ...]) -> int:
+def _spawn_child(
+    out: Path, ignore_sigterm: bool, keep_fds: tuple[int, ...], setsid: bool = False
+) -> int:
     child_out = out.with_name(out.name + ".child")
     argv = [sys.executable, os.path.abspath(__file__), "--out", str(child_out)]
     if ignore_sigterm:
         argv.append("--ignore-sigterm")
+    if setsid:
+        argv.append("--setsid")
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=keep_fds)
     deadline = time.monotonic() + _CHILD_WAIT_SECONDS
     while not child_out.exists():
@@ -94,6 +104,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--exit-after", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--spawn-child", action="store_true")
+    parser.add_argument("--setsid-child", action="store_true")
+    parser.add_argument("--stubborn-child", action="store_true")
+    parser.add_argument("--setsid", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--exit-on-usr2", action="store_true")
     parser.add_argument("--crash", action="store_true")
     parser.add_argument("--lock", help="hold an exclusive flock on this file while running")
     return parser.parse_args(argv)
@@ -108,16 +122,29 @@ def main(argv: list[str]) -> int:
     rank = os.environ.get("LOCAL_RANK", "0")
     suffix = "" if rank == "0" else f".rank{rank}"
     out = Path(out_name + suffix)
+    if args.setsid:
+        os.setsid()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.exit_on_usr2:
+        code = int(args.exit_code)
+        signal.signal(signal.SIGUSR2, lambda _signum, _frame: os._exit(code))
     lock_fd, at_once = _take_lock(Path(args.lock + suffix)) if args.lock else (None, None)
     keep = (lock_fd,) if lock_fd is not None else ()
-    child_pid = _spawn_child(out, args.ignore_sigterm, keep) if args.spawn_child else None
+    child_pid = (
+        _spawn_child(out, args.ignore_sigterm or args.stubborn_child, keep, args.setsid_child)
+        if args.spawn_child
+        else None
+    )
     pid = os.getpid()
     report = {
         "pid": pid,
         "pgid": os.getpgid(0),
         "sid": os.getsid(0),
+        "ppid": os.getppid(),
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": sorted(os.getgroups()),
         "start_ticks": _start_ticks(pid),
         "argv": sys.argv,
         "cwd": os.getcwd(),

@@ -1,24 +1,21 @@
-"""The supervisor against real processes: environment, stops, exits, crashes, adoption.
+"""The supervisor against real processes: environment, stops, exits, crashes.
 
-Every worker is ``tests/support/dummy_worker.py`` run with this interpreter;
-it writes a JSON report (pid, start time, environment) and then behaves as
-its options say. Nothing here sleeps for a fixed time: tests poll for a
-condition with a deadline. Stop escalation follows an injected clock, so
-"the grace period is over" is a clock step, not a wait.
+Every worker is ``tests/support/dummy_worker.py`` under its shim; see
+:mod:`tests.support.supervision` for the harness. Adoption after an agent
+restart is in ``test_agent_adoption.py``, process trees in ``test_agent_tree.py``.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,196 +25,23 @@ from allocator.agent import procs
 from allocator.agent.model import (
     Accept,
     DesiredJob,
-    Device,
     Forget,
     GiveUp,
     ScheduleRestart,
     SignalJob,
     Start,
+    StartCause,
     Stop,
-    WorkerSpec,
 )
 from allocator.agent.reconcile import plan
 from allocator.agent.runtime import STABLE_RUN_SECONDS
-from allocator.agent.supervisor import Supervisor, WorkerExit, clean_base_env
-from tests.support.clock import FakeClock
-from tests.support.waiting import wait_for
+from allocator.agent.supervisor import clean_base_env
+from tests.support import supervision
+from tests.support.supervision import AGENT_ENV, DUMMY, Harness, alive, job_spec, poll
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
-
-DUMMY = str(Path(__file__).resolve().parents[1] / "support" / "dummy_worker.py")
-REPO = Path(__file__).resolve().parents[2]
-POLL = 0.01
-DEADLINE = 20.0
-AGENT_ENV = {
-    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-    "HOME": os.environ.get("HOME", "/"),
-    "CUDA_VISIBLE_DEVICES": "7",
-    "NVIDIA_VISIBLE_DEVICES": "7",
-    "CUDA_DEVICE_ORDER": "FASTEST_FIRST",
-    "ALLOCATOR_STORE": "sqlite:///agent-only.db",
-    "AGENT_SIDE_VARIABLE": "kept",
-}
-
-
-def poll(predicate: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
-    """Return the first truthy value of ``predicate()``, polling until a deadline."""
-    return wait_for(what, predicate, timeout, every=POLL)
-
-
-@dataclass
-class Harness:
-    """A supervisor with a fake clock, its log events, and every exit it reported."""
-
-    tmp: Path
-    clock: FakeClock
-    sup: Supervisor
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    exits: list[WorkerExit] = field(default_factory=list)
-
-    def tick(self) -> None:
-        self.exits.extend(self.sup.tick())
-
-    def until(self, predicate: Callable[[], Any], what: str) -> Any:
-        """Tick until ``predicate()`` holds (or fail at the deadline)."""
-
-        def step() -> Any:
-            self.tick()
-            return predicate()
-
-        return poll(step, what)
-
-    def report(self, job: str, index: int = 0, suffix: str = "") -> dict[str, Any] | None:
-        path = self.tmp / "reports" / f"{job}.{index}.json{suffix}"
-        try:
-            data: dict[str, Any] = json.loads(path.read_text())
-        except FileNotFoundError:
-            return None
-        return data
-
-    def wait_report(
-        self, job: str, index: int = 0, *, not_pid: int | None = None
-    ) -> dict[str, Any]:
-        """The worker's report once it is written (by a worker other than ``not_pid``)."""
-
-        def fresh() -> dict[str, Any] | None:
-            data = self.report(job, index)
-            return data if data is not None and data["pid"] != not_pid else None
-
-        return dict(self.until(fresh, f"report of {job}[{index}]"))
-
-    def event_names(self) -> list[str]:
-        return [name for name, _ in self.events]
-
-
-def job_spec(
-    tmp: Path,
-    name: str = "train",
-    *,
-    args: tuple[str, ...] = (),
-    worker_args: tuple[tuple[str, ...], ...] = (),
-    gpus: tuple[int, ...] = (0,),
-    device: Device = "cuda",
-    env: dict[str, str] | None = None,
-    on_change: str = "restart",
-    grace: float = 0.5,
-    max_restarts: int = 3,
-    per_gpu: bool = False,
-    cwd: str | None = None,
-    argv: tuple[str, ...] | None = None,
-) -> DesiredJob:
-    """A desired job running the dummy worker (one worker, or one per GPU)."""
-    count = len(gpus) if per_gpu else 1
-    workers = []
-    for index in range(count):
-        out = tmp / "reports" / f"{name}.{index}.json"
-        extra = worker_args[index] if worker_args else ()
-        command = argv or (sys.executable, DUMMY, "--out", str(out), *args, *extra)
-        seen = (gpus[index],) if per_gpu else gpus
-        worker_env = {
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, seen)) if device == "cuda" else "",
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "ALLOCATOR_JOB": name,
-            "ALLOCATOR_DEVICE": device,
-            **(env or {}),
-        }
-        workers.append(WorkerSpec(name, index, command, worker_env, cwd, seen, device))
-    digest = hashlib.sha256(
-        repr([(w.argv, sorted(w.env.items()), w.cwd) for w in workers]).encode()
-    ).hexdigest()
-    return DesiredJob(
-        job=name,
-        state="run",
-        workers=tuple(workers),
-        fingerprint=digest,
-        on_change=on_change,
-        grace_seconds=grace,
-        max_restarts=max_restarts,
-        backoff_base=1.0,
-        backoff_max=30.0,
-        gpus=gpus,
-        device=device,
-        fallback_reason=None,
-        message="",
-        assignment_revision=1,
-    )
-
-
-def _alive(pid: int) -> bool:
-    stat = procs.read_stat(pid)
-    return stat is not None and stat.state != "Z"
-
-
-def _kill_reported(tmp: Path) -> None:
-    """Last line of defence: SIGKILL every dummy process a test left behind, then reap."""
-    groups: list[int] = []
-    for path in (tmp / "reports").glob("*.json*"):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if procs.same_process_alive(data["pid"], data["start_ticks"]):
-            procs.signal_process(data["pid"], signal.SIGKILL)
-            groups.append(data["pgid"])
-    deadline = time.monotonic() + 10
-    while groups and time.monotonic() < deadline:
-        for pgid in groups:
-            procs.reap_group(pgid)
-        groups = [g for g in groups if procs.group_alive(g)]
-        time.sleep(POLL)
-
-
-@pytest.fixture
-def make_harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
-    """Build harnesses on this test's directory; stop and kill everything afterwards."""
-    made: list[Harness] = []
-
-    def build(real_clock: bool = False, **kwargs: Any) -> Harness:
-        clock = FakeClock()
-        events: list[tuple[str, dict[str, Any]]] = []
-        sup = Supervisor(
-            tmp_path / "logs",
-            tmp_path / "state.json",
-            base_env=kwargs.pop("base_env", AGENT_ENV),
-            clock=time.monotonic if real_clock else clock,
-            logger=lambda name, fields: events.append((name, dict(fields))),
-            **kwargs,
-        )
-        harness = Harness(tmp_path, clock, sup, events)
-        made.append(harness)
-        return harness
-
-    try:
-        yield build
-    finally:
-        for harness in made:
-            harness.sup.stop_all(grace=0)
-        _kill_reported(tmp_path)
-
-
-@pytest.fixture
-def h(make_harness: Callable[..., Harness]) -> Harness:
-    return make_harness()
+make_harness = supervision.make_harness
+h = supervision.h
 
 
 # --- environment and start -------------------------------------------------------------
@@ -236,16 +60,31 @@ def test_worker_starts_with_the_specs_environment_in_its_own_session(h: Harness)
     assert "NVIDIA_VISIBLE_DEVICES" not in env
     assert "ALLOCATOR_STORE" not in env
     assert report["cwd"] == str(h.tmp)
-    assert report["pgid"] == report["sid"] == report["pid"]
+    # Its shim leads a session and process group of their own; the worker is its child.
+    shim = report["ppid"]
+    assert report["pgid"] == report["sid"] == shim != os.getpid()
+    assert procs.read_stat(shim).session == shim  # type: ignore[union-attr]
     view = h.sup.views()["train"]
     assert (view.alive, view.exit_codes, view.stopping) == (1, (None,), False)
     assert (view.fingerprint, view.gpus, view.device) == (spec.fingerprint, (2, 3), "cuda")
+    assert h.pids("train") == [report["pid"]]  # the worker's own pid, not its shim's
     record = h.sup.records()["train"]
-    assert record["pids"] == [report["pid"]]
     assert record["state"] == "running"
     assert record["gpus"] == [2, 3]
     assert len(record["start_times"]) == 1
     assert abs(record["start_times"][0] - time.time()) < 3600
+
+
+def test_the_shim_runs_with_none_of_the_workers_environment(h: Harness) -> None:
+    """The shim may be root for a worker that is not: a job's LD_* must never reach it."""
+    libs = str(h.tmp / "libs")
+    h.sup.apply(Start("train", job_spec(h.tmp, env={"LD_LIBRARY_PATH": libs}), "new"))
+    report = h.wait_report("train")
+    assert report["env"]["LD_LIBRARY_PATH"] == libs
+    assert report["env"]["AGENT_SIDE_VARIABLE"] == "kept"
+    shim_env = Path(f"/proc/{report['ppid']}/environ").read_bytes().split(b"\0")
+    leaked = [v for v in shim_env if libs.encode() in v or v.startswith((b"AGENT_", b"ALLOC"))]
+    assert leaked == []
 
 
 def test_cpu_worker_sees_no_gpu_even_though_the_agent_has_one(h: Harness) -> None:
@@ -320,7 +159,7 @@ def test_stop_terminates_the_group_and_is_not_a_crash(h: Harness) -> None:
     h.sup.apply(Stop("train", "assignment released", 5.0))
     assert h.sup.views()["train"].stopping
     h.until(lambda: h.sup.views()["train"].alive == 0, "group gone")
-    assert not _alive(report["pid"]) and not _alive(report["child_pid"])
+    assert not alive(report["pid"]) and not alive(report["child_pid"])
     view = h.sup.views()["train"]
     assert view.exit_codes == (128 + signal.SIGTERM,)
     assert not view.stopping
@@ -336,11 +175,11 @@ def test_stop_escalates_to_sigkill_for_a_group_that_ignores_sigterm(h: Harness) 
     h.sup.apply(Stop("train", "assignment changed", 0.5))
     for _ in range(5):  # within the grace period nothing is killed: both ignore SIGTERM
         h.tick()
-    assert _alive(report["pid"]) and _alive(report["child_pid"])
+    assert alive(report["pid"]) and alive(report["child_pid"])
     assert h.sup.views()["train"].alive == 1
     h.clock.advance(0.6)
     h.until(lambda: h.sup.views()["train"].alive == 0, "group killed")
-    assert not _alive(report["pid"]) and not _alive(report["child_pid"])
+    assert not alive(report["pid"]) and not alive(report["child_pid"])
     assert h.sup.views()["train"].exit_codes == (128 + signal.SIGKILL,)
     assert "killed" in h.event_names()
     assert not any(e.crash for e in h.exits)
@@ -392,7 +231,7 @@ def test_plan_and_supervisor_move_a_job_to_another_gpu(h: Harness) -> None:
     assert second["env"]["CUDA_VISIBLE_DEVICES"] == "1"
     assert first["lock_acquired_at_once"] is True
     assert second["lock_acquired_at_once"] is True  # nothing of the old worker held it
-    assert not _alive(first["pid"]) and not _alive(first["child_pid"])
+    assert not alive(first["pid"]) and not alive(first["child_pid"])
     names = h.event_names()
     stopped_at = names.index("stopped")
     started = [i for i, name in enumerate(names) if name == "worker-started"]
@@ -401,17 +240,21 @@ def test_plan_and_supervisor_move_a_job_to_another_gpu(h: Harness) -> None:
 
 
 def test_the_dummy_workers_lock_exposes_overlapping_workers(h: Harness) -> None:
-    """The lock check above can fail: a worker started beside a live one reports it."""
-    lock = ("--lock", str(h.tmp / "shared.lock"))
-    h.sup.apply(Start("a", job_spec(h.tmp, "a", args=(*lock, "--spawn-child")), "new"))
-    first = h.wait_report("a")
-    os.kill(first["pid"], signal.SIGKILL)  # its child lives on and still holds the lock
-    h.sup.apply(Start("b", job_spec(h.tmp, "b", args=lock), "new"))
-    waiter = h.sup.records()["b"]["pids"][0]
-    poll(lambda: _waits_for_a_lock(waiter), "the second worker to block on the lock")
-    assert h.report("b") is None
-    os.kill(first["child_pid"], signal.SIGKILL)
-    assert h.wait_report("b")["lock_acquired_at_once"] is False
+    """The lock check above can fail: a worker started beside a live holder reports it."""
+    lock = str(h.tmp / "shared.lock")
+    out = h.tmp / "reports" / "holder.json"
+    holder = subprocess.Popen([sys.executable, DUMMY, "--out", str(out), "--lock", lock])
+    try:
+        poll(out.exists, "the holder to take the lock")
+        h.sup.apply(Start("b", job_spec(h.tmp, "b", args=("--lock", lock)), "new"))
+        waiter = h.pids("b")[0]
+        poll(lambda: _waits_for_a_lock(waiter), "the second worker to block on the lock")
+        assert h.report("b") is None
+        holder.kill()
+        assert h.wait_report("b")["lock_acquired_at_once"] is False
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def _waits_for_a_lock(pid: int) -> bool:
@@ -430,7 +273,7 @@ def test_stop_all_stops_every_job_and_waits_until_all_are_gone(
     reports = [h.wait_report("a"), h.wait_report("b")]
     h.sup.stop_all(grace=0.2)
     pids = [pid for r in reports for pid in (r["pid"], r["child_pid"])]
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
     assert {name: view.alive for name, view in h.sup.views().items()} == {"a": 0, "b": 0}
     assert h.sup.views()["b"].exit_codes == (137,)
     assert "stop-incomplete" not in h.event_names()
@@ -472,8 +315,8 @@ def test_a_crashed_worker_stops_its_siblings_without_counting_them_as_crashes(h:
     spec = job_spec(h.tmp, gpus=(0, 1), per_gpu=True, worker_args=worker_args)
     h.sup.apply(Start("train", spec, "new"))
     h.wait_report("train", 1)
-    h.until(lambda: h.sup.views()["train"].exit_codes[0] == 3, "rank 0 crash")
-    assert h.sup.views()["train"].alive == 1
+    view = h.sup.views
+    h.until(lambda: view()["train"].exit_codes[0] == 3 and view()["train"].alive == 1, "crash")
     h.sup.apply(Stop("train", "worker crashed", 0.5))
     h.until(lambda: h.sup.views()["train"].alive == 0, "rank 1 stopped")
     assert h.sup.views()["train"].exit_codes == (3, 143)
@@ -493,7 +336,7 @@ def test_a_worker_that_cannot_start_is_an_immediate_crash(
     h: Harness, argv: tuple[str, ...], cwd: str | None, code: int, words: str
 ) -> None:
     h.sup.apply(Start("train", job_spec(h.tmp, argv=argv, cwd=cwd), "new"))  # never raises
-    h.tick()
+    h.until(lambda: h.sup.views()["train"].alive == 0, "the failed start to be over")
     assert [(e.exit_code, e.crash) for e in h.exits] == [(code, True)]
     assert words in h.exits[0].message
     view = h.sup.views()["train"]
@@ -502,16 +345,20 @@ def test_a_worker_that_cannot_start_is_an_immediate_crash(
     assert words in (h.tmp / "logs" / "train.log").read_text()
 
 
+def _start_and_fail(h: Harness, spec: DesiredJob, cause: StartCause) -> None:
+    h.sup.apply(Start(spec.job, spec, cause))
+    h.until(lambda: h.sup.views()[spec.job].alive == 0, "the failed start to be over")
+
+
 def test_crash_restarts_are_counted_apart_from_change_restarts(h: Harness) -> None:
     crashing = job_spec(h.tmp, argv=("/nonexistent/worker-binary",), max_restarts=2)
-    h.sup.apply(Start("train", crashing, "new"))
-    h.tick()
+    _start_and_fail(h, crashing, "new")
     h.sup.apply(ScheduleRestart("train", h.clock() + 1.0))
     view = h.sup.views()["train"]
     assert view.next_restart_at == h.clock() + 1.0
     assert h.sup.records()["train"]["state"] == "backoff"
-    h.sup.apply(Start("train", crashing, "crash"))
-    h.sup.apply(Start("train", crashing, "crash"))
+    _start_and_fail(h, crashing, "crash")
+    _start_and_fail(h, crashing, "crash")
     view = h.sup.views()["train"]
     assert (view.crash_restarts, view.change_restarts, view.next_restart_at) == (2, 0, None)
     h.sup.apply(GiveUp("train", "crash loop"))
@@ -527,8 +374,8 @@ def test_crash_restarts_are_counted_apart_from_change_restarts(h: Harness) -> No
 
 def test_a_crash_after_a_long_stable_run_starts_the_crash_count_again(h: Harness) -> None:
     failing = job_spec(h.tmp, argv=("/nonexistent/worker-binary",))
-    h.sup.apply(Start("train", failing, "new"))
-    h.sup.apply(Start("train", failing, "crash"))
+    _start_and_fail(h, failing, "new")
+    _start_and_fail(h, failing, "crash")
     h.sup.apply(Start("train", job_spec(h.tmp), "crash"))
     os.kill(h.wait_report("train")["pid"], signal.SIGKILL)  # a quick crash: still a loop
     h.until(lambda: h.sup.views()["train"].alive == 0, "quick crash")
@@ -565,207 +412,6 @@ def test_forget_drops_only_jobs_without_live_workers(h: Harness) -> None:
     assert json.loads((h.tmp / "state.json").read_text())["jobs"] == {}
 
 
-# --- state file and adoption ------------------------------------------------------------------
-
-_HELPER = """
-import json, signal, sys
-from pathlib import Path
-from allocator.agent.model import DesiredJob, Start, WorkerSpec
-from allocator.agent.supervisor import Supervisor
-
-cfg = json.loads(Path(sys.argv[1]).read_text())
-workers = tuple(
-    WorkerSpec(cfg["job"], i, tuple(argv), cfg["env"], None, (i,), "cuda")
-    for i, argv in enumerate(cfg["argvs"])
-)
-spec = DesiredJob(
-    job=cfg["job"], state="run", workers=workers, fingerprint=cfg["fingerprint"],
-    on_change="restart", grace_seconds=0.5, max_restarts=3, backoff_base=1.0,
-    backoff_max=30.0, gpus=tuple(range(len(workers))), device="cuda",
-    fallback_reason=None, message="", assignment_revision=1,
-)
-sup = Supervisor(Path(cfg["logs"]), Path(cfg["state"]))
-sup.apply(Start(cfg["job"], spec, "new"))
-print("ready", flush=True)
-signal.pause()  # never ticks again: exits of its workers stay unreaped while it lives
-"""
-
-
-@dataclass
-class OtherAgent:
-    """A supervisor in another process, as an agent that is about to be killed."""
-
-    proc: subprocess.Popen[str]
-
-    def kill_9(self) -> None:
-        self.proc.kill()
-        self.proc.wait(timeout=DEADLINE)
-
-
-@pytest.fixture
-def other_agent(tmp_path: Path) -> Iterator[Callable[..., OtherAgent]]:
-    """Start a job from a supervisor running in its own process (killed at teardown)."""
-    started: list[subprocess.Popen[str]] = []
-
-    def start(job: str, worker_args: list[list[str]]) -> OtherAgent:
-        argvs = [
-            [sys.executable, DUMMY, "--out", str(tmp_path / "reports" / f"{job}.{i}.json"), *a]
-            for i, a in enumerate(worker_args)
-        ]
-        cfg = {
-            "job": job,
-            "argvs": argvs,
-            "env": {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"},
-            "fingerprint": f"fp-{job}",
-            "logs": str(tmp_path / "logs"),
-            "state": str(tmp_path / "state.json"),
-        }
-        cfg_path = tmp_path / f"{job}.agent.json"
-        cfg_path.write_text(json.dumps(cfg))
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _HELPER, str(cfg_path)],
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        started.append(proc)
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-        return OtherAgent(proc)
-
-    try:
-        yield start
-    finally:
-        for proc in started:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=DEADLINE)
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-
-def _processes_running(out_path: Path) -> list[int]:
-    """Pids of live processes whose command line names ``out_path``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(out_path).encode() in cmdline and _alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
-
-
-def test_adopt_after_kill_9_takes_over_live_workers_without_duplicates(
-    h: Harness, other_agent: Callable[..., OtherAgent]
-) -> None:
-    agent = other_agent("train", [[], []])
-    reports = [h.wait_report("train", 0), h.wait_report("train", 1)]
-    agent.kill_9()  # h's supervisor already made this process the subreaper for orphans
-    report = h.sup.adopt()
-    assert report.adopted == ("train",) and report.stale == ()
-    assert [w.outcome for w in report.workers] == ["adopted", "adopted"]
-    view = h.sup.views()["train"]
-    assert (view.fingerprint, view.alive, view.exit_codes) == ("fp-train", 2, (None, None))
-    assert h.sup.records()["train"]["pids"] == [r["pid"] for r in reports]
-    h.sup.apply(Start("train", job_spec(h.tmp), "new"))  # a duplicate start is refused
-    assert "start-refused" in h.event_names()
-    for index in (0, 1):
-        out = h.tmp / "reports" / f"train.{index}.json"
-        assert _processes_running(out) == [reports[index]["pid"]]
-    h.sup.stop_all(grace=5.0)
-    assert not any(_alive(r["pid"]) for r in reports)
-    assert h.sup.views()["train"].exit_codes == (143, 143)
-
-
-def test_adopted_worker_that_is_not_our_child_is_watched_by_polling(
-    h: Harness, other_agent: Callable[..., OtherAgent]
-) -> None:
-    agent = other_agent("train", [[]])
-    pid = h.wait_report("train")["pid"]
-    assert h.sup.adopt().adopted == ("train",)  # the other agent still lives and is its parent
-    os.kill(pid, signal.SIGKILL)
-    h.until(lambda: h.sup.views()["train"].exit_codes[0] is not None, "exit seen by polling")
-    assert h.sup.views()["train"].exit_codes == (137,)  # read from the zombie's /proc entry
-    assert h.sup.views()["train"].alive == 1  # the unreaped zombie still holds the group
-    assert [e.crash for e in h.exits] == [True]
-    agent.kill_9()  # now the zombie comes to us (subreaper) and is reaped
-    h.until(lambda: h.sup.views()["train"].alive == 0, "group gone")
-
-
-def test_adopt_refuses_a_pid_whose_start_time_does_not_match(
-    h: Harness, other_agent: Callable[..., OtherAgent]
-) -> None:
-    agent = other_agent("train", [[]])
-    pid = h.wait_report("train")["pid"]
-    agent.kill_9()
-    state_path = h.tmp / "state.json"
-    state = json.loads(state_path.read_text())
-    state["jobs"]["train"]["workers"][0]["start_ticks"] += 1  # as if the pid were reused
-    state_path.write_text(json.dumps(state))
-    report = h.sup.adopt()
-    assert report.adopted == () and report.stale == ("train",)
-    assert [w.outcome for w in report.workers] == ["reused"]
-    assert h.sup.views() == {}
-    assert _alive(pid)  # someone else's process now: left alone (teardown kills it)
-    assert json.loads(state_path.read_text())["jobs"] == {}
-
-
-def test_adopt_tracks_orphans_of_a_dead_worker_so_they_get_stopped(
-    h: Harness, other_agent: Callable[..., OtherAgent]
-) -> None:
-    agent = other_agent("train", [["--spawn-child"]])
-    report = h.wait_report("train")
-    agent.kill_9()
-    os.kill(report["pid"], signal.SIGKILL)  # the main process dies, its child lives on
-    os.waitpid(report["pid"], 0)  # orphaned to us by the kill above; init would reap it
-    adopted = h.sup.adopt()
-    assert [w.outcome for w in adopted.workers] == ["orphans"]
-    view = h.sup.views()["train"]
-    assert (view.alive, view.exit_codes) == (1, (procs.UNKNOWN_EXIT,))
-    h.sup.apply(Stop("train", "worker crashed", 0.5))
-    h.until(lambda: h.sup.views()["train"].alive == 0, "orphans stopped")
-    assert not _alive(report["child_pid"])
-
-
-def test_adopt_forgets_dead_workers_and_survives_a_bad_state_file(h: Harness) -> None:
-    state_path = h.tmp / "state.json"
-    state_path.write_text("{not json")
-    assert h.sup.adopt().adopted == ()
-    assert "state-unreadable" in h.event_names()
-    h.sup.apply(Start("train", job_spec(h.tmp, args=("--exit-after", "0")), "new"))
-    h.until(lambda: h.sup.views()["train"].alive == 0, "worker exit")
-    state = json.loads(state_path.read_text())
-    state["jobs"]["broken"] = {"spec": {}}
-    state_path.write_text(json.dumps(state))
-    report = make_second_supervisor(h).adopt()
-    assert report.adopted == () and sorted(report.stale) == ["broken", "train"]
-
-
-def make_second_supervisor(h: Harness) -> Supervisor:
-    return Supervisor(
-        h.tmp / "logs", h.tmp / "state.json", base_env=AGENT_ENV, clock=h.clock, logger=_quiet
-    )
-
-
-def _quiet(name: str, fields: dict[str, Any]) -> None:
-    """A logger that drops everything."""
-
-
-def test_state_file_is_private_and_names_pids_and_start_times(h: Harness) -> None:
-    h.sup.apply(Start("train", job_spec(h.tmp, gpus=(1,)), "new"))
-    report = h.wait_report("train")
-    path = h.tmp / "state.json"
-    assert path.stat().st_mode & 0o777 == 0o600
-    worker = json.loads(path.read_text())["jobs"]["train"]["workers"][0]
-    assert (worker["pid"], worker["pgid"]) == (report["pid"], report["pid"])
-    assert worker["start_ticks"] == report["start_ticks"]
-    assert worker["env"]["CUDA_VISIBLE_DEVICES"] == "1"
-
-
 # --- low-level helpers -------------------------------------------------------------------------
 
 
@@ -781,3 +427,43 @@ def test_exit_codes_follow_the_shell_convention() -> None:
     assert procs.exit_code_of(signal.SIGKILL) == 137
     assert procs.describe_exit(143) == "143 (SIGTERM)"
     assert procs.describe_exit(procs.UNKNOWN_EXIT) == "unknown exit status"
+
+
+# --- a stop the agent ordered is never a crash --------------------------------------------
+
+
+@pytest.mark.parametrize("meanwhile", ["released", "gpu-wait"])
+def test_a_job_stopped_and_wanted_again_within_its_grace_restarts_without_a_crash(
+    h: Harness, meanwhile: str
+) -> None:
+    """Released and set again (or a ``wait`` GPU back) during the grace: no crash counted."""
+    spec = job_spec(h.tmp, args=("--ignore-sigterm",), grace=5.0, max_restarts=0)
+    interim: dict[str, DesiredJob] = (
+        {} if meanwhile == "released" else {"train": replace(spec, state="wait", workers=())}
+    )
+    seen: list[object] = []
+
+    def reconcile(desired: dict[str, DesiredJob]) -> None:
+        h.tick()
+        for action in plan(desired, h.sup.views(), h.clock()):
+            seen.append(action)
+            h.sup.apply(action)
+
+    reconcile({"train": spec})
+    first = h.wait_report("train")
+    reconcile(interim)  # SIGTERM, which the worker ignores
+    assert h.sup.views()["train"].stopping
+    reconcile({"train": spec})  # wanted again while the stop is under way
+    h.clock.advance(5.1)  # the grace is over: SIGKILL
+
+    def restarted() -> dict[str, Any] | None:
+        reconcile({"train": spec})
+        report = h.report("train")
+        return report if report is not None and report["pid"] != first["pid"] else None
+
+    poll(restarted, "the job to start again")
+    view = h.sup.views()["train"]
+    assert (view.crash_restarts, view.change_restarts, view.gave_up) == (0, 1, False)
+    assert not [a for a in seen if isinstance(a, GiveUp | ScheduleRestart)]
+    assert [getattr(a, "cause", None) for a in seen if isinstance(a, Start)] == ["new", "change"]
+    assert [(e.exit_code, e.crash) for e in h.exits] == [(137, False)]

@@ -54,7 +54,29 @@ def test_systemd_unit_runs_the_agent_and_reloads_with_sighup() -> None:
     service = unit["Service"]
     assert "allocator agent" in service["ExecStart"]
     assert "-HUP" in service["ExecReload"]
-    assert service["KillMode"] == "mixed"  # SIGTERM to the agent only: it stops workers itself
+
+
+def test_systemd_unit_leaves_workers_to_be_adopted_when_the_agent_dies() -> None:
+    """Only the agent is signalled: its workers outlive it, in cgroups it may create."""
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(REPO / "config" / "allocator-agent.service")
+    service = unit["Service"]
+    assert service["KillMode"] == "process"  # mixed/control-group would kill every worker
+    assert service["Delegate"] == "yes"
+    assert service["Restart"] == "always"
+
+
+def test_systemd_unit_passes_systemds_own_check(tmp_path: Path) -> None:
+    verify = shutil.which("systemd-analyze")
+    if verify is None:
+        pytest.skip("systemd-analyze is not installed")
+    text = (REPO / "config" / "allocator-agent.service").read_text()
+    unit = tmp_path / "allocator-agent.service"
+    unit.write_text(text.replace("/usr/local/bin/allocator", "/bin/true"))  # not installed here
+    result = subprocess.run(
+        [verify, "verify", str(unit)], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
 def test_systemd_unit_notices_a_hung_agent() -> None:

@@ -180,6 +180,8 @@ JOB = record(
         "grace_seconds": st.floats(0, 100),
         "fallback": NAMES,
         "allow_adhoc_command": st.booleans(),
+        "user": st.sampled_from(["nobody", "root", "0", "", 1000]),
+        "group": st.sampled_from(["nogroup", "", 5]),
         "max_restarts": st.integers(0, 9),
         "restart_backoff_seconds": st.floats(0, 100),
         "restart_backoff_max_seconds": st.floats(0, 100),
@@ -342,6 +344,8 @@ def valid_jobs(draw: st.DrawFn, rules: list[str]) -> dict[str, Any]:
             {"command": st.lists(TEXT.filter(bool), min_size=1, max_size=4)}, optional=optional
         )
     )
+    if job.get("allow_adhoc_command"):  # whoever writes an assignment picks the command
+        job["user"] = draw(st.sampled_from(["nobody", "trainer", "1000"]))
     return job
 
 
