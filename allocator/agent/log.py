@@ -1,4 +1,9 @@
-"""One structured line per agent decision, as text (key=value) or JSON."""
+"""One structured line per agent decision, as text (key=value) or JSON.
+
+Every field passes through :func:`allocator.secrets.redact` before it is
+formatted, so no log line can carry a store password or token, whichever
+call site logs a URL or an error message that quotes one.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any, TextIO
 
 from allocator.agent.model import Action, GiveUp, Start, Stop
 from allocator.identity import format_time, utc_now
+from allocator.secrets import redact
 
 __all__ = ["DecisionLog", "action_fields", "action_name", "as_fields"]
 
@@ -45,7 +51,7 @@ class DecisionLog:
             "ts": format_time(self._wall()),
             "host": self.host,
             "event": event,
-            **(fields or {}),
+            **{str(k): _redacted(v) for k, v in (fields or {}).items()},
         }
         if self.fmt == "json":
             line = json.dumps(record, sort_keys=False, default=str)
@@ -53,6 +59,19 @@ class DecisionLog:
             line = " ".join(f"{k}={_text_value(v)}" for k, v in record.items() if v is not None)
         self._stream.write(line + "\n")
         self._stream.flush()
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with secrets masked in every string it holds (numbers pass unchanged)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {str(k): _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_redacted(v) for v in value]
+    return redact(str(value))
 
 
 def as_fields(obj: Any) -> dict[str, Any]:
