@@ -31,13 +31,19 @@ def register(commands: Any) -> None:
     diff.add_argument("file")
     diff.add_argument("--exit-code", action="store_true", help="exit 3 when the file differs")
     diff.set_defaults(handler=run_diff)
-    apply = sub.add_parser("apply", help="validate and store a policy file as the applied policy")
+    apply = sub.add_parser(
+        "apply",
+        help="validate and store a policy file as the applied policy "
+        "(exit 3 if current assignments conflict, or one is made meanwhile)",
+    )
     apply.add_argument("file")
     apply.add_argument(
         "--force", action="store_true", help="apply even if current assignments would break it"
     )
     apply.set_defaults(handler=run_apply)
-    show = sub.add_parser("show", help="print the applied policy and who applied it")
+    show = sub.add_parser(
+        "show", help="print the applied policy and who applied it (exit 6 if none is)"
+    )
     show.set_defaults(handler=run_show)
     schema = sub.add_parser("schema", help="print the policy file's JSON Schema")
     schema.set_defaults(handler=run_schema)
@@ -111,13 +117,13 @@ def run_apply(args: argparse.Namespace) -> int:
     from allocator.cli.output import emit
 
     text = _read(args.file)
-    allocator = open_allocator(args)
+    allocator = open_allocator(args, create=True)  # nothing is created unless it applies
     try:
         result = allocator.apply_policy(text, source=args.file, force=args.force)
     finally:
         allocator.store.close()
     for warning in result.warnings:
-        note(f"applied over a conflicting assignment: {warning}")
+        note(f"applied over a conflicting assignment (--force): {warning}")
     verb = "applied" if result.changed else "unchanged"
     summary = f"{verb} {args.file} (sha256 {result.record.sha256[:12]}, revision {result.revision})"
     data = {
@@ -134,7 +140,7 @@ def run_apply(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     """Print the applied policy (YAML text as applied; JSON/YAML with metadata)."""
     from allocator.cli.output import emit
-    from allocator.errors import RequestError
+    from allocator.errors import NotFound
     from allocator.policy import policy_to_dict
 
     allocator = open_allocator(args)
@@ -143,7 +149,7 @@ def run_show(args: argparse.Namespace) -> int:
     finally:
         allocator.store.close()
     if snapshot is None:
-        raise RequestError("no policy applied yet: run `allocator policy apply FILE`")
+        raise NotFound("no policy applied yet: run `allocator policy apply FILE`")
     record = snapshot.record
     data = {
         "sha256": record.sha256,
