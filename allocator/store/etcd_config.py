@@ -190,7 +190,7 @@ def _credentials(userinfo: str | None, env: Mapping[str, str]) -> tuple[str | No
         password = env.get("ETCDCTL_PASSWORD")
         if password is None:
             raise StoreConfigError(
-                f"etcd user {user!r} has no password: give user:password or set ETCDCTL_PASSWORD"
+                "the etcd user has no password: give user:password or set ETCDCTL_PASSWORD"
             )
     return user, password
 

@@ -69,10 +69,11 @@ def redact_url(url: str) -> str:
     """``url`` with its password and secret query values replaced by ``***``.
 
     ``scheme://user:secret@host/?token=t&timeout=3`` becomes
-    ``scheme://user:***@host/?token=***&timeout=3``. A user name is kept (it
-    helps to say who was refused); everything between the first ``:`` of the
-    user part and the last ``@`` is masked, so a password holding ``@``,
-    ``/`` or ``?`` is masked whole.
+    ``scheme://user:***@host/?token=***&timeout=3``. A user name before a
+    ``:`` is kept (it helps to say who was refused); everything between the
+    first ``:`` of the user part and the last ``@`` is masked, so a password
+    holding ``@``, ``/`` or ``?`` is masked whole. A user part without ``:``
+    is masked whole (``https://TOKEN@host`` is a common way to pass a token).
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
@@ -81,7 +82,7 @@ def redact_url(url: str) -> str:
     if at and ":" in userinfo:
         rest = f"{userinfo.partition(':')[0]}:{_MASK}@{tail}"
     elif at:
-        rest = f"{userinfo}@{tail}"
+        rest = f"{_MASK}@{tail}"
     return f"{scheme}://{_redact_query(rest)}"
 
 

@@ -33,6 +33,7 @@ SECRET = "s3cr3t-Pa55"
         (f"etcd://h/?password={SECRET}", "etcd://h/?password=***"),
         (f"etcd://ops:{SECRET}/with?slash@h", "etcd://ops:***@h"),  # raw / and ? in it
         ("etcd://h:2379", "etcd://h:2379"),
+        ("etcd://tok3n@h:2379", "etcd://***@h:2379"),
         ("sqlite:///var/lib/a.db?mode=ro", "sqlite:///var/lib/a.db?mode=ro"),
     ],
 )
