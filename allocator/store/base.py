@@ -22,8 +22,11 @@ every backend):
   the revision that read returned + 1. Backends with history (etcd, SQLite,
   memory) deliver every version; Consul keeps none, so its watch coalesces
   the changes made between two blocking reads into the latest version of
-  each key (still in revision order, still at most once). Callers must be
-  level-based: react to "this changed", not count events.
+  each key (still in revision order, still at most once), and a watch from
+  a revision it cannot replay raises ``Compacted`` rather than miss a
+  delete (it can replay from a listing this process made at ``start - 1``,
+  or from where an earlier watch left off). Callers must be level-based:
+  react to "this changed", not count events.
 * A lease is a TTL: keys put with a lease are deleted (with delete events)
   when the lease expires or is revoked, unless it is refreshed in time.
 * A transaction holds at most ``max_txn_ops`` operations, compares and

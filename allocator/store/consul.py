@@ -29,7 +29,11 @@ requests); the pure parts live in :mod:`allocator.store._consul_support` and
   so a shorter TTL becomes 10 s; Consul may invalidate a session up to twice
   its TTL after the last renewal. A lease id is the session UUID as an int.
 * Watches: :class:`~allocator.store._consul_support.ConsulWatch`. Consul
-  keeps no history: a watch delivers the versions it sees, not every one.
+  keeps no history: a watch delivers the versions it sees, not every one,
+  and finds deletes made before it started by comparing with a listing of
+  the prefix at ``start - 1`` (recorded by ``list`` and by earlier watches,
+  shared by the handles of one process); without one it raises
+  ``Compacted`` instead of missing a delete.
 
 Known differences from etcd: a put without a lease on a key a lease holds
 leaves it attached to that lease (Consul keeps a key's lock holder on a

@@ -42,6 +42,11 @@ SQLITE_MODES = ("ro", "rw", "rwc")
 _MASK = "***"
 # Query parameters whose value is a secret (matched case-insensitively, as a substring).
 _SECRET_PARAMS = ("password", "passwd", "pwd", "token", "secret", "auth")
+# name=value after "?", "&" or ";" (or at the start), the name holding a secret word.
+_SECRET_PARAM = re.compile(
+    r"((?:^|[?&;])[^=&;?#\s]*(?:" + "|".join(_SECRET_PARAMS) + r")[^=&;?#\s]*=)[^&;#\s]*",
+    re.IGNORECASE,
+)
 # A URL inside free text: a scheme, "://", then everything up to white space or a quote.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]*")
 
@@ -61,8 +66,11 @@ def scheme_of(url: str) -> str:
     if sep and scheme in SCHEMES:
         return scheme
     known = ", ".join(f"{s}://" for s in SCHEMES)
-    shown = _shorten(redact_url(url))
-    raise StoreConfigError(f"unknown store URL {shown!r}: expected one of {known}")
+    if not sep:  # echo nothing of it: without a scheme, any of it may be a secret
+        raise StoreConfigError(f"the store URL has no scheme: expected one of {known}")
+    raise StoreConfigError(
+        f"unknown store URL scheme {_shorten(scheme, 40)!r}: expected one of {known}"
+    )
 
 
 def redact_url(url: str) -> str:
@@ -79,9 +87,10 @@ def redact_url(url: str) -> str:
     if not sep:
         return _redact_query(url)
     userinfo, at, tail = rest.rpartition("@")
-    if at and ":" in userinfo:
-        rest = f"{userinfo.partition(':')[0]}:{_MASK}@{tail}"
-    elif at:
+    name, colon, _ = userinfo.partition(":")
+    if at and colon and not any(c in name for c in "@/?#[]"):
+        rest = f"{name}:{_MASK}@{tail}"
+    elif at:  # no user name to keep, or one that cannot be one (it holds a host)
         rest = f"{_MASK}@{tail}"
     return f"{scheme}://{_redact_query(rest)}"
 
@@ -129,8 +138,10 @@ def parse_sqlite_url(url: str) -> SqliteUrl:
 
     The path is taken literally (``sqlite:///abs/x.db``, ``sqlite://rel/x.db``,
     ``~`` expanded); a ``?`` starts the options, so a file whose name holds
-    ``?`` or ``#`` must be written with ``%3F`` / ``%23``. Raises
-    ``StoreConfigError`` for an empty path, a NUL byte, or an unknown option.
+    ``?`` or ``#`` must be written with ``%3F`` / ``%23`` (and an ``@`` in the
+    first part of a relative path with ``%40``: ``user@`` there reads as
+    credentials, which SQLite has none of). Raises ``StoreConfigError`` for
+    an empty path, credentials, a NUL byte, or an unknown option.
     """
     if not url.startswith("sqlite://"):
         raise StoreConfigError(
@@ -143,7 +154,13 @@ def parse_sqlite_url(url: str) -> SqliteUrl:
             f"SQLite store URL {_shorten(redact_url(url))!r}: '#' starts a fragment, which "
             "means nothing here (write %23 for a '#' in a file name)"
         )
-    raw = raw.replace("%3F", "?").replace("%3f", "?").replace("%23", "#")
+    if "@" in raw.split("/", 1)[0]:
+        raise StoreConfigError(
+            f"SQLite store URL {_shorten(redact_url(url))!r}: an SQLite URL takes no user or "
+            "password (write %40 for an '@' that starts a file name)"
+        )
+    for escaped, character in (("%3F", "?"), ("%3f", "?"), ("%23", "#"), ("%40", "@")):
+        raw = raw.replace(escaped, character)
     if not raw:
         raise StoreConfigError(f"SQLite store URL {_shorten(redact_url(url))!r} names no file")
     if "\x00" in raw:
@@ -184,14 +201,8 @@ def _is_secret_param(name: str) -> bool:
 
 
 def _redact_query(text: str) -> str:
-    head, question, query = text.partition("?")
-    if not question:
-        return text
-    parts = []
-    for part in query.split("&"):
-        name, equals, _value = part.partition("=")
-        parts.append(f"{name}={_MASK}" if equals and _is_secret_param(name) else part)
-    return f"{head}?{'&'.join(parts)}"
+    """Mask the value of every ``name=value`` whose name says secret, wherever it is."""
+    return _SECRET_PARAM.sub(lambda found: f"{found.group(1)}{_MASK}", text)
 
 
 def _shorten(text: str, limit: int = 200) -> str:
