@@ -279,7 +279,8 @@ class Connections:
             raise StoreUnavailable(f"SQLite store {self.path} is closed")
 
     def _missing(self) -> StoreUnavailable:
+        state = "holds no store yet" if self.path.exists() else "does not exist"
         return StoreUnavailable(
-            f"SQLite store {self.path} does not exist: check --store / ALLOCATOR_STORE "
+            f"SQLite store {self.path} {state}: check --store / ALLOCATOR_STORE "
             "(`allocator policy apply FILE` creates it)"
         )

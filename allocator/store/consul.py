@@ -63,7 +63,6 @@ from allocator.errors import (
     LeaseLost,
     PermissionDenied,
     StoreConfigError,
-    StoreError,
     StoreUnavailable,
     ValueTooLarge,
 )
@@ -155,7 +154,11 @@ def _translated(address: str, what: str, *, write: bool = False) -> Iterator[Non
             raise ValueTooLarge(f"Consul at {address} refused to {what}: {text}") from exc
         if text[:1] == "5" or text.startswith("429"):  # server trouble or rate limiting
             raise StoreUnavailable(f"Consul at {address} failed to {what}: {text}") from exc
-        raise StoreError(f"Consul at {address} could not {what}: {text}") from exc
+        # Consul answers what allocator sends with 200, 403, 404, 409 or 413: anything
+        # else comes from something that is not a Consul agent (or one behind a proxy).
+        raise StoreUnavailable(
+            f"Consul at {address} could not {what}: {text[:200]} (is it a Consul agent?)"
+        ) from exc
 
 
 def _txn_reply(response: Any) -> tuple[int, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from allocator.errors import StoreConfigError
-from allocator.store.urls import redact_url
+from allocator.store.urls import is_valid_host, redact_url
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_TLS_PORT", "ConsulConfig", "parse_consul_url"]
 
@@ -109,7 +109,7 @@ def _host_port(netloc: str, shown: str) -> tuple[str, int | None]:
         port = parts.port
     except ValueError as exc:
         raise StoreConfigError(f"{shown}: the port must be a number from 1 to 65535") from exc
-    if not parts.hostname or port == 0:
+    if not parts.hostname or port == 0 or not is_valid_host(parts.hostname):
         raise StoreConfigError(f"{shown}: expected host:port")
     return parts.hostname, port
 

@@ -183,6 +183,9 @@ def translate_error(exc: BaseException, where: str) -> AllocatorError:
         return LeaseLost(f"etcd at {where}: {details}")
     if "request is too large" in details:
         return ValueTooLarge(f"etcd at {where}: {details}")
+    if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        # Not an answer etcd gives to what allocator sends: something else listens there.
+        return StoreUnavailable(f"etcd at {where}: {details[:200]} (is it an etcd v3 server?)")
     return StoreError(f"etcd at {where}: {details}")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from allocator.errors import StoreConfigError
-from allocator.store.urls import redact_url
+from allocator.store.urls import is_valid_host, redact_url
 
 __all__ = [
     "DEFAULT_PORT",
@@ -79,19 +79,17 @@ def parse_etcd_url(url: str, env: Mapping[str, str] | None = None) -> EtcdConfig
     anything malformed; never reads a file.
     """
     env = os.environ if env is None else env
-    scheme, sep, rest = url.partition("://")
+    scheme, sep, _ = url.partition("://")
     if not sep or scheme not in ("etcd", "etcds"):
         raise StoreConfigError(f"not an etcd URL: {redact_url(url)!r} (want etcd:// or etcds://)")
-    # The user part ends at the last "@", the rule redact_url masks by: a password
-    # holding a raw "/", "?" or "#" is never taken for a host and echoed.
-    userinfo, at, after = rest.rpartition("@")
     try:
-        parts = urlsplit(f"{scheme}://{after}")
+        parts = urlsplit(url)
     except ValueError as exc:  # unbalanced [ ] around an IPv6 host
         raise StoreConfigError(f"malformed etcd URL {redact_url(url)!r}: {exc}") from None
     if parts.path not in ("", "/") or parts.fragment:
         raise StoreConfigError(f"etcd URL {redact_url(url)!r} must not have a path or fragment")
-    endpoints, tls = _endpoints(parts.netloc, scheme == "etcds", url, env)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    endpoints, tls = _endpoints(hosts, scheme == "etcds", url, env)
     options = _query_options(parts.query, url)
     user, password = _credentials(userinfo if at else None, env)
     cacert = options.get("cacert", env.get("ETCDCTL_CACERT")) or None
@@ -134,8 +132,10 @@ def _endpoints(
     hosts: str, tls: bool, url: str, env: Mapping[str, str]
 ) -> tuple[tuple[tuple[str, int], ...], bool]:
     if hosts:
+        # Never echo an endpoint of a URL: a password holding a raw "/" or "?" makes
+        # part of it look like a host; the redacted URL is safe to show instead.
         source = f"etcd URL {redact_url(url)!r}"
-        return tuple(_parse_endpoint(h, source) for h in hosts.split(",")), tls
+        return tuple(_parse_endpoint(h, source, echo=False) for h in hosts.split(",")), tls
     if not env.get("ETCDCTL_ENDPOINTS"):
         return ((("127.0.0.1", DEFAULT_PORT),), tls)
     endpoints, schemes = [], set()
@@ -150,26 +150,27 @@ def _endpoints(
     return tuple(endpoints), tls or schemes == {"https"}
 
 
-def _parse_endpoint(text: str, source: str) -> tuple[str, int]:
+def _parse_endpoint(text: str, source: str, *, echo: bool = True) -> tuple[str, int]:
     text = text.strip()
+    shown = f"endpoint {text!r}" if echo else "an endpoint"
     if text.startswith("["):  # [v6] or [v6]:port
         host, closed, rest = text[1:].partition("]")
         if not closed or (rest and not rest.startswith(":")):
-            raise StoreConfigError(f"{source}: malformed endpoint {text!r}")
+            raise StoreConfigError(f"{source}: malformed {shown}")
         has_port, port_text = bool(rest), rest[1:]
     elif text.count(":") == 1:
         host, _, port_text = text.partition(":")
         has_port = True
     elif ":" in text:
-        raise StoreConfigError(f"{source}: write IPv6 endpoints as [addr]:port, not {text!r}")
+        raise StoreConfigError(f"{source}: write IPv6 endpoints as [addr]:port ({shown})")
     else:
         host, has_port, port_text = text, False, ""
-    if not host or "/" in host:
-        raise StoreConfigError(f"{source}: endpoint {text!r} has an empty or bad host")
+    if not is_valid_host(host):
+        raise StoreConfigError(f"{source}: {shown} has an empty or malformed host")
     if not has_port:
         return host, DEFAULT_PORT
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise StoreConfigError(f"{source}: endpoint {text!r} has a bad port {port_text!r}")
+        raise StoreConfigError(f"{source}: {shown} has a bad port (1-65535)")
     return host, int(port_text)
 
 

@@ -12,6 +12,7 @@ Pure: no I/O, no client library.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = [
     "SCHEMES",
     "SQLITE_MODES",
     "SqliteUrl",
+    "is_valid_host",
     "parse_sqlite_url",
     "redact_url",
     "redact_urls",
@@ -47,6 +49,7 @@ _SECRET_PARAM = re.compile(
     r"((?:^|[?&;])[^=&;?#\s]*(?:" + "|".join(_SECRET_PARAMS) + r")[^=&;?#\s]*=)[^&;#\s]*",
     re.IGNORECASE,
 )
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 # A URL inside free text: a scheme, "://", then everything up to white space or a quote.
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]*")
 
@@ -102,6 +105,21 @@ def redact_urls(text: str) -> str:
     return _URL_IN_TEXT.sub(lambda found: redact_url(found.group(0)), text)
 
 
+def is_valid_host(host: str) -> bool:
+    """Whether ``host`` is an IP address or an RFC 1123 host name (nothing to send to DNS else).
+
+    Checked before any connection, so a mangled URL is an input error
+    instead of a name lookup of whatever text ended up where the host goes.
+    """
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
+
+
 def url_secrets(url: str) -> tuple[str, ...]:
     """The secrets ``url`` carries: its password and secret query values, as typed and decoded.
 
@@ -115,12 +133,7 @@ def url_secrets(url: str) -> tuple[str, ...]:
         if at and ":" in userinfo:
             found.append(userinfo.partition(":")[2])
         rest = tail if at else rest
-    _, question, query = rest.partition("?")
-    if question:
-        for part in query.split("&"):
-            name, equals, value = part.partition("=")
-            if equals and _is_secret_param(name):
-                found.append(value)
+    found += [m.group(0)[len(m.group(1)) :] for m in _SECRET_PARAM.finditer(url)]
     decoded = [unquote(value) for value in found]
     return tuple(dict.fromkeys(v for v in [*found, *decoded] if v))
 
@@ -193,11 +206,6 @@ def _sqlite_mode(query: str, url: str) -> str | None:
             )
         mode = value
     return mode
-
-
-def _is_secret_param(name: str) -> bool:
-    lowered = unquote(name).lower()
-    return any(word in lowered for word in _SECRET_PARAMS)
 
 
 def _redact_query(text: str) -> str:

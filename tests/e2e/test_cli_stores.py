@@ -205,6 +205,7 @@ def test_a_read_only_user_can_read_a_store_whose_agent_lease_expired(
         f"etcd://root:{SECRET}@[::1",
         f"etcd://root:{SECRET}@127.0.0.1:2379?timeout=1e308",
         f"etcd://root:{SECRET}@127.0.0.1:2379?cacert=/etc/ca.pem",
+        f"etcd://root:{SECRET}/x?y@127.0.0.1:2379",  # a raw "/" in the password
         f"consul://root:{SECRET}@127.0.0.1:8500",
         f"consul://127.0.0.1:8500/?token={SECRET}",
     ],
