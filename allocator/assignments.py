@@ -5,9 +5,14 @@ Every assignment write is one transaction that compares
 * the policy key's revision (the policy the request was checked against), and
 * the host's generation key (bumped by every assignment change on the host),
 
-so two operators racing for one GPU can never both win: the loser's
-transaction fails, it re-reads, and placement then refuses it naming the
-winner. A lost race is retried a bounded number of times (tenacity).
+and bumps the fleet's generation key too, so two operators racing for one
+GPU can never both win: the loser's transaction fails, it re-reads, and
+placement then refuses it naming the winner. ``policy apply`` compares the
+policy's revision and the fleet generation it checked the assignments at,
+so an assignment made during its check makes it re-check instead of
+landing over it. A lost race is retried a bounded number of times
+(tenacity). Every transaction stays within ``MAX_TXN_OPS``, the smallest
+limit of any backend.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from allocator.errors import (
     BadRecord,
     CasConflict,
     ConflictError,
+    NotFound,
     PlacementRefused,
     RequestError,
 )
@@ -36,13 +42,20 @@ from allocator.records import (
     WorkerRecord,
     decode_record,
 )
-from allocator.store import Compare, Delete, KeyValue, Put, Store
+from allocator.store import MAX_TXN_OPS, Compare, Delete, KeyValue, Op, Put, Store, txn_size
 
 if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need not pay
     from allocator.placement import Placement, Request
     from allocator.policy import Policy
 
-__all__ = ["Allocator", "ApplyResult", "HostSnapshot", "PolicySnapshot", "snapshots_by_host"]
+__all__ = [
+    "Allocator",
+    "ApplyResult",
+    "HostSnapshot",
+    "PolicySnapshot",
+    "job_not_found",
+    "snapshots_by_host",
+]
 
 DEFAULT_ATTEMPTS = 5
 T = TypeVar("T")
@@ -105,6 +118,17 @@ def snapshots_by_host(
         except BadRecord as exc:
             part["bad_records"] = (*part["bad_records"], exc)
     return {host: HostSnapshot(host, revision=revision, **part) for host, part in parts.items()}
+
+
+def job_not_found(job: str, host: str | None, held_there: Sequence[str] = ()) -> NotFound:
+    """The one "not found" answer of every command that looks a job up (exit 6).
+
+    ``host`` ``None`` means every host was searched; ``held_there`` names
+    the jobs that host does hold, to catch a typo.
+    """
+    where = f"on host {host!r}" if host else "on any host"
+    others = f" (jobs there: {', '.join(sorted(held_there))})" if held_there else ""
+    return NotFound(f"job {job!r} holds nothing {where}{others}")
 
 
 def _add_host_item(part: dict[str, Any], item: KeyValue, host: str, kind: str, name: str) -> None:
@@ -184,7 +208,11 @@ class Allocator:
 
         A bad record of the job is skipped and reported to ``on_bad_record``.
         """
-        found = []
+        return self.locate_job(job)[0]
+
+    def locate_job(self, job: str) -> tuple[list[Assignment], list[str]]:
+        """``job``'s assignments, and the hosts where its record is damaged (one read)."""
+        found, damaged = [], []
         for item in self.store.list(self.layout.hosts).items:
             parsed = self.layout.parse_host_key(item.key)
             if parsed is None or parsed[1] != "jobs" or parsed[2] != job:
@@ -195,7 +223,8 @@ class Allocator:
                 )
             except BadRecord as exc:
                 self.on_bad_record(exc)
-        return found
+                damaged.append(parsed[0])
+        return found, damaged
 
     # --- writes -----------------------------------------------------------
 
@@ -208,8 +237,13 @@ class Allocator:
         """
         return self._with_retries(lambda: self._assign_once(request, reason, command), "set")
 
-    def release(self, host: str, job: str) -> Assignment:
-        """Remove ``job``'s assignment on ``host``; return what was removed."""
+    def release(self, host: str, job: str) -> Assignment | BadRecord:
+        """Remove ``job``'s assignment on ``host``; return what was removed.
+
+        A damaged assignment record is removed too (returned as the
+        ``BadRecord`` that describes it): releasing is how an operator clears
+        one. ``NotFound`` if the job holds nothing there.
+        """
         return self._with_retries(lambda: self._release_once(host, job), "release")
 
     def apply_policy(self, text: str, source: str, *, force: bool = False) -> ApplyResult:
@@ -282,34 +316,44 @@ class Allocator:
             command=command,
             fallback_reason=decision.fallback_reason,
         )
-        self.store.txn(
+        self._assignment_txn(
+            host,
             [
                 Compare(self.layout.policy, snapshot.revision),
                 Compare(self.layout.host_generation(host), state.generation),
             ],
-            [
-                Put(self.layout.assignment(host, request.job), assignment.to_json()),
-                Put(self.layout.host_generation(host), self._generation_value()),
-            ],
+            Put(self.layout.assignment(host, request.job), assignment.to_json()),
         )
         return assignment, decision
 
-    def _release_once(self, host: str, job: str) -> Assignment:
+    def _release_once(self, host: str, job: str) -> Assignment | BadRecord:
         state = self.host(host)
-        current = state.assignments.get(job)
+        key = self.layout.assignment(host, job)
+        current: Assignment | BadRecord | None = state.assignments.get(job)
         if current is None:
-            held = ", ".join(sorted(state.assignments)) or "none"
-            raise RequestError(
-                f"job {job!r} has no assignment on host {host!r} (jobs there: {held})"
-            )
-        self.store.txn(
-            [Compare(self.layout.host_generation(host), state.generation)],
-            [
-                Delete(self.layout.assignment(host, job)),
-                Put(self.layout.host_generation(host), self._generation_value()),
-            ],
+            current = next((bad for bad in state.bad_records if bad.key == key), None)
+        if current is None:
+            raise job_not_found(job, host, list(state.assignments))
+        self._assignment_txn(
+            host, [Compare(self.layout.host_generation(host), state.generation)], Delete(key)
         )
         return current
+
+    def _assignment_txn(self, host: str, compares: list[Compare], change: Op) -> int:
+        """Write one assignment change, bumping the host's and the fleet's generations."""
+        ops = [
+            change,
+            Put(self.layout.host_generation(host), self._generation_value()),
+            Put(self.layout.fleet_generation, self._generation_value()),
+        ]
+        return self._txn(compares, ops)
+
+    def _txn(self, compares: list[Compare], ops: list[Op]) -> int:
+        """``store.txn``, refusing anything larger than every backend accepts."""
+        size = txn_size(compares, ops)
+        if size > MAX_TXN_OPS:  # a bug here, not the user's: say so plainly
+            raise AssertionError(f"a transaction of {size} operations exceeds {MAX_TXN_OPS}")
+        return self.store.txn(compares, ops)
 
     def _apply_once(self, policy: Policy, text: str, source: str, force: bool) -> ApplyResult:
         from allocator.policy import policy_sha256
@@ -324,6 +368,9 @@ class Allocator:
             else:
                 if old.sha256 == digest:
                     return ApplyResult(False, old, current.mod_revision)
+        # Read before the assignments are checked: any assignment change after this
+        # read moves it, and the compare below then sends apply round to check again.
+        fleet = self.store.get(self.layout.fleet_generation)
         violations = self.violations(policy)
         if violations and not force:
             raise PlacementRefused(
@@ -339,17 +386,12 @@ class Allocator:
             applied_at=format_time(self.clock()),
             source=source,
         )
-        revision = self.store.put(
-            self.layout.policy,
-            record.to_json(),
-            expect_revision=current.mod_revision if current is not None else 0,
-        )
-        # A `set` checked against the old policy may have committed between the
-        # check above and this write (later ones re-check: they compare the policy's
-        # revision). Look again, so such a conflict is reported, not silent.
-        late = [v for v in self.violations(policy) if v not in violations]
-        warnings = [*violations, *(f"made while applying: {v}" for v in late)]
-        return ApplyResult(True, record, revision, tuple(warnings))
+        compares = [
+            Compare(self.layout.policy, current.mod_revision if current is not None else 0),
+            Compare(self.layout.fleet_generation, fleet.mod_revision if fleet is not None else 0),
+        ]
+        revision = self._txn(compares, [Put(self.layout.policy, record.to_json())])
+        return ApplyResult(True, record, revision, tuple(violations))
 
     def violations(self, policy: Policy) -> list[str]:
         """Current assignments that ``policy`` would refuse, one line each."""

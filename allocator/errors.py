@@ -22,6 +22,7 @@ __all__ = [
     "EXIT_PERMISSION",
     "EXIT_UNAVAILABLE",
     "AllocatorError",
+    "AmbiguousWrite",
     "BadRecord",
     "CasConflict",
     "Compacted",
@@ -157,6 +158,14 @@ class StoreUnavailable(StoreError, Retryable):
     """The store cannot be reached (or did not answer in time)."""
 
     exit_code = EXIT_UNAVAILABLE
+
+
+class AmbiguousWrite(StoreUnavailable):
+    """A write was sent but its answer never came: it may or may not have been applied.
+
+    Exit 4 like any unreachable store; the message says to re-run (or read
+    back) to find out, because retrying blindly could apply it twice.
+    """
 
 
 class PermissionDenied(StoreError):

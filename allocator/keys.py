@@ -90,6 +90,16 @@ class KeyLayout:
         """Key bumped by every assignment change on ``host``."""
         return f"{self.host(host)}generation"
 
+    @property
+    def fleet_generation(self) -> str:
+        """Key bumped by every assignment change on any host.
+
+        ``policy apply`` compares it, so an assignment made while the new
+        policy was being checked makes the apply retry (and see it) instead
+        of landing over it.
+        """
+        return f"{self.root}/generation"
+
     def agent(self, host: str) -> str:
         """Key of the host agent's leased liveness/inventory record."""
         return f"{self.host(host)}agent"

@@ -51,7 +51,13 @@ def etcd_server_private(tmp_path: Path) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def consul_url() -> Iterator[str]:
-    """A real Consul agent when CONSUL_HTTP_ADDR is set, else the KV test double."""
+    """A real Consul agent when CONSUL_HTTP_ADDR is set, else the KV test double.
+
+    The double's sessions last a fifth of their TTL (its double-only
+    ``ttl_scale``: Consul's 10 s minimum becomes 2 s), so lease tests see a
+    lease expire in seconds; the lease tests measure expiry against a
+    lease they leave alone, so they hold against a real agent too.
+    """
     addr = os.environ.get("CONSUL_HTTP_ADDR")
     if addr:
         scheme = "consuls" if addr.startswith("https://") else "consul"
@@ -59,7 +65,7 @@ def consul_url() -> Iterator[str]:
         return
     from tests.support.consul_double import ConsulDouble
 
-    double = ConsulDouble()
+    double = ConsulDouble(ttl_scale=0.2)
     double.start()
     try:
         yield double.url

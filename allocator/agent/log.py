@@ -1,4 +1,9 @@
-"""One structured line per agent decision, as text (key=value) or JSON."""
+"""One structured line per agent decision, as text (key=value) or JSON.
+
+Every field passes through :func:`allocator.secrets.redact` before it is
+formatted, so no log line can carry a store password or token, whichever
+call site logs a URL or an error message that quotes one.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from typing import Any, TextIO
 
 from allocator.agent.model import Action, GiveUp, Start, Stop
 from allocator.identity import format_time, utc_now
+from allocator.secrets import redact
 
 __all__ = ["DecisionLog", "action_fields", "action_name", "as_fields"]
 
@@ -48,7 +54,7 @@ class DecisionLog:
             "ts": format_time(self._wall()),
             "host": self.host,
             "event": event,
-            **(fields or {}),
+            **{str(k): _redacted(v) for k, v in (fields or {}).items()},
         }
         if self.fmt == "json":
             line = json.dumps(record, sort_keys=False, default=str)
@@ -57,6 +63,19 @@ class DecisionLog:
         with self._lock:
             self._stream.write(line + "\n")
             self._stream.flush()
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` with secrets masked in every string it holds (numbers pass unchanged)."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {str(k): _redacted(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_redacted(v) for v in value]
+    return redact(str(value))
 
 
 def as_fields(obj: Any) -> dict[str, Any]:

@@ -203,16 +203,17 @@ def _boot_time() -> int | None:
 
 
 def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The agent's environment minus its own GPU selection and ``ALLOCATOR_*`` settings.
+    """The agent's environment minus its own GPU selection and every store credential.
 
-    A worker must see only the GPUs its spec names; whatever the agent itself
-    was started with must never leak into it.
+    A worker must see only the GPUs its spec names, and never the agent's
+    store credentials (``ALLOCATOR_*``, ``ETCDCTL_*``, ``CONSUL_HTTP_TOKEN``...,
+    or any value holding the store password): the list is documented in
+    :mod:`allocator.secrets`.
     """
-    return {
-        key: value
-        for key, value in environ.items()
-        if key not in _STRIPPED_VARIABLES and not key.startswith("ALLOCATOR_")
-    }
+    from allocator.secrets import strip_store_credentials
+
+    kept = strip_store_credentials(environ)
+    return {key: value for key, value in kept.items() if key not in _STRIPPED_VARIABLES}
 
 
 @dataclass(frozen=True, slots=True)

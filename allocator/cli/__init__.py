@@ -89,7 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _fail(label: str, message: str) -> None:
-    sys.stderr.write(f"allocator: {label}: {one_line(message)}\n")
+    from allocator.secrets import redact
+
+    sys.stderr.write(f"allocator: {label}: {one_line(redact(message))}\n")
 
 
 def one_line(message: str) -> str:

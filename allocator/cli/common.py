@@ -68,8 +68,13 @@ def output_format(args: argparse.Namespace) -> str:
     return str(getattr(args, "output", "table"))
 
 
-def open_allocator(args: argparse.Namespace) -> Allocator:
-    """Open the store the options select and wrap it in an :class:`Allocator`."""
+def open_allocator(args: argparse.Namespace, *, create: bool = False) -> Allocator:
+    """Open the store the options select and wrap it in an :class:`Allocator`.
+
+    ``create``: the command is about to create the store if it does not exist
+    (``policy apply``); every other command reads a missing SQLite store as
+    exit 4 naming the path, and creates nothing.
+    """
     import os
 
     from allocator.assignments import Allocator
@@ -80,7 +85,8 @@ def open_allocator(args: argparse.Namespace) -> Allocator:
     prefix = validate_prefix(
         getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
     )
-    return Allocator(open_store(url), prefix=prefix, on_bad_record=_bad_record_noter())
+    store = open_store(url, create=create)
+    return Allocator(store, prefix=prefix, on_bad_record=_bad_record_noter())
 
 
 def _bad_record_noter() -> Callable[[Exception], None]:
@@ -97,5 +103,7 @@ def _bad_record_noter() -> Callable[[Exception], None]:
 
 
 def note(message: str) -> None:
-    """A one-line remark on stderr that does not change the exit code."""
-    sys.stderr.write(f"allocator: note: {message}\n")
+    """A one-line remark on stderr that does not change the exit code (secrets masked)."""
+    from allocator.secrets import redact
+
+    sys.stderr.write(f"allocator: note: {redact(message)}\n")

@@ -50,13 +50,14 @@ def run(args: argparse.Namespace) -> int:
         allocator.store.close()
     if not envs:
         raise ConflictError(message)
+    table = output_format(args) == "table"
+    if table and worker >= len(envs):  # checked before any note: one line on a refusal
+        raise InvalidInput(f"worker={worker}: job {job!r} has {len(envs)} worker(s)")
     if message:
         note(message)
-    if output_format(args) != "table":
+    if not table:
         emit(envs, output_format(args))
         return 0
-    if worker >= len(envs):
-        raise InvalidInput(f"worker={worker}: job {job!r} has {len(envs)} worker(s)")
     if len(envs) > 1:
         note(f"job {job!r} has {len(envs)} workers; showing worker {worker} (worker=N for others)")
     print(render_exports(envs[worker]), end="")
@@ -66,15 +67,16 @@ def run(args: argparse.Namespace) -> int:
 def _worker_index(raw: str) -> int:
     from allocator.errors import InvalidInput
 
-    if not raw.isascii() or not raw.isdigit():
-        raise InvalidInput(f"worker={raw}: expected a worker index (0, 1, ...)")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 4:
+        raise InvalidInput(f"worker={raw[:20]}: expected a worker index (0, 1, ...)")
     return int(raw)
 
 
 def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict[str, str]], str]:
     """The job's worker environments, and a remark (why none, or a fallback)."""
     from allocator.agent.desired import desired_job
-    from allocator.errors import ConflictError, RequestError
+    from allocator.assignments import job_not_found
+    from allocator.errors import RequestError
     from allocator.gpus.visible import worker_environments
     from allocator.keys import validate_name
 
@@ -87,11 +89,13 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
             raise RequestError(
                 f"job {job!r} holds GPUs on {', '.join(hosts)}: say which with host="
             )
-        host = hosts[0] if hosts else allocator.default_host(policy)
+        if not hosts:
+            raise job_not_found(job, None)
+        host = hosts[0]
     state = allocator.host(validate_name(host, "host"))
     assignment = state.assignments.get(job)
     if assignment is None:
-        raise ConflictError(f"job {job!r} holds nothing on host {host!r}")
+        raise job_not_found(job, host, list(state.assignments))
     inventory, unhealthy = _inventory(state, policy, host)
     if job not in policy.jobs:
         return worker_environments(assignment, inventory, policy), ""

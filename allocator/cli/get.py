@@ -20,29 +20,30 @@ def register(commands: Any) -> None:
         help="show a job's assignment",
         usage="allocator get job=NAME [host=H]",
         description="Show where a job holds GPUs. Without host= every host is searched "
-        "(one read). Exits 3 if the job holds nothing.",
+        "(one read). Exits 6 if the job holds nothing.",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the job's assignments (one line per host, or JSON/YAML)."""
+    from allocator.assignments import job_not_found
     from allocator.cli.args import parse_target_args
     from allocator.cli.output import emit
-    from allocator.errors import ConflictError
 
     job, host = parse_target_args(args.words)
     allocator = open_allocator(args)
     try:
         if host is not None:
-            held = allocator.host(host).assignments.get(job)
+            state = allocator.host(host)
+            held = state.assignments.get(job)
             found = [held] if held is not None else []
+            others = list(state.assignments)
         else:
-            found = allocator.find_job(job)
+            found, others = allocator.find_job(job), []
     finally:
         allocator.store.close()
     if not found:
-        where = f" on host {host!r}" if host else ""
-        raise ConflictError(f"job {job!r} holds nothing{where}")
+        raise job_not_found(job, host, others)
     lines = []
     for a in found:
         where = "cpu" if a.mode == "cpu" else "gpus " + ",".join(map(str, a.gpus))

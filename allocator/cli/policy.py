@@ -42,13 +42,19 @@ def register(commands: Any) -> None:
     diff.add_argument("file")
     diff.add_argument("--exit-code", action="store_true", help="exit 3 when the file differs")
     diff.set_defaults(handler=run_diff)
-    apply = sub.add_parser("apply", help="validate and store a policy file as the applied policy")
+    apply = sub.add_parser(
+        "apply",
+        help="validate and store a policy file as the applied policy "
+        "(exit 3 if current assignments conflict, or one is made meanwhile)",
+    )
     apply.add_argument("file")
     apply.add_argument(
         "--force", action="store_true", help="apply even if current assignments would break it"
     )
     apply.set_defaults(handler=run_apply)
-    show = sub.add_parser("show", help="print the applied policy and who applied it")
+    show = sub.add_parser(
+        "show", help="print the applied policy and who applied it (exit 6 if none is)"
+    )
     show.set_defaults(handler=run_show)
     schema = sub.add_parser("schema", help="print the policy file's JSON Schema")
     schema.set_defaults(handler=run_schema)
@@ -177,7 +183,7 @@ def run_apply(args: argparse.Namespace) -> int:
     from allocator.cli.output import emit
 
     text, policy, lints = _lint(args.file)  # a bad file is refused before the store is opened
-    allocator = open_allocator(args)
+    allocator = open_allocator(args, create=True)  # nothing is created unless it applies
     try:
         result = allocator.apply_policy(text, source=args.file, force=args.force)
         # Re-applying the applied file writes nothing, but must still say what breaks it now.
@@ -188,7 +194,7 @@ def run_apply(args: argparse.Namespace) -> int:
     for lint in lints:
         _warn(str(lint))
     for warning in result.warnings:
-        note(f"applied over a conflicting assignment: {warning}")
+        note(f"applied over a conflicting assignment (--force): {warning}")
     for conflict in standing:
         _warn(f"the applied policy is broken by a current assignment: {conflict}")
     for conflict in upcoming:
@@ -209,7 +215,7 @@ def run_apply(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     """Print the applied policy (YAML text as applied; JSON/YAML with metadata)."""
     from allocator.cli.output import emit
-    from allocator.errors import RequestError
+    from allocator.errors import NotFound
     from allocator.policy import policy_to_dict
     from allocator.text import printable
 
@@ -219,7 +225,7 @@ def run_show(args: argparse.Namespace) -> int:
     finally:
         allocator.store.close()
     if snapshot is None:
-        raise RequestError("no policy applied yet: run `allocator policy apply FILE`")
+        raise NotFound("no policy applied yet: run `allocator policy apply FILE`")
     record = snapshot.record
     data = {
         "sha256": record.sha256,

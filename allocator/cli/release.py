@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from allocator.cli.common import add_words_command, open_allocator, output_format
+from allocator.cli.common import add_words_command, note, open_allocator, output_format
 
 if TYPE_CHECKING:
     from allocator.assignments import Allocator
@@ -21,7 +21,8 @@ def register(commands: Any) -> None:
         run,
         help="release a job's GPUs on a host",
         usage="allocator release job=NAME [host=H]",
-        description="Remove a job's assignment; its host agent stops the job's workers.",
+        description="Remove a job's assignment; its host agent stops the job's workers. "
+        "A damaged assignment record is removed too. Exits 6 if the job holds nothing.",
     )
 
 
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from allocator.cli.args import parse_target_args
     from allocator.cli.output import emit
+    from allocator.errors import BadRecord
 
     job, host = parse_target_args(args.words)
     allocator = open_allocator(args)
@@ -40,19 +42,25 @@ def run(args: argparse.Namespace) -> int:
         released = allocator.release(host, job)
     finally:
         allocator.store.close()
+    if isinstance(released, BadRecord):
+        note(f"the record was damaged ({released.reason}); it is removed")
+        data = {"job": job, "host": host, "damaged": released.reason}
+        emit(data, output_format(args), f"released {job}@{host} (damaged record removed)")
+        return 0
     where = "cpu" if released.mode == "cpu" else "gpus " + ",".join(map(str, released.gpus))
     emit(json.loads(released.to_json()), output_format(args), f"released {job}@{host} ({where})")
     return 0
 
 
 def _host_of(allocator: Allocator, job: str) -> str:
-    """Where ``job`` is held, when host= was not given."""
+    """Where ``job`` is held, when host= was not given (``NotFound`` if nowhere)."""
+    from allocator.assignments import job_not_found
     from allocator.errors import RequestError
 
-    hosts = sorted({a.host for a in allocator.find_job(job)})
+    found, damaged = allocator.locate_job(job)
+    hosts = sorted({a.host for a in found} | set(damaged))
     if len(hosts) == 1:
         return hosts[0]
     if len(hosts) > 1:
         raise RequestError(f"job {job!r} holds GPUs on {', '.join(hosts)}: say which with host=")
-    snapshot = allocator.policy()
-    return allocator.default_host(snapshot.policy if snapshot else None)
+    raise job_not_found(job, None)

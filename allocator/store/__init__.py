@@ -1,7 +1,8 @@
 """Store backends, chosen by URL.
 
 ``open_store(url)`` imports only the backend the URL names, so a command
-talking to SQLite never loads grpc or requests.
+talking to SQLite never loads grpc or requests. URL parsing and redaction
+live in :mod:`allocator.store.urls`.
 """
 
 from __future__ import annotations
@@ -9,10 +10,9 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from allocator.errors import StoreConfigError
 from allocator.store.base import (
+    MAX_TXN_OPS,
     MAX_VALUE_BYTES,
     Compare,
     Delete,
@@ -23,9 +23,12 @@ from allocator.store.base import (
     Put,
     Store,
     Watch,
+    txn_size,
 )
+from allocator.store.urls import redact_url, scheme_of
 
 __all__ = [
+    "MAX_TXN_OPS",
     "MAX_VALUE_BYTES",
     "Compare",
     "Delete",
@@ -38,10 +41,12 @@ __all__ = [
     "Watch",
     "default_store_url",
     "open_store",
+    "redact_url",
     "resolve_store_url",
+    "txn_size",
 ]
 
-# scheme -> "module:factory"; each factory takes the URL string.
+# scheme -> "module:factory"; each factory takes the URL string and ``create``.
 _BACKENDS = {
     "sqlite": "allocator.store.sqlite:open_sqlite",
     "memory": "allocator.store.memory:open_memory",
@@ -59,21 +64,33 @@ def default_store_url() -> str:
 
 
 def resolve_store_url(explicit: str | None) -> str:
-    """Pick the store URL: ``--store``, then ``ALLOCATOR_STORE``, then the default."""
-    return explicit or os.environ.get("ALLOCATOR_STORE") or default_store_url()
+    """Pick the store URL: ``--store``, then ``ALLOCATOR_STORE``, then the default.
+
+    Any password or token the URL carries is remembered, so it is masked in
+    every later log line and kept from worker environments.
+    """
+    from allocator.secrets import remember_url
+
+    url = explicit or os.environ.get("ALLOCATOR_STORE") or default_store_url()
+    remember_url(url)
+    return url
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, *, create: bool = False) -> Store:
     """Open the backend named by ``url``'s scheme.
 
-    Raises ``StoreConfigError`` for a malformed URL or unknown scheme.
+    Only a write creates a store that does not exist (only SQLite can be
+    missing): a read of a missing SQLite file is ``StoreUnavailable`` naming
+    the path, unless ``create`` (the caller is about to create the store,
+    like ``policy apply``), when it reads as an empty store. Raises
+    ``StoreConfigError`` for a malformed URL or an unknown scheme, with the
+    URL's secrets masked.
     """
-    scheme = urlsplit(url).scheme if "://" in url else ""
-    target = _BACKENDS.get(scheme)
-    if target is None:
-        known = ", ".join(sorted(f"{s}://" for s in _BACKENDS))
-        raise StoreConfigError(f"unknown store URL {url!r}: expected one of {known}")
+    from allocator.secrets import remember_url
+
+    remember_url(url)
+    target = _BACKENDS[scheme_of(url)]
     module_name, factory_name = target.split(":")
     module = importlib.import_module(module_name)
-    store: Store = getattr(module, factory_name)(url)
+    store: Store = getattr(module, factory_name)(url, create=create)
     return store

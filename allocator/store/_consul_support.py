@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import base64
 import random
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +23,7 @@ from allocator.store import _local
 from allocator.store.base import Delete, Event, KeyValue, Op
 
 __all__ = [
+    "Baselines",
     "ConsulWatch",
     "Item",
     "LockHeld",
@@ -207,18 +210,63 @@ def diff_snapshot(
     return puts + [Event("delete", "/" + key, None, index) for key in gone], seen
 
 
+class Baselines:
+    """What each prefix held over a range of revisions: the starting point of a watch.
+
+    Consul keeps no history, so a watch from revision ``s`` can only tell
+    which keys were deleted since ``s - 1`` by comparing with what the
+    prefix held at ``s - 1``. ``list`` records each listing here (state held
+    at its revision) and every watch records what it has seen (state held
+    from its last change to its last index), so the usual "list, then watch
+    from revision + 1" and "resume after the last event" find one. Shared by
+    the store handles of one process (the agent lists on one handle and
+    watches on others); bounded, thread-safe.
+    """
+
+    def __init__(self, prefixes: int = 64, per_prefix: int = 4) -> None:
+        self._prefixes = prefixes
+        self._per_prefix = per_prefix
+        self._ranges: OrderedDict[str, list[tuple[int, int, dict[str, int]]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def record(self, prefix: str, low: int, high: int, known: Mapping[str, int]) -> None:
+        """Remember that ``prefix`` held ``known`` (key -> ModifyIndex) at revisions low..high."""
+        with self._lock:
+            ranges = self._ranges.pop(prefix, [])
+            ranges = [r for r in ranges if (r[0], r[1]) != (low, high)]
+            ranges.append((low, high, dict(known)))
+            self._ranges[prefix] = ranges[-self._per_prefix :]
+            while len(self._ranges) > self._prefixes:
+                self._ranges.popitem(last=False)
+
+    def find(self, prefix: str, revision: int) -> dict[str, int] | None:
+        """What ``prefix`` held at ``revision``, if recorded."""
+        with self._lock:
+            for low, high, known in reversed(self._ranges.get(prefix, [])):
+                if low <= revision <= high:
+                    return dict(known)
+        return None
+
+    def forget(self, prefix: str) -> None:
+        """Drop what was recorded for ``prefix`` (its indexes went backwards)."""
+        with self._lock:
+            self._ranges.pop(prefix, None)
+
+
 class ConsulWatch:
     """A prefix watch on Consul blocking queries (``?recurse&index=&wait=``).
 
-    Creating it reads the prefix once: keys whose ``ModifyIndex`` >= the start
-    revision are delivered first, as puts of their current value. Consul
-    keeps no history, so older versions and deletes from before the watch
-    cannot be replayed; when that read proves a delete in the requested range
-    is lost (the prefix's index is newer than every key in it), ``next``
-    raises :class:`Compacted` so the caller re-reads. After that each
-    response is diffed with the previous one: new or changed keys become
-    puts, vanished keys deletes; versions overwritten between two responses
-    are not seen. An index that goes backwards (a snapshot restore, say)
+    Creating it reads the prefix once. If nothing under the prefix changed
+    since the start revision, there is nothing to replay. Otherwise Consul,
+    which keeps no history, can only say what was deleted by comparing with
+    what the prefix held at ``start - 1``: with that baseline (from
+    ``baselines``: a listing at that revision, or an earlier watch) the read
+    is diffed against it, and changed keys arrive as puts, vanished ones as
+    deletes; without one, a delete may have been lost, so ``next`` raises
+    :class:`Compacted` and the caller re-reads and watches from there. After
+    that each response is diffed with the previous one: new or changed keys
+    become puts, vanished keys deletes; versions overwritten between two
+    responses are not seen. An index that goes backwards (a snapshot restore, say)
     resets the query to index 0, as Consul's docs require, and from then on
     every change is delivered whatever its revision. Answers that come early
     without a newer index spend tokens of a bucket (burst 2, one per
@@ -236,6 +284,7 @@ class ConsulWatch:
         min_interval: float = WATCH_MIN_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        baselines: Baselines | None = None,
     ) -> None:
         self._query = query
         self._prefix = prefix
@@ -243,13 +292,18 @@ class ConsulWatch:
         self._clock = clock
         self._sleep = sleep
         self._bucket = TokenBucket(min_interval, 2, clock())
+        self._baselines = baselines or Baselines()
         self._closed = False
         index, items = query(0, 0.0)
         self._start = start_revision if start_revision > 0 else index + 1
-        self._pending, self._known = diff_snapshot({}, items, index, self._start)
-        newest_key = max(self._known.values(), default=index)
-        self._lost = self._start <= index and index > newest_key
+        baseline = None
+        if self._start <= index:  # something under the prefix changed since start - 1
+            baseline = self._baselines.find(prefix, self._start - 1)
+        self._lost = self._start <= index and baseline is None
+        self._pending, self._known = diff_snapshot(baseline or {}, items, index, self._start)
+        self._unchanged_since = self._start - 1 if baseline is not None else index
         self._index = max(index, 1)  # never 0: a query at index 0 does not block
+        self._remember(self._pending, index)
 
     def next(self, timeout: float) -> list[Event]:
         """Block up to ``timeout`` seconds; return the next batch of events."""
@@ -295,10 +349,20 @@ class ConsulWatch:
             # Consul's rule: an index that goes backwards restarts the loop at 0. The
             # store's indexes restarted (or shrank), so every change from here on is new.
             self._index, self._start = 0, 0
+            self._baselines.forget(self._prefix)
+            self._unchanged_since = index
         else:
             self._index = max(index, 1)  # 0 is a server bug; blocking at 1 is always safe
         events, self._known = diff_snapshot(self._known, items, index, self._start)
+        self._remember(events, index)
         return events
+
+    def _remember(self, events: Sequence[Event], index: int) -> None:
+        """Record what the prefix holds, and since when it has held it, for later watches."""
+        if events:
+            self._unchanged_since = max(e.revision for e in events)
+        low = min(self._unchanged_since, index)
+        self._baselines.record(self._prefix, low, max(index, low), self._known)
 
     @property
     def closed(self) -> bool:

@@ -13,7 +13,16 @@ import time
 from collections.abc import Callable, Sequence
 
 from allocator.errors import CasConflict, Compacted, InvalidInput, ValueTooLarge
-from allocator.store.base import MAX_VALUE_BYTES, Compare, Delete, Event, Op, Put
+from allocator.store.base import (
+    MAX_TXN_OPS,
+    MAX_VALUE_BYTES,
+    Compare,
+    Delete,
+    Event,
+    Op,
+    Put,
+    txn_size,
+)
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -82,13 +91,20 @@ def check_ttl(ttl: float) -> float:
     return float(ttl)
 
 
-def check_txn(compares: Sequence[Compare], ops: Sequence[Op]) -> None:
+def check_txn(compares: Sequence[Compare], ops: Sequence[Op], max_ops: int | None = None) -> None:
     """Validate a transaction before anything is read or written.
 
-    Every key must be valid, every value within the size limit, and no key
-    may be written twice (etcd refuses that too, and the outcome would
-    depend on op order).
+    Every key must be valid, every value within the size limit, no key may
+    be written twice (etcd refuses that too, and the outcome would depend on
+    op order), and compares + writes must not pass ``max_ops`` (the
+    backend's ``max_txn_ops``; ``None``: no limit).
     """
+    size = txn_size(compares, ops)
+    if max_ops is not None and size > max_ops:
+        raise ValueTooLarge(
+            f"transaction has {size} operations (compares and writes); this store "
+            f"accepts at most {max_ops} (every backend accepts {MAX_TXN_OPS})"
+        )
     for compare in compares:
         check_key(compare.key)
         if not isinstance(compare.mod_revision, int) or compare.mod_revision < 0:

@@ -47,12 +47,19 @@ class LoopThread:
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 
-    def run(self, coro: Coroutine[Any, Any, _T], timeout: float, where: str) -> _T:
+    def run(
+        self,
+        coro: Coroutine[Any, Any, _T],
+        timeout: float,
+        where: str,
+        *,
+        timeout_error: AllocatorError | None = None,
+    ) -> _T:
         """Run ``coro`` on the loop and return its result.
 
-        Raises ``StoreUnavailable`` naming ``where`` if it takes longer than
-        ``timeout`` seconds (the coroutine is then cancelled), and
-        ``StoreError`` if the loop has been stopped.
+        Raises ``timeout_error`` (default: ``StoreUnavailable`` naming
+        ``where``) if it takes longer than ``timeout`` seconds (the coroutine
+        is then cancelled), and ``StoreError`` if the loop has been stopped.
         """
         try:
             future = asyncio.run_coroutine_threadsafe(coro, self.loop)
@@ -63,6 +70,8 @@ class LoopThread:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
+            if timeout_error is not None:
+                raise timeout_error from None
             raise StoreUnavailable(f"{where} did not answer within {timeout:g} s") from None
         except concurrent.futures.CancelledError:
             raise StoreError(f"store for {where} was closed during the call") from None

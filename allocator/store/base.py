@@ -22,10 +22,20 @@ every backend):
   the revision that read returned + 1. Backends with history (etcd, SQLite,
   memory) deliver every version; Consul keeps none, so its watch coalesces
   the changes made between two blocking reads into the latest version of
-  each key (still in revision order, still at most once). Callers must be
-  level-based: react to "this changed", not count events.
+  each key (still in revision order, still at most once), and a watch from
+  a revision it cannot replay raises ``Compacted`` rather than miss a
+  delete (it can replay from a listing this process made at ``start - 1``,
+  or from where an earlier watch left off). Callers must be level-based:
+  react to "this changed", not count events.
 * A lease is a TTL: keys put with a lease are deleted (with delete events)
   when the lease expires or is revoked, unless it is refreshed in time.
+* A transaction holds at most ``max_txn_ops`` operations, compares and
+  writes counted together (Consul: 64; etcd: 128, its default
+  ``--max-txn-ops``; SQLite: no limit). Callers build every transaction
+  within :data:`MAX_TXN_OPS`, the smallest, so what works on one backend
+  works on all; :func:`txn_size` counts one. The memory backend enforces
+  :data:`MAX_TXN_OPS` itself, so tests catch a caller that would break on
+  Consul.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 __all__ = [
+    "MAX_TXN_OPS",
     "MAX_VALUE_BYTES",
     "Compare",
     "Delete",
@@ -45,12 +56,17 @@ __all__ = [
     "Put",
     "Store",
     "Watch",
+    "txn_size",
 ]
 
 #: The largest value every backend accepts: Consul's default KV limit is
 #: 512 KiB; etcd's default request limit is 1.5 MiB. One limit for all keeps
 #: behaviour identical whichever backend an operator picks.
 MAX_VALUE_BYTES = 512 * 1024
+
+#: The most operations (compares + writes) one transaction may hold on every
+#: backend: Consul's limit. A caller that keeps within it works everywhere.
+MAX_TXN_OPS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +128,11 @@ class Delete:
 Op = Put | Delete
 
 
+def txn_size(compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+    """How many operations a transaction counts against ``max_txn_ops``."""
+    return len(compares) + len(ops)
+
+
 @runtime_checkable
 class Watch(Protocol):
     """A live subscription to changes under a prefix."""
@@ -132,9 +153,15 @@ class Watch(Protocol):
 
 @runtime_checkable
 class Store(Protocol):
-    """A consistent key-value store with revisions, watches and leases."""
+    """A consistent key-value store with revisions, watches and leases.
+
+    ``url`` is the store's URL with any password masked (safe to print);
+    ``max_txn_ops`` is the most compares + writes one transaction may hold
+    (``None``: no limit).
+    """
 
     url: str
+    max_txn_ops: int | None
 
     def get(self, key: str) -> KeyValue | None:
         """Return the current version of ``key``, or ``None`` if absent."""

@@ -29,7 +29,11 @@ requests); the pure parts live in :mod:`allocator.store._consul_support` and
   so a shorter TTL becomes 10 s; Consul may invalidate a session up to twice
   its TTL after the last renewal. A lease id is the session UUID as an int.
 * Watches: :class:`~allocator.store._consul_support.ConsulWatch`. Consul
-  keeps no history: a watch delivers the versions it sees, not every one.
+  keeps no history: a watch delivers the versions it sees, not every one,
+  and finds deletes made before it started by comparing with a listing of
+  the prefix at ``start - 1`` (recorded by ``list`` and by earlier watches,
+  shared by the handles of one process); without one it raises
+  ``Compacted`` instead of missing a delete.
 
 Known differences from etcd: a put without a lease on a key a lease holds
 leaves it attached to that lease (Consul keeps a key's lock holder on a
@@ -50,19 +54,21 @@ from typing import Any
 import consul
 import consul.std
 import requests
+import urllib3
 
 from allocator.errors import (
+    AmbiguousWrite,
     CasConflict,
     InvalidInput,
     LeaseLost,
     PermissionDenied,
     StoreConfigError,
-    StoreError,
     StoreUnavailable,
     ValueTooLarge,
 )
 from allocator.store import _local
 from allocator.store._consul_support import (
+    Baselines,
     ConsulWatch,
     Item,
     LockHeld,
@@ -78,8 +84,12 @@ from allocator.store._consul_support import (
 )
 from allocator.store.base import Compare, Delete, KeyValue, Listing, Op, Put
 from allocator.store.consul_config import ConsulConfig, parse_consul_url
+from allocator.store.urls import redact_url
 
-__all__ = ["ConsulStore", "ConsulWatch", "open_consul"]
+__all__ = ["MAX_TXN_OPS", "ConsulStore", "ConsulWatch", "open_consul"]
+
+#: Consul's limit on operations (checks and writes) in one /v1/txn.
+MAX_TXN_OPS = 64
 
 MIN_TTL_S = 10
 MAX_TTL_S = 86400
@@ -102,9 +112,25 @@ def _reason(exc: BaseException) -> str:
     return found.group(1) if found else str(exc)[:200]
 
 
+def _may_have_been_sent(exc: requests.exceptions.RequestException) -> bool:
+    """Whether a request that failed with ``exc`` may have reached Consul."""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return False
+    if isinstance(exc, requests.exceptions.Timeout):
+        return True  # sent, but the answer did not come in time
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        reason = getattr(exc.args[0] if exc.args else None, "reason", None)
+        return not isinstance(reason, urllib3.exceptions.NewConnectionError)
+    return False
+
+
 @contextmanager
-def _translated(address: str, what: str) -> Iterator[None]:
-    """Turn requests' and py-consul's errors into allocator's, naming the address."""
+def _translated(address: str, what: str, *, write: bool = False) -> Iterator[None]:
+    """Turn requests' and py-consul's errors into allocator's, naming the address.
+
+    A ``write`` whose request may have reached Consul before the connection
+    failed raises ``AmbiguousWrite``: it may have been applied.
+    """
     try:
         yield
     except requests.exceptions.SSLError as exc:
@@ -112,6 +138,11 @@ def _translated(address: str, what: str) -> Iterator[None]:
     except (requests.exceptions.InvalidURL, requests.exceptions.InvalidHeader) as exc:
         raise StoreConfigError(f"cannot send a request to Consul at {address}: {exc}") from exc
     except requests.exceptions.RequestException as exc:
+        if write and _may_have_been_sent(exc):
+            raise AmbiguousWrite(
+                f"Consul at {address} did not confirm the write ({what}): {_reason(exc)}; "
+                "it may have been applied; re-run to check"
+            ) from exc
         raise StoreUnavailable(
             f"Consul at {address} is unreachable ({what}): {_reason(exc)}"
         ) from exc
@@ -123,7 +154,11 @@ def _translated(address: str, what: str) -> Iterator[None]:
             raise ValueTooLarge(f"Consul at {address} refused to {what}: {text}") from exc
         if text[:1] == "5" or text.startswith("429"):  # server trouble or rate limiting
             raise StoreUnavailable(f"Consul at {address} failed to {what}: {text}") from exc
-        raise StoreError(f"Consul at {address} could not {what}: {text}") from exc
+        # Consul answers what allocator sends with 200, 403, 404, 409 or 413: anything
+        # else comes from something that is not a Consul agent (or one behind a proxy).
+        raise StoreUnavailable(
+            f"Consul at {address} could not {what}: {text[:200]} (is it a Consul agent?)"
+        ) from exc
 
 
 def _txn_reply(response: Any) -> tuple[int, Any]:
@@ -191,8 +226,23 @@ class _Client(consul.Consul):  # type: ignore[misc]
 # --- the store ---------------------------------------------------------------------
 
 
+# Shared by every handle of this process (keyed by address and token): the agent
+# lists on one handle and watches on others.
+_BASELINES: dict[tuple[str, str | None], Baselines] = {}
+
+
+def _baselines_for(config: ConsulConfig) -> Baselines:
+    key = (config.address, config.token)
+    found = _BASELINES.get(key)
+    if found is None:
+        found = _BASELINES.setdefault(key, Baselines())
+    return found
+
+
 class ConsulStore:
     """A :class:`~allocator.store.base.Store` on Consul's KV (see the module doc)."""
+
+    max_txn_ops: int | None = MAX_TXN_OPS
 
     def __init__(
         self,
@@ -203,8 +253,12 @@ class ConsulStore:
         request_timeout: float = REQUEST_TIMEOUT_S,
         watch_min_interval: float = WATCH_MIN_INTERVAL_S,
     ) -> None:
-        self.url = url
+        from allocator.secrets import remember_secret
+
+        remember_secret(config.token)
+        self.url = redact_url(url)
         self.config = config
+        self._baselines = _baselines_for(config)
         self._timeouts = (connect_timeout, request_timeout)
         self._watch_min_interval = watch_min_interval
         self._client: _Client | None = _Client(config, self._timeouts)
@@ -215,8 +269,8 @@ class ConsulStore:
             raise StoreUnavailable(f"store {self.url} is closed")
         return self._client
 
-    def _call(self, what: str) -> AbstractContextManager[None]:
-        return _translated(self.config.address, what)
+    def _call(self, what: str, *, write: bool = False) -> AbstractContextManager[None]:
+        return _translated(self.config.address, what, write=write)
 
     def get(self, key: str) -> KeyValue | None:
         """Return the current version of ``key`` (a consistent read), or ``None``."""
@@ -241,7 +295,10 @@ class ConsulStore:
             store_index, _ = client.kv.get(name + _INDEX_PROBE, consistency="consistent")
             index, items = client.kv.get(name, recurse=True, consistency="consistent")
         found = sorted((key_value(item) for item in items or ()), key=lambda kv: kv.key)
-        return Listing(tuple(found), max(int(index), int(store_index)))
+        revision = max(int(index), int(store_index))
+        known = {str(item["Key"]): int(item["ModifyIndex"]) for item in items or ()}
+        self._baselines.record(prefix, revision, revision, known)
+        return Listing(tuple(found), revision)
 
     def put(
         self,
@@ -254,7 +311,7 @@ class ConsulStore:
         """Write ``key`` (conditionally with ``expect_revision``); return its revision."""
         compares = [] if expect_revision is None else [Compare(key, expect_revision)]
         op = Put(key, value, lease)
-        _local.check_txn(compares, [op])
+        _local.check_txn(compares, [op], self.max_txn_ops)
         try:
             return self._write(compares, [op], f"write {key}")
         except _TxnTooLarge:
@@ -263,7 +320,7 @@ class ConsulStore:
     def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
         """Delete ``key``; return whether it existed (conditionally with ``expect_revision``)."""
         if expect_revision is not None:
-            _local.check_txn([Compare(key, expect_revision)], [Delete(key)])
+            _local.check_txn([Compare(key, expect_revision)], [Delete(key)], self.max_txn_ops)
             if expect_revision == 0:  # "must be absent": there is nothing to delete
                 found = self.get(key)
                 if found is not None:
@@ -285,7 +342,7 @@ class ConsulStore:
 
     def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
         """Apply ``ops`` atomically if every compare holds; return the revision."""
-        _local.check_txn(compares, ops)
+        _local.check_txn(compares, ops, self.max_txn_ops)
         try:
             return self._write(compares, ops, "apply a transaction")
         except _TxnTooLarge as exc:
@@ -316,9 +373,14 @@ class ConsulStore:
         body = json.dumps(payload)
         if len(body) > TXN_BODY_LIMIT:
             raise _TxnTooLarge(len(body))
+        if len(payload) > MAX_TXN_OPS:  # a takeover's unlocks can add operations
+            raise ValueTooLarge(
+                f"transaction needs {len(payload)} Consul operations; Consul accepts at most "
+                f"{MAX_TXN_OPS}"
+            )
         client = self._live()
         # py-consul's txn.put sends no ACL token, so this goes through its HTTP client.
-        with self._call(what):
+        with self._call(what, write=True):
             code, reply = client.http.put(
                 _txn_reply, "/v1/txn", data=body, headers=client.prepare_headers()
             )
@@ -355,7 +417,7 @@ class ConsulStore:
         client, name = self._live(), consul_key(key)
         session = session_id(lease) if lease is not None else None
         flags = random_flags()
-        with self._call(f"write {key}"):
+        with self._call(f"write {key}", write=True):
             try:
                 done = client.kv.put(name, value, cas=expect, flags=flags, acquire=session)
             except consul.ConsulException as exc:
@@ -400,6 +462,7 @@ class ConsulStore:
                 start_revision,
                 on_close=client.close,
                 min_interval=self._watch_min_interval,
+                baselines=self._baselines,
             )
         except BaseException:
             client.close()
@@ -448,6 +511,10 @@ class ConsulStore:
             client.close()
 
 
-def open_consul(url: str) -> ConsulStore:
-    """Open the Consul store at ``url``, honouring Consul's environment variables."""
+def open_consul(url: str, *, create: bool = False) -> ConsulStore:
+    """Open the Consul store at ``url``, honouring Consul's environment variables.
+
+    ``create`` is accepted for the common factory signature (a Consul
+    cluster always exists).
+    """
     return ConsulStore(url, parse_consul_url(url, os.environ))

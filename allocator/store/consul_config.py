@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from allocator.errors import StoreConfigError
+from allocator.store.urls import is_valid_host, redact_url
 
 __all__ = ["DEFAULT_PORT", "DEFAULT_TLS_PORT", "ConsulConfig", "parse_consul_url"]
 
@@ -46,6 +47,7 @@ class ConsulConfig:
 def parse_consul_url(url: str, env: Mapping[str, str]) -> ConsulConfig:
     """Read a ``consul://`` / ``consuls://`` URL plus Consul's standard variables.
 
+    TLS files on a plaintext connection are refused rather than ignored.
     A URL without a host uses ``CONSUL_HTTP_ADDR`` (``host:port`` or
     ``http(s)://host:port``), else ``127.0.0.1``. TLS: ``consuls://``,
     ``CONSUL_HTTP_SSL=true`` or an ``https://`` address; ``CONSUL_CACERT`` /
@@ -54,15 +56,22 @@ def parse_consul_url(url: str, env: Mapping[str, str]) -> ConsulConfig:
     ``CONSUL_HTTP_TOKEN_FILE``; a URL must not carry one. Raises
     ``StoreConfigError`` for anything malformed or missing.
     """
-    parts = urlsplit(url)
-    if parts.scheme not in ("consul", "consuls"):
-        raise StoreConfigError(f"not a Consul URL: {parts.scheme}:// (use consul:// or consuls://)")
-    if "@" in parts.netloc:  # never echo what came before the "@": it may be a secret
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("consul", "consuls"):
         raise StoreConfigError(
-            f"{parts.scheme}://...@{parts.netloc.rpartition('@')[2]}: a Consul URL must not "
+            f"not a Consul URL: {redact_url(url)[:200]!r} (use consul:// or consuls://)"
+        )
+    if "@" in rest:  # never echo what came before the "@": it may be a secret
+        after = redact_url(f"{scheme}://{rest.rpartition('@')[2]}")[len(scheme) + 3 :]
+        raise StoreConfigError(
+            f"{scheme}://...@{after[:200]}: a Consul URL must not "
             "carry credentials; set CONSUL_HTTP_TOKEN"
         )
-    shown = f"{parts.scheme}://{parts.netloc}"  # the query is left out: it may hold a token
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # unbalanced [ ] around an IPv6 host
+        raise StoreConfigError(f"malformed Consul URL {redact_url(url)[:200]!r}: {exc}") from None
+    shown = f"{parts.scheme}://{parts.netloc[:200]}"  # the query is left out: it may hold a token
     if parts.query or parts.fragment or parts.path not in ("", "/"):
         raise StoreConfigError(
             f"{shown}: a Consul URL is {parts.scheme}://host:port with nothing after it"
@@ -76,34 +85,43 @@ def parse_consul_url(url: str, env: Mapping[str, str]) -> ConsulConfig:
     else:
         host, port = "127.0.0.1", None
     default_port = DEFAULT_TLS_PORT if parts.scheme == "consuls" else DEFAULT_PORT
+    cert = _client_cert(env)
+    verify = _verify(env)
+    if not tls and (cert is not None or isinstance(verify, str)):
+        raise StoreConfigError(
+            f"{shown}: TLS files are set (CONSUL_CACERT/CAPATH or CONSUL_CLIENT_CERT/KEY) "
+            "but the connection would be plaintext: use consuls:// (or CONSUL_HTTP_SSL=true) "
+            "so they are used; the token is never sent in the clear instead"
+        )
     return ConsulConfig(
         scheme="https" if tls else "http",
         host=host,
         port=port or default_port,
         token=_token(env),
-        verify=_verify(env),
-        cert=_client_cert(env),
+        verify=verify,
+        cert=cert,
     )
 
 
 def _host_port(netloc: str, shown: str) -> tuple[str, int | None]:
-    parts = urlsplit(f"//{netloc}")
     try:
+        parts = urlsplit(f"//{netloc}")
         port = parts.port
     except ValueError as exc:
         raise StoreConfigError(f"{shown}: the port must be a number from 1 to 65535") from exc
-    if not parts.hostname or port == 0:
+    if not parts.hostname or port == 0 or not is_valid_host(parts.hostname):
         raise StoreConfigError(f"{shown}: expected host:port")
     return parts.hostname, port
 
 
 def _parse_addr(addr: str) -> tuple[str, int | None, bool]:
     scheme, _, rest = addr.rpartition("://")
+    shown = f"CONSUL_HTTP_ADDR={redact_url(addr)[:200]}"
     if scheme not in ("", "http", "https"):
-        raise StoreConfigError(f"CONSUL_HTTP_ADDR={addr}: only http:// and https:// are supported")
+        raise StoreConfigError(f"{shown}: only http:// and https:// are supported")
     if "/" in rest or "@" in rest:
-        raise StoreConfigError(f"CONSUL_HTTP_ADDR={addr}: expected host:port")
-    host, port = _host_port(rest, f"CONSUL_HTTP_ADDR={addr}")
+        raise StoreConfigError(f"{shown}: expected host:port")
+    host, port = _host_port(rest, shown)
     return host, port, scheme == "https"
 
 

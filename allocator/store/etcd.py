@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import math
 import os
 import threading
@@ -35,6 +36,7 @@ from aetcd import rpc
 
 from allocator.errors import (
     AllocatorError,
+    AmbiguousWrite,
     CasConflict,
     Compacted,
     LeaseLost,
@@ -59,22 +61,65 @@ from allocator.store.etcd_config import (
     format_endpoint,
     parse_etcd_url,
     read_pem,
-    redact_url,
 )
+from allocator.store.urls import redact_url
 
-__all__ = ["EtcdStore", "EtcdWatch", "open_etcd", "translate_error"]
+__all__ = [
+    "MAX_TXN_OPS",
+    "EtcdStore",
+    "EtcdWatch",
+    "attempt_timeout",
+    "open_etcd",
+    "translate_error",
+]
+
+#: etcd's default ``--max-txn-ops``: compares (and writes) one transaction may hold.
+MAX_TXN_OPS = 128
+#: Seconds past a call's budget before the loop thread gives up on it: a
+#: hang guard only, since every request carries a deadline inside the budget.
+_GUARD_SLACK_S = 1.0
+# When the current call must be done by (loop time); each call is its own task.
+_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("etcd_call_deadline")
 
 _T = TypeVar("_T")
 _Op = Callable[["_Connection"], Awaitable[_T]]
 
 
-def open_etcd(url: str) -> EtcdStore:
+def open_etcd(url: str, *, create: bool = False) -> EtcdStore:
     """Open an etcd store for ``url`` (syntax in :mod:`allocator.store.etcd_config`).
 
     No network I/O happens here; the first call connects. A malformed URL,
     an unreadable TLS file or half-given credentials raise ``StoreConfigError``.
+    ``create`` is accepted for the common factory signature (an etcd
+    cluster always exists).
     """
     return EtcdStore(parse_etcd_url(url), url)
+
+
+def attempt_timeout(remaining: float, endpoints_left: int) -> float:
+    """Seconds one endpoint may take: an equal share of what is left of the call's budget.
+
+    The shares of every endpoint still to try add up to ``remaining``, so a
+    call that fails over across all of them still ends within its budget.
+    """
+    return max(remaining, 0.0) / max(endpoints_left, 1)
+
+
+def _remaining() -> float:
+    """Seconds left before the current call's deadline (at least a millisecond)."""
+    return max(_DEADLINE.get() - asyncio.get_running_loop().time(), 0.001)
+
+
+def _maybe_applied(exc: BaseException) -> bool:
+    """Whether a write that failed with ``exc`` after being sent may still have committed."""
+    if isinstance(exc, TimeoutError | asyncio.CancelledError):
+        return True
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    code, details = exc.code(), _details(exc)
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return "failed to connect" not in details and "no leader" not in details
+    return code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 # --- error translation -----------------------------------------------------------
@@ -102,7 +147,12 @@ def _token_is_stale(exc: BaseException) -> bool:
 
 
 def _worth_another_endpoint(exc: BaseException, idempotent: bool) -> bool:
-    if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() != grpc.StatusCode.UNAVAILABLE:
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return False
+    code = exc.code()
+    if idempotent and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return True  # a silent endpoint used up its share of the budget
+    if code != grpc.StatusCode.UNAVAILABLE:
         return False
     # A write that may have been applied must not be applied twice.
     details = _details(exc)
@@ -133,6 +183,9 @@ def translate_error(exc: BaseException, where: str) -> AllocatorError:
         return LeaseLost(f"etcd at {where}: {details}")
     if "request is too large" in details:
         return ValueTooLarge(f"etcd at {where}: {details}")
+    if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        # Not an answer etcd gives to what allocator sends: something else listens there.
+        return StoreUnavailable(f"etcd at {where}: {details[:200]} (is it an etcd v3 server?)")
     return StoreError(f"etcd at {where}: {details}")
 
 
@@ -177,13 +230,18 @@ class _Connection:
         if self.config.username is None:
             return
         request = rpc.AuthenticateRequest(name=self.config.username, password=self.config.password)
-        reply = await rpc.AuthStub(self.channel).Authenticate(request, timeout=self.config.timeout)
+        reply = await rpc.AuthStub(self.channel).Authenticate(request, timeout=_remaining())
         self.metadata = (("token", reply.token),)
+
+    def ready(self) -> bool:
+        """Whether the channel has a live connection (requests can have gone out on it)."""
+        state = self.channel.get_state(try_to_connect=False)
+        return bool(state == grpc.ChannelConnectivity.READY)
 
     @property
     def call_options(self) -> dict[str, Any]:
-        """Keyword arguments for a unary call: deadline and token."""
-        return {"timeout": self.config.timeout, "metadata": self.metadata}
+        """Keyword arguments for a call: what is left of its deadline, and the token."""
+        return {"timeout": _remaining(), "metadata": self.metadata}
 
 
 def _tls_credentials(config: EtcdConfig) -> Any:
@@ -350,9 +408,20 @@ class EtcdWatch:
 
 
 class EtcdStore:
-    """:class:`~allocator.store.base.Store` on etcd v3."""
+    """:class:`~allocator.store.base.Store` on etcd v3.
+
+    Every call has one budget, ``timeout`` seconds (the URL's ``timeout=``),
+    that covers connecting, logging in, failing over and the request: each
+    inner deadline is what is left of it. A write sent but not confirmed
+    within it raises :class:`~allocator.errors.AmbiguousWrite`.
+    """
+
+    max_txn_ops: int | None = MAX_TXN_OPS
 
     def __init__(self, config: EtcdConfig, url: str) -> None:
+        from allocator.secrets import remember_secret
+
+        remember_secret(config.password)
         self.url = redact_url(url)
         self.config = config
         self.endpoints = config.endpoint_names
@@ -417,7 +486,7 @@ class EtcdStore:
     def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
         """Delete ``key``; return whether it existed."""
         compares = [] if expect_revision is None else [Compare(key, expect_revision)]
-        check_txn(compares, [Delete(key)])
+        check_txn(compares, [Delete(key)], self.max_txn_ops)
         request = _txn_request(compares, [_request_op(Delete(key))])
 
         async def op(conn: _Connection) -> bool:
@@ -428,7 +497,7 @@ class EtcdStore:
 
     def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
         """Apply ``ops`` at one revision if every compare holds, else ``CasConflict``."""
-        check_txn(compares, ops)
+        check_txn(compares, ops, self.max_txn_ops)
         request = _txn_request(compares, [_request_op(op) for op in ops])
 
         async def op(conn: _Connection) -> int:
@@ -462,7 +531,7 @@ class EtcdStore:
             created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             task = asyncio.create_task(_pump_watch(conn, create, queue, created))
             try:
-                await asyncio.wait_for(created, self.config.timeout)
+                await asyncio.wait_for(created, _remaining())
             except BaseException:
                 task.cancel()
                 raise
@@ -551,33 +620,52 @@ class EtcdStore:
     def _call(self, op: _Op[_T], *, idempotent: bool = False) -> _T:
         """Run ``op`` on the loop against the current connection, errors translated.
 
-        With several endpoints, a call the current one could not take is
-        tried on the next: any ``idempotent`` call, and any other call only
-        when it cannot have been applied (no connection, no leader).
+        The whole call, failovers included, fits in ``config.timeout``. With
+        several endpoints, a call the current one could not take is tried on
+        the next: any ``idempotent`` call, and any other call only when it
+        cannot have been applied (no connection, no leader). A write that was
+        sent but not answered raises ``AmbiguousWrite``.
         """
-        # A hang guard only: every request carries its own deadline.
-        guard = self.config.timeout * (2 * len(self.config.endpoints) + 1) + 1
+        guard = self.config.timeout + _GUARD_SLACK_S
         with self._state_lock:
             if self._closed:
                 raise StoreError(f"the etcd store for {self.endpoints} is closed")
             coro = self._attempt(op, idempotent)
-        return self._loop.run(coro, guard, f"etcd at {self.endpoints}")
+        unconfirmed = None if idempotent else self._ambiguous(self.endpoints)
+        return self._loop.run(coro, guard, f"etcd at {self.endpoints}", timeout_error=unconfirmed)
 
     async def _attempt(self, op: _Op[_T], idempotent: bool) -> _T:
+        loop = asyncio.get_running_loop()
+        overall = loop.time() + self.config.timeout
         count = len(self.config.endpoints)
         for tried in range(1, count + 1):
+            share = attempt_timeout(overall - loop.time(), count - tried + 1)
+            _DEADLINE.set(loop.time() + share)
             conn: _Connection | None = None
+            connected = False
             try:
                 conn = await self._connection()
+                connected = conn.ready()
                 return await self._with_fresh_token(conn, op)
             except AllocatorError:
                 raise
             except Exception as exc:
-                if tried == count or not _worth_another_endpoint(exc, idempotent):
-                    where = conn.endpoint if conn is not None and tried == 1 else self.endpoints
+                where = conn.endpoint if conn is not None and tried == 1 else self.endpoints
+                # A request goes out only on a ready connection: one that never got
+                # there cannot have delivered the write.
+                sent = conn is not None and (connected or conn.ready())
+                if sent and not idempotent and _maybe_applied(exc):
+                    raise self._ambiguous(where) from exc
+                if tried == count or not _worth_another_endpoint(exc, idempotent or not sent):
                     raise translate_error(exc, where) from exc
                 await self._next_endpoint(conn)
         raise AssertionError("every attempt returns or raises")
+
+    def _ambiguous(self, where: str) -> AmbiguousWrite:
+        return AmbiguousWrite(
+            f"etcd at {where} did not confirm the write within {self.config.timeout:g} s: "
+            "it may have been applied; re-run to check"
+        )
 
     @staticmethod
     async def _with_fresh_token(conn: _Connection, op: _Op[_T]) -> _T:

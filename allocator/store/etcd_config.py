@@ -9,6 +9,12 @@ apply: ``ETCDCTL_ENDPOINTS`` (``http://`` or ``https://`` endpoints),
 ``ETCDCTL_USER`` (``user:password``, or ``user`` plus ``ETCDCTL_PASSWORD``),
 ``ETCDCTL_CACERT``, ``ETCDCTL_CERT``, ``ETCDCTL_KEY``. No endpoint at all
 means ``127.0.0.1:2379``, as for etcdctl.
+
+TLS files on a plaintext URL are refused rather than ignored: etcdctl and
+etcd's Go client quietly dial ``http://`` endpoints in the clear even when
+given a CA, which sends the password unencrypted to whoever answers.
+``timeout`` is the whole budget of one store call (connecting, logging in
+and the request itself), from 0.05 to 300 seconds.
 """
 
 from __future__ import annotations
@@ -20,10 +26,13 @@ from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from allocator.errors import StoreConfigError
+from allocator.store.urls import is_valid_host, redact_url
 
 __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_TIMEOUT",
+    "MAX_TIMEOUT",
+    "MIN_TIMEOUT",
     "EtcdConfig",
     "format_endpoint",
     "parse_etcd_url",
@@ -34,6 +43,8 @@ __all__ = [
 DEFAULT_PORT = 2379
 #: Seconds one request may take before the store counts as unavailable.
 DEFAULT_TIMEOUT = 5.0
+MIN_TIMEOUT = 0.05
+MAX_TIMEOUT = 300.0
 _QUERY_KEYS = frozenset({"cacert", "cert", "key", "timeout"})
 
 
@@ -68,42 +79,40 @@ def parse_etcd_url(url: str, env: Mapping[str, str] | None = None) -> EtcdConfig
     anything malformed; never reads a file.
     """
     env = os.environ if env is None else env
-    scheme, sep, rest = url.partition("://")
+    scheme, sep, _ = url.partition("://")
     if not sep or scheme not in ("etcd", "etcds"):
         raise StoreConfigError(f"not an etcd URL: {redact_url(url)!r} (want etcd:// or etcds://)")
     try:
-        parts = urlsplit(f"{scheme}://{rest}")
+        parts = urlsplit(url)
     except ValueError as exc:  # unbalanced [ ] around an IPv6 host
         raise StoreConfigError(f"malformed etcd URL {redact_url(url)!r}: {exc}") from None
     if parts.path not in ("", "/") or parts.fragment:
         raise StoreConfigError(f"etcd URL {redact_url(url)!r} must not have a path or fragment")
     userinfo, at, hosts = parts.netloc.rpartition("@")
     endpoints, tls = _endpoints(hosts, scheme == "etcds", url, env)
-    options = _query_options(parts.query)
+    options = _query_options(parts.query, url)
     user, password = _credentials(userinfo if at else None, env)
+    cacert = options.get("cacert", env.get("ETCDCTL_CACERT")) or None
     cert = options.get("cert", env.get("ETCDCTL_CERT")) or None
     key = options.get("key", env.get("ETCDCTL_KEY")) or None
     if (cert is None) != (key is None):
         raise StoreConfigError("etcd client TLS needs both a certificate and its key")
+    if not tls and (cacert or cert or key):
+        raise StoreConfigError(
+            f"etcd URL {redact_url(url)!r} is plaintext but TLS files are given "
+            "(cacert/cert/key, or ETCDCTL_CACERT/CERT/KEY): use etcds:// (or https:// "
+            "endpoints) so they are used; credentials are never sent in the clear instead"
+        )
     return EtcdConfig(
         endpoints=endpoints,
         tls=tls,
         username=user,
         password=password,
-        cacert=options.get("cacert", env.get("ETCDCTL_CACERT")) or None,
+        cacert=cacert,
         cert=cert,
         key=key,
         timeout=float(options.get("timeout", DEFAULT_TIMEOUT)),
     )
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (safe to print and log)."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, tail = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    return f"{scheme}://{userinfo.partition(':')[0]}:***@{tail}"
 
 
 def read_pem(path: str | None, what: str) -> bytes | None:
@@ -123,8 +132,10 @@ def _endpoints(
     hosts: str, tls: bool, url: str, env: Mapping[str, str]
 ) -> tuple[tuple[tuple[str, int], ...], bool]:
     if hosts:
+        # Never echo an endpoint of a URL: a password holding a raw "/" or "?" makes
+        # part of it look like a host; the redacted URL is safe to show instead.
         source = f"etcd URL {redact_url(url)!r}"
-        return tuple(_parse_endpoint(h, source) for h in hosts.split(",")), tls
+        return tuple(_parse_endpoint(h, source, echo=False) for h in hosts.split(",")), tls
     if not env.get("ETCDCTL_ENDPOINTS"):
         return ((("127.0.0.1", DEFAULT_PORT),), tls)
     endpoints, schemes = [], set()
@@ -139,26 +150,27 @@ def _endpoints(
     return tuple(endpoints), tls or schemes == {"https"}
 
 
-def _parse_endpoint(text: str, source: str) -> tuple[str, int]:
+def _parse_endpoint(text: str, source: str, *, echo: bool = True) -> tuple[str, int]:
     text = text.strip()
+    shown = f"endpoint {text!r}" if echo else "an endpoint"
     if text.startswith("["):  # [v6] or [v6]:port
         host, closed, rest = text[1:].partition("]")
         if not closed or (rest and not rest.startswith(":")):
-            raise StoreConfigError(f"{source}: malformed endpoint {text!r}")
+            raise StoreConfigError(f"{source}: malformed {shown}")
         has_port, port_text = bool(rest), rest[1:]
     elif text.count(":") == 1:
         host, _, port_text = text.partition(":")
         has_port = True
     elif ":" in text:
-        raise StoreConfigError(f"{source}: write IPv6 endpoints as [addr]:port, not {text!r}")
+        raise StoreConfigError(f"{source}: write IPv6 endpoints as [addr]:port ({shown})")
     else:
         host, has_port, port_text = text, False, ""
-    if not host or "/" in host:
-        raise StoreConfigError(f"{source}: endpoint {text!r} has an empty or bad host")
+    if not is_valid_host(host):
+        raise StoreConfigError(f"{source}: {shown} has an empty or malformed host")
     if not has_port:
         return host, DEFAULT_PORT
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise StoreConfigError(f"{source}: endpoint {text!r} has a bad port {port_text!r}")
+        raise StoreConfigError(f"{source}: {shown} has a bad port (1-65535)")
     return host, int(port_text)
 
 
@@ -179,29 +191,33 @@ def _credentials(userinfo: str | None, env: Mapping[str, str]) -> tuple[str | No
         password = env.get("ETCDCTL_PASSWORD")
         if password is None:
             raise StoreConfigError(
-                f"etcd user {user!r} has no password: give user:password or set ETCDCTL_PASSWORD"
+                "the etcd user has no password: give user:password or set ETCDCTL_PASSWORD"
             )
     return user, password
 
 
-def _query_options(query: str) -> dict[str, str]:
+def _query_options(query: str, url: str) -> dict[str, str]:
     try:
         options = dict(parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)))
-    except ValueError as exc:
-        raise StoreConfigError(f"malformed etcd URL options {query!r}") from exc
+    except ValueError:
+        raise StoreConfigError(f"malformed options in etcd URL {redact_url(url)!r}") from None
     unknown = sorted(set(options) - _QUERY_KEYS)
     if unknown:
         known = ", ".join(sorted(_QUERY_KEYS))
-        raise StoreConfigError(f"unknown etcd URL option(s) {', '.join(unknown)}; known: {known}")
+        names = ", ".join(repr(name[:40]) for name in unknown[:5])
+        raise StoreConfigError(f"unknown etcd URL option(s) {names}; known: {known}")
     timeout = options.get("timeout")
-    if timeout is not None and not _positive_number(timeout):
-        raise StoreConfigError(f"etcd URL option timeout={timeout!r} must be seconds > 0")
+    if timeout is not None and not _timeout_in_range(timeout):
+        raise StoreConfigError(
+            f"etcd URL option timeout={timeout[:40]!r} must be seconds from "
+            f"{MIN_TIMEOUT:g} to {MAX_TIMEOUT:g}"
+        )
     return options
 
 
-def _positive_number(text: str) -> bool:
+def _timeout_in_range(text: str) -> bool:
     try:
         value = float(text)
     except ValueError:
         return False
-    return 0 < value < float("inf")
+    return MIN_TIMEOUT <= value <= MAX_TIMEOUT

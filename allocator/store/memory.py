@@ -5,6 +5,9 @@ with the same NAME in this process (so tests can give each thread its own
 store, like separate clients of one server); ``memory://`` alone opens a
 fresh private store. Leases expire by an injectable clock; expired leases are
 reaped lazily by any operation or waiting watch, like the SQLite store.
+A transaction may hold at most :data:`~allocator.store.base.MAX_TXN_OPS`
+operations, the smallest limit of any backend, so code tested here cannot
+build a transaction Consul would refuse.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from allocator.errors import LeaseLost, StoreConfigError, StoreUnavailable
 from allocator.store import _local
 from allocator.store.base import (
+    MAX_TXN_OPS,
     Compare,
     Delete,
     Event,
@@ -28,6 +32,7 @@ from allocator.store.base import (
     Store,
     Watch,
 )
+from allocator.store.urls import redact_url
 
 __all__ = ["MemoryStore", "open_memory"]
 
@@ -154,6 +159,8 @@ class _MemoryWatch:
 class MemoryStore(_local.ConditionalWrites):
     """A Store kept in this process's memory (see the module docstring)."""
 
+    max_txn_ops: int | None = MAX_TXN_OPS
+
     def __init__(
         self,
         url: str = _SCHEME,
@@ -162,7 +169,7 @@ class MemoryStore(_local.ConditionalWrites):
         history: int = _local.DEFAULT_HISTORY,
         state: _State | None = None,
     ) -> None:
-        self.url = url
+        self.url = redact_url(url)
         self._state = state if state is not None else _State(clock, history)
         self._closed = False
 
@@ -190,7 +197,7 @@ class MemoryStore(_local.ConditionalWrites):
 
     def _apply(self, compares: Sequence[Compare], ops: Sequence[Op]) -> tuple[int, int]:
         """Check and apply a write; return (store revision, number of keys changed)."""
-        _local.check_txn(compares, ops)
+        _local.check_txn(compares, ops, self.max_txn_ops)
         state = self._live()
         with state.cond:
             state.reap()
@@ -251,10 +258,16 @@ class MemoryStore(_local.ConditionalWrites):
         self._closed = True
 
 
-def open_memory(url: str) -> Store:
-    """Open ``memory://NAME`` (state shared per NAME in this process) or ``memory://``."""
+def open_memory(url: str, *, create: bool = True) -> Store:
+    """Open ``memory://NAME`` (state shared per NAME in this process) or ``memory://``.
+
+    ``create`` is accepted for the common factory signature: a memory store
+    always exists.
+    """
     if not url.startswith(_SCHEME):
-        raise StoreConfigError(f"not a memory store URL: {url!r} (expected memory://NAME)")
+        raise StoreConfigError(
+            f"not a memory store URL: {redact_url(url)!r} (expected memory://NAME)"
+        )
     name = url[len(_SCHEME) :]
     if not name:
         return MemoryStore(url)

@@ -3,7 +3,17 @@
 URL forms: ``sqlite://`` followed by a filesystem path, taken literally, so
 ``sqlite:///var/lib/allocator/store.db`` is the absolute path
 ``/var/lib/allocator/store.db`` and ``sqlite://state/store.db`` is relative
-to the current directory (``~`` is expanded). Parent directories are created.
+to the current directory (``~`` is expanded). ``?mode=ro`` (never write),
+``?mode=rw`` (write, but never create) and ``?mode=rwc`` (create on the
+first write) are SQLite's own modes; see :mod:`allocator.store.urls`.
+
+Only a write creates the file (and its parent directories): a read of a
+missing store is ``StoreUnavailable`` naming the path, so a mistyped path
+is reported instead of answered with an empty fleet, unless the store was
+opened to be created (``create=True``: ``policy apply``), in which case it
+reads as empty until the first write, and a command that fails before
+writing leaves nothing behind. Reads open the file read-only, so a
+user who may only read the file can run every read command.
 
 How the Store semantics are kept (see :mod:`allocator.store.base`):
 
@@ -16,8 +26,9 @@ How the Store semantics are kept (see :mod:`allocator.store.base`):
 * A watch polls the revision every ``poll_interval`` seconds, sleeping in
   between, and reads only the new part of the log.
 * Lease expiry times are wall-clock (``clock``, default ``time.time``)
-  because several processes compare them; expired leases are reaped lazily
-  by whichever process touches the store next, with delete events.
+  because several processes compare them. Reads leave out keys whose lease
+  has expired without writing anything; writers (any write, and a watch
+  of a handle that has written) reap expired leases, with delete events.
 
 ``sqlite3`` errors are translated into allocator errors here and only here.
 """
@@ -32,151 +43,40 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from allocator.errors import (
-    AllocatorError,
-    LeaseLost,
-    PermissionDenied,
-    StoreConfigError,
-    StoreError,
-    StoreUnavailable,
-)
+from allocator.errors import LeaseLost
 from allocator.store import _local
+from allocator.store._sqlite_db import Connections, transaction, translate
 from allocator.store.base import Compare, Delete, Event, KeyValue, Listing, Op, Put, Store, Watch
+from allocator.store.urls import parse_sqlite_url, redact_url
 
-__all__ = ["SqliteStore", "open_sqlite", "path_of_url"]
+__all__ = ["SqliteStore", "open_sqlite", "path_of_url", "translate"]
 
 Clock = Callable[[], float]
 _Events = list[Event]  # spelled here: inside SqliteStore, `list` is a method
 _SCHEME = "sqlite://"
-
-# Primary SQLite result codes (extended codes keep these in the low byte).
-_SQLITE_PERM, _SQLITE_BUSY, _SQLITE_LOCKED, _SQLITE_READONLY = 3, 5, 6, 8
-_SQLITE_IOERR, _SQLITE_CORRUPT, _SQLITE_FULL, _SQLITE_CANTOPEN = 10, 11, 13, 14
-_SQLITE_NOTADB = 26
+# A key is visible while it has no lease or its lease has not expired.
+_VISIBLE = (
+    "(kv.lease IS NULL OR EXISTS (SELECT 1 FROM leases WHERE leases.id = kv.lease"
+    " AND leases.expires_at > ?))"
+)
+_COLUMNS = "kv.key, kv.value, kv.mod_revision, kv.create_revision, kv.lease"
 
 
 def path_of_url(url: str) -> Path:
     """Return the absolute database path a ``sqlite://`` URL names."""
-    if not url.startswith(_SCHEME):
-        raise StoreConfigError(f"not an SQLite store URL: {url!r} (expected sqlite:///path/to.db)")
-    raw = url[len(_SCHEME) :]
-    if not raw:
-        raise StoreConfigError(f"SQLite store URL {url!r} names no file")
-    return Path(raw).expanduser().absolute()
-
-
-def translate(exc: sqlite3.Error, path: Path, doing: str) -> AllocatorError:
-    """Map an ``sqlite3`` error to the allocator error a caller can act on."""
-    code = (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF
-    where = f"SQLite store {path}"
-    if code in (_SQLITE_BUSY, _SQLITE_LOCKED):
-        return StoreUnavailable(f"{where} stayed locked by another process while {doing}")
-    if code in (_SQLITE_READONLY, _SQLITE_PERM):
-        return PermissionDenied(f"{where} is read-only for this user: cannot {doing}")
-    if code in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
-        return StoreError(f"{where} is corrupt or not an SQLite database ({exc})")
-    if code == _SQLITE_CANTOPEN:
-        return StoreConfigError(f"{where} cannot be opened ({exc})")
-    if code in (_SQLITE_IOERR, _SQLITE_FULL):
-        return StoreUnavailable(f"{where}: disk error while {doing} ({exc})")
-    return StoreError(f"{where}: {doing} failed ({exc})")
-
-
-_SCHEMA_VERSION = 1
-_SCHEMA = (
-    "CREATE TABLE meta (id INTEGER PRIMARY KEY CHECK (id = 1),"
-    " revision INTEGER NOT NULL, compact_revision INTEGER NOT NULL)",
-    "INSERT INTO meta (id, revision, compact_revision) VALUES (1, 0, 0)",
-    "CREATE TABLE kv (key TEXT PRIMARY KEY, value BLOB NOT NULL,"
-    " mod_revision INTEGER NOT NULL, create_revision INTEGER NOT NULL, lease INTEGER)",
-    "CREATE INDEX kv_by_lease ON kv (lease) WHERE lease IS NOT NULL",
-    "CREATE TABLE changes (id INTEGER PRIMARY KEY, revision INTEGER NOT NULL,"
-    " type TEXT NOT NULL CHECK (type IN ('put', 'delete')), key TEXT NOT NULL, value BLOB)",
-    "CREATE INDEX changes_by_revision ON changes (revision)",
-    "CREATE TABLE leases (id INTEGER PRIMARY KEY AUTOINCREMENT,"
-    " ttl REAL NOT NULL, expires_at REAL NOT NULL)",
-    "CREATE INDEX leases_by_expiry ON leases (expires_at)",
-)
-
-
-@contextmanager
-def _transaction(conn: sqlite3.Connection, mode: str = "IMMEDIATE") -> Iterator[None]:
-    """Run the block in one transaction; roll back if it raises."""
-    conn.execute(f"BEGIN {mode}")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def _connect(path: Path, busy_timeout: float) -> sqlite3.Connection:
-    """Open (creating if needed) the database at ``path`` with the current schema."""
-    _ensure_parent(path)
-    if path.is_dir():
-        raise StoreConfigError(f"SQLite store {path} is a directory, not a database file")
-    try:
-        conn = sqlite3.connect(
-            str(path), timeout=busy_timeout, isolation_level=None, check_same_thread=False
-        )
-    except sqlite3.Error as exc:
-        raise translate(exc, path, "opening it") from exc
-    try:
-        _ensure_schema(conn, path)
-    except BaseException as exc:
-        conn.close()
-        if isinstance(exc, sqlite3.Error):
-            raise translate(exc, path, "opening it") from exc
-        raise
-    return conn
-
-
-def _ensure_parent(path: Path) -> None:
-    """Create ``path``'s missing parent directories, or say which path is in the way."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), None)
-        reason = f"{blocker} is not a directory" if blocker else (exc.strerror or str(exc))
-        raise StoreConfigError(
-            f"cannot create the directory of SQLite store {path}: {reason}"
-        ) from exc
-
-
-def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
-    """Create the schema in a new database; refuse a foreign or newer one.
-
-    The common case (an existing store) costs one header read.
-    """
-    if _user_version(conn) == _SCHEMA_VERSION:
-        return
-    # Persistent in the file, and impossible inside a transaction: set it first.
-    conn.execute("PRAGMA journal_mode = WAL")
-    with _transaction(conn):
-        # Re-read under the write lock: another process may have just created it.
-        version = _user_version(conn)
-        if version > _SCHEMA_VERSION:
-            raise StoreError(
-                f"SQLite store {path} has schema version {version}; this allocator "
-                f"reads {_SCHEMA_VERSION} (upgrade allocator)"
-            )
-        if version == _SCHEMA_VERSION:
-            return
-        if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-            raise StoreError(f"{path} is an SQLite database but not an allocator store")
-        for statement in _SCHEMA:
-            conn.execute(statement)
-        conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-
-
-def _user_version(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    return parse_sqlite_url(url).path
 
 
 class SqliteStore(_local.ConditionalWrites):
-    """A Store in one SQLite file (see the module docstring)."""
+    """A Store in one SQLite file (see the module docstring).
+
+    ``mode`` is ``ro``, ``rw`` or ``rwc`` (the default: the first write
+    creates the file). ``missing_is_empty`` (the default here; the URL
+    opener, :func:`open_sqlite`, defaults to the opposite): reads of a file
+    that does not exist yet see an empty store instead of failing.
+    """
+
+    max_txn_ops: int | None = None
 
     def __init__(
         self,
@@ -187,26 +87,37 @@ class SqliteStore(_local.ConditionalWrites):
         history: int = _local.DEFAULT_HISTORY,
         poll_interval: float = 0.025,
         busy_timeout: float = 10.0,
+        mode: str = "rwc",
+        missing_is_empty: bool = True,
     ) -> None:
         self.path = Path(path).expanduser().absolute()
-        self.url = url or f"{_SCHEME}{self.path}"
+        self.url = redact_url(url or f"{_SCHEME}{self.path}")
         self._clock = clock
         self._history = history
         self._poll_interval = poll_interval
         self._next_watch_reap = 0.0
         self._lock = threading.RLock()
-        self._conn: sqlite3.Connection | None = _connect(self.path, busy_timeout)
+        self._files = Connections(self.path, mode, busy_timeout, missing_is_empty=missing_is_empty)
 
     # --- plumbing ----------------------------------------------------------------
 
     @contextmanager
-    def _session(self, doing: str) -> Iterator[sqlite3.Connection]:
-        """Hold the connection for one operation, translating sqlite3 errors."""
+    def _reading(self, doing: str) -> Iterator[sqlite3.Connection | None]:
+        """A connection to read with (``None``: no store yet, read as empty)."""
         with self._lock:
-            if self._conn is None:
-                raise StoreUnavailable(f"SQLite store {self.path} is closed")
             try:
-                yield self._conn
+                yield self._files.reader()
+            except sqlite3.Error as exc:
+                raise translate(exc, self.path, doing) from exc
+
+    @contextmanager
+    def _writing(self, doing: str) -> Iterator[sqlite3.Connection]:
+        """The read-write connection, inside one write transaction."""
+        with self._lock:
+            try:
+                conn = self._files.writer()
+                with transaction(conn):
+                    yield conn
             except sqlite3.Error as exc:
                 raise translate(exc, self.path, doing) from exc
 
@@ -272,25 +183,17 @@ class SqliteStore(_local.ConditionalWrites):
         for (lease_id,) in rows:
             self._end_lease(conn, int(lease_id))
 
-    def _reap_if_due(self, conn: sqlite3.Connection) -> None:
-        """Reap expired leases, taking the write lock only when one has expired."""
-        due = conn.execute(
-            "SELECT 1 FROM leases WHERE expires_at <= ? LIMIT 1", (self._clock(),)
-        ).fetchone()
-        if due:
-            with _transaction(conn):
-                self._reap(conn)
-
     # --- reads -----------------------------------------------------------------------
 
     def get(self, key: str) -> KeyValue | None:
-        """Return the current version of ``key``, or ``None`` if absent."""
+        """Return the current version of ``key``, or ``None`` if absent (or its lease expired)."""
         _local.check_key(key)
-        with self._session(f"reading {key}") as conn:
-            self._reap_if_due(conn)
+        with self._reading(f"reading {key}") as conn:
+            if conn is None:
+                return None
             row = conn.execute(
-                "SELECT key, value, mod_revision, create_revision, lease FROM kv WHERE key = ?",
-                (key,),
+                f"SELECT {_COLUMNS} FROM kv WHERE kv.key = ? AND {_VISIBLE}",
+                (key, self._clock()),
             ).fetchone()
         return _key_value(row) if row else None
 
@@ -298,13 +201,14 @@ class SqliteStore(_local.ConditionalWrites):
         """Return every key starting with ``prefix`` (sorted) and the store revision."""
         _local.check_prefix(prefix)
         low, high = _local.prefix_range(prefix)
-        with self._session(f"listing {prefix}") as conn:
-            self._reap_if_due(conn)
-            with _transaction(conn, "DEFERRED"):
+        with self._reading(f"listing {prefix}") as conn:
+            if conn is None:
+                return Listing((), 0)
+            with transaction(conn, "DEFERRED"):
                 rows = conn.execute(
-                    "SELECT key, value, mod_revision, create_revision, lease FROM kv"
-                    " WHERE key >= ? AND key < ? ORDER BY key",
-                    (low, high),
+                    f"SELECT {_COLUMNS} FROM kv WHERE kv.key >= ? AND kv.key < ?"
+                    f" AND {_VISIBLE} ORDER BY kv.key",
+                    (low, high, self._clock()),
                 ).fetchall()
                 revision = self._revisions(conn)[0]
         return Listing(tuple(_key_value(r) for r in rows), revision)
@@ -315,17 +219,12 @@ class SqliteStore(_local.ConditionalWrites):
         Raises ``Compacted`` if revision ``cursor`` is no longer in the log.
         """
         low, high = _local.prefix_range(prefix)
-        with self._session(f"watching {prefix}") as conn:
-            # A watch polls every few milliseconds; looking for expired leases once
-            # a second is enough (TTLs are seconds).
-            now = time.monotonic()
-            if now >= self._next_watch_reap:
-                self._next_watch_reap = now + 1.0
-                self._reap_if_due(conn)
+        self._reap_if_due()
+        with self._reading(f"watching {prefix}") as conn:
             # The common, quiet case: one cheap read and no transaction.
-            if self._revisions(conn)[0] < cursor:
+            if conn is None or self._revisions(conn)[0] < cursor:
                 return [], cursor
-            with _transaction(conn, "DEFERRED"):
+            with transaction(conn, "DEFERRED"):
                 revision, compact = self._revisions(conn)
                 _local.check_not_compacted(cursor, compact, prefix)
                 if revision < cursor:
@@ -341,12 +240,34 @@ class SqliteStore(_local.ConditionalWrites):
         ]
         return events, revision + 1
 
+    def _reap_if_due(self) -> None:
+        """From a watch of a handle that writes: end expired leases, once a second at most.
+
+        Reads never write (a read-only user must be able to read); expiry
+        events come from writers, so a watch reaps only on a handle that has
+        written, and only when a lease has expired.
+        """
+        now = time.monotonic()
+        if not self._files.writable or now < self._next_watch_reap:
+            return
+        self._next_watch_reap = now + 1.0  # TTLs are seconds; a watch polls in milliseconds
+        with self._reading("looking for expired leases") as conn:
+            due = (
+                conn is not None
+                and conn.execute(
+                    "SELECT 1 FROM leases WHERE expires_at <= ? LIMIT 1", (self._clock(),)
+                ).fetchone()
+            )
+        if due:
+            with self._writing("ending expired leases") as conn:
+                self._reap(conn)
+
     # --- writes ----------------------------------------------------------------------
 
     def _apply(self, compares: Sequence[Compare], ops: Sequence[Op]) -> tuple[int, int]:
         """Check and apply a write; return (store revision, number of keys changed)."""
-        _local.check_txn(compares, ops)
-        with self._session("writing") as conn, _transaction(conn):
+        _local.check_txn(compares, ops, self.max_txn_ops)
+        with self._writing("writing") as conn:
             self._reap(conn)
             mod_revision_of = self._mod_revision_reader(conn)
             failed = _local.failed_compares(compares, mod_revision_of)
@@ -374,8 +295,8 @@ class SqliteStore(_local.ConditionalWrites):
         _local.check_prefix(prefix)
         current = 0
         if not isinstance(start_revision, int) or start_revision <= 0:
-            with self._session(f"watching {prefix}") as conn:
-                current = self._revisions(conn)[0]
+            with self._reading(f"watching {prefix}") as conn:
+                current = self._revisions(conn)[0] if conn is not None else 0
         cursor = _local.resolve_start(start_revision, current)
         return _local.PollingWatch(
             lambda at: self.changes_since(prefix, at), cursor, self._poll_interval
@@ -384,7 +305,7 @@ class SqliteStore(_local.ConditionalWrites):
     def grant_lease(self, ttl: float) -> int:
         """Create a lease of ``ttl`` seconds; return its id."""
         seconds = _local.check_ttl(ttl)
-        with self._session("granting a lease") as conn, _transaction(conn):
+        with self._writing("granting a lease") as conn:
             self._reap(conn)
             cursor = conn.execute(
                 "INSERT INTO leases (ttl, expires_at) VALUES (?, ?)",
@@ -394,7 +315,7 @@ class SqliteStore(_local.ConditionalWrites):
 
     def refresh_lease(self, lease: int) -> None:
         """Extend ``lease`` by its TTL; raise ``LeaseLost`` if it is gone."""
-        with self._session(f"refreshing lease {lease}") as conn, _transaction(conn):
+        with self._writing(f"refreshing lease {lease}") as conn:
             self._reap(conn)
             updated = conn.execute(
                 "UPDATE leases SET expires_at = ? + ttl WHERE id = ?", (self._clock(), lease)
@@ -405,16 +326,14 @@ class SqliteStore(_local.ConditionalWrites):
 
     def revoke_lease(self, lease: int) -> None:
         """End ``lease`` now, deleting its keys. No error if already gone."""
-        with self._session(f"revoking lease {lease}") as conn, _transaction(conn):
+        with self._writing(f"revoking lease {lease}") as conn:
             self._reap(conn)
             self._end_lease(conn, lease)
 
     def close(self) -> None:
-        """Close the database connection. Idempotent."""
+        """Close the database connections. Idempotent."""
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._files.close()
 
 
 def _key_value(row: tuple[Any, ...]) -> KeyValue:
@@ -422,6 +341,13 @@ def _key_value(row: tuple[Any, ...]) -> KeyValue:
     return KeyValue(str(key), bytes(value), int(mod_revision), int(create_revision), lease)
 
 
-def open_sqlite(url: str) -> Store:
-    """Open the SQLite store ``url`` names (see the module docstring for URL forms)."""
-    return SqliteStore(path_of_url(url), url=url)
+def open_sqlite(url: str, *, create: bool = False) -> Store:
+    """Open the SQLite store ``url`` names (see the module docstring for URL forms).
+
+    The first write creates a missing file (unless the URL says
+    ``mode=ro`` or ``mode=rw``); a read of a missing file is
+    ``StoreUnavailable`` naming it, unless ``create`` (the caller is about to
+    create the store), when it reads as empty.
+    """
+    parsed = parse_sqlite_url(url)
+    return SqliteStore(parsed.path, url=url, mode=parsed.mode or "rwc", missing_is_empty=create)

@@ -34,8 +34,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def store(store_url: str) -> Iterator[Store]:
-    """An open store for the backend under test."""
-    s = open_store(store_url)
+    """An open store for the backend under test (a new SQLite store reads as empty)."""
+    s = open_store(store_url, create=True)
     try:
         yield s
     finally:

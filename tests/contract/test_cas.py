@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from allocator.errors import CasConflict
-from allocator.store import Compare, Delete, Put, Store, open_store
+from allocator.errors import CasConflict, ValueTooLarge
+from allocator.store import MAX_TXN_OPS, Compare, Delete, Put, Store, open_store
 
 
 def test_create_only_succeeds_when_the_key_is_absent(store: Store, prefix: str) -> None:
@@ -171,3 +171,32 @@ def test_concurrent_create_only_writers_have_exactly_one_winner(
         check.close()
     assert got is not None
     assert got.value == str(outcomes.index("won")).encode()
+
+
+def test_every_store_takes_a_txn_of_max_txn_ops_and_states_its_own_limit(
+    store: Store, prefix: str
+) -> None:
+    keys = [f"{prefix}/n{i}" for i in range(MAX_TXN_OPS // 2)]
+    compares = [Compare(key, 0) for key in keys]
+
+    store.txn(compares, [Put(key, b"v") for key in keys])
+
+    assert all(store.get(key) is not None for key in keys)
+    limit = store.max_txn_ops
+    assert limit is None or limit >= MAX_TXN_OPS
+
+
+def test_a_txn_over_the_stores_limit_is_refused_and_writes_nothing(
+    store: Store, prefix: str
+) -> None:
+    if store.max_txn_ops is None:  # no limit (SQLite): a large one goes through
+        big = [Put(f"{prefix}/n{i}", b"v") for i in range(4 * MAX_TXN_OPS)]
+        store.txn([], big)
+        assert len(store.list(f"{prefix}/").items) == len(big)
+        return
+    keys = [f"{prefix}/n{i}" for i in range(store.max_txn_ops + 1)]
+
+    with pytest.raises(ValueTooLarge, match="at most"):
+        store.txn([], [Put(key, b"v") for key in keys])
+
+    assert store.list(f"{prefix}/").items == ()

@@ -69,9 +69,9 @@ def test_cpu_assignment_sets_an_empty_device_list(env_for: dict[str, str]) -> No
     assert env["OMP_NUM_THREADS"] == "8"  # the job's cpu-8 fallback rule
 
 
-def test_env_of_a_job_holding_nothing_is_a_conflict(env_for: dict[str, str]) -> None:
+def test_env_of_a_job_holding_nothing_is_not_found(env_for: dict[str, str]) -> None:
     result = run_cli(["env", "job=train", "host=node1"], env_for)
-    assert result.code == 3 and "holds nothing" in result.err
+    assert result.code == 6 and "holds nothing" in result.err
 
 
 def test_doctor_reports_each_finding_and_fails_without_an_agent(env_for: dict[str, str]) -> None:

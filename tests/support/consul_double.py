@@ -313,9 +313,9 @@ class ConsulDouble:
         """The store URL that reaches this double: ``consul://127.0.0.1:PORT``."""
         return f"consul://{self.address}"
 
-    def start(self) -> None:
-        """Listen on a free loopback port and start serving and expiring sessions."""
-        self._server = _Server(("127.0.0.1", 0), _Handler, self)
+    def start(self, port: int = 0) -> None:
+        """Listen on ``port`` (0: a free loopback port) and serve and expire sessions."""
+        self._server = _Server(("127.0.0.1", port), _Handler, self)
         self._stopping = False
         self._threads = [
             threading.Thread(
@@ -342,6 +342,17 @@ class ConsulDouble:
         for thread in self._threads:
             thread.join(timeout=10)
         self._threads = []
+
+    def restart(self) -> None:
+        """Stop, then serve again on the same port with the same data and sessions.
+
+        Like a Consul agent that went away and came back: clients see their
+        connections cut, then the same KV state and raft index. Sessions keep
+        their deadlines, so one not renewed meanwhile expires on return.
+        """
+        port = int(self.address.rsplit(":", 1)[1])
+        self.stop()
+        self.start(port)
 
     def __enter__(self) -> ConsulDouble:
         self.start()

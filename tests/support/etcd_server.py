@@ -3,7 +3,8 @@
 Starts the ``etcd`` binary (Debian's ``etcd-server``), waits until its
 ``/health`` endpoint answers (polled with a deadline, never a fixed sleep),
 and stops it by PID. ``restart()`` keeps the ports and the data, so a test
-can take the store away and bring it back.
+can take the store away and bring it back; ``kill()`` crashes it (restart
+it with ``restart()``), ``pause()``/``resume()`` freeze it (SIGSTOP/SIGCONT).
 
 Optional extras a test can ask for:
 
@@ -177,6 +178,16 @@ class EtcdServer:
         """SIGKILL now (a crash, as the clients see it) and reap the process."""
         self._end(signal.SIGKILL, 10)
 
+    def pause(self) -> None:
+        """SIGSTOP: the server keeps its sockets but answers nothing (a hung host)."""
+        assert self._proc is not None and self._proc.poll() is None, "etcd is not running"
+        os.kill(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause`."""
+        assert self._proc is not None, "etcd is not running"
+        os.kill(self._proc.pid, signal.SIGCONT)
+
     def __enter__(self) -> EtcdServer:
         self.start()
         return self
@@ -308,6 +319,8 @@ class EtcdServer:
         if proc is None:
             return
         if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)  # a paused server cannot act on SIGTERM
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, sig)
             try:

@@ -93,3 +93,13 @@ def test_example_agent_settings_load() -> None:
     config = load_agent_config(str(REPO / "config" / "agent.example.yaml"), {})
     assert config.host == "node1"
     assert config.heartbeat_seconds < config.lease_ttl
+
+
+def test_compose_etcd_compacts_its_history_and_has_a_quota() -> None:
+    import yaml
+
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    command = compose["services"]["etcd"]["command"]
+    assert "--auto-compaction-mode=periodic" in command
+    assert any(arg.startswith("--auto-compaction-retention=") for arg in command)
+    assert any(arg.startswith("--quota-backend-bytes=") for arg in command)

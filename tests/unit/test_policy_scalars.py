@@ -84,7 +84,8 @@ def test_an_ambiguous_value_in_a_field_of_another_type_says_what_was_expected() 
 def test_true_false_plain_decimals_and_json_numbers_are_read() -> None:
     policy = load_policy(
         "version: 1\nhosts:\n  n1: {gpus: 10}\n"
-        "jobs:\n  a: {command: [x], allow_adhoc_command: true, user: nobody, grace_seconds: 2.5e1}\n"
+        "jobs:\n  a: {command: [x], allow_adhoc_command: true, user: nobody,\n"
+        "      grace_seconds: 2.5e1}\n"
         "health: {ignored_xids: [13, 0], interval_seconds: 0.5}\n"
     )
     assert policy.hosts["n1"].gpus == 10

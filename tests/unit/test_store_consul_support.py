@@ -16,6 +16,7 @@ import pytest
 from allocator.errors import CasConflict, Compacted, InvalidInput, LeaseLost, PermissionDenied
 from allocator.store import Delete, Event, Put
 from allocator.store._consul_support import (
+    Baselines,
     ConsulWatch,
     Item,
     LockHeld,
@@ -67,9 +68,21 @@ class ScriptedQuery:
 
 
 def watch_on(
-    query: ScriptedQuery, start: int, clock: FakeClock, interval: float = 1.0
+    query: ScriptedQuery,
+    start: int,
+    clock: FakeClock,
+    interval: float = 1.0,
+    baselines: Baselines | None = None,
 ) -> ConsulWatch:
-    return ConsulWatch(query, "/p/", start, min_interval=interval, clock=clock, sleep=clock.sleep)
+    return ConsulWatch(
+        query,
+        "/p/",
+        start,
+        min_interval=interval,
+        clock=clock,
+        sleep=clock.sleep,
+        baselines=baselines,
+    )
 
 
 # --- keys, values, payloads --------------------------------------------------------
@@ -214,14 +227,79 @@ def test_token_bucket_allows_a_burst_then_one_per_interval() -> None:
 # --- the watch loop ------------------------------------------------------------------
 
 
-def test_a_new_watch_replays_keys_changed_since_start_in_revision_order() -> None:
+def test_a_new_watch_replays_changes_since_its_baseline_in_revision_order() -> None:
     clock = FakeClock()
+    baselines = Baselines()
+    baselines.record("/p/", 9, 9, {"p/a": 3, "p/b": 5, "p/gone": 7})
     query = ScriptedQuery((12, [item("p/a", 3), item("p/b", 12), item("p/c", 10)]))
 
-    watch = watch_on(query, 10, clock)
+    watch = watch_on(query, 10, clock, baselines=baselines)
 
-    assert watch.next(1.0) == [Event("put", "/p/c", b"v", 10), Event("put", "/p/b", b"v", 12)]
+    assert watch.next(1.0) == [
+        Event("put", "/p/c", b"v", 10),
+        Event("put", "/p/b", b"v", 12),
+        Event("delete", "/p/gone", None, 12),
+    ]
     assert query.asked == [0]  # the first read does not block
+
+
+def test_a_delete_then_a_put_between_list_and_watch_is_delivered() -> None:
+    # The list saw a and b at 20; then b was deleted (21) and c put (22) before the
+    # watch's first read. The newest change is the put, so only the baseline shows b went.
+    clock = FakeClock()
+    baselines = Baselines()
+    baselines.record("/p/", 20, 20, {"p/a": 4, "p/b": 20})
+    query = ScriptedQuery((22, [item("p/a", 4), item("p/c", 22)]))
+
+    watch = watch_on(query, 21, clock, baselines=baselines)
+
+    assert watch.next(1.0) == [Event("put", "/p/c", b"v", 22), Event("delete", "/p/b", None, 22)]
+
+
+def test_a_delete_then_a_put_before_a_watch_without_baseline_raises_compacted() -> None:
+    # Same history, but nothing says what the prefix held at 20: the delete of b
+    # cannot be seen, so the watch must not pretend the put of c is all there was.
+    clock = FakeClock()
+    watch = watch_on(ScriptedQuery((22, [item("p/a", 4), item("p/c", 22)])), 21, clock)
+
+    with pytest.raises(Compacted):
+        watch.next(1.0)
+
+
+def test_a_watch_resumed_after_its_last_event_needs_no_listing() -> None:
+    clock = FakeClock()
+    baselines = Baselines()
+    baselines.record("/p/", 5, 5, {"p/a": 5})
+    first = watch_on(
+        ScriptedQuery((5, [item("p/a", 5)]), (7, [item("p/a", 5), item("p/b", 7)])),
+        6,
+        clock,
+        baselines=baselines,
+    )
+    seen = first.next(1.0)
+    first.close()
+    assert seen == [Event("put", "/p/b", b"v", 7)]
+
+    resumed = watch_on(
+        ScriptedQuery((9, [item("p/b", 7)])), seen[-1].revision + 1, clock, baselines=baselines
+    )
+
+    assert resumed.next(1.0) == [Event("delete", "/p/a", None, 9)]
+
+
+def test_baselines_are_found_by_revision_within_their_range_and_bounded() -> None:
+    baselines = Baselines(prefixes=2, per_prefix=2)
+    baselines.record("/a/", 5, 8, {"a/x": 5})
+    baselines.record("/a/", 9, 9, {"a/x": 9})
+    baselines.record("/a/", 10, 12, {})
+
+    assert baselines.find("/a/", 7) is None  # the oldest range was dropped
+    assert baselines.find("/a/", 9) == {"a/x": 9}
+    assert baselines.find("/a/", 11) == {}
+    assert baselines.find("/a/", 13) is None
+    baselines.record("/b/", 1, 1, {})
+    baselines.record("/c/", 1, 1, {})
+    assert baselines.find("/a/", 11) is None  # least recently recorded prefix dropped
 
 
 def test_a_watch_from_now_replays_nothing() -> None:
@@ -234,9 +312,10 @@ def test_a_watch_from_now_replays_nothing() -> None:
     assert query.asked == [0, 12]
 
 
-def test_a_provably_lost_delete_raises_compacted() -> None:
+def test_a_change_since_start_without_a_baseline_raises_compacted() -> None:
     clock = FakeClock()
-    # Index 15 is newer than every key left: something under the prefix was deleted at 15.
+    # Index 15 is newer than the start: something under the prefix changed, and
+    # without knowing what it held at 13, a delete cannot be ruled out.
     watch = watch_on(ScriptedQuery((15, [item("p/a", 9)])), 14, clock)
 
     with pytest.raises(Compacted) as caught:

@@ -7,6 +7,8 @@ several endpoints, one range read for a whole listing).
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 import time
@@ -16,8 +18,9 @@ from typing import TypeVar
 
 import pytest
 
-from allocator.errors import Compacted, StoreError, StoreUnavailable
+from allocator.errors import AmbiguousWrite, Compacted, StoreError, StoreUnavailable
 from allocator.store import Event, Put, Store, Watch, open_store
+from allocator.store.etcd import attempt_timeout
 from tests.support.etcd_server import EtcdNotAvailable, EtcdServer, free_port
 
 # Hang guards, not timings: a dead endpoint must answer well inside them.
@@ -281,3 +284,51 @@ def test_a_watch_whose_channel_is_closed_under_it_raises(etcd_server: EtcdServer
         assert store.get("/moving/k") is not None  # and the store reconnects
     finally:
         store.close()
+
+
+# --- ambiguous writes and the call budget ------------------------------------------
+
+
+def test_a_write_etcd_never_answers_may_have_been_applied(
+    etcd_server_private: EtcdServer,
+) -> None:
+    server = etcd_server_private
+    store = open_store(f"etcd://{server.endpoint}?timeout=1")
+    try:
+        store.put("/k", b"before")  # connected: the next request goes out on this channel
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(AmbiguousWrite, match="may have been applied; re-run to check") as w:
+                store.put("/k", b"maybe")
+            with pytest.raises(StoreUnavailable) as r:
+                store.get("/k")  # a read that times out is plainly unavailable
+        finally:
+            os.kill(server.pid, signal.SIGCONT)
+        assert w.value.exit_code == 4 and not isinstance(r.value, AmbiguousWrite)
+        found = poll(lambda: store.get("/k"))
+        assert found is not None and found.value in (b"before", b"maybe")  # re-running tells
+    finally:
+        store.close()
+
+
+def test_a_write_that_never_reached_etcd_is_plainly_unavailable() -> None:
+    store = open_store(f"etcd://127.0.0.1:{free_port()}?timeout=1")
+    try:
+        with pytest.raises(StoreUnavailable) as caught:
+            store.put("/k", b"v")
+    finally:
+        store.close()
+    assert not isinstance(caught.value, AmbiguousWrite)
+
+
+@pytest.mark.parametrize("endpoints", [1, 2, 3, 7])
+def test_the_endpoint_shares_of_a_call_add_up_to_its_budget(endpoints: int) -> None:
+    budget, left = 5.0, 5.0
+    shares = []
+    for tried in range(endpoints):
+        share = attempt_timeout(left, endpoints - tried)
+        shares.append(share)
+        left -= share  # the worst case: each endpoint uses all of its share
+    assert sum(shares) == pytest.approx(budget)
+    assert all(share > 0 for share in shares)

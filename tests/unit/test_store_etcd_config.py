@@ -196,7 +196,7 @@ def test_read_pem_returns_the_bytes(tmp_path: Path) -> None:
     [
         ("etcd://ops:s3cret@h:2379", "etcd://ops:***@h:2379"),
         ("etcd://ops:p@ss@h:2379", "etcd://ops:***@h:2379"),
-        ("etcds://ops@h:2379", "etcds://ops@h:2379"),
+        ("etcds://ops@h:2379", "etcds://***@h:2379"),  # a bare user part may be a token
         ("etcd://h1:2379,h2:2379", "etcd://h1:2379,h2:2379"),
     ],
 )

@@ -62,10 +62,12 @@ def test_a_url_without_a_file_is_a_config_error(url: str) -> None:
         path_of_url(url)
 
 
-def test_missing_parent_directories_are_created(tmp_path: Path) -> None:
+def test_the_first_write_creates_the_file_and_missing_parent_directories(tmp_path: Path) -> None:
     target = tmp_path / "a" / "b" / "c" / "store.db"
 
     s = open_store(f"sqlite://{target}")
+    assert not (tmp_path / "a").exists()  # opening creates nothing
+    s.put("/k", b"v")
     s.close()
 
     assert target.is_file()
@@ -77,8 +79,9 @@ def test_a_parent_that_is_a_file_is_a_config_error_naming_the_path(tmp_path: Pat
     blocker.write_text("not a directory")
     target = blocker / "store.db"
 
+    store = open_store(f"sqlite://{target}")
     with pytest.raises(StoreConfigError, match=f"{target}: {blocker} is not a directory"):
-        open_store(f"sqlite://{target}")
+        store.put("/k", b"v")
 
 
 def test_a_path_that_is_a_directory_is_a_config_error_naming_it(tmp_path: Path) -> None:
@@ -89,10 +92,10 @@ def test_a_path_that_is_a_directory_is_a_config_error_naming_it(tmp_path: Path) 
 # --- the file and its schema ------------------------------------------------------
 
 
-def test_a_corrupt_file_is_a_store_error_naming_it(db: Path) -> None:
+def test_a_file_that_is_not_a_database_is_a_config_error_naming_it(db: Path) -> None:
     db.write_bytes(b"this is not a database at all, just some bytes" * 100)
 
-    with pytest.raises(StoreError, match=str(db)) as caught:
+    with pytest.raises(StoreConfigError, match=str(db)) as caught:
         SqliteStore(db)
 
     assert not isinstance(caught.value, sqlite3.Error)
@@ -105,7 +108,7 @@ def test_a_foreign_sqlite_database_is_refused_and_left_alone(db: Path) -> None:
     foreign.commit()
     foreign.close()
 
-    with pytest.raises(StoreError, match="not an allocator store"):
+    with pytest.raises(StoreConfigError, match="not an allocator store"):
         SqliteStore(db)
 
     check = sqlite3.connect(db)
@@ -125,6 +128,7 @@ def test_a_newer_schema_is_refused(db: Path) -> None:
 
 
 def test_the_database_is_in_wal_mode_with_a_schema_version(store: SqliteStore, db: Path) -> None:
+    store.put("/k", b"v")
     check = sqlite3.connect(db)
     mode = check.execute("PRAGMA journal_mode").fetchone()[0]
     version = check.execute("PRAGMA user_version").fetchone()[0]
@@ -190,6 +194,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_unavailable(db: Path) -> Non
 
 
 def test_a_read_only_database_error_becomes_permission_denied(store: SqliteStore, db: Path) -> None:
+    store.put("/k", b"v")
     read_only = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         with pytest.raises(sqlite3.Error) as caught:

@@ -173,11 +173,16 @@ def test_an_expired_lease_of_a_dead_process_is_reaped_by_another(tmp_path: Path)
 
     after_expiry = SqliteStore(db, clock=lambda: then + 6)
     watch = after_expiry.watch("/", written + 1)
-    assert after_expiry.get("/leased") is None
+    assert after_expiry.get("/leased") is None  # hidden at once, by a read that writes nothing
+    assert watch.next(0) == []
+    after_expiry.put("/other", b"x")  # the next writer reaps, with a delete event
     events = watch.next(0)
     watch.close()
     after_expiry.close()
-    assert [(e.type, e.key, e.revision) for e in events] == [("delete", "/leased", written + 1)]
+    assert [(e.type, e.key, e.revision) for e in events] == [
+        ("delete", "/leased", written + 1),
+        ("put", "/other", written + 2),
+    ]
 
 
 def test_a_watch_in_another_process_sees_every_write(tmp_path: Path) -> None:
