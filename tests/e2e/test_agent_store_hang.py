@@ -57,7 +57,7 @@ def test_sigterm_stops_adopted_workers_promptly_while_every_store_endpoint_hangs
         train, stubborn = world.new_report("train"), world.new_report("stubborn")
         assert world.stop_agent() == 0  # workers kept, for the next agent to adopt
 
-        url = "etcd://" + ",".join(holes)
+        url = "etcd://" + ",".join(holes) + "?timeout=30"  # each call hangs for long
         watchdog = {"NOTIFY_SOCKET": notify.address, "WATCHDOG_USEC": "400000"}
         world.start_agent("--store", url, env=watchdog, wait=False)
         assert world.process is not None

@@ -72,7 +72,13 @@ def cli(argv: list[str]) -> Run:
 
 
 def snapshot(url: str, prefix: str) -> tuple[tuple[str, bytes, int, int], ...]:
-    """Every key under ``prefix``, with its value and revisions: what a refusal must not touch."""
+    """Every key under ``prefix``, with its value and revisions: what a refusal must not touch.
+
+    A SQLite store that does not exist yet (nothing was ever applied) is its own
+    snapshot: a refusal must not create it either.
+    """
+    if url.startswith("sqlite://") and not Path(url.removeprefix("sqlite://")).exists():
+        return (("<no store>", b"", 0, 0),)
     store = open_store(url)
     try:
         listing = store.list(prefix + "/")
