@@ -9,6 +9,7 @@ creating the file and its schema when the mode allows. Private to
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -176,10 +177,36 @@ def _ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
     """
     if _user_version(conn) == _SCHEMA_VERSION:
         return
+    with _creators_take_turns(path):
+        _create_schema(conn, path)
+
+
+@contextmanager
+def _creators_take_turns(path: Path) -> Iterator[None]:
+    """Let one process at a time create the store.
+
+    Switching a new file to WAL needs an exclusive lock, and SQLite answers
+    "database is locked" at once (without waiting out the busy timeout) when
+    another connection is creating the same file. ``flock`` is independent of
+    SQLite's own POSIX locks on Linux, so it serialises creators only.
+    """
+    import fcntl
+
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _create_schema(conn: sqlite3.Connection, path: Path) -> None:
+    # Another process may have created it while this one waited for its turn.
+    if _user_version(conn) == _SCHEMA_VERSION:
+        return
     # Persistent in the file, and impossible inside a transaction: set it first.
     conn.execute("PRAGMA journal_mode = WAL")
     with transaction(conn):
-        # Re-read under the write lock: another process may have just created it.
         version = _user_version(conn)
         if version > _SCHEMA_VERSION:
             raise _newer_schema(path, version)
