@@ -39,7 +39,9 @@ class AgentConfig:
     lease_ttl: float = 30.0
     heartbeat_seconds: float = 10.0
     resync_seconds: float = 30.0
-    retry_max_seconds: float = 30.0
+    # A store back from a short outage is found again within this (plus the
+    # connect): the reliability suite holds the agent to converging within 5 s.
+    retry_max_seconds: float = 4.0
     keep_workers_on_exit: bool = False
     log_format: str = "text"
     master_addr: str = "127.0.0.1"
