@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,17 @@ class AgentHarness:
         code = self.process.wait(timeout)
         self.process = None
         return code
+
+    @contextmanager
+    def running(self, *agent_args: str, start: bool = True) -> Iterator[AgentHarness]:
+        """The policy applied, the agent started (unless ``start`` is False); cleaned up after."""
+        try:
+            self.apply_policy()
+            if start:
+                self.start_agent(*agent_args)
+            yield self
+        finally:
+            self.cleanup()
 
     def cleanup(self) -> None:
         """Stop the agent and kill anything a failed test left running."""

@@ -36,16 +36,21 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(server.url)  # type: ignore[attr-defined]
 
 
-@pytest.fixture
-def cli_env(store_url: str, prefix: str) -> dict[str, str]:
-    """Environment selecting this test's store and key prefix."""
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any store settings or credentials, plus ``extra``."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("ALLOCATOR_", "ETCDCTL_", "CONSUL_"))
     }
-    env.update({"ALLOCATOR_STORE": store_url, "ALLOCATOR_PREFIX": prefix})
+    env.update(extra)
     return env
+
+
+@pytest.fixture
+def cli_env(store_url: str, prefix: str) -> dict[str, str]:
+    """Environment selecting this test's store and key prefix."""
+    return clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
 
 
 def run_cli(args: Sequence[str], env: dict[str, str], timeout: float = 60) -> Result:

@@ -18,13 +18,8 @@ from tests.support.waiting import wait_for
 @pytest.fixture
 def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]:
     """A policy applied, an agent running on a fake host with 4 GPUs."""
-    harness = AgentHarness(tmp_path, store_url, prefix)
-    try:
-        harness.apply_policy()
-        harness.start_agent()
+    with AgentHarness(tmp_path, store_url, prefix).running() as harness:
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def _uuid(index: int) -> str:

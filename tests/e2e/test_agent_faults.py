@@ -21,12 +21,9 @@ BUGGY_AGENT = Path(__file__).resolve().parents[1] / "support" / "buggy_agent.py"
 @pytest.fixture
 def world(tmp_path: Path, prefix: str) -> Iterator[AgentHarness]:
     """A policy applied and an agent running on SQLite (the behaviour is the store's, not)."""
-    harness = AgentHarness(tmp_path, f"sqlite://{tmp_path / 'store.db'}", prefix)
-    try:
-        harness.apply_policy()
+    url = f"sqlite://{tmp_path / 'store.db'}"
+    with AgentHarness(tmp_path, url, prefix).running(start=False) as harness:
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def _assignment(job: str, gpus: list[int], **fields: Any) -> dict[str, Any]:

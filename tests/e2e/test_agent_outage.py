@@ -17,16 +17,12 @@ from tests.support.waiting import wait_for
 @pytest.fixture
 def outage_world(tmp_path: Path, etcd_server_private: Any, prefix: str) -> Iterator[AgentHarness]:
     """An agent on its own etcd, which the test stops and starts."""
+    # A short backoff cap keeps the test quick (the default is 4 s).
+    settings = tmp_path / "agent.yaml"
+    settings.write_text("retry_max_seconds: 1\n")
     harness = AgentHarness(tmp_path, etcd_server_private.url, prefix)
-    try:
-        harness.apply_policy()
-        # A short backoff cap keeps the test quick; the default (30 s) suits a fleet.
-        settings = tmp_path / "agent.yaml"
-        settings.write_text("retry_max_seconds: 1\n")
-        harness.start_agent("--config", str(settings))
+    with harness.running("--config", str(settings)):
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def test_etcd_down_keeps_workers_and_changes_after_it_returns_apply(

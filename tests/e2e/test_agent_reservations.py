@@ -16,13 +16,8 @@ from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy
 @pytest.fixture
 def world(tmp_path: Path, prefix: str) -> Iterator[AgentHarness]:
     """An agent on a fake 4-GPU host, with the embedded store (the window is what is tested)."""
-    harness = AgentHarness(tmp_path, f"sqlite://{tmp_path / 'store.db'}", prefix)
-    try:
-        harness.apply_policy()
-        harness.start_agent()
+    with AgentHarness(tmp_path, f"sqlite://{tmp_path / 'store.db'}", prefix).running() as harness:
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def test_a_holder_loses_a_reserved_gpu_when_the_window_opens(world: AgentHarness) -> None:

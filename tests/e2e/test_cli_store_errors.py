@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from pathlib import Path
 
-from tests.e2e.conftest import EXAMPLE_POLICY, run_cli
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ALLOCATOR_", "ETCDCTL_", "CONSUL_"))
-    }
-    env.update(extra)
-    return env
+from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
 
 
 def _free_port() -> int:
@@ -29,7 +18,7 @@ def _free_port() -> int:
 def test_unreachable_etcd_exits_4_within_seconds_naming_the_endpoint() -> None:
     port = _free_port()
     started = time.monotonic()
-    result = run_cli(["status"], _env(ALLOCATOR_STORE=f"etcd://127.0.0.1:{port}"))
+    result = run_cli(["status"], clean_env(ALLOCATOR_STORE=f"etcd://127.0.0.1:{port}"))
     elapsed = time.monotonic() - started
     assert result.code == 4, (result.out, result.err)
     assert f"127.0.0.1:{port}" in result.err
@@ -39,7 +28,7 @@ def test_unreachable_etcd_exits_4_within_seconds_naming_the_endpoint() -> None:
 
 def test_malformed_store_url_exits_2() -> None:
     for url in ("etcd://:abc", "nosuch://x", "etcd://127.0.0.1:99999"):
-        result = run_cli(["status"], _env(ALLOCATOR_STORE=url))
+        result = run_cli(["status"], clean_env(ALLOCATOR_STORE=url))
         assert result.code == 2, (url, result.err)
         assert len(result.err.strip().splitlines()) == 1
         assert "Traceback" not in result.err
@@ -48,7 +37,7 @@ def test_malformed_store_url_exits_2() -> None:
 def test_missing_ca_file_exits_2_naming_it(tmp_path: Path) -> None:
     missing = tmp_path / "nope-ca.pem"
     result = run_cli(
-        ["status"], _env(ALLOCATOR_STORE="etcds://127.0.0.1:2379", ETCDCTL_CACERT=str(missing))
+        ["status"], clean_env(ALLOCATOR_STORE="etcds://127.0.0.1:2379", ETCDCTL_CACERT=str(missing))
     )
     assert result.code == 2, result.err
     assert str(missing) in result.err
@@ -59,7 +48,7 @@ def test_sqlite_store_in_unwritable_place_is_one_line(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     result = run_cli(
         ["policy", "apply", str(EXAMPLE_POLICY)],
-        _env(ALLOCATOR_STORE=f"sqlite://{blocker}/x/store.db"),
+        clean_env(ALLOCATOR_STORE=f"sqlite://{blocker}/x/store.db"),
     )
     assert result.code in (2, 4), result.err
     assert len(result.err.strip().splitlines()) == 1

@@ -17,20 +17,10 @@ import pytest
 
 from allocator.keys import KeyLayout
 from allocator.store import open_store
-from tests.e2e.conftest import EXAMPLE_POLICY, Cli, Result, run_cli
+from tests.e2e.conftest import EXAMPLE_POLICY, Cli, Result, clean_env, run_cli
 from tests.support.waiting import wait_for
 
 SECRET = "hunter2-but-longer"
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ALLOCATOR_", "ETCDCTL_", "CONSUL_"))
-    }
-    env.update(extra)
-    return env
 
 
 def _one_line(result: Result) -> str:
@@ -98,7 +88,7 @@ def test_a_command_on_a_missing_sqlite_store_is_exit_4_and_creates_nothing(
 ) -> None:
     missing = tmp_path / "typo" / "x.db"
 
-    result = run_cli(args, _env(ALLOCATOR_STORE=f"sqlite://{missing}"))
+    result = run_cli(args, clean_env(ALLOCATOR_STORE=f"sqlite://{missing}"))
 
     assert result.code == 4, result.err
     assert str(missing) in _one_line(result) and "does not exist" in result.err
@@ -111,7 +101,7 @@ def test_a_failing_apply_leaves_no_store_behind_and_a_good_one_creates_it(
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nhosts: {node1: {gpus: many}}\n")
     db = tmp_path / "state" / "x.db"
-    env = _env(ALLOCATOR_STORE=f"sqlite://{db}")
+    env = clean_env(ALLOCATOR_STORE=f"sqlite://{db}")
 
     refused = run_cli(["policy", "apply", str(bad)], env)
 
@@ -136,12 +126,13 @@ os.kill(os.getpid(), signal.SIGKILL)
 def _as_reader(args: list[str], env: dict[str, str]) -> Result:
     """Run the CLI as a user who may read the store but not write it.
 
-    As root, as ``nobody`` (util-linux's ``setpriv``); as anyone else, as
-    themselves: the store's file modes already forbid them to write.
+    As root, as root without any capability (util-linux's ``setpriv``), so the
+    read-only file modes bind it like anyone else (it can still read the
+    checkout, which ``nobody`` may not); as anyone else, as themselves.
     """
     prefix: list[str] = []
     if os.geteuid() == 0:
-        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+        prefix = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
     proc = subprocess.run(
         [*prefix, sys.executable, "-m", "allocator", *args],
         env=env,
@@ -170,7 +161,7 @@ def test_a_read_only_user_can_read_a_store_whose_agent_lease_expired(
     shared_dir: Path, crashed: bool
 ) -> None:
     db = shared_dir / "store.db"
-    env = _env(ALLOCATOR_STORE=f"sqlite://{db}", ALLOCATOR_PREFIX="/allocator")
+    env = clean_env(ALLOCATOR_STORE=f"sqlite://{db}", ALLOCATOR_PREFIX="/allocator")
     assert run_cli(["policy", "apply", str(EXAMPLE_POLICY)], env).code == 0
     agent_key = KeyLayout("/allocator").agent("node1")
     if crashed:
@@ -183,7 +174,8 @@ def test_a_read_only_user_can_read_a_store_whose_agent_lease_expired(
         store.put(agent_key, b"{}", lease=store.grant_lease(0.5))
         store.close()
     for path in shared_dir.iterdir():
-        path.chmod(0o644)
+        path.chmod(0o444)
+    shared_dir.chmod(0o555)
     expired_at = time.time() + 0.6
     wait_for("the agent's lease to expire", lambda: time.time() > expired_at)
     before = {p.name: p.read_bytes() for p in shared_dir.iterdir()}
@@ -211,7 +203,7 @@ def test_a_read_only_user_can_read_a_store_whose_agent_lease_expired(
     ],
 )
 def test_a_bad_store_url_is_exit_2_in_one_line_that_holds_no_secret(url: str) -> None:
-    result = run_cli(["status"], _env(ALLOCATOR_STORE=url))
+    result = run_cli(["status"], clean_env(ALLOCATOR_STORE=url))
 
     assert result.code == 2, result.err
     line = _one_line(result)
@@ -221,11 +213,13 @@ def test_a_bad_store_url_is_exit_2_in_one_line_that_holds_no_secret(url: str) ->
 
 def test_sqlite_mode_ro_is_an_option_not_part_of_the_file_name(tmp_path: Path) -> None:
     db = tmp_path / "x.db"
-    env = _env(ALLOCATOR_STORE=f"sqlite://{db}")
+    env = clean_env(ALLOCATOR_STORE=f"sqlite://{db}")
     assert run_cli(["policy", "apply", str(EXAMPLE_POLICY)], env).code == 0
 
-    read = run_cli(["status"], _env(ALLOCATOR_STORE=f"sqlite://{db}?mode=ro"))  # no "x.db?mode=ro"
-    read_only = _env(ALLOCATOR_STORE=f"sqlite://{db}?mode=ro")
+    read = run_cli(
+        ["status"], clean_env(ALLOCATOR_STORE=f"sqlite://{db}?mode=ro")
+    )  # no "x.db?mode=ro"
+    read_only = clean_env(ALLOCATOR_STORE=f"sqlite://{db}?mode=ro")
     write = run_cli(["set", "job=train", "gpus=0", "host=node1"], read_only)
 
     assert read.code == 0, read.err
@@ -236,7 +230,7 @@ def test_sqlite_mode_ro_is_an_option_not_part_of_the_file_name(tmp_path: Path) -
 def test_a_refused_etcd_password_is_never_printed(etcd_auth_url: str) -> None:
     wrong = etcd_auth_url.replace(":root-secret@", f":{SECRET}@")
 
-    result = run_cli(["status"], _env(ALLOCATOR_STORE=wrong))
+    result = run_cli(["status"], clean_env(ALLOCATOR_STORE=wrong))
 
     assert result.code == 5, result.err
     assert SECRET not in result.err + result.out and "root-secret" not in result.err

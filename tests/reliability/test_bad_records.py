@@ -67,13 +67,8 @@ KEYS = st.one_of(
 @pytest.fixture
 def busy(tmp_path: Path, prefix: str) -> Iterator[AgentHarness]:
     """An agent on SQLite running train (GPU 0) and waiter (GPU 1)."""
-    world = AgentHarness(tmp_path, f"sqlite://{tmp_path / 'store.db'}", prefix)
-    try:
-        world.apply_policy()
-        world.start_agent()
+    with AgentHarness(tmp_path, f"sqlite://{tmp_path / 'store.db'}", prefix).running() as world:
         yield world
-    finally:
-        world.cleanup()
 
 
 def _full_key(world: AgentHarness, key: str) -> str:

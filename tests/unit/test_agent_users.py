@@ -128,6 +128,8 @@ def shared_dir() -> Iterator[Path]:
     """A directory outside root's private temporary tree that ``nobody`` can write."""
     path = Path(tempfile.mkdtemp(prefix="allocator-users-"))
     path.chmod(0o755)
+    # The checkout may sit in a directory nobody cannot enter: the worker script travels.
+    shutil.copy(DUMMY, path / Path(DUMMY).name)
     (path / "reports").mkdir()
     os.chown(path / "reports", NOBODY.pw_uid, NOBODY.pw_gid)
     try:
@@ -137,14 +139,14 @@ def shared_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _python_for(uid: int) -> str:
+def _python_for(uid: int, dummy: Path) -> str:
     """An interpreter ``uid`` may run the dummy worker with (this one may be in root's home)."""
     for candidate in (sys.executable, shutil.which("python3") or "", "/usr/bin/python3"):
         if not candidate:
             continue
         try:
             probe = subprocess.run(
-                [candidate, DUMMY, "--help"], user=uid, capture_output=True, check=False
+                [candidate, dummy, "--help"], user=uid, capture_output=True, check=False
             )
         except OSError:
             continue
@@ -154,8 +156,9 @@ def _python_for(uid: int) -> str:
 
 
 def _as_user_spec(h: Harness, out_dir: Path, **fields: Any) -> DesiredJob:
-    python = _python_for(NOBODY.pw_uid)
-    argv = (python, DUMMY, "--out", str(out_dir / "reports" / "train.0.json"))
+    dummy = out_dir / Path(DUMMY).name
+    python = _python_for(NOBODY.pw_uid, dummy)
+    argv = (python, str(dummy), "--out", str(out_dir / "reports" / "train.0.json"))
     spec = job_spec(h.tmp, argv=argv)
     return replace(spec, workers=tuple(replace(w, **fields) for w in spec.workers))
 
