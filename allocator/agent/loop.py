@@ -40,6 +40,7 @@ from allocator.agent.config import AgentConfig
 from allocator.agent.desired import desired_jobs
 from allocator.agent.gpu_state import GpuState
 from allocator.agent.guard import StepGuard
+from allocator.agent.lastgood import load_last_good, save_last_good
 from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
 from allocator.agent.model import DesiredJob
 from allocator.agent.notify import notifier_from_environ
@@ -104,8 +105,12 @@ class Agent:
         self.policy: Policy | None = None
         self.policy_sha = ""
         self.refused_policy_sha = ""
-        self.assignments: dict[str, Assignment] = {}
-        self.assignment_revisions: dict[str, int] = {}
+        # Until the store is read: what the last agent read intact (used only for
+        # jobs whose record the store then holds damaged).
+        self.last_good_path = config.agent_dir / "assignments.json"
+        self.assignments, self.assignment_revisions = load_last_good(
+            self.last_good_path, config.host
+        )
         self.failed: dict[str, int] = {}
         self.desired: dict[str, DesiredJob] = {}
         self.gpus = GpuState(self.environ, config.agent_dir / "gpus.json", self.log, clock())
@@ -206,9 +211,19 @@ class Agent:
         for job in view.damaged & self.assignments.keys():  # keep its last good assignment
             assignments[job] = self.assignments[job]
             revisions[job] = self.assignment_revisions[job]
+        if (assignments, revisions) != (self.assignments, self.assignment_revisions):
+            self._save_last_good(assignments, revisions)
         self.assignments, self.assignment_revisions = assignments, revisions
         self.have_state = self.policy is not None
         self.pending_view = None
+
+    def _save_last_good(
+        self, assignments: dict[str, Assignment], revisions: dict[str, int]
+    ) -> None:
+        try:
+            save_last_good(self.last_good_path, assignments, revisions)
+        except OSError as exc:  # only a restart during a damaged record would miss it
+            self.log("state-write-failed", {"path": str(self.last_good_path), "error": str(exc)})
 
     def _use_policy(self, record: PolicyRecord) -> None:
         if record.sha256 in (self.policy_sha, self.refused_policy_sha):

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
     allocator = open_allocator(args)
     try:
-        snapshot = allocator.policy()
+        snapshot = _policy_if_readable(allocator)
         prefix = allocator.layout.host(only_host) if only_host else allocator.layout.hosts
         listing = allocator.store.list(prefix)
     finally:
@@ -49,6 +49,21 @@ def run(args: argparse.Namespace) -> int:
     data = {"hosts": [h.to_dict() for h in hosts], "revision": listing.revision}
     emit(data, output_format(args), _text(hosts, render_table))
     return 0
+
+
+def _policy_if_readable(allocator: Any) -> Any:
+    """The applied policy; a damaged policy record is noted and status goes on without it.
+
+    Status is what an operator reads to find out what is wrong, so it must
+    not be the command that stops working when something is.
+    """
+    from allocator.errors import BadRecord
+
+    try:
+        return allocator.policy()
+    except BadRecord as exc:
+        allocator.on_bad_record(exc)
+        return None
 
 
 def _text(hosts: Any, render_table: Any) -> str:

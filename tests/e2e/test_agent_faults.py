@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,25 @@ def test_a_damaged_record_of_a_running_job_does_not_stop_it(world: AgentHarness)
     _put_json(world, key, _assignment("train", [2]))
     moved = world.new_report("train", not_pid=train["pid"])
     assert moved["env"]["ALLOCATOR_GPUS"] == "2"
+
+
+def test_an_agent_restarted_while_a_record_is_damaged_keeps_the_adopted_worker(
+    world: AgentHarness,
+) -> None:
+    world.start_agent()
+    assert world.cli("set", "job=train", "gpus=0").code == 0
+    train = world.new_report("train")
+    world.stop_agent(signal.SIGKILL)  # its worker runs on, for the next agent to adopt
+    key = world.layout.assignment(HOST, "train")
+    revision = _put_json(world, key, _assignment("train", "0"))  # damaged while no agent ran
+    world.start_agent()
+    wait_for(
+        "the damage to be seen", lambda: world.events("bad-record", key=key, revision=revision)
+    )
+    assert world.cli("set", "job=waiter", "gpus=1").code == 0  # rounds after it
+    world.new_report("waiter")
+    assert world.report("train") == train and pid_alive(train["pid"])
+    assert not world.events("stop", job="train")
 
 
 def test_keys_the_agent_cannot_handle_are_bad_records_not_outages(world: AgentHarness) -> None:

@@ -52,3 +52,18 @@ def test_status_set_and_get_skip_bad_records_and_say_so(
     got = applied("get", "job=train")
     assert got.code == 0, got.err
     assert "gpus 0" in got.out and "gpus 1" not in got.out
+
+
+def test_status_still_answers_when_the_policy_record_is_damaged(
+    applied: Cli, store_url: str, prefix: str
+) -> None:
+    assert applied("set", "job=train", "gpus=0", "host=node1").code == 0
+    _write_raw(store_url, prefix, {KeyLayout(prefix).policy: b'{"schema_version": 1, "yaml": 3}'})
+    status = applied("status", "-o", "json")
+    assert status.code == 0, status.err
+    assert "skipped bad record" in status.err and KeyLayout(prefix).policy in status.err
+    hosts = {h["host"]: h for h in json.loads(status.out)["hosts"]}
+    assert {g["gpu"]: g["holder"] for g in hosts["node1"]["gpus"]}["0"] == "train"
+    refused = applied("set", "job=eval", "gpus=1", "host=node1")
+    assert refused.code == 1 and len(refused.err.splitlines()) == 1
+    assert "policy apply" in refused.err  # says how to repair it
