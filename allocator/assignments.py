@@ -204,27 +204,22 @@ class Allocator:
         return local_hostname()
 
     def find_job(self, job: str) -> list[Assignment]:
-        """Every host's assignment of ``job`` (one prefix read over all hosts).
+        """Every host's assignment of ``job``, found through the job index.
 
         A bad record of the job is skipped and reported to ``on_bad_record``.
         """
         return self.locate_job(job)[0]
 
     def locate_job(self, job: str) -> tuple[list[Assignment], list[str]]:
-        """``job``'s assignments, and the hosts where its record is damaged (one read)."""
-        found, damaged = [], []
-        for item in self.store.list(self.layout.hosts).items:
-            parsed = self.layout.parse_host_key(item.key)
-            if parsed is None or parsed[1] != "jobs" or parsed[2] != job:
-                continue
-            try:
-                found.append(
-                    decode_record(item.value, Assignment, item.key, job=job, host=parsed[0])
-                )
-            except BadRecord as exc:
-                self.on_bad_record(exc)
-                damaged.append(parsed[0])
-        return found, damaged
+        """``job``'s assignments, and the hosts where its record is damaged.
+
+        Reads the job's index key and the job's own keys; only a store without
+        an index entry for the job is scanned host by host (one prefix read).
+        """
+        from allocator.jobindex import locate_job
+
+        found = locate_job(self.store, self.layout, job, self.on_bad_record)
+        return found.assignments, found.damaged
 
     # --- writes -----------------------------------------------------------
 
@@ -318,6 +313,7 @@ class Allocator:
         )
         self._assignment_txn(
             host,
+            request.job,
             [
                 Compare(self.layout.policy, snapshot.revision),
                 Compare(self.layout.host_generation(host), state.generation),
@@ -335,18 +331,29 @@ class Allocator:
         if current is None:
             raise job_not_found(job, host, list(state.assignments))
         self._assignment_txn(
-            host, [Compare(self.layout.host_generation(host), state.generation)], Delete(key)
+            host, job, [Compare(self.layout.host_generation(host), state.generation)], Delete(key)
         )
         return current
 
-    def _assignment_txn(self, host: str, compares: list[Compare], change: Op) -> int:
-        """Write one assignment change, bumping the host's and the fleet's generations."""
+    def _assignment_txn(self, host: str, job: str, compares: list[Compare], change: Op) -> int:
+        """Write one assignment change with the job's index, bumping the generations.
+
+        The index is read here, just before the write, and compared in it: a
+        concurrent change of the same job on another host makes this retry.
+        """
+        from allocator.jobindex import index_change, index_for_write
+
+        entry = index_for_write(self.store, self.layout, job, self.on_bad_record)
+        index_compare, index_op = index_change(
+            self.layout, entry, host, holds=isinstance(change, Put)
+        )
         ops = [
             change,
             Put(self.layout.host_generation(host), self._generation_value()),
             Put(self.layout.fleet_generation, self._generation_value()),
+            index_op,
         ]
-        return self._txn(compares, ops)
+        return self._txn([*compares, index_compare], ops)
 
     def _txn(self, compares: list[Compare], ops: list[Op]) -> int:
         """``store.txn``, refusing anything larger than every backend accepts."""

@@ -91,6 +91,19 @@ class KeyLayout:
         return f"{self.host(host)}generation"
 
     @property
+    def jobs(self) -> str:
+        """Prefix of the job index (trailing slash included)."""
+        return f"{self.root}/jobs/"
+
+    def job_index(self, job: str) -> str:
+        """Key naming the hosts where ``job`` holds an assignment.
+
+        Written in the same transaction as every assignment change, so finding
+        a job reads this one key instead of every host.
+        """
+        return f"{self.jobs}{validate_name(job, 'job')}"
+
+    @property
     def fleet_generation(self) -> str:
         """Key bumped by every assignment change on any host.
 

@@ -28,6 +28,7 @@ __all__ = [
     "Assignment",
     "BadRecord",
     "GpuInfo",
+    "JobIndex",
     "MigDevice",
     "PolicyRecord",
     "WorkerRecord",
@@ -210,8 +211,20 @@ class WorkerRecord(msgspec.Struct, frozen=True):
         return decode_record(raw, cls)
 
 
-Record = Assignment | PolicyRecord | AgentRecord | WorkerRecord
-R = TypeVar("R", Assignment, PolicyRecord, AgentRecord, WorkerRecord)
+class JobIndex(msgspec.Struct, frozen=True):
+    """The hosts where a job holds an assignment (kept with every assignment change)."""
+
+    job: Name
+    hosts: tuple[Name, ...]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        """Encode for the store."""
+        return encode_record(self)
+
+
+Record = Assignment | PolicyRecord | AgentRecord | WorkerRecord | JobIndex
+R = TypeVar("R", Assignment, PolicyRecord, AgentRecord, WorkerRecord, JobIndex)
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -271,6 +284,7 @@ _KIND_WORDS: dict[type[Any], str] = {
     PolicyRecord: "policy record",
     AgentRecord: "agent record",
     WorkerRecord: "worker record",
+    JobIndex: "job index",
 }
 
 

@@ -1,0 +1,130 @@
+"""The job index: ``/allocator/v1/jobs/<job>`` names the hosts where a job holds GPUs.
+
+Every assignment change writes it in the same transaction as the assignment
+(comparing its revision), so it can never disagree with the assignments the
+CLI wrote, and finding a job reads this one key and then that job's own keys,
+instead of every key of every host.
+
+A store written before the index existed (or an index damaged by hand) has
+no usable entry; then, and only then, finding a job falls back to the one
+prefix read over all hosts that it always was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from allocator.errors import BadRecord
+from allocator.keys import KeyLayout
+from allocator.records import Assignment, JobIndex, decode_record
+from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
+
+__all__ = [
+    "IndexEntry",
+    "JobLocation",
+    "index_change",
+    "index_for_write",
+    "locate_job",
+    "read_index",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """The job's index as read: its hosts (None: no usable entry) and the key's revision."""
+
+    job: str
+    hosts: tuple[str, ...] | None
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobLocation:
+    """Where a job was found: its assignments, and hosts whose record of it is damaged."""
+
+    assignments: list[Assignment]
+    damaged: list[str]
+
+
+def read_index(
+    store: Store, layout: KeyLayout, job: str, on_bad: Callable[[BadRecord], None]
+) -> IndexEntry:
+    """Read ``job``'s index entry (a damaged one is reported and read as absent)."""
+    item = store.get(layout.job_index(job))
+    if item is None:
+        return IndexEntry(job, None, 0)
+    try:
+        index = decode_record(item.value, JobIndex, item.key, job=job)
+    except BadRecord as exc:
+        on_bad(exc)
+        return IndexEntry(job, None, item.mod_revision)
+    return IndexEntry(job, index.hosts, item.mod_revision)
+
+
+def index_for_write(
+    store: Store, layout: KeyLayout, job: str, on_bad: Callable[[BadRecord], None]
+) -> IndexEntry:
+    """``job``'s index entry before a change; without a usable one, rebuilt from the hosts.
+
+    A store written before the index existed (or an entry damaged by hand)
+    would otherwise get an index naming only the host being changed.
+    """
+    entry = read_index(store, layout, job, on_bad)
+    if entry.hosts is not None:
+        return entry
+    found = _scan(store.list(layout.hosts).items, layout, job, on_bad)
+    hosts = {a.host for a in found.assignments} | set(found.damaged)
+    return IndexEntry(job, tuple(sorted(hosts)), entry.revision)
+
+
+def index_change(
+    layout: KeyLayout, entry: IndexEntry, host: str, holds: bool
+) -> tuple[Compare, Op]:
+    """The compare and write that record ``job`` holding (or no longer holding) ``host``.
+
+    The compare guards against another change of the same job's index since
+    ``entry`` was read (``index_for_write``).
+    """
+    key = layout.job_index(entry.job)
+    known = set(entry.hosts or ())
+    hosts = sorted(known | {host}) if holds else sorted(known - {host})
+    if not hosts:
+        return Compare(key, entry.revision), Delete(key)
+    return Compare(key, entry.revision), Put(key, JobIndex(entry.job, tuple(hosts)).to_json())
+
+
+def locate_job(
+    store: Store, layout: KeyLayout, job: str, on_bad: Callable[[BadRecord], None]
+) -> JobLocation:
+    """``job``'s assignments on every host, through its index (one key) where it has one."""
+    entry = read_index(store, layout, job, on_bad)
+    if entry.hosts is None:
+        return _scan(store.list(layout.hosts).items, layout, job, on_bad)
+    found, damaged = [], []
+    for host in entry.hosts:
+        item = store.get(layout.assignment(host, job))
+        if item is None:
+            continue  # removed by hand: the assignment, not the index, is the truth
+        try:
+            found.append(decode_record(item.value, Assignment, item.key, job=job, host=host))
+        except BadRecord as exc:
+            on_bad(exc)
+            damaged.append(host)
+    return JobLocation(found, damaged)
+
+
+def _scan(
+    items: Iterable[KeyValue], layout: KeyLayout, job: str, on_bad: Callable[[BadRecord], None]
+) -> JobLocation:
+    found, damaged = [], []
+    for item in items:
+        parsed = layout.parse_host_key(item.key)
+        if parsed is None or parsed[1] != "jobs" or parsed[2] != job:
+            continue
+        try:
+            found.append(decode_record(item.value, Assignment, item.key, job=job, host=parsed[0]))
+        except BadRecord as exc:
+            on_bad(exc)
+            damaged.append(parsed[0])
+    return JobLocation(found, damaged)

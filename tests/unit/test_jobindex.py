@@ -1,0 +1,118 @@
+"""The job index: written with every assignment change, read to find a job."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from allocator.assignments import Allocator
+from allocator.errors import BadRecord
+from allocator.keys import KeyLayout
+from allocator.placement import Request
+from allocator.records import Assignment, JobIndex, decode_record
+from allocator.store import Compare, Listing, Op, Store, open_store
+
+EXAMPLE = (Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml").read_text()
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
+LAYOUT = KeyLayout()
+
+
+class CountingStore:
+    """A store that counts prefix reads (a fleet scan is one ``list`` of every host)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.lists: list[str] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    def list(self, prefix: str) -> Listing:
+        self.lists.append(prefix)
+        return self._store.list(prefix)
+
+
+@pytest.fixture
+def store() -> Store:
+    store = open_store(f"memory://{uuid.uuid4().hex}")
+    Allocator(store, clock=lambda: NOW, actor="ops@h").apply_policy(EXAMPLE, "p.yaml")
+    return store
+
+
+def _ops(store: object) -> Allocator:
+    return Allocator(store, clock=lambda: NOW, actor="ops@h")  # type: ignore[arg-type]
+
+
+def _index(store: Store, job: str) -> tuple[str, ...] | None:
+    item = store.get(LAYOUT.job_index(job))
+    return None if item is None else decode_record(item.value, JobIndex, item.key).hosts
+
+
+def test_set_and_release_keep_the_index_naming_every_host_the_job_holds(store: Store) -> None:
+    ops = _ops(store)
+    ops.assign(Request(job="train", host="node1", gpus=(0,)))
+    assert _index(store, "train") == ("node1",)
+    ops.assign(Request(job="train", host="node2", gpus=(0,)))
+    ops.assign(Request(job="train", host="node1", gpus=(1,)))  # a move: still one entry
+    assert _index(store, "train") == ("node1", "node2")
+    ops.release("node1", "train")
+    assert _index(store, "train") == ("node2",)
+    ops.release("node2", "train")
+    assert _index(store, "train") is None
+
+
+def test_finding_a_job_reads_its_index_not_every_host(store: Store) -> None:
+    _ops(store).assign(Request(job="train", host="node2", gpus=(3,)))
+    counting = CountingStore(store)
+    found = _ops(counting).find_job("train")
+    assert [(a.host, a.gpus) for a in found] == [("node2", (3,))]
+    assert counting.lists == []  # no prefix read at all
+
+
+def test_a_store_from_before_the_index_is_scanned_and_its_index_rebuilt(store: Store) -> None:
+    old = Assignment("train", "node1", (0,), "gpu", "ops@h", "2026-01-01T00:00:00Z")
+    store.put(LAYOUT.assignment("node1", "train"), old.to_json())  # written with no index
+    counting = CountingStore(store)
+    assert [a.host for a in _ops(counting).find_job("train")] == ["node1"]
+    assert counting.lists == [LAYOUT.hosts]
+    _ops(store).assign(Request(job="train", host="node2", gpus=(0,)))
+    assert _index(store, "train") == ("node1", "node2")  # the first host is not lost
+
+
+def test_a_damaged_index_is_reported_and_found_around(store: Store) -> None:
+    _ops(store).assign(Request(job="train", host="node1", gpus=(0,)))
+    store.put(LAYOUT.job_index("train"), b'{"schema_version": 1, "job": "train", "hosts": 7}')
+    seen: list[BadRecord] = []
+    ops = Allocator(store, clock=lambda: NOW, actor="ops@h", on_bad_record=seen.append)
+    assert [a.host for a in ops.find_job("train")] == ["node1"]
+    assert [b.key for b in seen] == [LAYOUT.job_index("train")]
+    ops.assign(Request(job="train", host="node2", gpus=(1,)))
+    assert _index(store, "train") == ("node1", "node2")  # repaired by the next change
+
+
+def test_a_concurrent_change_of_the_same_job_is_not_lost(store: Store) -> None:
+    bob = _ops(store)
+
+    class SameJobElsewhere:
+        """Bob sets the same job on node2 just before our first transaction."""
+
+        def __init__(self) -> None:
+            self.txns = 0
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(store, name)
+
+        def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+            if self.txns == 0:
+                bob.assign(Request(job="train", host="node2", gpus=(0,)))
+            self.txns += 1
+            return store.txn(compares, ops)
+
+    racing = SameJobElsewhere()
+    _ops(racing).assign(Request(job="train", host="node1", gpus=(0,)))
+    assert racing.txns == 2  # the index compare lost once, then it re-read
+    assert _index(store, "train") == ("node1", "node2")
