@@ -147,9 +147,12 @@ def _decoded(
 
 
 def master_address(
-    assignment: Assignment, own_address: str, peers: Mapping[str, PeerHost]
+    assignment: Assignment, own_address: str | None, peers: Mapping[str, PeerHost]
 ) -> str | None:
-    """MASTER_ADDR of a job across hosts: its first host's advertised address."""
+    """MASTER_ADDR of a job across hosts: its first host's advertised address.
+
+    ``own_address`` is the address this host advertises (``None``: unknown).
+    """
     first = assignment.nodes[0]
     if first == assignment.host:
         return own_address
@@ -164,7 +167,7 @@ def master_address(
 
 
 def share_of(
-    assignment: Assignment, own_address: str, peers: Mapping[str, PeerHost]
+    assignment: Assignment, own_address: str | None, peers: Mapping[str, PeerHost]
 ) -> Share | None:
     """This host's share of ``assignment``'s job (``None`` for a job on one host)."""
     if not assignment.nodes or assignment.master_port is None:

@@ -79,7 +79,7 @@ def _rank_reports(ranks: Path, world: int) -> list[dict[str, Any]] | None:
 
 
 def test_a_job_across_two_hosts_runs_a_real_gloo_all_reduce(hosts: list[AgentHarness]) -> None:
-    node1, node2 = hosts
+    node1 = hosts[0]
     _start(hosts)
     result = node1.cli("set", "job=allreduce", "host=node1,node2", "count=2", "-o", "json")
     assert result.code == 0, result.err
@@ -101,6 +101,9 @@ def test_a_job_across_two_hosts_runs_a_real_gloo_all_reduce(hosts: list[AgentHar
     assert {(e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"]) for e in envs} == {("4", "2")}
     shown = node1.cli("get", "job=allreduce")
     assert shown.code == 0 and shown.out.startswith("allreduce@node1,node2: gpus 0,1 on each")
+    env = node1.cli("env", "job=allreduce", "host=node2", "-o", "json")  # what node2's agent gave
+    assert env.code == 0, env.err
+    assert [{k: w[k] for k in envs[2]} for w in json.loads(env.out)] == envs[2:]
 
 
 def _ring(agent: AgentHarness) -> dict[str, Any] | None:
@@ -146,3 +149,32 @@ def test_a_failing_gpu_under_one_host_stops_every_share_until_it_recovers(
 def _state(agent: AgentHarness, state: str) -> Any:
     record = agent.worker_record("ring")
     return record if record is not None and record.state == state else None
+
+
+def test_the_cli_treats_a_job_across_hosts_as_one(tmp_path: Path, prefix: str) -> None:
+    cli = AgentHarness(tmp_path, f"sqlite://{tmp_path / 'store.db'}", prefix, gpus=2).cli
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps(two_host_policy(tmp_path)))
+    assert cli("policy", "apply", str(policy)).code == 0
+    assert cli("set", "job=ring", "host=node2,node1", "gpus=0-1", "reason=sweep").code == 0
+
+    for args in (
+        ("set", "job=ring", "host=node1", "gpus=0"),
+        ("release", "job=ring", "host=node1"),
+    ):
+        refused = cli(*args)
+        assert refused.code == 2 and refused.err.count("\n") == 1, refused.err
+        assert "runs across node2,node1 as one job" in refused.err
+    twice = cli("set", "job=ring", "host=node1,node1", "count=1")
+    assert twice.code == 2 and "node1 is listed twice" in twice.err
+
+    shown = json.loads(cli("get", "job=ring", "-o", "json").out)
+    assert shown["nodes"] == ["node2", "node1"] and len(shown["assignments"]) == 2
+    (group,) = json.loads(cli("status", "-o", "json").out)["jobs_across_hosts"]
+    assert [(s["host"], s["rank"], s["gpus"]) for s in group["shares"]] == [
+        ("node2", 0, "0,1"),
+        ("node1", 1, "0,1"),
+    ]
+    released = cli("release", "job=ring", "-o", "json")
+    assert released.code == 0 and json.loads(released.out)["released"] == ["node1", "node2"]
+    assert cli("get", "job=ring").code == 6
