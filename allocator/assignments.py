@@ -262,20 +262,8 @@ class Allocator:
             snapshot = self.require_policy()
             if command is not None:
                 _check_adhoc_command(snapshot.policy, request.job)
-            template = Assignment(
-                job=request.job,
-                host=nodes[0],
-                gpus=(),
-                mode="cpu",
-                updated_by=self.actor,
-                updated_at=format_time(self.clock()),
-                reason=reason,
-                requested=describe_request(request),
-                policy_revision=snapshot.revision,
-                command=command,
-            )
             generation = self._generation_value()
-            write = plan_group_set(self, snapshot, request, nodes, template, generation)
+            write = plan_group_set(self, snapshot, request, nodes, (reason, command), generation)
             self._txn(write.compares, write.ops)
             return write.result
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from allocator.errors import PlacementRefused, RequestError
+from allocator.identity import format_time
 from allocator.jobindex import group_index_change, index_for_write
 from allocator.records import Assignment
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
@@ -173,19 +174,32 @@ def plan_group_set(
     snapshot: PolicySnapshot,
     request: Request,
     hosts: Sequence[str],
-    assignment: Assignment,
+    why: tuple[str, tuple[str, ...] | None],
     generation: bytes,
 ) -> GroupWrite:
     """Place ``request`` on every host of ``hosts`` and build the one transaction writing it.
 
-    ``assignment`` is the template every share is made from (who, when,
-    why, the command); its host, GPUs and mode are filled in per host.
+    ``why`` is the operator's reason and ad-hoc command (already allowed),
+    recorded in every share with who and when.
     """
+    from allocator.assignments import describe_request
     from allocator.placement import place
 
     job, layout = request.job, allocator.layout
     nodes = check_hosts(job, hosts)
     now = allocator.clock()
+    template = Assignment(
+        job=job,
+        host=nodes[0],
+        gpus=(),
+        mode="cpu",
+        updated_by=allocator.actor,
+        updated_at=format_time(now),
+        reason=why[0],
+        requested=describe_request(request),
+        policy_revision=snapshot.revision,
+        command=why[1],
+    )
     states = {host: allocator.host(host) for host in nodes}
     placed = as_one_job(
         job,
@@ -208,7 +222,7 @@ def plan_group_set(
     port = choose_master_port(
         snapshot.policy, job, states[nodes[0]], states[nodes[0]].assignments.get(job)
     )
-    shares = tuple(replace_share(assignment, host, placed[host], nodes, port) for host in nodes)
+    shares = tuple(replace_share(template, host, placed[host], nodes, port) for host in nodes)
     index_compare, index_op = group_index_change(layout, entry, nodes, port)
     touched = (*nodes, *released)
     compares = [

@@ -339,3 +339,26 @@ def test_an_assignment_with_impossible_nodes_is_a_bad_record(bad: tuple[str, ...
     )
     with pytest.raises(BadRecord):
         decode_record(raw, Assignment, "k", job="train", host="node1")
+
+
+def test_the_agent_advertises_its_master_addr_else_its_host_name() -> None:
+    import socket
+
+    from allocator.agent.config import load_agent_config
+
+    default = load_agent_config(None, {"host": "node1"})
+    assert (default.local_master_addr, default.advertised_address) == (
+        "127.0.0.1",
+        socket.gethostname(),
+    )
+    chosen = load_agent_config(None, {"host": "node1", "master_addr": "10.0.0.21"})
+    assert (chosen.local_master_addr, chosen.advertised_address) == ("10.0.0.21", "10.0.0.21")
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.1 evil", "tcp://10.0.0.1", "", "-x"])
+def test_a_master_addr_that_is_no_address_is_refused_in_one_line(bad: str) -> None:
+    from allocator.agent.config import load_agent_config
+    from allocator.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="master_addr must be a host name or an IP address"):
+        load_agent_config(None, {"host": "node1", "master_addr": bad})
