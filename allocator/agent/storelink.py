@@ -267,8 +267,11 @@ class StoreLink:
         for error, revision in view.bad:
             self._bad_record(error, revision)
         self.to_loop.put(view)
-        if not self.watches or tuple(peers) != self.watched_peers:
-            self._start_watches(tuple(peers))
+        # A host the store will not show is not watched either: a refused watch would
+        # read as this agent's own permission problem and drop the connection.
+        watched = tuple(host for host, peer in peers.items() if peer.readable)
+        if not self.watches or watched != self.watched_peers:
+            self._start_watches(watched)
 
     def _read_peers(
         self, store: Store, view: HostView

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterator
 from contextlib import suppress
@@ -25,6 +26,14 @@ from tests.support.waiting import wait_for
 GLOO = Path(__file__).resolve().parents[1] / "support" / "gloo_worker.py"
 
 
+def free_port() -> int:
+    """A port nothing listens on now (the all-reduce declares it, so concurrent runs differ)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
 def two_host_policy(workdir: Path) -> dict[str, Any]:
     """node1 and node2 with 2 GPUs each; an all-reduce job and a dummy job that waits."""
     dummy = [sys.executable, str(DUMMY), "--out", str(workdir / "ring-{host}.json")]
@@ -36,7 +45,7 @@ def two_host_policy(workdir: Path) -> dict[str, Any]:
                 "command": [sys.executable, str(GLOO), str(workdir / "ranks")],
                 "workers": "per-gpu",
                 # gloo finds its peers on the loopback interface, where both "hosts" live.
-                "env": {"GLOO_SOCKET_IFNAME": "lo"},
+                "env": {"GLOO_SOCKET_IFNAME": "lo", "MASTER_PORT": str(free_port())},
                 "grace_seconds": 1,
             },
             "ring": {"command": dummy, "fallback": "wait", "grace_seconds": 1},
