@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from allocator.errors import PlacementRefused, RequestError
@@ -182,39 +183,12 @@ def plan_group_set(
     ``why`` is the operator's reason and ad-hoc command (already allowed),
     recorded in every share with who and when.
     """
-    from allocator.assignments import describe_request
-    from allocator.placement import place
-
     job, layout = request.job, allocator.layout
     nodes = check_hosts(job, hosts)
     now = allocator.clock()
-    template = Assignment(
-        job=job,
-        host=nodes[0],
-        gpus=(),
-        mode="cpu",
-        updated_by=allocator.actor,
-        updated_at=format_time(now),
-        reason=why[0],
-        requested=describe_request(request),
-        policy_revision=snapshot.revision,
-        command=why[1],
-    )
+    template = _template(allocator, snapshot, request, nodes[0], why)
     states = {host: allocator.host(host) for host in nodes}
-    placed = as_one_job(
-        job,
-        {
-            host: place(
-                snapshot.policy,
-                replace(request, host=host),
-                state.assignments,
-                now,
-                inventory=state.agent.gpus if state.agent and state.agent.gpus else None,
-                unhealthy=state.agent.unhealthy if state.agent else None,
-            )
-            for host, state in states.items()
-        },
-    )
+    placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
     entry = index_for_write(allocator.store, layout, job, allocator.on_bad_record)
     released = tuple(sorted(set(entry.hosts or ()) - set(nodes)))
     _check_size(job, len(nodes) + len(released))
@@ -237,6 +211,49 @@ def plan_group_set(
     notes = tuple(n for host in nodes for n in placed[host].notes)
     notes += tuple(f"job {job!r} no longer holds anything on {host}" for host in released)
     return GroupWrite(compares, ops, GroupResult(job, nodes, port, shares, released, (), notes))
+
+
+def _template(
+    allocator: Allocator,
+    snapshot: PolicySnapshot,
+    request: Request,
+    first: str,
+    why: tuple[str, tuple[str, ...] | None],
+) -> Assignment:
+    """What every share records alike: who, when, why, what was asked, the command."""
+    from allocator.assignments import describe_request
+
+    return Assignment(
+        job=request.job,
+        host=first,
+        gpus=(),
+        mode="cpu",
+        updated_by=allocator.actor,
+        updated_at=format_time(allocator.clock()),
+        reason=why[0],
+        requested=describe_request(request),
+        policy_revision=snapshot.revision,
+        command=why[1],
+    )
+
+
+def _place_each(
+    policy: Policy, request: Request, states: Mapping[str, HostSnapshot], now: datetime
+) -> dict[str, Placement]:
+    """``place()`` on every host, as its agent's inventory and health say."""
+    from allocator.placement import place
+
+    return {
+        host: place(
+            policy,
+            replace(request, host=host),
+            state.assignments,
+            now,
+            inventory=state.agent.gpus if state.agent and state.agent.gpus else None,
+            unhealthy=state.agent.unhealthy if state.agent else None,
+        )
+        for host, state in states.items()
+    }
 
 
 def replace_share(
