@@ -45,6 +45,7 @@ from allocator.records import (
 from allocator.store import MAX_TXN_OPS, Compare, Delete, KeyValue, Op, Put, Store, txn_size
 
 if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need not pay
+    from allocator.groups import GroupResult
     from allocator.placement import Placement, Request
     from allocator.policy import Policy
 
@@ -240,6 +241,44 @@ class Allocator:
         one. ``NotFound`` if the job holds nothing there.
         """
         return self._with_retries(lambda: self._release_once(host, job), "release")
+
+    def assign_across(
+        self,
+        request: Request,
+        hosts: Sequence[str],
+        *,
+        reason: str = "",
+        command: tuple[str, ...] | None = None,
+    ) -> GroupResult:
+        """Assign ``request`` on every one of ``hosts`` as one job: one transaction, all or none.
+
+        Node ranks follow the order of ``hosts``; see :mod:`allocator.groups`.
+        """
+        from allocator.groups import check_hosts, plan_group_set
+
+        nodes = check_hosts(request.job, hosts)
+
+        def once() -> GroupResult:
+            snapshot = self.require_policy()
+            if command is not None:
+                _check_adhoc_command(snapshot.policy, request.job)
+            generation = self._generation_value()
+            write = plan_group_set(self, snapshot, request, nodes, (reason, command), generation)
+            self._txn(write.compares, write.ops)
+            return write.result
+
+        return self._with_retries(once, "set")
+
+    def release_across(self, job: str) -> GroupResult:
+        """Release ``job`` on every host where it holds anything, in one transaction."""
+        from allocator.groups import plan_group_release
+
+        def once() -> GroupResult:
+            write = plan_group_release(self, job, self._generation_value())
+            self._txn(write.compares, write.ops)
+            return write.result
+
+        return self._with_retries(once, "release")
 
     def apply_policy(self, text: str, source: str, *, force: bool = False) -> ApplyResult:
         """Validate ``text`` and store it as the applied policy (CAS on the old one).

@@ -8,6 +8,11 @@ instead of every key of every host.
 A store written before the index existed (or an index damaged by hand) has
 no usable entry; then, and only then, finding a job falls back to the one
 prefix read over all hosts that it always was.
+
+A job across several hosts (``set host=a,b``) has its nodes, in node-rank
+order, and its MASTER_PORT in the index too. Such a job is changed only as a
+whole (:mod:`allocator.groups`): a change of one host's share alone is
+refused here, before anything is written.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from allocator.errors import BadRecord
+from allocator.errors import BadRecord, RequestError
 from allocator.keys import KeyLayout
 from allocator.records import Assignment, JobIndex, decode_record
 from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
@@ -23,6 +28,7 @@ from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
 __all__ = [
     "IndexEntry",
     "JobLocation",
+    "group_index_change",
     "index_change",
     "index_for_write",
     "locate_job",
@@ -32,19 +38,28 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
-    """The job's index as read: its hosts (None: no usable entry) and the key's revision."""
+    """The job's index as read: its hosts (None: no usable entry) and the key's revision.
+
+    ``nodes`` and ``master_port`` are set for a job across several hosts.
+    """
 
     job: str
     hosts: tuple[str, ...] | None
     revision: int
+    nodes: tuple[str, ...] = ()
+    master_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class JobLocation:
-    """Where a job was found: its assignments, and hosts whose record of it is damaged."""
+    """Where a job was found: its assignments, and hosts whose record of it is damaged.
+
+    ``nodes`` is set for a job across several hosts (in node-rank order).
+    """
 
     assignments: list[Assignment]
     damaged: list[str]
+    nodes: tuple[str, ...] = ()
 
 
 def read_index(
@@ -59,7 +74,7 @@ def read_index(
     except BadRecord as exc:
         on_bad(exc)
         return IndexEntry(job, None, item.mod_revision)
-    return IndexEntry(job, index.hosts, item.mod_revision)
+    return IndexEntry(job, index.hosts, item.mod_revision, index.nodes, index.master_port)
 
 
 def index_for_write(
@@ -75,7 +90,10 @@ def index_for_write(
         return entry
     found = _scan(store.list(layout.hosts).items, layout, job, on_bad)
     hosts = {a.host for a in found.assignments} | set(found.damaged)
-    return IndexEntry(job, tuple(sorted(hosts)), entry.revision)
+    group = next((a for a in found.assignments if a.nodes), None)
+    if group is None:
+        return IndexEntry(job, tuple(sorted(hosts)), entry.revision)
+    return IndexEntry(job, tuple(sorted(hosts)), entry.revision, group.nodes, group.master_port)
 
 
 def index_change(
@@ -84,14 +102,41 @@ def index_change(
     """The compare and write that record ``job`` holding (or no longer holding) ``host``.
 
     The compare guards against another change of the same job's index since
-    ``entry`` was read (``index_for_write``).
+    ``entry`` was read (``index_for_write``). A job across several hosts is
+    changed only as a whole: :class:`RequestError` (exit 2) says how.
     """
+    if entry.nodes:
+        raise _one_share_refused(entry, holds)
     key = layout.job_index(entry.job)
     known = set(entry.hosts or ())
     hosts = sorted(known | {host}) if holds else sorted(known - {host})
     if not hosts:
         return Compare(key, entry.revision), Delete(key)
     return Compare(key, entry.revision), Put(key, JobIndex(entry.job, tuple(hosts)).to_json())
+
+
+def group_index_change(
+    layout: KeyLayout, entry: IndexEntry, nodes: tuple[str, ...], master_port: int | None
+) -> tuple[Compare, Op]:
+    """The compare and write that record ``job`` across ``nodes`` (none: released everywhere)."""
+    key = layout.job_index(entry.job)
+    if not nodes:
+        return Compare(key, entry.revision), Delete(key)
+    index = JobIndex(entry.job, tuple(sorted(nodes)), nodes, master_port)
+    return Compare(key, entry.revision), Put(key, index.to_json())
+
+
+def _one_share_refused(entry: IndexEntry, holds: bool) -> RequestError:
+    job, hosts = entry.job, ",".join(entry.nodes)
+    if holds:
+        return RequestError(
+            f"job {job!r} runs across {hosts} as one job: set it with host={hosts} "
+            f"(or release it first with `allocator release job={job}`)"
+        )
+    return RequestError(
+        f"job {job!r} runs across {hosts} as one job: release all of it with "
+        f"`allocator release job={job}` (without host=)"
+    )
 
 
 def locate_job(
@@ -102,7 +147,7 @@ def locate_job(
     if entry.hosts is None:
         return _scan(store.list(layout.hosts).items, layout, job, on_bad)
     found, damaged = [], []
-    for host in entry.hosts:
+    for host in entry.nodes or entry.hosts:
         item = store.get(layout.assignment(host, job))
         if item is None:
             continue  # removed by hand: the assignment, not the index, is the truth
@@ -111,7 +156,7 @@ def locate_job(
         except BadRecord as exc:
             on_bad(exc)
             damaged.append(host)
-    return JobLocation(found, damaged)
+    return JobLocation(found, damaged, entry.nodes)
 
 
 def _scan(
@@ -127,4 +172,7 @@ def _scan(
         except BadRecord as exc:
             on_bad(exc)
             damaged.append(parsed[0])
-    return JobLocation(found, damaged)
+    group = next((a for a in found if a.nodes), None)
+    if group is not None:  # node-rank order, as the index would give it
+        found.sort(key=lambda a: a.node_rank if a.nodes == group.nodes else len(group.nodes))
+    return JobLocation(found, damaged, group.nodes if group is not None else ())

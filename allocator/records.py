@@ -52,6 +52,11 @@ DeviceUuid = Annotated[str, msgspec.Meta(pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]{1,
 Argument = Annotated[str, msgspec.Meta(max_length=65536)]
 Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+#: A host name or IP address another host can reach (no scheme, no port, no space).
+Address = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:%-]{0,252}\Z")]
+#: The hosts of one job across several hosts, in node-rank order (at most a store
+#: transaction's worth: see allocator.groups).
+Nodes = Annotated[tuple[Name, ...], msgspec.Meta(max_length=64)]
 
 
 class MigDevice(msgspec.Struct, frozen=True):
@@ -96,7 +101,12 @@ class GpuInfo(msgspec.Struct, frozen=True):
 
 
 class Assignment(msgspec.Struct, frozen=True):
-    """Which GPUs a job holds on a host (``mode="cpu"``: it holds none, runs on CPU)."""
+    """Which GPUs a job holds on a host (``mode="cpu"``: it holds none, runs on CPU).
+
+    A share of a job across several hosts names all of them in ``nodes`` (node
+    rank = position; the first runs rank 0) and the job's one ``master_port``;
+    every share is written in one transaction, so they always agree.
+    """
 
     job: Name
     host: Name
@@ -109,7 +119,20 @@ class Assignment(msgspec.Struct, frozen=True):
     policy_revision: Count = 0
     command: Annotated[tuple[Argument, ...], msgspec.Meta(max_length=4096)] | None = None
     fallback_reason: Text | None = None
+    nodes: Nodes = ()
+    master_port: Port | None = None
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.nodes:
+            _check_nodes(self.nodes, self.master_port)
+            if self.host not in self.nodes:
+                raise ValueError(f"host {self.host!r} is not one of its nodes {list(self.nodes)}")
+
+    @property
+    def node_rank(self) -> int:
+        """This share's node rank (0 for a job on one host)."""
+        return self.nodes.index(self.host) if self.nodes else 0
 
     def to_json(self) -> bytes:
         """Encode for the store."""
@@ -154,6 +177,8 @@ class AgentRecord(msgspec.Struct, frozen=True):
     and a record rewritten on every heartbeat fills etcd's history. The
     record changes only when its content does. ``store_stale`` says the agent
     can keep its lease but cannot read its assignments (its view may be old).
+    ``address`` is where other hosts reach this one: the ``MASTER_ADDR`` of a
+    job across several hosts whose node rank 0 runs here.
     """
 
     host: Name
@@ -164,6 +189,7 @@ class AgentRecord(msgspec.Struct, frozen=True):
     version: Text = ""
     store_stale: bool = False
     inventory_source: Text = "nvml"
+    address: Address | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
@@ -180,7 +206,10 @@ class WorkerRecord(msgspec.Struct, frozen=True):
     """What the agent actually runs for one job.
 
     ``master_addr``/``master_port`` are the rendezvous its per-gpu workers were
-    given (``allocator env`` shows them), ``None`` for other jobs.
+    given (``allocator env`` shows them), ``None`` for other jobs. ``fault`` is
+    why this host's own GPUs cannot serve the job right now (the job's fallback
+    rule is at work because of this host): the other shares of a job across
+    several hosts follow it, since a collective cannot run with a missing rank.
     """
 
     job: Name
@@ -199,6 +228,7 @@ class WorkerRecord(msgspec.Struct, frozen=True):
     assignment_revision: Count = 0
     master_addr: Text | None = None
     master_port: Port | None = None
+    fault: Text | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
@@ -212,15 +242,35 @@ class WorkerRecord(msgspec.Struct, frozen=True):
 
 
 class JobIndex(msgspec.Struct, frozen=True):
-    """The hosts where a job holds an assignment (kept with every assignment change)."""
+    """The hosts where a job holds an assignment (kept with every assignment change).
+
+    A job across several hosts also has its ``nodes`` in node-rank order and
+    its ``master_port`` here: the one record of the job as a whole.
+    """
 
     job: Name
     hosts: tuple[Name, ...]
+    nodes: Nodes = ()
+    master_port: Port | None = None
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.nodes:
+            _check_nodes(self.nodes, self.master_port)
 
     def to_json(self) -> bytes:
         """Encode for the store."""
         return encode_record(self)
+
+
+def _check_nodes(nodes: tuple[str, ...], master_port: int | None) -> None:
+    """A job's nodes: two or more distinct hosts, with the job's MASTER_PORT."""
+    if len(nodes) < 2:
+        raise ValueError("nodes must name two or more hosts (or none)")
+    if len(set(nodes)) != len(nodes):
+        raise ValueError(f"nodes {list(nodes)} name a host twice")
+    if master_port is None:
+        raise ValueError("a job across several hosts needs its master_port")
 
 
 Record = Assignment | PolicyRecord | AgentRecord | WorkerRecord | JobIndex

@@ -14,6 +14,10 @@ is leased, so it exists exactly while the agent keeps its lease alive.
 * ``gone``: no key, but worker records remain (the agent died, or cannot
   reach the store, with workers it ran);
 * ``none``: no key and nothing recorded.
+
+A job across several hosts is also shown as one (:func:`group_status`): its
+nodes in rank order, its MASTER_PORT, and per share the GPUs, the agent's
+state (a share whose agent is ``gone`` says so) and what the workers do.
 """
 
 from __future__ import annotations
@@ -30,7 +34,16 @@ from allocator.policy import Policy
 from allocator.reservations import on_host, trespassers
 from allocator.store import KeyValue
 
-__all__ = ["GpuRow", "HostStatus", "JobRow", "agent_state", "build_status"]
+__all__ = [
+    "GpuRow",
+    "GroupShare",
+    "GroupStatus",
+    "HostStatus",
+    "JobRow",
+    "agent_state",
+    "build_status",
+    "group_status",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +74,50 @@ class JobRow:
     reason: str
     workers: str
     matches: bool | None
+    #: A job across several hosts: all its hosts in node-rank order, and its port.
+    nodes: tuple[str, ...] = ()
+    master_port: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShare:
+    """One host's share of a job across hosts: what it holds, its agent, its workers.
+
+    ``gpus`` is ``0,1``, ``cpu``, or empty when the host holds no share of the
+    job (its record was removed or damaged by hand).
+    """
+
+    host: str
+    rank: int
+    gpus: str
+    agent: str
+    workers: str
+    matches: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    """A job across several hosts, shown as one."""
+
+    job: str
+    nodes: tuple[str, ...]
+    master_port: int | None
+    shares: tuple[GroupShare, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON/YAML-ready form."""
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line: ``train across node1,node2 (MASTER_PORT 2345): node1 rank 0 ...``."""
+        parts = []
+        for share in self.shares:
+            held = {"": "NO SHARE", "cpu": "cpu"}.get(share.gpus, f"gpus {share.gpus}")
+            agent = "" if share.agent == "alive" else f" AGENT {share.agent.upper()}"
+            sync = "" if share.matches is not False else " (NOT in sync)"
+            parts.append(f"{share.host} rank {share.rank} {held}{agent}: {share.workers}{sync}")
+        port = f" (MASTER_PORT {self.master_port})" if self.master_port else ""
+        return f"{self.job} across {','.join(self.nodes)}{port}: " + "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +153,29 @@ def build_status(
         agent = agent_state(agent_keys.get(layout.agent(name)), snapshot)
         hosts.append(_host_status(policy, snapshot, agent, now))
     return hosts
+
+
+def group_status(hosts: Sequence[HostStatus]) -> list[GroupStatus]:
+    """Every job across hosts found in ``hosts``, one entry each (a share not found: missing)."""
+    rows = {(row.host, row.job): (host, row) for host in hosts for row in host.jobs}
+    groups: dict[str, tuple[str, ...]] = {}
+    ports: dict[str, int | None] = {}
+    for _host, row in rows.values():
+        if row.nodes and row.job not in groups:
+            groups[row.job], ports[row.job] = row.nodes, row.master_port
+    agents = {host.host: host.agent for host in hosts}
+    found = []
+    for job, nodes in sorted(groups.items()):
+        shares = []
+        for rank, node in enumerate(nodes):
+            held = rows.get((node, job))
+            if held is None or held[1].nodes != nodes:
+                shares.append(GroupShare(node, rank, "", agents.get(node, "none"), "-", None))
+                continue
+            host, row = held
+            shares.append(GroupShare(node, rank, row.gpus, host.agent, row.workers, row.matches))
+        found.append(GroupStatus(job, nodes, ports[job], tuple(shares)))
+    return found
 
 
 def agent_state(key: KeyValue | None, snapshot: HostSnapshot) -> str:
@@ -178,6 +258,8 @@ def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
         reason=held.reason or (held.fallback_reason or ""),
         workers=workers,
         matches=matches,
+        nodes=held.nodes,
+        master_port=held.master_port,
     )
 
 

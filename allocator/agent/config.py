@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -19,6 +21,9 @@ from allocator.identity import local_hostname
 from allocator.keys import DEFAULT_PREFIX, validate_name, validate_prefix
 
 __all__ = ["AgentConfig", "default_state_dir", "load_agent_config"]
+
+# What another host can connect to: a host name or an IP address, nothing else.
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:%-]{0,252}\Z")
 
 
 def default_state_dir() -> Path:
@@ -44,7 +49,20 @@ class AgentConfig:
     retry_max_seconds: float = 4.0
     keep_workers_on_exit: bool = False
     log_format: str = "text"
-    master_addr: str = "127.0.0.1"
+    # MASTER_ADDR of this host's per-gpu jobs (127.0.0.1 when unset), and the
+    # address it advertises for jobs across hosts whose rank 0 runs here
+    # (this machine's host name when unset).
+    master_addr: str | None = None
+
+    @property
+    def local_master_addr(self) -> str:
+        """MASTER_ADDR of a per-gpu job on this host alone."""
+        return self.master_addr or "127.0.0.1"
+
+    @property
+    def advertised_address(self) -> str:
+        """Where other hosts reach this one: ``master_addr``, else the host name."""
+        return self.master_addr or socket.gethostname()
 
     @property
     def agent_dir(self) -> Path:
@@ -112,6 +130,10 @@ def _coerce(key: str, value: Any, path: str | None) -> Any:
         return value
     if key == "log_format" and value not in ("text", "json"):
         raise InvalidInput(f"{where}log_format must be text or json, got {value!r}")
+    if key == "master_addr" and not _ADDRESS.match(str(value)):
+        raise InvalidInput(
+            f"{where}master_addr must be a host name or an IP address, got {str(value)[:80]!r}"
+        )
     return str(value)
 
 

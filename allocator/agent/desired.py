@@ -5,7 +5,9 @@ command a worker runs comes from the reviewed policy; an assignment may carry
 its own command only where the policy's job allows ad-hoc commands. On an
 exclusive host no two jobs run on one GPU (:mod:`allocator.agent.claims`),
 and a job held back by the flap limit (:mod:`allocator.agent.holddown`)
-stays in its fallback.
+stays in its fallback. A share of a job across several hosts follows the
+other shares' faults (:mod:`allocator.agent.multihost`): the job's fallback
+rule decides for every host.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from datetime import datetime
 from allocator.agent.claims import refuse_double_claims
 from allocator.agent.holddown import Pin
 from allocator.agent.model import DesiredJob, DesiredState, Device, WorkerSpec
+from allocator.agent.multihost import PeerHost, Share, share_of
 from allocator.agent.ports import declared_master_port
 from allocator.errors import RequestError
 from allocator.gpus.model import GpuInfo
+from allocator.gpus.visible import NodeGroup
 from allocator.placement import unavailable_gpus
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records import Assignment, replace_struct
@@ -46,6 +50,8 @@ def desired_jobs(
     pinned: Mapping[str, Pin] | None = None,
     ports: Mapping[str, int] | None = None,
     master_addr: str = DEFAULT_MASTER_ADDR,
+    peers: Mapping[str, PeerHost] | None = None,
+    address: str | None = None,
 ) -> dict[str, DesiredJob]:
     """Return the desired job for every assignment on ``host``, keyed by job name.
 
@@ -56,6 +62,8 @@ def desired_jobs(
     ``holders`` are the GPUs each job's live workers run on (who keeps a GPU
     two assignments claim); ``pinned`` jobs are held in their fallback by the
     flap limit; ``ports`` are the agent's MASTER_PORTs (see :mod:`allocator.agent.ports`).
+    ``peers`` are the other hosts of this host's jobs across hosts, and
+    ``address`` is the address this agent advertises (MASTER_ADDR where it runs rank 0).
     """
     pins = pinned or {}
     result = {
@@ -69,6 +77,7 @@ def desired_jobs(
             now,
             master_port=(ports or {}).get(name),
             master_addr=master_addr,
+            share=share_of(assignment, address or master_addr, peers or {}),
         )
         for name, assignment in sorted(assignments.items())
         if assignment.host == host
@@ -93,11 +102,13 @@ def desired_job(
     *,
     master_port: int | None = None,
     master_addr: str = DEFAULT_MASTER_ADDR,
+    share: Share | None = None,
 ) -> DesiredJob:
     """Decide what one assigned job should do: run (and how), wait, fail or be refused.
 
     ``master_port`` is the port the agent allocated for a per-gpu job; a port
-    the policy declares for the job wins over it.
+    the policy declares for the job wins over it. ``share`` is this host's
+    place in a job across several hosts (``None`` for a job on one host).
     """
     job = policy.jobs.get(assignment.job)
     if job is None:
@@ -116,7 +127,10 @@ def desired_job(
             f"job {job.name!r} was marked failed; it stays failed until its assignment changes"
         )
         return _not_running(job, assignment, revision, "failed", message)
-    rank = _Rendezvous(master_addr, _port_for(job, master_port))
+    if share is not None and share.failed:
+        message = f"{share.failed}, so this share fails too (a collective needs every rank)"
+        return _not_running(job, assignment, revision, "failed", message)
+    rank = _Rendezvous(master_addr, _port_for(job, master_port), share)
     if assignment.mode == "cpu":
         reason = assignment.fallback_reason or "assigned gpus=cpu"
         on_cpu = _on_cpu(assignment, reason)
@@ -126,10 +140,16 @@ def desired_job(
 
 @dataclass(frozen=True, slots=True)
 class _Rendezvous:
-    """Where a per-gpu job's ranks meet: MASTER_ADDR and MASTER_PORT."""
+    """Where a job's ranks meet: MASTER_ADDR and MASTER_PORT, or its share across hosts."""
 
     addr: str
     port: int | None
+    share: Share | None = None
+
+    @property
+    def group(self) -> NodeGroup | None:
+        """The share's place in a job across hosts, once its MASTER_ADDR is known."""
+        return self.share.group if self.share is not None else None
 
 
 def _port_for(job: Job, allocated: int | None) -> int | None:
@@ -148,27 +168,35 @@ def _with_health(
     now: datetime | None,
     rank: _Rendezvous,
 ) -> DesiredJob:
-    """Apply the job's fallback rule when one of its GPUs is unhealthy or reserved for others."""
+    """Apply the job's fallback rule when one of its GPUs is unhealthy or reserved for others.
+
+    A share of a job across hosts applies it too when another share's GPUs
+    are the trouble; only a fault of its own is published as its ``fault``.
+    """
     bad, reserved = unavailable_gpus(policy, assignment, unhealthy, now)
-    if not bad:
-        return _running(policy, job, assignment, argv, revision, inventory, "", rank)
     trouble = "; ".join(f"GPU {gpu} {why}" for gpu, why in bad.items())
     rule = policy.fallback_for(job.name)
-    if rule is None and reserved:  # running on would break the reservation
-        message = f"{trouble}; job {job.name!r} has no fallback rule, so it waits"
-        return _not_running(job, assignment, revision, "wait", message)
-    if rule is None:
+    if bad and rule is None and not reserved:
         note = f"{trouble} (job {job.name!r} has no fallback rule; it keeps running on its GPUs)"
         return _running(policy, job, assignment, argv, revision, inventory, note, rank)
+    fault: str | None = trouble if bad else None
+    if not bad and rank.share is not None and rank.share.trouble:
+        # A share with no rule publishes a fault only when a reservation stops it.
+        trouble = f"{rank.share.trouble} (this share follows: a collective needs every rank)"
+    elif not bad:
+        return _running(policy, job, assignment, argv, revision, inventory, "", rank)
+    if rule is None:  # running on would break the reservation
+        message = f"{trouble}; job {job.name!r} has no fallback rule, so it waits"
+        return _not_running(job, assignment, revision, "wait", message, fault)
     if rule.action == "cpu":
         note = f"{trouble}; running on CPU ({_rule_words(rule)})"
         on_cpu = _on_cpu(assignment, trouble)
-        return _running(policy, job, on_cpu, argv, revision, inventory, note, rank)
+        return _running(policy, job, on_cpu, argv, revision, inventory, note, rank, fault)
     if rule.action == "wait":
         message = f"{trouble}; waiting for it to recover ({_rule_words(rule)})"
-        return _not_running(job, assignment, revision, "wait", message)
+        return _not_running(job, assignment, revision, "wait", message, fault)
     message = f"{trouble}; job {job.name!r} failed ({_rule_words(rule)})"
-    return _not_running(job, assignment, revision, "failed", message)
+    return _not_running(job, assignment, revision, "failed", message, fault)
 
 
 def _rule_words(rule: FallbackRule) -> str:
@@ -203,11 +231,15 @@ def _running(
     inventory: Sequence[GpuInfo] | None,
     message: str,
     rank: _Rendezvous,
+    fault: str | None = None,
 ) -> DesiredJob:
     """A job that should run: one WorkerSpec per rendered environment."""
     # Imported here: the sibling module is the one place environments are rendered.
     from allocator.gpus.visible import worker_environments
 
+    if rank.share is not None and rank.group is None:  # its ranks would have nowhere to meet
+        waiting = "; ".join(m for m in (message, rank.share.waiting_for) if m)
+        return _not_running(job, assignment, revision, "wait", waiting, fault)
     try:
         envs = worker_environments(
             assignment,
@@ -216,6 +248,7 @@ def _running(
             fallback_reason=assignment.fallback_reason if assignment.mode == "cpu" else None,
             master_addr=rank.addr,
             master_port=rank.port,
+            group=rank.group,
         )
     except RequestError as exc:
         return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
@@ -234,7 +267,7 @@ def _running(
         )
         for index, env in enumerate(envs)
     )
-    return _desired(job, assignment, revision, "run", message, workers, device)
+    return _desired(job, assignment, revision, "run", message, workers, device, fault)
 
 
 def _naming(job: Job, message: str) -> str:
@@ -252,10 +285,15 @@ def _worker_gpus(assignment: Assignment, job: Job, index: int) -> tuple[int, ...
 
 
 def _not_running(
-    job: Job, assignment: Assignment, revision: int, state: DesiredState, message: str
+    job: Job,
+    assignment: Assignment,
+    revision: int,
+    state: DesiredState,
+    message: str,
+    fault: str | None = None,
 ) -> DesiredJob:
     device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
-    return _desired(job, assignment, revision, state, message, (), device)
+    return _desired(job, assignment, revision, state, message, (), device, fault)
 
 
 def _desired(
@@ -266,6 +304,7 @@ def _desired(
     message: str,
     workers: tuple[WorkerSpec, ...],
     device: Device,
+    fault: str | None = None,
 ) -> DesiredJob:
     return DesiredJob(
         job=assignment.job,
@@ -282,6 +321,7 @@ def _desired(
         fallback_reason=assignment.fallback_reason if device == "cpu" else None,
         message=message,
         assignment_revision=revision,
+        fault=fault,
     )
 
 

@@ -43,6 +43,7 @@ from allocator.agent.guard import StepGuard
 from allocator.agent.lastgood import load_last_good, save_last_good
 from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
 from allocator.agent.model import DesiredJob
+from allocator.agent.multihost import PeerHost
 from allocator.agent.notify import notifier_from_environ
 from allocator.agent.ports import PortTable
 from allocator.agent.reconcile import plan
@@ -112,6 +113,7 @@ class Agent:
             self.last_good_path, config.host
         )
         self.failed: dict[str, int] = {}
+        self.peers: Mapping[str, PeerHost] = {}  # the other hosts of jobs across hosts
         self.desired: dict[str, DesiredJob] = {}
         self.gpus = GpuState(self.environ, config.agent_dir / "gpus.json", self.log, clock())
         self.ports = PortTable(config.agent_dir / "ports.json", self.log)
@@ -214,6 +216,7 @@ class Agent:
         if (assignments, revisions) != (self.assignments, self.assignment_revisions):
             self._save_last_good(assignments, revisions)
         self.assignments, self.assignment_revisions = assignments, revisions
+        self.peers = view.peers
         self.have_state = self.policy is not None
         self.pending_view = None
 
@@ -281,6 +284,7 @@ class Agent:
             tuple(sorted(holders.items())),
             tuple(sorted(self.gpus.pins)),
             self.config.master_addr,
+            tuple(sorted(self.peers.items())),
         )
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
             self.desired = desired_jobs(
@@ -300,7 +304,9 @@ class Agent:
                     self.assignments,
                     running={job for job, view in views.items() if view.alive},
                 ),
-                master_addr=self.config.master_addr,
+                master_addr=self.config.local_master_addr,
+                peers=self.peers,
+                address=self.config.advertised_address,
             )
             self._desired_inputs = inputs  # only once computed: a failure is retried
         for job, want in self.desired.items():
@@ -326,6 +332,7 @@ class Agent:
             self.unhealthy,
             started_at=self.started_at,
             version=__version__,
+            address=self.config.advertised_address,
         )
         workers = None
         if self.reconciled:  # before that, the agent does not know yet what it runs

@@ -66,6 +66,9 @@ class DesiredJob:
     fallback_reason: str | None
     message: str  # why wait/failed/refused/undeclared; "" when running normally
     assignment_revision: int
+    # Why this host's own GPUs cannot serve the job now (its fallback is at work
+    # because of them); a job across hosts' other shares follow it.
+    fault: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

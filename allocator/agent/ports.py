@@ -13,6 +13,10 @@ join each other's rendezvous. Rules:
 * A job keeps its port for as long as it is assigned to the host, across
   restarts of the agent (the table is saved in the agent's state directory):
   a changed port changes the workers' environment, which restarts them.
+* A job across several hosts has one port for the whole job, chosen when it
+  was set (:mod:`allocator.groups`) and stored in its assignment: it takes no
+  port from this table, and on its first host (where its rank 0 listens) its
+  port is reserved like a declared one.
 
 :func:`allocate_master_ports` is pure; ``allocator env`` calls it with the
 ports the agent published, so it shows what the agent gives.
@@ -36,6 +40,7 @@ __all__ = [
     "PortTable",
     "allocate_master_ports",
     "declared_master_port",
+    "first_free_port",
     "port_is_free",
     "shared_declared_ports",
 ]
@@ -51,8 +56,22 @@ def declared_master_port(job: Job) -> int | None:
     return None
 
 
-def _needs_port(job: Job | None) -> bool:
-    return job is not None and job.workers == "per-gpu" and declared_master_port(job) is None
+def _needs_port(job: Job | None, assignment: Assignment) -> bool:
+    return (
+        job is not None
+        and job.workers == "per-gpu"
+        and declared_master_port(job) is None
+        and not assignment.nodes  # a job across hosts brings its own
+    )
+
+
+def _group_ports(host: str, assignments: Mapping[str, Assignment]) -> set[int]:
+    """Ports of jobs across hosts whose rank 0 listens on ``host``."""
+    return {
+        a.master_port
+        for a in assignments.values()
+        if a.host == host and a.nodes[:1] == (host,) and a.master_port is not None
+    }
 
 
 def _on_host(policy: Policy, host: str, assignments: Mapping[str, Assignment]) -> list[Job]:
@@ -78,7 +97,8 @@ def allocate_master_ports(
     """
     on_host = _on_host(policy, host, assignments)
     reserved = {p for job in on_host if (p := declared_master_port(job)) is not None}
-    needing = sorted(job.name for job in on_host if _needs_port(job))
+    reserved |= _group_ports(host, assignments)
+    needing = sorted(job.name for job in on_host if _needs_port(job, assignments[job.name]))
     ports: dict[str, int] = {}
     taken = set(reserved)
     for name in needing:
@@ -90,7 +110,7 @@ def allocate_master_ports(
         if name in ports:
             continue
         check = (lambda port: True) if name in running else is_free
-        port = _first_free(default_master_port(name), taken, check)
+        port = first_free_port(default_master_port(name), taken, check)
         if port is not None:
             ports[name] = port
             taken.add(port)
@@ -102,7 +122,10 @@ def _in_range(port: int) -> bool:
     return low <= port < high
 
 
-def _first_free(start: int, taken: Collection[int], is_free: Callable[[int], bool]) -> int | None:
+def first_free_port(
+    start: int, taken: Collection[int], is_free: Callable[[int], bool] = lambda port: True
+) -> int | None:
+    """The first port of :data:`MASTER_PORT_RANGE` from ``start`` (wrapping) not taken and free."""
     low, high = MASTER_PORT_RANGE
     for step in range(high - low):
         port = low + (start - low + step) % (high - low)

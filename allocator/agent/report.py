@@ -20,8 +20,9 @@ def agent_record(
     *,
     started_at: str,
     version: str,
+    address: str | None = None,
 ) -> AgentRecord:
-    """The leased record: inventory and health.
+    """The leased record: inventory, health, and the address other hosts reach it at.
 
     Nothing in it changes while the host is idle (no heartbeat time): the
     lease's keep-alive is the liveness signal, and the record is rewritten
@@ -35,6 +36,7 @@ def agent_record(
         pid=os.getpid(),
         version=version,
         inventory_source=inventory.source,
+        address=address,
     )
 
 
@@ -60,6 +62,7 @@ def worker_records(
                 message=want.message,
                 fallback_reason=want.fallback_reason,
                 assignment_revision=want.assignment_revision,
+                fault=want.fault,
             )
         else:
             continue
@@ -98,4 +101,5 @@ def _from_runtime(
         message=message,
         start_times=tuple(float(t) for t in have.get("start_times", ())),
         assignment_revision=want.assignment_revision if want is not None else 0,
+        fault=want.fault if want is not None else None,
     )

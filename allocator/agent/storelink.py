@@ -17,6 +17,9 @@ What counts as what:
 * a compacted watch means "re-read everything", not an outage;
 * a record or key the agent cannot use is a bad record, skipped and logged
   once per version (see :mod:`allocator.agent.view`), never an error here;
+* another host of a job across hosts is read (one prefix read) and watched
+  with this host's keys (:mod:`allocator.agent.multihost`); a refusal to read
+  it is logged once and leaves that host unknown, never stale;
 * another refusal (a setting, a request the store will not take) is logged
   and retried with backoff;
 * anything else is a bug: logged with its traceback, retried with backoff.
@@ -29,11 +32,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from allocator.agent.config import AgentConfig
 from allocator.agent.link import RetryTimer, WatchError, WatchEvents, WatchThread, start_watches
+from allocator.agent.multihost import PeerHost, peer_from_listing, peer_jobs
 from allocator.agent.publisher import Publisher
 from allocator.agent.view import HostView, host_view
 from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
@@ -120,6 +124,8 @@ class StoreLink:
         self.retry = RetryTimer(config.retry_max_seconds)
         self.store: Store | None = None
         self.watches: list[WatchThread] = []
+        self.watched_peers: tuple[str, ...] = ()
+        self.refused_peers: set[str] = set()
         self.epoch = 0
         self.up = False  # connected: the first read after opening the store succeeded
         self.observed = False  # the agent's own keys have been read since connecting
@@ -250,6 +256,8 @@ class StoreLink:
             self._refused(exc, now)
             return
         view = host_view(listing, policy_item, self.layout, self.config.host)
+        peers, bad = self._read_peers(store, view)
+        view = replace(view, peers=peers, bad=(*view.bad, *bad))
         self.revision = view.revision  # the store's own, even if it went back (a restore)
         self.publisher.observe(view.own)
         self.observed = True
@@ -259,8 +267,33 @@ class StoreLink:
         for error, revision in view.bad:
             self._bad_record(error, revision)
         self.to_loop.put(view)
-        if not self.watches:
-            self._start_watches()
+        # A host the store will not show is not watched either: a refused watch would
+        # read as this agent's own permission problem and drop the connection.
+        watched = tuple(host for host, peer in peers.items() if peer.readable)
+        if not self.watches or watched != self.watched_peers:
+            self._start_watches(watched)
+
+    def _read_peers(
+        self, store: Store, view: HostView
+    ) -> tuple[dict[str, PeerHost], list[tuple[BadRecord, int]]]:
+        """One prefix read of each other host of this host's jobs across hosts."""
+        peers: dict[str, PeerHost] = {}
+        bad: list[tuple[BadRecord, int]] = []
+        for host, jobs in peer_jobs(view.assignments, self.config.host).items():
+            try:
+                listing = store.list(self.layout.host(host))
+            except PermissionDenied as exc:
+                if host not in self.refused_peers:
+                    self.refused_peers.add(host)
+                    self.log(
+                        "peer-unreadable", {"peer": host, "jobs": list(jobs), "error": str(exc)}
+                    )
+                peers[host] = PeerHost(host, readable=False)
+                continue
+            self.refused_peers.discard(host)
+            peers[host], found = peer_from_listing(listing.items, self.layout, host, jobs)
+            bad += found
+        return peers, bad
 
     def _refused(self, error: PermissionDenied, now: float) -> None:
         """Reads refused but the lease works: say so in the record, retry slowly."""
@@ -286,9 +319,11 @@ class StoreLink:
         encoded = encode_record(replace_struct(agent, store_stale=self.stale)) if agent else None
         self.publisher.publish(store, encoded, workers if self.observed else None)
 
-    def _start_watches(self) -> None:
+    def _start_watches(self, peers: tuple[str, ...] = ()) -> None:
         self._stop_watches()
+        self.watched_peers = peers
         prefixes = [self.layout.host_jobs(self.config.host), self.layout.policy]
+        prefixes += [self.layout.host(peer) for peer in peers]
         self.watches = start_watches(
             lambda: self._open_store(self.url), prefixes, self.revision + 1, self._inbox, self.epoch
         )

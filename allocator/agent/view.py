@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from allocator.agent.multihost import PeerHost
 from allocator.errors import BadRecord, InvalidName
 from allocator.keys import KeyLayout, validate_name
 from allocator.records import Assignment, PolicyRecord, decode_record
@@ -35,7 +36,8 @@ class HostView:
     reported once per version; ``damaged`` names the jobs whose own key holds
     such a record (the agent keeps their last good assignment: a damaged
     record is never a reason to stop a worker). ``own`` maps each of the
-    agent's own keys to what is stored there.
+    agent's own keys to what is stored there. ``peers`` are the other hosts
+    of this host's jobs across hosts, read right after.
     """
 
     revision: int
@@ -46,6 +48,7 @@ class HostView:
     bad: tuple[tuple[BadRecord, int], ...] = ()
     damaged: frozenset[str] = frozenset()
     own: Mapping[str, KeyValue] = field(default_factory=dict)
+    peers: Mapping[str, PeerHost] = field(default_factory=dict)
 
 
 def host_view(

@@ -36,6 +36,11 @@ def register(commands: Any) -> None:
     parser.add_argument("--log-dir", help="where each job's stdout/stderr go (<job>.log)")
     parser.add_argument("--log-format", choices=("text", "json"), help="decision log format")
     parser.add_argument(
+        "--master-addr",
+        help="MASTER_ADDR of this host's per-gpu jobs (default 127.0.0.1), and the address "
+        "other hosts reach this one at for jobs across hosts (default: the host name)",
+    )
+    parser.add_argument(
         "--keep-workers-on-exit",
         action="store_true",
         default=None,
@@ -58,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         "state_dir": args.state_dir,
         "log_dir": args.log_dir,
         "log_format": args.log_format,
+        "master_addr": args.master_addr,
         "keep_workers_on_exit": args.keep_workers_on_exit,
     }
     config = load_agent_config(args.config, overrides)

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_VALUE_LENGTH",
     "SetArgs",
     "parse_gpu_list",
+    "parse_host_list",
     "parse_key_values",
     "parse_set_args",
     "parse_target_args",
@@ -127,7 +128,11 @@ def _parse_reason(raw: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SetArgs:
-    """A parsed ``allocator set``: exactly one of gpus, count or cpu."""
+    """A parsed ``allocator set``: exactly one of gpus, count or cpu.
+
+    ``hosts`` holds the hosts of a job across several hosts (``host=a,b``,
+    in node-rank order); ``host`` is then the first of them.
+    """
 
     job: str
     host: str | None
@@ -136,6 +141,7 @@ class SetArgs:
     cpu: bool = False
     reason: str = ""
     command: tuple[str, ...] | None = None
+    hosts: tuple[str, ...] = ()
 
 
 def parse_command(raw: str) -> tuple[str, ...]:
@@ -152,14 +158,16 @@ def parse_command(raw: str) -> tuple[str, ...]:
 
 
 def parse_set_args(words: Iterable[str]) -> SetArgs:
-    """Parse ``job=x (gpus=1,3 | gpus=cpu | count=N) [host=h] [reason=...] [command=...]``."""
+    """Parse ``job=x (gpus=1,3 | gpus=cpu | count=N) [host=h[,h2]] [reason=..] [command=..]``."""
     kv = parse_key_values(words, ("job", "gpus", "count", "host", "reason", "command"))
-    job, host = _job_and_host(kv)
+    hosts = parse_host_list(kv.pop("host")) if "host" in kv else ()
+    job, _ = _job_and_host(kv)
     if ("gpus" in kv) == ("count" in kv):
         raise InvalidInput("give exactly one of gpus=LIST, gpus=cpu or count=N")
     base = SetArgs(
         job=job,
-        host=host,
+        host=hosts[0] if hosts else None,
+        hosts=hosts if len(hosts) > 1 else (),
         reason=_parse_reason(kv.get("reason", "")),
         command=parse_command(kv["command"]) if "command" in kv else None,
     )
@@ -168,6 +176,22 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
     if kv["gpus"] == "cpu":
         return replace(base, cpu=True)
     return replace(base, gpus=parse_gpu_list(kv["gpus"]))
+
+
+def parse_host_list(raw: str) -> tuple[str, ...]:
+    """Parse ``node1`` or ``node1,node2`` (a job across hosts, in node-rank order)."""
+    from allocator.groups import MAX_JOB_HOSTS
+
+    hosts = tuple(validate_name(name, "host") for name in raw.split(","))
+    repeated = sorted({h for h in hosts if hosts.count(h) > 1})
+    if repeated:
+        raise InvalidInput(f"host={_shown(raw)}: {repeated[0]} is listed twice")
+    if len(hosts) > MAX_JOB_HOSTS:
+        raise InvalidInput(
+            f"host= names {len(hosts)} hosts; one job spans at most {MAX_JOB_HOSTS} "
+            "(every host's share is written in one store transaction)"
+        )
+    return hosts
 
 
 def parse_target_args(words: Iterable[str]) -> tuple[str, str | None]:

@@ -5,7 +5,10 @@ It is computed by the same function the agent uses, so
 what the agent would give the worker. A per-gpu job's MASTER_ADDR and
 MASTER_PORT are the ones the host's agent published for it; for a job the
 agent has not started yet, the port is the one the agent's allocation would
-choose given the ports its other jobs hold.
+choose given the ports its other jobs hold. A share of a job across several
+hosts gets its node rank, the job's MASTER_PORT and the MASTER_ADDR its first
+host's agent advertises, and follows the other shares' faults, as its agent
+would (``host=`` says which share).
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
     inventory, unhealthy = _inventory(state, policy, host)
     if job not in policy.jobs:
         return worker_environments(assignment, inventory, policy), ""
+    share = _share(allocator, assignment) if assignment.nodes else None
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
         policy,
@@ -110,6 +114,7 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
         allocator.clock(),  # inside a reservation window the agent moves the job too
         master_port=port,
         master_addr=addr,
+        share=share,
     )
     envs = [dict(w.env) for w in want.workers]
     return envs, want.message or (want.fallback_reason or "")
@@ -127,6 +132,20 @@ def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int 
     addrs = {r.master_addr for r in state.workers.values() if r.master_addr}
     addr = addrs.pop() if len(addrs) == 1 else DEFAULT_MASTER_ADDR
     return addr, allocate_master_ports(policy, host, state.assignments, held).get(job)
+
+
+def _share(allocator: Any, assignment: Any) -> Any:
+    """The share's place in its job across hosts, from one read of each of the job's hosts."""
+    from allocator.agent.multihost import peer_from_listing, share_of
+
+    peers = {}
+    for node in assignment.nodes:
+        listing = allocator.store.list(allocator.layout.host(node))
+        peers[node], _ = peer_from_listing(listing.items, allocator.layout, node, [assignment.job])
+    own = peers.pop(assignment.host)
+    mine = own.shares[assignment.job].worker
+    address = own.address or (mine.master_addr if mine is not None else None)
+    return share_of(assignment, address, peers)
 
 
 def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str]]:

@@ -19,8 +19,9 @@ def register(commands: Any) -> None:
         run,
         help="show a job's assignment",
         usage="allocator get job=NAME [host=H]",
-        description="Show where a job holds GPUs. Without host= every host is searched "
-        "(one read). Exits 6 if the job holds nothing.",
+        description="Show where a job holds GPUs. Without host= the job is found through its "
+        "index; a job across several hosts is shown as one (its nodes in rank order, its "
+        "MASTER_PORT, every share). Exits 6 if the job holds nothing.",
     )
 
 
@@ -44,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
         allocator.store.close()
     if not found:
         raise job_not_found(job, host, others)
+    if host is None and found[0].nodes:
+        _emit_group(args, found)
+        return 0
     lines = []
     for a in found:
         where = "cpu" if a.mode == "cpu" else "gpus " + ",".join(map(str, a.gpus))
@@ -52,3 +56,29 @@ def run(args: argparse.Namespace) -> int:
     data = [json.loads(a.to_json()) for a in found]
     emit(data if len(data) > 1 else data[0], output_format(args), "\n".join(lines))
     return 0
+
+
+def _emit_group(args: argparse.Namespace, shares: list[Any]) -> None:
+    """A job across hosts as one: nodes, MASTER_PORT, GPUs, and any share missing."""
+    from allocator.cli.output import emit
+    from allocator.groups import describe_shares
+
+    first = shares[0]
+    nodes = first.nodes
+    mine = [s for s in shares if s.nodes == nodes]
+    missing = [h for h in nodes if h not in {s.host for s in mine}]
+    extra = f" reason={first.reason!r}" if first.reason else ""
+    lack = f"; NO SHARE on {', '.join(missing)}" if missing else ""
+    text = (
+        f"{first.job}@{','.join(nodes)}: {describe_shares(mine)} ({len(nodes)} nodes, "
+        f"MASTER_PORT {first.master_port}; since {first.updated_at} by {first.updated_by})"
+        f"{extra}{lack}"
+    )
+    data = {
+        "job": first.job,
+        "nodes": list(nodes),
+        "master_port": first.master_port,
+        "missing": missing,
+        "assignments": [json.loads(s.to_json()) for s in shares],
+    }
+    emit(data, output_format(args), text)

@@ -22,7 +22,8 @@ def register(commands: Any) -> None:
         help="release a job's GPUs on a host",
         usage="allocator release job=NAME [host=H]",
         description="Remove a job's assignment; its host agent stops the job's workers. "
-        "A damaged assignment record is removed too. Exits 6 if the job holds nothing.",
+        "A damaged assignment record is removed too. A job across several hosts is released "
+        "on all of them in one transaction. Exits 6 if the job holds nothing.",
     )
 
 
@@ -37,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
     job, host = parse_target_args(args.words)
     allocator = open_allocator(args)
     try:
-        if host is None:
-            host = _host_of(allocator, job)
+        host = host or _host_of(allocator, job)
+        if host is None:  # a job across several hosts
+            return _release_across(args, allocator, job)
         released = allocator.release(host, job)
     finally:
         allocator.store.close()
@@ -52,15 +54,44 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _host_of(allocator: Allocator, job: str) -> str:
-    """Where ``job`` is held, when host= was not given (``NotFound`` if nowhere)."""
+def _host_of(allocator: Allocator, job: str) -> str | None:
+    """Where ``job`` is held, when host= was not given (``NotFound`` if nowhere).
+
+    ``None`` for a job across several hosts: it is released as a whole.
+    """
     from allocator.assignments import job_not_found
     from allocator.errors import RequestError
+    from allocator.jobindex import locate_job
 
-    found, damaged = allocator.locate_job(job)
+    location = locate_job(allocator.store, allocator.layout, job, allocator.on_bad_record)
+    if location.nodes or any(a.nodes for a in location.assignments):
+        return None
+    found, damaged = location.assignments, location.damaged
     hosts = sorted({a.host for a in found} | set(damaged))
     if len(hosts) == 1:
         return hosts[0]
     if len(hosts) > 1:
         raise RequestError(f"job {job!r} holds GPUs on {', '.join(hosts)}: say which with host=")
     raise job_not_found(job, None)
+
+
+def _release_across(args: argparse.Namespace, allocator: Allocator, job: str) -> int:
+    """Release every share of a job across hosts, in one transaction."""
+    import json
+
+    from allocator.cli.output import emit
+    from allocator.groups import describe_shares
+
+    result = allocator.release_across(job)
+    for host in result.damaged:
+        note(f"the record on {host} was damaged; it is removed")
+    where = describe_shares(result.assignments) if result.assignments else "damaged records"
+    data = {
+        "job": job,
+        "nodes": list(result.nodes),
+        "released": list(result.released),
+        "assignments": [json.loads(a.to_json()) for a in result.assignments],
+    }
+    hosts = ",".join(result.nodes or result.released)
+    emit(data, output_format(args), f"released {job}@{hosts} ({where})")
+    return 0

@@ -19,7 +19,8 @@ def register(commands: Any) -> None:
         help="show every GPU, its holder, and each host agent's state",
         usage="allocator status [host=H] [-o table|json|yaml]",
         description="One table of host, GPU, holder, since and reason, joined with what each "
-        "host's agent reports. Reads every host in one range read.",
+        "host's agent reports, and one line per job across several hosts (every share, its "
+        "agent and its workers). Reads every host in one range read.",
     )
 
 
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
     from allocator.keys import validate_name
-    from allocator.status import build_status
+    from allocator.status import build_status, group_status
 
     kv = parse_key_values(args.words, ("host",))
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
@@ -46,8 +47,17 @@ def run(args: argparse.Namespace) -> int:
         allocator.clock(),
         only_host,
     )
-    data = {"hosts": [h.to_dict() for h in hosts], "revision": listing.revision}
-    emit(data, output_format(args), _text(hosts, render_table))
+    # With host= only that host was read: the other shares are unknown, not missing.
+    groups = group_status(hosts) if only_host is None else []
+    data = {
+        "hosts": [h.to_dict() for h in hosts],
+        "jobs_across_hosts": [g.to_dict() for g in groups],
+        "revision": listing.revision,
+    }
+    text = _text(hosts, render_table)
+    if groups:
+        text += "\n\n" + "\n".join(g.summary() for g in groups)
+    emit(data, output_format(args), text)
     return 0
 
 

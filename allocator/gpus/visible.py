@@ -24,6 +24,14 @@ Rules, from how CUDA reads its environment:
   torchrun's single-node variables (``RANK`` = ``LOCAL_RANK``, ``WORLD_SIZE`` =
   ``LOCAL_WORLD_SIZE`` = number of GPUs, ``MASTER_ADDR``, ``MASTER_PORT``).
   On CPU a per-GPU job runs one worker (rank 0 of 1).
+* A share of a job across several hosts (a :class:`NodeGroup`) gets
+  ``ALLOCATOR_NODE_RANK``, ``ALLOCATOR_NNODES``, ``MASTER_ADDR`` and the job's
+  one ``MASTER_PORT`` in every mode (enough for ``torchrun --nnodes
+  --node-rank``); per-gpu workers also get torchrun's global ``RANK`` (node
+  rank x local world size + local rank), ``WORLD_SIZE`` (nodes x local world
+  size), ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK`` (the node
+  rank). Every share holds as many GPUs as the others (or all run on CPU, one
+  worker each), so every rank computes the same world.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import re
 import shlex
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from allocator.errors import RequestError
 from allocator.gpus.model import GpuInfo
@@ -40,6 +49,7 @@ from allocator.records import Assignment
 
 __all__ = [
     "MASTER_PORT_RANGE",
+    "NodeGroup",
     "default_master_port",
     "render_exports",
     "worker_environments",
@@ -52,6 +62,25 @@ MASTER_PORT_RANGE = (20000, 30000)
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # An index, a GPU-/MIG- UUID, or MIG-GPU-<uuid>/<gi>/<ci>: nothing CUDA would split or trim.
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_-]*\Z")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeGroup:
+    """Where one host's share sits in a job across several hosts, and where ranks meet."""
+
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+
+    def env(self) -> dict[str, str]:
+        """The variables every worker of the share gets, whatever its mode."""
+        return {
+            "ALLOCATOR_NODE_RANK": str(self.node_rank),
+            "ALLOCATOR_NNODES": str(self.nnodes),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
 
 
 def default_master_port(job: str) -> int:
@@ -68,24 +97,31 @@ def worker_environments(
     fallback_reason: str | None = None,
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
+    group: NodeGroup | None = None,
 ) -> list[dict[str, str]]:
     """One dict per worker: the variables to add to (override in) the job's env.
 
     ``inventory`` is the host's GPUs (``None`` if unknown: indices are used).
+    ``group`` places a share of a job across several hosts (its rendezvous
+    then replaces ``master_addr``/``master_port``).
     Raises :class:`RequestError` for an assignment no environment can express.
     """
     job = policy.jobs.get(assignment.job)
     per_gpu = job is not None and job.workers == "per-gpu"
+    if group is not None:
+        _checked_port(group.master_port)
+        master_addr, master_port = group.master_addr, group.master_port
     port = _checked_port(master_port) if master_port is not None else None
     base = {
         "ALLOCATOR_JOB": assignment.job,
         "ALLOCATOR_HOST": assignment.host,
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        **(group.env() if group is not None else {}),
     }
     if assignment.mode == "cpu" or fallback_reason is not None:
         env = {**base, **_cpu_env(assignment, policy, fallback_reason)}
         if per_gpu:
-            env.update(_rank_env(0, 1, master_addr, port, assignment.job))
+            env.update(_rank_env(0, 1, master_addr, port, assignment.job, group))
         return [env]
     gpus = _checked_gpus(assignment)
     known = _known(inventory, gpus)
@@ -95,7 +131,7 @@ def worker_environments(
             {
                 **base,
                 **_gpu_env((gpu,), (ids[rank],)),
-                **_rank_env(rank, len(gpus), master_addr, port, assignment.job),
+                **_rank_env(rank, len(gpus), master_addr, port, assignment.job, group),
             }
             for rank, gpu in enumerate(gpus)
         ]
@@ -203,8 +239,11 @@ def _cpu_env(assignment: Assignment, policy: Policy, reason: str | None) -> dict
     return env
 
 
-def _rank_env(rank: int, world: int, addr: str, port: int | None, job: str) -> dict[str, str]:
-    return {
+def _rank_env(
+    rank: int, world: int, addr: str, port: int | None, job: str, group: NodeGroup | None
+) -> dict[str, str]:
+    """torchrun's variables for local rank ``rank`` of ``world`` workers on this host."""
+    env = {
         "LOCAL_RANK": str(rank),
         "RANK": str(rank),
         "LOCAL_WORLD_SIZE": str(world),
@@ -212,6 +251,13 @@ def _rank_env(rank: int, world: int, addr: str, port: int | None, job: str) -> d
         "MASTER_ADDR": addr,
         "MASTER_PORT": str(port if port is not None else default_master_port(job)),
     }
+    if group is not None:
+        env.update(
+            RANK=str(group.node_rank * world + rank),
+            WORLD_SIZE=str(group.nnodes * world),
+            GROUP_RANK=str(group.node_rank),
+        )
+    return env
 
 
 def _join(values: Sequence[int]) -> str:

@@ -197,7 +197,12 @@ JOB = Record(
         Field(
             "workers",
             Enum("single", "per-gpu"),
-            "single: one worker sees all assigned GPUs; per-gpu: one worker per GPU.",
+            "single: one worker sees all assigned GPUs; per-gpu: one worker per GPU, with "
+            "torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and "
+            "MASTER_PORT. A job set across several hosts (allocator set host=a,b) gets "
+            "ALLOCATOR_NODE_RANK, ALLOCATOR_NNODES, MASTER_ADDR (the first host's) and one "
+            "MASTER_PORT on every host in either mode; per-gpu ranks are then global and "
+            "GROUP_RANK is the node rank.",
         ),
         Field(
             "on_change",

@@ -81,8 +81,11 @@ def agent_policy(workdir: Path, gpus: int = 4) -> dict[str, Any]:
 class AgentHarness:
     """One test's world: store, policy, fake GPUs, and the agent process."""
 
-    def __init__(self, workdir: Path, store_url: str, prefix: str, gpus: int = 4) -> None:
+    def __init__(
+        self, workdir: Path, store_url: str, prefix: str, gpus: int = 4, host: str = HOST
+    ) -> None:
         self.workdir = workdir
+        self.host = host
         self.store_url = store_url
         self.prefix = prefix
         self.gpus = FakeGpus(workdir / "gpus.json", gpus)
@@ -129,7 +132,7 @@ class AgentHarness:
                     *launcher,
                     "agent",
                     "--host",
-                    HOST,
+                    self.host,
                     "--state-dir",
                     str(self.workdir / "agent"),
                     "--log-format",
@@ -204,7 +207,7 @@ class AgentHarness:
         """What the agent reports it runs for ``job``."""
         store = open_store(self.store_url)
         try:
-            item = store.get(self.layout.workers(HOST, job))
+            item = store.get(self.layout.workers(self.host, job))
         finally:
             store.close()
         return WorkerRecord.from_json(item.value) if item else None
@@ -223,7 +226,7 @@ class AgentHarness:
             raise AssertionError(f"the agent exited early:\n{self.log_text()}")
         store = open_store(self.store_url)
         try:
-            return store.get(self.layout.agent(HOST)) is not None
+            return store.get(self.layout.agent(self.host)) is not None
         finally:
             store.close()
 

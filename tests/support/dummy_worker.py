@@ -30,7 +30,9 @@ log capture can be checked. Then it does what its options say:
 
 Per-GPU workers run the same command: a worker whose ``LOCAL_RANK`` is set
 and not 0 appends ``.rank<N>`` to its report and lock paths, so ranks
-neither overwrite each other's report nor wait for each other's lock.
+neither overwrite each other's report nor wait for each other's lock. So do
+the hosts of a job across hosts: ``{host}`` in either path becomes the
+worker's ``ALLOCATOR_HOST``.
 
 Run standalone with the interpreter under test (``sys.executable``); it
 imports nothing from the project.
@@ -121,7 +123,8 @@ def main(argv: list[str]) -> int:
         sys.exit(f"dummy worker: no report file (--out or ${OUT_ENV})")
     rank = os.environ.get("LOCAL_RANK", "0")
     suffix = "" if rank == "0" else f".rank{rank}"
-    out = Path(out_name + suffix)
+    host = os.environ.get("ALLOCATOR_HOST", "")
+    out = Path(out_name.replace("{host}", host) + suffix)
     if args.setsid:
         os.setsid()
     if args.ignore_sigterm:
@@ -129,7 +132,8 @@ def main(argv: list[str]) -> int:
     if args.exit_on_usr2:
         code = int(args.exit_code)
         signal.signal(signal.SIGUSR2, lambda _signum, _frame: os._exit(code))
-    lock_fd, at_once = _take_lock(Path(args.lock + suffix)) if args.lock else (None, None)
+    lock = Path(args.lock.replace("{host}", host) + suffix) if args.lock else None
+    lock_fd, at_once = _take_lock(lock) if lock is not None else (None, None)
     keep = (lock_fd,) if lock_fd is not None else ()
     child_pid = (
         _spawn_child(out, args.ignore_sigterm or args.stubborn_child, keep, args.setsid_child)
