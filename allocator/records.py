@@ -23,6 +23,8 @@ from allocator.errors import BadRecord
 
 __all__ = [
     "MAX_GPU_INDEX",
+    "MAX_SLOTS",
+    "PCIE_LEVELS",
     "SCHEMA_VERSION",
     "AgentRecord",
     "Assignment",
@@ -52,6 +54,28 @@ DeviceUuid = Annotated[str, msgspec.Meta(pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]{1,
 Argument = Annotated[str, msgspec.Meta(max_length=65536)]
 Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+#: The most jobs one GPU of a shared pool may hold at once (what ``slots`` may say).
+MAX_SLOTS = 256
+Slots = Annotated[int, msgspec.Meta(ge=1, le=MAX_SLOTS)]
+#: A Linux CPU list (``0-27,56-83``), as in ``/sys/devices/system/node/node0/cpulist``.
+CpuList = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[0-9]{1,6}(-[0-9]{1,6})?(,[0-9]{1,6}(-[0-9]{1,6})?)*\Z", max_length=16384
+    ),
+]
+#: How two GPUs are connected below NVLink, best first: NVML's topology levels
+#: (nvmlDeviceGetTopologyCommonAncestor: INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE,
+#: NODE, SYSTEM); ``nvidia-smi topo -m`` calls the middle ones PIX, PXB, PHB, NODE, SYS.
+PcieLevel = Literal["board", "switch", "switches", "host-bridge", "node", "system"]
+PCIE_LEVELS: tuple[PcieLevel, ...] = (
+    "board",
+    "switch",
+    "switches",
+    "host-bridge",
+    "node",
+    "system",
+)
 
 
 class MigDevice(msgspec.Struct, frozen=True):
@@ -80,6 +104,12 @@ class GpuInfo(msgspec.Struct, frozen=True):
     numa_node: Count | None = None
     nvlink_peers: tuple[GpuIndex, ...] = ()
     error: Text = ""
+    #: The CPUs local to the GPU (NVML's ideal CPU affinity), as a CPU list.
+    cpu_affinity: CpuList | None = None
+    #: Entry ``i``: the PCIe level between this GPU and GPU ``i`` (``None``: itself, or unknown).
+    pcie_levels: Annotated[
+        tuple[PcieLevel | None, ...], msgspec.Meta(max_length=MAX_GPU_INDEX + 1)
+    ] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -96,7 +126,12 @@ class GpuInfo(msgspec.Struct, frozen=True):
 
 
 class Assignment(msgspec.Struct, frozen=True):
-    """Which GPUs a job holds on a host (``mode="cpu"``: it holds none, runs on CPU)."""
+    """Which GPUs a job holds on a host (``mode="cpu"``: it holds none, runs on CPU).
+
+    In a shared pool the job holds ``slots`` of each GPU's slots; ``exclusive``
+    says it holds the GPUs whole (a job the policy marks ``exclusive: true``).
+    ``picked`` is why ``count=N`` chose these GPUs (``NVLink pair``).
+    """
 
     job: Name
     host: Name
@@ -109,6 +144,9 @@ class Assignment(msgspec.Struct, frozen=True):
     policy_revision: Count = 0
     command: Annotated[tuple[Argument, ...], msgspec.Meta(max_length=4096)] | None = None
     fallback_reason: Text | None = None
+    slots: Slots = 1
+    exclusive: bool = False
+    picked: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
