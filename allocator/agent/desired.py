@@ -5,7 +5,9 @@ command a worker runs comes from the reviewed policy; an assignment may carry
 its own command only where the policy's job allows ad-hoc commands. On an
 exclusive host no two jobs run on one GPU (:mod:`allocator.agent.claims`),
 and a job held back by the flap limit (:mod:`allocator.agent.holddown`)
-stays in its fallback.
+stays in its fallback. Workers on shared GPUs are told their share
+(:mod:`allocator.agent.shares`) and every worker is pinned to its CPUs
+(:mod:`allocator.agent.affinity`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from allocator.agent.affinity import with_affinity
 from allocator.agent.claims import refuse_double_claims
 from allocator.agent.holddown import Pin
 from allocator.agent.model import DesiredJob, DesiredState, Device, WorkerSpec
 from allocator.agent.ports import declared_master_port
+from allocator.agent.shares import share_env
 from allocator.errors import RequestError
 from allocator.gpus.model import GpuInfo
-from allocator.placement import unavailable_gpus
+from allocator.placement import pool_sharing, unavailable_gpus
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records import Assignment, replace_struct
 
@@ -46,6 +50,8 @@ def desired_jobs(
     pinned: Mapping[str, Pin] | None = None,
     ports: Mapping[str, int] | None = None,
     master_addr: str = DEFAULT_MASTER_ADDR,
+    allowed_cpus: frozenset[int] = frozenset(),
+    mps_dir: str | None = None,
 ) -> dict[str, DesiredJob]:
     """Return the desired job for every assignment on ``host``, keyed by job name.
 
@@ -56,6 +62,8 @@ def desired_jobs(
     ``holders`` are the GPUs each job's live workers run on (who keeps a GPU
     two assignments claim); ``pinned`` jobs are held in their fallback by the
     flap limit; ``ports`` are the agent's MASTER_PORTs (see :mod:`allocator.agent.ports`).
+    ``allowed_cpus`` are the CPUs workers may be pinned to (none: no pinning);
+    ``mps_dir`` is where the agent runs its MPS control daemons.
     """
     pins = pinned or {}
     result = {
@@ -69,6 +77,7 @@ def desired_jobs(
             now,
             master_port=(ports or {}).get(name),
             master_addr=master_addr,
+            mps_dir=mps_dir,
         )
         for name, assignment in sorted(assignments.items())
         if assignment.host == host
@@ -77,9 +86,11 @@ def desired_jobs(
         if name in result and result[name].state in ("run", "wait"):
             result[name] = replace(result[name], message=f"{result[name].message}; {pin.note}")
     pool = policy.pool_of(host)
-    if pool is not None and pool.sharing == "shared":
-        return result
-    return refuse_double_claims(result, holders or {}, pool.name if pool else None, fingerprint(()))
+    if pool is None or not pool.sharing.shared:
+        result = refuse_double_claims(
+            result, holders or {}, pool.name if pool else None, fingerprint(())
+        )
+    return with_affinity(result, policy, inventory, allowed_cpus)
 
 
 def desired_job(
@@ -93,11 +104,12 @@ def desired_job(
     *,
     master_port: int | None = None,
     master_addr: str = DEFAULT_MASTER_ADDR,
+    mps_dir: str | None = None,
 ) -> DesiredJob:
     """Decide what one assigned job should do: run (and how), wait, fail or be refused.
 
     ``master_port`` is the port the agent allocated for a per-gpu job; a port
-    the policy declares for the job wins over it.
+    the policy declares for the job wins over it. ``mps_dir``: see :func:`desired_jobs`.
     """
     job = policy.jobs.get(assignment.job)
     if job is None:
@@ -116,7 +128,7 @@ def desired_job(
             f"job {job.name!r} was marked failed; it stays failed until its assignment changes"
         )
         return _not_running(job, assignment, revision, "failed", message)
-    rank = _Rendezvous(master_addr, _port_for(job, master_port))
+    rank = _Rendezvous(master_addr, _port_for(job, master_port), mps_dir)
     if assignment.mode == "cpu":
         reason = assignment.fallback_reason or "assigned gpus=cpu"
         on_cpu = _on_cpu(assignment, reason)
@@ -126,10 +138,11 @@ def desired_job(
 
 @dataclass(frozen=True, slots=True)
 class _Rendezvous:
-    """Where a per-gpu job's ranks meet: MASTER_ADDR and MASTER_PORT."""
+    """Where a per-gpu job's ranks meet (MASTER_ADDR, MASTER_PORT), and the MPS daemons."""
 
     addr: str
     port: int | None
+    mps_dir: str | None = None
 
 
 def _port_for(job: Job, allocated: int | None) -> int | None:
@@ -219,15 +232,28 @@ def _running(
         )
     except RequestError as exc:
         return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
+    sharing = pool_sharing(policy, assignment.host)
+    mps_single = sharing.mode == "mps" and job.workers == "single" and not assignment.exclusive
+    if mps_single and len(assignment.gpus) > 1 and assignment.mode == "gpu":
+        message = (
+            f"job {job.name!r} runs one worker on GPUs {','.join(map(str, assignment.gpus))}, "
+            "but under MPS a worker uses one GPU (one control daemon per GPU)"
+        )
+        return _not_running(job, assignment, revision, "refused", message)
     device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
+    gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
     workers = tuple(
         WorkerSpec(
             job=job.name,
             index=index,
             argv=argv,
-            env={**job.env, **env},
+            env={
+                **job.env,
+                **env,
+                **share_env(sharing, assignment, gpus[index], inventory, rank.mps_dir),
+            },
             cwd=job.cwd,
-            gpus=_worker_gpus(assignment, job, index),
+            gpus=gpus[index],
             device=device,
             user=job.user,
             group=job.group,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from allocator.errors import InvalidInput
 from allocator.keys import validate_name
@@ -33,7 +34,15 @@ MAX_GPU_INDEX = 1023
 _MAX_COUNT = MAX_GPU_INDEX + 1
 _MAX_REASON = 200
 #: The longest value each key takes (``gpus=0,1,...,1023`` is 4,014 characters).
-MAX_VALUE_LENGTH = {"command": 65_536, "gpus": 8192, "reason": 4096, "count": 8, "worker": 8}
+MAX_VALUE_LENGTH = {
+    "command": 65_536,
+    "gpus": 8192,
+    "reason": 4096,
+    "count": 8,
+    "worker": 8,
+    "slots": 8,
+    "prefer": 16,
+}
 #: The longest value of any other key (names then say they are at most 63 characters).
 MAX_OTHER_VALUE_LENGTH = 1024
 _SHOWN = 40
@@ -136,6 +145,8 @@ class SetArgs:
     cpu: bool = False
     reason: str = ""
     command: tuple[str, ...] | None = None
+    slots: int | None = None
+    prefer: Literal["free", "links"] = "free"
 
 
 def parse_command(raw: str) -> tuple[str, ...]:
@@ -152,8 +163,10 @@ def parse_command(raw: str) -> tuple[str, ...]:
 
 
 def parse_set_args(words: Iterable[str]) -> SetArgs:
-    """Parse ``job=x (gpus=1,3 | gpus=cpu | count=N) [host=h] [reason=...] [command=...]``."""
-    kv = parse_key_values(words, ("job", "gpus", "count", "host", "reason", "command"))
+    """Parse ``job=x (gpus=L | gpus=cpu | count=N) [slots=K] [prefer=links] [host=h] ...``."""
+    kv = parse_key_values(
+        words, ("job", "gpus", "count", "host", "reason", "command", "slots", "prefer")
+    )
     job, host = _job_and_host(kv)
     if ("gpus" in kv) == ("count" in kv):
         raise InvalidInput("give exactly one of gpus=LIST, gpus=cpu or count=N")
@@ -162,12 +175,32 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
         host=host,
         reason=_parse_reason(kv.get("reason", "")),
         command=parse_command(kv["command"]) if "command" in kv else None,
+        slots=_parse_slots(kv["slots"]) if "slots" in kv else None,
+        prefer=_parse_prefer(kv.get("prefer", "free"), "count" in kv),
     )
     if "count" in kv:
         return replace(base, count=_parse_count(kv["count"]))
     if kv["gpus"] == "cpu":
+        if base.slots is not None:
+            raise InvalidInput("slots= takes slots of GPUs; gpus=cpu holds none")
         return replace(base, cpu=True)
     return replace(base, gpus=parse_gpu_list(kv["gpus"]))
+
+
+def _parse_slots(raw: str) -> int:
+    from allocator.records import MAX_SLOTS
+
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_SLOTS:
+        raise InvalidInput(f"slots={_shown(raw)}: expected a whole number from 1 to {MAX_SLOTS}")
+    return int(raw)
+
+
+def _parse_prefer(raw: str, counted: bool) -> Literal["free", "links"]:
+    if raw not in ("free", "links"):
+        raise InvalidInput(f"prefer={_shown(raw)}: expected free or links")
+    if raw == "links" and not counted:
+        raise InvalidInput("prefer= ranks the GPUs count=N picks; gpus= names them already")
+    return "links" if raw == "links" else "free"
 
 
 def parse_target_args(words: Iterable[str]) -> tuple[str, str | None]:

@@ -10,8 +10,8 @@ from allocator.cli.common import add_words_command, note, open_allocator, output
 __all__ = ["register"]
 
 USAGE = (
-    "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [host=H] [reason=TEXT]"
-    " [command='ARGV']"
+    "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [slots=K]"
+    " [prefer=links] [host=H] [reason=TEXT] [command='ARGV']"
 )
 
 
@@ -25,7 +25,9 @@ def register(commands: Any) -> None:
         usage=USAGE,
         description="Assign GPUs to a job. The write is one transaction checked against the "
         "applied policy and the host's current assignments: two operators racing for one GPU "
-        "can never both win (the loser exits 3 naming the holder).",
+        "can never both win (the loser exits 3 naming the holder). In a shared pool the job "
+        "takes one slot of each GPU (slots=K: K of them); count=N there prefers GPUs with "
+        "free slots to better links unless prefer=links. count=N says why it picked its GPUs.",
     )
 
 
@@ -44,12 +46,16 @@ def run(args: argparse.Namespace) -> int:
             gpus=parsed.gpus,
             count=parsed.count,
             cpu=parsed.cpu,
+            slots=parsed.slots,
+            prefer=parsed.prefer,
         )
         assignment, placement = allocator.assign(
             request, reason=parsed.reason, command=parsed.command
         )
     finally:
         allocator.store.close()
+    if placement.picked:
+        note(f"picked {','.join(map(str, placement.gpus))}: {placement.picked}")
     for message in placement.notes:
         note(message)
     if assignment.fallback_reason:
