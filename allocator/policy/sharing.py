@@ -62,8 +62,10 @@ class SharingKind:
         if mode == "exclusive" and slots is not None:
             r.error_on(join(path, "slots"), "slots is only valid with mode time-slice or mps")
             return INVALID
-        if mode != "exclusive" and slots is None and join(path, "slots") not in r.lines:
-            r.error_on(path, f"mode {mode} needs slots: how many jobs one GPU holds at once")
+        if mode != "exclusive" and slots is None:
+            slots_path = join(path, "slots")
+            if not any(error.field == slots_path for error in r.errors):  # not said already
+                r.error_on(path, f"mode {mode} needs slots: how many jobs one GPU holds at once")
             return INVALID
         return Sharing(mode, slots)
 

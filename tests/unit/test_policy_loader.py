@@ -23,6 +23,7 @@ from allocator.policy import (
     Policy,
     Pool,
     Reservation,
+    Sharing,
     load_policy,
     load_policy_file,
     policy_sha256,
@@ -42,7 +43,7 @@ def test_example_loads_to_the_expected_objects() -> None:
             "node2": Host(name="node2", gpus=8, pool="a100"),
         },
         pools={
-            "default": Pool(name="default", hosts=("node1",), sharing="exclusive"),
+            "default": Pool(name="default", hosts=("node1",), sharing=Sharing()),
             "a100": Pool(name="a100", hosts=("node2",), max_gpus_per_job=4),
         },
         reservations=(
