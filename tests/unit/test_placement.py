@@ -33,6 +33,7 @@ from allocator.policy.sharing import SHARED
 from allocator.records import Assignment
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+EXCLUSIVE = Sharing()
 NEW_YEAR = datetime(2027, 1, 1, tzinfo=UTC)
 
 NIGHTLY = Reservation(
@@ -42,7 +43,7 @@ NIGHTLY = Reservation(
 
 def make_policy(
     *,
-    sharing: Sharing = Sharing(),
+    sharing: Sharing = EXCLUSIVE,
     max_gpus: int | None = None,
     reservations: tuple[Reservation, ...] = (),
     fallback_action: FallbackAction | None = None,
