@@ -375,8 +375,8 @@ def _ranking(
     later: frozenset[int],
 ) -> Ranking:
     sharing = pool_sharing(policy, request.host)
-    load: dict[int, int] = {}
-    for gpu, holds in gpu_holdings(assignments).items():
+    load: dict[int, int] = {}  # in an exclusive pool a held GPU is no candidate anyway
+    for gpu, holds in gpu_holdings(assignments).items() if sharing.shared else ():
         others = [hold for hold in holds if hold.job != request.job]
         if others:
             load[gpu] = slots_in_use(others, sharing)

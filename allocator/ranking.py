@@ -116,15 +116,20 @@ class Ranking:
         return said or "lowest free index"
 
     def _seeds(self, ordered: tuple[int, ...]) -> list[int]:
-        """Where a greedy search starts: the lowest GPU, the job's own, each NUMA node's lowest."""
-        firsts: dict[Hashable, int] = {}
-        nodes = self._labels(0)
-        for gpu in ordered:
-            firsts.setdefault(nodes.get(gpu), gpu)
+        """Where a greedy search starts: the lowest GPU, the job's own, each group's lowest.
+
+        Groups are taken coarsest level first (NUMA nodes, then host bridges, ...),
+        up to :data:`MAX_SEEDS` of them.
+        """
+        firsts: dict[tuple[int, Hashable], int] = {}
+        for level in range(len(self.links.groups)):
+            labels = self._labels(level)
+            for gpu in ordered:
+                firsts.setdefault((level, labels.get(gpu)), gpu)
         own = [g for g in ordered if g in self.own][:1]
         preferred = [g for g in ordered if g not in self.later][:1]
-        seeds = {ordered[0], *own, *preferred, *list(firsts.values())[:MAX_SEEDS]}
-        return sorted(seeds)
+        groups = list(dict.fromkeys(firsts.values()))[:MAX_SEEDS]
+        return sorted({ordered[0], *own, *preferred, *groups})
 
     def _labels(self, level: int) -> Mapping[int, Hashable]:
         groups = self.links.groups

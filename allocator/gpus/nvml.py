@@ -208,7 +208,8 @@ def _read_gpu(lib: Any, index: int) -> tuple[GpuInfo, tuple[str, ...]]:
     name = optional_call(lib, "nvmlDeviceGetName", handle)
     memory = optional_call(lib, "nvmlDeviceGetMemoryInfo", handle)
     numa = optional_call(lib, "nvmlDeviceGetNumaNodeId", handle)
-    words = -(-(os.cpu_count() or 1) // 64)  # one 64-bit word per 64 CPUs
+    # One 64-bit word per 64 CPUs; room for 1,024 at least, as CPU ids can be sparse.
+    words = max(-(-(os.cpu_count() or 1) // 64), 16)
     mask = optional_call(lib, "nvmlDeviceGetCpuAffinity", handle, words)
     mig_enabled, migs = _read_mig(lib, handle)
     gpu = GpuInfo(

@@ -166,7 +166,7 @@ class Links:
         nodes_spanned = self.sockets(chosen)
         if nodes_spanned:
             return "across NUMA nodes " + ",".join(map(str, nodes_spanned))
-        return "no topology known"
+        return LEVEL_WORDS["system"] if self.groups else "no topology known"
 
     def crosses_sockets(self, chosen: Sequence[int]) -> bool:
         """Whether ``chosen`` spans NUMA nodes (CPU sockets), as far as the host says."""

@@ -63,8 +63,8 @@ class SharingKind:
             r.error_on(join(path, "slots"), "slots is only valid with mode time-slice or mps")
             return INVALID
         if mode != "exclusive" and slots is None:
-            slots_path = join(path, "slots")
-            if not any(error.field == slots_path for error in r.errors):  # not said already
+            inside = f"{path}."
+            if not any((e.field or "").startswith(inside) for e in r.errors):  # a typo said it
                 r.error_on(path, f"mode {mode} needs slots: how many jobs one GPU holds at once")
             return INVALID
         return Sharing(mode, slots)
