@@ -136,9 +136,10 @@ class MpsDaemons:
         for gpu in sorted(self.daemons):
             self._quit(self.daemons.pop(gpu), now)
         for daemon in self.leaving.values():
-            if daemon.quitter is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    daemon.quitter.wait(1.0)
+            for helper in (daemon.quitter, daemon.launcher):
+                if helper is not None:  # short-lived: reap them rather than leave zombies
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        helper.wait(1.0)
 
     # --- who needs which daemon -------------------------------------------------
 
@@ -255,9 +256,6 @@ class MpsDaemons:
 
     def _see_off(self, daemon: _Daemon, now: float) -> None:
         """Reap a leaving daemon's helpers; kill it once its time is up; forget it when gone."""
-        for helper in (daemon.quitter, daemon.launcher):
-            if helper is not None:
-                helper.poll()
         pid = daemon.pid or _read_pid(self._pipe(daemon.gpu) / PID_FILE)
         alive = pid is not None and _alive(pid)
         if alive and daemon.quit_by is not None and now < daemon.quit_by:
@@ -266,8 +264,8 @@ class MpsDaemons:
             procs.signal_process(pid, signal.SIGKILL)
             self.log("mps-daemon-killed", {"gpu": daemon.gpu, "pid": pid})
             return  # reaped (if ours) and forgotten on a later call
-        if daemon.launcher is not None and daemon.launcher.poll() is None:
-            return
+        if any(h is not None and h.poll() is None for h in (daemon.quitter, daemon.launcher)):
+            return  # forgotten once its helpers are reaped too
         del self.leaving[daemon.gpu]
         self.log("mps-daemon-stopped", {"gpu": daemon.gpu})
 
