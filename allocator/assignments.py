@@ -349,6 +349,9 @@ class Allocator:
             policy_revision=snapshot.revision,
             command=command,
             fallback_reason=decision.fallback_reason,
+            slots=decision.slots,
+            exclusive=decision.exclusive,
+            picked=decision.picked,
         )
         self._assignment_txn(
             host,
@@ -452,7 +455,8 @@ class Allocator:
                 if held.mode == "cpu":
                     continue
                 others = {j: a for j, a in state.assignments.items() if j != job}
-                request = Request(job=job, host=host, gpus=held.gpus)
+                slots = held.slots if held.slots > 1 else None
+                request = Request(job=job, host=host, gpus=held.gpus, slots=slots)
                 try:
                     place(policy, request, others, now, inventory=inventory)
                 except (PlacementRefused, RequestError) as exc:
@@ -479,9 +483,5 @@ def _check_adhoc_command(policy: Policy, job: str) -> None:
 
 
 def describe_request(request: Request) -> str:
-    """The request as the operator typed it: ``gpus=1,3``, ``count=2`` or ``gpus=cpu``."""
-    if request.cpu:
-        return "gpus=cpu"
-    if request.count is not None:
-        return f"count={request.count}"
-    return "gpus=" + ",".join(str(g) for g in request.gpus or ())
+    """The request as the operator typed it: ``gpus=1,3``, ``count=2 slots=2`` or ``gpus=cpu``."""
+    return "gpus=cpu" if request.cpu else request.describe()

@@ -270,6 +270,9 @@ def replace_share(
         fallback_reason=placed.fallback_reason,
         nodes=nodes,
         master_port=port,
+        slots=placed.slots,
+        exclusive=placed.exclusive,
+        picked=placed.picked,
     )
 
 

@@ -15,8 +15,16 @@ Choices worth knowing:
   after a repair), and the agent's health handling still applies the job's
   fallback if the GPU is really broken. ``count=N`` never picks one.
 * ``count=N`` ranks candidate sets as :mod:`allocator.ranking` says: GPUs a
-  reservation will take from the job later first, then NVLink, NUMA, sharing,
-  moves, and the lowest indices; its cost is linear in the host's size.
+  reservation will take from the job later first, then (in a shared pool)
+  free capacity, then links (NVLink, PCIe, NUMA), moves, and the lowest
+  indices; its cost is linear in the host's size. The placement says why it
+  picked them (``NVLink pair``).
+* In a shared pool a GPU has slots (:mod:`allocator.slots`): a request takes
+  one of each GPU's (``slots=K``: K), a job the policy marks ``exclusive``
+  takes GPUs whole. In an MPS pool a worker sees one GPU (one MPS control
+  daemon per GPU), so a ``workers: single`` job asks for one GPU there.
+* An explicit ``gpus=`` list is honoured as given, with a note when it spans
+  CPU sockets.
 * A GPU whose reservation for other jobs starts later is given with a note
   (``set`` prints it): the job will lose it when the window opens.
 * A request larger than the host (or a pool limit) is impossible as asked
@@ -27,15 +35,16 @@ Choices worth knowing:
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
+from allocator.demand import Ask, Request, ask_of, pool_sharing
 from allocator.errors import PlacementRefused, RequestError
 from allocator.gpus.model import GpuInfo
-from allocator.policy.model import Policy, Pool, Reservation
+from allocator.gpus.topology import Links
+from allocator.policy.model import Policy, Reservation, Sharing
 from allocator.ranking import Ranking
 from allocator.records import Assignment
 from allocator.reservations import (
@@ -44,6 +53,7 @@ from allocator.reservations import (
     reserved_against,
     reserved_later,
 )
+from allocator.slots import Holding, gpu_holdings, refusal, slots_in_use
 from allocator.text import printable
 
 __all__ = [
@@ -53,69 +63,26 @@ __all__ = [
     "gpu_holders",
     "host_gpu_indices",
     "place",
+    "pool_sharing",
     "unavailable_gpus",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
-    """What an operator asks for: exactly one of explicit ``gpus``, a ``count``, or ``cpu``.
-
-    Construction validates the shape, so a malformed request never exists:
-    :class:`RequestError` for an empty or duplicated GPU list, a negative
-    index, ``count < 1``, or not exactly one kind of request.
-    """
-
-    job: str
-    host: str
-    gpus: tuple[int, ...] | None = None
-    count: int | None = None
-    cpu: bool = False
-
-    def __post_init__(self) -> None:
-        kinds = [k for k, v in (("gpus", self.gpus), ("count", self.count)) if v is not None]
-        if self.cpu:
-            kinds.append("cpu")
-        if len(kinds) != 1:
-            given = ", ".join(kinds) if kinds else "nothing"
-            raise RequestError(
-                f"request for job '{self.job}' must give exactly one of gpus, count or cpu "
-                f"(got {given})"
-            )
-        if self.gpus is not None:
-            _check_gpu_list(self.job, self.gpus)
-        if self.count is not None and self.count < 1:
-            raise RequestError(f"job '{self.job}' asks for count={self.count}; count must be >= 1")
-
-    def describe(self) -> str:
-        """The request as an operator would type it (``gpus=1,3``, ``count=2``, ``cpu``)."""
-        if self.gpus is not None:
-            return "gpus=" + ",".join(str(g) for g in self.gpus)
-        if self.count is not None:
-            return f"count={self.count}"
-        return "cpu"
-
-
-@dataclass(frozen=True, slots=True)
 class Placement:
-    """The decision: which GPUs the job gets (none in ``cpu`` mode), and why."""
+    """The decision: which GPUs the job gets (none in ``cpu`` mode), and why.
+
+    ``slots`` and ``exclusive`` are the job's hold on each GPU; ``picked`` is
+    why ``count=N`` chose these GPUs (``NVLink pair``).
+    """
 
     gpus: tuple[int, ...]
     mode: Literal["gpu", "cpu"]
     fallback_reason: str | None = None
     notes: tuple[str, ...] = ()
-
-
-def _check_gpu_list(job: str, gpus: tuple[int, ...]) -> None:
-    if not gpus:
-        raise RequestError(f"job '{job}' asks for an empty GPU list; use cpu for no GPU")
-    negative = sorted(g for g in gpus if g < 0)
-    if negative:
-        raise RequestError(f"job '{job}' asks for GPU {negative[0]}; GPU indices start at 0")
-    repeated = sorted(g for g, times in Counter(gpus).items() if times > 1)
-    if repeated:
-        listed = ", ".join(str(g) for g in repeated)
-        raise RequestError(f"job '{job}' lists GPU {listed} more than once")
+    slots: int = 1
+    exclusive: bool = False
+    picked: str = ""
 
 
 # --- facts about a host --------------------------------------------------------
@@ -149,10 +116,6 @@ def gpu_holders(assignments: Mapping[str, Assignment]) -> dict[int, list[str]]:
     return dict(sorted(holders.items()))
 
 
-def _is_shared(pool: Pool | None) -> bool:
-    return pool is not None and pool.sharing == "shared"
-
-
 def gpu_blockers(
     policy: Policy,
     host: str,
@@ -161,25 +124,30 @@ def gpu_blockers(
     now: datetime,
     inventory: Sequence[GpuInfo] | None = None,
     unhealthy: Mapping[int, str] | None = None,
+    slots: int = 1,
 ) -> dict[int, str]:
-    """GPU index -> why ``job`` cannot be given that GPU by ``count=N`` right now.
+    """GPU index -> why ``job`` (asking ``slots``) cannot be given that GPU by ``count=N`` now.
 
     GPUs absent from the result are free for ``job`` (possibly shared with
     others in a shared pool). Reasons are short: ``held by job 'a'``,
     ``reserved by 'r' for eval-* until ...``, ``unhealthy: XID 79``.
     """
     indices = host_gpu_indices(policy, host, inventory)
-    shared = _is_shared(policy.pool_of(host))
-    holders = gpu_holders(assignments)
+    sharing = pool_sharing(policy, host)
+    spec = policy.jobs.get(job)
+    exclusive = spec is not None and spec.exclusive
+    holdings = gpu_holdings(assignments)
     reserved = reserved_against(policy, host, job, now)
     sick = unhealthy or {}
     reasons: dict[int, str] = {}
     for gpu in indices:
-        others = [holder for holder in holders.get(gpu, []) if holder != job]
+        others = [hold for hold in holdings.get(gpu, []) if hold.job != job]
+        names = ", ".join(f"job '{hold.job}'" for hold in others)
+        held = refusal(sharing, others, names, job, slots, exclusive)
         if gpu in sick:
             reasons[gpu] = f"unhealthy: {sick[gpu]}"
-        elif others and not shared:
-            reasons[gpu] = "held by " + ", ".join(f"job '{other}'" for other in others)
+        elif held is not None:
+            reasons[gpu] = held
         elif gpu in reserved:
             reasons[gpu] = describe_reservation(reserved[gpu])
     return reasons
@@ -274,7 +242,7 @@ def place(
     indices = host_gpu_indices(policy, request.host, inventory)
     if request.gpus is not None:
         return _place_explicit(
-            policy, request, request.gpus, assignments, now, indices, unhealthy or {}
+            policy, request, request.gpus, assignments, now, indices, unhealthy or {}, inventory
         )
     if request.count is not None:
         return _place_count(
@@ -300,6 +268,7 @@ def _place_explicit(
     now: datetime,
     indices: tuple[int, ...],
     unhealthy: Mapping[int, str],
+    inventory: Sequence[GpuInfo] | None,
 ) -> Placement:
     host, job = request.host, request.job
     present = set(indices)
@@ -309,19 +278,21 @@ def _place_explicit(
         listed = ", ".join(str(g) for g in missing)
         raise RequestError(f"GPU {listed} {verb} not exist on {host} ({_ranges(indices)})")
     _check_pool_limit(policy, host, job, len(gpus))
-    shared = _is_shared(policy.pool_of(host))
-    holders = gpu_holders(assignments)
+    ask = ask_of(policy, request, len(gpus))
+    sharing = pool_sharing(policy, host)
+    holdings = gpu_holdings(assignments)
     reserved = reserved_against(policy, host, job, now, gpus)
     later = reserved_later(policy, host, job, now, gpus)
     conflicts: list[str] = []
     notes: list[str] = []
     for gpu in gpus:
-        others = [h for h in holders.get(gpu, []) if h != job]
-        held = " and ".join(_describe_holder(assignments.get(h), h) for h in others)
-        if others and not shared:
-            conflicts.append(f"GPU {gpu} on {host} is held by {held}")
+        others = [hold for hold in holdings.get(gpu, []) if hold.job != job]
+        held = " and ".join(_describe_holder(assignments.get(h.job), h.job) for h in others)
+        refused = refusal(sharing, others, held, job, ask.slots, ask.exclusive)
+        if refused is not None:
+            conflicts.append(f"GPU {gpu} on {host} is {refused}")
         elif others:
-            notes.append(f"GPU {gpu} on {host} is shared with {held}")
+            notes.append(f"GPU {gpu} on {host} is shared with {held}{_after(others, ask, sharing)}")
         if gpu in reserved:
             conflicts.append(f"GPU {gpu} on {host} is {describe_reservation(reserved[gpu])}")
         elif gpu in later:
@@ -330,7 +301,29 @@ def _place_explicit(
             notes.append(f"GPU {gpu} on {host} is unhealthy: {unhealthy[gpu]}")
     if conflicts:
         raise PlacementRefused("; ".join(conflicts))
-    return Placement(gpus=gpus, mode="gpu", notes=tuple(notes))
+    notes.extend(_socket_note(host, gpus, inventory))
+    return Placement(gpus, "gpu", None, tuple(notes), ask.slots, ask.exclusive)
+
+
+def _after(others: Sequence[Holding], ask: Ask, sharing: Sharing) -> str:
+    """`` (3/4 slots in use with this job)`` where the pool counts slots."""
+    if sharing.capacity is None:
+        return ""
+    used = slots_in_use(others, sharing) + ask.slots
+    return f" ({used}/{sharing.capacity} slots in use with this job)"
+
+
+def _socket_note(host: str, gpus: Sequence[int], inventory: Sequence[GpuInfo] | None) -> list[str]:
+    """A note for an explicit list whose GPUs sit under different CPU sockets."""
+    links = Links.of(inventory)
+    if len(gpus) < 2 or not links.crosses_sockets(gpus):
+        return []
+    nodes = links.sockets(gpus)
+    where = f"NUMA nodes {', '.join(map(str, nodes))}" if nodes else "CPU sockets"
+    return [
+        f"GPUs {','.join(map(str, gpus))} on {host} span {where}: traffic between them "
+        "crosses the CPU interconnect (count= would keep them on one node where it can)"
+    ]
 
 
 def _place_count(
@@ -344,6 +337,7 @@ def _place_count(
 ) -> Placement:
     host, job = request.host, request.job
     _check_pool_limit(policy, host, job, count)
+    ask = ask_of(policy, request, count)
     indices = host_gpu_indices(policy, host, inventory)
     rule = policy.fallback_for(job)
     falls_back = rule is not None and rule.action == "cpu"
@@ -354,7 +348,9 @@ def _place_count(
         raise RequestError(
             f"job '{job}' asks for {count} GPUs; {host} has {len(indices)} ({_ranges(indices)})"
         )
-    blockers = gpu_blockers(policy, host, job, assignments, now, inventory, unhealthy)
+    blockers = gpu_blockers(
+        policy, host, job, assignments, now, inventory, unhealthy, slots=ask.slots
+    )
     candidates = [g for g in indices if g not in blockers]
     if len(candidates) < count:
         busy = "; ".join(f"{g}: {why}" for g, why in sorted(blockers.items()))
@@ -364,20 +360,26 @@ def _place_count(
             return Placement(gpus=(), mode="cpu", fallback_reason=reason)
         raise PlacementRefused(f"not enough free GPUs on {host} for job '{job}': {shortage}")
     later = reserved_later(policy, host, job, now, candidates)
-    chosen = _ranking(inventory, assignments, job, frozenset(later)).choose(candidates, count)
+    ranking = _ranking(policy, request, inventory, assignments, frozenset(later))
+    chosen = ranking.choose(candidates, count)
     notes = tuple(_later_note(host, job, gpu, later[gpu]) for gpu in chosen if gpu in later)
-    return Placement(gpus=chosen, mode="gpu", notes=notes)
+    picked = ranking.explain(chosen)
+    return Placement(chosen, "gpu", None, notes, ask.slots, ask.exclusive, picked)
 
 
 def _ranking(
+    policy: Policy,
+    request: Request,
     inventory: Sequence[GpuInfo] | None,
     assignments: Mapping[str, Assignment],
-    job: str,
     later: frozenset[int],
 ) -> Ranking:
-    load: dict[int, int] = {}
-    for gpu, holders in gpu_holders(assignments).items():
-        load[gpu] = sum(1 for holder in holders if holder != job)
-    mine = assignments.get(job)
+    sharing = pool_sharing(policy, request.host)
+    load: dict[int, int] = {}  # in an exclusive pool a held GPU is no candidate anyway
+    for gpu, holds in gpu_holdings(assignments).items() if sharing.shared else ():
+        others = [hold for hold in holds if hold.job != request.job]
+        if others:
+            load[gpu] = slots_in_use(others, sharing)
+    mine = assignments.get(request.job)
     own = frozenset(mine.gpus) if mine is not None and mine.mode == "gpu" else frozenset()
-    return Ranking.build(inventory, load, own, later)
+    return Ranking.build(inventory, load, own, later, request.prefer)

@@ -23,6 +23,8 @@ from allocator.errors import BadRecord
 
 __all__ = [
     "MAX_GPU_INDEX",
+    "MAX_SLOTS",
+    "PCIE_LEVELS",
     "SCHEMA_VERSION",
     "AgentRecord",
     "Assignment",
@@ -57,6 +59,28 @@ Address = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:%-]{0,2
 #: The hosts of one job across several hosts, in node-rank order (at most a store
 #: transaction's worth: see allocator.groups).
 Nodes = Annotated[tuple[Name, ...], msgspec.Meta(max_length=64)]
+#: The most jobs one GPU of a shared pool may hold at once (what ``slots`` may say).
+MAX_SLOTS = 256
+Slots = Annotated[int, msgspec.Meta(ge=1, le=MAX_SLOTS)]
+#: A Linux CPU list (``0-27,56-83``), as in ``/sys/devices/system/node/node0/cpulist``.
+CpuList = Annotated[
+    str,
+    msgspec.Meta(
+        pattern=r"^[0-9]{1,6}(-[0-9]{1,6})?(,[0-9]{1,6}(-[0-9]{1,6})?)*\Z", max_length=16384
+    ),
+]
+#: How two GPUs are connected below NVLink, best first: NVML's topology levels
+#: (nvmlDeviceGetTopologyCommonAncestor: INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE,
+#: NODE, SYSTEM); ``nvidia-smi topo -m`` calls the middle ones PIX, PXB, PHB, NODE, SYS.
+PcieLevel = Literal["board", "switch", "switches", "host-bridge", "node", "system"]
+PCIE_LEVELS: tuple[PcieLevel, ...] = (
+    "board",
+    "switch",
+    "switches",
+    "host-bridge",
+    "node",
+    "system",
+)
 
 
 class MigDevice(msgspec.Struct, frozen=True):
@@ -85,6 +109,12 @@ class GpuInfo(msgspec.Struct, frozen=True):
     numa_node: Count | None = None
     nvlink_peers: tuple[GpuIndex, ...] = ()
     error: Text = ""
+    #: The CPUs local to the GPU (NVML's ideal CPU affinity), as a CPU list.
+    cpu_affinity: CpuList | None = None
+    #: Entry ``i``: the PCIe level between this GPU and GPU ``i`` (``None``: itself, or unknown).
+    pcie_levels: Annotated[
+        tuple[PcieLevel | None, ...], msgspec.Meta(max_length=MAX_GPU_INDEX + 1)
+    ] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""
@@ -106,6 +136,9 @@ class Assignment(msgspec.Struct, frozen=True):
     A share of a job across several hosts names all of them in ``nodes`` (node
     rank = position; the first runs rank 0) and the job's one ``master_port``;
     every share is written in one transaction, so they always agree.
+    In a shared pool the job holds ``slots`` of each GPU's slots; ``exclusive``
+    says it holds the GPUs whole (a job the policy marks ``exclusive: true``).
+    ``picked`` is why ``count=N`` chose these GPUs (``NVLink pair``).
     """
 
     job: Name
@@ -121,6 +154,9 @@ class Assignment(msgspec.Struct, frozen=True):
     fallback_reason: Text | None = None
     nodes: Nodes = ()
     master_port: Port | None = None
+    slots: Slots = 1
+    exclusive: bool = False
+    picked: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -29,9 +29,11 @@ from typing import Any
 
 from allocator.assignments import HostSnapshot, snapshots_by_host
 from allocator.keys import KeyLayout
-from allocator.placement import gpu_holders, host_gpu_indices
+from allocator.placement import gpu_holders, host_gpu_indices, pool_sharing
 from allocator.policy import Policy
+from allocator.policy.model import Sharing
 from allocator.reservations import on_host, trespassers
+from allocator.slots import Holding, gpu_holdings, usage_text
 from allocator.store import KeyValue
 
 __all__ = [
@@ -48,7 +50,12 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class GpuRow:
-    """One GPU of one host and who holds it."""
+    """One GPU of one host and who holds it.
+
+    ``holder`` names every holder (``infer,train(2)``: train holds two slots;
+    ``(whole)``: an exclusive job in a shared pool); ``slots`` is the GPU's use
+    in a shared pool (``3/4 slots``), ``""`` in an exclusive one.
+    """
 
     host: str
     gpu: str
@@ -59,6 +66,7 @@ class GpuRow:
     reserved: str
     #: Holders inside a reservation window in force that does not admit them.
     outside_reservation: str = ""
+    slots: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,8 @@ class JobRow:
     #: A job across several hosts: all its hosts in node-rank order, and its port.
     nodes: tuple[str, ...] = ()
     master_port: int | None = None
+    #: Why ``count=N`` picked the GPUs (``NVLink pair``); "" for an explicit list.
+    picked: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +215,8 @@ def _host_status(
     elif inventory:
         indices = tuple(g.index for g in inventory)
     holders = gpu_holders(snapshot.assignments)
+    holdings = gpu_holdings(snapshot.assignments)
+    sharing = pool_sharing(policy, snapshot.host) if policy is not None else Sharing()
     reservations = _reservation_labels(policy, snapshot.host, now)
     outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
     rows = []
@@ -215,12 +227,13 @@ def _host_status(
             GpuRow(
                 host=snapshot.host,
                 gpu=str(index),
-                holder=",".join(jobs) or "-",
+                holder=_holders(holdings.get(index, []), sharing) or "-",
                 since=first.updated_at if first else "",
                 reason=first.reason if first else "",
                 health=f"unhealthy: {unhealthy[index]}" if index in unhealthy else "ok",
                 reserved=_flagged(reservations.get(index, ""), outside.get(index, "")),
                 outside_reservation=outside.get(index, ""),
+                slots=usage_text(holdings.get(index, []), sharing),
             )
         )
     for job, held in sorted(snapshot.assignments.items()):
@@ -260,6 +273,17 @@ def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
         matches=matches,
         nodes=held.nodes,
         master_port=held.master_port,
+        picked=held.picked,
+    )
+
+
+def _holders(holds: list[Holding], sharing: Sharing) -> str:
+    """Every holder, with its share where it holds more than one slot (or the GPU whole)."""
+    if not sharing.shared:
+        return ",".join(hold.job for hold in holds)
+    return ",".join(
+        hold.job + ("(whole)" if hold.exclusive else f"({hold.slots})" if hold.slots > 1 else "")
+        for hold in holds
     )
 
 

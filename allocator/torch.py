@@ -108,11 +108,17 @@ def configure() -> _torch.device:
 
     On CPU: ``torch.set_num_threads`` from the fallback rule's threads
     (``ALLOCATOR_THREADS``/``OMP_NUM_THREADS``), oneDNN left on. On CUDA:
-    ``torch.cuda.set_device(cuda:0)``.
+    ``torch.cuda.set_device(cuda:0)``, and on a shared GPU
+    ``torch.cuda.set_per_process_memory_fraction`` with the worker's share
+    (``ALLOCATOR_GPU_MEMORY_FRACTION``), so its caching allocator stops at its
+    slots' part of the memory instead of taking what the other jobs need.
     """
     dev = device()
     if dev.type == "cuda":
         _torch.cuda.set_device(dev)
+        fraction = worker.memory_fraction()
+        if fraction is not None:
+            _torch.cuda.set_per_process_memory_fraction(fraction, dev)
         return dev
     count = worker.threads()
     if count is not None:

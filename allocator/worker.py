@@ -4,7 +4,7 @@ The agent starts each worker with the variables of
 :func:`allocator.gpus.visible.worker_environments`; this module reads them
 back: job, host, device (``cuda``/``cpu``), physical GPUs, the visible
 device list as CUDA will parse it, torchrun-style ranks, the CPU-fallback
-reason and thread count.
+reason and thread count, and the share of a shared GPU's memory.
 
 ``CUDA_VISIBLE_DEVICES`` is parsed the way the CUDA driver does (as
 documented in the CUDA programming guide, and as PyTorch's
@@ -42,6 +42,7 @@ __all__ = [
     "fallback_reason",
     "gpu_assigned",
     "local_rank",
+    "memory_fraction",
     "parse_visible_devices",
     "rank",
     "threads",
@@ -182,6 +183,24 @@ def threads(environ: Mapping[str, str] | None = None) -> int | None:
         if env.get(name, "").strip():
             return _int_var(env, name, 0, 1)
     return None
+
+
+def memory_fraction(environ: Mapping[str, str] | None = None) -> float | None:
+    """This worker's share of its GPU's memory on a shared GPU (``ALLOCATOR_GPU_MEMORY_FRACTION``).
+
+    ``None`` when unset (the GPU is the worker's alone, or its share is not
+    known); :class:`InvalidInput` for anything but a number in (0, 1].
+    """
+    raw = _env(environ).get("ALLOCATOR_GPU_MEMORY_FRACTION", "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:  # also refuses nan
+        raise InvalidInput(f"ALLOCATOR_GPU_MEMORY_FRACTION={raw!r} is not a number in (0, 1]")
+    return value
 
 
 def device_kind(environ: Mapping[str, str] | None = None) -> DeviceKind:

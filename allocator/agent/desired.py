@@ -8,6 +8,9 @@ and a job held back by the flap limit (:mod:`allocator.agent.holddown`)
 stays in its fallback. A share of a job across several hosts follows the
 other shares' faults (:mod:`allocator.agent.multihost`): the job's fallback
 rule decides for every host.
+stays in its fallback. Workers on shared GPUs are told their share
+(:mod:`allocator.agent.shares`) and every worker is pinned to its CPUs
+(:mod:`allocator.agent.affinity`).
 """
 
 from __future__ import annotations
@@ -18,15 +21,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from allocator.agent.affinity import with_affinity
 from allocator.agent.claims import refuse_double_claims
 from allocator.agent.holddown import Pin
 from allocator.agent.model import DesiredJob, DesiredState, Device, WorkerSpec
 from allocator.agent.multihost import PeerHost, Share, share_of
 from allocator.agent.ports import declared_master_port
+from allocator.agent.shares import share_env
 from allocator.errors import RequestError
 from allocator.gpus.model import GpuInfo
 from allocator.gpus.visible import NodeGroup
-from allocator.placement import unavailable_gpus
+from allocator.placement import pool_sharing, unavailable_gpus
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records import Assignment, replace_struct
 
@@ -52,6 +57,8 @@ def desired_jobs(
     master_addr: str = DEFAULT_MASTER_ADDR,
     peers: Mapping[str, PeerHost] | None = None,
     address: str | None = None,
+    allowed_cpus: frozenset[int] = frozenset(),
+    mps_dir: str | None = None,
 ) -> dict[str, DesiredJob]:
     """Return the desired job for every assignment on ``host``, keyed by job name.
 
@@ -64,6 +71,8 @@ def desired_jobs(
     flap limit; ``ports`` are the agent's MASTER_PORTs (see :mod:`allocator.agent.ports`).
     ``peers`` are the other hosts of this host's jobs across hosts, and
     ``address`` is the address this agent advertises (MASTER_ADDR where it runs rank 0).
+    ``allowed_cpus`` are the CPUs workers may be pinned to (none: no pinning);
+    ``mps_dir`` is where the agent runs its MPS control daemons.
     """
     pins = pinned or {}
     result = {
@@ -78,6 +87,7 @@ def desired_jobs(
             master_port=(ports or {}).get(name),
             master_addr=master_addr,
             share=share_of(assignment, address or master_addr, peers or {}),
+            mps_dir=mps_dir,
         )
         for name, assignment in sorted(assignments.items())
         if assignment.host == host
@@ -86,9 +96,11 @@ def desired_jobs(
         if name in result and result[name].state in ("run", "wait"):
             result[name] = replace(result[name], message=f"{result[name].message}; {pin.note}")
     pool = policy.pool_of(host)
-    if pool is not None and pool.sharing == "shared":
-        return result
-    return refuse_double_claims(result, holders or {}, pool.name if pool else None, fingerprint(()))
+    if pool is None or not pool.sharing.shared:
+        result = refuse_double_claims(
+            result, holders or {}, pool.name if pool else None, fingerprint(())
+        )
+    return with_affinity(result, policy, inventory, allowed_cpus)
 
 
 def desired_job(
@@ -103,12 +115,14 @@ def desired_job(
     master_port: int | None = None,
     master_addr: str = DEFAULT_MASTER_ADDR,
     share: Share | None = None,
+    mps_dir: str | None = None,
 ) -> DesiredJob:
     """Decide what one assigned job should do: run (and how), wait, fail or be refused.
 
     ``master_port`` is the port the agent allocated for a per-gpu job; a port
     the policy declares for the job wins over it. ``share`` is this host's
     place in a job across several hosts (``None`` for a job on one host).
+    ``mps_dir``: see :func:`desired_jobs`.
     """
     job = policy.jobs.get(assignment.job)
     if job is None:
@@ -130,7 +144,7 @@ def desired_job(
     if share is not None and share.failed:
         message = f"{share.failed}, so this share fails too (a collective needs every rank)"
         return _not_running(job, assignment, revision, "failed", message)
-    rank = _Rendezvous(master_addr, _port_for(job, master_port), share)
+    rank = _Rendezvous(master_addr, _port_for(job, master_port), share, mps_dir)
     if assignment.mode == "cpu":
         reason = assignment.fallback_reason or "assigned gpus=cpu"
         on_cpu = _on_cpu(assignment, reason)
@@ -140,11 +154,13 @@ def desired_job(
 
 @dataclass(frozen=True, slots=True)
 class _Rendezvous:
-    """Where a job's ranks meet: MASTER_ADDR and MASTER_PORT, or its share across hosts."""
+    """Where a job's ranks meet (MASTER_ADDR and MASTER_PORT, or its share across
+    hosts), and where the MPS daemons of its shared GPUs listen."""
 
     addr: str
     port: int | None
     share: Share | None = None
+    mps_dir: str | None = None
 
     @property
     def group(self) -> NodeGroup | None:
@@ -252,15 +268,28 @@ def _running(
         )
     except RequestError as exc:
         return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
+    sharing = pool_sharing(policy, assignment.host)
+    mps_single = sharing.mode == "mps" and job.workers == "single" and not assignment.exclusive
+    if mps_single and len(assignment.gpus) > 1 and assignment.mode == "gpu":
+        message = (
+            f"job {job.name!r} runs one worker on GPUs {','.join(map(str, assignment.gpus))}, "
+            "but under MPS a worker uses one GPU (one control daemon per GPU)"
+        )
+        return _not_running(job, assignment, revision, "refused", message)
     device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
+    gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
     workers = tuple(
         WorkerSpec(
             job=job.name,
             index=index,
             argv=argv,
-            env={**job.env, **env},
+            env={
+                **job.env,
+                **env,
+                **share_env(sharing, assignment, gpus[index], inventory, rank.mps_dir),
+            },
             cwd=job.cwd,
-            gpus=_worker_gpus(assignment, job, index),
+            gpus=gpus[index],
             device=device,
             user=job.user,
             group=job.group,

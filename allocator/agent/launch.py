@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import stat
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from allocator.agent.model import DesiredJob, WorkerSpec
 from allocator.agent.runtime import WorkerRuntime
 from allocator.agent.shim import NO_VALUE
 from allocator.agent.users import RunAs, RunAsError, identity_env, resolve_run_as
+from allocator.gpus.topology import cpu_list
 
 __all__ = [
     "SHIM",
@@ -137,13 +139,15 @@ def start_under_shim(
     grace: float,
     cgroup: Path | None,
     run_as: RunAs | None,
+    cpus: Sequence[int] = (),
 ) -> Launch:
     """Start ``argv`` under a shim in a new session, output appended to ``log_path``.
 
-    The environment is handed over at exec time, so it holds from the
-    worker's first instruction. Nothing is raised: a log that cannot be
-    opened or a shim that cannot start is a failed :class:`Launch` with a
-    shell-like exit code (126) and one line saying why. A command that does
+    The environment (and the CPUs to pin the worker to, if any) is handed
+    over at exec time, so it holds from the worker's first instruction.
+    Nothing is raised: a log that cannot be opened or a shim that cannot
+    start is a failed :class:`Launch` with a shell-like exit code (126) and
+    one line saying why. A command that does
     not exist is reported by the shim (status ``failed``, exit 127).
     """
     if not argv:
@@ -188,7 +192,7 @@ def start_under_shim(
     finally:
         os.close(log)
         os.close(env_read)
-    _hand_over_env(env_write, env)
+    _hand_over_env(env_write, env, cpus)
     started = procs.read_stat(popen.pid)
     return Launch(popen.pid, started.start_ticks if started else None, popen)
 
@@ -198,9 +202,14 @@ def _shim_env() -> dict[str, str]:
     return {key: os.environ[key] for key in ("PATH", "LD_LIBRARY_PATH") if key in os.environ}
 
 
-def _hand_over_env(fd: int, env: Mapping[str, str]) -> None:
-    """Write the worker's environment to the shim's pipe (it reads it before anything else)."""
+def _hand_over_env(fd: int, env: Mapping[str, str], cpus: Sequence[int] = ()) -> None:
+    """Write the worker's environment, then the shim's settings, to the shim's pipe.
+
+    The shim reads it before anything else; an empty entry ends the environment.
+    """
     payload = b"\0".join(os.fsencode(f"{key}={value}") for key, value in env.items())
+    if cpus:
+        payload += b"\0\0cpus=" + cpu_list(cpus).encode()
     with contextlib.suppress(OSError), os.fdopen(fd, "wb") as pipe:  # OSError: the shim
         pipe.write(payload)  # died at once, and its exit says why
 
@@ -254,7 +263,7 @@ def launch_worker(
         return _failed(worker, cause, str(exc), _EXIT_CANNOT_RUN)
     Path(worker.status_path).parent.mkdir(parents=True, exist_ok=True)
     result = start_under_shim(
-        ws.argv,
+        _membound(ws.argv, ws.mems, base_env.get("PATH")),
         {**base_env, **identity_env(run_as), **ws.env},
         cwd=ws.cwd,
         log_path=log_dir / name,
@@ -263,6 +272,7 @@ def launch_worker(
         grace=job.grace_seconds,
         cgroup=Path(worker.cgroup) if worker.cgroup else None,
         run_as=run_as,
+        cpus=ws.cpus,
     )
     if result.pid == 0:
         return _failed(worker, cause, result.error, result.exit_code or _EXIT_CANNOT_RUN)
@@ -274,7 +284,17 @@ def launch_worker(
         "cause": cause,
         "gpus": list(ws.gpus),
         "user": run_as.user if run_as is not None else None,
+        "cpus": cpu_list(ws.cpus) or None,
+        "mems": cpu_list(ws.mems) or None,
     }
+
+
+def _membound(argv: tuple[str, ...], mems: Sequence[int], path: str | None) -> tuple[str, ...]:
+    """``argv`` under ``numactl --membind`` when the worker has NUMA nodes and numactl is here."""
+    numactl = shutil.which("numactl", path=path) if mems and argv else None
+    if numactl is None:
+        return argv
+    return (numactl, f"--membind={cpu_list(mems)}", "--", *argv)
 
 
 def _failed(worker: WorkerRuntime, cause: str, error: str, code: int) -> tuple[str, dict[str, Any]]:

@@ -43,6 +43,7 @@ from allocator.agent.guard import StepGuard
 from allocator.agent.lastgood import load_last_good, save_last_good
 from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
 from allocator.agent.model import DesiredJob
+from allocator.agent.mps import MpsDaemons
 from allocator.agent.multihost import PeerHost
 from allocator.agent.notify import notifier_from_environ
 from allocator.agent.ports import PortTable
@@ -117,6 +118,8 @@ class Agent:
         self.desired: dict[str, DesiredJob] = {}
         self.gpus = GpuState(self.environ, config.agent_dir / "gpus.json", self.log, clock())
         self.ports = PortTable(config.agent_dir / "ports.json", self.log)
+        self.mps = MpsDaemons(config.agent_dir / "mps", self.log, self.environ)
+        self.cpus = frozenset(os.sched_getaffinity(0))  # what workers may be pinned within
         self.inventory: Inventory = self.gpus.inventory
         self.health = self.gpus.monitor
         self.unhealthy: dict[int, str] = dict(self.gpus.unhealthy)
@@ -307,6 +310,8 @@ class Agent:
                 master_addr=self.config.local_master_addr,
                 peers=self.peers,
                 address=self.config.advertised_address,
+                allowed_cpus=self.cpus,
+                mps_dir=str(self.mps.root),
             )
             self._desired_inputs = inputs  # only once computed: a failure is retried
         for job, want in self.desired.items():
@@ -317,11 +322,12 @@ class Agent:
             j: rev for j, rev in self.failed.items() if self.assignment_revisions.get(j) == rev
         }
         views = self.supervisor.views()
-        actions = plan(self.desired, views, now)
+        planned = plan(self.desired, views, now)  # starts wait for their MPS daemons:
+        actions = self.mps.gate(planned, self.desired, views, self.inventory.gpus or None, now)
         for action in actions:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
-        self.busy = bool(actions) or any(v.stopping for v in views.values())
+        self.busy = bool(actions) or self.mps.waiting or any(v.stopping for v in views.values())
         self.reconciled = True
 
     def _offer(self) -> None:
@@ -390,6 +396,7 @@ class Agent:
         else:
             self.log("stopping-workers", {"jobs": jobs})
             self.supervisor.stop_all()
+            self.mps.stop_all(self.clock())
         if keep and orderly and self.reconciled:
             self.guard.run("publish", self._offer)
         if not self.link.close(keep_worker_records=keep, timeout=WITHDRAW_SECONDS):

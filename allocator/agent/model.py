@@ -46,6 +46,8 @@ class WorkerSpec:
     device: Device
     user: str | None = None  # the policy's job.user: run as this user (None: as the agent)
     group: str | None = None  # the policy's job.group (None: the user's primary group)
+    cpus: tuple[int, ...] = ()  # pin the worker to these CPUs (): unpinned; not fingerprinted
+    mems: tuple[int, ...] = ()  # bind its memory to these NUMA nodes (where numactl is)
 
 
 @dataclass(frozen=True, slots=True)

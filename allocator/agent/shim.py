@@ -4,16 +4,20 @@ The agent runs ``python -I -S shim.py STATUS GRACE CGROUP RUNAS CWD ENVFD -- ARG
 in a new session for every worker, with an empty environment: the worker's
 comes through the pipe ENVFD (``KEY=VALUE`` entries, NUL-separated; ``-``:
 the shim's own), so nothing in it (``LD_PRELOAD``, ``LD_LIBRARY_PATH``) ever
-reaches the shim, which may run as root for a worker that does not. The shim
+reaches the shim, which may run as root for a worker that does not. After
+the environment and one empty entry, the pipe may carry the shim's own
+settings: ``cpus=0-3,8`` pins the worker to those CPUs. The shim
 
 * makes itself a child subreaper, so every descendant of the worker stays
   below it whatever session or process group it moves to (torchrun starts
   its ranks with ``start_new_session=True``): while the shim lives, its
   descendants *are* the worker's process tree;
 * joins the worker's cgroup first when the agent made one (CGROUP, ``-``: none);
-* forks and execs the worker with the environment it was handed, in CWD,
-  as RUNAS (``uid:gid:g1,g2``, ``-``: as itself), with the parent-death
-  signal set to SIGKILL so a shim killed outright takes its worker along;
+* forks and execs the worker with the environment it was handed, on its
+  CPUs (``sched_setaffinity``; a CPU set the kernel refuses is reported in
+  the log and the worker runs unpinned), in CWD, as RUNAS (``uid:gid:g1,g2``,
+  ``-``: as itself), with the parent-death signal set to SIGKILL so a shim
+  killed outright takes its worker along;
 * forwards signals: SIGTERM and SIGINT (a stop) to every descendant, any
   other (an ``on_change`` signal, SIGHUP) to the worker's main process;
 * writes STATUS atomically (temporary file + rename) when it starts, when
@@ -39,7 +43,7 @@ import signal
 import sys
 import time
 
-__all__ = ["NO_VALUE", "main", "parse_runas", "read_env"]
+__all__ = ["NO_VALUE", "main", "parse_cpus", "parse_runas", "read_env"]
 
 #: Spelling of "not given" for the CGROUP, RUNAS and CWD arguments.
 NO_VALUE = "-"
@@ -153,17 +157,38 @@ def parse_runas(text: str) -> tuple[int, int, list[int]] | None:
     return int(uid), int(gid), [int(g) for g in groups.split(",") if g]
 
 
+def parse_cpus(text: str) -> set[int]:
+    """The CPUs of a CPU list (``0-3,8``); ``ValueError`` if it is not one."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def _pin(cpus: set[int] | None) -> None:
+    """Run on ``cpus`` (inherited by everything the worker starts); say so if the kernel refuses."""
+    if cpus is None:
+        return
+    try:
+        os.sched_setaffinity(0, cpus)
+    except OSError as exc:  # CPUs outside this cgroup's cpuset, say: run, unpinned
+        _say(f"cannot pin the worker to CPUs {sorted(cpus)}: {exc.strerror or exc}")
+
+
 def _exec_worker(
     argv: list[str],
     env: dict[str, str],
     cwd: str | None,
     runas: tuple[int, int, list[int]] | None,
     shim: int,
+    cpus: set[int] | None = None,
 ) -> None:
     """In the forked child: become the worker. Never returns; raises on failure."""
     for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores them; a worker must not
         signal.signal(sig, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    _pin(cpus)
     if runas is not None:
         uid, gid, groups = runas
         os.setgroups(groups)
@@ -200,6 +225,7 @@ def _launch(
     env: dict[str, str],
     cwd: str | None,
     runas: tuple[int, int, list[int]] | None,
+    cpus: set[int] | None = None,
 ) -> tuple[int, int, str]:
     """Fork and exec the worker: (pid, 0, "") or (pid, exit code, why it could not start)."""
     read_end, write_end = os.pipe()  # both close on exec: EOF means the exec succeeded
@@ -208,7 +234,7 @@ def _launch(
     if pid == 0:
         os.close(read_end)
         try:
-            _exec_worker(argv, env, cwd, runas, shim)
+            _exec_worker(argv, env, cwd, runas, shim, cpus)
         except _StartError as exc:
             os.write(write_end, f"{exc.code} {exc}".encode(errors="replace"))
         except OSError as exc:
@@ -344,18 +370,26 @@ def _arguments(argv: list[str]) -> tuple[str, float, str, str, str, str, list[st
     return status, float(grace), cgroup, runas, cwd, env_fd, command
 
 
-def read_env(fd: int) -> dict[str, str]:
-    """The worker's environment from pipe ``fd``: ``KEY=VALUE`` entries separated by NULs."""
+def read_env(fd: int) -> tuple[dict[str, str], dict[str, str]]:
+    """The worker's environment and the shim's settings from pipe ``fd``.
+
+    ``KEY=VALUE`` entries separated by NULs; an empty entry ends the
+    environment, and the entries after it are settings (``cpus=0-3``).
+    """
     chunks = []
     while chunk := os.read(fd, 65536):
         chunks.append(chunk)
     os.close(fd)
-    env = {}
+    env: dict[str, str] = {}
+    settings: dict[str, str] = {}
+    into = env
     for entry in b"".join(chunks).split(b"\0"):
         key, equals, value = entry.partition(b"=")
-        if key and equals:
-            env[os.fsdecode(key)] = os.fsdecode(value)
-    return env
+        if not entry:
+            into = settings
+        elif key and equals:
+            into[os.fsdecode(key)] = os.fsdecode(value)
+    return env, settings
 
 
 def main(argv: list[str]) -> int:
@@ -364,7 +398,8 @@ def main(argv: list[str]) -> int:
     try:
         status_path, grace, cgroup, runas_text, cwd, env_fd, command = _arguments(argv)
         runas = parse_runas(runas_text)
-        env = dict(os.environ) if env_fd == NO_VALUE else read_env(int(env_fd))
+        env, settings = (dict(os.environ), {}) if env_fd == NO_VALUE else read_env(int(env_fd))
+        cpus = parse_cpus(settings["cpus"]) if settings.get("cpus") else None
     except (ValueError, OSError) as exc:
         _say(f"bad arguments: {exc}")
         return 2
@@ -378,7 +413,7 @@ def main(argv: list[str]) -> int:
         _join_cgroup(cgroup)
     status = _Status(status_path)
     status.write(state="starting")
-    pid, code, error = _launch(command, env, None if cwd == NO_VALUE else cwd, runas)
+    pid, code, error = _launch(command, env, None if cwd == NO_VALUE else cwd, runas, cpus)
     if error:
         os.waitpid(pid, 0)
         _say(error)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from allocator.errors import InvalidInput
 from allocator.keys import validate_name
@@ -34,7 +35,15 @@ MAX_GPU_INDEX = 1023
 _MAX_COUNT = MAX_GPU_INDEX + 1
 _MAX_REASON = 200
 #: The longest value each key takes (``gpus=0,1,...,1023`` is 4,014 characters).
-MAX_VALUE_LENGTH = {"command": 65_536, "gpus": 8192, "reason": 4096, "count": 8, "worker": 8}
+MAX_VALUE_LENGTH = {
+    "command": 65_536,
+    "gpus": 8192,
+    "reason": 4096,
+    "count": 8,
+    "worker": 8,
+    "slots": 8,
+    "prefer": 16,
+}
 #: The longest value of any other key (names then say they are at most 63 characters).
 MAX_OTHER_VALUE_LENGTH = 1024
 _SHOWN = 40
@@ -142,6 +151,8 @@ class SetArgs:
     reason: str = ""
     command: tuple[str, ...] | None = None
     hosts: tuple[str, ...] = ()
+    slots: int | None = None
+    prefer: Literal["free", "links"] = "free"
 
 
 def parse_command(raw: str) -> tuple[str, ...]:
@@ -158,8 +169,10 @@ def parse_command(raw: str) -> tuple[str, ...]:
 
 
 def parse_set_args(words: Iterable[str]) -> SetArgs:
-    """Parse ``job=x (gpus=1,3 | gpus=cpu | count=N) [host=h[,h2]] [reason=..] [command=..]``."""
-    kv = parse_key_values(words, ("job", "gpus", "count", "host", "reason", "command"))
+    """Parse ``job=x (gpus=L | gpus=cpu | count=N) [slots=K] [prefer=links] [host=h[,h2]] ...``."""
+    kv = parse_key_values(
+        words, ("job", "gpus", "count", "host", "reason", "command", "slots", "prefer")
+    )
     hosts = parse_host_list(kv.pop("host")) if "host" in kv else ()
     job, _ = _job_and_host(kv)
     if ("gpus" in kv) == ("count" in kv):
@@ -170,10 +183,14 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
         hosts=hosts if len(hosts) > 1 else (),
         reason=_parse_reason(kv.get("reason", "")),
         command=parse_command(kv["command"]) if "command" in kv else None,
+        slots=_parse_slots(kv["slots"]) if "slots" in kv else None,
+        prefer=_parse_prefer(kv.get("prefer", "free"), "count" in kv),
     )
     if "count" in kv:
         return replace(base, count=_parse_count(kv["count"]))
     if kv["gpus"] == "cpu":
+        if base.slots is not None:
+            raise InvalidInput("slots= takes slots of GPUs; gpus=cpu holds none")
         return replace(base, cpu=True)
     return replace(base, gpus=parse_gpu_list(kv["gpus"]))
 
@@ -192,6 +209,22 @@ def parse_host_list(raw: str) -> tuple[str, ...]:
             "(every host's share is written in one store transaction)"
         )
     return hosts
+
+
+def _parse_slots(raw: str) -> int:
+    from allocator.records import MAX_SLOTS
+
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_SLOTS:
+        raise InvalidInput(f"slots={_shown(raw)}: expected a whole number from 1 to {MAX_SLOTS}")
+    return int(raw)
+
+
+def _parse_prefer(raw: str, counted: bool) -> Literal["free", "links"]:
+    if raw not in ("free", "links"):
+        raise InvalidInput(f"prefer={_shown(raw)}: expected free or links")
+    if raw == "links" and not counted:
+        raise InvalidInput("prefer= ranks the GPUs count=N picks; gpus= names them already")
+    return "links" if raw == "links" else "free"
 
 
 def parse_target_args(words: Iterable[str]) -> tuple[str, str | None]:

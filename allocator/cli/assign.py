@@ -10,8 +10,8 @@ from allocator.cli.common import add_words_command, note, open_allocator, output
 __all__ = ["register"]
 
 USAGE = (
-    "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [host=H[,H2...]]"
-    " [reason=TEXT] [command='ARGV']"
+    "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [slots=K]"
+    " [prefer=links] [host=H[,H2...]] [reason=TEXT] [command='ARGV']"
 )
 
 
@@ -27,7 +27,10 @@ def register(commands: Any) -> None:
         "applied policy and the host's current assignments: two operators racing for one GPU "
         "can never both win (the loser exits 3 naming the holder). host=node1,node2 makes one "
         "job across those hosts (count=N: N GPUs on each; gpus=LIST: the same GPUs on each; "
-        "node ranks in the order given), written on all of them or on none.",
+        "node ranks in the order given), written on all of them or on none. In a shared pool "
+        "the job takes one slot of each GPU (slots=K: K of them); count=N there prefers GPUs "
+        "with free slots to better links unless prefer=links. count=N says why it picked its "
+        "GPUs.",
     )
 
 
@@ -48,12 +51,16 @@ def run(args: argparse.Namespace) -> int:
             gpus=parsed.gpus,
             count=parsed.count,
             cpu=parsed.cpu,
+            slots=parsed.slots,
+            prefer=parsed.prefer,
         )
         assignment, placement = allocator.assign(
             request, reason=parsed.reason, command=parsed.command
         )
     finally:
         allocator.store.close()
+    if placement.picked:
+        note(f"picked {','.join(map(str, placement.gpus))}: {placement.picked}")
     for message in placement.notes:
         note(message)
     if assignment.fallback_reason:
@@ -69,7 +76,15 @@ def _run_across(args: argparse.Namespace, parsed: Any) -> int:
     from allocator.groups import describe_shares
     from allocator.placement import Request
 
-    request = Request(job=parsed.job, host="", gpus=parsed.gpus, count=parsed.count, cpu=parsed.cpu)
+    request = Request(
+        job=parsed.job,
+        host="",
+        gpus=parsed.gpus,
+        count=parsed.count,
+        cpu=parsed.cpu,
+        slots=parsed.slots,
+        prefer=parsed.prefer,
+    )
     allocator = open_allocator(args)
     try:
         result = allocator.assign_across(

@@ -80,14 +80,31 @@ def _text(hosts: Any, render_table: Any) -> str:
     if not hosts:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
     rows = [
-        [g.host, g.gpu, g.holder, g.since or "-", g.reason or "-", g.health, g.reserved or "-"]
+        [
+            g.host,
+            g.gpu,
+            g.holder,
+            g.slots or "-",
+            g.since or "-",
+            g.reason or "-",
+            g.health,
+            g.reserved or "-",
+        ]
         for h in hosts
         for g in h.gpus
     ]
-    table = render_table(["HOST", "GPU", "HOLDER", "SINCE", "REASON", "HEALTH", "RESERVED"], rows)
+    table = render_table(
+        ["HOST", "GPU", "HOLDER", "SLOTS", "SINCE", "REASON", "HEALTH", "RESERVED"], rows
+    )
     agents = "\n".join(f"{h.host}: agent {h.agent}" + _job_summary(h) for h in hosts)
+    picked = "".join(
+        f"\n{h.host}: {j.job} picked {j.gpus}: {j.picked}"
+        for h in hosts
+        for j in h.jobs
+        if j.picked
+    )
     bad = "".join(f"\n{h.host}: {line}" for h in hosts for line in h.bad_records)
-    return f"{table}\n\n{agents}{bad}"
+    return f"{table}\n\n{agents}{picked}{bad}"
 
 
 def _job_summary(host: Any) -> str:

@@ -13,7 +13,8 @@ File shape (every device field but ``index`` is optional)::
                   "ecc_uncorrected": 0, "ecc_uncorrected_aggregate": 0,
                   "remapped_rows_uncorrectable": 0, "retired_pages_double_bit": 0,
                   "remap_failure": false, "remap_pending": false,
-                  "mig_devices": ["MIG-..."], "numa_node": 0, "nvlink_peers": [1]}],
+                  "mig_devices": ["MIG-..."], "numa_node": 0, "nvlink_peers": [1],
+                  "cpu_affinity": "0-27,56-83", "pcie": {"1": "switch", "2": "system"}}],
      "driver_version": "550.54.15", "cuda_driver_version": 12040,
      "init_error": "driver_not_loaded", "nvml_error": "unknown"}
 
@@ -27,6 +28,12 @@ are read by ``nvmlDeviceGetTotalEccErrors`` (volatile and aggregate),
 ``remapped_rows_uncorrectable`` by ``nvmlDeviceGetRemappedRows``, and
 ``retired_pages_double_bit`` by ``nvmlDeviceGetRetiredPages`` (Not Supported
 when absent, as on GPUs that remap rows instead).
+
+``cpu_affinity`` is the CPU list ``nvmlDeviceGetCpuAffinity`` answers with (as
+its bitmask). ``pcie`` gives the level ``nvmlDeviceGetTopologyCommonAncestor``
+answers for a pair of GPUs (board, switch, switches, host-bridge, node,
+system: NVML's INTERNAL ... SYSTEM); either GPU of the pair may name it, and a
+pair named by neither is Not Supported.
 
 ``xid_events`` is an append-only log: an event set delivers each entry once
 (entries are told apart by position), including entries already in the file
@@ -54,6 +61,7 @@ from allocator.gpus.nvml import (
     ERROR_UNKNOWN,
     EVENT_XID_CRITICAL,
 )
+from allocator.gpus.topology import nvml_code
 
 _AGGREGATE_ECC = 1  # NVML_AGGREGATE_ECC
 _RETIRED_DOUBLE_BIT = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
@@ -266,6 +274,25 @@ class FakeNvml:
         peers = self._device(handle).nvlink_peers or ()
         peer = self._ready().devices[peers[link]]
         return SimpleNamespace(busId=peer.pci_bus_id)
+
+    def nvmlDeviceGetCpuAffinity(self, handle: FakeHandle, words: int) -> list[int]:
+        """The local CPUs as ``words`` 64-bit mask words (Not Supported when not given)."""
+        cpus = self._device(handle).cpu_affinity
+        if cpus is None:
+            raise FakeNvmlError(ERROR_NOT_SUPPORTED)
+        mask = [0] * words
+        for cpu in cpus:
+            if cpu // 64 < words:  # NVML drops what does not fit the caller's array
+                mask[cpu // 64] |= 1 << (cpu % 64)
+        return mask
+
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: FakeHandle, second: FakeHandle) -> int:
+        """NVML's level code for the pair, from whichever GPU's entry names the other."""
+        one, other = self._device(first), self._device(second)
+        level = one.pcie_level(other.index) or other.pcie_level(one.index)
+        if level is None:
+            raise FakeNvmlError(ERROR_NOT_SUPPORTED)
+        return nvml_code(level)
 
     # --- health -----------------------------------------------------------------------
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from allocator.errors import InvalidInput
 from allocator.gpus.model import MigDevice
+from allocator.gpus.topology import parse_cpu_list
+from allocator.records import PCIE_LEVELS, PcieLevel
 
 __all__ = [
     "DEFAULT_CUDA_DRIVER_VERSION",
@@ -59,6 +61,8 @@ _DEVICE_KEYS = {
     "mig_devices",
     "numa_node",
     "nvlink_peers",
+    "cpu_affinity",
+    "pcie",
 }
 _MIG_KEYS = {"uuid", "name", "memory_total_mib"}
 
@@ -89,6 +93,13 @@ class FakeDevice:
     mig_devices: tuple[MigDevice, ...] = ()
     numa_node: int | None = None
     nvlink_peers: tuple[int, ...] | None = None
+    cpu_affinity: frozenset[int] | None = None
+    #: (peer, level) pairs: the PCIe level to each GPU the file names (either side may).
+    pcie: tuple[tuple[int, PcieLevel], ...] = ()
+
+    def pcie_level(self, peer: int) -> PcieLevel | None:
+        """The level this device's entry gives for ``peer``, if any."""
+        return next((level for other, level in self.pcie if other == peer), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +233,33 @@ def _device(item: Any, where: str) -> FakeDevice:
         mig_devices=migs,
         numa_node=_typed(data, "numa_node", int, None, where),
         nvlink_peers=_int_list(data, "nvlink_peers", where),
+        cpu_affinity=_cpu_affinity(data, where),
+        pcie=_pcie(data.get("pcie", {}), f"{where}.pcie"),
     )
+
+
+def _cpu_affinity(data: Mapping[str, Any], where: str) -> frozenset[int] | None:
+    text: str | None = _typed(data, "cpu_affinity", str, None, where)
+    if text is None:
+        return None
+    try:
+        return parse_cpu_list(text)
+    except ValueError as exc:
+        raise _Bad(f"{where}.cpu_affinity: {exc}") from None
+
+
+def _pcie(value: Any, where: str) -> tuple[tuple[int, PcieLevel], ...]:
+    """``{"1": "switch"}``: the PCIe level to each named GPU."""
+    if not isinstance(value, dict):
+        raise _Bad(f"{where}: expected an object of GPU index -> level")
+    pairs: list[tuple[int, PcieLevel]] = []
+    for peer, level in value.items():
+        if not peer.isascii() or not peer.isdigit():
+            raise _Bad(f"{where}: {peer!r} is not a GPU index")
+        if level not in PCIE_LEVELS:
+            raise _Bad(f"{where}.{peer}: {level!r} is not one of {', '.join(PCIE_LEVELS)}")
+        pairs.append((int(peer), cast(PcieLevel, level)))
+    return tuple(sorted(pairs))
 
 
 def _mig_devices(value: Any, index: int, where: str) -> tuple[MigDevice, ...]:
@@ -252,3 +289,12 @@ def _check_indices(devices: tuple[FakeDevice, ...]) -> None:
         for peer in device.nvlink_peers or ():
             if peer >= len(devices) or peer == device.index:
                 raise _Bad(f"devices[{device.index}].nvlink_peers: no other GPU {peer}")
+        for peer, level in device.pcie:
+            if peer >= len(devices) or peer == device.index:
+                raise _Bad(f"devices[{device.index}].pcie: no other GPU {peer}")
+            other = next(d for d in devices if d.index == peer).pcie_level(device.index)
+            if other not in (None, level):
+                raise _Bad(
+                    f"devices[{device.index}].pcie: GPU {peer} is {level!r} from here but "
+                    f"GPU {peer} says {other!r}"
+                )

@@ -7,7 +7,8 @@ functions over a JSON file (``ALLOCATOR_NVML=fake:PATH``). Both raise an
 serves real GPUs and tests. Health signals are read by
 :mod:`allocator.gpus.signals` over the same library object.
 
-Optional calls (NUMA node, NVLink, ECC, row remapping, MIG) are guarded: a
+Optional calls (NUMA node, NVLink, CPU affinity, PCIe topology, ECC, row
+remapping, MIG) are guarded: a
 "not supported"-kind error means "this GPU does not say" and becomes
 ``None``. Any other error from a device call means the device itself is in
 trouble (lost, unknown error, reset required) and is reported as such.
@@ -15,6 +16,7 @@ trouble (lost, unknown error, reset required) and is reported as such.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -22,12 +24,14 @@ from typing import Any, Literal
 
 from allocator.errors import EXIT_UNAVAILABLE, AllocatorError
 from allocator.gpus.model import GpuInfo, MigDevice
-from allocator.records import replace_struct
+from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
+from allocator.records import PcieLevel, replace_struct
 
 __all__ = [
     "ERROR_GPU_IS_LOST",
     "ERROR_UNKNOWN",
     "EVENT_XID_CRITICAL",
+    "MAX_TOPOLOGY_GPUS",
     "NvmlReading",
     "NvmlUnavailable",
     "as_text",
@@ -63,6 +67,8 @@ EVENT_XID_CRITICAL = 0x8
 _MIG_ENABLE = 1  # NVML_DEVICE_MIG_ENABLE
 _NVLINK_MAX_LINKS = 18
 _MIB = 1024 * 1024
+#: Pairwise PCIe levels are read for hosts up to this size (a call per pair of GPUs).
+MAX_TOPOLOGY_GPUS = 64
 
 # "This GPU does not say": the value is unknown, the device is fine.
 _ABSENT = frozenset(
@@ -182,7 +188,7 @@ def read_devices(lib: Any) -> NvmlReading:
     cuda = optional_call(lib, "nvmlSystemGetCudaDriverVersion")
     gpus = [_read_gpu_or_failure(lib, index) for index in range(int(lib.nvmlDeviceGetCount()))]
     return NvmlReading(
-        gpus=_with_nvlink_peers(gpus),
+        gpus=_with_pcie_levels(lib, _with_nvlink_peers(gpus)),
         driver_version=as_text(driver) if driver is not None else None,
         cuda_driver_version=int(cuda) if cuda is not None else None,
     )
@@ -202,6 +208,9 @@ def _read_gpu(lib: Any, index: int) -> tuple[GpuInfo, tuple[str, ...]]:
     name = optional_call(lib, "nvmlDeviceGetName", handle)
     memory = optional_call(lib, "nvmlDeviceGetMemoryInfo", handle)
     numa = optional_call(lib, "nvmlDeviceGetNumaNodeId", handle)
+    # One 64-bit word per 64 CPUs; room for 1,024 at least, as CPU ids can be sparse.
+    words = max(-(-(os.cpu_count() or 1) // 64), 16)
+    mask = optional_call(lib, "nvmlDeviceGetCpuAffinity", handle, words)
     mig_enabled, migs = _read_mig(lib, handle)
     gpu = GpuInfo(
         index=index,
@@ -212,8 +221,16 @@ def _read_gpu(lib: Any, index: int) -> tuple[GpuInfo, tuple[str, ...]]:
         mig_enabled=mig_enabled,
         mig_devices=migs,
         numa_node=int(numa) if numa is not None and int(numa) >= 0 else None,
+        cpu_affinity=_cpu_affinity(mask),
     )
     return gpu, _nvlink_remote_bus_ids(lib, handle)
+
+
+def _cpu_affinity(mask: Any) -> str | None:
+    """NVML's CPU mask as a CPU list; ``None`` when NVML gave none (or an empty one)."""
+    if mask is None:
+        return None
+    return cpu_list(cpus_from_mask([int(word) for word in mask])) or None
 
 
 def _read_mig(lib: Any, handle: Any) -> tuple[bool, tuple[MigDevice, ...]]:
@@ -260,3 +277,39 @@ def _with_nvlink_peers(read: list[tuple[GpuInfo, tuple[str, ...]]]) -> tuple[Gpu
         peers = sorted({by_bus[bus] for bus in remotes if bus in by_bus} - {gpu.index})
         result.append(replace_struct(gpu, nvlink_peers=tuple(peers)))
     return tuple(result)
+
+
+def _with_pcie_levels(lib: Any, gpus: tuple[GpuInfo, ...]) -> tuple[GpuInfo, ...]:
+    """Each GPU with its PCIe level to every other GPU (one NVML call per pair)."""
+    count = len(gpus)
+    if count < 2 or count > MAX_TOPOLOGY_GPUS:
+        return gpus
+    handles = [_handle_or_none(lib, gpu) for gpu in gpus]
+    levels: list[list[PcieLevel | None]] = [[None] * count for _ in range(count)]
+    for i in range(count):
+        for j in range(i + 1, count):
+            level = _pcie_level(lib, handles[i], handles[j])
+            levels[i][j] = levels[j][i] = level
+    if not any(level for row in levels for level in row):
+        return gpus  # NVML says nothing about the PCIe tree here
+    return tuple(replace_struct(gpu, pcie_levels=tuple(levels[n])) for n, gpu in enumerate(gpus))
+
+
+def _handle_or_none(lib: Any, gpu: GpuInfo) -> Any:
+    if gpu.error:
+        return None
+    try:
+        return lib.nvmlDeviceGetHandleByIndex(gpu.index)
+    except lib.NVMLError:
+        return None
+
+
+def _pcie_level(lib: Any, first: Any, second: Any) -> PcieLevel | None:
+    """The level between two GPUs; ``None`` when unknown (or when either GPU fails now)."""
+    if first is None or second is None:
+        return None
+    try:
+        code = optional_call(lib, "nvmlDeviceGetTopologyCommonAncestor", first, second)
+    except lib.NVMLError:
+        return None  # the GPU's own trouble is the health check's to report
+    return level_from_nvml(code) if code is not None else None

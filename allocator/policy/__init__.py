@@ -25,6 +25,7 @@ from allocator.policy.model import (
     Policy,
     Pool,
     Reservation,
+    Sharing,
 )
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "PolicyWarning",
     "Pool",
     "Reservation",
+    "Sharing",
     "lint_policy",
     "load_policy",
     "load_policy_file",

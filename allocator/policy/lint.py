@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from allocator.policy.globs import glob_matches_every_name
 from allocator.policy.model import Policy, Reservation
+from allocator.policy.sharing import SHARED
 
 __all__ = ["PolicyWarning", "policy_warnings"]
 
@@ -56,6 +57,7 @@ def policy_warnings(
     found += _case_warnings("jobs", list(policy.jobs), "job", _JOB_CASE)
     found += _case_warnings("hosts", list(policy.hosts), "host", _HOST_CASE)
     found += _host_name_warnings(policy)
+    found += _sharing_warnings(policy)
     warnings = [PolicyWarning(source, lines.get(path), path, reason) for path, reason in found]
     return tuple(sorted(warnings, key=lambda w: (w.line or 0, w.field or "")))
 
@@ -135,6 +137,19 @@ def _host_name_warnings(policy: Policy) -> list[tuple[str, str]]:
                 )
             )
     return found
+
+
+def _sharing_warnings(policy: Policy) -> list[tuple[str, str]]:
+    """``sharing: shared`` still loads, but it neither limits nor tells jobs their share."""
+    return [
+        (
+            f"pools.{name}.sharing",
+            "sharing: shared is deprecated; it means time-slicing without a limit, so no "
+            "job is told its share: write {mode: time-slice, slots: N} (or mode: mps)",
+        )
+        for name, pool in policy.pools.items()
+        if pool.sharing == SHARED
+    ]
 
 
 def _iso(moment: datetime) -> str:

@@ -23,6 +23,7 @@ __all__ = [
     "Policy",
     "Pool",
     "Reservation",
+    "Sharing",
 ]
 
 #: Application-caused XIDs that say nothing about the GPU's health (NVIDIA's
@@ -31,7 +32,8 @@ __all__ = [
 #: switch timeout).
 DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
-Sharing = Literal["exclusive", "shared"]
+SharingMode = Literal["exclusive", "time-slice", "mps"]
+CpuAffinity = Literal["local", "none"]
 FallbackAction = Literal["cpu", "wait", "fail"]
 WorkerMode = Literal["single", "per-gpu"]
 VisibleDevices = Literal["uuid", "index"]
@@ -47,12 +49,37 @@ class Host:
 
 
 @dataclass(frozen=True, slots=True)
+class Sharing:
+    """How a pool's GPUs are shared: whole (``exclusive``) or in ``slots`` per GPU.
+
+    ``time-slice``: up to ``slots`` jobs on a GPU at once, taking turns on it
+    as CUDA does for any processes; ``mps``: the same, through one NVIDIA MPS
+    control daemon per GPU, each job limited to its share of the SMs and the
+    memory. ``slots=None`` with ``time-slice`` is the old ``sharing: shared``:
+    any number of jobs, no share known.
+    """
+
+    mode: SharingMode = "exclusive"
+    slots: int | None = None
+
+    @property
+    def shared(self) -> bool:
+        """Whether more than one job may hold a GPU."""
+        return self.mode != "exclusive"
+
+    @property
+    def capacity(self) -> int | None:
+        """Slots per GPU: 1 when exclusive, ``None`` when unlimited."""
+        return 1 if self.mode == "exclusive" else self.slots
+
+
+@dataclass(frozen=True, slots=True)
 class Pool:
     """A group of hosts sharing placement rules."""
 
     name: str
     hosts: tuple[str, ...] = ()
-    sharing: Sharing = "exclusive"
+    sharing: Sharing = Sharing()
     max_gpus_per_job: int | None = None
 
 
@@ -105,6 +132,8 @@ class Job:
     restart_backoff_max_seconds: float = 60.0
     user: str | None = None  # run the workers as this user (name or uid); None: as the agent
     group: str | None = None  # and this group; None: the user's primary group
+    exclusive: bool = False  # whole GPUs even in a shared pool
+    cpu_affinity: CpuAffinity = "local"  # pin workers to their GPUs' CPUs; "none": don't
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from allocator.policy.model import (
     Reservation,
 )
 from allocator.policy.on_change import OnChange
+from allocator.policy.sharing import SharingKind
 from allocator.policy.structures import EnvMap, Field, ListOf, NameMap, OnlyWhen, Record
 from allocator.records import MAX_GPU_INDEX
 
@@ -120,8 +121,11 @@ POOL = Record(
         ),
         Field(
             "sharing",
-            Enum("exclusive", "shared"),
-            "exclusive: a GPU serves one job at a time; shared: several jobs may share a GPU.",
+            SharingKind(),
+            "exclusive (the default): a GPU serves one job at a time. "
+            "{mode: time-slice, slots: N}: up to N jobs per GPU. {mode: mps, slots: N}: up to "
+            "N jobs per GPU through one NVIDIA MPS control daemon per GPU, each job limited to "
+            "its share of the SMs and memory. shared: deprecated, time-slice without a limit.",
         ),
         Field(
             "max_gpus_per_job",
@@ -251,6 +255,19 @@ JOB = Record(
             "group",
             Str(),
             "Group the workers run as (a name or gid). Unset: the user's primary group.",
+        ),
+        Field(
+            "exclusive",
+            Bool(),
+            "Whether the job takes its GPUs whole even in a shared pool: it is never placed "
+            "on a GPU another job holds, and no other job joins it.",
+        ),
+        Field(
+            "cpu_affinity",
+            Enum("local", "none"),
+            "local: pin each worker to the CPUs local to its GPUs (and bind its memory to "
+            "their NUMA nodes where numactl is installed); a CPU-fallback worker to as many "
+            "CPUs as its rule's threads. none: leave workers unpinned.",
         ),
     ),
     description="A job the agent may run; its command comes from here, never from a request.",

@@ -15,6 +15,7 @@ from allocator.agent.holddown import Pin
 from allocator.agent.model import DesiredJob, WorkerSpec
 from allocator.gpus.model import GpuInfo, MigDevice
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool
+from allocator.policy.sharing import SHARED
 from allocator.records import Assignment
 
 HOST = "node7"
@@ -405,7 +406,7 @@ def test_a_shared_pool_lets_jobs_share_a_gpu() -> None:
     shared = dataclasses.replace(
         policy(TRAIN, infer),
         hosts={HOST: Host(name=HOST, gpus=4, pool="p")},
-        pools={"p": Pool(name="p", sharing="shared")},
+        pools={"p": Pool(name="p", sharing=SHARED)},
     )
     result = decide(shared, assigned(gpus=(2,)), assigned(job="infer", gpus=(2,)))
     assert {want.state for want in result.values()} == {"run"}

@@ -29,6 +29,11 @@ from allocator.errors import InvalidInput
             ["job=t", "gpus=2", "reason=debug run"],
             SetArgs(job="t", host=None, gpus=(2,), reason="debug run"),
         ),
+        (["job=t", "gpus=2", "slots=3"], SetArgs(job="t", host=None, gpus=(2,), slots=3)),
+        (
+            ["job=t", "count=2", "slots=1", "prefer=links"],
+            SetArgs(job="t", host=None, count=2, slots=1, prefer="links"),
+        ),
     ],
 )
 def test_set_accepts(words: list[str], expected: SetArgs) -> None:
@@ -64,6 +69,12 @@ def test_set_accepts(words: list[str], expected: SetArgs) -> None:
         (["job=t", "gpus=1", "host=.."], "not allowed"),
         (["job=t", "gpus=1", "reason=a\nb"], "control characters"),
         (["job=t", "gpus=1", "reason=" + "r" * 201], "at most 200"),
+        (["job=t", "gpus=1", "slots=0"], "from 1 to 256"),
+        (["job=t", "gpus=1", "slots=257"], "from 1 to 256"),
+        (["job=t", "gpus=1", "slots=two"], "from 1 to 256"),
+        (["job=t", "gpus=cpu", "slots=2"], "gpus=cpu holds none"),
+        (["job=t", "count=1", "prefer=nvlink"], "expected free or links"),
+        (["job=t", "gpus=1", "prefer=links"], "gpus= names them already"),
     ],
 )
 def test_set_refuses_with_one_clear_line(words: list[str], message: str) -> None:

@@ -99,3 +99,38 @@ def test_real_deep_probe_passes_on_one_gpu(inventory: Inventory) -> None:
     )
     result = run_deep_probe(env, 300.0)
     assert result.ok, result.reason
+
+
+def test_real_gpus_publish_their_local_cpus_and_pcie_levels(inventory: Inventory) -> None:
+    from allocator.gpus.topology import parse_cpu_list
+
+    present = set(range(os.cpu_count() or 1))
+    for gpu in inventory.gpus:
+        assert gpu.cpu_affinity, f"GPU {gpu.index} reports no local CPUs"
+        assert parse_cpu_list(gpu.cpu_affinity) <= present
+        if len(inventory.gpus) > 1:
+            assert len(gpu.pcie_levels) == len(inventory.gpus)
+            assert gpu.pcie_levels[gpu.index] is None
+
+
+def test_a_shared_workers_torch_stops_at_its_memory_share(inventory: Inventory) -> None:
+    first = inventory.gpus[0]
+    env = real_env(
+        CUDA_VISIBLE_DEVICES=first.uuid or "0",
+        CUDA_DEVICE_ORDER="PCI_BUS_ID",
+        ALLOCATOR_DEVICE="cuda",
+        ALLOCATOR_GPU_MEMORY_FRACTION="0.25",
+    )
+    code = (
+        "import json, sys, torch, allocator.torch as at\n"
+        "if torch.version.cuda is None: print(json.dumps({'cuda_build': None})); sys.exit()\n"
+        "at.configure()\n"
+        "total = torch.cuda.get_device_properties(0).total_memory\n"
+        "small = torch.empty(int(total * 0.1), dtype=torch.uint8, device='cuda')\n"
+        "try:\n"
+        "    torch.empty(int(total * 0.3), dtype=torch.uint8, device='cuda'); big = True\n"
+        "except torch.OutOfMemoryError:\n"
+        "    big = False\n"
+        "print(json.dumps({'cuda_build': torch.version.cuda, 'big': big}))\n"
+    )
+    assert torch_in_subprocess(env, code)["big"] is False

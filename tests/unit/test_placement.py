@@ -29,9 +29,11 @@ from allocator.policy.model import (
     Reservation,
     Sharing,
 )
+from allocator.policy.sharing import SHARED
 from allocator.records import Assignment
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+EXCLUSIVE = Sharing()
 NEW_YEAR = datetime(2027, 1, 1, tzinfo=UTC)
 
 NIGHTLY = Reservation(
@@ -41,7 +43,7 @@ NIGHTLY = Reservation(
 
 def make_policy(
     *,
-    sharing: Sharing = "exclusive",
+    sharing: Sharing = EXCLUSIVE,
     max_gpus: int | None = None,
     reservations: tuple[Reservation, ...] = (),
     fallback_action: FallbackAction | None = None,
@@ -158,7 +160,7 @@ def test_cpu_request_on_unknown_host_is_refused() -> None:
 
 def test_host_with_inventory_but_not_in_policy_is_usable() -> None:
     result = place(make_policy(), count(2, host="gpu-box"), {}, NOW, inventory=inventory(2))
-    assert result == Placement(gpus=(0, 1), mode="gpu")
+    assert result == Placement(gpus=(0, 1), mode="gpu", picked="no topology known")
 
 
 def test_inventory_wins_over_declared_count() -> None:
@@ -214,7 +216,7 @@ def test_cpu_mode_assignment_holds_no_gpu() -> None:
 
 
 def test_shared_pool_allows_holding_together_with_a_note() -> None:
-    result = place(make_policy(sharing="shared"), explicit(1), on(held("infer", 1)), NOW)
+    result = place(make_policy(sharing=SHARED), explicit(1), on(held("infer", 1)), NOW)
     assert result.gpus == (1,)
     assert len(result.notes) == 1
     assert "GPU 1 on node1 is shared with job 'infer'" in result.notes[0]
@@ -275,7 +277,7 @@ def test_reservation_without_end_says_so() -> None:
 
 
 def test_reservation_applies_in_a_shared_pool_too() -> None:
-    policy = make_policy(sharing="shared", reservations=(NIGHTLY,))
+    policy = make_policy(sharing=SHARED, reservations=(NIGHTLY,))
     with pytest.raises(PlacementRefused, match="nightly-eval"):
         place(policy, explicit(3), {}, NOW)
 
@@ -305,7 +307,8 @@ def test_explicit_unhealthy_gpu_is_allowed_with_a_note() -> None:
 
 
 def test_count_takes_lowest_free_indices() -> None:
-    assert place(make_policy(), count(2), {}, NOW) == Placement(gpus=(0, 1), mode="gpu")
+    expected = Placement(gpus=(0, 1), mode="gpu", picked="no topology known")
+    assert place(make_policy(), count(2), {}, NOW) == expected
 
 
 def test_count_skips_held_reserved_and_unhealthy_gpus() -> None:
@@ -328,7 +331,7 @@ def test_topology_outranks_keeping_the_jobs_gpus() -> None:
 
 
 def test_count_in_shared_pool_prefers_unshared_gpus_then_shares() -> None:
-    policy = make_policy(sharing="shared")
+    policy = make_policy(sharing=SHARED)
     assert place(policy, count(2), on(held("infer", 0, 1)), NOW).gpus == (2, 3)
     busy = on(held("infer", 0, 1, 2, 3), held("eval-a", 0))
     assert place(policy, count(2), busy, NOW).gpus == (1, 2)
@@ -503,7 +506,7 @@ def policies(draw: st.DrawFn) -> Policy:
             "p": Pool(
                 "p",
                 ("node1",),
-                sharing=draw(st.sampled_from(["exclusive", "shared"])),
+                sharing=draw(st.sampled_from([Sharing(), SHARED])),
                 max_gpus_per_job=draw(st.none() | st.integers(1, 6)),
             )
         },
@@ -548,7 +551,7 @@ def usable_for(
     now: datetime,
 ) -> bool:
     """Independent restatement of the rules: may ``job`` hold ``gpu`` on node1 now?"""
-    exclusive = policy.pools["p"].sharing == "exclusive"
+    exclusive = not policy.pools["p"].sharing.shared
     held_by_other = any(
         a.mode == "gpu" and gpu in a.gpus for name, a in current.items() if name != job
     )

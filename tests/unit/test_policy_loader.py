@@ -23,6 +23,7 @@ from allocator.policy import (
     Policy,
     Pool,
     Reservation,
+    Sharing,
     load_policy,
     load_policy_file,
     policy_sha256,
@@ -40,10 +41,12 @@ def test_example_loads_to_the_expected_objects() -> None:
         hosts={
             "node1": Host(name="node1", gpus=4, pool="default"),
             "node2": Host(name="node2", gpus=8, pool="a100"),
+            "node3": Host(name="node3", gpus=2, pool="inference"),
         },
         pools={
-            "default": Pool(name="default", hosts=("node1",), sharing="exclusive"),
+            "default": Pool(name="default", hosts=("node1",), sharing=Sharing()),
             "a100": Pool(name="a100", hosts=("node2",), max_gpus_per_job=4),
+            "inference": Pool(name="inference", hosts=("node3",), sharing=Sharing("mps", 4)),
         },
         reservations=(
             Reservation(
@@ -61,12 +64,19 @@ def test_example_loads_to_the_expected_objects() -> None:
                 env={"PYTHONUNBUFFERED": "1"},
                 grace_seconds=30.0,
                 fallback="cpu-8",
+                exclusive=True,
             ),
             "eval-nightly": Job(
                 name="eval-nightly",
                 command=("python", "-m", "eval", "--suite", "nightly"),
                 workers="per-gpu",
                 on_change="signal:SIGHUP",
+                fallback="wait",
+            ),
+            "serve": Job(
+                name="serve",
+                command=("python", "-m", "serve"),
+                workers="per-gpu",
                 fallback="wait",
             ),
         },

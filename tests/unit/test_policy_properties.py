@@ -148,11 +148,15 @@ def record(required: dict[str, Any], optional: dict[str, Any]) -> st.SearchStrat
 
 GPU = st.integers(0, 9)
 HOST = record({"gpus": st.integers(0, 8)}, {"pool": NAMES})
+SHARING = st.sampled_from(["exclusive", "shared"]) | record(
+    {"mode": st.sampled_from(["exclusive", "time-slice", "mps", "shared"])},
+    {"slots": st.integers(0, 300)},
+)
 POOL = record(
     {},
     {
         "hosts": st.lists(NAMES, max_size=3),
-        "sharing": st.sampled_from(["exclusive", "shared"]),
+        "sharing": SHARING,
         "max_gpus_per_job": st.integers(1, 4),
     },
 )
@@ -185,6 +189,8 @@ JOB = record(
         "max_restarts": st.integers(0, 9),
         "restart_backoff_seconds": st.floats(0, 100),
         "restart_backoff_max_seconds": st.floats(0, 100),
+        "exclusive": st.booleans(),
+        "cpu_affinity": st.sampled_from(["local", "none", "numa"]),
     },
 )
 FALLBACK = record(
@@ -279,7 +285,12 @@ def valid_documents(draw: st.DrawFn) -> dict[str, Any]:
                 st.fixed_dictionaries(
                     {},
                     optional={
-                        "sharing": st.sampled_from(["exclusive", "shared"]),
+                        "sharing": st.sampled_from(["exclusive", "shared"])
+                        | st.builds(
+                            lambda mode, slots: {"mode": mode, "slots": slots},
+                            st.sampled_from(["time-slice", "mps"]),
+                            st.integers(1, 256),
+                        ),
                         "max_gpus_per_job": st.integers(1, 8),
                     },
                 )
@@ -336,6 +347,8 @@ def valid_jobs(draw: st.DrawFn, rules: list[str]) -> dict[str, Any]:
         "max_restarts": st.integers(0, 100),
         "restart_backoff_seconds": st.just(base),
         "restart_backoff_max_seconds": st.floats(max(base, 60.0), 600),
+        "exclusive": st.booleans(),
+        "cpu_affinity": st.sampled_from(["local", "none"]),
     }
     if rules:
         optional["fallback"] = st.sampled_from(rules)

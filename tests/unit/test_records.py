@@ -55,6 +55,9 @@ def test_a_record_round_trips_unchanged() -> None:
         ({"mode": "gpus"}, "$.mode"),
         ({"policy_revision": "3"}, "$.policy_revision"),
         ({"job": "../x"}, "$.job"),
+        ({"slots": 0}, "$.slots"),
+        ({"slots": 257}, "$.slots"),
+        ({"exclusive": "yes"}, "$.exclusive"),
     ],
 )
 def test_wrong_types_are_a_bad_record_naming_the_field(
@@ -104,6 +107,30 @@ def test_a_device_uuid_that_would_break_cuda_visible_devices_is_refused() -> Non
     agent = json.loads(AgentRecord("node1", (GpuInfo(0, uuid="GPU-a"),)).to_json())
     agent["gpus"][0]["uuid"] = "GPU-a,GPU-b"
     with pytest.raises(BadRecord, match="uuid"):
+        AgentRecord.from_json(json.dumps(agent).encode())
+
+
+def test_an_assignment_written_before_slots_existed_holds_one_slot() -> None:
+    body = json.loads(GOOD.to_json())
+    for field in ("slots", "exclusive", "picked"):
+        del body[field]
+    old = Assignment.from_json(json.dumps(body).encode())
+    assert (old.slots, old.exclusive, old.picked) == (1, False, "")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("cpu_affinity", "0-3,x"),
+        ("cpu_affinity", "0 1"),
+        ("pcie_levels", [None, "pcie"]),
+        ("pcie_levels", "switch"),
+    ],
+)
+def test_a_gpus_topology_is_decoded_strictly(field: str, value: object) -> None:
+    agent = json.loads(AgentRecord("node1", (GpuInfo(0, cpu_affinity="0-3"),)).to_json())
+    agent["gpus"][0][field] = value
+    with pytest.raises(BadRecord, match=field):
         AgentRecord.from_json(json.dumps(agent).encode())
 
 

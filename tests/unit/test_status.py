@@ -145,3 +145,30 @@ def test_hosts_known_only_from_the_store_are_listed_too() -> None:
     items = [_agent("n9")]
     names = [h.host for h in build_status(POLICY, items, LAYOUT, NOW)]
     assert names == ["n1", "n2", "n9"]
+
+
+def test_a_shared_gpu_shows_its_slots_in_use_and_every_holder() -> None:
+    from allocator.policy.model import Job, Pool, Sharing
+
+    policy = Policy(
+        version=1,
+        hosts={"n1": Host("n1", 2, pool="p")},
+        pools={"p": Pool("p", ("n1",), sharing=Sharing("mps", 4))},
+        jobs={"a": Job("a", ("a",)), "b": Job("b", ("b",))},
+    )
+
+    def holding(job: str, gpus: tuple[int, ...], **extra: object) -> KeyValue:
+        record = Assignment(job, "n1", gpus, "gpu", "ops@x", "t", **extra)  # type: ignore[arg-type]
+        return _kv(LAYOUT.assignment("n1", job), record.to_json())
+
+    items = [
+        holding("a", (0,), picked="NVLink pair"),
+        holding("b", (0,), slots=2),
+        holding("c", (1,), exclusive=True),
+    ]
+    (n1,) = build_status(policy, items, LAYOUT, NOW)
+    assert [(g.gpu, g.holder, g.slots) for g in n1.gpus] == [
+        ("0", "a,b(2)", "3/4 slots"),
+        ("1", "c(whole)", "4/4 slots"),
+    ]
+    assert [j.picked for j in n1.jobs] == ["NVLink pair", "", ""]

@@ -182,3 +182,33 @@ def test_missing_torch_names_the_extra_to_install() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert "pip install 'allocator[torch]'" in out.stdout
+
+
+@NO_CUDA
+def test_configure_hands_a_shared_gpus_memory_share_to_torch(
+    gpu_worker: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A CUDA-less torch goes this far: past set_device, into the real
+    # set_per_process_memory_fraction, which then finds no CUDA (a GPU host goes on).
+    monkeypatch.setenv("ALLOCATOR_GPU_MEMORY_FRACTION", "0.25")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    with pytest.raises(AssertionError, match="not compiled with CUDA") as info:
+        atorch.configure()
+    called = [entry.name for entry in info.traceback]
+    assert "set_per_process_memory_fraction" in called
+    monkeypatch.delenv("ALLOCATOR_GPU_MEMORY_FRACTION")
+    assert atorch.configure() == torch.device("cuda", 0)  # no share: nothing asked of CUDA
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "half", "nan", "-0.2"])
+def test_a_memory_share_that_is_no_fraction_is_refused_before_cuda_is_touched(
+    gpu_worker: None, monkeypatch: pytest.MonkeyPatch, bad: str
+) -> None:
+    from allocator.errors import InvalidInput
+
+    monkeypatch.setenv("ALLOCATOR_GPU_MEMORY_FRACTION", bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    with pytest.raises(InvalidInput, match="ALLOCATOR_GPU_MEMORY_FRACTION"):
+        atorch.configure()
