@@ -45,6 +45,10 @@ class AgentConfig:
     keep_workers_on_exit: bool = False
     log_format: str = "text"
     master_addr: str = "127.0.0.1"
+    # Prometheus /metrics: off unless a port is given; all interfaces by default,
+    # like node_exporter, so the fleet's Prometheus can scrape it.
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
 
     @property
     def agent_dir(self) -> Path:
@@ -106,6 +110,10 @@ def _coerce(key: str, value: Any, path: str | None) -> Any:
         return float(value)
     if key in _PATH_FIELDS:
         return Path(str(value))
+    if key == "metrics_port":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            raise InvalidInput(f"{where}{key} must be a port number 1-65535, got {value!r}")
+        return value
     if key == "keep_workers_on_exit":
         if not isinstance(value, bool):
             raise InvalidInput(f"{where}{key} must be true or false, got {value!r}")

@@ -8,7 +8,7 @@ from typing import Any
 
 from allocator.agent.model import DesiredJob
 from allocator.gpus.inventory import Inventory
-from allocator.records import AgentRecord, WorkerRecord, replace_struct
+from allocator.records import AgentRecord, GpuProcess, WorkerRecord, replace_struct
 
 __all__ = ["agent_record", "worker_records"]
 
@@ -20,6 +20,7 @@ def agent_record(
     *,
     started_at: str,
     version: str,
+    unassigned: tuple[GpuProcess, ...] = (),
 ) -> AgentRecord:
     """The leased record: inventory and health.
 
@@ -35,6 +36,7 @@ def agent_record(
         pid=os.getpid(),
         version=version,
         inventory_source=inventory.source,
+        unassigned=unassigned,
     )
 
 
@@ -42,8 +44,12 @@ def worker_records(
     host: str,
     desired: Mapping[str, DesiredJob],
     running: Mapping[str, Mapping[str, Any]],
+    idle_since: Mapping[str, str] | None = None,
 ) -> dict[str, bytes]:
-    """One encoded :class:`WorkerRecord` per job that runs or is held back."""
+    """One encoded :class:`WorkerRecord` per job that runs or is held back.
+
+    ``idle_since`` gives, per idle job, when its GPUs went idle.
+    """
     out: dict[str, bytes] = {}
     for job in sorted(set(desired) | set(running)):
         want = desired.get(job)
@@ -63,6 +69,8 @@ def worker_records(
             )
         else:
             continue
+        if idle_since and job in idle_since:
+            record = replace_struct(record, idle_since=idle_since[job])
         out[job] = record.to_json()
     return out
 

@@ -19,6 +19,7 @@ __all__ = [
     "FallbackRule",
     "HealthSettings",
     "Host",
+    "IdleRule",
     "Job",
     "Policy",
     "Pool",
@@ -35,6 +36,22 @@ Sharing = Literal["exclusive", "shared"]
 FallbackAction = Literal["cpu", "wait", "fail"]
 WorkerMode = Literal["single", "per-gpu"]
 VisibleDevices = Literal["uuid", "index"]
+IdleAction = Literal["warn", "release", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRule:
+    """When a job holding GPUs counts as an idle holder, and what then happens.
+
+    A GPU is idle while its utilization is under ``threshold_percent``; a
+    job is idle once all its GPUs have been for ``after_seconds``.
+    ``warn`` shows it in ``status``; ``release`` also releases it; ``none``
+    exempts a job from its pool's rule.
+    """
+
+    after_seconds: float | None = None
+    action: IdleAction = "warn"
+    threshold_percent: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +71,7 @@ class Pool:
     hosts: tuple[str, ...] = ()
     sharing: Sharing = "exclusive"
     max_gpus_per_job: int | None = None
+    idle: IdleRule | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +123,7 @@ class Job:
     restart_backoff_max_seconds: float = 60.0
     user: str | None = None  # run the workers as this user (name or uid); None: as the agent
     group: str | None = None  # and this group; None: the user's primary group
+    idle: IdleRule | None = None  # overrides the pool's rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +161,22 @@ class Policy:
             if host in pool.hosts:
                 return pool
         return None
+
+    def idle_rule(self, job: str, host: str) -> tuple[IdleRule, str] | None:
+        """The idle rule in force for ``job`` on ``host`` and where it comes from.
+
+        The job's own rule wins over its host's pool's; ``None`` when neither
+        has one, or the one in force is ``action: none``.
+        """
+        spec = self.jobs.get(job)
+        pool = self.pool_of(host)
+        if spec is not None and spec.idle is not None:
+            rule, source = spec.idle, f"job {job}"
+        elif pool is not None and pool.idle is not None:
+            rule, source = pool.idle, f"pool {pool.name}"
+        else:
+            return None
+        return None if rule.action == "none" else (rule, source)
 
     def fallback_for(self, job: str) -> FallbackRule | None:
         """Return the fallback rule of a declared job, if it names one."""
