@@ -28,6 +28,7 @@ from allocator.keys import KeyLayout
 from allocator.placement import gpu_holders, host_gpu_indices
 from allocator.policy import Policy
 from allocator.reservations import on_host, trespassers
+from allocator.status_usage import IdleInfo, idle_info, unassigned_on
 from allocator.store import KeyValue
 
 __all__ = ["GpuRow", "HostStatus", "JobRow", "agent_state", "build_status"]
@@ -46,6 +47,10 @@ class GpuRow:
     reserved: str
     #: Holders inside a reservation window in force that does not admit them.
     outside_reservation: str = ""
+    #: How long the holder's GPUs have been idle ("" while busy or unmeasured).
+    idle: str = ""
+    #: Processes the agent found on this GPU that no job there was given.
+    unassigned: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,12 @@ class JobRow:
     reason: str
     workers: str
     matches: bool | None
+    #: When all the job's GPUs went idle (RFC 3339; None while busy), for how long,
+    #: the idle rule in force, and whether the job is past it (an idle holder).
+    idle_since: str | None = None
+    idle_seconds: float | None = None
+    idle_rule: str = ""
+    idle_holder: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +138,10 @@ def _host_status(
     holders = gpu_holders(snapshot.assignments)
     reservations = _reservation_labels(policy, snapshot.host, now)
     outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
+    idle = {
+        job: idle_info(policy, snapshot.host, job, snapshot.workers.get(job), now)
+        for job in snapshot.assignments
+    }
     rows = []
     for index in sorted(set(indices) | set(holders)):
         jobs = holders.get(index, [])
@@ -141,17 +156,19 @@ def _host_status(
                 health=f"unhealthy: {unhealthy[index]}" if index in unhealthy else "ok",
                 reserved=_flagged(reservations.get(index, ""), outside.get(index, "")),
                 outside_reservation=outside.get(index, ""),
+                idle=idle[jobs[0]].label if jobs else "",
+                unassigned=unassigned_on(snapshot.agent, index),
             )
         )
     for job, held in sorted(snapshot.assignments.items()):
         if held.mode == "cpu":
             rows.append(GpuRow(snapshot.host, "cpu", job, held.updated_at, held.reason, "-", ""))
-    job_rows = tuple(_job_row(snapshot, job) for job in sorted(snapshot.assignments))
+    job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
     return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad)
 
 
-def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
+def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
     held = snapshot.assignments[job]
     worker = snapshot.workers.get(job)
     matches: bool | None = None
@@ -178,6 +195,10 @@ def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
         reason=held.reason or (held.fallback_reason or ""),
         workers=workers,
         matches=matches,
+        idle_since=idle.since,
+        idle_seconds=idle.seconds,
+        idle_rule=idle.rule,
+        idle_holder=idle.holder,
     )
 
 

@@ -10,8 +10,8 @@ is released on a guess.
 
 What is published (the worker record's ``idle_since``) changes only when a
 job goes idle or busy, and only once it has been idle for
-:data:`PUBLISH_AFTER_SECONDS`: a job between two batches of work does not
-rewrite its record on every sample.
+:data:`PUBLISH_AFTER_SECONDS` (or its rule's ``after``, if shorter): a job
+between two batches of work does not rewrite its record on every sample.
 
 :func:`idle_actions` turns idle times and the policy's rules into what to do:
 warn (once per idle spell) and release (handed to the store link, which
@@ -21,6 +21,7 @@ releases only the assignment that was judged, so an operator's concurrent
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -85,12 +86,17 @@ class IdleTracker:
         """How long each idle job has been idle at ``now``."""
         return {job: max(0.0, now - spell.started) for job, spell in self._spells.items()}
 
-    def published(self, now: float) -> dict[str, str]:
-        """``idle_since`` (RFC 3339) of each job idle for at least :data:`PUBLISH_AFTER_SECONDS`."""
+    def published(self, now: float, after: Mapping[str, float] | None = None) -> dict[str, str]:
+        """``idle_since`` (RFC 3339) of each job idle long enough to say so.
+
+        That is :data:`PUBLISH_AFTER_SECONDS`, or the job's ``after`` in
+        ``after`` (its idle rule's) when shorter.
+        """
+        limits = after or {}
         return {
             job: format_time(spell.started_wall)
             for job, spell in sorted(self._spells.items())
-            if now - spell.started >= PUBLISH_AFTER_SECONDS
+            if now - spell.started >= min(PUBLISH_AFTER_SECONDS, limits.get(job, math.inf))
         }
 
     def started_wall(self, job: str) -> datetime | None:

@@ -12,6 +12,7 @@ server answers from :meth:`Observer.families` at scrape time.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -124,7 +125,8 @@ class Observer:
         }
         thresholds = {job: rule.threshold_percent for job, (rule, _) in rules.items()}
         self.idle.update(running, usage, thresholds, now, wall)
-        self.idle_since = self.idle.published(now)
+        after = {job: rule.after_seconds or math.inf for job, (rule, _) in rules.items()}
+        self.idle_since = self.idle.published(now, after)
         actions = idle_actions(self.idle.idle_seconds(now), rules, revisions, self.warned)
         for job, reason in actions.warn:
             self.log("idle-holder", {"job": job, "reason": reason})

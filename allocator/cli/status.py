@@ -69,15 +69,39 @@ def _policy_if_readable(allocator: Any) -> Any:
 def _text(hosts: Any, render_table: Any) -> str:
     if not hosts:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
-    rows = [
-        [g.host, g.gpu, g.holder, g.since or "-", g.reason or "-", g.health, g.reserved or "-"]
-        for h in hosts
-        for g in h.gpus
-    ]
-    table = render_table(["HOST", "GPU", "HOLDER", "SINCE", "REASON", "HEALTH", "RESERVED"], rows)
+    rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
+    headers = ["HOST", "GPU", "HOLDER", "SINCE", "REASON", "HEALTH", "RESERVED", "IDLE"]
+    table = render_table(headers, rows)
     agents = "\n".join(f"{h.host}: agent {h.agent}" + _job_summary(h) for h in hosts)
     bad = "".join(f"\n{h.host}: {line}" for h in hosts for line in h.bad_records)
-    return f"{table}\n\n{agents}{bad}"
+    return f"{table}\n\n{agents}{bad}{_usage_sections(hosts)}"
+
+
+def _gpu_cells(g: Any) -> list[str]:
+    cells = [g.host, g.gpu, g.holder, g.since, g.reason, g.health, g.reserved, g.idle]
+    return [cell or "-" for cell in cells]
+
+
+def _usage_sections(hosts: Any) -> str:
+    """Idle holders (past their rule) and processes on GPUs nobody was given, if any."""
+    from allocator.durations import format_duration
+    from allocator.status_usage import describe_unassigned
+
+    idle = [
+        f"  {h.host} {j.job}: idle for {format_duration(j.idle_seconds or 0)} ({j.idle_rule})"
+        for h in hosts
+        for j in h.jobs
+        if j.idle_holder
+    ]
+    strays = [
+        describe_unassigned(h.host, g.gpu, p) for h in hosts for g in h.gpus for p in g.unassigned
+    ]
+    text = ""
+    if idle:
+        text += "\n\nidle holders:\n" + "\n".join(idle)
+    if strays:
+        text += "\n\nunassigned GPU use:\n" + "\n".join(f"  {line}" for line in strays)
+    return text
 
 
 def _job_summary(host: Any) -> str:
