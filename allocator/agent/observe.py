@@ -80,6 +80,10 @@ class Observer:
         """Serve ``/metrics`` on ``address:port``; InvalidInput if it cannot be bound."""
         try:
             self._stop_server = start_metrics_server(self.families, address, port)
+        except ImportError:
+            raise InvalidInput(
+                "--metrics-port needs prometheus-client: pip install 'allocator[metrics]'"
+            ) from None
         except OSError as exc:
             raise InvalidInput(
                 f"--metrics-port {port}: cannot listen on {address}:{port}: {exc.strerror or exc}"
