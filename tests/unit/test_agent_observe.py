@@ -145,3 +145,20 @@ def test_no_sample_from_nvml_judges_no_one_idle(world: World) -> None:
     after = world.sample(after=7200.0)
     assert after.releases == () and after.idle_since == {}
     assert ("nvml-usage-failed", {"error": "NVML failed: Unknown Error"}) in world.events
+
+
+def test_a_metrics_port_in_use_is_refused_with_one_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    from allocator.errors import InvalidInput
+
+    observer = Observer(
+        FakeGpus(tmp_path / "g.json", 1).environ, "node1", lambda e, f: None, FakeClock()
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(InvalidInput, match=f"--metrics-port {port}: cannot listen"):
+            observer.serve_metrics("127.0.0.1", port)
+    observer.close()
