@@ -128,19 +128,8 @@ class Supervisor:
         return {name: job.record() for name, job in sorted(self._jobs.items())}
 
     def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str], ...]]:
-        """Per job, the root of each live worker's tree: (pid, start ticks, cgroup or "").
-
-        Everything below a root (the shim is a child subreaper) or in its
-        cgroup is the job's (see :mod:`allocator.agent.tree`).
-        """
-        return {
-            name: tuple(
-                (w.pid, w.start_ticks, w.cgroup)
-                for w in job.workers
-                if w.pid > 0 and not w.group_gone
-            )
-            for name, job in sorted(self._jobs.items())
-        }
+        """Per job, each live worker's tree root (see :meth:`JobRuntime.tree_roots`)."""
+        return {name: job.tree_roots() for name, job in sorted(self._jobs.items())}
 
     # --- actions --------------------------------------------------------------------
 

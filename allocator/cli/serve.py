@@ -75,8 +75,16 @@ def run(args: argparse.Namespace) -> int:
     fleet = Fleet(lambda: open_store(url), FleetMirror(KeyLayout(prefix)), redact(url))
     shown = f"[{host}]" if ":" in host else host
     sys.stderr.write(f"allocator serve: http://{shown}:{port}/ (store {redact(url)})\n")
-    config = uvicorn.Config(build_app(fleet), log_level="warning", access_log=False)
-    uvicorn.Server(config).run(sockets=[sock])
+    config = uvicorn.Config(
+        build_app(fleet), log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            fleet.end_streams()  # open event streams never end by themselves
+            super().handle_exit(sig, frame)
+
+    Server(config).run(sockets=[sock])
     return 0
 
 

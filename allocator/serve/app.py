@@ -67,6 +67,8 @@ class Fleet:
         self.bad: dict[str, None] = {}
         self.watcher = FleetWatcher(open_store, mirror, self._changed, wall=wall)
         self.on_change: Callable[[], None] = lambda: None
+        #: Ends every open event stream (the server is stopping); set while serving.
+        self.end_streams: Callable[[], None] = lambda: None
 
     def _changed(self) -> None:
         self.on_change()
@@ -106,6 +108,7 @@ class Broadcaster:
         self.payload = b""
         self._dirty = asyncio.Event()
         self._ready = asyncio.Condition()
+        self.closed = False
 
     def poke(self) -> None:
         """Something changed (call on the event loop)."""
@@ -124,10 +127,16 @@ class Broadcaster:
                 self.payload = payload
                 self._ready.notify_all()
 
+    async def close(self) -> None:
+        """End every stream waiting in :meth:`next` (the server is stopping)."""
+        async with self._ready:
+            self.closed = True
+            self._ready.notify_all()
+
     async def next(self, seen: int, timeout: float) -> tuple[int, bytes] | None:
         """The newest document after version ``seen``, or ``None`` after ``timeout`` seconds."""
         async with self._ready:
-            if self.version == seen:
+            if self.version == seen and not self.closed:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._ready.wait(), timeout)
             if self.version == seen:
@@ -154,6 +163,11 @@ def build_app(fleet: Fleet) -> Starlette:
             loop.call_soon_threadsafe(broadcaster.poke)
 
         fleet.on_change = changed
+
+        def end_streams() -> None:  # from the signal handler
+            loop.call_soon_threadsafe(lambda: loop.create_task(broadcaster.close()))
+
+        fleet.end_streams = end_streams
         task = asyncio.create_task(broadcaster.run())
         fleet.watcher.start()
         broadcaster.poke()
@@ -183,8 +197,10 @@ def build_app(fleet: Fleet) -> Starlette:
 
         async def stream() -> AsyncIterator[bytes]:
             seen = 0
-            while not await request.is_disconnected():
+            while not broadcaster.closed and not await request.is_disconnected():
                 found = await broadcaster.next(seen, KEEPALIVE_SECONDS)
+                if broadcaster.closed:
+                    return
                 if found is None:
                     yield b": keep-alive\n\n"
                     continue

@@ -41,7 +41,8 @@ class Served:
         assert self.cli("policy", "apply", str(EXAMPLE_POLICY)).code == 0
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log = (tmp / "serve.log").open("wb")
+        self.log_path = tmp / "serve.log"
+        self.log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "allocator", "serve", "--listen", f"127.0.0.1:{self.port}"],
             env=self.env,
@@ -65,6 +66,8 @@ class Served:
             return 0, b"", {}
 
     def close(self) -> None:
+        if self.process.returncode is not None:
+            return
         self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(10)
@@ -100,6 +103,19 @@ def test_the_api_answers_what_the_cli_prints_and_metrics_follow_a_set(served: Se
     assert scrape.value("allocator_fleet_gpus", host="node1", state="free") == 3.0
     assert scrape.value("allocator_fleet_agents", state="none") == 2.0
     assert scrape.value("allocator_store_up") == 1.0
+
+
+def test_an_open_event_stream_gets_the_fleet_and_does_not_hold_up_a_stop(served: Served) -> None:
+    with urllib.request.urlopen(served.base + "/api/v1/events", timeout=10) as stream:
+        assert stream.readline() == b"event: fleet\n"
+        document = json.loads(stream.readline().removeprefix(b"data: "))
+        assert document["store"]["up"] is True and document["loaded"] is True
+        assert [h["host"] for h in document["status"]["hosts"]] == ["node1", "node2"]
+        served.close()  # SIGTERM while the stream is open
+        # uvicorn shuts down cleanly, then ends by the signal it caught (not our SIGKILL).
+        assert served.process.returncode == -signal.SIGTERM
+    log = served.log_path.read_text()
+    assert "ERROR" not in log and "Traceback" not in log, log
 
 
 def test_history_api_answers_what_the_cli_prints(served: Served) -> None:

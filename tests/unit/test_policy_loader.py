@@ -19,6 +19,7 @@ from allocator.policy import (
     FallbackRule,
     HealthSettings,
     Host,
+    IdleRule,
     Job,
     Policy,
     Pool,
@@ -42,7 +43,12 @@ def test_example_loads_to_the_expected_objects() -> None:
             "node2": Host(name="node2", gpus=8, pool="a100"),
         },
         pools={
-            "default": Pool(name="default", hosts=("node1",), sharing="exclusive"),
+            "default": Pool(
+                name="default",
+                hosts=("node1",),
+                sharing="exclusive",
+                idle=IdleRule(after_seconds=7200.0, action="warn"),
+            ),
             "a100": Pool(name="a100", hosts=("node2",), max_gpus_per_job=4),
         },
         reservations=(
