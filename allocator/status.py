@@ -47,8 +47,10 @@ class GpuRow:
     reserved: str
     #: Holders inside a reservation window in force that does not admit them.
     outside_reservation: str = ""
-    #: How long the holder's GPUs have been idle ("" while busy or unmeasured).
+    #: How long the holder's GPUs have been idle ("" while busy or unmeasured), and
+    #: whether that is past its idle rule.
     idle: str = ""
+    idle_holder: bool = False
     #: Processes the agent found on this GPU that no job there was given.
     unassigned: tuple[dict[str, Any], ...] = ()
 
@@ -157,6 +159,7 @@ def _host_status(
                 reserved=_flagged(reservations.get(index, ""), outside.get(index, "")),
                 outside_reservation=outside.get(index, ""),
                 idle=idle[jobs[0]].label if jobs else "",
+                idle_holder=idle[jobs[0]].holder if jobs else False,
                 unassigned=unassigned_on(snapshot.agent, index),
             )
         )

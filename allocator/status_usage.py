@@ -30,10 +30,8 @@ class IdleInfo:
 
     @property
     def label(self) -> str:
-        """``2h03m``, with ``!`` once past the rule: the IDLE column."""
-        if self.seconds is None:
-            return ""
-        return format_duration(self.seconds) + (" !" if self.holder else "")
+        """``2h03m`` (empty while busy): the IDLE column."""
+        return format_duration(self.seconds) if self.seconds is not None else ""
 
 
 def idle_info(

@@ -18,8 +18,10 @@ def register(commands: Any) -> None:
         run,
         help="show every GPU, its holder, and each host agent's state",
         usage="allocator status [host=H] [-o table|json|yaml]",
-        description="One table of host, GPU, holder, since and reason, joined with what each "
-        "host's agent reports. Reads every host in one range read.",
+        description="One table of host, GPU, holder, since, reason, health, reservation and "
+        "idle time, joined with what each host's agent reports; then idle holders (past "
+        "their policy's idle rule) and processes on GPUs nobody was given. Reads every host "
+        "in one range read.",
     )
 
 
@@ -79,7 +81,8 @@ def _text(hosts: Any, render_table: Any) -> str:
 
 
 def _gpu_cells(g: Any) -> list[str]:
-    cells = [g.host, g.gpu, g.holder, g.since, g.reason, g.health, g.reserved, g.idle]
+    idle = f"{g.idle} !" if g.idle_holder else g.idle
+    cells = [g.host, g.gpu, g.holder, g.since, g.reason, g.health, g.reserved, idle]
     return [cell or "-" for cell in cells]
 
 

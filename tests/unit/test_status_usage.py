@@ -55,7 +55,7 @@ def test_a_job_idle_past_its_pools_rule_is_an_idle_holder_and_an_exempt_one_is_n
     assert (train.idle_seconds, train.idle_holder) == (7380.0, True)
     assert train.idle_rule == "release after 2h (pool a100)"
     assert (serve.idle_holder, serve.idle_rule) == (False, "")  # action: none
-    assert [g.idle for g in host.gpus] == ["2h03m !", "2h03m"]
+    assert [(g.idle, g.idle_holder) for g in host.gpus] == [("2h03m", True), ("2h03m", False)]
 
 
 def test_a_busy_job_shows_no_idle_time() -> None:
@@ -76,6 +76,7 @@ def test_unassigned_processes_are_listed_on_their_gpu_and_in_the_text() -> None:
         "job": None,
     }
     text = _text([host], render_table)
+    assert "2h03m !" in text  # the IDLE column marks the holder past its rule
     assert "idle holders:\n  n1 train: idle for 2h03m (release after 2h (pool a100))" in text
     assert "n1 GPU 1: pid 4242 bob (python nb.py), 4096 MiB" in text
     assert "n1 GPU 1: pid 77 user unknown (not visible to the agent), a process of job train" in (
