@@ -6,6 +6,6 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY allocator ./allocator
 COPY config ./config
-RUN pip install --no-cache-dir '.[etcd,consul,nvml]'
+RUN pip install --no-cache-dir '.[etcd,consul,nvml,metrics]'
 ENTRYPOINT []
 CMD ["allocator", "agent"]

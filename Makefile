@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # torch 2.13.0's CPU wheel is what the worker-helper tests run against.
 TORCH  ?= torch==2.13.0
 
-.PHONY: demo test lint unit contract e2e reliability soak bench schema servers clean
+.PHONY: demo test lint unit contract e2e reliability soak bench schema screenshot servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check allocator tests bench
 	$(BIN)/mypy --strict allocator
 
-# Debian's etcd, docker-compose and openssl, installed with apt-get when missing.
+# Debian's etcd, docker-compose, openssl and chromium, installed with apt-get when missing.
 servers:
 	tools/install-test-servers
 
@@ -56,6 +56,10 @@ bench: servers $(VENV)/.dev
 
 schema: $(VENV)/.base
 	$(BIN)/allocator policy schema > config/policy.schema.json
+
+# The README's picture of the status page, taken by its browser test.
+screenshot: servers $(VENV)/.dev
+	ALLOCATOR_SCREENSHOT=docs/status-page.png $(BIN)/pytest -q tests/e2e/test_serve.py -k page
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

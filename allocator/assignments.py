@@ -233,14 +233,19 @@ class Allocator:
         """
         return self._with_retries(lambda: self._assign_once(request, reason, command), "set")
 
-    def release(self, host: str, job: str) -> Assignment | BadRecord:
+    def release(
+        self, host: str, job: str, *, reason: str = "", if_revision: int | None = None
+    ) -> Assignment | BadRecord:
         """Remove ``job``'s assignment on ``host``; return what was removed.
 
         A damaged assignment record is removed too (returned as the
         ``BadRecord`` that describes it): releasing is how an operator clears
-        one. ``NotFound`` if the job holds nothing there.
+        one. ``NotFound`` if the job holds nothing there. ``reason`` says why
+        (for the history). ``if_revision``: remove it only while the
+        assignment key is still at that revision (a ``ConflictError`` if it
+        was set again meanwhile), as the agent's idle release does.
         """
-        return self._with_retries(lambda: self._release_once(host, job), "release")
+        return self._with_retries(lambda: self._release_once(host, job, if_revision), "release")
 
     def assign_across(
         self,
@@ -364,7 +369,9 @@ class Allocator:
         )
         return assignment, decision
 
-    def _release_once(self, host: str, job: str) -> Assignment | BadRecord:
+    def _release_once(
+        self, host: str, job: str, if_revision: int | None = None
+    ) -> Assignment | BadRecord:
         state = self.host(host)
         key = self.layout.assignment(host, job)
         current: Assignment | BadRecord | None = state.assignments.get(job)
@@ -372,9 +379,10 @@ class Allocator:
             current = next((bad for bad in state.bad_records if bad.key == key), None)
         if current is None:
             raise job_not_found(job, host, list(state.assignments))
-        self._assignment_txn(
-            host, job, [Compare(self.layout.host_generation(host), state.generation)], Delete(key)
-        )
+        compares = [Compare(self.layout.host_generation(host), state.generation)]
+        if if_revision is not None:
+            compares.append(Compare(key, if_revision))
+        self._assignment_txn(host, job, compares, Delete(key))
         return current
 
     def _assignment_txn(self, host: str, job: str, compares: list[Compare], change: Op) -> int:

@@ -30,6 +30,7 @@ __all__ = [
     "Assignment",
     "BadRecord",
     "GpuInfo",
+    "GpuProcess",
     "JobIndex",
     "MigDevice",
     "PolicyRecord",
@@ -205,6 +206,25 @@ class PolicyRecord(msgspec.Struct, frozen=True):
         return decode_record(raw, cls)
 
 
+class GpuProcess(msgspec.Struct, frozen=True):
+    """A process NVML lists on a GPU that no job was given (see ``AgentRecord.unassigned``).
+
+    ``job`` names the job whose process tree it belongs to when it is one of
+    the agent's own workers on a GPU that job does not hold; ``None`` for a
+    process from outside the allocator. ``user`` and ``command`` are empty
+    when the agent cannot see the process (another PID namespace).
+    ``memory_used_mib`` moves only by a significant step, so the agent
+    record is not rewritten for every MiB a process allocates.
+    """
+
+    gpu: GpuIndex
+    pid: Count
+    user: Text = ""
+    command: Text = ""
+    memory_used_mib: Count | None = None
+    job: Name | None = None
+
+
 class AgentRecord(msgspec.Struct, frozen=True):
     """What a host agent publishes under its lease: inventory and health.
 
@@ -226,6 +246,7 @@ class AgentRecord(msgspec.Struct, frozen=True):
     store_stale: bool = False
     inventory_source: Text = "nvml"
     address: Address | None = None
+    unassigned: Annotated[tuple[GpuProcess, ...], msgspec.Meta(max_length=4096)] = ()
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
@@ -246,6 +267,9 @@ class WorkerRecord(msgspec.Struct, frozen=True):
     why this host's own GPUs cannot serve the job right now (the job's fallback
     rule is at work because of this host): the other shares of a job across
     several hosts follow it, since a collective cannot run with a missing rank.
+    ``idle_since`` is when every GPU of the job last went under the idle
+    utilization threshold (RFC 3339, the agent's clock), ``None`` while any
+    of them is busy or cannot be measured.
     """
 
     job: Name
@@ -265,6 +289,7 @@ class WorkerRecord(msgspec.Struct, frozen=True):
     master_addr: Text | None = None
     master_port: Port | None = None
     fault: Text | None = None
+    idle_since: Text | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

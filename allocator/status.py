@@ -34,6 +34,7 @@ from allocator.policy import Policy
 from allocator.policy.model import Sharing
 from allocator.reservations import on_host, trespassers
 from allocator.slots import Holding, gpu_holdings, usage_text
+from allocator.status_usage import IdleInfo, idle_info, unassigned_on
 from allocator.store import KeyValue
 
 __all__ = [
@@ -67,6 +68,12 @@ class GpuRow:
     #: Holders inside a reservation window in force that does not admit them.
     outside_reservation: str = ""
     slots: str = ""
+    #: How long the holder's GPUs have been idle ("" while busy or unmeasured), and
+    #: whether that is past its idle rule.
+    idle: str = ""
+    idle_holder: bool = False
+    #: Processes the agent found on this GPU that no job there was given.
+    unassigned: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,12 @@ class JobRow:
     master_port: int | None = None
     #: Why ``count=N`` picked the GPUs (``NVLink pair``); "" for an explicit list.
     picked: str = ""
+    #: When all the job's GPUs went idle (RFC 3339; None while busy), for how long,
+    #: the idle rule in force, and whether the job is past it (an idle holder).
+    idle_since: str | None = None
+    idle_seconds: float | None = None
+    idle_rule: str = ""
+    idle_holder: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +232,10 @@ def _host_status(
     sharing = pool_sharing(policy, snapshot.host) if policy is not None else Sharing()
     reservations = _reservation_labels(policy, snapshot.host, now)
     outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
+    idle = {
+        job: idle_info(policy, snapshot.host, job, snapshot.workers.get(job), now)
+        for job in snapshot.assignments
+    }
     rows = []
     for index in sorted(set(indices) | set(holders)):
         jobs = holders.get(index, [])
@@ -234,17 +251,20 @@ def _host_status(
                 reserved=_flagged(reservations.get(index, ""), outside.get(index, "")),
                 outside_reservation=outside.get(index, ""),
                 slots=usage_text(holdings.get(index, []), sharing),
+                idle=idle[jobs[0]].label if jobs else "",
+                idle_holder=idle[jobs[0]].holder if jobs else False,
+                unassigned=unassigned_on(snapshot.agent, index),
             )
         )
     for job, held in sorted(snapshot.assignments.items()):
         if held.mode == "cpu":
             rows.append(GpuRow(snapshot.host, "cpu", job, held.updated_at, held.reason, "-", ""))
-    job_rows = tuple(_job_row(snapshot, job) for job in sorted(snapshot.assignments))
+    job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
     return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad)
 
 
-def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
+def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
     held = snapshot.assignments[job]
     worker = snapshot.workers.get(job)
     matches: bool | None = None
@@ -274,6 +294,10 @@ def _job_row(snapshot: HostSnapshot, job: str) -> JobRow:
         nodes=held.nodes,
         master_port=held.master_port,
         picked=held.picked,
+        idle_since=idle.since,
+        idle_seconds=idle.seconds,
+        idle_rule=idle.rule,
+        idle_holder=idle.holder,
     )
 
 

@@ -53,6 +53,10 @@ class AgentConfig:
     # address it advertises for jobs across hosts whose rank 0 runs here
     # (this machine's host name when unset).
     master_addr: str | None = None
+    # Prometheus /metrics: off unless a port is given; all interfaces by default,
+    # like node_exporter, so the fleet's Prometheus can scrape it.
+    metrics_port: int | None = None
+    metrics_address: str = "0.0.0.0"
 
     @property
     def local_master_addr(self) -> str:
@@ -124,6 +128,10 @@ def _coerce(key: str, value: Any, path: str | None) -> Any:
         return float(value)
     if key in _PATH_FIELDS:
         return Path(str(value))
+    if key == "metrics_port":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
+            raise InvalidInput(f"{where}{key} must be a port number 1-65535, got {value!r}")
+        return value
     if key == "keep_workers_on_exit":
         if not isinstance(value, bool):
             raise InvalidInput(f"{where}{key} must be true or false, got {value!r}")

@@ -46,6 +46,7 @@ from allocator.agent.model import DesiredJob
 from allocator.agent.mps import MpsDaemons
 from allocator.agent.multihost import PeerHost
 from allocator.agent.notify import notifier_from_environ
+from allocator.agent.observe import Observer
 from allocator.agent.ports import PortTable
 from allocator.agent.reconcile import plan
 from allocator.agent.report import agent_record, worker_records
@@ -124,6 +125,7 @@ class Agent:
         self.health = self.gpus.monitor
         self.unhealthy: dict[int, str] = dict(self.gpus.unhealthy)
         self.started_at = format_time(wall())
+        self.observer = Observer(self.environ, config.host, self.log, clock)
         self.connected = False
         self.have_state = False
         self.reconciled = False
@@ -142,6 +144,8 @@ class Agent:
 
     def run(self) -> int:
         """Adopt, then supervise and reconcile until asked to stop; return an exit code."""
+        if self.config.metrics_port is not None:  # a port in use is refused before anything
+            self.observer.serve_metrics(self.config.metrics_address, self.config.metrics_port)
         self._install_signal_handlers()
         report = self.supervisor.adopt()
         self.log("adopt", {"adopted": sorted(report.adopted), "stale": sorted(report.stale)})
@@ -167,9 +171,12 @@ class Agent:
             self.guard.run("read", self._take_view)
         if self.clock() >= self.next_health:
             self.guard.run("health", lambda: self._check_health(self.clock()))
+            self.guard.run("usage", lambda: self._observe(self.clock()))
         self.guard.run("reap", self._reap)
         if self.have_state:
+            started = self.clock()
             self.guard.run("reconcile", lambda: self._reconcile(self.clock()))
+            self.observer.reconcile.observe(self.clock() - started)
         self.guard.run("publish", self._offer)
         self.notifier.ping(self.clock())
 
@@ -193,6 +200,7 @@ class Agent:
         views = [m for m in messages if isinstance(m, HostView)]
         if states:
             self.connected = states[-1].connected
+            self.observer.store_state(self.connected, self.clock())
             self.notifier.status(self._status_line(states[-1].detail))
         if views:  # level-based: only the newest read matters
             self.pending_view = views[-1]
@@ -268,6 +276,13 @@ class Agent:
             self.log("health", {"unhealthy": {str(k): v for k, v in sorted(unhealthy.items())}})
         self.unhealthy = unhealthy
 
+    def _observe(self, now: float) -> None:
+        """Sample GPU usage (unassigned processes, idle holders); hand idle releases to the link."""
+        views, roots = self.supervisor.views(), self.supervisor.process_roots()
+        state = (self.assignments, self.assignment_revisions, self.unhealthy)
+        self.observer.sample(now, self.wall(), self.policy, self.desired, views, roots, *state)
+        self.link.release_idle(self.observer.releases)
+
     def _reap(self) -> None:
         for exited in self.supervisor.tick():
             self.log("exit", as_fields(exited))
@@ -339,11 +354,14 @@ class Agent:
             started_at=self.started_at,
             version=__version__,
             address=self.config.advertised_address,
+            unassigned=self.observer.unassigned,
         )
+        running, idle = self.supervisor.records(), self.observer.idle_since
         workers = None
         if self.reconciled:  # before that, the agent does not know yet what it runs
-            workers = worker_records(self.config.host, self.desired, self.supervisor.records())
+            workers = worker_records(self.config.host, self.desired, running, idle)
         self.link.offer(record, workers)
+        self.observer.note(self.inventory, self.unhealthy, self.assignments, running, __version__)
 
     # --- signals, reload, shutdown -----------------------------------------------
 
@@ -408,5 +426,6 @@ class Agent:
                 },
             )
         self.health.close()
+        self.observer.close()
         self.notifier.close()
         self.log("stopped", {})

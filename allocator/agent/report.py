@@ -8,7 +8,7 @@ from typing import Any
 
 from allocator.agent.model import DesiredJob
 from allocator.gpus.inventory import Inventory
-from allocator.records import AgentRecord, WorkerRecord, replace_struct
+from allocator.records import AgentRecord, GpuProcess, WorkerRecord, replace_struct
 
 __all__ = ["agent_record", "worker_records"]
 
@@ -21,6 +21,7 @@ def agent_record(
     started_at: str,
     version: str,
     address: str | None = None,
+    unassigned: tuple[GpuProcess, ...] = (),
 ) -> AgentRecord:
     """The leased record: inventory, health, and the address other hosts reach it at.
 
@@ -37,6 +38,7 @@ def agent_record(
         version=version,
         inventory_source=inventory.source,
         address=address,
+        unassigned=unassigned,
     )
 
 
@@ -44,8 +46,12 @@ def worker_records(
     host: str,
     desired: Mapping[str, DesiredJob],
     running: Mapping[str, Mapping[str, Any]],
+    idle_since: Mapping[str, str] | None = None,
 ) -> dict[str, bytes]:
-    """One encoded :class:`WorkerRecord` per job that runs or is held back."""
+    """One encoded :class:`WorkerRecord` per job that runs or is held back.
+
+    ``idle_since`` gives, per idle job, when its GPUs went idle.
+    """
     out: dict[str, bytes] = {}
     for job in sorted(set(desired) | set(running)):
         want = desired.get(job)
@@ -66,6 +72,8 @@ def worker_records(
             )
         else:
             continue
+        if idle_since and job in idle_since:
+            record = replace_struct(record, idle_since=idle_since[job])
         out[job] = record.to_json()
     return out
 

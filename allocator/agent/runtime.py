@@ -149,6 +149,16 @@ class JobRuntime:
         self.state, self.since = state, stamp
         return True
 
+    def tree_roots(self) -> tuple[tuple[int, int | None, str], ...]:
+        """Each live worker's tree root: (shim pid, its start ticks, its cgroup or "").
+
+        Everything below a root (the shim is a child subreaper) or in its
+        cgroup is the job's (see :mod:`allocator.agent.tree`).
+        """
+        return tuple(
+            (w.pid, w.start_ticks, w.cgroup) for w in self.workers if w.pid > 0 and not w.group_gone
+        )
+
     def view(self) -> JobView:
         """The planner's snapshot of this job."""
         return JobView(

@@ -31,14 +31,16 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from allocator.agent.config import AgentConfig
+from allocator.agent.idle import IdleRelease
 from allocator.agent.link import RetryTimer, WatchError, WatchEvents, WatchThread, start_watches
 from allocator.agent.multihost import PeerHost, peer_from_listing, peer_jobs
 from allocator.agent.publisher import Publisher
+from allocator.agent.releaser import IdleReleaser
 from allocator.agent.view import HostView, host_view
 from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
 from allocator.keys import KeyLayout
@@ -121,6 +123,7 @@ class StoreLink:
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="store link", daemon=True)
         self.publisher = Publisher(self.layout, config.host, log)
+        self.releaser = IdleReleaser(self.layout, config.host, log)
         self.retry = RetryTimer(config.retry_max_seconds)
         self.store: Store | None = None
         self.watches: list[WatchThread] = []
@@ -146,6 +149,11 @@ class StoreLink:
     def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> None:
         """Publish this content (only what differs from the store is written)."""
         if self.outbox.offer(agent, workers):
+            self._inbox.put(_Wake())
+
+    def release_idle(self, releases: Sequence[IdleRelease]) -> None:
+        """Release these idle holders (each only while its assignment is the one judged)."""
+        if self.releaser.offer(releases):
             self._inbox.put(_Wake())
 
     def resync(self) -> None:
@@ -234,6 +242,7 @@ class StoreLink:
             self.publisher.keep_alive(store, self.config.lease_ttl)
             self.next_keepalive = now + self.config.heartbeat_seconds
         self._publish(store)
+        self.releaser.run(store)
 
     def _connect(self, now: float) -> None:
         self.store = self._open_store(self.url)

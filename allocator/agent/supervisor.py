@@ -127,6 +127,10 @@ class Supervisor:
         """
         return {name: job.record() for name, job in sorted(self._jobs.items())}
 
+    def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str], ...]]:
+        """Per job, each live worker's tree root (see :meth:`JobRuntime.tree_roots`)."""
+        return {name: job.tree_roots() for name, job in sorted(self._jobs.items())}
+
     # --- actions --------------------------------------------------------------------
 
     def apply(self, action: Action) -> None:

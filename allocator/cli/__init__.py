@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "allocator.cli.env",
     "allocator.cli.doctor",
     "allocator.cli.agent",
+    "allocator.cli.serve",
     "allocator.cli.demo",
 )
 

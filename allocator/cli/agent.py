@@ -46,6 +46,17 @@ def register(commands: Any) -> None:
         default=None,
         help="leave workers running when the agent stops (a restarted agent adopts them)",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port at /metrics (default: off)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        metavar="ADDR",
+        help="address the metrics port listens on (default: 0.0.0.0, every interface)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -65,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         "log_format": args.log_format,
         "master_addr": args.master_addr,
         "keep_workers_on_exit": args.keep_workers_on_exit,
+        "metrics_port": args.metrics_port,
+        "metrics_address": args.metrics_address,
     }
     config = load_agent_config(args.config, overrides)
     _check_store_url(config.store)

@@ -18,9 +18,11 @@ def register(commands: Any) -> None:
         run,
         help="show every GPU, its holder, and each host agent's state",
         usage="allocator status [host=H] [-o table|json|yaml]",
-        description="One table of host, GPU, holder, since and reason, joined with what each "
-        "host's agent reports, and one line per job across several hosts (every share, its "
-        "agent and its workers). Reads every host in one range read.",
+        description="One table of host, GPU, holder, slots, since, reason, health, reservation "
+        "and idle time, joined with what each host's agent reports; then one line per job "
+        "across several hosts (every share, its agent and its workers), idle holders (past "
+        "their policy's idle rule) and processes on GPUs nobody was given. Reads every host "
+        "in one range read.",
     )
 
 
@@ -28,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
     """Read everything once, join, print."""
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
+    from allocator.documents import status_document
     from allocator.keys import validate_name
     from allocator.status import build_status, group_status
 
@@ -49,11 +52,7 @@ def run(args: argparse.Namespace) -> int:
     )
     # With host= only that host was read: the other shares are unknown, not missing.
     groups = group_status(hosts) if only_host is None else []
-    data = {
-        "hosts": [h.to_dict() for h in hosts],
-        "jobs_across_hosts": [g.to_dict() for g in groups],
-        "revision": listing.revision,
-    }
+    data = status_document(hosts, listing.revision, groups)
     text = _text(hosts, render_table)
     if groups:
         text += "\n\n" + "\n".join(g.summary() for g in groups)
@@ -79,23 +78,9 @@ def _policy_if_readable(allocator: Any) -> Any:
 def _text(hosts: Any, render_table: Any) -> str:
     if not hosts:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
-    rows = [
-        [
-            g.host,
-            g.gpu,
-            g.holder,
-            g.slots or "-",
-            g.since or "-",
-            g.reason or "-",
-            g.health,
-            g.reserved or "-",
-        ]
-        for h in hosts
-        for g in h.gpus
-    ]
-    table = render_table(
-        ["HOST", "GPU", "HOLDER", "SLOTS", "SINCE", "REASON", "HEALTH", "RESERVED"], rows
-    )
+    rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
+    headers = ["HOST", "GPU", "HOLDER", "SLOTS", "SINCE", "REASON", "HEALTH", "RESERVED", "IDLE"]
+    table = render_table(headers, rows)
     agents = "\n".join(f"{h.host}: agent {h.agent}" + _job_summary(h) for h in hosts)
     picked = "".join(
         f"\n{h.host}: {j.job} picked {j.gpus}: {j.picked}"
@@ -104,7 +89,35 @@ def _text(hosts: Any, render_table: Any) -> str:
         if j.picked
     )
     bad = "".join(f"\n{h.host}: {line}" for h in hosts for line in h.bad_records)
-    return f"{table}\n\n{agents}{picked}{bad}"
+    return f"{table}\n\n{agents}{picked}{bad}{_usage_sections(hosts)}"
+
+
+def _gpu_cells(g: Any) -> list[str]:
+    idle = f"{g.idle} !" if g.idle_holder else g.idle
+    cells = [g.host, g.gpu, g.holder, g.slots, g.since, g.reason, g.health, g.reserved, idle]
+    return [cell or "-" for cell in cells]
+
+
+def _usage_sections(hosts: Any) -> str:
+    """Idle holders (past their rule) and processes on GPUs nobody was given, if any."""
+    from allocator.durations import format_duration
+    from allocator.status_usage import describe_unassigned
+
+    idle = [
+        f"  {h.host} {j.job}: idle for {format_duration(j.idle_seconds or 0)} ({j.idle_rule})"
+        for h in hosts
+        for j in h.jobs
+        if j.idle_holder
+    ]
+    strays = [
+        describe_unassigned(h.host, g.gpu, p) for h in hosts for g in h.gpus for p in g.unassigned
+    ]
+    text = ""
+    if idle:
+        text += "\n\nidle holders:\n" + "\n".join(idle)
+    if strays:
+        text += "\n\nunassigned GPU use:\n" + "\n".join(f"  {line}" for line in strays)
+    return text
 
 
 def _job_summary(host: Any) -> str:

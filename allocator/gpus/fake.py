@@ -14,7 +14,9 @@ File shape (every device field but ``index`` is optional)::
                   "remapped_rows_uncorrectable": 0, "retired_pages_double_bit": 0,
                   "remap_failure": false, "remap_pending": false,
                   "mig_devices": ["MIG-..."], "numa_node": 0, "nvlink_peers": [1],
-                  "cpu_affinity": "0-27,56-83", "pcie": {"1": "switch", "2": "system"}}],
+                  "cpu_affinity": "0-27,56-83", "pcie": {"1": "switch", "2": "system"},
+                  "utilization_gpu": 37, "memory_used_mib": 20480,
+                  "processes": [{"pid": 4242, "used_memory_mib": 20000}]}],
      "driver_version": "550.54.15", "cuda_driver_version": 12040,
      "init_error": "driver_not_loaded", "nvml_error": "unknown"}
 
@@ -34,6 +36,11 @@ its bitmask). ``pcie`` gives the level ``nvmlDeviceGetTopologyCommonAncestor``
 answers for a pair of GPUs (board, switch, switches, host-bridge, node,
 system: NVML's INTERNAL ... SYSTEM); either GPU of the pair may name it, and a
 pair named by neither is Not Supported.
+``utilization_gpu`` (percent, default 0; ``null``: Not Supported, as on MIG
+GPUs), ``memory_used_mib`` (default 0) and ``processes`` (the compute
+processes, by PID, with the memory each uses) are what usage sampling reads
+through ``nvmlDeviceGetUtilizationRates``, ``nvmlDeviceGetMemoryInfo`` and
+``nvmlDeviceGetComputeRunningProcesses``.
 
 ``xid_events`` is an append-only log: an event set delivers each entry once
 (entries are told apart by position), including entries already in the file
@@ -236,7 +243,31 @@ class FakeNvml:
         mib = mig.memory_total_mib if mig is not None else self._device(handle).memory_total_mib
         if mib is None:
             raise FakeNvmlError(ERROR_NOT_SUPPORTED)
-        return SimpleNamespace(total=mib * _MIB, free=mib * _MIB, used=0)
+        used = 0 if mig is not None else min(self._device(handle).memory_used_mib, mib)
+        return SimpleNamespace(total=mib * _MIB, free=(mib - used) * _MIB, used=used * _MIB)
+
+    # --- usage ---------------------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeHandle) -> SimpleNamespace:
+        """Percent of time the GPU (and its memory) was busy over the last sample period."""
+        percent = self._device(handle).utilization_gpu
+        if percent is None or handle.mig_slot is not None:
+            raise FakeNvmlError(ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=percent, memory=percent)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeHandle) -> list[SimpleNamespace]:
+        """The compute processes on the GPU; ``usedGpuMemory`` in bytes, or None."""
+        return [
+            SimpleNamespace(
+                pid=process.pid,
+                usedGpuMemory=None
+                if process.used_memory_mib is None
+                else process.used_memory_mib * _MIB,
+                gpuInstanceId=0xFFFFFFFF,
+                computeInstanceId=0xFFFFFFFF,
+            )
+            for process in self._device(handle).processes
+        ]
 
     def nvmlDeviceGetNumaNodeId(self, handle: FakeHandle) -> int:
         """The GPU's NUMA node (Not Supported when the file gives none)."""

@@ -25,6 +25,7 @@ __all__ = [
     "NVML_ERRORS",
     "FakeDevice",
     "FakeFileError",
+    "FakeProcess",
     "FakeSystem",
     "default_mig_uuid",
     "default_pci_bus_id",
@@ -63,12 +64,24 @@ _DEVICE_KEYS = {
     "nvlink_peers",
     "cpu_affinity",
     "pcie",
+    "utilization_gpu",
+    "memory_used_mib",
+    "processes",
 }
 _MIG_KEYS = {"uuid", "name", "memory_total_mib"}
+_PROCESS_KEYS = {"pid", "used_memory_mib"}
 
 
 class FakeFileError(InvalidInput):
     """The fake-NVML file is unreadable or malformed; the message names it."""
+
+
+@dataclass(frozen=True, slots=True)
+class FakeProcess:
+    """A compute process NVML lists on a fake GPU (memory ``None``: NVML cannot say)."""
+
+    pid: int
+    used_memory_mib: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +113,10 @@ class FakeDevice:
     def pcie_level(self, peer: int) -> PcieLevel | None:
         """The level this device's entry gives for ``peer``, if any."""
         return next((level for other, level in self.pcie if other == peer), None)
+
+    utilization_gpu: int | None = 0  # percent; None: Not Supported (as on MIG GPUs)
+    memory_used_mib: int = 0
+    processes: tuple[FakeProcess, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +252,9 @@ def _device(item: Any, where: str) -> FakeDevice:
         nvlink_peers=_int_list(data, "nvlink_peers", where),
         cpu_affinity=_cpu_affinity(data, where),
         pcie=_pcie(data.get("pcie", {}), f"{where}.pcie"),
+        utilization_gpu=_percent(data, "utilization_gpu", where),
+        memory_used_mib=_typed(data, "memory_used_mib", int, 0, where),
+        processes=_processes(data.get("processes", []), f"{where}.processes"),
     )
 
 
@@ -260,6 +280,32 @@ def _pcie(value: Any, where: str) -> tuple[tuple[int, PcieLevel], ...]:
             raise _Bad(f"{where}.{peer}: {level!r} is not one of {', '.join(PCIE_LEVELS)}")
         pairs.append((int(peer), cast(PcieLevel, level)))
     return tuple(sorted(pairs))
+
+
+def _percent(data: Mapping[str, Any], key: str, where: str) -> int | None:
+    if key in data and data[key] is None:
+        return None  # the GPU does not say
+    value: int = _typed(data, key, int, 0, where)
+    if value > 100:
+        raise _Bad(f"{where}.{key}: a percentage, at most 100, got {value}")
+    return value
+
+
+def _processes(value: Any, where: str) -> tuple[FakeProcess, ...]:
+    if not isinstance(value, list):
+        raise _Bad(f"{where}: expected a list of processes")
+    result: list[FakeProcess] = []
+    for n, item in enumerate(value):
+        data = _mapping(item, f"{where}[{n}]", _PROCESS_KEYS)
+        if "pid" not in data:
+            raise _Bad(f"{where}[{n}].pid: required")
+        result.append(
+            FakeProcess(
+                pid=_typed(data, "pid", int, None, f"{where}[{n}]"),
+                used_memory_mib=_typed(data, "used_memory_mib", int, None, f"{where}[{n}]"),
+            )
+        )
+    return tuple(result)
 
 
 def _mig_devices(value: Any, index: int, where: str) -> tuple[MigDevice, ...]:

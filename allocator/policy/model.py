@@ -19,6 +19,7 @@ __all__ = [
     "FallbackRule",
     "HealthSettings",
     "Host",
+    "IdleRule",
     "Job",
     "Policy",
     "Pool",
@@ -37,6 +38,22 @@ CpuAffinity = Literal["local", "none"]
 FallbackAction = Literal["cpu", "wait", "fail"]
 WorkerMode = Literal["single", "per-gpu"]
 VisibleDevices = Literal["uuid", "index"]
+IdleAction = Literal["warn", "release", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRule:
+    """When a job holding GPUs counts as an idle holder, and what then happens.
+
+    A GPU is idle while its utilization is under ``threshold_percent``; a
+    job is idle once all its GPUs have been for ``after_seconds``.
+    ``warn`` shows it in ``status``; ``release`` also releases it; ``none``
+    exempts a job from its pool's rule.
+    """
+
+    after_seconds: float | None = None
+    action: IdleAction = "warn"
+    threshold_percent: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +98,7 @@ class Pool:
     hosts: tuple[str, ...] = ()
     sharing: Sharing = Sharing()
     max_gpus_per_job: int | None = None
+    idle: IdleRule | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +152,7 @@ class Job:
     group: str | None = None  # and this group; None: the user's primary group
     exclusive: bool = False  # whole GPUs even in a shared pool
     cpu_affinity: CpuAffinity = "local"  # pin workers to their GPUs' CPUs; "none": don't
+    idle: IdleRule | None = None  # overrides the pool's rule
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +190,22 @@ class Policy:
             if host in pool.hosts:
                 return pool
         return None
+
+    def idle_rule(self, job: str, host: str) -> tuple[IdleRule, str] | None:
+        """The idle rule in force for ``job`` on ``host`` and where it comes from.
+
+        The job's own rule wins over its host's pool's; ``None`` when neither
+        has one, or the one in force is ``action: none``.
+        """
+        spec = self.jobs.get(job)
+        pool = self.pool_of(host)
+        if spec is not None and spec.idle is not None:
+            rule, source = spec.idle, f"job {job}"
+        elif pool is not None and pool.idle is not None:
+            rule, source = pool.idle, f"pool {pool.name}"
+        else:
+            return None
+        return None if rule.action == "none" else (rule, source)
 
     def fallback_for(self, job: str) -> FallbackRule | None:
         """Return the fallback rule of a declared job, if it names one."""

@@ -8,6 +8,7 @@ dataclasses of :mod:`allocator.policy.model`.
 
 from __future__ import annotations
 
+from allocator.policy.idle import IDLE
 from allocator.policy.kinds import (
     Bool,
     Const,
@@ -132,6 +133,7 @@ POOL = Record(
             Int(minimum=1, maximum=MAX_HOST_GPUS, why=_GPU_LIMIT),
             "Most GPUs one job may hold on one host of this pool (unlimited when absent).",
         ),
+        Field("idle", IDLE, "Idle-holder rule for jobs on this pool's hosts."),
     ),
     description="A group of hosts sharing placement rules.",
 )
@@ -269,6 +271,7 @@ JOB = Record(
             "their NUMA nodes where numactl is installed); a CPU-fallback worker to as many "
             "CPUs as its rule's threads. none: leave workers unpinned.",
         ),
+        Field("idle", IDLE, "Idle-holder rule for this job (overrides its pool's)."),
     ),
     description="A job the agent may run; its command comes from here, never from a request.",
 )

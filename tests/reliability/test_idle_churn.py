@@ -30,6 +30,10 @@ def idle_world(tmp_path: Path, prefix: str, etcd_server_private: Any) -> Iterato
     world = AgentHarness(tmp_path, etcd_server_private.url, prefix, gpus=GPUS)
     settings = tmp_path / "agent.yaml"
     settings.write_text("lease_ttl: 2\nheartbeat_seconds: 0.5\nresync_seconds: 1\n")
+    # The GPUs are busy: a job whose GPUs go idle is news (its record says since
+    # when), and this test is about an agent with nothing new to say.
+    for index in range(GPUS):
+        world.gpus.update(index, utilization_gpu=50)
     try:
         world.apply_policy(agent_policy(tmp_path, gpus=GPUS))
         world.start_agent("--config", str(settings))

@@ -54,3 +54,17 @@ def test_bad_settings_are_one_line(tmp_path: Path, text: str, message: str) -> N
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match="not found"):
         load_agent_config(str(tmp_path / "nope.yaml"), {})
+
+
+def test_the_metrics_port_is_a_port_number() -> None:
+    from allocator.agent.config import load_agent_config as load
+    from allocator.errors import InvalidInput
+
+    assert load(None, {"host": "n1", "metrics_port": 9400}).metrics_port == 9400
+    for bad in (0, 70000, "9400", True):
+        try:
+            load(None, {"host": "n1", "metrics_port": bad})
+        except InvalidInput as exc:
+            assert "metrics_port must be a port number" in str(exc)
+        else:
+            raise AssertionError(f"metrics_port {bad!r} was accepted")

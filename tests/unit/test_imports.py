@@ -9,7 +9,19 @@ from pathlib import Path
 
 import pytest
 
-HEAVY = ("torch", "grpc", "aetcd", "consul", "requests", "pynvml", "numpy")
+HEAVY = (
+    "torch",
+    "grpc",
+    "aetcd",
+    "consul",
+    "requests",
+    "pynvml",
+    "numpy",
+    # Only `allocator serve` and an agent with --metrics-port need these.
+    "starlette",
+    "uvicorn",
+    "prometheus_client",
+)
 
 _PROBE = """
 import json, sys
@@ -58,3 +70,11 @@ def test_help_does_not_even_load_yaml_or_tenacity(tmp_path: Path) -> None:
     _, modules = _modules_after(["--help"], f"sqlite://{tmp_path / 's.db'}")
     assert "yaml" not in modules and "tenacity" not in modules
     assert "sqlite3" not in modules
+
+
+def test_the_agent_loads_no_metrics_or_web_stack_until_asked() -> None:
+    probe = "import json, sys, allocator.agent.loop; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert _heavy(set(json.loads(proc.stdout))) == []

@@ -19,6 +19,7 @@ from allocator.policy import (
     FallbackRule,
     HealthSettings,
     Host,
+    IdleRule,
     Job,
     Policy,
     Pool,
@@ -44,7 +45,12 @@ def test_example_loads_to_the_expected_objects() -> None:
             "node3": Host(name="node3", gpus=2, pool="inference"),
         },
         pools={
-            "default": Pool(name="default", hosts=("node1",), sharing=Sharing()),
+            "default": Pool(
+                name="default",
+                hosts=("node1",),
+                sharing=Sharing(),
+                idle=IdleRule(after_seconds=7200.0, action="warn"),
+            ),
             "a100": Pool(name="a100", hosts=("node2",), max_gpus_per_job=4),
             "inference": Pool(name="inference", hosts=("node3",), sharing=Sharing("mps", 4)),
         },

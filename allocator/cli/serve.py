@@ -1,0 +1,106 @@
+"""``allocator serve``: a read-only status page, JSON API and fleet metrics over HTTP."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from allocator.cli.common import add_common_options
+
+__all__ = ["DEFAULT_LISTEN", "parse_listen", "register"]
+
+DEFAULT_LISTEN = "127.0.0.1:8080"
+
+
+def register(commands: Any) -> None:
+    """Add the ``serve`` command."""
+    parser = commands.add_parser(
+        "serve",
+        help="serve a live status page, a JSON API and fleet metrics (read-only)",
+        description="A web page of every host's GPUs (holder, since, reason, health, idle time, "
+        "unassigned processes, agent liveness), the jobs and the history, updated live from "
+        "the store's watch; /api/v1/status and /api/v1/history answer what `status -o json` "
+        "and `history -o json` print; /metrics has fleet-level Prometheus series. Needs "
+        "`pip install 'allocator[serve]'`. It only reads: give it a read-only credential.",
+    )
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to listen on (default: {DEFAULT_LISTEN}; [::1]:8080 for IPv6)",
+    )
+    add_common_options(parser)
+    parser.set_defaults(handler=run)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) as (host, port); InvalidInput when it is neither."""
+    from allocator.errors import InvalidInput
+
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidInput(f"--listen {text!r}: expected HOST:PORT, like {DEFAULT_LISTEN}")
+    return host, int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Bind, then serve until SIGINT/SIGTERM."""
+    import os
+    import sys
+
+    from allocator.errors import InvalidInput
+    from allocator.keys import DEFAULT_PREFIX, KeyLayout, validate_prefix
+    from allocator.secrets import redact
+    from allocator.store import open_store, resolve_store_url
+
+    host, port = parse_listen(args.listen)
+    try:
+        import uvicorn
+
+        from allocator.serve.app import Fleet, build_app
+        from allocator.serve.mirror import FleetMirror
+    except ImportError as exc:
+        raise InvalidInput(
+            f"allocator serve needs its web stack ({exc.name} is missing): "
+            "pip install 'allocator[serve]'"
+        ) from None
+    url = resolve_store_url(getattr(args, "store", None))
+    open_store(url).close()  # a malformed URL or credential is refused now, exit 2
+    prefix = validate_prefix(
+        getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
+    )
+    sock = _bind(host, port)
+    fleet = Fleet(lambda: open_store(url), FleetMirror(KeyLayout(prefix)), redact(url))
+    shown = f"[{host}]" if ":" in host else host
+    sys.stderr.write(f"allocator serve: http://{shown}:{port}/ (store {redact(url)})\n")
+    config = uvicorn.Config(
+        build_app(fleet), log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            fleet.end_streams()  # open event streams never end by themselves
+            super().handle_exit(sig, frame)
+
+    Server(config).run(sockets=[sock])
+    return 0
+
+
+def _bind(host: str, port: int) -> Any:
+    """A listening socket, or one clear line (exit 2) when the address cannot be had."""
+    import socket
+
+    from allocator.errors import InvalidInput
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise InvalidInput(f"--listen {host}:{port}: {exc.strerror or exc}") from None
+    return sock

@@ -1,0 +1,245 @@
+"""``allocator serve``: the ASGI application (starlette) over one fleet mirror.
+
+Routes (all read-only):
+
+* ``/``: the status page (one small HTML file, no build step);
+* ``/api/v1/status``: the same JSON as ``allocator status -o json``;
+* ``/api/v1/history``: the same JSON as ``allocator history -o json``
+  (``job``, ``host``, ``gpu``, ``since``, ``limit`` query parameters);
+* ``/api/v1/events``: server-sent events, one ``fleet`` event per change;
+* ``/metrics``: fleet-level Prometheus series.
+
+Viewers never cause store reads: one watcher keeps the mirror current, and
+on each change :class:`Broadcaster` builds the page's document once and
+hands the same bytes to every open event stream. While the store is down
+everything is answered from the last state, and says since when.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from allocator.documents import status_document
+from allocator.identity import format_time, utc_now
+from allocator.metrics import CONTENT_TYPE, exposition
+from allocator.serve.fleet_metrics import fleet_families
+from allocator.serve.history import history_json
+from allocator.serve.mirror import FleetMirror
+from allocator.serve.watcher import FleetWatcher
+from allocator.store import Store
+
+__all__ = ["KEEPALIVE_SECONDS", "REFRESH_SECONDS", "Broadcaster", "Fleet", "build_app"]
+
+#: A comment line on idle event streams, so proxies do not close them.
+KEEPALIVE_SECONDS = 15.0
+#: The page's document is rebuilt this often even without a change (times move on).
+REFRESH_SECONDS = 30.0
+#: Changes arriving this close together are shown once.
+_DEBOUNCE_SECONDS = 0.05
+
+
+class Fleet:
+    """The mirror, its watcher, and the documents built from them."""
+
+    def __init__(
+        self,
+        open_store: Callable[[], Store],
+        mirror: FleetMirror,
+        url: str,
+        wall: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self.open_store = open_store
+        self.mirror = mirror
+        self.url = url
+        self.wall = wall
+        self.bad: dict[str, None] = {}
+        self.watcher = FleetWatcher(open_store, mirror, self._changed, wall=wall)
+        self.on_change: Callable[[], None] = lambda: None
+        #: Ends every open event stream (the server is stopping); set while serving.
+        self.end_streams: Callable[[], None] = lambda: None
+
+    def _changed(self) -> None:
+        self.on_change()
+
+    def _note_bad(self, text: str) -> None:
+        self.bad[text] = None
+
+    def status(self) -> dict[str, Any]:
+        """``status -o json`` of the mirrored fleet, now."""
+        from allocator.status import group_status
+
+        hosts, revision = self.mirror.status(self.wall(), self._note_bad)
+        return status_document(hosts, revision, group_status(hosts))
+
+    def page_document(self) -> bytes:
+        """What every viewer's page gets on each change: status, store state, time."""
+        document = {
+            "status": self.status(),
+            "store": {"url": self.url, **self.watcher.state.to_dict()},
+            "loaded": self.mirror.loaded,
+            "at": format_time(self.wall()),
+        }
+        return json.dumps(document, separators=(",", ":")).encode()
+
+    def metrics(self) -> bytes:
+        """The fleet's Prometheus exposition."""
+        hosts, _ = self.mirror.status(self.wall(), self._note_bad)
+        down = self.watcher.down_since_monotonic
+        seconds = time.monotonic() - down if down is not None else 0.0
+        return exposition(lambda: fleet_families(hosts, self.watcher.state.up, seconds))
+
+
+class Broadcaster:
+    """One document per change, shared by every event stream (the latest only, no backlog)."""
+
+    def __init__(self, build: Callable[[], bytes]) -> None:
+        self._build = build
+        self.version = 0
+        self.payload = b""
+        self._dirty = asyncio.Event()
+        self._ready = asyncio.Condition()
+        self.closed = False
+
+    def poke(self) -> None:
+        """Something changed (call on the event loop)."""
+        self._dirty.set()
+
+    async def run(self) -> None:
+        """Rebuild on each change (debounced) and at least every :data:`REFRESH_SECONDS`."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), REFRESH_SECONDS)
+            await asyncio.sleep(_DEBOUNCE_SECONDS)
+            self._dirty.clear()
+            payload = await asyncio.to_thread(self._build)
+            async with self._ready:
+                self.version += 1
+                self.payload = payload
+                self._ready.notify_all()
+
+    async def close(self) -> None:
+        """End every stream waiting in :meth:`next` (the server is stopping)."""
+        async with self._ready:
+            self.closed = True
+            self._ready.notify_all()
+
+    async def next(self, seen: int, timeout: float) -> tuple[int, bytes] | None:
+        """The newest document after version ``seen``, or ``None`` after ``timeout`` seconds."""
+        async with self._ready:
+            if self.version == seen and not self.closed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._ready.wait(), timeout)
+            if self.version == seen:
+                return None
+            return self.version, self.payload
+
+
+def _page() -> str:
+    return resources.files("allocator.serve").joinpath("static/index.html").read_text()
+
+
+def build_app(fleet: Fleet) -> Starlette:
+    """The application: starts the watcher with the server, stops it with the server."""
+    page = _page()
+    state: dict[str, Broadcaster] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        broadcaster = Broadcaster(fleet.page_document)
+        state["broadcaster"] = broadcaster
+        loop = asyncio.get_running_loop()
+
+        def changed() -> None:  # from the watcher's thread
+            loop.call_soon_threadsafe(broadcaster.poke)
+
+        fleet.on_change = changed
+
+        def end_streams() -> None:  # from the signal handler
+            loop.call_soon_threadsafe(lambda: loop.create_task(broadcaster.close()))
+
+        fleet.end_streams = end_streams
+        task = asyncio.create_task(broadcaster.run())
+        fleet.watcher.start()
+        broadcaster.poke()
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.to_thread(fleet.watcher.stop)
+
+    async def index(_request: Request) -> Response:
+        return HTMLResponse(page, headers={"Cache-Control": "no-cache"})
+
+    async def status(_request: Request) -> Response:
+        if not fleet.mirror.loaded:
+            return _unavailable(fleet)
+        document = await asyncio.to_thread(fleet.status)
+        return JSONResponse(document, headers=_store_header(fleet))
+
+    async def history(request: Request) -> Response:
+        code, document = await asyncio.to_thread(
+            history_json, fleet.open_store, fleet.mirror.layout, dict(request.query_params)
+        )
+        return JSONResponse(document, status_code=code)
+
+    async def events(request: Request) -> Response:
+        broadcaster = state["broadcaster"]
+
+        async def stream() -> AsyncIterator[bytes]:
+            seen = 0
+            while not broadcaster.closed and not await request.is_disconnected():
+                found = await broadcaster.next(seen, KEEPALIVE_SECONDS)
+                if broadcaster.closed:
+                    return
+                if found is None:
+                    yield b": keep-alive\n\n"
+                    continue
+                seen, payload = found
+                yield b"event: fleet\ndata: " + payload + b"\n\n"
+
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    async def metrics(_request: Request) -> Response:
+        body = await asyncio.to_thread(fleet.metrics)
+        return Response(body, media_type=CONTENT_TYPE)
+
+    routes = [
+        Route("/", index),
+        Route("/api/v1/status", status),
+        Route("/api/v1/history", history),
+        Route("/api/v1/events", events),
+        Route("/metrics", metrics),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _store_header(fleet: Fleet) -> dict[str, str]:
+    state = fleet.watcher.state
+    if state.up:
+        return {}
+    return {"X-Allocator-Store": f"unavailable since {state.since}; showing the last state read"}
+
+
+def _unavailable(fleet: Fleet) -> Response:
+    state = fleet.watcher.state
+    return JSONResponse(
+        {
+            "error": "store unavailable",
+            "exit_code": 4,
+            "message": f"{fleet.url}: store unavailable since {state.since}: {state.error}",
+        },
+        status_code=503,
+    )

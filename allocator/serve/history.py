@@ -1,0 +1,75 @@
+"""``/api/v1/history``: the same document as ``allocator history -o json``.
+
+History entries live in their own keys (a stream per host), read on request
+the way the CLI reads them: they are not mirrored, so a large fleet's
+history costs no memory here. The history modules are looked up at run time:
+an allocator built without them answers 501.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from allocator.errors import AllocatorError
+from allocator.keys import KeyLayout, validate_name
+from allocator.store import Store
+
+__all__ = ["history_json"]
+
+_LABELS = {2: "error", 4: "store unavailable", 5: "permission denied", 6: "not found"}
+
+
+def _error(code: int, message: str) -> dict[str, Any]:
+    return {"error": _LABELS.get(code, "internal error"), "exit_code": code, "message": message}
+
+
+def history_json(
+    open_store: Callable[[], Store], layout: KeyLayout, query: Mapping[str, str]
+) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, document) for a history request with ``query``'s filters."""
+    try:
+        history = importlib.import_module("allocator.history")
+        documents = importlib.import_module("allocator.documents")
+        render = documents.history_document
+    except (ImportError, AttributeError):
+        return 501, _error(1, "this allocator has no history")
+    try:
+        return 200, _read(history, render, open_store, layout, query)
+    except AllocatorError as exc:
+        status = {2: 400, 4: 503, 5: 403, 6: 404}.get(exc.exit_code, 500)
+        return status, _error(exc.exit_code, str(exc))
+
+
+def _read(
+    history: Any,
+    render: Callable[[Any], dict[str, Any]],
+    open_store: Callable[[], Store],
+    layout: KeyLayout,
+    query: Mapping[str, str],
+) -> dict[str, Any]:
+    from allocator.identity import utc_now
+
+    job = validate_name(query["job"], "job") if "job" in query else None
+    host = validate_name(query["host"], "host") if "host" in query else None
+    gpu = _count(query["gpu"], "gpu") if "gpu" in query else None
+    limit = _count(query["limit"], "limit") if "limit" in query else None
+    since = history.parse_since(query["since"], utc_now()) if "since" in query else None
+    store = open_store()
+    try:
+        entries = history.read_history(
+            store, layout, lambda _bad: None, host=host, with_policy=job is None and gpu is None
+        )
+    finally:
+        store.close()
+    chosen = history.select(entries, job=job, gpu=gpu, since=since)[:limit]
+    return render(chosen)
+
+
+def _count(raw: str, what: str) -> int:
+    from allocator.errors import InvalidInput
+
+    if not raw.isdigit():
+        raise InvalidInput(f"{what}={raw!r}: expected a whole number")
+    return int(raw)

@@ -1,0 +1,211 @@
+"""``allocator serve`` for real: its API against the CLI, its metrics, and the page in a browser.
+
+The server is a real ``allocator serve`` process on a free loopback port,
+reading a real etcd (or SQLite) that the CLI writes to. The browser is
+Debian's chromium driven by playwright (``tools/install-test-servers``
+installs it): the grid renders, a ``set`` shows up without a reload, and
+with etcd stopped the page says the store is unavailable and keeps the last
+state. Set ``ALLOCATOR_SCREENSHOT=PATH`` to keep the page's screenshot (the
+README's picture is made that way).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
+from tests.support.etcd_server import free_port
+from tests.support.prometheus import parse_exposition
+from tests.support.waiting import wait_for
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+class Served:
+    """A store with the example policy applied, and ``allocator serve`` reading it."""
+
+    def __init__(self, store_url: str, prefix: str, tmp: Path) -> None:
+        self.env = clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
+        assert self.cli("policy", "apply", str(EXAMPLE_POLICY)).code == 0
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / "serve.log"
+        self.log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "allocator", "serve", "--listen", f"127.0.0.1:{self.port}"],
+            env=self.env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_for("serve to answer", lambda: self.get("/api/v1/status")[0] == 200)
+
+    def cli(self, *args: str) -> Any:
+        return run_cli(args, self.env)
+
+    def get(self, path: str) -> tuple[int, bytes, dict[str, str]]:
+        if self.process.poll() is not None:
+            raise AssertionError(f"allocator serve exited with {self.process.returncode}")
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=5) as response:
+                return response.status, response.read(), _lower(response.headers)
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read(), _lower(exc.headers)
+        except OSError:
+            return 0, b"", {}
+
+    def close(self) -> None:
+        if self.process.returncode is not None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self.log.close()
+
+
+@pytest.fixture
+def served(store_url: str, prefix: str, tmp_path: Path) -> Iterator[Served]:
+    world = Served(store_url, prefix, tmp_path)
+    try:
+        yield world
+    finally:
+        world.close()
+
+
+def test_the_api_answers_what_the_cli_prints_and_metrics_follow_a_set(served: Served) -> None:
+    assert served.cli("set", "job=train", "gpus=1", "host=node1").code == 0
+    printed = json.loads(served.cli("status", "-o", "json").out)
+
+    def caught_up() -> dict[str, Any] | None:
+        code, body, _ = served.get("/api/v1/status")
+        data: dict[str, Any] = json.loads(body)
+        return data if code == 200 and data["revision"] == printed["revision"] else None
+
+    assert wait_for("the API to show the set", caught_up) == printed
+    code, body, headers = served.get("/metrics")
+    assert code == 200 and headers["content-type"].startswith("text/plain")
+    scrape = parse_exposition(body.decode())
+    assert scrape.value("allocator_fleet_gpus", host="node1", state="assigned") == 1.0
+    assert scrape.value("allocator_fleet_gpus", host="node1", state="free") == 3.0
+    assert scrape.value("allocator_fleet_agents", state="none") == 3.0  # the example's 3 hosts
+    assert scrape.value("allocator_store_up") == 1.0
+
+
+def test_an_open_event_stream_gets_the_fleet_and_does_not_hold_up_a_stop(served: Served) -> None:
+    with urllib.request.urlopen(served.base + "/api/v1/events", timeout=10) as stream:
+        assert stream.readline() == b"event: fleet\n"
+        document = json.loads(stream.readline().removeprefix(b"data: "))
+        assert document["store"]["up"] is True and document["loaded"] is True
+        assert [h["host"] for h in document["status"]["hosts"]] == ["node1", "node2", "node3"]
+        served.close()  # SIGTERM while the stream is open
+        # uvicorn shuts down cleanly, then ends by the signal it caught (not our SIGKILL).
+        assert served.process.returncode == -signal.SIGTERM
+    log = served.log_path.read_text()
+    assert "ERROR" not in log and "Traceback" not in log, log
+
+
+def test_history_api_answers_what_the_cli_prints(served: Served) -> None:
+    pytest.importorskip("allocator.history", reason="history is another part of the allocator")
+    assert served.cli("set", "job=train", "gpus=1", "host=node1").code == 0
+    assert served.cli("release", "job=train").code == 0
+    printed = json.loads(served.cli("history", "job=train", "-o", "json").out)
+    code, body, _ = served.get("/api/v1/history?job=train")
+    assert code == 200 and json.loads(body) == printed
+    assert served.get("/api/v1/history?gpu=x")[0] == 400
+
+
+def test_the_page_renders_updates_live_and_says_when_the_store_is_down(
+    prefix: str, tmp_path: Path, etcd_server_private: Any
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        raise AssertionError("chromium is missing: run tools/install-test-servers")
+    world = Served(etcd_server_private.url, prefix, tmp_path)
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1280, "height": 520})
+            page.goto(world.base + "/")
+            cell = 'td[data-host="node1"][data-gpu="1"] .holder'
+            page.wait_for_function(f"document.querySelector('{cell}')?.textContent === 'free'")
+            assert page.locator("tr[data-host]").count() == 3  # the example's node1-3
+            page.evaluate("window.notReloaded = true")
+
+            assert world.cli("set", "job=train", "gpus=1", "host=node1").code == 0
+            assert world.cli("set", "job=eval-nightly", "gpus=0", "host=node2").code == 0
+            page.wait_for_function(f"document.querySelector('{cell}').textContent === 'train'")
+            assert page.evaluate("window.notReloaded") is True  # live, not a reload
+            assert page.locator('tr[data-job="train"]').count() == 1
+
+            _publish_as_agent(etcd_server_private.url, prefix)
+            page.wait_for_selector('tr[data-host="node1"] .agent-alive')
+            gpu3 = page.inner_text('td[data-host="node1"][data-gpu="3"]')
+            assert "unassigned: bob pid 4242" in gpu3
+            idle = page.inner_text('td[data-host="node1"][data-gpu="1"]')
+            assert "idle 2h05m: past its idle rule" in idle
+            _screenshot(page, tmp_path)
+
+            etcd_server_private.stop()
+            page.wait_for_selector("#banner:not([hidden])")
+            assert "Store unavailable since" in page.inner_text("#banner")
+            assert page.inner_text(cell) == "train"  # the last state stays on the page
+            code, _, headers = world.get("/api/v1/status")
+            assert code == 200 and headers["x-allocator-store"].startswith("unavailable since")
+            browser.close()
+    finally:
+        world.close()
+
+
+def _publish_as_agent(url: str, prefix: str) -> None:
+    """What node1's agent would publish: its leased record and train's worker record."""
+    from datetime import timedelta
+
+    from allocator.gpus.model import GpuInfo
+    from allocator.identity import format_time, utc_now
+    from allocator.keys import KeyLayout
+    from allocator.records import AgentRecord, GpuProcess, WorkerRecord
+    from allocator.store import open_store
+
+    layout = KeyLayout(prefix)
+    notebook = GpuProcess(
+        gpu=3, pid=4242, user="bob", command="python notebook.py", memory_used_mib=20480
+    )
+    agent = AgentRecord(
+        host="node1", gpus=tuple(GpuInfo(i) for i in range(4)), unassigned=(notebook,)
+    )
+    idle_since = format_time(utc_now() - timedelta(hours=2, minutes=5, seconds=10))
+    worker = WorkerRecord(
+        job="train", host="node1", state="running", pids=(4100,), gpus=(1,), idle_since=idle_since
+    )
+    store = open_store(url)
+    try:
+        store.put(layout.workers("node1", "train"), worker.to_json())
+        store.put(layout.agent("node1"), agent.to_json(), lease=store.grant_lease(60))
+    finally:
+        store.close()
+
+
+def _screenshot(page: Any, tmp_path: Path) -> None:
+    page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)
+    keep = os.environ.get("ALLOCATOR_SCREENSHOT")
+    if keep:
+        shutil.copyfile(tmp_path / "status-page.png", keep)
+
+
+def _lower(headers: Any) -> dict[str, str]:
+    return {key.lower(): value for key, value in headers.items()}
