@@ -38,6 +38,7 @@ from allocator.records import (
     SCHEMA_VERSION,
     AgentRecord,
     Assignment,
+    HistoryEntry,
     PolicyRecord,
     WorkerRecord,
     decode_record,
@@ -232,26 +233,29 @@ class Allocator:
         """
         return self._with_retries(lambda: self._assign_once(request, reason, command), "set")
 
-    def release(self, host: str, job: str) -> Assignment | BadRecord:
+    def release(self, host: str, job: str, *, reason: str = "") -> Assignment | BadRecord:
         """Remove ``job``'s assignment on ``host``; return what was removed.
 
         A damaged assignment record is removed too (returned as the
         ``BadRecord`` that describes it): releasing is how an operator clears
-        one. ``NotFound`` if the job holds nothing there.
+        one. ``NotFound`` if the job holds nothing there. ``reason`` goes into
+        the history entry written with the release.
         """
-        return self._with_retries(lambda: self._release_once(host, job), "release")
+        return self._with_retries(lambda: self._release_once(host, job, reason), "release")
 
-    def apply_policy(self, text: str, source: str, *, force: bool = False) -> ApplyResult:
+    def apply_policy(
+        self, text: str, source: str, *, force: bool = False, reason: str = ""
+    ) -> ApplyResult:
         """Validate ``text`` and store it as the applied policy (CAS on the old one).
 
         Existing assignments the new policy would forbid are refused (exit 3,
-        each named) unless ``force``.
+        each named) unless ``force``. ``reason`` goes into the policy's history.
         """
         from allocator.policy import load_policy
 
         policy = load_policy(text, source=source)
         return self._with_retries(
-            lambda: self._apply_once(policy, text, source, force), "policy apply"
+            lambda: self._apply_once(policy, text, source, force, reason), "policy apply"
         )
 
     # --- internals ----------------------------------------------------------
@@ -281,6 +285,7 @@ class Allocator:
     def _assign_once(
         self, asked: Request, reason: str, command: tuple[str, ...] | None
     ) -> tuple[Assignment, Placement]:
+        from allocator.history import change_entry
         from allocator.placement import place
 
         snapshot = self.require_policy()
@@ -311,6 +316,7 @@ class Allocator:
             command=command,
             fallback_reason=decision.fallback_reason,
         )
+        before = state.assignments.get(request.job)
         self._assignment_txn(
             host,
             request.job,
@@ -319,10 +325,14 @@ class Allocator:
                 Compare(self.layout.host_generation(host), state.generation),
             ],
             Put(self.layout.assignment(host, request.job), assignment.to_json()),
+            change_entry(before, assignment, self.actor, assignment.updated_at, reason),
+            snapshot.policy.history.entries_per_host,
         )
         return assignment, decision
 
-    def _release_once(self, host: str, job: str) -> Assignment | BadRecord:
+    def _release_once(self, host: str, job: str, reason: str) -> Assignment | BadRecord:
+        from allocator.history import release_entry
+
         state = self.host(host)
         key = self.layout.assignment(host, job)
         current: Assignment | BadRecord | None = state.assignments.get(job)
@@ -330,30 +340,53 @@ class Allocator:
             current = next((bad for bad in state.bad_records if bad.key == key), None)
         if current is None:
             raise job_not_found(job, host, list(state.assignments))
+        held = current if isinstance(current, Assignment) else None
+        entry = release_entry(host, job, held, self.actor, format_time(self.clock()), reason)
         self._assignment_txn(
-            host, job, [Compare(self.layout.host_generation(host), state.generation)], Delete(key)
+            host,
+            job,
+            [Compare(self.layout.host_generation(host), state.generation)],
+            Delete(key),
+            entry,
         )
         return current
 
-    def _assignment_txn(self, host: str, job: str, compares: list[Compare], change: Op) -> int:
-        """Write one assignment change with the job's index, bumping the generations.
+    def _assignment_txn(
+        self,
+        host: str,
+        job: str,
+        compares: list[Compare],
+        change: Op,
+        entry: HistoryEntry,
+        history_limit: int | None = None,
+    ) -> int:
+        """Write one assignment change with the job's index and its history entry.
 
-        The index is read here, just before the write, and compared in it: a
-        concurrent change of the same job on another host makes this retry.
+        Bumps the host's and the fleet's generations. The index and the host's
+        history head are read here, just before the write, and compared in it:
+        a concurrent change of the same job on another host, or another entry
+        in this host's history, makes this retry. ``history_limit`` ``None``
+        keeps the limit the host's history was last written with.
         """
+        from allocator.history import host_stream, prepare_append
         from allocator.jobindex import index_change, index_for_write
 
-        entry = index_for_write(self.store, self.layout, job, self.on_bad_record)
+        index = index_for_write(self.store, self.layout, job, self.on_bad_record)
         index_compare, index_op = index_change(
-            self.layout, entry, host, holds=isinstance(change, Put)
+            self.layout, index, host, holds=isinstance(change, Put)
+        )
+        stream = host_stream(self.layout, host)
+        head_compare, history_ops = prepare_append(
+            self.store, stream, entry, history_limit, self.on_bad_record
         )
         ops = [
             change,
             Put(self.layout.host_generation(host), self._generation_value()),
             Put(self.layout.fleet_generation, self._generation_value()),
             index_op,
+            *history_ops,
         ]
-        return self._txn([*compares, index_compare], ops)
+        return self._txn([*compares, index_compare, head_compare], ops)
 
     def _txn(self, compares: list[Compare], ops: list[Op]) -> int:
         """``store.txn``, refusing anything larger than every backend accepts."""
@@ -362,11 +395,15 @@ class Allocator:
             raise AssertionError(f"a transaction of {size} operations exceeds {MAX_TXN_OPS}")
         return self.store.txn(compares, ops)
 
-    def _apply_once(self, policy: Policy, text: str, source: str, force: bool) -> ApplyResult:
+    def _apply_once(
+        self, policy: Policy, text: str, source: str, force: bool, reason: str
+    ) -> ApplyResult:
+        from allocator.history import policy_entry, policy_stream, prepare_append
         from allocator.policy import policy_sha256
 
         current = self.store.get(self.layout.policy)
         digest = policy_sha256(text)
+        old: PolicyRecord | None = None
         if current is not None:
             try:
                 old = decode_record(current.value, PolicyRecord, current.key)
@@ -397,7 +434,17 @@ class Allocator:
             Compare(self.layout.policy, current.mod_revision if current is not None else 0),
             Compare(self.layout.fleet_generation, fleet.mod_revision if fleet is not None else 0),
         ]
-        revision = self._txn(compares, [Put(self.layout.policy, record.to_json())])
+        entry = policy_entry(record, old, reason, len(violations))
+        head_compare, history_ops = prepare_append(
+            self.store,
+            policy_stream(self.layout),
+            entry,
+            policy.history.entries_per_host,
+            self.on_bad_record,
+        )
+        revision = self._txn(
+            [*compares, head_compare], [Put(self.layout.policy, record.to_json()), *history_ops]
+        )
         return ApplyResult(True, record, revision, tuple(violations))
 
     def violations(self, policy: Policy) -> list[str]:

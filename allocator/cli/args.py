@@ -24,6 +24,8 @@ __all__ = [
     "SetArgs",
     "parse_gpu_list",
     "parse_key_values",
+    "parse_reason",
+    "parse_release_args",
     "parse_set_args",
     "parse_target_args",
 ]
@@ -117,7 +119,8 @@ def _parse_count(raw: str) -> int:
     return count
 
 
-def _parse_reason(raw: str) -> str:
+def parse_reason(raw: str) -> str:
+    """A ``reason=``: printable, at most 200 characters (it is shown in tables)."""
     if len(raw) > _MAX_REASON:
         raise InvalidInput(f"reason= is {len(raw)} characters; at most {_MAX_REASON}")
     if not raw.isprintable():
@@ -160,7 +163,7 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
     base = SetArgs(
         job=job,
         host=host,
-        reason=_parse_reason(kv.get("reason", "")),
+        reason=parse_reason(kv.get("reason", "")),
         command=parse_command(kv["command"]) if "command" in kv else None,
     )
     if "count" in kv:
@@ -173,6 +176,13 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
 def parse_target_args(words: Iterable[str]) -> tuple[str, str | None]:
     """Parse ``job=x [host=h]`` (for get and release); return (job, host)."""
     return _job_and_host(parse_key_values(words, ("job", "host")))
+
+
+def parse_release_args(words: Iterable[str]) -> tuple[str, str | None, str]:
+    """Parse ``job=x [host=h] [reason=...]``; return (job, host, reason)."""
+    kv = parse_key_values(words, ("job", "host", "reason"))
+    job, host = _job_and_host(kv)
+    return job, host, parse_reason(kv.get("reason", ""))
 
 
 def _job_and_host(kv: dict[str, str]) -> tuple[str, str | None]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 from allocator.cli.common import add_common_options, note, open_allocator, output_format
@@ -51,6 +50,9 @@ def register(commands: Any) -> None:
     apply.add_argument(
         "--force", action="store_true", help="apply even if current assignments would break it"
     )
+    apply.add_argument(
+        "--reason", default="", help="why (a ticket, a pull request): kept in `allocator history`"
+    )
     apply.set_defaults(handler=run_apply)
     show = sub.add_parser(
         "show", help="print the applied policy and who applied it (exit 6 if none is)"
@@ -79,9 +81,18 @@ def _lint(path: str) -> tuple[str, Policy, tuple[PolicyWarning, ...]]:
 
 
 def _warn(message: str) -> None:
-    from allocator.cli import one_line
+    from allocator.cli.common import warn
 
-    sys.stderr.write(f"allocator: warning: {one_line(message)}\n")
+    warn(message)
+
+
+def _error_line(code: int, message: str) -> None:
+    """The JSON error object on stderr, for a refusal whose details went to stdout."""
+    import sys
+
+    from allocator.cli import error_document
+
+    sys.stderr.write(json.dumps(error_document(code, message), sort_keys=True) + "\n")
 
 
 def run_validate(args: argparse.Namespace) -> int:
@@ -97,6 +108,7 @@ def run_validate(args: argparse.Namespace) -> int:
             raise
         errors = [e.to_dict() for e in exc.errors]
         emit({"valid": False, "file": args.file, "errors": errors, "warnings": []}, fmt)
+        _error_line(exc.exit_code, str(exc))
         return exc.exit_code
     refused = bool(warnings) and args.strict
     if fmt != "table":
@@ -107,6 +119,8 @@ def run_validate(args: argparse.Namespace) -> int:
             "warnings": [w.to_dict() for w in warnings],
         }
         emit(data, fmt)
+        if refused:
+            _error_line(2, f"{warnings[0]} (a warning, refused by --strict)")
         return 2 if refused else 0
     if refused:
         more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
@@ -182,10 +196,13 @@ def run_apply(args: argparse.Namespace) -> int:
     """Store FILE as the applied policy, atomically; report what it leaves in conflict."""
     from allocator.cli.output import emit
 
+    from allocator.cli.args import parse_reason
+
+    reason = parse_reason(args.reason)
     text, policy, lints = _lint(args.file)  # a bad file is refused before the store is opened
     allocator = open_allocator(args, create=True)  # nothing is created unless it applies
     try:
-        result = allocator.apply_policy(text, source=args.file, force=args.force)
+        result = allocator.apply_policy(text, source=args.file, force=args.force, reason=reason)
         # Re-applying the applied file writes nothing, but must still say what breaks it now.
         standing = [] if result.changed else allocator.violations(policy)
         upcoming = _upcoming(allocator, policy)

@@ -20,9 +20,10 @@ def register(commands: Any) -> None:
         "release",
         run,
         help="release a job's GPUs on a host",
-        usage="allocator release job=NAME [host=H]",
+        usage="allocator release job=NAME [host=H] [reason=TEXT]",
         description="Remove a job's assignment; its host agent stops the job's workers. "
-        "A damaged assignment record is removed too. Exits 6 if the job holds nothing.",
+        "A damaged assignment record is removed too. Exits 6 if the job holds nothing. "
+        "The reason goes into `allocator history`.",
     )
 
 
@@ -30,16 +31,16 @@ def run(args: argparse.Namespace) -> int:
     """Release and print what was released."""
     import json
 
-    from allocator.cli.args import parse_target_args
+    from allocator.cli.args import parse_release_args
     from allocator.cli.output import emit
     from allocator.errors import BadRecord
 
-    job, host = parse_target_args(args.words)
+    job, host, reason = parse_release_args(args.words)
     allocator = open_allocator(args)
     try:
         if host is None:
             host = _host_of(allocator, job)
-        released = allocator.release(host, job)
+        released = allocator.release(host, job, reason=reason)
     finally:
         allocator.store.close()
     if isinstance(released, BadRecord):

@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
     """Read everything once, join, print."""
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
+    from allocator.documents import status_document
     from allocator.keys import validate_name
     from allocator.status import build_status
 
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         allocator.clock(),
         only_host,
     )
-    data = {"hosts": [h.to_dict() for h in hosts], "revision": listing.revision}
+    data = status_document(hosts, listing.revision)
     emit(data, output_format(args), _text(hosts, render_table))
     return 0
 

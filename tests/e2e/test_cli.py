@@ -25,7 +25,7 @@ def _status(cli: Cli) -> dict[str, object]:
     return data
 
 
-def _holders(cli: Cli, host: str) -> dict[str, str]:
+def _holders(cli: Cli, host: str) -> dict[str, str | None]:
     hosts = _status(cli)["hosts"]
     assert isinstance(hosts, list)
     (entry,) = [h for h in hosts if h["host"] == host]
@@ -44,21 +44,21 @@ def test_set_get_status_release(applied: Cli) -> None:
     assert record["reason"] == "baseline" and "@" in record["updated_by"]
     assert record["schema_version"] == 1
 
-    assert _holders(applied, "node1") == {"0": "train", "1": "train", "2": "-", "3": "-"}
+    assert _holders(applied, "node1") == {"0": "train", "1": "train", "2": None, "3": None}
     table = applied("status")
     assert table.code == 0
     assert "HOST" in table.out and "train" in table.out and "nightly-eval" in table.out
 
     released = applied("release", "job=train")
     assert released.code == 0, released.err
-    assert _holders(applied, "node1")["0"] == "-"
+    assert _holders(applied, "node1")["0"] is None
     _one_line_error(applied("get", "job=train"), 6, "holds nothing")
 
 
 def test_moving_a_job_frees_its_old_gpus(applied: Cli) -> None:
     assert applied("set", "job=train", "gpus=0,1", "host=node1").code == 0
     assert applied("set", "job=train", "gpus=2", "host=node1").code == 0
-    assert _holders(applied, "node1") == {"0": "-", "1": "-", "2": "train", "3": "-"}
+    assert _holders(applied, "node1") == {"0": None, "1": None, "2": "train", "3": None}
 
 
 def test_double_booking_is_refused_naming_the_holder(applied: Cli) -> None:
