@@ -99,9 +99,7 @@ class Stream:
 
 def host_stream(layout: KeyLayout, host: str) -> Stream:
     """The history stream of ``host``."""
-    return Stream(
-        f"hosts/{host}", layout.host_history_head(host), layout.host_history(host), host
-    )
+    return Stream(f"hosts/{host}", layout.host_history_head(host), layout.host_history(host), host)
 
 
 def policy_stream(layout: KeyLayout) -> Stream:

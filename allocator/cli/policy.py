@@ -194,9 +194,8 @@ def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
 
 def run_apply(args: argparse.Namespace) -> int:
     """Store FILE as the applied policy, atomically; report what it leaves in conflict."""
-    from allocator.cli.output import emit
-
     from allocator.cli.args import parse_reason
+    from allocator.cli.output import emit
 
     reason = parse_reason(args.reason)
     text, policy, lints = _lint(args.file)  # a bad file is refused before the store is opened

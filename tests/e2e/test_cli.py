@@ -166,7 +166,8 @@ def test_sixteen_processes_race_for_one_gpu_exactly_one_wins(
     assert all(r.code == 3 for r in losers), [(r.code, r.err) for r in losers]
     assert all("Traceback" not in r.err for r in results)
     holders = _holders(applied, "node1")
-    assert holders["2"].startswith("racer") and "," not in holders["2"]
+    winner = holders["2"]
+    assert winner is not None and winner.startswith("racer") and "," not in winner
     listed = applied("status", "-o", "json")
     jobs = [j for h in json.loads(listed.out)["hosts"] for j in h["jobs"]]
     assert len(jobs) == 1
