@@ -37,6 +37,7 @@ from typing import Any
 from allocator import __version__
 from allocator.agent.claims import gpu_holders
 from allocator.agent.config import AgentConfig
+from allocator.agent.decisions import DecisionRecorder
 from allocator.agent.desired import desired_jobs
 from allocator.agent.gpu_state import GpuState
 from allocator.agent.guard import StepGuard
@@ -115,6 +116,7 @@ class Agent:
         self.desired: dict[str, DesiredJob] = {}
         self.gpus = GpuState(self.environ, config.agent_dir / "gpus.json", self.log, clock())
         self.ports = PortTable(config.agent_dir / "ports.json", self.log)
+        self.decisions = DecisionRecorder(config.host, pinned=self.gpus.pins)
         self.inventory: Inventory = self.gpus.inventory
         self.health = self.gpus.monitor
         self.unhealthy: dict[int, str] = dict(self.gpus.unhealthy)
@@ -283,7 +285,7 @@ class Agent:
             self.config.master_addr,
         )
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
-            self.desired = desired_jobs(
+            before, self.desired = self.desired, desired_jobs(
                 self.policy,
                 self.config.host,
                 self.assignments,
@@ -303,6 +305,7 @@ class Agent:
                 master_addr=self.config.master_addr,
             )
             self._desired_inputs = inputs  # only once computed: a failure is retried
+            self._history(self.decisions.desired_changed, before, self.desired, self.gpus.pins)
         for job, want in self.desired.items():
             if want.state == "failed" and job not in self.failed:
                 self.failed[job] = want.assignment_revision
@@ -315,8 +318,15 @@ class Agent:
         for action in actions:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
+        self._history(self.decisions.actions, actions, self.desired)
         self.busy = bool(actions) or any(v.stopping for v in views.values())
         self.reconciled = True
+
+    def _history(self, decide: Callable[..., list[Any]], *args: Any) -> None:
+        """Hand the link the history entries ``decide`` finds (it writes them when it can)."""
+        entries = decide(*args, self.assignments, format_time(self.wall()))
+        if entries and self.policy is not None:
+            self.link.record_history(entries, self.policy.history.entries_per_host)
 
     def _offer(self) -> None:
         """Hand the link what to publish; it writes only what differs from the store."""

@@ -28,17 +28,18 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from allocator.agent.config import AgentConfig
+from allocator.agent.historylink import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.link import RetryTimer, WatchError, WatchEvents, WatchThread, start_watches
 from allocator.agent.publisher import Publisher
 from allocator.agent.view import HostView, host_view
 from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
 from allocator.keys import KeyLayout
-from allocator.records import AgentRecord, BadRecord, encode_record, replace_struct
+from allocator.records import AgentRecord, BadRecord, HistoryEntry, encode_record, replace_struct
 from allocator.store import Store
 
 __all__ = ["LinkState", "Outbox", "StoreLink"]
@@ -112,6 +113,7 @@ class StoreLink:
         self.log = log
         self.to_loop = to_loop
         self.outbox = Outbox()
+        self.history = HistoryQueue(log)
         self._open_store = open_store
         self._clock = clock
         self._inbox: queue.Queue[Any] = queue.Queue()
@@ -140,6 +142,11 @@ class StoreLink:
     def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> None:
         """Publish this content (only what differs from the store is written)."""
         if self.outbox.offer(agent, workers):
+            self._inbox.put(_Wake())
+
+    def record_history(self, entries: Iterable[HistoryEntry], limit: int | None) -> None:
+        """Append the agent's decisions to the host's history (queued; written when connected)."""
+        if self.history.add(entries, limit):
             self._inbox.put(_Wake())
 
     def resync(self) -> None:
@@ -228,6 +235,8 @@ class StoreLink:
             self.publisher.keep_alive(store, self.config.lease_ttl)
             self.next_keepalive = now + self.config.heartbeat_seconds
         self._publish(store)
+        if write_pending(store, self.layout, self.config.host, self.history, self.log) == PER_TICK:
+            self._inbox.put(_Wake())  # more are waiting: write them after what else is due
 
     def _connect(self, now: float) -> None:
         self.store = self._open_store(self.url)
@@ -346,6 +355,7 @@ class StoreLink:
         store = self.store
         if store is not None:
             try:
+                write_pending(store, self.layout, self.config.host, self.history, self.log)
                 if closing.keep_worker_records:  # the records stay: make them current first
                     self._publish(store)
                 self.publisher.withdraw(store, keep_worker_records=closing.keep_worker_records)
