@@ -112,9 +112,7 @@ def write_pending(
     return written
 
 
-def _append(
-    store: Store, stream: Stream, entry: HistoryEntry, limit: int | None, log: Log
-) -> bool:
+def _append(store: Store, stream: Stream, entry: HistoryEntry, limit: int | None, log: Log) -> bool:
     def bad(error: BadRecord) -> None:
         log("bad-record", {"key": error.key, "error": error.reason})
 

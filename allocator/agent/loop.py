@@ -285,24 +285,27 @@ class Agent:
             self.config.master_addr,
         )
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
-            before, self.desired = self.desired, desired_jobs(
-                self.policy,
-                self.config.host,
-                self.assignments,
-                self.assignment_revisions,
-                self.inventory.gpus or None,
-                self.unhealthy,
-                self.failed,
-                wall,
-                holders=holders,
-                pinned=self.gpus.pins,
-                ports=self.ports.allocate(
+            before, self.desired = (
+                self.desired,
+                desired_jobs(
                     self.policy,
                     self.config.host,
                     self.assignments,
-                    running={job for job, view in views.items() if view.alive},
+                    self.assignment_revisions,
+                    self.inventory.gpus or None,
+                    self.unhealthy,
+                    self.failed,
+                    wall,
+                    holders=holders,
+                    pinned=self.gpus.pins,
+                    ports=self.ports.allocate(
+                        self.policy,
+                        self.config.host,
+                        self.assignments,
+                        running={job for job, view in views.items() if view.alive},
+                    ),
+                    master_addr=self.config.master_addr,
                 ),
-                master_addr=self.config.master_addr,
             )
             self._desired_inputs = inputs  # only once computed: a failure is retried
             self._history(self.decisions.desired_changed, before, self.desired, self.gpus.pins)
