@@ -39,6 +39,7 @@ COMMAND_MODULES = (
     "allocator.cli.doctor",
     "allocator.cli.agent",
     "allocator.cli.demo",
+    "allocator.cli.completion",
 )
 
 _LABELS = {
