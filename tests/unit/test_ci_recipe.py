@@ -1,4 +1,4 @@
-"""The CI recipe (docs/ci.md) runs as written, the pre-commit hook works, editors find the schema."""
+"""docs/ci.md runs as written, the pre-commit hook works, editors find the policy schema."""
 
 from __future__ import annotations
 
