@@ -55,7 +55,7 @@ from allocator.errors import AllocatorError, PolicyError
 from allocator.gpus.inventory import Inventory
 from allocator.identity import format_time, utc_now
 from allocator.policy import Policy, load_policy
-from allocator.records import Assignment, PolicyRecord
+from allocator.records import Assignment, HistoryEntry, PolicyRecord
 from allocator.reservations import active_reservations
 from allocator.store import Store, open_store, resolve_store_url
 
@@ -285,27 +285,25 @@ class Agent:
             self.config.master_addr,
         )
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
-            before, self.desired = (
-                self.desired,
-                desired_jobs(
+            before = self.desired
+            self.desired = desired_jobs(
+                self.policy,
+                self.config.host,
+                self.assignments,
+                self.assignment_revisions,
+                self.inventory.gpus or None,
+                self.unhealthy,
+                self.failed,
+                wall,
+                holders=holders,
+                pinned=self.gpus.pins,
+                ports=self.ports.allocate(
                     self.policy,
                     self.config.host,
                     self.assignments,
-                    self.assignment_revisions,
-                    self.inventory.gpus or None,
-                    self.unhealthy,
-                    self.failed,
-                    wall,
-                    holders=holders,
-                    pinned=self.gpus.pins,
-                    ports=self.ports.allocate(
-                        self.policy,
-                        self.config.host,
-                        self.assignments,
-                        running={job for job, view in views.items() if view.alive},
-                    ),
-                    master_addr=self.config.master_addr,
+                    running={job for job, view in views.items() if view.alive},
                 ),
+                master_addr=self.config.master_addr,
             )
             self._desired_inputs = inputs  # only once computed: a failure is retried
             self._history(self.decisions.desired_changed, before, self.desired, self.gpus.pins)
@@ -325,7 +323,7 @@ class Agent:
         self.busy = bool(actions) or any(v.stopping for v in views.values())
         self.reconciled = True
 
-    def _history(self, decide: Callable[..., list[Any]], *args: Any) -> None:
+    def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:
         """Hand the link the history entries ``decide`` finds (it writes them when it can)."""
         entries = decide(*args, self.assignments, format_time(self.wall()))
         if entries and self.policy is not None:
