@@ -55,6 +55,11 @@ DeviceUuid = Annotated[str, msgspec.Meta(pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]{1,
 Argument = Annotated[str, msgspec.Meta(max_length=65536)]
 Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
 Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+#: An RFC 3339 time with its zone, as :func:`allocator.identity.format_time` writes it.
+Rfc3339 = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)\Z"),
+]
 
 
 class MigDevice(msgspec.Struct, frozen=True):
@@ -242,7 +247,7 @@ class HistoryEntry(msgspec.Struct, frozen=True):
     """
 
     seq: Count
-    at: Text
+    at: Rfc3339
     by: Text
     action: HistoryAction
     host: Name | None = None

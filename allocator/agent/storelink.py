@@ -361,6 +361,9 @@ class StoreLink:
                 self.publisher.withdraw(store, keep_worker_records=closing.keep_worker_records)
             except Exception as exc:  # the lease expires on its own; nothing else to do
                 self.log("withdraw-failed", {"error": " ".join(str(exc).split())})
+        if self.history:
+            reason = "the store did not take them before the agent stopped"
+            self.log("history-unwritten", {"entries": len(self.history), "reason": reason})
         self._drop()
 
     def _require_store(self) -> Store:

@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     words = list(sys.argv[1:] if argv is None else argv)
     structured = machine_output(words)
-    set_structured_stderr(structured)
+    previous = set_structured_stderr(structured)
     try:
         return _run_command(words)
     except BadRecord as exc:  # damaged data in the store, not a bug here
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail("internal error", message, EXIT_INTERNAL, structured)
         return EXIT_INTERNAL
     finally:
-        set_structured_stderr(False)
+        set_structured_stderr(previous)
 
 
 def _run_command(words: list[str]) -> int:

@@ -127,9 +127,14 @@ def machine_output(words: Sequence[str]) -> bool:
     return chosen in ("json", "yaml")
 
 
-def set_structured_stderr(structured: bool) -> None:
-    """Make :func:`note` and :func:`warn` write JSON lines (``{"note": ...}``) or text."""
+def set_structured_stderr(structured: bool) -> bool:
+    """Make :func:`note` and :func:`warn` write JSON lines (``{"note": ...}``) or text.
+
+    Returns the previous setting (``demo`` runs commands inside a command).
+    """
+    previous = _STDERR["structured"]
     _STDERR["structured"] = structured
+    return previous
 
 
 def note(message: str) -> None:

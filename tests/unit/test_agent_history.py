@@ -247,3 +247,17 @@ def test_the_store_link_writes_what_the_loop_hands_it(prefix: str) -> None:
         )
     finally:
         assert link.close(keep_worker_records=False, timeout=5)
+
+
+def test_entries_the_store_never_took_are_named_when_the_agent_stops(prefix: str) -> None:
+    def unreachable(url: str) -> Store:
+        raise StoreUnavailable("connection refused")
+
+    log = Log()
+    config = AgentConfig(host=HOST, prefix=prefix)
+    link = StoreLink(config, "memory://x", log, queue.Queue(), open_store=unreachable)
+    link.start()
+    link.record_history([_entry("a"), _entry("b")], limit=5)
+    assert link.close(keep_worker_records=False, timeout=5)
+    unwritten = [fields for event, fields in log.lines if event == "history-unwritten"]
+    assert [f["entries"] for f in unwritten] == [2]

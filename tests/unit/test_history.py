@@ -22,7 +22,7 @@ from allocator.history import (
 )
 from allocator.keys import KeyLayout
 from allocator.placement import Request
-from allocator.records import HistoryEntry
+from allocator.records import HistoryEntry, replace_struct
 from allocator.store import Store, open_store
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml").read_text()
@@ -235,15 +235,16 @@ def test_a_damaged_entry_is_skipped_and_reported_the_rest_still_read(store: Stor
     assert sorted(b.key for b in reported) == sorted([stream.entry_key(0), f"{stream.prefix}junk"])
 
 
-def test_an_entry_whose_body_names_another_host_or_seq_is_a_bad_record(store: Store) -> None:
+def test_an_entry_naming_another_host_or_seq_or_no_time_is_a_bad_record(store: Store) -> None:
     stream = host_stream(LAYOUT, "node1")
-    wrong_host = HistoryEntry(seq=0, at="t", by="x", action="set", host="node2", job="a")
-    wrong_seq = HistoryEntry(seq=7, at="t", by="x", action="set", host="node1", job="a")
-    store.put(stream.entry_key(0), wrong_host.to_json())
-    store.put(stream.entry_key(1), wrong_seq.to_json())
+    good = _entry()
+    store.put(stream.entry_key(0), replace_struct(good, host="node2").to_json())
+    store.put(stream.entry_key(1), replace_struct(good, seq=7).to_json())
+    store.put(stream.entry_key(2), replace_struct(good, seq=2, at="yesterday").to_json())
+    store.put(stream.entry_key(3), replace_struct(good, seq=3).to_json())
     reported: list[BadRecord] = []
-    assert read_stream(store, stream, reported.append) == []
-    assert len(reported) == 2
+    assert [s.entry.seq for s in read_stream(store, stream, reported.append)] == [3]
+    assert [b.key for b in reported] == [stream.entry_key(i) for i in range(3)]
 
 
 # --- reading and selecting --------------------------------------------------------------------
