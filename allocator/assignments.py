@@ -38,6 +38,7 @@ from allocator.records import (
     SCHEMA_VERSION,
     AgentRecord,
     Assignment,
+    HistoryEntry,
     PolicyRecord,
     WorkerRecord,
     decode_record,
@@ -240,12 +241,14 @@ class Allocator:
 
         A damaged assignment record is removed too (returned as the
         ``BadRecord`` that describes it): releasing is how an operator clears
-        one. ``NotFound`` if the job holds nothing there. ``reason`` says why
-        (for the history). ``if_revision``: remove it only while the
+        one. ``NotFound`` if the job holds nothing there. ``reason`` goes into
+        the history entry written with the release. ``if_revision``: remove it only while the
         assignment key is still at that revision (a ``ConflictError`` if it
         was set again meanwhile), as the agent's idle release does.
         """
-        return self._with_retries(lambda: self._release_once(host, job, if_revision), "release")
+        return self._with_retries(
+            lambda: self._release_once(host, job, reason, if_revision), "release"
+        )
 
     def assign_across(
         self,
@@ -274,28 +277,30 @@ class Allocator:
 
         return self._with_retries(once, "set")
 
-    def release_across(self, job: str) -> GroupResult:
+    def release_across(self, job: str, *, reason: str = "") -> GroupResult:
         """Release ``job`` on every host where it holds anything, in one transaction."""
         from allocator.groups import plan_group_release
 
         def once() -> GroupResult:
-            write = plan_group_release(self, job, self._generation_value())
+            write = plan_group_release(self, job, self._generation_value(), reason)
             self._txn(write.compares, write.ops)
             return write.result
 
         return self._with_retries(once, "release")
 
-    def apply_policy(self, text: str, source: str, *, force: bool = False) -> ApplyResult:
+    def apply_policy(
+        self, text: str, source: str, *, force: bool = False, reason: str = ""
+    ) -> ApplyResult:
         """Validate ``text`` and store it as the applied policy (CAS on the old one).
 
         Existing assignments the new policy would forbid are refused (exit 3,
-        each named) unless ``force``.
+        each named) unless ``force``. ``reason`` goes into the policy's history.
         """
         from allocator.policy import load_policy
 
         policy = load_policy(text, source=source)
         return self._with_retries(
-            lambda: self._apply_once(policy, text, source, force), "policy apply"
+            lambda: self._apply_once(policy, text, source, force, reason), "policy apply"
         )
 
     # --- internals ----------------------------------------------------------
@@ -325,6 +330,7 @@ class Allocator:
     def _assign_once(
         self, asked: Request, reason: str, command: tuple[str, ...] | None
     ) -> tuple[Assignment, Placement]:
+        from allocator.history import change_entry
         from allocator.placement import place
 
         snapshot = self.require_policy()
@@ -358,6 +364,7 @@ class Allocator:
             exclusive=decision.exclusive,
             picked=decision.picked,
         )
+        before = state.assignments.get(request.job)
         self._assignment_txn(
             host,
             request.job,
@@ -366,12 +373,16 @@ class Allocator:
                 Compare(self.layout.host_generation(host), state.generation),
             ],
             Put(self.layout.assignment(host, request.job), assignment.to_json()),
+            change_entry(before, assignment, self.actor, assignment.updated_at, reason),
+            snapshot.policy.history.entries_per_host,
         )
         return assignment, decision
 
     def _release_once(
-        self, host: str, job: str, if_revision: int | None = None
+        self, host: str, job: str, reason: str, if_revision: int | None = None
     ) -> Assignment | BadRecord:
+        from allocator.history import release_entry
+
         state = self.host(host)
         key = self.layout.assignment(host, job)
         current: Assignment | BadRecord | None = state.assignments.get(job)
@@ -382,28 +393,47 @@ class Allocator:
         compares = [Compare(self.layout.host_generation(host), state.generation)]
         if if_revision is not None:
             compares.append(Compare(key, if_revision))
-        self._assignment_txn(host, job, compares, Delete(key))
+        held = current if isinstance(current, Assignment) else None
+        entry = release_entry(host, job, held, self.actor, format_time(self.clock()), reason)
+        self._assignment_txn(host, job, compares, Delete(key), entry)
         return current
 
-    def _assignment_txn(self, host: str, job: str, compares: list[Compare], change: Op) -> int:
-        """Write one assignment change with the job's index, bumping the generations.
+    def _assignment_txn(
+        self,
+        host: str,
+        job: str,
+        compares: list[Compare],
+        change: Op,
+        entry: HistoryEntry,
+        history_limit: int | None = None,
+    ) -> int:
+        """Write one assignment change with the job's index and its history entry.
 
-        The index is read here, just before the write, and compared in it: a
-        concurrent change of the same job on another host makes this retry.
+        Bumps the host's and the fleet's generations. The index and the host's
+        history head are read here, just before the write, and compared in it:
+        a concurrent change of the same job on another host, or another entry
+        in this host's history, makes this retry. ``history_limit`` ``None``
+        keeps the limit the host's history was last written with.
         """
+        from allocator.history import host_stream, prepare_append
         from allocator.jobindex import index_change, index_for_write
 
-        entry = index_for_write(self.store, self.layout, job, self.on_bad_record)
+        index = index_for_write(self.store, self.layout, job, self.on_bad_record)
         index_compare, index_op = index_change(
-            self.layout, entry, host, holds=isinstance(change, Put)
+            self.layout, index, host, holds=isinstance(change, Put)
+        )
+        stream = host_stream(self.layout, host)
+        head_compare, history_ops = prepare_append(
+            self.store, stream, entry, history_limit, self.on_bad_record
         )
         ops = [
             change,
             Put(self.layout.host_generation(host), self._generation_value()),
             Put(self.layout.fleet_generation, self._generation_value()),
             index_op,
+            *history_ops,
         ]
-        return self._txn([*compares, index_compare], ops)
+        return self._txn([*compares, index_compare, head_compare], ops)
 
     def _txn(self, compares: list[Compare], ops: list[Op]) -> int:
         """``store.txn``, refusing anything larger than every backend accepts."""
@@ -412,11 +442,15 @@ class Allocator:
             raise AssertionError(f"a transaction of {size} operations exceeds {MAX_TXN_OPS}")
         return self.store.txn(compares, ops)
 
-    def _apply_once(self, policy: Policy, text: str, source: str, force: bool) -> ApplyResult:
+    def _apply_once(
+        self, policy: Policy, text: str, source: str, force: bool, reason: str
+    ) -> ApplyResult:
+        from allocator.history import policy_entry, policy_stream, prepare_append
         from allocator.policy import policy_sha256
 
         current = self.store.get(self.layout.policy)
         digest = policy_sha256(text)
+        old: PolicyRecord | None = None
         if current is not None:
             try:
                 old = decode_record(current.value, PolicyRecord, current.key)
@@ -447,7 +481,17 @@ class Allocator:
             Compare(self.layout.policy, current.mod_revision if current is not None else 0),
             Compare(self.layout.fleet_generation, fleet.mod_revision if fleet is not None else 0),
         ]
-        revision = self._txn(compares, [Put(self.layout.policy, record.to_json())])
+        entry = policy_entry(record, old, reason, len(violations))
+        head_compare, history_ops = prepare_append(
+            self.store,
+            policy_stream(self.layout),
+            entry,
+            policy.history.entries_per_host,
+            self.on_bad_record,
+        )
+        revision = self._txn(
+            [*compares, head_compare], [Put(self.layout.policy, record.to_json()), *history_ops]
+        )
         return ApplyResult(True, record, revision, tuple(violations))
 
     def violations(self, policy: Policy) -> list[str]:

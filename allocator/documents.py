@@ -1,27 +1,80 @@
-"""The JSON documents read commands print with ``-o json`` (and ``allocator serve`` serves).
+"""The JSON documents read commands print with ``-o json`` (and a web API may serve).
 
-One function per document, so the CLI and the web API show the same thing
-in the same shape.
+One function per document, so every place that shows the same thing shows
+it in the same shape; each shape is described by a JSON Schema under
+``docs/schemas/``, and the tests check real output against it. The rules
+every document follows:
+
+* something absent is ``null``, never the table's ``-`` or an empty string;
+* times are RFC 3339 (UTC, ``Z``);
+* GPU ids are strings (``"0"``, ``"cpu"``): a MIG instance is no integer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # status pulls in placement and the policy
+if TYPE_CHECKING:  # status pulls in placement and the policy, which history does not need
+    from allocator.history import Stored
     from allocator.status import GroupStatus, HostStatus
 
-__all__ = ["status_document"]
+__all__ = ["history_document", "history_entry_document", "status_document"]
+
+#: Status fields whose empty value ("" or the table's "-") means "none".
+_GPU_OPTIONAL = ("holder", "since", "reason", "reserved", "outside_reservation", "slots", "idle")
+_JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule")
 
 
 def status_document(
     hosts: Iterable[HostStatus], revision: int, groups: Iterable[GroupStatus] = ()
 ) -> dict[str, Any]:
-    """``allocator status -o json``: every host, its GPUs and holders, its jobs,
-    and every job across several hosts shown as one."""
+    """``allocator status -o json``: every host, its GPUs and holders, its jobs, and
+    every job across several hosts shown as one."""
     return {
-        "hosts": [h.to_dict() for h in hosts],
+        "hosts": [_host(h.to_dict()) for h in hosts],
         "jobs_across_hosts": [g.to_dict() for g in groups],
         "revision": revision,
     }
+
+
+def _host(data: dict[str, Any]) -> dict[str, Any]:
+    data["gpus"] = [_nulls(row, _GPU_OPTIONAL) for row in data["gpus"]]
+    data["jobs"] = [_nulls(row, _JOB_OPTIONAL) for row in data["jobs"]]
+    data["bad_records"] = list(data["bad_records"])
+    return data
+
+
+def _nulls(row: Mapping[str, Any], optional: Sequence[str]) -> dict[str, Any]:
+    return {k: (None if k in optional and v in ("", "-") else v) for k, v in row.items()}
+
+
+def history_document(entries: Iterable[Stored]) -> dict[str, Any]:
+    """``allocator history -o json``: entries, newest first."""
+    return {"entries": [history_entry_document(stored) for stored in entries]}
+
+
+def history_entry_document(stored: Stored) -> dict[str, Any]:
+    """One history entry: when, who, what, from where to where, why."""
+    entry = stored.entry
+    return {
+        "seq": entry.seq,
+        "revision": stored.revision,
+        "at": entry.at,
+        "by": entry.by,
+        "action": entry.action,
+        "host": entry.host,
+        "job": entry.job,
+        "from": _place(entry.from_mode, entry.from_gpus),
+        "to": _place(entry.to_mode, entry.to_gpus),
+        "reason": entry.reason or None,
+        "detail": entry.detail or None,
+        "policy_sha256": entry.policy_sha256,
+        "previous_sha256": entry.previous_sha256,
+    }
+
+
+def _place(mode: str | None, gpus: Sequence[int]) -> dict[str, Any] | None:
+    if mode is None:
+        return None
+    return {"mode": mode, "gpus": [str(gpu) for gpu in gpus]}

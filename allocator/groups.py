@@ -35,9 +35,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from allocator.errors import PlacementRefused, RequestError
+from allocator.history import change_entry, host_stream, prepare_append, release_entry
 from allocator.identity import format_time
 from allocator.jobindex import group_index_change, index_for_write
-from allocator.records import Assignment
+from allocator.records import Assignment, HistoryEntry
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
 
 if TYPE_CHECKING:
@@ -64,12 +65,12 @@ __all__ = [
 #: Operations a transaction spends on each host it touches: compare its
 #: generation, write (or delete) the job's assignment, bump the generation.
 OPS_PER_HOST = 3
-#: Operations left free per touched host for other records written in the
-#: same transaction (a history entry, and the deletion of the oldest one).
-RESERVED_OPS_PER_HOST = 2
+#: Operations each touched host's history entry takes in the same transaction:
+#: compare the host's history head, write the entry, drop the oldest, write the head.
+RESERVED_OPS_PER_HOST = 4
 #: Compare the policy, compare and write the job index, bump the fleet generation.
 FIXED_OPS = 4
-#: The most hosts one job may span (12 with a 64-operation transaction).
+#: The most hosts one job may span (8 with a 64-operation transaction).
 MAX_JOB_HOSTS = (MAX_TXN_OPS - FIXED_OPS) // (OPS_PER_HOST + RESERVED_OPS_PER_HOST)
 
 
@@ -208,6 +209,18 @@ def plan_group_set(
     ops += [Delete(layout.assignment(host, job)) for host in released]
     ops += _bumps(allocator, touched, generation)
     ops.append(index_op)
+    limit = snapshot.policy.history.entries_per_host
+    entries = [
+        change_entry(states[s.host].assignments.get(job), s, allocator.actor, s.updated_at, why[0])
+        for s in shares
+    ]
+    entries += [
+        release_entry(
+            host, job, states[host].assignments.get(job), allocator.actor, template.updated_at, ""
+        )
+        for host in released
+    ]
+    _with_history(allocator, entries, limit, compares, ops)
     notes = tuple(n for host in nodes for n in placed[host].notes)
     notes += tuple(f"job {job!r} no longer holds anything on {host}" for host in released)
     return GroupWrite(compares, ops, GroupResult(job, nodes, port, shares, released, (), notes))
@@ -276,8 +289,13 @@ def replace_share(
     )
 
 
-def plan_group_release(allocator: Allocator, job: str, generation: bytes) -> GroupWrite:
-    """Build the one transaction releasing ``job`` on every host where it holds anything."""
+def plan_group_release(
+    allocator: Allocator, job: str, generation: bytes, reason: str = ""
+) -> GroupWrite:
+    """Build the one transaction releasing ``job`` on every host where it holds anything.
+
+    ``reason`` goes into every host's history entry.
+    """
     from allocator.assignments import job_not_found
 
     layout = allocator.layout
@@ -301,12 +319,35 @@ def plan_group_release(allocator: Allocator, job: str, generation: bytes) -> Gro
     ops: list[Op] = [Delete(layout.assignment(host, job)) for host in touched]
     ops += _bumps(allocator, touched, generation)
     ops.append(index_op)
+    at = format_time(allocator.clock())
+    entries = [
+        release_entry(host, job, held.get(host), allocator.actor, at, reason) for host in touched
+    ]
+    _with_history(allocator, entries, None, compares, ops)
     order = entry.nodes or tuple(touched)
     shares = tuple(held[h] for h in order if h in held)
     result = GroupResult(
         job, entry.nodes, entry.master_port, shares, tuple(touched), tuple(damaged)
     )
     return GroupWrite(compares, ops, result)
+
+
+def _with_history(
+    allocator: Allocator,
+    entries: Sequence[HistoryEntry],
+    limit: int | None,
+    compares: list[Compare],
+    ops: list[Op],
+) -> None:
+    """Add each host's history entry to the transaction (compare its head, append, trim one)."""
+    for entry in entries:
+        assert entry.host is not None  # every entry of an assignment change names its host
+        stream = host_stream(allocator.layout, entry.host)
+        compare, appended = prepare_append(
+            allocator.store, stream, entry, limit, allocator.on_bad_record, max_trim=0
+        )
+        compares.append(compare)
+        ops += appended
 
 
 def _bumps(allocator: Allocator, hosts: Sequence[str], generation: bytes) -> list[Op]:

@@ -113,6 +113,38 @@ class KeyLayout:
         """
         return f"{self.root}/generation"
 
+    @property
+    def history(self) -> str:
+        """Prefix of every history key (trailing slash included).
+
+        Outside ``hosts/``: ``set`` and ``status`` read a host's whole prefix,
+        and a thousand history entries there would slow both.
+        """
+        return f"{self.root}/history/"
+
+    @property
+    def history_heads(self) -> str:
+        """Prefix of the per-host history heads (one key per host that has history)."""
+        return f"{self.history}heads/hosts/"
+
+    def host_history_head(self, host: str) -> str:
+        """Key holding the bounds (first, next sequence number) of ``host``'s history."""
+        return f"{self.history_heads}{validate_name(host, 'host')}"
+
+    def host_history(self, host: str) -> str:
+        """Prefix of ``host``'s history entries (trailing slash included)."""
+        return f"{self.history}hosts/{validate_name(host, 'host')}/"
+
+    @property
+    def policy_history_head(self) -> str:
+        """Key holding the bounds of the policy's history."""
+        return f"{self.history}heads/policy"
+
+    @property
+    def policy_history(self) -> str:
+        """Prefix of the policy's history entries (trailing slash included)."""
+        return f"{self.history}policy/"
+
     def agent(self, host: str) -> str:
         """Key of the host agent's leased liveness/inventory record."""
         return f"{self.host(host)}agent"

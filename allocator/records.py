@@ -31,7 +31,10 @@ __all__ = [
     "BadRecord",
     "GpuInfo",
     "GpuProcess",
+    "HistoryEntry",
+    "HistoryHead",
     "JobIndex",
+    "JobPlace",
     "MigDevice",
     "PolicyRecord",
     "WorkerRecord",
@@ -82,6 +85,11 @@ PCIE_LEVELS: tuple[PcieLevel, ...] = (
     "node",
     "system",
 )
+#: An RFC 3339 time with its zone, as :func:`allocator.identity.format_time` writes it.
+Rfc3339 = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)\Z"),
+]
 
 
 class MigDevice(msgspec.Struct, frozen=True):
@@ -334,8 +342,66 @@ def _check_nodes(nodes: tuple[str, ...], master_port: int | None) -> None:
         raise ValueError("a job across several hosts needs its master_port")
 
 
-Record = Assignment | PolicyRecord | AgentRecord | WorkerRecord | JobIndex
-R = TypeVar("R", Assignment, PolicyRecord, AgentRecord, WorkerRecord, JobIndex)
+#: What a history entry records: lower-case words (see :mod:`allocator.history`);
+#: a pattern, not a fixed list, so an entry a newer allocator writes still reads.
+HistoryAction = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z-]{0,31}\Z")]
+#: Where a job was before or after a change: on GPUs, on the CPU, or stopped.
+JobPlace = Literal["gpu", "cpu", "stopped"]
+
+
+class HistoryEntry(msgspec.Struct, frozen=True):
+    """One change in a host's (or the policy's) history: when, who, what, from where to where.
+
+    ``from_mode``/``to_mode`` are ``None`` where the job held nothing (before
+    a first ``set``, after a ``release``); a policy entry names no host or
+    job and carries the applied policy's hash (and the one it replaced).
+    """
+
+    seq: Count
+    at: Rfc3339
+    by: Text
+    action: HistoryAction
+    host: Name | None = None
+    job: Name | None = None
+    from_mode: JobPlace | None = None
+    from_gpus: tuple[GpuIndex, ...] = ()
+    to_mode: JobPlace | None = None
+    to_gpus: tuple[GpuIndex, ...] = ()
+    reason: Text = ""
+    detail: Text = ""
+    policy_sha256: Sha256 | None = None
+    previous_sha256: Sha256 | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        """Encode for the store."""
+        return encode_record(self)
+
+
+class HistoryHead(msgspec.Struct, frozen=True):
+    """A history stream's bounds: entries ``first`` .. ``next - 1`` exist, at most ``limit``.
+
+    Every append compares this key's revision, so two writers never take one
+    sequence number, and the oldest entry to drop is known without a read.
+    """
+
+    stream: Text
+    first: Count
+    next: Count
+    limit: Annotated[int, msgspec.Meta(ge=1)]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        """Encode for the store."""
+        return encode_record(self)
+
+
+Record = (
+    Assignment | PolicyRecord | AgentRecord | WorkerRecord | JobIndex | HistoryEntry | HistoryHead
+)
+R = TypeVar(
+    "R", Assignment, PolicyRecord, AgentRecord, WorkerRecord, JobIndex, HistoryEntry, HistoryHead
+)
 
 _ENCODER = msgspec.json.Encoder()
 
@@ -396,6 +462,8 @@ _KIND_WORDS: dict[type[Any], str] = {
     AgentRecord: "agent record",
     WorkerRecord: "worker record",
     JobIndex: "job index",
+    HistoryEntry: "history entry",
+    HistoryHead: "history head",
 }
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from allocator import __version__
 from allocator.agent.claims import gpu_holders
 from allocator.agent.config import AgentConfig
+from allocator.agent.decisions import DecisionRecorder
 from allocator.agent.desired import desired_jobs
 from allocator.agent.gpu_state import GpuState
 from allocator.agent.guard import StepGuard
@@ -57,7 +58,7 @@ from allocator.errors import AllocatorError, PolicyError
 from allocator.gpus.inventory import Inventory
 from allocator.identity import format_time, utc_now
 from allocator.policy import Policy, load_policy
-from allocator.records import Assignment, PolicyRecord
+from allocator.records import Assignment, HistoryEntry, PolicyRecord
 from allocator.reservations import active_reservations
 from allocator.store import Store, open_store, resolve_store_url
 
@@ -121,6 +122,7 @@ class Agent:
         self.ports = PortTable(config.agent_dir / "ports.json", self.log)
         self.mps = MpsDaemons(config.agent_dir / "mps", self.log, self.environ)
         self.cpus = frozenset(os.sched_getaffinity(0))  # what workers may be pinned within
+        self.decisions = DecisionRecorder(config.host, pinned=self.gpus.pins)
         self.inventory: Inventory = self.gpus.inventory
         self.health = self.gpus.monitor
         self.unhealthy: dict[int, str] = dict(self.gpus.unhealthy)
@@ -305,6 +307,7 @@ class Agent:
             tuple(sorted(self.peers.items())),
         )
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
+            before = self.desired
             self.desired = desired_jobs(
                 self.policy,
                 self.config.host,
@@ -329,6 +332,7 @@ class Agent:
                 mps_dir=str(self.mps.root),
             )
             self._desired_inputs = inputs  # only once computed: a failure is retried
+            self._history(self.decisions.desired_changed, before, self.desired, self.gpus.pins)
         for job, want in self.desired.items():
             if want.state == "failed" and job not in self.failed:
                 self.failed[job] = want.assignment_revision
@@ -342,8 +346,15 @@ class Agent:
         for action in actions:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
+        self._history(self.decisions.actions, actions, self.desired)
         self.busy = bool(actions) or self.mps.waiting or any(v.stopping for v in views.values())
         self.reconciled = True
+
+    def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:
+        """Hand the link the history entries ``decide`` finds (it writes them when it can)."""
+        entries = decide(*args, self.assignments, format_time(self.wall()))
+        if entries and self.policy is not None:
+            self.link.record_history(entries, self.policy.history.entries_per_host)
 
     def _offer(self) -> None:
         """Hand the link what to publish; it writes only what differs from the store."""

@@ -31,11 +31,12 @@ import queue
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from allocator.agent.config import AgentConfig
+from allocator.agent.historylink import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.idle import IdleRelease
 from allocator.agent.link import RetryTimer, WatchError, WatchEvents, WatchThread, start_watches
 from allocator.agent.multihost import PeerHost, peer_from_listing, peer_jobs
@@ -44,7 +45,7 @@ from allocator.agent.releaser import IdleReleaser
 from allocator.agent.view import HostView, host_view
 from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
 from allocator.keys import KeyLayout
-from allocator.records import AgentRecord, BadRecord, encode_record, replace_struct
+from allocator.records import AgentRecord, BadRecord, HistoryEntry, encode_record, replace_struct
 from allocator.store import Store
 
 __all__ = ["LinkState", "Outbox", "StoreLink"]
@@ -118,6 +119,7 @@ class StoreLink:
         self.log = log
         self.to_loop = to_loop
         self.outbox = Outbox()
+        self.history = HistoryQueue(log)
         self._open_store = open_store
         self._clock = clock
         self._inbox: queue.Queue[Any] = queue.Queue()
@@ -154,6 +156,11 @@ class StoreLink:
     def release_idle(self, releases: Sequence[IdleRelease]) -> None:
         """Release these idle holders (each only while its assignment is the one judged)."""
         if self.releaser.offer(releases):
+            self._inbox.put(_Wake())
+
+    def record_history(self, entries: Iterable[HistoryEntry], limit: int | None) -> None:
+        """Append the agent's decisions to the host's history (queued; written when connected)."""
+        if self.history.add(entries, limit):
             self._inbox.put(_Wake())
 
     def resync(self) -> None:
@@ -243,6 +250,8 @@ class StoreLink:
             self.next_keepalive = now + self.config.heartbeat_seconds
         self._publish(store)
         self.releaser.run(store)
+        if write_pending(store, self.layout, self.config.host, self.history, self.log) == PER_TICK:
+            self._inbox.put(_Wake())  # more are waiting: write them after what else is due
 
     def _connect(self, now: float) -> None:
         self.store = self._open_store(self.url)
@@ -390,11 +399,15 @@ class StoreLink:
         store = self.store
         if store is not None:
             try:
+                write_pending(store, self.layout, self.config.host, self.history, self.log)
                 if closing.keep_worker_records:  # the records stay: make them current first
                     self._publish(store)
                 self.publisher.withdraw(store, keep_worker_records=closing.keep_worker_records)
             except Exception as exc:  # the lease expires on its own; nothing else to do
                 self.log("withdraw-failed", {"error": " ".join(str(exc).split())})
+        if self.history:
+            reason = "the store did not take them before the agent stopped"
+            self.log("history-unwritten", {"entries": len(self.history), "reason": reason})
         self._drop()
 
     def _require_store(self) -> Store:

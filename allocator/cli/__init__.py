@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from allocator import __version__
-from allocator.cli.common import CliArgumentParser, add_common_options
+from allocator.cli.common import (
+    CliArgumentParser,
+    add_common_options,
+    machine_output,
+    set_structured_stderr,
+)
 from allocator.errors import EXIT_INTERNAL, AllocatorError, BadRecord
 
-__all__ = ["build_parser", "main"]
+__all__ = ["ERROR_NAMES", "build_parser", "error_document", "main", "one_line", "run"]
 
 #: Command modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -26,12 +33,14 @@ COMMAND_MODULES = (
     "allocator.cli.get",
     "allocator.cli.release",
     "allocator.cli.status",
+    "allocator.cli.history",
     "allocator.cli.policy",
     "allocator.cli.env",
     "allocator.cli.doctor",
     "allocator.cli.agent",
     "allocator.cli.serve",
     "allocator.cli.demo",
+    "allocator.cli.completion",
 )
 
 _LABELS = {
@@ -40,6 +49,16 @@ _LABELS = {
     4: "store unavailable",
     5: "permission denied",
     6: "not found",
+}
+#: The ``error`` of a JSON error object, by exit code (``docs/schemas/error.schema.json``).
+ERROR_NAMES = {
+    1: "internal_error",
+    2: "invalid_input",
+    3: "conflict",
+    4: "store_unavailable",
+    5: "permission_denied",
+    6: "not_found",
+    130: "interrupted",
 }
 
 
@@ -64,35 +83,64 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI; return the process exit code (never raises for bad input)."""
+    """Run the CLI; return the process exit code (never raises for bad input).
+
+    Under ``-o json`` (or ``yaml``) everything on stderr is JSON, one object a
+    line: notes and warnings, and an error as :func:`error_document` says,
+    even when the arguments themselves are what is wrong.
+    """
+    words = list(sys.argv[1:] if argv is None else argv)
+    structured = machine_output(words)
+    previous = set_structured_stderr(structured)
     try:
-        args = build_parser().parse_args(argv)
-        code: int = args.handler(args)
-        return code
+        return _run_command(words)
     except BadRecord as exc:  # damaged data in the store, not a bug here
-        _fail("error", f"{exc}; rewrite it (for the policy: `allocator policy apply FILE`)")
+        message = f"{exc}; rewrite it (for the policy: `allocator policy apply FILE`)"
+        _fail("error", message, exc.exit_code, structured, name="bad_record")
         return exc.exit_code
     except AllocatorError as exc:
-        _fail(_LABELS.get(exc.exit_code, "internal error"), str(exc))
+        _fail(_LABELS.get(exc.exit_code, "internal error"), str(exc), exc.exit_code, structured)
         return exc.exit_code
     except KeyboardInterrupt:
-        _fail("error", "interrupted")
+        _fail("error", "interrupted", 130, structured)
         return 130
     except BrokenPipeError:
         return 0
     except Exception as exc:
         if os.environ.get("ALLOCATOR_DEBUG"):
             raise
-        _fail(
-            "internal error", f"{type(exc).__name__}: {exc} (set ALLOCATOR_DEBUG=1 for a traceback)"
-        )
+        message = f"{type(exc).__name__}: {exc} (set ALLOCATOR_DEBUG=1 for a traceback)"
+        _fail("internal error", message, EXIT_INTERNAL, structured)
         return EXIT_INTERNAL
+    finally:
+        set_structured_stderr(previous)
 
 
-def _fail(label: str, message: str) -> None:
+def _run_command(words: list[str]) -> int:
+    args = build_parser().parse_args(words)
+    code: int = args.handler(args)
+    return code
+
+
+def error_document(exit_code: int, message: str, name: str | None = None) -> dict[str, Any]:
+    """The JSON object an error is under ``-o json``: ``{"error", "exit_code", "message"}``."""
     from allocator.secrets import redact
 
-    sys.stderr.write(f"allocator: {label}: {one_line(redact(message))}\n")
+    return {
+        "error": name or ERROR_NAMES.get(exit_code, "internal_error"),
+        "exit_code": exit_code,
+        "message": one_line(redact(message)),
+    }
+
+
+def _fail(label: str, message: str, code: int, structured: bool, name: str | None = None) -> None:
+    from allocator.secrets import redact
+
+    if structured:
+        line = json.dumps(error_document(code, message, name), sort_keys=True)
+        sys.stderr.write(line + "\n")
+    else:
+        sys.stderr.write(f"allocator: {label}: {one_line(redact(message))}\n")
 
 
 def one_line(message: str) -> str:

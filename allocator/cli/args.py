@@ -26,6 +26,8 @@ __all__ = [
     "parse_gpu_list",
     "parse_host_list",
     "parse_key_values",
+    "parse_reason",
+    "parse_release_args",
     "parse_set_args",
     "parse_target_args",
 ]
@@ -127,7 +129,8 @@ def _parse_count(raw: str) -> int:
     return count
 
 
-def _parse_reason(raw: str) -> str:
+def parse_reason(raw: str) -> str:
+    """A ``reason=``: printable, at most 200 characters (it is shown in tables)."""
     if len(raw) > _MAX_REASON:
         raise InvalidInput(f"reason= is {len(raw)} characters; at most {_MAX_REASON}")
     if not raw.isprintable():
@@ -181,7 +184,7 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
         job=job,
         host=hosts[0] if hosts else None,
         hosts=hosts if len(hosts) > 1 else (),
-        reason=_parse_reason(kv.get("reason", "")),
+        reason=parse_reason(kv.get("reason", "")),
         command=parse_command(kv["command"]) if "command" in kv else None,
         slots=_parse_slots(kv["slots"]) if "slots" in kv else None,
         prefer=_parse_prefer(kv.get("prefer", "free"), "count" in kv),
@@ -230,6 +233,13 @@ def _parse_prefer(raw: str, counted: bool) -> Literal["free", "links"]:
 def parse_target_args(words: Iterable[str]) -> tuple[str, str | None]:
     """Parse ``job=x [host=h]`` (for get and release); return (job, host)."""
     return _job_and_host(parse_key_values(words, ("job", "host")))
+
+
+def parse_release_args(words: Iterable[str]) -> tuple[str, str | None, str]:
+    """Parse ``job=x [host=h] [reason=...]``; return (job, host, reason)."""
+    kv = parse_key_values(words, ("job", "host", "reason"))
+    job, host = _job_and_host(kv)
+    return job, host, parse_reason(kv.get("reason", ""))
 
 
 def _job_and_host(kv: dict[str, str]) -> tuple[str, str | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from allocator.errors import InvalidInput
@@ -16,10 +16,16 @@ __all__ = [
     "CliArgumentParser",
     "add_common_options",
     "add_words_command",
+    "machine_output",
     "note",
     "open_allocator",
     "output_format",
+    "set_structured_stderr",
+    "warn",
 ]
+
+#: Under -o json/yaml, stderr carries JSON lines too (see :func:`set_structured_stderr`).
+_STDERR = {"structured": False}
 
 
 class CliArgumentParser(argparse.ArgumentParser):
@@ -102,8 +108,53 @@ def _bad_record_noter() -> Callable[[Exception], None]:
     return noter
 
 
+def machine_output(words: Sequence[str]) -> bool:
+    """Whether ``words`` ask for ``-o json`` or ``-o yaml`` (the last ``-o`` wins, as in argparse).
+
+    Read from the words themselves, so an error in parsing them is still
+    reported the way the caller asked for.
+    """
+    chosen = None
+    for index, word in enumerate(words):
+        if word == "--":
+            break
+        if word in ("-o", "--output") and index + 1 < len(words):
+            chosen = words[index + 1]
+        elif word.startswith("--output="):
+            chosen = word.removeprefix("--output=")
+        elif word.startswith("-o") and not word.startswith("-o="):
+            chosen = word[2:] or chosen
+    return chosen in ("json", "yaml")
+
+
+def set_structured_stderr(structured: bool) -> bool:
+    """Make :func:`note` and :func:`warn` write JSON lines (``{"note": ...}``) or text.
+
+    Returns the previous setting (``demo`` runs commands inside a command).
+    """
+    previous = _STDERR["structured"]
+    _STDERR["structured"] = structured
+    return previous
+
+
 def note(message: str) -> None:
     """A one-line remark on stderr that does not change the exit code (secrets masked)."""
+    _remark("note", message)
+
+
+def warn(message: str) -> None:
+    """A warning on stderr: the command goes on, but something looks wrong."""
+    _remark("warning", message)
+
+
+def _remark(kind: str, message: str) -> None:
+    import json
+
+    from allocator.cli import one_line
     from allocator.secrets import redact
 
-    sys.stderr.write(f"allocator: note: {redact(message)}\n")
+    text = one_line(redact(message))
+    if _STDERR["structured"]:
+        sys.stderr.write(json.dumps({kind: text}) + "\n")
+    else:
+        sys.stderr.write(f"allocator: {kind}: {text}\n")

@@ -31,8 +31,9 @@ STEPS: tuple[tuple[str, int], ...] = (
     ("set job=big count=4 host=node2", 0),
     ("set job=oops gpus=9 host=node1", 2),
     ("get job=train", 0),
-    ("release job=notebook", 0),
+    ("release job=notebook reason=done-for-today", 0),
     ("status", 0),
+    ("history host=node1", 0),
 )
 
 

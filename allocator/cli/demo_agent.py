@@ -172,8 +172,10 @@ def run_agent_tour(workdir: Path, run_cli: Callable[[list[str]], int]) -> None:
         _write_gpus(tour.gpus, broken=set())
         seen = tour.worker_line(seen, "return the worker to its GPU")
         tour.cli("status", f"host={HOST}")
-        tour.cli("release", "job=train", f"host={HOST}")
+        tour.cli("release", "job=train", f"host={HOST}", "reason=demo-done")
         tour.worker_stopped()
     finally:
-        tour.stop_agent()
+        tour.stop_agent()  # it writes any decision still queued before it exits
     print(f"# agent tour done in {time.monotonic() - started:.1f} s\n", flush=True)
+    print("# what happened, newest first: the operator's changes and the agent's decisions")
+    tour.cli("history", f"host={HOST}")

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     data = {
         "host": host or local_hostname(),
         "status": overall(findings),
-        "findings": [f.to_dict() for f in findings],
+        "findings": [{**f.to_dict(), "hint": f.hint or None} for f in findings],
     }
     emit(data, output_format(args), render_table(["STATUS", "CHECK", "FINDING"], rows))
     return 0 if overall(findings) != "fail" else 3

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 from allocator.cli.common import add_common_options, note, open_allocator, output_format
+from allocator.errors import AllocatorError
 
 if TYPE_CHECKING:
     from allocator.assignments import Allocator
@@ -33,9 +33,9 @@ def register(commands: Any) -> None:
     )
     sub.required = True
     validate = sub.add_parser(
-        "validate", help="check a policy file; exit 2 with file:line: field: problem"
+        "validate", help="check policy files; exit 2 with file:line: field: problem"
     )
-    validate.add_argument("file")
+    validate.add_argument("file", nargs="+", help="policy file(s)")
     validate.add_argument("--strict", action="store_true", help="treat warnings as errors (exit 2)")
     validate.set_defaults(handler=run_validate)
     diff = sub.add_parser("diff", help="compare a policy file with the applied one")
@@ -50,6 +50,9 @@ def register(commands: Any) -> None:
     apply.add_argument("file")
     apply.add_argument(
         "--force", action="store_true", help="apply even if current assignments would break it"
+    )
+    apply.add_argument(
+        "--reason", default="", help="why (a ticket, a pull request): kept in `allocator history`"
     )
     apply.set_defaults(handler=run_apply)
     show = sub.add_parser(
@@ -79,48 +82,100 @@ def _lint(path: str) -> tuple[str, Policy, tuple[PolicyWarning, ...]]:
 
 
 def _warn(message: str) -> None:
-    from allocator.cli import one_line
+    from allocator.cli.common import warn
 
-    sys.stderr.write(f"allocator: warning: {one_line(message)}\n")
+    warn(message)
+
+
+def _error_line(code: int, message: str) -> None:
+    """The JSON error object on stderr, for a refusal whose details went to stdout."""
+    import sys
+
+    from allocator.cli import error_document
+
+    sys.stderr.write(json.dumps(error_document(code, message), sort_keys=True) + "\n")
 
 
 def run_validate(args: argparse.Namespace) -> int:
-    """Validate without touching any store; warnings exit 2 only with ``--strict``."""
+    """Validate each file without touching any store; warnings exit 2 only with ``--strict``.
+
+    With several files (a pre-commit hook passes every changed one), each is
+    reported and the exit code is 2 if any is refused; ``-o json`` then
+    prints a list of the per-file documents.
+    """
     from allocator.cli.output import emit
-    from allocator.errors import InvalidInput, PolicyError
 
     fmt = output_format(args)
-    try:
-        _, policy, warnings = _lint(args.file)
-    except PolicyError as exc:
-        if fmt == "table":
-            raise
-        errors = [e.to_dict() for e in exc.errors]
-        emit({"valid": False, "file": args.file, "errors": errors, "warnings": []}, fmt)
-        return exc.exit_code
-    refused = bool(warnings) and args.strict
     if fmt != "table":
-        data = {
-            "valid": not refused,
-            "file": args.file,
-            "errors": [],
-            "warnings": [w.to_dict() for w in warnings],
-        }
-        emit(data, fmt)
-        return 2 if refused else 0
-    if refused:
+        results = [_validation(path, args.strict) for path in args.file]
+        for _, refusal in results:
+            if refusal is not None:
+                _error_line(refusal.exit_code, str(refusal))
+        documents = [document for document, _ in results]
+        emit(documents[0] if len(documents) == 1 else documents, fmt)
+        return max((r.exit_code for _, r in results if r is not None), default=0)
+    if len(args.file) == 1:
+        return _validate_table(args.file[0], args.strict)
+    worst = 0
+    for path in args.file:
+        try:
+            worst = max(worst, _validate_table(path, args.strict))
+        except AllocatorError as exc:  # one line per refused file; the others still checked
+            _fail_line(exc)
+            worst = max(worst, exc.exit_code)
+    return worst
+
+
+def _validation(path: str, strict: bool) -> tuple[dict[str, Any], AllocatorError | None]:
+    """The JSON document of one file's validation, and the refusal if it is refused."""
+    from allocator.errors import InvalidInput, PolicyError
+
+    try:
+        _, _, warnings = _lint(path)
+    except PolicyError as exc:
+        errors = [e.to_dict() for e in exc.errors]
+        return {"valid": False, "file": path, "errors": errors, "warnings": []}, exc
+    except AllocatorError as exc:  # unreadable: no line or field to name
+        error = {"file": path, "line": None, "field": None, "message": str(exc), "error": str(exc)}
+        return {"valid": False, "file": path, "errors": [error], "warnings": []}, exc
+    refused = bool(warnings) and strict
+    document = {
+        "valid": not refused,
+        "file": path,
+        "errors": [],
+        "warnings": [w.to_dict() for w in warnings],
+    }
+    refusal = InvalidInput(f"{warnings[0]} (a warning, refused by --strict)") if refused else None
+    return document, refusal
+
+
+def _validate_table(path: str, strict: bool) -> int:
+    from allocator.cli.output import emit
+    from allocator.errors import InvalidInput
+
+    _, policy, warnings = _lint(path)
+    if warnings and strict:
         more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
         raise InvalidInput(f"{warnings[0]} (a warning, refused by --strict){more}")
     for warning in warnings:
         _warn(str(warning))
     summary = (
-        f"{args.file}: ok ({len(policy.hosts)} hosts, {len(policy.pools)} pools, "
+        f"{path}: ok ({len(policy.hosts)} hosts, {len(policy.pools)} pools, "
         f"{len(policy.reservations)} reservations, {len(policy.jobs)} jobs"
         + (f"; {len(warnings)} warning(s)" if warnings else "")
         + ")"
     )
-    emit({}, fmt, summary)
+    emit({}, "table", summary)
     return 0
+
+
+def _fail_line(exc: AllocatorError) -> None:
+    import sys
+
+    from allocator.cli import one_line
+    from allocator.secrets import redact
+
+    sys.stderr.write(f"allocator: error: {one_line(redact(str(exc)))}\n")
 
 
 def run_diff(args: argparse.Namespace) -> int:
@@ -180,12 +235,14 @@ def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
 
 def run_apply(args: argparse.Namespace) -> int:
     """Store FILE as the applied policy, atomically; report what it leaves in conflict."""
+    from allocator.cli.args import parse_reason
     from allocator.cli.output import emit
 
+    reason = parse_reason(args.reason)
     text, policy, lints = _lint(args.file)  # a bad file is refused before the store is opened
     allocator = open_allocator(args, create=True)  # nothing is created unless it applies
     try:
-        result = allocator.apply_policy(text, source=args.file, force=args.force)
+        result = allocator.apply_policy(text, source=args.file, force=args.force, reason=reason)
         # Re-applying the applied file writes nothing, but must still say what breaks it now.
         standing = [] if result.changed else allocator.violations(policy)
         upcoming = _upcoming(allocator, policy)

@@ -20,10 +20,11 @@ def register(commands: Any) -> None:
         "release",
         run,
         help="release a job's GPUs on a host",
-        usage="allocator release job=NAME [host=H]",
+        usage="allocator release job=NAME [host=H] [reason=TEXT]",
         description="Remove a job's assignment; its host agent stops the job's workers. "
         "A damaged assignment record is removed too. A job across several hosts is released "
-        "on all of them in one transaction. Exits 6 if the job holds nothing.",
+        "on all of them in one transaction. Exits 6 if the job holds nothing. "
+        "The reason goes into `allocator history`.",
     )
 
 
@@ -31,17 +32,17 @@ def run(args: argparse.Namespace) -> int:
     """Release and print what was released."""
     import json
 
-    from allocator.cli.args import parse_target_args
+    from allocator.cli.args import parse_release_args
     from allocator.cli.output import emit
     from allocator.errors import BadRecord
 
-    job, host = parse_target_args(args.words)
+    job, host, reason = parse_release_args(args.words)
     allocator = open_allocator(args)
     try:
         host = host or _host_of(allocator, job)
         if host is None:  # a job across several hosts
-            return _release_across(args, allocator, job)
-        released = allocator.release(host, job)
+            return _release_across(args, allocator, job, reason)
+        released = allocator.release(host, job, reason=reason)
     finally:
         allocator.store.close()
     if isinstance(released, BadRecord):
@@ -75,14 +76,14 @@ def _host_of(allocator: Allocator, job: str) -> str | None:
     raise job_not_found(job, None)
 
 
-def _release_across(args: argparse.Namespace, allocator: Allocator, job: str) -> int:
+def _release_across(args: argparse.Namespace, allocator: Allocator, job: str, reason: str) -> int:
     """Release every share of a job across hosts, in one transaction."""
     import json
 
     from allocator.cli.output import emit
     from allocator.groups import describe_shares
 
-    result = allocator.release_across(job)
+    result = allocator.release_across(job, reason=reason)
     for host in result.damaged:
         note(f"the record on {host} was damaged; it is removed")
     where = describe_shares(result.assignments) if result.assignments else "damaged records"

@@ -18,6 +18,7 @@ __all__ = [
     "DEFAULT_IGNORED_XIDS",
     "FallbackRule",
     "HealthSettings",
+    "HistorySettings",
     "Host",
     "IdleRule",
     "Job",
@@ -169,6 +170,13 @@ class HealthSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HistorySettings:
+    """How much assignment history the store keeps."""
+
+    entries_per_host: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """A validated policy file."""
 
@@ -180,6 +188,7 @@ class Policy:
     fallback: Mapping[str, FallbackRule] = field(default_factory=dict)
     visible_devices: VisibleDevices = "uuid"
     health: HealthSettings = field(default_factory=HealthSettings)
+    history: HistorySettings = field(default_factory=HistorySettings)
 
     def pool_of(self, host: str) -> Pool | None:
         """Return the pool ``host`` belongs to, if any."""

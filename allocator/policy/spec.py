@@ -23,6 +23,7 @@ from allocator.policy.kinds import (
 from allocator.policy.model import (
     FallbackRule,
     HealthSettings,
+    HistorySettings,
     Host,
     Job,
     Policy,
@@ -38,6 +39,7 @@ __all__ = [
     "DAY",
     "FALLBACK",
     "HEALTH",
+    "HISTORY",
     "HOST",
     "HOUR",
     "JOB",
@@ -45,6 +47,7 @@ __all__ = [
     "MAX_ARGUMENT_LENGTH",
     "MAX_ENV_ENTRIES",
     "MAX_GLOBS",
+    "MAX_HISTORY_ENTRIES",
     "MAX_HOSTS",
     "MAX_HOST_GPUS",
     "MAX_JOBS",
@@ -83,6 +86,8 @@ MAX_THREADS = 4096
 MAX_RESTARTS = 10_000
 MAX_XID = 65_535
 MAX_XID_ITEMS = 1024
+#: History entries kept per host: beyond this, reading one host's history is slow.
+MAX_HISTORY_ENTRIES = 100_000
 #: Health checks more often than this only burn the agent's CPU.
 MIN_HEALTH_INTERVAL = 0.1
 HOUR = 3600.0
@@ -350,6 +355,23 @@ HEALTH = Record(
     description="GPU health monitoring.",
 )
 
+HISTORY = Record(
+    HistorySettings,
+    (
+        Field(
+            "entries_per_host",
+            Int(
+                minimum=1,
+                maximum=MAX_HISTORY_ENTRIES,
+                why=f"more than {MAX_HISTORY_ENTRIES:,} entries make a host's history slow to read",
+            ),
+            "History entries kept per host (and for the policy); each new entry beyond it "
+            "drops the oldest.",
+        ),
+    ),
+    description="Assignment history (`allocator history`).",
+)
+
 POLICY = Record(
     Policy,
     (
@@ -390,6 +412,7 @@ POLICY = Record(
             "How GPUs are named in CUDA_VISIBLE_DEVICES: by UUID (robust) or NVML index.",
         ),
         Field("health", HEALTH, "GPU health monitoring settings."),
+        Field("history", HISTORY, "How much assignment history the store keeps."),
     ),
     description="Which hosts, GPU pools, reservations, jobs and fallback rules exist.",
 )

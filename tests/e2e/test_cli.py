@@ -25,7 +25,7 @@ def _status(cli: Cli) -> dict[str, object]:
     return data
 
 
-def _holders(cli: Cli, host: str) -> dict[str, str]:
+def _holders(cli: Cli, host: str) -> dict[str, str | None]:
     hosts = _status(cli)["hosts"]
     assert isinstance(hosts, list)
     (entry,) = [h for h in hosts if h["host"] == host]
@@ -44,21 +44,21 @@ def test_set_get_status_release(applied: Cli) -> None:
     assert record["reason"] == "baseline" and "@" in record["updated_by"]
     assert record["schema_version"] == 1
 
-    assert _holders(applied, "node1") == {"0": "train", "1": "train", "2": "-", "3": "-"}
+    assert _holders(applied, "node1") == {"0": "train", "1": "train", "2": None, "3": None}
     table = applied("status")
     assert table.code == 0
     assert "HOST" in table.out and "train" in table.out and "nightly-eval" in table.out
 
     released = applied("release", "job=train")
     assert released.code == 0, released.err
-    assert _holders(applied, "node1")["0"] == "-"
+    assert _holders(applied, "node1")["0"] is None
     _one_line_error(applied("get", "job=train"), 6, "holds nothing")
 
 
 def test_moving_a_job_frees_its_old_gpus(applied: Cli) -> None:
     assert applied("set", "job=train", "gpus=0,1", "host=node1").code == 0
     assert applied("set", "job=train", "gpus=2", "host=node1").code == 0
-    assert _holders(applied, "node1") == {"0": "-", "1": "-", "2": "train", "3": "-"}
+    assert _holders(applied, "node1") == {"0": None, "1": None, "2": "train", "3": None}
 
 
 def test_double_booking_is_refused_naming_the_holder(applied: Cli) -> None:
@@ -166,7 +166,8 @@ def test_sixteen_processes_race_for_one_gpu_exactly_one_wins(
     assert all(r.code == 3 for r in losers), [(r.code, r.err) for r in losers]
     assert all("Traceback" not in r.err for r in results)
     holders = _holders(applied, "node1")
-    assert holders["2"].startswith("racer") and "," not in holders["2"]
+    winner = holders["2"]
+    assert winner is not None and winner.startswith("racer") and "," not in winner
     listed = applied("status", "-o", "json")
     jobs = [j for h in json.loads(listed.out)["hosts"] for j in h["jobs"]]
     assert len(jobs) == 1

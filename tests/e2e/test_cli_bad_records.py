@@ -39,7 +39,7 @@ def test_status_set_and_get_skip_bad_records_and_say_so(
     assert status.code == 0, status.err
     hosts = {h["host"]: h for h in json.loads(status.out)["hosts"]}
     assert {g["gpu"]: g["holder"] for g in hosts["node1"]["gpus"]}["0"] == "train"
-    assert {g["gpu"]: g["holder"] for g in hosts["node1"]["gpus"]}["1"] == "-"
+    assert {g["gpu"]: g["holder"] for g in hosts["node1"]["gpus"]}["1"] is None
     assert len(hosts["node1"]["bad_records"]) == 2 and len(hosts["node2"]["bad_records"]) == 2
 
     table = applied("status")

@@ -28,6 +28,11 @@ def test_demo_shows_the_tour_and_leaves_nothing_behind() -> None:
     assert "CUDA_VISIBLE_DEVICES='1,3'" in out and "CUDA_VISIBLE_DEVICES='2'" in out
     assert "on CPU (GPU 2 unhealthy: XID 79" in out
     assert "worker stopped" in out
+    # It ends with the tour's history: the operator's changes and the agent's decisions.
+    tail = out[out.rindex("$ allocator history") :].splitlines()
+    actions = [line.split()[3] for line in tail[2:] if line.startswith("20")]
+    assert actions == ["release", "recover", "fallback", "move", "set", "policy-apply"]
+    assert tail[-1] == "# done: the temporary store is gone"
     store = re.search(r"a temporary store: sqlite://(\S+)", out)
     assert store is not None and not os.path.exists(store.group(1))
     assert list(processes_running("worker pid")) == []

@@ -12,7 +12,8 @@ from allocator.agent.ports import first_free_port
 from allocator.assignments import Allocator
 from allocator.errors import ConflictError, PlacementRefused, RequestError
 from allocator.gpus.visible import default_master_port
-from allocator.groups import MAX_JOB_HOSTS, OPS_PER_HOST, RESERVED_OPS_PER_HOST
+from allocator.groups import FIXED_OPS, MAX_JOB_HOSTS, OPS_PER_HOST, RESERVED_OPS_PER_HOST
+from allocator.history import host_stream, read_stream
 from allocator.jobindex import read_index
 from allocator.placement import Request
 from allocator.records import Assignment, JobIndex, WorkerRecord
@@ -34,6 +35,10 @@ def policy_text(*, fallback: str = "wait", port: str = "") -> str:
         "  other:\n    command: [python, other.py]\n    workers: per-gpu\n"
         "fallback:\n  wait: {action: wait}\n  cpu: {action: cpu, threads: 2}\n"
     )
+
+
+def _no_bad(bad: object) -> None:
+    raise AssertionError(f"a bad record: {bad}")
 
 
 class Recording:
@@ -217,15 +222,20 @@ def test_more_hosts_than_one_transaction_holds_are_refused_before_anything_is_re
         alice.assign_across(_train(), hosts)
 
 
-def test_the_largest_job_leaves_room_for_other_records_in_its_transaction(store: Store) -> None:
+def test_the_largest_job_with_its_history_fits_one_transaction(store: Store) -> None:
     recording = Recording(store)
     alice = _allocator(recording)
-    alice.apply_policy(policy_text(), "p.yaml")
-    alice.assign_across(_train(1), [f"node{i}" for i in range(MAX_JOB_HOSTS)])
+    # One history entry per host: every later change also drops the oldest one.
+    alice.apply_policy(policy_text() + "history: {entries_per_host: 1}\n", "p.yaml")
+    hosts = [f"node{i}" for i in range(MAX_JOB_HOSTS)]
+    alice.assign_across(_train(1), hosts)
+    alice.assign_across(_train(2), hosts)
     alice.release_across("train")
     sizes = [len(c) + len(o) for c, o in recording.txns[1:]]
-    assert max(sizes) + RESERVED_OPS_PER_HOST * MAX_JOB_HOSTS <= MAX_TXN_OPS
-    assert max(sizes) == 4 + OPS_PER_HOST * MAX_JOB_HOSTS
+    assert max(sizes) == FIXED_OPS + (OPS_PER_HOST + RESERVED_OPS_PER_HOST) * MAX_JOB_HOSTS
+    assert max(sizes) <= MAX_TXN_OPS
+    kept = [read_stream(store, host_stream(alice.layout, h), _no_bad) for h in hosts]
+    assert [[e.entry.action for e in entries] for entries in kept] == [["release"]] * len(hosts)
 
 
 def test_a_job_across_hosts_needs_distinct_hosts(alice: Allocator) -> None:
@@ -250,3 +260,17 @@ def test_an_index_naming_nodes_without_a_port_is_a_bad_record() -> None:
     raw = JobIndex("train", ("a", "b"), ("a", "b"), 20000).to_json()
     with pytest.raises(BadRecord, match="master_port"):
         decode_record(raw.replace(b"20000", b"null"), JobIndex, "k", job="train")
+
+
+def test_every_share_of_a_set_and_a_release_across_hosts_is_in_its_hosts_history(
+    alice: Allocator, store: Store
+) -> None:
+    alice.assign_across(_train(), ["node1", "node0"], reason="sweep 7")
+    alice.release_across("train", reason="sweep done")
+    for host in ("node0", "node1"):
+        kept = read_stream(store, host_stream(alice.layout, host), _no_bad)
+        assert [(e.entry.action, e.entry.reason, e.entry.by) for e in kept] == [
+            ("set", "sweep 7", "alice@h"),
+            ("release", "sweep done", "alice@h"),
+        ]
+        assert kept[0].entry.to_gpus == (0, 1) and kept[1].entry.from_gpus == (0, 1)

@@ -1,0 +1,121 @@
+"""``allocator history``: who changed which assignment, when and why, newest first.
+
+Every ``set``, ``release`` and ``policy apply`` writes its entry in the same
+transaction as the change, and each host's agent adds its own decisions
+(fallback to the CPU, recovery, giving up, holding a flapping job back).
+Entries are kept per host, up to the policy's ``history.entries_per_host``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from allocator.cli.common import add_words_command, open_allocator, output_format
+
+if TYPE_CHECKING:
+    from allocator.history import Stored
+
+__all__ = ["register"]
+
+USAGE = (
+    "allocator history [job=J] [host=H] [gpu=N] [--since 30m|2h|7d|RFC3339] [--limit N] "
+    "[-o table|json|yaml]"
+)
+#: More than this many entries is no screenful: a typo, or a fleet's whole history.
+_MAX_LIMIT = 10_000_000
+
+
+def register(commands: Any) -> None:
+    """Add the ``history`` command."""
+    parser = add_words_command(
+        commands,
+        "history",
+        run,
+        help="show every assignment change and policy apply, newest first",
+        usage=USAGE,
+        description=__doc__,
+    )
+    parser.add_argument(
+        "--since",
+        metavar="WHEN",
+        help="only entries from this far back (30m, 2h, 7d, 1w) or since an RFC 3339 time",
+    )
+    parser.add_argument(
+        "--limit", metavar="N", help="show at most N entries (the newest)", default=None
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read the history streams the filters need, select, print."""
+    from allocator.cli.args import parse_key_values
+    from allocator.cli.output import emit, render_table
+    from allocator.documents import history_document
+    from allocator.history import parse_since, read_history, select
+    from allocator.identity import utc_now
+    from allocator.keys import validate_name
+
+    kv = parse_key_values(args.words, ("job", "host", "gpu"))
+    job = validate_name(kv["job"], "job") if "job" in kv else None
+    host = validate_name(kv["host"], "host") if "host" in kv else None
+    gpu = _gpu(kv["gpu"]) if "gpu" in kv else None
+    since = parse_since(args.since, utc_now()) if args.since is not None else None
+    limit = _limit(args.limit) if args.limit is not None else None
+    allocator = open_allocator(args)
+    try:
+        entries = read_history(
+            allocator.store,
+            allocator.layout,
+            allocator.on_bad_record,
+            host=host,
+            with_policy=job is None and gpu is None,
+        )
+    finally:
+        allocator.store.close()
+    chosen = select(entries, job=job, gpu=gpu, since=since)[:limit]
+    emit(history_document(chosen), output_format(args), _table(chosen, render_table))
+    return 0
+
+
+def _gpu(raw: str) -> int:
+    from allocator.cli.args import parse_gpu_list
+    from allocator.errors import InvalidInput
+
+    gpus = parse_gpu_list(raw)
+    if len(gpus) != 1:
+        raise InvalidInput(f"gpu={raw[:40]}: give one GPU index (e.g. gpu=3)")
+    return gpus[0]
+
+
+def _limit(raw: str) -> int:
+    from allocator.errors import InvalidInput
+
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 8 or not 1 <= int(raw) <= _MAX_LIMIT:
+        raise InvalidInput(f"--limit {raw[:20]}: expected a whole number from 1 to {_MAX_LIMIT:,}")
+    return int(raw)
+
+
+def _table(entries: list[Stored], render_table: Any) -> str:
+    if not entries:
+        return "no history matches"
+    rows = [_row(stored) for stored in entries]
+    return str(render_table(["WHEN", "HOST", "JOB", "ACTION", "FROM", "TO", "BY", "REASON"], rows))
+
+
+def _row(stored: Stored) -> list[str]:
+    entry = stored.entry
+    if entry.action == "policy-apply":
+        old = f"sha256 {entry.previous_sha256[:12]}" if entry.previous_sha256 else "-"
+        new = f"sha256 {entry.policy_sha256[:12]}" if entry.policy_sha256 else "-"
+    else:
+        old, new = _where(entry.from_mode, entry.from_gpus), _where(entry.to_mode, entry.to_gpus)
+    why = "; ".join(part for part in (entry.reason, entry.detail) if part) or "-"
+    return [entry.at, entry.host or "-", entry.job or "-", entry.action, old, new, entry.by, why]
+
+
+def _where(mode: str | None, gpus: tuple[int, ...]) -> str:
+    if mode is None:
+        return "-"
+    if mode == "gpu":
+        return ",".join(str(gpu) for gpu in gpus) or "-"
+    return mode
