@@ -30,21 +30,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 # own setting wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-import aetcd.utils
 import grpc
 from aetcd import rpc
 
 from allocator.errors import (
     AllocatorError,
-    AmbiguousWrite,
     CasConflict,
     Compacted,
     LeaseLost,
-    PermissionDenied,
-    StoreConfigError,
     StoreError,
     StoreUnavailable,
-    ValueTooLarge,
 )
 from allocator.store._local import (
     check_key,
@@ -62,19 +57,22 @@ from allocator.store.etcd_config import (
     parse_etcd_url,
     read_pem,
 )
+from allocator.store.etcd_rules import (
+    MAX_TXN_OPS,
+    ambiguous_write,
+    attempt_timeout,
+    conflict,
+    maybe_applied,
+    prefix_range_end,
+    token_is_stale,
+    translate_status,
+    watch_error,
+    worth_another_endpoint,
+)
 from allocator.store.urls import redact_url
 
-__all__ = [
-    "MAX_TXN_OPS",
-    "EtcdStore",
-    "EtcdWatch",
-    "attempt_timeout",
-    "open_etcd",
-    "translate_error",
-]
+__all__ = ["MAX_TXN_OPS", "EtcdStore", "EtcdWatch", "open_etcd", "translate_error"]
 
-#: etcd's default ``--max-txn-ops``: compares (and writes) one transaction may hold.
-MAX_TXN_OPS = 128
 #: Seconds past a call's budget before the loop thread gives up on it: a
 #: hang guard only, since every request carries a deadline inside the budget.
 _GUARD_SLACK_S = 1.0
@@ -96,67 +94,35 @@ def open_etcd(url: str, *, create: bool = False) -> EtcdStore:
     return EtcdStore(parse_etcd_url(url), url)
 
 
-def attempt_timeout(remaining: float, endpoints_left: int) -> float:
-    """Seconds one endpoint may take: an equal share of what is left of the call's budget.
-
-    The shares of every endpoint still to try add up to ``remaining``, so a
-    call that fails over across all of them still ends within its budget.
-    """
-    return max(remaining, 0.0) / max(endpoints_left, 1)
-
-
 def _remaining() -> float:
     """Seconds left before the current call's deadline (at least a millisecond)."""
     return max(_DEADLINE.get() - asyncio.get_running_loop().time(), 0.001)
+
+
+def _status(exc: BaseException) -> tuple[int, str] | None:
+    """The gRPC status code and details of a gRPC error (``None``: not one)."""
+    if not isinstance(exc, grpc.aio.AioRpcError):
+        return None
+    return int(exc.code().value[0]), exc.details() or ""
 
 
 def _maybe_applied(exc: BaseException) -> bool:
     """Whether a write that failed with ``exc`` after being sent may still have committed."""
     if isinstance(exc, TimeoutError | asyncio.CancelledError):
         return True
-    if not isinstance(exc, grpc.aio.AioRpcError):
-        return False
-    code, details = exc.code(), _details(exc)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return "failed to connect" not in details and "no leader" not in details
-    return code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-
-
-# --- error translation -----------------------------------------------------------
-
-_UNAVAILABLE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.CANCELLED,
-    }
-)
-
-
-def _details(exc: BaseException) -> str:
-    return (exc.details() or "") if isinstance(exc, grpc.aio.AioRpcError) else ""
-
-
-def _token_is_stale(exc: BaseException) -> bool:
-    # Simple tokens expire after 5 idle minutes (or when auth is switched off
-    # and on); a JWT from before any change to users or roles is "old". A
-    # refused watch reports either as its cancel reason, hence str(exc).
-    text = _details(exc) or str(exc)
-    return "invalid auth token" in text or "auth store is old" in text
+    status = _status(exc)
+    return status is not None and maybe_applied(*status)
 
 
 def _worth_another_endpoint(exc: BaseException, idempotent: bool) -> bool:
-    if not isinstance(exc, grpc.aio.AioRpcError):
-        return False
-    code = exc.code()
-    if idempotent and code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return True  # a silent endpoint used up its share of the budget
-    if code != grpc.StatusCode.UNAVAILABLE:
-        return False
-    # A write that may have been applied must not be applied twice.
-    details = _details(exc)
-    return idempotent or "failed to connect" in details or "no leader" in details
+    status = _status(exc)
+    return status is not None and worth_another_endpoint(*status, idempotent)
+
+
+def _token_is_stale(exc: BaseException) -> bool:
+    # A refused watch reports a stale token as its cancel reason, hence str(exc).
+    status = _status(exc)
+    return token_is_stale(status[1] if status is not None and status[1] else str(exc))
 
 
 def translate_error(exc: BaseException, where: str) -> AllocatorError:
@@ -165,28 +131,10 @@ def translate_error(exc: BaseException, where: str) -> AllocatorError:
         return exc
     if isinstance(exc, TimeoutError):
         return StoreUnavailable(f"etcd at {where} did not answer in time")
-    if not isinstance(exc, grpc.aio.AioRpcError):
+    status = _status(exc)
+    if status is None:
         return StoreError(f"etcd at {where}: {exc!r}")
-    code, details = exc.code(), _details(exc) or exc.code().name
-    if code in _UNAVAILABLE_CODES:
-        return StoreUnavailable(f"etcd at {where} is unavailable: {details}")
-    if "user name is empty" in details:
-        return PermissionDenied(
-            f"etcd at {where} requires a user: set ETCDCTL_USER or give user:password@ in the URL"
-        )
-    if "authentication is not enabled" in details:
-        return StoreConfigError(f"etcd at {where}: a user was given but {details}")
-    denied = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
-    if code in denied or "authentication failed" in details:
-        return PermissionDenied(f"etcd at {where}: {details}")
-    if "lease not found" in details:
-        return LeaseLost(f"etcd at {where}: {details}")
-    if "request is too large" in details:
-        return ValueTooLarge(f"etcd at {where}: {details}")
-    if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-        # Not an answer etcd gives to what allocator sends: something else listens there.
-        return StoreUnavailable(f"etcd at {where}: {details[:200]} (is it an etcd v3 server?)")
-    return StoreError(f"etcd at {where}: {details}")
+    return translate_status(*status, where)
 
 
 # --- one channel to one endpoint ---------------------------------------------------
@@ -263,7 +211,7 @@ def _key(key: str) -> bytes:
 
 def _prefix_range(prefix: str) -> tuple[bytes, bytes]:
     start = _key(prefix)
-    return start, aetcd.utils.prefix_range_end(start)
+    return start, prefix_range_end(start)
 
 
 def _key_value(kv: Any) -> KeyValue:
@@ -315,33 +263,20 @@ def _txn_request(compares: Sequence[Compare], ops: Sequence[Any]) -> Any:
 
 
 def _conflict(compares: Sequence[Compare], reply: Any) -> CasConflict:
-    failed: list[str] = []
-    details: list[str] = []
-    for compare, response in zip(compares, reply.responses, strict=True):
+    found = []
+    for response in reply.responses:
         kvs = response.response_range.kvs
-        found = kvs[0].mod_revision if kvs else 0
-        if found != compare.mod_revision:
-            failed.append(compare.key)
-            want = compare.mod_revision or "absent"
-            details.append(f"{compare.key} (expected {want}, found {found or 'absent'})")
-    return CasConflict(f"changed since read: {', '.join(details)}", keys=tuple(failed))
+        found.append(kvs[0].mod_revision if kvs else 0)
+    return conflict(compares, found)
 
 
 # --- watches -----------------------------------------------------------------------
 
 
 def _watch_error(response: Any, where: str) -> AllocatorError | None:
-    if response.compact_revision:
-        rev = int(response.compact_revision)
-        return Compacted(
-            f"etcd at {where}: history before revision {rev} is compacted", compact_revision=rev
-        )
-    if response.canceled:
-        reason = response.cancel_reason or "watch cancelled by the server"
-        refused = any(word in reason for word in ("permission denied", "auth", "Unauthenticated"))
-        kind = PermissionDenied if refused else StoreUnavailable
-        return kind(f"etcd at {where}: {reason}")
-    return None
+    return watch_error(
+        int(response.compact_revision), response.canceled, response.cancel_reason, where
+    )
 
 
 async def _pump_watch(
@@ -583,7 +518,7 @@ class EtcdStore:
             try:
                 await conn.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease), **conn.call_options)
             except grpc.aio.AioRpcError as exc:
-                if "lease not found" not in _details(exc):
+                if "lease not found" not in (exc.details() or ""):
                     raise
 
         self._call(op, idempotent=True)
@@ -631,7 +566,7 @@ class EtcdStore:
             if self._closed:
                 raise StoreError(f"the etcd store for {self.endpoints} is closed")
             coro = self._attempt(op, idempotent)
-        unconfirmed = None if idempotent else self._ambiguous(self.endpoints)
+        unconfirmed = None if idempotent else ambiguous_write(self.endpoints, self.config.timeout)
         return self._loop.run(coro, guard, f"etcd at {self.endpoints}", timeout_error=unconfirmed)
 
     async def _attempt(self, op: _Op[_T], idempotent: bool) -> _T:
@@ -655,17 +590,11 @@ class EtcdStore:
                 # there cannot have delivered the write.
                 sent = conn is not None and (connected or conn.ready())
                 if sent and not idempotent and _maybe_applied(exc):
-                    raise self._ambiguous(where) from exc
+                    raise ambiguous_write(where, self.config.timeout) from exc
                 if tried == count or not _worth_another_endpoint(exc, idempotent or not sent):
                     raise translate_error(exc, where) from exc
                 await self._next_endpoint(conn)
         raise AssertionError("every attempt returns or raises")
-
-    def _ambiguous(self, where: str) -> AmbiguousWrite:
-        return AmbiguousWrite(
-            f"etcd at {where} did not confirm the write within {self.config.timeout:g} s: "
-            "it may have been applied; re-run to check"
-        )
 
     @staticmethod
     async def _with_fresh_token(conn: _Connection, op: _Op[_T]) -> _T:
