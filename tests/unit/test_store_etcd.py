@@ -295,7 +295,8 @@ def test_a_watch_whose_channel_is_closed_under_it_raises(etcd_server: EtcdServer
     try:
         watch = store.watch("/moving/", store.put("/moving/k", b"v"))
         assert len(collect(watch, 1)) == 1
-        store._loop.run(store._next_endpoint(store._conn), 10, "test")  # type: ignore[attr-defined]
+        calls = store._calls  # type: ignore[attr-defined]
+        store._loop.run(calls.next_endpoint(calls.current), 10, "test")  # type: ignore[attr-defined]
 
         assert isinstance(next_until_error(watch), StoreUnavailable)
         assert store.get("/moving/k") is not None  # and the store reconnects
