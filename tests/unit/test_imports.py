@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 HEAVY = ("torch", "grpc", "aetcd", "consul", "requests", "pynvml", "numpy")
+_EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml"
 
 _PROBE = """
 import json, sys
@@ -58,3 +59,34 @@ def test_help_does_not_even_load_yaml_or_tenacity(tmp_path: Path) -> None:
     _, modules = _modules_after(["--help"], f"sqlite://{tmp_path / 's.db'}")
     assert "yaml" not in modules and "tenacity" not in modules
     assert "sqlite3" not in modules
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["set", "job=train", "gpus=0", "host=node1"],
+        ["get", "job=train"],
+        ["status"],
+        ["release", "job=train", "host=node1"],
+    ],
+)
+def test_commands_on_etcd_talk_json_and_load_no_grpc(
+    args: list[str], etcd_server: object, prefix: str
+) -> None:
+    from allocator.assignments import Allocator
+    from allocator.store import open_store
+
+    url = str(etcd_server.url)  # type: ignore[attr-defined]
+    store = open_store(url, one_shot=True)
+    try:
+        allocator = Allocator(store, prefix=prefix)
+        allocator.apply_policy(_EXAMPLE.read_text(), "policy.yaml")
+        if args[0] != "set":
+            setup = ["--prefix", prefix, "set", "job=train", "gpus=0", "host=node1"]
+            code, _ = _modules_after(setup, url)
+            assert code == 0
+    finally:
+        store.close()
+    code, modules = _modules_after(["--prefix", prefix, *args], url)
+    assert code == 0
+    assert _heavy(modules) == []
