@@ -194,7 +194,6 @@ def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
     ours: list[float] = []
     floor: list[float] = []
     with bare.running() as bare_move:
-        bare_move()  # warm-up
         for i in range(moves):
             elapsed, pid = _move(world, i % 2, pid)
             ours.append(elapsed)

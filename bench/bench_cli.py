@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from allocator.store import open_store
@@ -38,33 +38,30 @@ def _etcdctl(server: EtcdServer, *args: str) -> list[str]:
     return ["etcdctl", "--endpoints", server.endpoint, *args]
 
 
-def _setter(env: dict[str, str]) -> list[list[str]]:
-    """Two ``set`` commands that move a job back and forth (each one a real change)."""
-    return [allocator_cli("set", "job=train", f"gpus={g}", "host=node1") for g in (0, 1)]
-
-
-def _alternating(commands: list[list[str]], env: dict[str, str]) -> object:
+def _moves(env: dict[str, str]) -> Callable[[], float]:
+    """Times one ``allocator set``, moving a job between GPUs 0 and 1 (each a real change)."""
+    commands = [allocator_cli("set", "job=train", f"gpus={g}", "host=node1") for g in (0, 1)]
     turn = [0]
 
     def run() -> float:
         turn[0] += 1
-        return timed_run(commands[turn[0] % len(commands)], env)
+        return timed_run(commands[turn[0] % 2], env)
 
     return run
 
 
-def rows(rounds: int, hosts: int, work: Path) -> list[Row]:
+def rows(rounds: int, hosts: int, work: Path, warmup: int = 1) -> list[Row]:
     """Measure every CLI row (``hosts``: the size of the simulated fleet)."""
     byte_compile()
     server = EtcdServer(work / "etcd-cli")
     server.start()
     try:
-        return _measure(server, rounds, hosts, work)
+        return _measure(server, rounds, hosts, work, warmup)
     finally:
         server.stop()
 
 
-def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path) -> list[Row]:
+def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: int) -> list[Row]:
     base = clean_env()
     ctl = clean_env(ETCDCTL_API="3")
     sqlite = clean_env(ALLOCATOR_STORE=f"sqlite://{work / 'cli.db'}")
@@ -80,18 +77,17 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path) -> list[Ro
     policy_file = work / "fleet-policy.yaml"
     policy_file.write_text(fleet_policy(hosts))
     job = job_name(hosts // 2, 3)
-    set_etcd = _alternating(_setter(etcd), etcd)
-    set_sqlite = _alternating(_setter(sqlite), sqlite)
     samples = interleaved(
         {
             "etcdctl put": lambda: timed_run(_etcdctl(server, "put", "/bench/k", "v"), ctl),
-            "set etcd": set_etcd,  # type: ignore[dict-item]
+            "set etcd": _moves(etcd),
             "etcdctl get": lambda: timed_run(_etcdctl(server, "get", f"/fleet/v1/jobs/{job}"), ctl),
             "get etcd": lambda: timed_run(allocator_cli("get", f"job={job}"), fleet),
             "python -c pass": lambda: timed_run([sys.executable, "-c", "pass"], base),
-            "set sqlite": set_sqlite,  # type: ignore[dict-item]
+            "set sqlite": _moves(sqlite),
         },
         rounds,
+        warmup,
     )
     heavy = interleaved(
         {
@@ -107,7 +103,8 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path) -> list[Ro
                 allocator_cli("policy", "validate", str(policy_file)), base
             ),
         },
-        max(3, rounds // 3),
+        max(1, rounds // 3),
+        warmup,
     )
     return [
         ratio_row("CLI set, etcd", samples["set etcd"], samples["etcdctl put"], most=6),

@@ -36,7 +36,7 @@ GROUPS = ("cli", "agent", "fleet")
 SIZES = {
     "full": {"rounds": 20, "hosts": 1000, "moves": 50, "idle": 60.0, "applies": 5, "place": 5.0},
     "quick": {"rounds": 10, "hosts": 1000, "moves": 20, "idle": 15.0, "applies": 3, "place": 3.0},
-    "smoke": {"rounds": 2, "hosts": 20, "moves": 2, "idle": 1.0, "applies": 1, "place": 0.5},
+    "smoke": {"rounds": 1, "hosts": 10, "moves": 1, "idle": 0.3, "applies": 1, "place": 0.2},
 }
 
 
@@ -62,7 +62,7 @@ def _run_group(group: str, args: argparse.Namespace, work: Path) -> list[Row]:
     if group == "cli":
         from bench import bench_cli
 
-        rows = bench_cli.rows(args.rounds, args.hosts, work)
+        rows = bench_cli.rows(args.rounds, args.hosts, work, warmup=0 if args.smoke else 1)
     elif group == "agent":
         from bench import bench_agent
 
