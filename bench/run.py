@@ -9,7 +9,9 @@ completes and exits 0, so the table always gets written.
 
 Usage: ``python -m bench.run [--smoke] [--quick] [--only cli,agent,fleet] [--out FILE]``.
 ``--smoke`` runs every row at a tiny size in seconds (what the test suite
-checks); ``--quick`` shortens the idle windows and rounds.
+checks); ``--quick`` shortens the idle windows and rounds;
+``--markdown FILE`` prints the table of an earlier results file in Markdown
+(for the README) and runs nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ if __package__ in (None, ""):  # run as a script: python bench/run.py
 
 from bench.common import Row
 
-__all__ = ["SIZES", "format_table", "main"]
+__all__ = ["SIZES", "format_markdown", "format_table", "main"]
 
 HERE = Path(__file__).resolve().parent
 GROUPS = ("cli", "agent", "fleet")
@@ -52,6 +54,25 @@ def format_table(rows: Sequence[Row]) -> str:
         lines.append(
             f"{row.name:<44} {row.ours:>10.2f} {baseline:>10} {ratio:>7}  "
             f"{row.target:<16} {verdict}  ({row.unit})"
+        )
+    return "\n".join(lines)
+
+
+def format_markdown(results: Sequence[dict[str, object]]) -> str:
+    """Rows of a results file as a Markdown table."""
+
+    def number(value: object) -> str:
+        return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+    lines = ["| row | ours | baseline | ratio | target | result |", "|---|---|---|---|---|---|"]
+    for row in results:
+        unit = row["unit"]
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}x"
+        verdict = "pass" if row["pass"] else "**missed**"
+        lines.append(
+            f"| {row['name']} | {number(row['ours'])} {unit} | "
+            f"{number(row['baseline'])}{'' if row['baseline'] is None else ' ' + str(unit)} | "
+            f"{ratio} | {row['target']} | {verdict} |"
         )
     return "\n".join(lines)
 
@@ -87,7 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--quick", action="store_true", help="shorter windows and fewer rounds")
     parser.add_argument("--only", default=",".join(GROUPS), help="comma-separated: cli,agent,fleet")
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
+    parser.add_argument("--markdown", type=Path, help="print FILE's table in Markdown and stop")
     args = parser.parse_args(argv)
+    if args.markdown is not None:
+        print(format_markdown(json.loads(args.markdown.read_text())))
+        return 0
     sizes = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
     for name, value in sizes.items():
         setattr(args, name, value)
