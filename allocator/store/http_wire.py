@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -91,8 +92,15 @@ class _Reader:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.buffer = bytearray()
+        #: When the answer being read must be complete (``time.monotonic()``; None: never).
+        self.deadline: float | None = None
 
     def _fill(self) -> None:
+        if self.deadline is not None:  # a server trickling bytes must not outlast the budget
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("timed out")
+            self.sock.settimeout(left)
         data = self.sock.recv(_CHUNK)
         if not data:
             raise ConnectionResetError("the server closed the connection")
@@ -227,6 +235,7 @@ class HttpConnection:
             raise _failure(exc) from exc
         sock, self.sock, self._reader = self.sock, None, None
         assert sock is not None
+        reader.deadline = None  # the stream's reads are bounded by Stream.settimeout
         return Stream(sock, reader, status, answer_headers)
 
     def close(self) -> None:
@@ -252,6 +261,7 @@ class HttpConnection:
         except OSError as exc:
             self.close()
             raise NoAnswer(_describe(exc), exc) from exc
+        self._reader.deadline = time.monotonic() + max(timeout, 0.001)
         return self._reader
 
 

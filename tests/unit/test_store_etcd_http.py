@@ -13,6 +13,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import suppress
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +37,7 @@ from allocator.store.etcd_rules import (
     watch_error,
     worth_another_endpoint,
 )
+from tests.support.etcd_server import EtcdServer
 
 Handler = Callable[[socket.socket, int], None]
 
@@ -267,3 +269,17 @@ def test_a_failed_json_transaction_names_the_keys_that_changed() -> None:
     }
     error = conflict_of(compares, reply)
     assert isinstance(error, CasConflict) and error.keys == ("/b", "/c")
+
+
+def test_an_etcd_without_its_json_gateway_is_unavailable_saying_so(tmp_path: Path) -> None:
+    server = EtcdServer(tmp_path / "etcd", extra_args=["--enable-grpc-gateway=false"])
+    server.start()
+    try:
+        store = open_store(server.url, one_shot=True)
+        try:
+            with pytest.raises(StoreUnavailable, match="JSON gateway"):
+                store.get("/k")
+        finally:
+            store.close()
+    finally:
+        server.stop()
