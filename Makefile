@@ -51,8 +51,10 @@ reliability: servers $(VENV)/.dev
 soak: servers $(VENV)/.dev
 	ALLOCATOR_SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/reliability
 
+# Every row of the speed table (README "Performance"); writes bench/results.json.
+# BENCH_ARGS=--quick for shorter windows, --only cli,agent,fleet for some rows.
 bench: servers $(VENV)/.dev
-	$(BIN)/python bench/run.py
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 schema: $(VENV)/.base
 	$(BIN)/allocator policy schema > config/policy.schema.json

@@ -306,6 +306,18 @@ class Allocator:
     # --- internals ----------------------------------------------------------
 
     def _with_retries(self, operation: Callable[[], T], what: str) -> T:
+        # The first attempt needs no retry machinery: tenacity (and what it loads,
+        # a tenth of a one-shot command's start-up) is imported only after a lost race.
+        try:
+            return operation()
+        except CasConflict as exc:
+            lost = [exc]
+
+        def attempt() -> T:
+            if lost:  # the first attempt, already made: tenacity waits, then retries
+                raise lost.pop()
+            return operation()
+
         from tenacity import (
             Retrying,
             retry_if_exception_type,
@@ -320,7 +332,7 @@ class Allocator:
             reraise=True,
         )
         try:
-            return retrying(operation)
+            return retrying(attempt)
         except CasConflict as exc:
             raise ConflictError(
                 f"{what}: the store changed under us {self.attempts} times in a row "

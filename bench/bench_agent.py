@@ -1,36 +1,41 @@
 """The host agent: how fast a move reaches the worker, and what the agent costs.
 
-For SQLite and a real etcd (started here), with a fake-NVML host of 4 GPUs:
+For SQLite and a real etcd (started here), with a fake-NVML host:
 
-* moves: ``allocator set job=train gpus=N`` alternating between GPUs 0 and 1,
-  ``--moves`` times; measured from the CLI process returning to the new
-  worker's first line of Python running (its report file written; this
-  includes the worker interpreter's own start-up, shown as a baseline:
-  ``python -c pass``);
-* the agent's resident memory after the moves;
-* the agent's CPU use over ``--idle`` seconds with nothing happening, and over
-  the same time with etcd stopped (it must not spin while the store is down).
-
-Usage: ``python bench/bench_agent.py [--moves 50] [--idle 60]``.
+* propagation: ``allocator set job=train gpus=N`` alternating between GPUs
+  0 and 1, ``moves`` times, from the CLI process returning to the moved
+  worker's first line of Python running with its new environment (its
+  report file written). Baseline, interleaved with ours: a bare watch
+  (aetcd on etcd; the store's watch on SQLite, which has no other) seeing a
+  write, then a bare ``subprocess`` spawn of the same worker command, to the
+  same report file. Judged on the median and on the worst move;
+* footprint: the agent's resident memory while it supervises 8 workers;
+* CPU: the agent's CPU use over ``idle`` seconds with nothing happening
+  (SQLite and etcd), and as long with etcd stopped.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
+import json
 import os
-import statistics
+import signal
 import subprocess
 import sys
-import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from allocator.store import Store, open_store
+from bench.common import Row, ratio_row, value_row
+from tests.e2e.agent_harness import DUMMY, AgentHarness, agent_policy, pid_alive
+from tests.support.etcd_server import EtcdServer
 
-from tests.e2e.agent_harness import AgentHarness, agent_policy, pid_alive  # noqa: E402
-from tests.support.etcd_server import EtcdServer  # noqa: E402
+__all__ = ["cpu_percent_over", "rows", "rss_mib"]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -57,89 +62,205 @@ def cpu_percent_over(pid: int, seconds: float) -> float:
     return 100 * (cpu_seconds(pid) - before) / (time.monotonic() - started)
 
 
-def measure_moves(world: AgentHarness, moves: int) -> list[float]:
-    """Seconds from each ``set`` returning to the new worker running."""
+def _report(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data
+
+
+def _wait_new_worker(path: Path, old_pid: int | None, deadline_s: float = 30.0) -> int:
+    """Poll (every millisecond) until a live worker other than ``old_pid`` has reported."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        report = _report(path)
+        if report and report["pid"] != old_pid and pid_alive(report["pid"]):
+            return int(report["pid"])
+        time.sleep(0.001)
+    raise SystemExit(f"no new worker reported in {path} within {deadline_s} s")
+
+
+# --- ours: the agent -------------------------------------------------------------------
+
+
+def _move(world: AgentHarness, gpu: int, old_pid: int) -> tuple[float, int]:
+    result = world.cli("set", "job=train", f"gpus={gpu}")
+    returned = time.monotonic()
+    if result.code != 0:
+        raise SystemExit(f"allocator set failed: {result.err}")
+    pid = _wait_new_worker(world.workdir / "train.json", old_pid)
+    return time.monotonic() - returned, pid
+
+
+# --- the baseline: a bare watch and a bare spawn ------------------------------------------
+
+
+class BareWatch:
+    """A write, a bare watcher seeing it, a bare spawn of the worker: the floor of a move."""
+
+    def __init__(self, url: str, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.out = workdir / "bare.json"
+        self.env = env
+        self.command = [sys.executable, str(DUMMY), "--out", str(self.out)]
+        self.etcd = url.startswith("etcd")
+        self._url = url
+        self._store: Store | None = None
+        self._seen = threading.Event()
+
+    @contextmanager
+    def running(self) -> Iterator[Callable[[], float]]:
+        """A callable that makes one move and returns its seconds."""
+        if self.etcd:
+            with self._etcd() as move:
+                yield move
+        else:
+            with self._sqlite() as move:
+                yield move
+
+    def _spawn_and_wait(self, wrote: float) -> float:
+        worker = subprocess.Popen(
+            self.command,
+            env=self.env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_new_worker(self.out, None)
+        elapsed = time.monotonic() - wrote
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+        self.out.unlink(missing_ok=True)
+        return elapsed
+
+    @contextmanager
+    def _etcd(self) -> Iterator[Callable[[], float]]:
+        import aetcd
+
+        host, port = self._url.split("://", 1)[1].rsplit(":", 1)
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+
+        def run(coro: Any) -> Any:
+            return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
+
+        client = aetcd.Client(host=host, port=int(port), timeout=10)
+        watch = run(client.watch_prefix(b"/bare/"))
+        stream = watch.__aiter__()
+
+        def move() -> float:
+            seen = asyncio.run_coroutine_threadsafe(stream.__anext__(), loop)
+            run(client.put(b"/bare/k", uuid.uuid4().bytes))
+            wrote = time.monotonic()
+            seen.result(30)
+            return self._spawn_and_wait(wrote)
+
+        try:
+            yield move
+        finally:
+            run(watch.cancel())
+            run(client.close())
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(10)
+
+    @contextmanager
+    def _sqlite(self) -> Iterator[Callable[[], float]]:
+        store = open_store(self._url)
+        watcher = open_store(self._url)
+        watch = watcher.watch("/bare/", store.put("/bare/k", b"start") + 1)
+
+        def move() -> float:
+            store.put("/bare/k", uuid.uuid4().bytes)
+            wrote = time.monotonic()
+            while not watch.next(30.0):
+                pass
+            return self._spawn_and_wait(wrote)
+
+        try:
+            yield move
+        finally:
+            watch.close()
+            watcher.close()
+            store.close()
+
+
+def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
+    """Moves through the agent interleaved with bare ones; two rows (median, worst)."""
     assert world.cli("set", "job=train", "gpus=1").code == 0
-    pid = world.new_report("train")["pid"]
-    samples = []
-    for i in range(moves):
-        result = world.cli("set", "job=train", f"gpus={i % 2}")
-        returned = time.monotonic()
-        assert result.code == 0, result.err
-        while True:
-            report = world.report("train")
-            if report and report["pid"] != pid and pid_alive(report["pid"]):
-                break
-            time.sleep(0.001)
-        samples.append(time.monotonic() - returned)
-        pid = report["pid"]
-    return samples
+    pid = _wait_new_worker(world.workdir / "train.json", None)
+    bare = BareWatch(world.store_url, world.workdir, world.env)
+    ours: list[float] = []
+    floor: list[float] = []
+    with bare.running() as bare_move:
+        for i in range(moves):
+            elapsed, pid = _move(world, i % 2, pid)
+            ours.append(elapsed)
+            floor.append(bare_move())
+    return [
+        ratio_row(f"propagation, {backend}, median", ours, floor, most=2),
+        ratio_row(f"propagation, {backend}, worst", ours, floor, most=4, stat=max),
+    ]
 
 
-def python_startup() -> float:
-    """Median seconds of ``python -c pass`` (the worker interpreter's floor)."""
-    runs = []
-    for _ in range(10):
-        started = time.monotonic()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
-        runs.append(time.monotonic() - started)
-    return statistics.median(runs)
-
-
-def report_moves(name: str, samples: list[float], floor: float) -> None:
-    """Print median and worst of the move latencies."""
-    median, worst = statistics.median(samples), max(samples)
-    print(
-        f"  {name:<7} moves={len(samples)}  median {median * 1000:6.1f} ms  "
-        f"worst {worst * 1000:6.1f} ms  "
-        f"({median / floor:.1f}x python -c pass = {floor * 1000:.0f} ms)"
+def footprint(world: AgentHarness, backend: str) -> Row:
+    """The agent's RSS while it supervises 8 workers (8 single-GPU jobs)."""
+    assert world.cli("release", "job=train").code == 0
+    for gpu in range(8):
+        assert world.cli("set", f"job=w{gpu}", f"gpus={gpu}").code == 0
+    for gpu in range(8):
+        _wait_new_worker(world.workdir / f"w{gpu}.json", None)
+    assert world.process is not None
+    return value_row(
+        f"agent footprint, {backend}, 8 workers", rss_mib(world.process.pid), 60, "MiB"
     )
 
 
-def run(backend: str, tmp: Path, server: EtcdServer | None, args: argparse.Namespace) -> None:
-    """Moves, memory and CPU for one backend."""
-    url = server.url if server is not None else f"sqlite://{tmp / 'bench.db'}"
-    (tmp / f"agent-{backend}").mkdir()
-    world = AgentHarness(tmp / f"agent-{backend}", url, f"/bench-{uuid.uuid4().hex[:8]}")
+def _policy(workdir: Path) -> dict[str, Any]:
+    policy = agent_policy(workdir, gpus=8)
+    policy["health"] = {"interval_seconds": 5}  # the default, as deployed
+    for gpu in range(8):
+        out = workdir / f"w{gpu}.json"
+        command = [sys.executable, str(DUMMY), "--out", str(out)]
+        policy["jobs"][f"w{gpu}"] = {"command": command, "grace_seconds": 1}
+    return policy
+
+
+def run_backend(
+    backend: str, url: str, work: Path, args: Any, server: EtcdServer | None
+) -> list[Row]:
+    """Every agent row of one backend."""
+    (work / f"agent-{backend}").mkdir()
+    world = AgentHarness(work / f"agent-{backend}", url, f"/bench-{uuid.uuid4().hex[:8]}", gpus=8)
     try:
-        policy = agent_policy(world.workdir)
-        policy["health"] = {"interval_seconds": 5}  # the default, as deployed
-        world.apply_policy(policy)
+        world.apply_policy(_policy(world.workdir))
         world.start_agent()
-        samples = measure_moves(world, args.moves)
-        report_moves(backend, samples, args.floor)
+        found = propagation(world, args.moves, backend)
         assert world.process is not None
         pid = world.process.pid
-        print(f"  {backend:<7} agent RSS {rss_mib(pid):.1f} MiB")
+        time.sleep(min(2.0, args.idle))  # let the moves' last writes settle first
         idle = cpu_percent_over(pid, args.idle)
-        print(f"  {backend:<7} agent CPU idle ({args.idle:.0f} s): {idle:.2f}%")
+        found.append(value_row(f"agent idle CPU, {backend}", idle, 1, "% of a core"))
         if server is not None:
+            found.append(footprint(world, backend))
             server.stop()
             down = cpu_percent_over(pid, args.idle)
-            print(f"  {backend:<7} agent CPU with etcd down ({args.idle:.0f} s): {down:.2f}%")
+            found.append(value_row("agent CPU with etcd down", down, 1, "% of a core"))
             server.restart()
         world.stop_agent()
+        return found
     finally:
         world.cleanup()
 
 
-def main() -> None:
-    """Run the agent benchmark on SQLite and etcd."""
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--moves", type=int, default=50)
-    parser.add_argument("--idle", type=float, default=60.0)
-    args = parser.parse_args()
-    args.floor = python_startup()
-    with tempfile.TemporaryDirectory() as tmp:
-        print("agent: set returning -> new worker running; resident memory; CPU")
-        run("sqlite", Path(tmp), None, args)
-        server = EtcdServer(Path(tmp) / "etcd")
-        server.start()
-        try:
-            run("etcd", Path(tmp), server, args)
-        finally:
-            server.stop()
-
-
-if __name__ == "__main__":
-    main()
+def rows(args: Any, work: Path) -> list[Row]:
+    """The agent rows on SQLite, then on a real etcd."""
+    found = run_backend("SQLite", f"sqlite://{work / 'agent.db'}", work, args, None)
+    server = EtcdServer(work / "etcd-agent")
+    server.start()
+    try:
+        found += run_backend("etcd", server.url, work, args, server)
+    finally:
+        server.stop()
+    return found

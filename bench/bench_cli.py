@@ -1,107 +1,139 @@
-"""Wall time of whole CLI processes, against baselines measured in the same run.
+"""Whole CLI processes against the store's own tools, in the same run.
 
-* ``python -c pass`` (the interpreter's own start-up) vs ``allocator --help``
-  and ``allocator get`` on SQLite;
-* ``allocator set`` on SQLite and on etcd vs ``etcdctl put`` on the same etcd
-  (the store's own CLI: the floor an operator already lives with).
-
-Each command runs ``--rounds`` times, interleaved, so machine noise hits all
-alike; medians are printed with ratios against the baseline.
-Usage: ``python bench/bench_cli.py [--rounds N]``.
+Rows: ``allocator set`` on etcd vs ``etcdctl put``; ``allocator get job=J``
+(no ``host=``) on a 1,000-host etcd vs ``etcdctl get`` of one key;
+``allocator set`` on SQLite vs ``python -c pass``; ``allocator status -o
+json`` of 1,000 hosts x 8 GPUs vs ``etcdctl get --prefix -w json`` of the
+same keys; ``allocator policy validate`` of a 1,000-host policy vs PyYAML
+loading the same file. Each pair runs interleaved, ``rounds`` times.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from allocator.store import open_store
+from bench.common import (
+    Row,
+    allocator_cli,
+    byte_compile,
+    clean_env,
+    interleaved,
+    ratio_row,
+    timed_run,
+)
+from bench.fleet import fleet_policy, job_name, load_fleet
+from tests.support.etcd_server import EtcdServer
 
-from tests.support.etcd_server import EtcdServer  # noqa: E402
+__all__ = ["main", "rows"]
 
-POLICY = REPO / "config" / "policy.example.yaml"
-
-
-def timed(argv: list[str], env: dict[str, str]) -> float:
-    """Seconds one process takes from spawn to exit; it must succeed."""
-    started = time.perf_counter()
-    result = subprocess.run(argv, env=env, capture_output=True, check=False)
-    elapsed = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"{' '.join(argv)} failed: {result.stderr.decode().strip()}")
-    return elapsed
-
-
-def allocator(*args: str) -> list[str]:
-    """The installed CLI, run the way an operator runs it."""
-    return [str(Path(sys.executable).parent / "allocator"), *args]
+POLICY = Path(__file__).resolve().parents[1] / "config" / "policy.example.yaml"
 
 
-def main() -> None:
-    """Run every command ``--rounds`` times and print medians and ratios."""
+def _etcdctl(server: EtcdServer, *args: str) -> list[str]:
+    return ["etcdctl", "--endpoints", server.endpoint, *args]
+
+
+def _moves(env: dict[str, str]) -> Callable[[], float]:
+    """Times one ``allocator set``, moving a job between GPUs 0 and 1 (each a real change)."""
+    commands = [allocator_cli("set", "job=train", f"gpus={g}", "host=node1") for g in (0, 1)]
+    turn = [0]
+
+    def run() -> float:
+        turn[0] += 1
+        return timed_run(commands[turn[0] % 2], env)
+
+    return run
+
+
+def rows(rounds: int, hosts: int, work: Path, warmup: int = 1) -> list[Row]:
+    """Measure every CLI row (``hosts``: the size of the simulated fleet)."""
+    byte_compile()
+    server = EtcdServer(work / "etcd-cli")
+    server.start()
+    try:
+        return _measure(server, rounds, hosts, work, warmup)
+    finally:
+        server.stop()
+
+
+def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: int) -> list[Row]:
+    base = clean_env()
+    ctl = clean_env(ETCDCTL_API="3")
+    sqlite = clean_env(ALLOCATOR_STORE=f"sqlite://{work / 'cli.db'}")
+    etcd = clean_env(ALLOCATOR_STORE=server.url)
+    fleet = clean_env(ALLOCATOR_STORE=server.url, ALLOCATOR_PREFIX="/fleet")
+    for env in (sqlite, etcd):
+        timed_run(allocator_cli("policy", "apply", str(POLICY)), env)
+    store = open_store(server.url, one_shot=True)
+    try:
+        load_fleet(store, "/fleet", hosts=hosts)
+    finally:
+        store.close()
+    policy_file = work / "fleet-policy.yaml"
+    policy_file.write_text(fleet_policy(hosts))
+    job = job_name(hosts // 2, 3)
+    samples = interleaved(
+        {
+            "etcdctl put": lambda: timed_run(_etcdctl(server, "put", "/bench/k", "v"), ctl),
+            "set etcd": _moves(etcd),
+            "etcdctl get": lambda: timed_run(_etcdctl(server, "get", f"/fleet/v1/jobs/{job}"), ctl),
+            "get etcd": lambda: timed_run(allocator_cli("get", f"job={job}"), fleet),
+            "python -c pass": lambda: timed_run([sys.executable, "-c", "pass"], base),
+            "set sqlite": _moves(sqlite),
+        },
+        rounds,
+        warmup,
+    )
+    heavy = interleaved(
+        {
+            "etcdctl get prefix": lambda: timed_run(
+                _etcdctl(server, "get", "--prefix", "/fleet/v1/hosts/", "-w", "json"), ctl
+            ),
+            "status": lambda: timed_run(allocator_cli("status", "-o", "json"), fleet),
+            "yaml": lambda: timed_run(
+                [sys.executable, "-c", f"import yaml; yaml.safe_load(open({str(policy_file)!r}))"],
+                base,
+            ),
+            "validate": lambda: timed_run(
+                allocator_cli("policy", "validate", str(policy_file)), base
+            ),
+        },
+        max(1, rounds // 3),
+        warmup,
+    )
+    return [
+        ratio_row("CLI set, etcd", samples["set etcd"], samples["etcdctl put"], most=6),
+        ratio_row(
+            f"CLI get, etcd, no host=, {hosts} hosts",
+            samples["get etcd"],
+            samples["etcdctl get"],
+            most=6,
+        ),
+        ratio_row("CLI set, SQLite", samples["set sqlite"], samples["python -c pass"], most=4),
+        ratio_row(
+            f"fleet status, {hosts} hosts x 8 GPUs",
+            heavy["status"],
+            heavy["etcdctl get prefix"],
+            most=3,
+        ),
+        ratio_row(f"policy validate, {hosts} hosts", heavy["validate"], heavy["yaml"], most=3),
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Print the CLI rows."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--rounds", type=int, default=30)
-    rounds = parser.parse_args().rounds
-    with tempfile.TemporaryDirectory() as tmp:
-        server = EtcdServer(Path(tmp) / "etcd")
-        server.start()
-        try:
-            # As installed: byte-compiled (an editable checkout may forbid .pyc files).
-            subprocess.run(
-                [sys.executable, "-m", "compileall", "-q", str(REPO / "allocator")], check=True
-            )
-            base = {
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith("ALLOCATOR_") and k != "PYTHONDONTWRITEBYTECODE"
-            }
-            sqlite = {**base, "ALLOCATOR_STORE": f"sqlite://{tmp}/s.db"}
-            etcd = {**base, "ALLOCATOR_STORE": server.url}
-            for env in (sqlite, etcd):
-                timed(allocator("policy", "apply", str(POLICY)), env)
-                timed(allocator("set", "job=train", "gpus=0", "host=node1"), env)
-            commands = {
-                "python -c pass": ([sys.executable, "-c", "pass"], base),
-                "allocator --help": (allocator("--help"), base),
-                "allocator get (sqlite)": (allocator("get", "job=train", "host=node1"), sqlite),
-                "allocator set (sqlite)": (
-                    allocator("set", "job=train", "gpus=0", "host=node1"),
-                    sqlite,
-                ),
-                "etcdctl put": (
-                    ["etcdctl", "--endpoints", server.endpoint, "put", "/bench/k", "v"],
-                    {**base, "ETCDCTL_API": "3"},
-                ),
-                "allocator set (etcd)": (
-                    allocator("set", "job=train", "gpus=0", "host=node1"),
-                    etcd,
-                ),
-            }
-            samples: dict[str, list[float]] = {name: [] for name in commands}
-            for _ in range(rounds):
-                for name, (argv, env) in commands.items():
-                    samples[name].append(timed(argv, env))
-        finally:
-            server.stop()
-    medians = {name: statistics.median(values) * 1000 for name, values in samples.items()}
-    baselines = {
-        "allocator --help": "python -c pass",
-        "allocator get (sqlite)": "python -c pass",
-        "allocator set (sqlite)": "python -c pass",
-        "allocator set (etcd)": "etcdctl put",
-    }
-    print(f"CLI wall time, median of {rounds} runs each (interleaved)")
-    for name, median in medians.items():
-        base_name = baselines.get(name)
-        ratio = f"  {median / medians[base_name]:.1f}x {base_name}" if base_name else ""
-        print(f"  {name:<24} {median:7.1f} ms{ratio}")
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--hosts", type=int, default=1000)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
+        for row in rows(args.rounds, args.hosts, Path(tmp)):
+            print(row.to_json())
 
 
 if __name__ == "__main__":

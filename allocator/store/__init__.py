@@ -1,8 +1,11 @@
 """Store backends, chosen by URL.
 
 ``open_store(url)`` imports only the backend the URL names, so a command
-talking to SQLite never loads grpc or requests. URL parsing and redaction
-live in :mod:`allocator.store.urls`.
+talking to SQLite never loads grpc or requests. etcd has two backends for
+the same URL: gRPC (:mod:`allocator.store.etcd`) for long-lived callers
+such as the agent, and etcd's JSON gateway (:mod:`allocator.store.etcd_http`)
+for ``one_shot`` callers such as CLI commands, which then start without
+loading gRPC. URL parsing and redaction live in :mod:`allocator.store.urls`.
 """
 
 from __future__ import annotations
@@ -55,6 +58,11 @@ _BACKENDS = {
     "consul": "allocator.store.consul:open_consul",
     "consuls": "allocator.store.consul:open_consul",
 }
+# Where a one-shot caller is better served by another backend for the same URL.
+_ONE_SHOT_BACKENDS = {
+    "etcd": "allocator.store.etcd_http:open_etcd_http",
+    "etcds": "allocator.store.etcd_http:open_etcd_http",
+}
 
 
 def default_store_url() -> str:
@@ -76,8 +84,12 @@ def resolve_store_url(explicit: str | None) -> str:
     return url
 
 
-def open_store(url: str, *, create: bool = False) -> Store:
+def open_store(url: str, *, create: bool = False, one_shot: bool = False) -> Store:
     """Open the backend named by ``url``'s scheme.
+
+    ``one_shot``: the caller makes a few calls and exits (a CLI command),
+    so start-up matters more than long-lived watches: etcd is then reached
+    through its JSON gateway instead of gRPC (same semantics, no gRPC import).
 
     Only a write creates a store that does not exist (only SQLite can be
     missing): a read of a missing SQLite file is ``StoreUnavailable`` naming
@@ -89,7 +101,8 @@ def open_store(url: str, *, create: bool = False) -> Store:
     from allocator.secrets import remember_url
 
     remember_url(url)
-    target = _BACKENDS[scheme_of(url)]
+    scheme = scheme_of(url)
+    target = (one_shot and _ONE_SHOT_BACKENDS.get(scheme)) or _BACKENDS[scheme]
     module_name, factory_name = target.split(":")
     module = importlib.import_module(module_name)
     store: Store = getattr(module, factory_name)(url, create=create)

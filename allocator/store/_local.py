@@ -8,8 +8,6 @@ errors those produce.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Sequence
 
 from allocator.errors import CasConflict, Compacted, InvalidInput, ValueTooLarge
@@ -18,7 +16,6 @@ from allocator.store.base import (
     MAX_VALUE_BYTES,
     Compare,
     Delete,
-    Event,
     Op,
     Put,
     txn_size,
@@ -27,7 +24,6 @@ from allocator.store.base import (
 __all__ = [
     "DEFAULT_HISTORY",
     "ConditionalWrites",
-    "PollingWatch",
     "cas_conflict",
     "check_key",
     "check_not_compacted",
@@ -178,38 +174,6 @@ def prefix_range(prefix: str) -> tuple[str, str]:
     if 0xD800 <= successor <= 0xDFFF:  # surrogates are not characters; skip them
         successor = 0xE000
     return prefix, stem[:-1] + chr(successor)
-
-
-#: ``poll(cursor)`` returns the events from revision ``cursor`` on and the next cursor.
-Poll = Callable[[int], tuple[list[Event], int]]
-
-
-class PollingWatch:
-    """A watch that asks ``poll`` for new events, sleeping ``interval`` in between."""
-
-    def __init__(self, poll: Poll, cursor: int, interval: float) -> None:
-        self._poll = poll
-        self._cursor = cursor
-        self._interval = interval
-        self._closed = threading.Event()
-
-    def next(self, timeout: float) -> list[Event]:
-        """Block up to ``timeout`` seconds; return the next batch of events."""
-        deadline = time.monotonic() + max(timeout, 0.0)
-        while not self._closed.is_set():
-            events, self._cursor = self._poll(self._cursor)
-            if events:
-                return events
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            # Waiting on the event (not time.sleep) lets close() end a wait early.
-            self._closed.wait(min(self._interval, remaining))
-        return []
-
-    def close(self) -> None:
-        """Stop watching; a ``next`` waiting in another thread returns ``[]``."""
-        self._closed.set()
 
 
 class ConditionalWrites:

@@ -1,88 +1,63 @@
-"""The etcd v3 backend (``etcd://h1:2379,h2:2379``, ``etcds://`` for TLS).
+"""The etcd v3 backend over gRPC (``etcd://h1:2379,h2:2379``, ``etcds://`` for TLS).
 
-The only module that imports ``aetcd`` (and grpc, which it is built on). It
-uses aetcd's generated gRPC stubs rather than its ``Client``, which has no
-TLS, drops a transaction's revision and keeps a watch the server refused as
-if live. Each store runs a private loop thread (aetcd is asyncio-only) and
-one gRPC channel shared by every call and watch; with several endpoints it
-talks to one at a time and moves on when that one cannot take a call.
+The only module that imports ``aetcd`` (and grpc, which it is built on),
+and the one that translates their errors. It uses aetcd's generated gRPC
+stubs rather than its ``Client``, which has no TLS, drops a transaction's
+revision and keeps a watch the server refused as if live. Each store runs a
+private loop thread (aetcd is asyncio-only) and one gRPC channel shared by
+every call and watch; with several endpoints it talks to one at a time and
+moves on when that one cannot take a call (:mod:`allocator.store.etcd_calls`).
+Long-lived callers (the agent) use this backend: gRPC keep-alive pings find
+a silently dead peer under a watch. One-shot commands use the JSON gateway
+(:mod:`allocator.store.etcd_http`), which starts without loading gRPC.
 
 Semantics: store revision = etcd revision; compare-and-swap = a transaction
 comparing ``mod_revision`` (``create_revision == 0``: "must not exist") whose
 failure branch reads the compared keys, so ``CasConflict`` names exactly the
 keys that changed; a list is one range request; a watch is one gRPC stream
-from a start revision, and every way it can end reaches ``next()``.
+from a start revision, and every way it can end reaches ``next()``
+(:mod:`allocator.store.etcd_watch`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import math
 import os
-import threading
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 # gRPC core otherwise prints INFO lines (a failed TLS handshake, say) to
 # stderr, under the CLI's one-line error. Read when grpc loads; an operator's
 # own setting wins.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-import aetcd.utils
 import grpc
 from aetcd import rpc
 
 from allocator.errors import (
     AllocatorError,
-    AmbiguousWrite,
     CasConflict,
-    Compacted,
     LeaseLost,
-    PermissionDenied,
-    StoreConfigError,
     StoreError,
     StoreUnavailable,
-    ValueTooLarge,
 )
-from allocator.store._local import (
-    check_key,
-    check_prefix,
-    check_ttl,
-    check_txn,
-    check_value,
-    lease_of,
+from allocator.store.aio_bridge import EventQueue
+from allocator.store.base import Compare, Event, KeyValue, Listing, Op, Put
+from allocator.store.etcd_calls import remaining
+from allocator.store.etcd_config import EtcdConfig, format_endpoint, parse_etcd_url, read_pem
+from allocator.store.etcd_rules import (
+    MAX_TXN_OPS,
+    conflict,
+    prefix_range_end,
+    translate_status,
+    watch_error,
 )
-from allocator.store.aio_bridge import EventQueue, LoopThread
-from allocator.store.base import Compare, Delete, Event, KeyValue, Listing, Op, Put, Store, Watch
-from allocator.store.etcd_config import (
-    EtcdConfig,
-    format_endpoint,
-    parse_etcd_url,
-    read_pem,
-)
-from allocator.store.urls import redact_url
+from allocator.store.etcd_store import EtcdStore
+from allocator.store.etcd_watch import EtcdWatch, WatchReply, pump_watch
 
-__all__ = [
-    "MAX_TXN_OPS",
-    "EtcdStore",
-    "EtcdWatch",
-    "attempt_timeout",
-    "open_etcd",
-    "translate_error",
-]
+__all__ = ["MAX_TXN_OPS", "EtcdStore", "EtcdWatch", "open_etcd", "translate_error"]
 
-#: etcd's default ``--max-txn-ops``: compares (and writes) one transaction may hold.
-MAX_TXN_OPS = 128
-#: Seconds past a call's budget before the loop thread gives up on it: a
-#: hang guard only, since every request carries a deadline inside the budget.
-_GUARD_SLACK_S = 1.0
-# When the current call must be done by (loop time); each call is its own task.
-_DEADLINE: contextvars.ContextVar[float] = contextvars.ContextVar("etcd_call_deadline")
-
-_T = TypeVar("_T")
-_Op = Callable[["_Connection"], Awaitable[_T]]
+_Cancel = Callable[[], None]
 
 
 def open_etcd(url: str, *, create: bool = False) -> EtcdStore:
@@ -93,70 +68,20 @@ def open_etcd(url: str, *, create: bool = False) -> EtcdStore:
     ``create`` is accepted for the common factory signature (an etcd
     cluster always exists).
     """
-    return EtcdStore(parse_etcd_url(url), url)
+    config = parse_etcd_url(url)
+    credentials = _tls_credentials(config)  # bad TLS files fail before any thread
+
+    def connect(index: int) -> _Connection:
+        return _Connection(config, index, credentials)
+
+    return EtcdStore(config, url, connect, _status, translate_error)
 
 
-def attempt_timeout(remaining: float, endpoints_left: int) -> float:
-    """Seconds one endpoint may take: an equal share of what is left of the call's budget.
-
-    The shares of every endpoint still to try add up to ``remaining``, so a
-    call that fails over across all of them still ends within its budget.
-    """
-    return max(remaining, 0.0) / max(endpoints_left, 1)
-
-
-def _remaining() -> float:
-    """Seconds left before the current call's deadline (at least a millisecond)."""
-    return max(_DEADLINE.get() - asyncio.get_running_loop().time(), 0.001)
-
-
-def _maybe_applied(exc: BaseException) -> bool:
-    """Whether a write that failed with ``exc`` after being sent may still have committed."""
-    if isinstance(exc, TimeoutError | asyncio.CancelledError):
-        return True
+def _status(exc: BaseException) -> tuple[int, str] | None:
+    """The gRPC status code and details of a gRPC error (``None``: not one)."""
     if not isinstance(exc, grpc.aio.AioRpcError):
-        return False
-    code, details = exc.code(), _details(exc)
-    if code == grpc.StatusCode.UNAVAILABLE:
-        return "failed to connect" not in details and "no leader" not in details
-    return code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
-
-
-# --- error translation -----------------------------------------------------------
-
-_UNAVAILABLE_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.CANCELLED,
-    }
-)
-
-
-def _details(exc: BaseException) -> str:
-    return (exc.details() or "") if isinstance(exc, grpc.aio.AioRpcError) else ""
-
-
-def _token_is_stale(exc: BaseException) -> bool:
-    # Simple tokens expire after 5 idle minutes (or when auth is switched off
-    # and on); a JWT from before any change to users or roles is "old". A
-    # refused watch reports either as its cancel reason, hence str(exc).
-    text = _details(exc) or str(exc)
-    return "invalid auth token" in text or "auth store is old" in text
-
-
-def _worth_another_endpoint(exc: BaseException, idempotent: bool) -> bool:
-    if not isinstance(exc, grpc.aio.AioRpcError):
-        return False
-    code = exc.code()
-    if idempotent and code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return True  # a silent endpoint used up its share of the budget
-    if code != grpc.StatusCode.UNAVAILABLE:
-        return False
-    # A write that may have been applied must not be applied twice.
-    details = _details(exc)
-    return idempotent or "failed to connect" in details or "no leader" in details
+        return None
+    return int(exc.code().value[0]), exc.details() or ""
 
 
 def translate_error(exc: BaseException, where: str) -> AllocatorError:
@@ -165,28 +90,10 @@ def translate_error(exc: BaseException, where: str) -> AllocatorError:
         return exc
     if isinstance(exc, TimeoutError):
         return StoreUnavailable(f"etcd at {where} did not answer in time")
-    if not isinstance(exc, grpc.aio.AioRpcError):
+    status = _status(exc)
+    if status is None:
         return StoreError(f"etcd at {where}: {exc!r}")
-    code, details = exc.code(), _details(exc) or exc.code().name
-    if code in _UNAVAILABLE_CODES:
-        return StoreUnavailable(f"etcd at {where} is unavailable: {details}")
-    if "user name is empty" in details:
-        return PermissionDenied(
-            f"etcd at {where} requires a user: set ETCDCTL_USER or give user:password@ in the URL"
-        )
-    if "authentication is not enabled" in details:
-        return StoreConfigError(f"etcd at {where}: a user was given but {details}")
-    denied = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
-    if code in denied or "authentication failed" in details:
-        return PermissionDenied(f"etcd at {where}: {details}")
-    if "lease not found" in details:
-        return LeaseLost(f"etcd at {where}: {details}")
-    if "request is too large" in details:
-        return ValueTooLarge(f"etcd at {where}: {details}")
-    if code in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-        # Not an answer etcd gives to what allocator sends: something else listens there.
-        return StoreUnavailable(f"etcd at {where}: {details[:200]} (is it an etcd v3 server?)")
-    return StoreError(f"etcd at {where}: {details}")
+    return translate_status(*status, where)
 
 
 # --- one channel to one endpoint ---------------------------------------------------
@@ -222,7 +129,7 @@ class _Connection:
             )
         self.kv = rpc.KVStub(self.channel)
         self.lease = rpc.LeaseStub(self.channel)
-        self.watch = rpc.WatchStub(self.channel)
+        self.watch_stub = rpc.WatchStub(self.channel)
         self.metadata: Any = None
 
     async def authenticate(self) -> None:
@@ -230,7 +137,7 @@ class _Connection:
         if self.config.username is None:
             return
         request = rpc.AuthenticateRequest(name=self.config.username, password=self.config.password)
-        reply = await rpc.AuthStub(self.channel).Authenticate(request, timeout=_remaining())
+        reply = await rpc.AuthStub(self.channel).Authenticate(request, timeout=remaining())
         self.metadata = (("token", reply.token),)
 
     def ready(self) -> bool:
@@ -238,10 +145,112 @@ class _Connection:
         state = self.channel.get_state(try_to_connect=False)
         return bool(state == grpc.ChannelConnectivity.READY)
 
+    async def close(self) -> None:
+        """Close the channel (its calls and watches end)."""
+        await self.channel.close()
+
     @property
     def call_options(self) -> dict[str, Any]:
         """Keyword arguments for a call: what is left of its deadline, and the token."""
-        return {"timeout": _remaining(), "metadata": self.metadata}
+        return {"timeout": remaining(), "metadata": self.metadata}
+
+    # --- what the store asks of a connection (see etcd_store.EtcdConnection) ----------
+
+    async def get(self, key: str) -> KeyValue | None:
+        """The current version of ``key``."""
+        reply = await self.kv.Range(rpc.RangeRequest(key=_key(key)), **self.call_options)
+        return _key_value(reply.kvs[0]) if reply.kvs else None
+
+    async def list(self, prefix: str) -> Listing:
+        """Every key under ``prefix``, sorted, in one range read."""
+        start, end = _prefix_range(prefix)
+        request = rpc.RangeRequest(
+            key=start,
+            range_end=end,
+            sort_order=rpc.RangeRequest.ASCEND,
+            sort_target=rpc.RangeRequest.KEY,
+        )
+        reply = await self.kv.Range(request, **self.call_options)
+        items = tuple(_key_value(kv) for kv in reply.kvs)
+        return Listing(items=items, revision=int(reply.header.revision))
+
+    async def put(self, key: str, value: bytes, lease: int | None) -> int:
+        """Write ``key``; the new revision."""
+        request = rpc.PutRequest(key=_key(key), value=value, lease=lease or 0)
+        reply = await self.kv.Put(request, **self.call_options)
+        return int(reply.header.revision)
+
+    async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> tuple[int, int]:
+        """Apply ``ops`` if every compare holds; the revision and what the first op deleted."""
+        request = _txn_request(compares, [_request_op(op) for op in ops])
+        reply = await self.kv.Txn(request, **self.call_options)
+        if not reply.succeeded:
+            raise _conflict(compares, reply)
+        first = reply.responses[0] if reply.responses else None
+        deleted = first.response_delete_range.deleted if first is not None else 0
+        return int(reply.header.revision), int(deleted)
+
+    async def watch(
+        self, prefix: str, start_revision: int
+    ) -> tuple[EventQueue, Callable[[], None]]:
+        """Start a watch and wait until etcd has created it (or refused it)."""
+        start, end = _prefix_range(prefix)
+        create = rpc.WatchRequest(
+            create_request=rpc.WatchCreateRequest(
+                key=start, range_end=end, start_revision=max(start_revision, 0)
+            )
+        )
+        queue = EventQueue()  # a fresh queue per attempt: a refused one has failed its own
+        created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        where = self.endpoint
+        task = asyncio.create_task(
+            pump_watch(
+                self.watch_stub.Watch(metadata=self.metadata),
+                create,
+                lambda response: _watch_reply(response, where),
+                lambda exc: translate_error(exc, where),
+                where,
+                queue,
+                created,
+            )
+        )
+        try:
+            await asyncio.wait_for(created, remaining())
+        except BaseException:
+            task.cancel()
+            raise
+
+        def cancel() -> None:
+            task.cancel()
+
+        return queue, cancel
+
+    async def grant(self, ttl: int) -> int:
+        """A new lease of ``ttl`` whole seconds."""
+        reply = await self.lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl), **self.call_options)
+        if reply.error:
+            raise StoreError(f"etcd at {self.endpoint}: lease grant failed: {reply.error}")
+        return int(reply.ID)
+
+    async def keep_alive(self, lease: int) -> None:
+        """Send one keep-alive; ``LeaseLost`` if the lease expired or was revoked."""
+        call = self.lease.LeaseKeepAlive(**self.call_options)
+        await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
+        await call.done_writing()
+        reply = await call.read()
+        # Read to the end, so the stream finishes rather than being abandoned.
+        while await call.read() is not grpc.aio.EOF:
+            pass
+        if reply is grpc.aio.EOF or reply.TTL <= 0:
+            raise LeaseLost(f"etcd at {self.endpoint}: lease {lease:x} has expired")
+
+    async def revoke(self, lease: int) -> None:
+        """End ``lease``; no error if it is already gone."""
+        try:
+            await self.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease), **self.call_options)
+        except grpc.aio.AioRpcError as exc:
+            if "lease not found" not in (exc.details() or ""):
+                raise
 
 
 def _tls_credentials(config: EtcdConfig) -> Any:
@@ -263,7 +272,7 @@ def _key(key: str) -> bytes:
 
 def _prefix_range(prefix: str) -> tuple[bytes, bytes]:
     start = _key(prefix)
-    return start, aetcd.utils.prefix_range_end(start)
+    return start, prefix_range_end(start)
 
 
 def _key_value(kv: Any) -> KeyValue:
@@ -315,389 +324,21 @@ def _txn_request(compares: Sequence[Compare], ops: Sequence[Any]) -> Any:
 
 
 def _conflict(compares: Sequence[Compare], reply: Any) -> CasConflict:
-    failed: list[str] = []
-    details: list[str] = []
-    for compare, response in zip(compares, reply.responses, strict=True):
+    found = []
+    for response in reply.responses:
         kvs = response.response_range.kvs
-        found = kvs[0].mod_revision if kvs else 0
-        if found != compare.mod_revision:
-            failed.append(compare.key)
-            want = compare.mod_revision or "absent"
-            details.append(f"{compare.key} (expected {want}, found {found or 'absent'})")
-    return CasConflict(f"changed since read: {', '.join(details)}", keys=tuple(failed))
+        found.append(kvs[0].mod_revision if kvs else 0)
+    return conflict(compares, found)
 
 
-# --- watches -----------------------------------------------------------------------
+def _watch_reply(response: Any, where: str) -> WatchReply:
+    error = watch_error(
+        int(response.compact_revision), response.canceled, response.cancel_reason, where
+    )
+    return [_event(item) for item in response.events], error, bool(response.created)
 
 
-def _watch_error(response: Any, where: str) -> AllocatorError | None:
-    if response.compact_revision:
-        rev = int(response.compact_revision)
-        return Compacted(
-            f"etcd at {where}: history before revision {rev} is compacted", compact_revision=rev
-        )
-    if response.canceled:
-        reason = response.cancel_reason or "watch cancelled by the server"
-        refused = any(word in reason for word in ("permission denied", "auth", "Unauthenticated"))
-        kind = PermissionDenied if refused else StoreUnavailable
-        return kind(f"etcd at {where}: {reason}")
-    return None
+if TYPE_CHECKING:  # mypy checks the connection against what the store asks of it
+    from allocator.store.etcd_store import EtcdConnection
 
-
-async def _pump_watch(
-    conn: _Connection, create: Any, queue: EventQueue, created: asyncio.Future[None]
-) -> None:
-    """Feed one watch stream into ``queue`` until it ends; every ending is an error.
-
-    ``created`` resolves once the server has the watch, or carries the error
-    that refused it (a compacted start revision is left for ``next()``).
-    """
-    call = conn.watch.Watch(metadata=conn.metadata)
-    try:
-        await call.write(rpc.WatchRequest(create_request=create))
-        async for response in call:
-            error = _watch_error(response, conn.endpoint)
-            if error is not None:
-                _settle(created, None if isinstance(error, Compacted) else error)
-                queue.fail(error)
-                return
-            if response.created:
-                _settle(created, None)
-            if response.events:
-                queue.put([_event(item) for item in response.events])
-    except Exception as exc:
-        _settle(created, exc)  # raw, so watch() can fail over or log in again
-        queue.fail(translate_error(exc, conn.endpoint))
-    finally:
-        _settle(created, None)
-        call.cancel()
-        # However the stream ended (cleanly, or its channel was closed under
-        # it), next() must say so; the first error recorded wins.
-        queue.fail(StoreUnavailable(f"etcd at {conn.endpoint}: the watch stream ended"))
-
-
-def _settle(created: asyncio.Future[None], error: BaseException | None) -> None:
-    if created.done():
-        return
-    if error is None:
-        created.set_result(None)
-    else:
-        created.set_exception(error)
-
-
-class EtcdWatch:
-    """A prefix watch; see :class:`~allocator.store.base.Watch`."""
-
-    def __init__(self, store: EtcdStore, queue: EventQueue, task: asyncio.Task[None]) -> None:
-        self._store = store
-        self._queue = queue
-        self._task = task
-
-    def next(self, timeout: float) -> list[Event]:
-        """Return the next batch of events, or ``[]`` after ``timeout`` seconds."""
-        return self._queue.next(timeout)
-
-    def close(self) -> None:
-        """Stop watching (the stream is cancelled). Idempotent."""
-        if self._queue.close():
-            self._store._forget(self)
-            self._store._loop.call_soon(self._task.cancel)
-
-
-# --- the store ---------------------------------------------------------------------
-
-
-class EtcdStore:
-    """:class:`~allocator.store.base.Store` on etcd v3.
-
-    Every call has one budget, ``timeout`` seconds (the URL's ``timeout=``),
-    that covers connecting, logging in, failing over and the request: each
-    inner deadline is what is left of it. A write sent but not confirmed
-    within it raises :class:`~allocator.errors.AmbiguousWrite`.
-    """
-
-    max_txn_ops: int | None = MAX_TXN_OPS
-
-    def __init__(self, config: EtcdConfig, url: str) -> None:
-        from allocator.secrets import remember_secret
-
-        remember_secret(config.password)
-        self.url = redact_url(url)
-        self.config = config
-        self.endpoints = config.endpoint_names
-        self._credentials = _tls_credentials(config)  # bad TLS files fail before any thread
-        self._index = 0
-        self._conn: _Connection | None = None
-        self._conn_lock = asyncio.Lock()
-        self._closed = False
-        self._state_lock = threading.Lock()
-        self._watches: set[EtcdWatch] = set()
-        self._loop = LoopThread(name=f"allocator-etcd {self.endpoints}")
-
-    # --- reads and writes ----------------------------------------------------
-
-    def get(self, key: str) -> KeyValue | None:
-        """Return the current version of ``key``, or ``None``."""
-        request = rpc.RangeRequest(key=_key(check_key(key)))
-
-        async def op(conn: _Connection) -> KeyValue | None:
-            reply = await conn.kv.Range(request, **conn.call_options)
-            return _key_value(reply.kvs[0]) if reply.kvs else None
-
-        return self._call(op, idempotent=True)
-
-    def list(self, prefix: str) -> Listing:
-        """Every key under ``prefix``, sorted, with the revision read at: one range request."""
-        start, end = _prefix_range(check_prefix(prefix))
-        request = rpc.RangeRequest(
-            key=start,
-            range_end=end,
-            sort_order=rpc.RangeRequest.ASCEND,
-            sort_target=rpc.RangeRequest.KEY,
-        )
-
-        async def op(conn: _Connection) -> Listing:
-            reply = await conn.kv.Range(request, **conn.call_options)
-            items = tuple(_key_value(kv) for kv in reply.kvs)
-            return Listing(items=items, revision=int(reply.header.revision))
-
-        return self._call(op, idempotent=True)
-
-    def put(
-        self,
-        key: str,
-        value: bytes,
-        *,
-        expect_revision: int | None = None,
-        lease: int | None = None,
-    ) -> int:
-        """Write ``key``; with ``expect_revision``, only if that still holds."""
-        if expect_revision is not None:
-            return self.txn([Compare(key, expect_revision)], [Put(key, value, lease)])
-        check_value(check_key(key), value)
-        request = rpc.PutRequest(key=_key(key), value=value, lease=lease_of(lease) or 0)
-
-        async def op(conn: _Connection) -> int:
-            reply = await conn.kv.Put(request, **conn.call_options)
-            return int(reply.header.revision)
-
-        return self._call(op)
-
-    def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
-        """Delete ``key``; return whether it existed."""
-        compares = [] if expect_revision is None else [Compare(key, expect_revision)]
-        check_txn(compares, [Delete(key)], self.max_txn_ops)
-        request = _txn_request(compares, [_request_op(Delete(key))])
-
-        async def op(conn: _Connection) -> bool:
-            reply = await self._txn(conn, compares, request)
-            return bool(reply.responses[0].response_delete_range.deleted)
-
-        return self._call(op)
-
-    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
-        """Apply ``ops`` at one revision if every compare holds, else ``CasConflict``."""
-        check_txn(compares, ops, self.max_txn_ops)
-        request = _txn_request(compares, [_request_op(op) for op in ops])
-
-        async def op(conn: _Connection) -> int:
-            reply = await self._txn(conn, compares, request)
-            return int(reply.header.revision)
-
-        return self._call(op)
-
-    async def _txn(self, conn: _Connection, compares: Sequence[Compare], request: Any) -> Any:
-        reply = await conn.kv.Txn(request, **conn.call_options)
-        if not reply.succeeded:
-            raise _conflict(compares, reply)
-        return reply
-
-    # --- watches -------------------------------------------------------------
-
-    def watch(self, prefix: str, start_revision: int) -> EtcdWatch:
-        """Watch ``prefix`` for changes at ``start_revision`` and later.
-
-        Raises ``StoreUnavailable``/``PermissionDenied`` if the watch cannot
-        be created; a compacted start revision is raised by ``next()``.
-        """
-        start, end = _prefix_range(check_prefix(prefix))
-        create = rpc.WatchCreateRequest(
-            key=start, range_end=end, start_revision=max(start_revision, 0)
-        )
-
-        async def op(conn: _Connection) -> tuple[EventQueue, asyncio.Task[None]]:
-            # A fresh queue per attempt: a refused attempt has failed its own.
-            queue = EventQueue()
-            created: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            task = asyncio.create_task(_pump_watch(conn, create, queue, created))
-            try:
-                await asyncio.wait_for(created, _remaining())
-            except BaseException:
-                task.cancel()
-                raise
-            return queue, task
-
-        watch = EtcdWatch(self, *self._call(op, idempotent=True))
-        with self._state_lock:
-            self._watches.add(watch)
-        return watch
-
-    def _forget(self, watch: EtcdWatch) -> None:
-        with self._state_lock:
-            self._watches.discard(watch)
-
-    # --- leases --------------------------------------------------------------
-
-    def grant_lease(self, ttl: float) -> int:
-        """Create a lease of ``ttl`` seconds (rounded up: etcd counts whole seconds)."""
-        request = rpc.LeaseGrantRequest(TTL=max(1, math.ceil(check_ttl(ttl))))
-
-        async def op(conn: _Connection) -> int:
-            reply = await conn.lease.LeaseGrant(request, **conn.call_options)
-            if reply.error:
-                raise StoreError(f"etcd at {conn.endpoint}: lease grant failed: {reply.error}")
-            return int(reply.ID)
-
-        return self._call(op)
-
-    def refresh_lease(self, lease: int) -> None:
-        """Send one keep-alive; ``LeaseLost`` if the lease expired or was revoked."""
-
-        async def op(conn: _Connection) -> None:
-            call = conn.lease.LeaseKeepAlive(**conn.call_options)
-            await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
-            await call.done_writing()
-            reply = await call.read()
-            # Read to the end, so the stream finishes rather than being abandoned.
-            while await call.read() is not grpc.aio.EOF:
-                pass
-            if reply is grpc.aio.EOF or reply.TTL <= 0:
-                raise LeaseLost(f"etcd at {conn.endpoint}: lease {lease:x} has expired")
-
-        self._call(op, idempotent=True)
-
-    def revoke_lease(self, lease: int) -> None:
-        """End ``lease`` now, deleting its keys; no error if it is already gone."""
-
-        async def op(conn: _Connection) -> None:
-            try:
-                await conn.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease), **conn.call_options)
-            except grpc.aio.AioRpcError as exc:
-                if "lease not found" not in _details(exc):
-                    raise
-
-        self._call(op, idempotent=True)
-
-    # --- lifecycle -----------------------------------------------------------
-
-    def close(self) -> None:
-        """Close every watch, the channel and the loop thread. Idempotent."""
-        with self._state_lock:
-            if self._closed:
-                return
-            self._closed = True
-            watches, self._watches = list(self._watches), set()
-        for watch in watches:
-            watch._queue.close()
-        with contextlib.suppress(AllocatorError):
-            self._loop.run(self._close_channel(), self.config.timeout, self.endpoints)
-        self._loop.stop(self.config.timeout)
-
-    async def _close_channel(self) -> None:
-        async with self._conn_lock:
-            conn, self._conn = self._conn, None
-        if conn is not None:
-            await conn.channel.close()
-
-    def __enter__(self) -> EtcdStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # --- plumbing ------------------------------------------------------------
-
-    def _call(self, op: _Op[_T], *, idempotent: bool = False) -> _T:
-        """Run ``op`` on the loop against the current connection, errors translated.
-
-        The whole call, failovers included, fits in ``config.timeout``. With
-        several endpoints, a call the current one could not take is tried on
-        the next: any ``idempotent`` call, and any other call only when it
-        cannot have been applied (no connection, no leader). A write that was
-        sent but not answered raises ``AmbiguousWrite``.
-        """
-        guard = self.config.timeout + _GUARD_SLACK_S
-        with self._state_lock:
-            if self._closed:
-                raise StoreError(f"the etcd store for {self.endpoints} is closed")
-            coro = self._attempt(op, idempotent)
-        unconfirmed = None if idempotent else self._ambiguous(self.endpoints)
-        return self._loop.run(coro, guard, f"etcd at {self.endpoints}", timeout_error=unconfirmed)
-
-    async def _attempt(self, op: _Op[_T], idempotent: bool) -> _T:
-        loop = asyncio.get_running_loop()
-        overall = loop.time() + self.config.timeout
-        count = len(self.config.endpoints)
-        for tried in range(1, count + 1):
-            share = attempt_timeout(overall - loop.time(), count - tried + 1)
-            _DEADLINE.set(loop.time() + share)
-            conn: _Connection | None = None
-            connected = False
-            try:
-                conn = await self._connection()
-                connected = conn.ready()
-                return await self._with_fresh_token(conn, op)
-            except AllocatorError:
-                raise
-            except Exception as exc:
-                where = conn.endpoint if conn is not None and tried == 1 else self.endpoints
-                # A request goes out only on a ready connection: one that never got
-                # there cannot have delivered the write.
-                sent = conn is not None and (connected or conn.ready())
-                if sent and not idempotent and _maybe_applied(exc):
-                    raise self._ambiguous(where) from exc
-                if tried == count or not _worth_another_endpoint(exc, idempotent or not sent):
-                    raise translate_error(exc, where) from exc
-                await self._next_endpoint(conn)
-        raise AssertionError("every attempt returns or raises")
-
-    def _ambiguous(self, where: str) -> AmbiguousWrite:
-        return AmbiguousWrite(
-            f"etcd at {where} did not confirm the write within {self.config.timeout:g} s: "
-            "it may have been applied; re-run to check"
-        )
-
-    @staticmethod
-    async def _with_fresh_token(conn: _Connection, op: _Op[_T]) -> _T:
-        try:
-            return await op(conn)
-        except Exception as exc:
-            # Log in again, once, as etcd's own client does.
-            if not _token_is_stale(exc) or conn.config.username is None:
-                raise
-        await conn.authenticate()
-        return await op(conn)
-
-    async def _connection(self) -> _Connection:
-        async with self._conn_lock:
-            if self._conn is None:
-                conn = _Connection(self.config, self._index, self._credentials)
-                try:
-                    await conn.authenticate()
-                except BaseException:
-                    await conn.channel.close()
-                    raise
-                self._conn = conn
-            return self._conn
-
-    async def _next_endpoint(self, failed: _Connection | None) -> None:
-        async with self._conn_lock:
-            if failed is not None and self._conn is failed:
-                self._conn = None
-                await failed.channel.close()
-            self._index = (self._index + 1) % len(self.config.endpoints)
-
-
-if TYPE_CHECKING:  # mypy checks both classes against the protocols
-    _STORE: type[Store] = EtcdStore
-    _WATCH: type[Watch] = EtcdWatch
+    _CONNECTION: type[EtcdConnection] = _Connection

@@ -23,8 +23,10 @@ How the Store semantics are kept (see :mod:`allocator.store.base`):
 * A one-row ``meta`` table holds the global revision and the compaction
   point; the ``changes`` table logs every event for watches and keeps the
   last ``history`` revisions (older watches get ``Compacted``).
-* A watch polls the revision every ``poll_interval`` seconds, sleeping in
-  between, and reads only the new part of the log.
+* A watch reads the revision only when the store's files change (``inotify``;
+  elsewhere it polls, every ``poll_interval`` seconds after a change and
+  less often while nothing happens) and reads only the new part of the log
+  (see :mod:`allocator.store._sqlite_watch`).
 * Lease expiry times are wall-clock (``clock``, default ``time.time``)
   because several processes compare them. Reads leave out keys whose lease
   has expired without writing anything; writers (any write, and a watch
@@ -46,6 +48,7 @@ from typing import Any
 from allocator.errors import LeaseLost
 from allocator.store import _local
 from allocator.store._sqlite_db import Connections, transaction, translate
+from allocator.store._sqlite_watch import FileChanges, SqliteWatch
 from allocator.store.base import Compare, Delete, Event, KeyValue, Listing, Op, Put, Store, Watch
 from allocator.store.urls import parse_sqlite_url, redact_url
 
@@ -298,8 +301,11 @@ class SqliteStore(_local.ConditionalWrites):
             with self._reading(f"watching {prefix}") as conn:
                 current = self._revisions(conn)[0] if conn is not None else 0
         cursor = _local.resolve_start(start_revision, current)
-        return _local.PollingWatch(
-            lambda at: self.changes_since(prefix, at), cursor, self._poll_interval
+        return SqliteWatch(
+            lambda at: self.changes_since(prefix, at),
+            cursor,
+            FileChanges.open(self.path),
+            self._poll_interval,
         )
 
     def grant_lease(self, ttl: float) -> int:

@@ -1,31 +1,39 @@
 """The contract suite runs every test against every backend.
 
-Test ids end in ``[memory]``, ``[sqlite]``, ``[etcd]`` or ``[consul]``, so
-``pytest tests/contract -k etcd`` runs one backend.
+Test ids end in ``[memory]``, ``[sqlite]``, ``[etcd]``, ``[etcd-http]`` or
+``[consul]``, so ``pytest tests/contract -k consul`` runs one backend.
+``etcd-http`` is the same etcd reached through its JSON gateway, the backend
+one-shot commands use (``open_store(url, one_shot=True)``).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from allocator.store import Store, open_store
 
-BACKENDS = ["memory", "sqlite", "etcd", "consul"]
+BACKENDS = ["memory", "sqlite", "etcd", "etcd-http", "consul"]
 
 
 @pytest.fixture(params=BACKENDS)
-def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend under test."""
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The URL of a fresh (or, for servers, shared but prefix-isolated) store."""
-    backend = request.param
     if backend == "memory":
         return f"memory://{uuid.uuid4().hex}"
     if backend == "sqlite":
         return f"sqlite://{tmp_path / 'store.db'}"
-    if backend == "etcd":
+    if backend.startswith("etcd"):
         server = request.getfixturevalue("etcd_server")
         return str(server.url)  # type: ignore[attr-defined]
     url: str = request.getfixturevalue("consul_url")
@@ -33,9 +41,15 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
+def opener(backend: str, store_url: str) -> Callable[[], Store]:
+    """Opens another handle on the store under test, through the same backend."""
+    return lambda: open_store(store_url, one_shot=backend == "etcd-http")
+
+
+@pytest.fixture
+def store(backend: str, store_url: str) -> Iterator[Store]:
     """An open store for the backend under test (a new SQLite store reads as empty)."""
-    s = open_store(store_url, create=True)
+    s = open_store(store_url, create=True, one_shot=backend == "etcd-http")
     try:
         yield s
     finally:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from allocator.errors import CasConflict, ValueTooLarge
-from allocator.store import MAX_TXN_OPS, Compare, Delete, Put, Store, open_store
+from allocator.store import MAX_TXN_OPS, Compare, Delete, Put, Store
 
 
 def test_create_only_succeeds_when_the_key_is_absent(store: Store, prefix: str) -> None:
@@ -140,11 +141,11 @@ def test_txn_without_compares_always_applies(store: Store, prefix: str) -> None:
 
 
 def test_concurrent_create_only_writers_have_exactly_one_winner(
-    store_url: str, prefix: str
+    opener: Callable[[], Store], prefix: str
 ) -> None:
     writers = 16
     key = f"{prefix}/contested"
-    stores = [open_store(store_url) for _ in range(writers)]
+    stores = [opener() for _ in range(writers)]
     start = threading.Barrier(writers, timeout=60)
 
     def race(index: int) -> str:
@@ -164,7 +165,7 @@ def test_concurrent_create_only_writers_have_exactly_one_winner(
 
     assert outcomes.count("won") == 1
     assert outcomes.count("lost") == writers - 1
-    check = open_store(store_url)
+    check = opener()
     try:
         got = check.get(key)
     finally:

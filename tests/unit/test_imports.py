@@ -22,6 +22,7 @@ HEAVY = (
     "uvicorn",
     "prometheus_client",
 )
+_EXAMPLE = Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml"
 
 _PROBE = """
 import json, sys
@@ -78,3 +79,34 @@ def test_the_agent_loads_no_metrics_or_web_stack_until_asked() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert _heavy(set(json.loads(proc.stdout))) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["set", "job=train", "gpus=0", "host=node1"],
+        ["get", "job=train"],
+        ["status"],
+        ["release", "job=train", "host=node1"],
+    ],
+)
+def test_commands_on_etcd_talk_json_and_load_no_grpc(
+    args: list[str], etcd_server: object, prefix: str
+) -> None:
+    from allocator.assignments import Allocator
+    from allocator.store import open_store
+
+    url = str(etcd_server.url)  # type: ignore[attr-defined]
+    store = open_store(url, one_shot=True)
+    try:
+        allocator = Allocator(store, prefix=prefix)
+        allocator.apply_policy(_EXAMPLE.read_text(), "policy.yaml")
+        if args[0] != "set":
+            setup = ["--prefix", prefix, "set", "job=train", "gpus=0", "host=node1"]
+            code, _ = _modules_after(setup, url)
+            assert code == 0
+    finally:
+        store.close()
+    code, modules = _modules_after(["--prefix", prefix, *args], url)
+    assert code == 0
+    assert _heavy(modules) == []

@@ -20,13 +20,25 @@ import pytest
 
 from allocator.errors import AmbiguousWrite, Compacted, StoreError, StoreUnavailable
 from allocator.store import Event, Put, Store, Watch, open_store
-from allocator.store.etcd import attempt_timeout
+from allocator.store.etcd_rules import attempt_timeout
 from tests.support.etcd_server import EtcdNotAvailable, EtcdServer, free_port
+from tests.support.waiting import wait_for
 
 # Hang guards, not timings: a dead endpoint must answer well inside them.
 UNAVAILABLE_BOUND_S = 10.0
 DEADLINE_S = 20.0
 _T = TypeVar("_T")
+
+
+#: Opens an etcd store through the backend under test (``connect(url)``).
+Connect = Callable[[str], Store]
+
+
+@pytest.fixture(params=["grpc", "http"])
+def connect(request: pytest.FixtureRequest) -> Connect:
+    """Both etcd backends: gRPC (the agent's) and the JSON gateway (one-shot commands')."""
+    one_shot = request.param == "http"
+    return lambda url: open_store(url, one_shot=one_shot)
 
 
 def poll(attempt: Callable[[], _T], deadline_s: float = DEADLINE_S) -> _T:
@@ -61,8 +73,8 @@ def collect(watch: Watch, count: int, deadline_s: float = DEADLINE_S) -> list[Ev
 
 
 @pytest.fixture
-def store(etcd_server: EtcdServer) -> Iterator[Store]:
-    s = open_store(etcd_server.url)
+def store(etcd_server: EtcdServer, connect: Connect) -> Iterator[Store]:
+    s = connect(etcd_server.url)
     yield s
     s.close()
 
@@ -70,9 +82,9 @@ def store(etcd_server: EtcdServer) -> Iterator[Store]:
 # --- unreachable endpoints ------------------------------------------------------
 
 
-def test_a_refused_endpoint_is_unavailable_quickly_and_named() -> None:
+def test_a_refused_endpoint_is_unavailable_quickly_and_named(connect: Connect) -> None:
     port = free_port()
-    store = open_store(f"etcd://127.0.0.1:{port}")
+    store = connect(f"etcd://127.0.0.1:{port}")
     try:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable) as caught:
@@ -85,13 +97,13 @@ def test_a_refused_endpoint_is_unavailable_quickly_and_named() -> None:
         store.close()
 
 
-def test_a_silent_endpoint_is_unavailable_within_a_bound() -> None:
+def test_a_silent_endpoint_is_unavailable_within_a_bound(connect: Connect) -> None:
     # Accepts TCP connections (the kernel does) but never speaks HTTP/2.
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         port = silent.getsockname()[1]
-        store = open_store(f"etcd://127.0.0.1:{port}")
+        store = connect(f"etcd://127.0.0.1:{port}")
         try:
             started = time.monotonic()
             with pytest.raises(StoreUnavailable) as caught:
@@ -102,9 +114,11 @@ def test_a_silent_endpoint_is_unavailable_within_a_bound() -> None:
             store.close()
 
 
-def test_a_dead_first_endpoint_fails_over_to_the_next(etcd_server: EtcdServer) -> None:
+def test_a_dead_first_endpoint_fails_over_to_the_next(
+    etcd_server: EtcdServer, connect: Connect
+) -> None:
     dead = f"127.0.0.1:{free_port()}"
-    store = open_store(f"etcd://{dead},{etcd_server.endpoint}")
+    store = connect(f"etcd://{dead},{etcd_server.endpoint}")
     try:
         revision = store.put("/failover/k", b"v")
         got = store.get("/failover/k")
@@ -113,9 +127,9 @@ def test_a_dead_first_endpoint_fails_over_to_the_next(etcd_server: EtcdServer) -
         store.close()
 
 
-def test_all_endpoints_dead_names_every_endpoint() -> None:
+def test_all_endpoints_dead_names_every_endpoint(connect: Connect) -> None:
     first, second = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    store = open_store(f"etcd://{first},{second}")
+    store = connect(f"etcd://{first},{second}")
     try:
         with pytest.raises(StoreUnavailable) as caught:
             store.list("/x/")
@@ -143,11 +157,13 @@ def test_list_of_a_big_cluster_is_one_range_request(
     assert [kv.key for kv in listing.items] == sorted(keys)
 
 
-def test_close_ends_the_loop_thread_and_open_watches(etcd_server: EtcdServer) -> None:
-    store = open_store(etcd_server.url)
+def test_close_ends_the_store_threads_and_open_watches(
+    etcd_server: EtcdServer, connect: Connect
+) -> None:
+    store = connect(etcd_server.url)
     watch = store.watch("/closing/", 1)
-    names = {t.name for t in threading.enumerate()}
-    assert any(n.startswith("allocator-etcd") for n in names)
+    before = {t for t in threading.enumerate() if t.name.startswith("allocator-etcd")}
+    assert before  # the loop thread (gRPC), or the watch's reader (JSON gateway)
 
     store.close()
     store.close()
@@ -156,17 +172,16 @@ def test_close_ends_the_loop_thread_and_open_watches(etcd_server: EtcdServer) ->
         watch.next(1)
     with pytest.raises(StoreError, match="closed"):
         store.get("/closing/k")
-    own = f"allocator-etcd {etcd_server.endpoint}"
-    assert own not in {t.name for t in threading.enumerate()}
+    wait_for("the store's threads to end", lambda: not any(t.is_alive() for t in before))
 
 
 # --- compaction --------------------------------------------------------------------
 
 
 def test_a_watch_from_a_compacted_revision_raises_compacted(
-    etcd_server_private: EtcdServer,
+    etcd_server_private: EtcdServer, connect: Connect
 ) -> None:
-    store = open_store(etcd_server_private.url)
+    store = connect(etcd_server_private.url)
     try:
         first = store.put("/c/k", b"1")
         store.put("/c/k", b"2")
@@ -198,11 +213,11 @@ def test_a_watch_from_a_compacted_revision_raises_compacted(
 
 @pytest.mark.parametrize("how", ["stop", "kill"])
 def test_a_watch_raises_when_etcd_goes_away_and_resumes_after_restart(
-    etcd_server_private: EtcdServer, how: str
+    etcd_server_private: EtcdServer, how: str, connect: Connect
 ) -> None:
     server = etcd_server_private
-    store = open_store(server.url)
-    writer = open_store(server.url)
+    store = connect(server.url)
+    writer = connect(server.url)
     try:
         first = store.put("/o/a", b"1")
         watch = store.watch("/o/", first)
@@ -234,12 +249,14 @@ def test_a_watch_raises_when_etcd_goes_away_and_resumes_after_restart(
         writer.close()
 
 
-def test_a_store_opened_while_etcd_is_down_works_once_it_is_up(tmp_path: Path) -> None:
+def test_a_store_opened_while_etcd_is_down_works_once_it_is_up(
+    tmp_path: Path, connect: Connect
+) -> None:
     server = EtcdServer(tmp_path / "etcd")
     server.start()
     try:
         server.stop()
-        store = open_store(server.url)
+        store = connect(server.url)
         try:
             with pytest.raises(StoreUnavailable):
                 store.put("/late/k", b"v")
@@ -278,7 +295,8 @@ def test_a_watch_whose_channel_is_closed_under_it_raises(etcd_server: EtcdServer
     try:
         watch = store.watch("/moving/", store.put("/moving/k", b"v"))
         assert len(collect(watch, 1)) == 1
-        store._loop.run(store._next_endpoint(store._conn), 10, "test")  # type: ignore[attr-defined]
+        calls = store._calls  # type: ignore[attr-defined]
+        store._loop.run(calls.next_endpoint(calls.current), 10, "test")  # type: ignore[attr-defined]
 
         assert isinstance(next_until_error(watch), StoreUnavailable)
         assert store.get("/moving/k") is not None  # and the store reconnects
@@ -290,10 +308,10 @@ def test_a_watch_whose_channel_is_closed_under_it_raises(etcd_server: EtcdServer
 
 
 def test_a_write_etcd_never_answers_may_have_been_applied(
-    etcd_server_private: EtcdServer,
+    etcd_server_private: EtcdServer, connect: Connect
 ) -> None:
     server = etcd_server_private
-    store = open_store(f"etcd://{server.endpoint}?timeout=1")
+    store = connect(f"etcd://{server.endpoint}?timeout=1")
     try:
         store.put("/k", b"before")  # connected: the next request goes out on this channel
         assert server.pid is not None
@@ -312,8 +330,8 @@ def test_a_write_etcd_never_answers_may_have_been_applied(
         store.close()
 
 
-def test_a_write_that_never_reached_etcd_is_plainly_unavailable() -> None:
-    store = open_store(f"etcd://127.0.0.1:{free_port()}?timeout=1")
+def test_a_write_that_never_reached_etcd_is_plainly_unavailable(connect: Connect) -> None:
+    store = connect(f"etcd://127.0.0.1:{free_port()}?timeout=1")
     try:
         with pytest.raises(StoreUnavailable) as caught:
             store.put("/k", b"v")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,17 @@ OPS_PASSWORD = "ops-pw-42"
 ALLOWED = "/allocator/"
 DEADLINE_S = 20.0
 UNAVAILABLE_BOUND_S = 10.0
+
+
+#: Opens an etcd store through the backend under test (``connect(url)``).
+Connect = Callable[[str], Store]
+
+
+@pytest.fixture(params=["grpc", "http"])
+def connect(request: pytest.FixtureRequest) -> Connect:
+    """Both etcd backends: gRPC (the agent's) and the JSON gateway (one-shot commands')."""
+    one_shot = request.param == "http"
+    return lambda url: open_store(url, one_shot=one_shot)
 
 
 def collect(watch: Watch, count: int) -> list[Event]:
@@ -60,8 +71,8 @@ def ops_url(server: EtcdServer, password: str = OPS_PASSWORD) -> str:
 
 
 @pytest.fixture
-def ops_store(auth_server: EtcdServer) -> Iterator[Store]:
-    store = open_store(ops_url(auth_server))
+def ops_store(auth_server: EtcdServer, connect: Connect) -> Iterator[Store]:
+    store = connect(ops_url(auth_server))
     yield store
     store.close()
 
@@ -83,11 +94,11 @@ def test_the_right_user_inside_its_prefix_can_do_everything(ops_store: Store) ->
 
 
 def test_credentials_from_etcdctl_variables(
-    auth_server: EtcdServer, monkeypatch: pytest.MonkeyPatch
+    auth_server: EtcdServer, monkeypatch: pytest.MonkeyPatch, connect: Connect
 ) -> None:
     monkeypatch.setenv("ETCDCTL_USER", "ops")
     monkeypatch.setenv("ETCDCTL_PASSWORD", OPS_PASSWORD)
-    store = open_store(auth_server.url)
+    store = connect(auth_server.url)
     try:
         assert store.put(f"{ALLOWED}env/k", b"v") > 0
     finally:
@@ -102,8 +113,10 @@ def test_credentials_from_etcdctl_variables(
     ],
     ids=["wrong-password", "unknown-user"],
 )
-def test_refused_credentials_are_permission_denied(auth_server: EtcdServer, url_of: object) -> None:
-    store = open_store(url_of(auth_server))  # type: ignore[operator]
+def test_refused_credentials_are_permission_denied(
+    auth_server: EtcdServer, url_of: object, connect: Connect
+) -> None:
+    store = connect(url_of(auth_server))  # type: ignore[operator]
     try:
         with pytest.raises(PermissionDenied) as caught:
             store.get(f"{ALLOWED}k")
@@ -115,9 +128,9 @@ def test_refused_credentials_are_permission_denied(auth_server: EtcdServer, url_
 
 
 def test_no_credentials_is_permission_denied_saying_how_to_give_them(
-    auth_server: EtcdServer,
+    auth_server: EtcdServer, connect: Connect
 ) -> None:
-    store = open_store(auth_server.url)
+    store = connect(auth_server.url)
     try:
         with pytest.raises(PermissionDenied, match="ETCDCTL_USER"):
             store.list(ALLOWED)
@@ -161,7 +174,7 @@ def test_the_store_logs_in_again_when_its_simple_token_is_forgotten(
 
 
 def test_the_store_logs_in_again_when_its_jwt_is_from_an_older_auth_revision(
-    tmp_path: Path,
+    tmp_path: Path, connect: Connect
 ) -> None:
     if shutil.which("openssl") is None:
         pytest.skip("the openssl command is not installed; cannot make a JWT signing key")
@@ -177,7 +190,7 @@ def test_the_store_logs_in_again_when_its_jwt_is_from_an_older_auth_revision(
             "role", "grant-permission", "allocator", "--prefix=true", "readwrite", ALLOWED
         )
         server.etcdctl("user", "grant-role", "ops", "allocator")
-        store = open_store(ops_url(server))
+        store = connect(ops_url(server))
         try:
             store.put(f"{ALLOWED}jwt/k", b"1")
             # Any change to users or roles makes earlier JWTs "old".
@@ -190,9 +203,9 @@ def test_the_store_logs_in_again_when_its_jwt_is_from_an_older_auth_revision(
 
 
 def test_credentials_for_a_server_without_auth_are_a_config_error(
-    etcd_server: EtcdServer,
+    etcd_server: EtcdServer, connect: Connect
 ) -> None:
-    store = open_store(f"etcd://ops:pw@{etcd_server.endpoint}")
+    store = connect(f"etcd://ops:pw@{etcd_server.endpoint}")
     try:
         with pytest.raises(StoreConfigError, match="authentication is not enabled"):
             store.get("/k")
@@ -247,11 +260,11 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory, certs: TlsFiles) -> Ite
 
 
 def test_etcds_with_the_ca_from_etcdctl_cacert_works(
-    tls_server: EtcdServer, certs: TlsFiles, monkeypatch: pytest.MonkeyPatch
+    tls_server: EtcdServer, certs: TlsFiles, monkeypatch: pytest.MonkeyPatch, connect: Connect
 ) -> None:
     assert tls_server.url.startswith("etcds://")
     monkeypatch.setenv("ETCDCTL_CACERT", str(certs.ca))
-    store = open_store(tls_server.url)
+    store = connect(tls_server.url)
     try:
         written = store.put("/tls/k", b"secret")
         watch = store.watch("/tls/", written)
@@ -264,18 +277,20 @@ def test_etcds_with_the_ca_from_etcdctl_cacert_works(
 
 
 def test_etcdctl_endpoints_with_https_and_the_ca_in_the_url(
-    tls_server: EtcdServer, certs: TlsFiles, monkeypatch: pytest.MonkeyPatch
+    tls_server: EtcdServer, certs: TlsFiles, monkeypatch: pytest.MonkeyPatch, connect: Connect
 ) -> None:
     monkeypatch.setenv("ETCDCTL_ENDPOINTS", f"https://{tls_server.endpoint}")
-    store = open_store(f"etcd://?cacert={certs.ca}")
+    store = connect(f"etcd://?cacert={certs.ca}")
     try:
         assert store.put("/tls/env", b"v") > 0
     finally:
         store.close()
 
 
-def test_a_server_certificate_from_an_unknown_ca_is_refused(tls_server: EtcdServer) -> None:
-    store = open_store(tls_server.url)  # no CA given: the system roots do not know ours
+def test_a_server_certificate_from_an_unknown_ca_is_refused(
+    tls_server: EtcdServer, connect: Connect
+) -> None:
+    store = connect(tls_server.url)  # no CA given: the system roots do not know ours
     try:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable, match="CERTIFICATE_VERIFY_FAILED"):
@@ -285,8 +300,10 @@ def test_a_server_certificate_from_an_unknown_ca_is_refused(tls_server: EtcdServ
         store.close()
 
 
-def test_plain_etcd_url_to_a_tls_port_is_unavailable(tls_server: EtcdServer) -> None:
-    store = open_store(f"etcd://{tls_server.endpoint}")
+def test_plain_etcd_url_to_a_tls_port_is_unavailable(
+    tls_server: EtcdServer, connect: Connect
+) -> None:
+    store = connect(f"etcd://{tls_server.endpoint}")
     try:
         started = time.monotonic()
         with pytest.raises(StoreUnavailable, match=tls_server.endpoint):
@@ -297,23 +314,23 @@ def test_plain_etcd_url_to_a_tls_port_is_unavailable(tls_server: EtcdServer) -> 
 
 
 def test_a_missing_ca_file_is_a_config_error_naming_it(
-    tls_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tls_server: EtcdServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, connect: Connect
 ) -> None:
     missing = tmp_path / "no-such-ca.pem"
     monkeypatch.setenv("ETCDCTL_CACERT", str(missing))
     with pytest.raises(StoreConfigError, match=str(missing)):
-        open_store(tls_server.url)
+        connect(tls_server.url)
 
 
 def test_client_certificates_from_etcdctl_cert_and_key(
-    tmp_path: Path, certs: TlsFiles, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, certs: TlsFiles, monkeypatch: pytest.MonkeyPatch, connect: Connect
 ) -> None:
     mutual = TlsFiles(certs.ca, certs.cert, certs.key, client_auth=True)
     server = EtcdServer(tmp_path / "etcd-mtls", tls=mutual)
     server.start()
     try:
         monkeypatch.setenv("ETCDCTL_CACERT", str(certs.ca))
-        anonymous = open_store(server.url)
+        anonymous = connect(server.url)
         try:
             with pytest.raises(StoreUnavailable):
                 anonymous.get("/mtls/k")
@@ -321,7 +338,7 @@ def test_client_certificates_from_etcdctl_cert_and_key(
             anonymous.close()
         monkeypatch.setenv("ETCDCTL_CERT", str(certs.cert))
         monkeypatch.setenv("ETCDCTL_KEY", str(certs.key))
-        store = open_store(server.url)
+        store = connect(server.url)
         try:
             assert store.put("/mtls/k", b"v") > 0
         finally:

@@ -1,0 +1,409 @@
+"""The etcd v3 backend over etcd's JSON gateway: no gRPC, for one-shot commands.
+
+etcd serves its v3 API as JSON on the client port (``/v3/kv/range``,
+``/v3/kv/txn``, ``/v3/lease/*``, ``/v3/watch`` as a stream,
+``/v3/auth/authenticate``; on by default since 3.4). A command that makes
+a few calls and exits spends most of its life importing gRPC (~40-150 ms)
+when it talks gRPC; this backend needs only the standard library, so
+``allocator set`` on etcd starts about as fast as on SQLite. The agent,
+which holds watches for days, keeps the gRPC backend
+(:mod:`allocator.store.etcd`); :func:`allocator.store.open_store` picks
+this one for ``one_shot`` callers.
+
+Same URL, same semantics, same hardening as the gRPC backend (the
+contract suite and the etcd tests run against both):
+
+* every call has one budget, ``timeout`` seconds, covering connecting,
+  TLS, logging in, failing over and the request; with several endpoints
+  each gets an equal share of what is left (:func:`attempt_timeout`);
+* a call the current endpoint could not take moves on to the next one:
+  any read, and a write only when it cannot have been applied (no
+  connection, no leader); a write sent but not confirmed raises
+  :class:`~allocator.errors.AmbiguousWrite` ("may have been applied");
+* TLS with a CA, client certificate and key (``etcds://``); user and
+  password, logging in again once when etcd says the token is stale;
+* etcd's answers are translated by :mod:`allocator.store.etcd_rules`,
+  exactly as the gRPC backend's are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from allocator.errors import (
+    AllocatorError,
+    LeaseLost,
+    StoreConfigError,
+    StoreError,
+    StoreUnavailable,
+)
+from allocator.store._local import check_key, check_prefix, check_ttl, check_txn, check_value
+from allocator.store._local import lease_of as _lease_of
+from allocator.store.base import Compare, Delete, KeyValue, Listing, Op, Put, Store, Watch
+from allocator.store.etcd_config import EtcdConfig, format_endpoint, parse_etcd_url, read_pem
+from allocator.store.etcd_json import (
+    Json,
+    b64,
+    conflict_of,
+    key_value_of,
+    range_request,
+    txn_request,
+    watch_request,
+)
+from allocator.store.etcd_rules import (
+    MAX_TXN_OPS,
+    Code,
+    EtcdStatus,
+    ambiguous_write,
+    attempt_timeout,
+    maybe_applied,
+    token_is_stale,
+    translate_status,
+    worth_another_endpoint,
+)
+from allocator.store.http_wire import HttpConnection, HttpError, NoAnswer, NotHttp, NotSent
+from allocator.store.urls import redact_url
+
+if TYPE_CHECKING:
+    import ssl
+
+    from allocator.store.etcd_http_watch import EtcdHttpWatch
+
+__all__ = ["MAX_TXN_OPS", "EtcdHttpStore", "open_etcd_http", "status_of_answer", "tls_context"]
+
+_T = TypeVar("_T")
+# One attempt of a call on an endpoint that is connected and logged in, by a deadline.
+_Send = Callable[["_Endpoint", float], _T]
+
+
+def open_etcd_http(url: str, *, create: bool = False) -> EtcdHttpStore:
+    """Open an etcd store for ``url`` that talks to etcd's JSON gateway.
+
+    No network I/O happens here; the first call connects. A malformed URL,
+    an unreadable TLS file or half-given credentials raise
+    ``StoreConfigError``. ``create`` is accepted for the common factory
+    signature (an etcd cluster always exists).
+    """
+    return EtcdHttpStore(parse_etcd_url(url), url)
+
+
+def tls_context(config: EtcdConfig) -> ssl.SSLContext | None:
+    """The TLS settings for ``config`` (``None`` for plaintext); bad files fail now."""
+    if not config.tls:
+        return None
+    import ssl
+
+    cadata = read_pem(config.cacert, "CA certificate")
+    read_pem(config.cert, "client certificate")
+    read_pem(config.key, "client key")
+    try:
+        context = ssl.create_default_context(cadata=cadata.decode("ascii") if cadata else None)
+        if config.cert is not None and config.key is not None:
+            context.load_cert_chain(config.cert, config.key)
+    except (ssl.SSLError, ValueError, UnicodeDecodeError) as exc:
+        raise StoreConfigError(f"etcd TLS files are not usable: {exc}") from None
+    return context
+
+
+def status_of_answer(status: int, body: bytes, path: str) -> EtcdStatus:
+    """The etcd status an HTTP error answer carries (JSON ``code`` and ``message``).
+
+    An answer that is not etcd's JSON means something else listens there
+    (or the gateway is off), reported as a code etcd never sends.
+    """
+    try:
+        data = json.loads(body)
+        code = int(data.get("code", Code.UNKNOWN))
+        message = str(data.get("message") or data.get("error") or f"HTTP {status}")
+    except (ValueError, AttributeError, TypeError):
+        text = body[:80].decode("utf-8", "replace").strip()
+        return EtcdStatus(
+            Code.UNIMPLEMENTED, f"HTTP {status} for {path} ({text!r}; is its JSON gateway on?)"
+        )
+    return EtcdStatus(code, message)
+
+
+class _Endpoint:
+    """One keep-alive connection to one endpoint, and the token it logged in with."""
+
+    def __init__(self, config: EtcdConfig, index: int, tls: ssl.SSLContext | None) -> None:
+        host, port = config.endpoints[index]
+        self.name = format_endpoint(host, port)
+        self.config = config
+        self.host, self.port, self.tls = host, port, tls
+        self.http = HttpConnection(host, port, tls)
+        self.token: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        """What every request carries: the token, when logged in."""
+        return {"Authorization": self.token} if self.token else {}
+
+    def ready(self, until: float) -> None:
+        """Connect (again, if the server closed an idle connection) and log in if needed.
+
+        Nothing of the caller's request has been sent when this fails.
+        """
+        if not self.http.connected or self.http.dropped():
+            self.http.connect(until - time.monotonic())
+        if self.token is None and self.config.username is not None:
+            self.login(until)
+
+    def login(self, until: float) -> None:
+        """Get a fresh token for the configured user."""
+        self.token = None  # etcd refuses even a login that carries a stale token
+        body = {"name": self.config.username, "password": self.config.password}
+        try:
+            self.token = str(self.post("/v3/auth/authenticate", body, until)["token"])
+        except NoAnswer as exc:  # the caller's request is still unsent
+            raise NotSent(str(exc), exc.cause) from exc
+        except KeyError:
+            raise EtcdStatus(Code.UNKNOWN, "etcd's login answer holds no token") from None
+
+    def post(self, path: str, body: Json, until: float) -> Json:
+        """Send one request on the open connection; its decoded JSON answer."""
+        payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
+        answer = self.http.request(path, payload, self.headers(), until - time.monotonic())
+        if answer.status != 200:
+            raise status_of_answer(answer.status, answer.body, path)
+        try:
+            data = json.loads(answer.body)
+        except ValueError:
+            raise NotHttp(f"{path} answered {answer.body[:80]!r}, not JSON") from None
+        if not isinstance(data, dict):
+            raise NotHttp(f"{path} answered {type(data).__name__}, not a JSON object")
+        return data
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.http.close()
+
+
+class EtcdHttpStore:
+    """:class:`~allocator.store.base.Store` on etcd v3's JSON gateway (see the module doc)."""
+
+    max_txn_ops: int | None = MAX_TXN_OPS
+
+    def __init__(self, config: EtcdConfig, url: str) -> None:
+        from allocator.secrets import remember_secret
+
+        remember_secret(config.password)
+        self.url = redact_url(url)
+        self.config = config
+        self.endpoints = config.endpoint_names
+        self.tls = tls_context(config)  # bad TLS files fail before any connection
+        self._index = 0
+        self._endpoint: _Endpoint | None = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self._watches: set[EtcdHttpWatch] = set()
+
+    # --- reads and writes ----------------------------------------------------
+
+    def get(self, key: str) -> KeyValue | None:
+        """Return the current version of ``key``, or ``None``."""
+        reply = self._call("/v3/kv/range", range_request(check_key(key)), idempotent=True)
+        kvs = reply.get("kvs") or []
+        return key_value_of(kvs[0]) if kvs else None
+
+    def list(self, prefix: str) -> Listing:
+        """Every key under ``prefix``, sorted, with the revision read at: one range request."""
+        request = range_request(check_prefix(prefix), prefix=True)
+        reply = self._call("/v3/kv/range", request, idempotent=True)
+        items = tuple(key_value_of(kv) for kv in reply.get("kvs") or [])
+        return Listing(items=items, revision=_revision(reply))
+
+    def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expect_revision: int | None = None,
+        lease: int | None = None,
+    ) -> int:
+        """Write ``key``; with ``expect_revision``, only if that still holds."""
+        if expect_revision is not None:
+            return self.txn([Compare(key, expect_revision)], [Put(key, value, lease)])
+        check_value(check_key(key), value)
+        request: Json = {"key": b64(key), "value": b64(value)}
+        if _lease_of(lease):
+            request["lease"] = str(lease)
+        return _revision(self._call("/v3/kv/put", request))
+
+    def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
+        """Delete ``key``; return whether it existed."""
+        compares = [] if expect_revision is None else [Compare(key, expect_revision)]
+        reply = self._txn(compares, [Delete(key)])
+        responses = reply.get("responses") or [{}]
+        return bool(int((responses[0].get("response_delete_range") or {}).get("deleted") or 0))
+
+    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+        """Apply ``ops`` at one revision if every compare holds, else ``CasConflict``."""
+        return _revision(self._txn(compares, ops))
+
+    def _txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> Json:
+        check_txn(compares, ops, self.max_txn_ops)
+        reply = self._call("/v3/kv/txn", txn_request(compares, ops))
+        if not reply.get("succeeded"):
+            raise conflict_of(compares, reply)
+        return reply
+
+    # --- watches -------------------------------------------------------------
+
+    def watch(self, prefix: str, start_revision: int) -> Watch:
+        """Watch ``prefix`` for changes at ``start_revision`` and later.
+
+        Raises ``StoreUnavailable``/``PermissionDenied`` if the watch cannot
+        be created; a compacted start revision is raised by ``next()``.
+        """
+        from allocator.store.etcd_http_watch import EtcdHttpWatch, open_watch_stream
+
+        request = watch_request(check_prefix(prefix), start_revision)
+        opened = self._run(lambda ep, until: open_watch_stream(ep, request, until), True)
+        watch = EtcdHttpWatch(opened, self._forget)
+        with self._lock:
+            if self._closed:
+                watch.close()
+                raise StoreError(f"the etcd store for {self.endpoints} is closed")
+            self._watches.add(watch)
+        watch.start()
+        return watch
+
+    def _forget(self, watch: EtcdHttpWatch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+    # --- leases --------------------------------------------------------------
+
+    def grant_lease(self, ttl: float) -> int:
+        """Create a lease of ``ttl`` seconds (rounded up: etcd counts whole seconds)."""
+        seconds = max(1, -int(-check_ttl(ttl) // 1))
+        reply = self._call("/v3/lease/grant", {"TTL": str(seconds)})
+        if reply.get("error"):
+            raise StoreError(f"etcd at {self.endpoints}: lease grant failed: {reply['error']}")
+        return int(reply["ID"])
+
+    def refresh_lease(self, lease: int) -> None:
+        """Send one keep-alive; ``LeaseLost`` if the lease expired or was revoked."""
+        reply = self._call("/v3/lease/keepalive", {"ID": str(lease)}, idempotent=True)
+        result = reply.get("result") or {}
+        if int(result.get("TTL") or 0) <= 0:
+            raise LeaseLost(f"etcd at {self.endpoints}: lease {lease:x} has expired")
+
+    def revoke_lease(self, lease: int) -> None:
+        """End ``lease`` now, deleting its keys; no error if it is already gone."""
+        with contextlib.suppress(LeaseLost):
+            self._call("/v3/lease/revoke", {"ID": str(lease)}, idempotent=True)
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every watch and the connection. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            watches, self._watches = list(self._watches), set()
+            endpoint, self._endpoint = self._endpoint, None
+        for watch in watches:
+            watch.close()
+        if endpoint is not None:
+            endpoint.close()
+
+    def __enter__(self) -> EtcdHttpStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing ------------------------------------------------------------
+
+    def _call(self, path: str, body: Json, *, idempotent: bool = False) -> Json:
+        def send(endpoint: _Endpoint, until: float) -> Json:
+            return endpoint.post(path, body, until)
+
+        return self._run(send, idempotent)
+
+    def _run(self, send: _Send[_T], idempotent: bool) -> _T:
+        """Run ``send(endpoint, until)`` within the call's budget, failing over as allowed.
+
+        Everything before ``send`` (connecting, logging in) sends nothing of
+        the call; what ``send`` raises after it wrote its request means the
+        request may have arrived.
+        """
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"the etcd store for {self.endpoints} is closed")
+            started = time.monotonic()
+            count = len(self.config.endpoints)
+            for tried in range(1, count + 1):
+                share = attempt_timeout(
+                    started + self.config.timeout - time.monotonic(), count - tried + 1
+                )
+                until = time.monotonic() + share
+                endpoint = self._current()
+                where = endpoint.name if tried == 1 else self.endpoints
+                sent = False
+                try:
+                    endpoint.ready(until)
+                    sent = True
+                    return self._with_fresh_token(endpoint, send, until)
+                except (HttpError, EtcdStatus) as exc:
+                    error = self._failure(exc, where, sent, idempotent, last=tried == count)
+                    if error is not None:
+                        raise error from exc
+                self._next_endpoint()
+            raise AssertionError("every attempt returns or raises")
+
+    def _with_fresh_token(self, endpoint: _Endpoint, send: _Send[_T], until: float) -> _T:
+        try:
+            return send(endpoint, until)
+        except EtcdStatus as exc:
+            # Log in again, once, as etcd's own client does.
+            if not token_is_stale(exc.details) or self.config.username is None:
+                raise
+        endpoint.login(until)
+        return send(endpoint, until)
+
+    def _failure(
+        self, exc: Exception, where: str, sent: bool, idempotent: bool, *, last: bool
+    ) -> AllocatorError | None:
+        """The error to raise for a failed attempt, or ``None`` to try the next endpoint."""
+        if isinstance(exc, NotHttp):
+            return StoreUnavailable(f"etcd at {where}: {exc} (is it an etcd v3 server?)")
+        if isinstance(exc, EtcdStatus):
+            code, details = exc.code, exc.details
+        elif isinstance(exc, NotSent) or not sent:
+            code, details = Code.UNAVAILABLE, f"failed to connect: {exc}"
+        else:  # the request went out; nothing (complete) came back
+            code, details = Code.DEADLINE_EXCEEDED, str(exc)
+        if sent and not idempotent and maybe_applied(code, details):
+            return ambiguous_write(where, self.config.timeout)
+        if last or not worth_another_endpoint(code, details, idempotent or not sent):
+            if code == Code.DEADLINE_EXCEEDED:
+                return StoreUnavailable(f"etcd at {where} gave no answer ({details})")
+            return translate_status(code, details, where)
+        return None
+
+    def _current(self) -> _Endpoint:
+        if self._endpoint is None:
+            self._endpoint = _Endpoint(self.config, self._index, self.tls)
+        return self._endpoint
+
+    def _next_endpoint(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
+        self._index = (self._index + 1) % len(self.config.endpoints)
+
+
+def _revision(reply: Json) -> int:
+    return int((reply.get("header") or {}).get("revision") or 0)
+
+
+if TYPE_CHECKING:  # mypy checks the class against the protocol
+    _STORE: type[Store] = EtcdHttpStore

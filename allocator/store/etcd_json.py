@@ -1,0 +1,135 @@
+"""etcd's v3 API in JSON (its gateway's encoding): building requests, reading replies.
+
+The gateway speaks the gRPC messages in protobuf's JSON mapping: keys and
+values are base64, 64-bit numbers are strings, and fields holding their
+default (``0``, ``false``, an empty list) are left out of replies. Pure: no
+I/O; :mod:`allocator.store.etcd_http` sends what this builds.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Sequence
+from typing import Any
+
+from allocator.errors import CasConflict
+from allocator.store.base import Compare, Event, KeyValue, Op, Put
+from allocator.store.etcd_rules import conflict, prefix_range_end
+
+__all__ = [
+    "Json",
+    "b64",
+    "conflict_of",
+    "event_of",
+    "key_value_of",
+    "range_request",
+    "txn_request",
+    "unb64",
+    "watch_request",
+]
+
+Json = dict[str, Any]
+
+
+def b64(data: bytes | str) -> str:
+    """Base64 text of ``data`` (``str`` is encoded as UTF-8 first)."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    return binascii.b2a_base64(raw, newline=False).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    """The bytes of base64 ``text`` (absent: empty, as etcd leaves out an empty value)."""
+    return binascii.a2b_base64(text) if text else b""
+
+
+def _int(value: Any) -> int:
+    return int(value) if value else 0
+
+
+def key_value_of(kv: Json) -> KeyValue:
+    """A :class:`KeyValue` from a reply's ``kv`` object."""
+    return KeyValue(
+        key=unb64(kv.get("key")).decode("utf-8"),
+        value=unb64(kv.get("value")),
+        mod_revision=_int(kv.get("mod_revision")),
+        create_revision=_int(kv.get("create_revision")),
+        lease=_int(kv.get("lease")) or None,
+    )
+
+
+def event_of(item: Json) -> Event:
+    """An :class:`Event` from a watch reply's event object (no ``type``: a put)."""
+    kv = item.get("kv") or {}
+    key = unb64(kv.get("key")).decode("utf-8")
+    revision = _int(kv.get("mod_revision"))
+    if item.get("type", "PUT") == "DELETE":
+        return Event("delete", key, None, revision)
+    return Event("put", key, unb64(kv.get("value")), revision)
+
+
+def range_request(key: str, *, prefix: bool = False) -> Json:
+    """A range request for ``key`` (or every key under it, sorted by key, with ``prefix``)."""
+    raw = key.encode("utf-8")
+    if not prefix:
+        return {"key": b64(raw)}
+    return {
+        "key": b64(raw),
+        "range_end": b64(prefix_range_end(raw)),
+        "sort_order": "ASCEND",
+        "sort_target": "KEY",
+    }
+
+
+def watch_request(prefix: str, start_revision: int) -> Json:
+    """A watch create request for every key under ``prefix`` from ``start_revision``."""
+    raw = prefix.encode("utf-8")
+    return {
+        "create_request": {
+            "key": b64(raw),
+            "range_end": b64(prefix_range_end(raw)),
+            "start_revision": str(max(start_revision, 0)),
+        }
+    }
+
+
+def _compare(compare: Compare) -> Json:
+    if compare.mod_revision == 0:  # must not exist
+        return {"key": b64(compare.key), "target": "CREATE", "result": "EQUAL"}
+    return {
+        "key": b64(compare.key),
+        "target": "MOD",
+        "result": "EQUAL",
+        "mod_revision": str(compare.mod_revision),
+    }
+
+
+def _request_op(op: Op) -> Json:
+    if isinstance(op, Put):
+        put: Json = {"key": b64(op.key), "value": b64(op.value)}
+        if op.lease:
+            put["lease"] = str(op.lease)
+        return {"request_put": put}
+    return {"request_delete_range": {"key": b64(op.key)}}
+
+
+def txn_request(compares: Sequence[Compare], ops: Sequence[Op]) -> Json:
+    """A transaction: ``ops`` if every compare holds, else a read of every compared key.
+
+    The failure branch lets a conflict name the keys that changed as of the
+    very revision the compare failed at.
+    """
+    return {
+        "compare": [_compare(c) for c in compares],
+        "success": [_request_op(op) for op in ops],
+        "failure": [{"request_range": {"key": b64(c.key), "keys_only": True}} for c in compares],
+    }
+
+
+def conflict_of(compares: Sequence[Compare], reply: Json) -> CasConflict:
+    """The ``CasConflict`` a failed transaction's reply describes."""
+    found = []
+    for response in reply.get("responses") or []:
+        kvs = (response.get("response_range") or {}).get("kvs") or []
+        found.append(_int(kvs[0].get("mod_revision")) if kvs else 0)
+    found += [0] * (len(compares) - len(found))
+    return conflict(compares, found)

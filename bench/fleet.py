@@ -1,0 +1,120 @@
+"""A simulated fleet in a store: a 1,000-host policy, its assignments, agents and workers.
+
+:func:`fleet_policy` writes the policy of ``hosts`` hosts of ``gpus`` GPUs
+each; :func:`load_fleet` applies it and writes, for every host, the
+records a running fleet has: ``jobs_per_host`` assignments (one GPU each,
+with their job index entries), the agent's leased record and a worker
+record per job. Records are built with allocator's own record types, so
+every reader decodes them strictly, as it would a real fleet's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from allocator.assignments import Allocator
+from allocator.keys import KeyLayout
+from allocator.records import AgentRecord, Assignment, GpuInfo, JobIndex, WorkerRecord
+from allocator.store import MAX_TXN_OPS, Op, Put, Store
+
+__all__ = ["Fleet", "fleet_policy", "host_name", "job_name", "load_fleet"]
+
+_WHEN = "2026-11-30T00:00:00Z"
+
+
+def host_name(index: int) -> str:
+    """The name of host number ``index``."""
+    return f"node{index:04d}"
+
+
+def job_name(host: int, slot: int) -> str:
+    """The job holding GPU ``slot`` of host number ``host``."""
+    return f"job{host:04d}-{slot}"
+
+
+def fleet_policy(hosts: int, gpus: int = 8, comment: str = "") -> str:
+    """The YAML of a policy with ``hosts`` hosts of ``gpus`` GPUs, one job template."""
+    lines = [f"# simulated fleet {comment}".rstrip(), "version: 1", "hosts:"]
+    lines += [f"  {host_name(h)}: {{gpus: {gpus}}}" for h in range(hosts)]
+    lines += [
+        "jobs:",
+        "  train:",
+        "    command: [python, -m, train]",
+        "    fallback: wait",
+        "fallback:",
+        "  wait: {action: wait}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """What :func:`load_fleet` wrote."""
+
+    hosts: int
+    gpus: int
+    jobs_per_host: int
+    prefix: str
+    policy_revision: int
+    keys: int
+
+
+def _host_records(
+    layout: KeyLayout, host: int, gpus: int, jobs: int, revision: int, lease: int
+) -> Iterator[Op]:
+    name = host_name(host)
+    inventory = tuple(GpuInfo(index=g, uuid=f"GPU-{host:08x}-{g:04x}") for g in range(gpus))
+    agent = AgentRecord(host=name, gpus=inventory, started_at=_WHEN, pid=1000 + host)
+    yield Put(layout.agent(name), agent.to_json(), lease)
+    yield Put(layout.host_generation(name), b"1")
+    for slot in range(jobs):
+        job = job_name(host, slot)
+        assignment = Assignment(
+            job=job,
+            host=name,
+            gpus=(slot,),
+            mode="gpu",
+            updated_by="bench@fleet",
+            updated_at=_WHEN,
+            requested=f"gpus={slot}",
+            policy_revision=revision,
+        )
+        yield Put(layout.assignment(name, job), assignment.to_json())
+        yield Put(layout.job_index(job), JobIndex(job=job, hosts=(name,)).to_json())
+        worker = WorkerRecord(
+            job=job, host=name, state="running", pids=(20000 + slot,), gpus=(slot,), since=_WHEN
+        )
+        yield Put(layout.workers(name, job), worker.to_json())
+
+
+def _batches(ops: Iterator[Op], size: int) -> Iterator[Sequence[Op]]:
+    batch: list[Op] = []
+    for op in ops:
+        batch.append(op)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def load_fleet(
+    store: Store, prefix: str, hosts: int = 1000, gpus: int = 8, jobs_per_host: int = 6
+) -> Fleet:
+    """Apply the fleet's policy and write every host's records (see the module doc)."""
+    allocator = Allocator(store, prefix=prefix, actor="bench@fleet")
+    applied = allocator.apply_policy(fleet_policy(hosts, gpus), "fleet.yaml")
+    revision = applied.revision
+    lease = store.grant_lease(3600)
+    layout = allocator.layout
+    ops = (
+        op
+        for host in range(hosts)
+        for op in _host_records(layout, host, gpus, jobs_per_host, revision, lease)
+    )
+    keys = 0
+    for batch in _batches(ops, MAX_TXN_OPS):
+        store.txn([], batch)
+        keys += len(batch)
+    return Fleet(hosts, gpus, jobs_per_host, prefix, revision, keys)

@@ -1,0 +1,73 @@
+"""``make bench`` stays runnable: every row at a tiny size writes a well-formed results file.
+
+Timings are the benchmark's business, not the test suite's: this checks
+the shape of what ``bench/run.py --smoke`` writes, never its numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+FIELDS = {"name", "ours", "baseline", "ratio", "target", "pass", "unit"}
+ROWS = (
+    "CLI set, etcd",
+    "CLI get, etcd, no host=",
+    "CLI set, SQLite",
+    "fleet status",
+    "policy validate",
+    "propagation, SQLite, median",
+    "propagation, SQLite, worst",
+    "propagation, etcd, median",
+    "propagation, etcd, worst",
+    "agent footprint",
+    "agent idle CPU, SQLite",
+    "agent idle CPU, etcd",
+    "agent CPU with etcd down",
+    "placement throughput",
+    "fleet fan-out",
+    "etcd write rate",
+)
+
+
+def test_a_smoke_run_writes_every_row_of_the_table(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    names = [row["name"] for row in rows]
+    for expected in ROWS:
+        assert sum(name.startswith(expected) for name in names) == 1, (expected, names)
+    for row in rows:
+        assert set(row) >= FIELDS, row
+        assert isinstance(row["pass"], bool) and row["ours"] >= 0 and row["target"]
+        if row["baseline"] is not None:
+            assert row["baseline"] > 0
+            assert abs(row["ratio"] - row["ours"] / row["baseline"]) < 0.01 * row["ratio"] + 1e-3
+            assert set(row["spread"]) == {"ours", "baseline"}
+    assert "row" in done.stdout and "written to" in done.stdout  # the table was printed
+
+
+def test_the_results_table_says_which_rows_missed() -> None:
+    from bench.common import Row
+    from bench.run import format_table
+
+    table = format_table(
+        [
+            Row("fast", 1.0, 2.0, 0.5, "<= 2x", True, "ms"),
+            Row("slow", 9.0, 1.0, 9.0, "<= 2x", False, "ms"),
+            Row("count", 3.0, None, None, "<= 5 MiB", True, "MiB"),
+        ]
+    ).splitlines()
+    assert "pass" in table[1] and "MISS" in table[2] and "9.00x" in table[2]
+    assert table[3].split()[2] == "-"  # no baseline
