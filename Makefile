@@ -4,6 +4,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # torch 2.13.0's CPU wheel is what the worker-helper tests run against.
 TORCH  ?= torch==2.13.0
+# Test processes run side by side: most tests wait on real processes and servers,
+# so three share two cores well (PYTEST_WORKERS=0 runs them one after another).
+PYTEST_WORKERS ?= 3
 
 .PHONY: demo test lint unit contract e2e reliability soak bench schema screenshot servers clean
 
@@ -33,7 +36,7 @@ servers:
 	tools/install-test-servers
 
 test: servers lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
 
 unit: $(VENV)/.dev
 	$(BIN)/pytest -q tests/unit

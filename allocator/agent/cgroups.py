@@ -5,7 +5,7 @@ moves to and whichever process it is reparented to, and across agent
 restarts: the exact answer to "is anything of this worker left?"
 (``cgroup.events``: ``populated 0``) and to "kill all of it"
 (``cgroup.kill``, Linux >= 5.14; else SIGKILL to each member). The agent
-creates ``<its own cgroup>/allocator/<job>.<index>.<token>`` for each worker;
+creates ``<its own cgroup>/allocator/<agent>/<job>.<index>.<token>`` for each worker;
 the shim moves itself in before it forks the worker, so nothing escapes.
 
 Where the agent may not (no cgroup2 mount, a read-only ``/sys/fs/cgroup`` in
@@ -24,6 +24,7 @@ import signal
 from pathlib import Path
 
 __all__ = [
+    "agent_scope",
     "cgroup_members",
     "cgroup_populated",
     "create_worker_cgroup",
@@ -37,9 +38,15 @@ _BASE_NAME = "allocator"
 
 
 def worker_cgroup_base(
-    mountinfo: Path = Path("/proc/self/mountinfo"), own: Path = Path("/proc/self/cgroup")
+    mountinfo: Path = Path("/proc/self/mountinfo"),
+    own: Path = Path("/proc/self/cgroup"),
+    scope: str = "",
 ) -> tuple[Path | None, str]:
-    """Where worker cgroups go, or None and why not (``(None, reason)``)."""
+    """Where worker cgroups go, or None and why not (``(None, reason)``).
+
+    ``scope`` names this agent's own directory below ``allocator/`` (see the
+    module docstring).
+    """
     mount = _cgroup2_mount(mountinfo)
     if mount is None:
         return None, "no cgroup2 file system is mounted"
@@ -47,14 +54,23 @@ def worker_cgroup_base(
     if relative is None:
         return None, "this process is in no cgroup2 group"
     base = mount / relative.lstrip("/") / _BASE_NAME
+    if scope:
+        base = base / scope
     try:
-        base.mkdir(exist_ok=True)
+        base.mkdir(parents=True, exist_ok=True)
         probe = base / f".probe-{secrets.token_hex(4)}"
         probe.mkdir()
         probe.rmdir()
     except OSError as exc:
         return None, f"cannot create cgroups under {base.parent}: {exc.strerror or exc}"
     return base, ""
+
+
+def agent_scope(state_dir: Path) -> str:
+    """The name of one agent's cgroup directory: a digest of its state directory's path."""
+    import hashlib
+
+    return "agent-" + hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
 
 
 def _cgroup2_mount(mountinfo: Path) -> Path | None:

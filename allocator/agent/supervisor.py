@@ -34,7 +34,7 @@ from typing import Any
 
 from allocator.agent import procs, tree
 from allocator.agent.adoption import AdoptedWorker, AdoptReport, sweep, take_over
-from allocator.agent.cgroups import worker_cgroup_base
+from allocator.agent.cgroups import agent_scope, remove_cgroup, worker_cgroup_base
 from allocator.agent.launch import launch_worker, prepare_worker
 from allocator.agent.model import (
     Accept,
@@ -106,7 +106,8 @@ class Supervisor:
         self._dirty = False
         # See the module docstring: orphans of a shim killed outright come to us.
         self.subreaper = procs.become_subreaper() if subreaper else False
-        self.cgroup_base, why = worker_cgroup_base() if cgroups else (None, "disabled")
+        scope = agent_scope(self.state_file.parent)
+        self.cgroup_base, why = worker_cgroup_base(scope=scope) if cgroups else (None, "disabled")
         base = str(self.cgroup_base) if self.cgroup_base else None
         self._log("process-tracking", {"cgroups": base, "why_not": why or None})
 
@@ -360,6 +361,8 @@ class Supervisor:
             self.tick()
             alive = sorted(name for name, job in self._jobs.items() if job.alive() > 0)
             if not alive:
+                if self.cgroup_base is not None:
+                    remove_cgroup(self.cgroup_base)  # this agent's own directory, once empty
                 return
             if time.monotonic() > give_up_at:
                 self._log("stop-incomplete", {"jobs": alive})

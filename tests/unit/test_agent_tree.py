@@ -157,3 +157,23 @@ def test_where_no_cgroup_can_be_made_the_agent_says_why(tmp_path: Path) -> None:
     v1_only = tmp_path / "cgroup-v1"
     v1_only.write_text("4:memory:/x\n")
     assert worker_cgroup_base(mounted, v1_only) == (None, "this process is in no cgroup2 group")
+
+
+def test_agents_sharing_a_cgroup_never_sweep_each_others_worker_cgroups(tmp_path: Path) -> None:
+    """Two agents on one machine (or two test processes): each sweeps only its own."""
+    from allocator.agent.cgroups import agent_scope, create_worker_cgroup, remove_cgroup
+    from allocator.agent.supervisor import Supervisor
+
+    mine, why = worker_cgroup_base(scope=agent_scope(tmp_path / "a"))
+    if mine is None:
+        pytest.skip(f"no cgroups here: {why}")
+    fresh = create_worker_cgroup(mine, "train.0")  # made, its shim not moved in yet
+    assert fresh is not None
+    try:
+        other = Supervisor(tmp_path / "b" / "logs", tmp_path / "b" / "workers.json")
+        assert other.cgroup_base is not None and other.cgroup_base != mine
+        other.adopt()  # sweeps what its own state file does not name
+        assert fresh.exists()
+    finally:
+        remove_cgroup(fresh)
+        remove_cgroup(mine)
