@@ -286,7 +286,9 @@ class Allocator:
         if view is None:
             view = self._read_view(host, asked.job)
         while True:
-            placed, planned = self._plan_assign(view, replace(asked, host=host), reason, command)
+            # replace() would validate the request again; it was when it was made.
+            request = asked if asked.host == host else replace(asked, host=host)
+            placed, planned = self._plan_assign(view, request, reason, command)
             outcome = self._write(planned, view_reads_for(self.layout, host, asked.job))
             if outcome.succeeded:
                 self._views().keep(planned.after(outcome.revision))
