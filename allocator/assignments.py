@@ -27,14 +27,12 @@ from typing import TYPE_CHECKING, TypeVar
 from allocator.errors import (
     BadRecord,
     CasConflict,
-    ConflictError,
-    PlacementRefused,
     RequestError,
 )
 from allocator.identity import actor as default_actor
 from allocator.identity import format_time, local_hostname, utc_now
 from allocator.keys import DEFAULT_PREFIX, KeyLayout
-from allocator.records import SCHEMA_VERSION, Assignment, PolicyRecord, decode_record
+from allocator.records import SCHEMA_VERSION, Assignment, PolicyRecord
 from allocator.snapshots import HostSnapshot, PolicySnapshot, job_not_found, snapshots_by_host
 from allocator.store import (
     MAX_TXN_OPS,
@@ -237,38 +235,9 @@ class Allocator:
     # --- internals ----------------------------------------------------------
 
     def _with_retries(self, operation: Callable[[], T], what: str) -> T:
-        # The first attempt needs no retry machinery: tenacity (and what it loads,
-        # a tenth of a one-shot command's start-up) is imported only after a lost race.
-        try:
-            return operation()
-        except CasConflict as exc:
-            lost = [exc]
+        from allocator.retries import with_retries
 
-        def attempt() -> T:
-            if lost:  # the first attempt, already made: tenacity waits, then retries
-                raise lost.pop()
-            return operation()
-
-        from tenacity import (
-            Retrying,
-            retry_if_exception_type,
-            stop_after_attempt,
-            wait_random_exponential,
-        )
-
-        retrying = Retrying(
-            retry=retry_if_exception_type(CasConflict),
-            stop=stop_after_attempt(self.attempts),
-            wait=wait_random_exponential(multiplier=0.01, max=0.2),
-            reraise=True,
-        )
-        try:
-            return retrying(attempt)
-        except CasConflict as exc:
-            raise ConflictError(
-                f"{what}: the store changed under us {self.attempts} times in a row "
-                f"({', '.join(exc.keys) or 'compared keys'}); nothing was written, try again"
-            ) from exc
+        return with_retries(operation, what, self.attempts)
 
     def _assign_once(
         self, asked: Request, reason: str, command: tuple[str, ...] | None, *, first: bool
@@ -436,75 +405,15 @@ class Allocator:
     def _apply_once(
         self, policy: Policy, text: str, source: str, force: bool, reason: str
     ) -> ApplyResult:
-        from allocator.history import policy_entry, policy_stream, prepare_append
-        from allocator.policy import policy_sha256
+        from allocator.policyapply import apply_once
 
-        current = self.store.get(self.layout.policy)
-        digest = policy_sha256(text)
-        old: PolicyRecord | None = None
-        if current is not None:
-            try:
-                old = decode_record(current.value, PolicyRecord, current.key)
-            except BadRecord as exc:  # a damaged record is what apply is there to replace
-                self.on_bad_record(exc)
-            else:
-                if old.sha256 == digest:
-                    return ApplyResult(False, old, current.mod_revision)
-        # Read before the assignments are checked: any assignment change after this
-        # read moves it, and the compare below then sends apply round to check again.
-        fleet = self.store.get(self.layout.fleet_generation)
-        violations = self.violations(policy)
-        if violations and not force:
-            raise PlacementRefused(
-                f"the new policy conflicts with {len(violations)} current assignment(s): "
-                f"{violations[0]}"
-                + (f" (and {len(violations) - 1} more)" if len(violations) > 1 else "")
-                + "; release them first or use --force"
-            )
-        record = PolicyRecord(
-            yaml=text,
-            sha256=digest,
-            applied_by=self.actor,
-            applied_at=format_time(self.clock()),
-            source=source,
-        )
-        compares = [
-            Compare(self.layout.policy, current.mod_revision if current is not None else 0),
-            Compare(self.layout.fleet_generation, fleet.mod_revision if fleet is not None else 0),
-        ]
-        entry = policy_entry(record, old, reason, len(violations))
-        head_compare, history_ops = prepare_append(
-            self.store,
-            policy_stream(self.layout),
-            entry,
-            policy.history.entries_per_host,
-            self.on_bad_record,
-        )
-        revision = self._txn(
-            [*compares, head_compare], [Put(self.layout.policy, record.to_json()), *history_ops]
-        )
-        return ApplyResult(True, record, revision, tuple(violations))
+        return apply_once(self, policy, text, source, force, reason)
 
     def violations(self, policy: Policy) -> list[str]:
         """Current assignments that ``policy`` would refuse, one line each."""
-        from allocator.placement import Request, place
+        from allocator.policyapply import violations
 
-        listing = self.store.list(self.layout.hosts)
-        found: list[str] = []
-        now = self.clock()
-        for host, state in sorted(snapshots_by_host(listing.items, self.layout, 0).items()):
-            inventory = state.agent.gpus if state.agent and state.agent.gpus else None
-            for job, held in sorted(state.assignments.items()):
-                if held.mode == "cpu":
-                    continue
-                others = {j: a for j, a in state.assignments.items() if j != job}
-                slots = held.slots if held.slots > 1 else None
-                request = Request(job=job, host=host, gpus=held.gpus, slots=slots)
-                try:
-                    place(policy, request, others, now, inventory=inventory)
-                except (PlacementRefused, RequestError) as exc:
-                    found.append(f"{job}@{host}: {exc}")
-        return found
+        return violations(self, policy)
 
     def _generation_value(self, stamp: str | None = None) -> bytes:
         at = stamp if stamp is not None else format_time(self.clock())
