@@ -17,38 +17,41 @@ limit of any backend.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from allocator.errors import (
     BadRecord,
     CasConflict,
-    ConflictError,
-    NotFound,
-    PlacementRefused,
     RequestError,
 )
 from allocator.identity import actor as default_actor
 from allocator.identity import format_time, local_hostname, utc_now
 from allocator.keys import DEFAULT_PREFIX, KeyLayout
-from allocator.records import (
-    SCHEMA_VERSION,
-    AgentRecord,
-    Assignment,
-    HistoryEntry,
-    PolicyRecord,
-    WorkerRecord,
-    decode_record,
+from allocator.records import SCHEMA_VERSION, Assignment, PolicyRecord
+from allocator.snapshots import HostSnapshot, PolicySnapshot, job_not_found, snapshots_by_host
+from allocator.store import (
+    MAX_TXN_OPS,
+    Compare,
+    Delete,
+    Listing,
+    Op,
+    Put,
+    Read,
+    Store,
+    TxnOutcome,
+    txn_size,
 )
-from allocator.store import MAX_TXN_OPS, Compare, Delete, KeyValue, Op, Put, Store, txn_size
 
 if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need not pay
     from allocator.groups import GroupResult
     from allocator.placement import Placement, Request
     from allocator.policy import Policy
+    from allocator.writeview import Planned, ViewCache, WriteView
 
 __all__ = [
     "Allocator",
@@ -64,28 +67,6 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class PolicySnapshot:
-    """The applied policy, its record, and the revision it was read at."""
-
-    policy: Policy
-    record: PolicyRecord
-    revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class HostSnapshot:
-    """Everything stored under one host, read in one prefix read."""
-
-    host: str
-    assignments: dict[str, Assignment] = field(default_factory=dict)
-    generation: int = 0
-    agent: AgentRecord | None = None
-    workers: dict[str, WorkerRecord] = field(default_factory=dict)
-    revision: int = 0
-    bad_records: tuple[BadRecord, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What ``policy apply`` did."""
 
@@ -93,59 +74,6 @@ class ApplyResult:
     record: PolicyRecord
     revision: int
     warnings: tuple[str, ...] = ()
-
-
-def snapshots_by_host(
-    items: Sequence[KeyValue], layout: KeyLayout, revision: int
-) -> dict[str, HostSnapshot]:
-    """Decode keys read under the hosts prefix into one :class:`HostSnapshot` per host.
-
-    One pass over ``items``: ``status`` on a fleet reads every host at once.
-    A record that does not decode, or whose body disagrees with its key, is
-    left out and listed in its host's ``bad_records``; it never hides the
-    rest of the host, let alone other hosts.
-    """
-    parts: dict[str, dict[str, Any]] = {}
-    for item in items:
-        parsed = layout.parse_host_key(item.key)
-        if parsed is None:
-            continue
-        host, kind, name = parsed
-        part = parts.setdefault(
-            host,
-            {"assignments": {}, "workers": {}, "generation": 0, "agent": None, "bad_records": ()},
-        )
-        try:
-            _add_host_item(part, item, host, kind, name)
-        except BadRecord as exc:
-            part["bad_records"] = (*part["bad_records"], exc)
-    return {host: HostSnapshot(host, revision=revision, **part) for host, part in parts.items()}
-
-
-def job_not_found(job: str, host: str | None, held_there: Sequence[str] = ()) -> NotFound:
-    """The one "not found" answer of every command that looks a job up (exit 6).
-
-    ``host`` ``None`` means every host was searched; ``held_there`` names
-    the jobs that host does hold, to catch a typo.
-    """
-    where = f"on host {host!r}" if host else "on any host"
-    others = f" (jobs there: {', '.join(sorted(held_there))})" if held_there else ""
-    return NotFound(f"job {job!r} holds nothing {where}{others}")
-
-
-def _add_host_item(part: dict[str, Any], item: KeyValue, host: str, kind: str, name: str) -> None:
-    if kind == "jobs" and name:
-        part["assignments"][name] = decode_record(
-            item.value, Assignment, item.key, job=name, host=host
-        )
-    elif kind == "workers" and name:
-        part["workers"][name] = decode_record(
-            item.value, WorkerRecord, item.key, job=name, host=host
-        )
-    elif kind == "generation":
-        part["generation"] = item.mod_revision
-    elif kind == "agent":
-        part["agent"] = decode_record(item.value, AgentRecord, item.key, host=host)
 
 
 class Allocator:
@@ -167,19 +95,15 @@ class Allocator:
         self.clock = clock
         self.actor = actor or default_actor(store.url)
         self.attempts = attempts
+        self._cache: ViewCache | None = None  # what the last writes saw; made on first use
 
     # --- reads ------------------------------------------------------------
 
     def policy(self) -> PolicySnapshot | None:
         """The applied policy, or ``None`` if none was applied yet."""
-        item = self.store.get(self.layout.policy)
-        if item is None:
-            return None
-        from allocator.policy import load_policy
+        from allocator.writeview import policy_snapshot
 
-        record = decode_record(item.value, PolicyRecord, item.key)
-        policy = load_policy(record.yaml, source="applied policy")
-        return PolicySnapshot(policy, record, item.mod_revision)
+        return policy_snapshot(self.store.get(self.layout.policy))
 
     def require_policy(self) -> PolicySnapshot:
         """The applied policy, or a ``RequestError`` telling how to apply one."""
@@ -232,7 +156,10 @@ class Allocator:
 
         ``request.host`` may be empty: the default host is used then.
         """
-        return self._with_retries(lambda: self._assign_once(request, reason, command), "set")
+        attempts = itertools.count()
+        return self._with_retries(
+            lambda: self._assign_once(request, reason, command, first=next(attempts) == 0), "set"
+        )
 
     def release(
         self, host: str, job: str, *, reason: str = "", if_revision: int | None = None
@@ -272,6 +199,7 @@ class Allocator:
                 _check_adhoc_command(snapshot.policy, request.job)
             generation = self._generation_value()
             write = plan_group_set(self, snapshot, request, nodes, (reason, command), generation)
+            self._views().clear()  # written without the kept views: they are stale now
             self._txn(write.compares, write.ops)
             return write.result
 
@@ -283,6 +211,7 @@ class Allocator:
 
         def once() -> GroupResult:
             write = plan_group_release(self, job, self._generation_value(), reason)
+            self._views().clear()
             self._txn(write.compares, write.ops)
             return write.result
 
@@ -306,67 +235,66 @@ class Allocator:
     # --- internals ----------------------------------------------------------
 
     def _with_retries(self, operation: Callable[[], T], what: str) -> T:
-        # The first attempt needs no retry machinery: tenacity (and what it loads,
-        # a tenth of a one-shot command's start-up) is imported only after a lost race.
-        try:
-            return operation()
-        except CasConflict as exc:
-            lost = [exc]
+        from allocator.retries import with_retries
 
-        def attempt() -> T:
-            if lost:  # the first attempt, already made: tenacity waits, then retries
-                raise lost.pop()
-            return operation()
-
-        from tenacity import (
-            Retrying,
-            retry_if_exception_type,
-            stop_after_attempt,
-            wait_random_exponential,
-        )
-
-        retrying = Retrying(
-            retry=retry_if_exception_type(CasConflict),
-            stop=stop_after_attempt(self.attempts),
-            wait=wait_random_exponential(multiplier=0.01, max=0.2),
-            reraise=True,
-        )
-        try:
-            return retrying(attempt)
-        except CasConflict as exc:
-            raise ConflictError(
-                f"{what}: the store changed under us {self.attempts} times in a row "
-                f"({', '.join(exc.keys) or 'compared keys'}); nothing was written, try again"
-            ) from exc
+        return with_retries(operation, what, self.attempts)
 
     def _assign_once(
-        self, asked: Request, reason: str, command: tuple[str, ...] | None
+        self, asked: Request, reason: str, command: tuple[str, ...] | None, *, first: bool
     ) -> tuple[Assignment, Placement]:
+        """One attempt: decided from the kept view if there is one, else from one fresh read.
+
+        A view kept from earlier calls that turns out stale costs no attempt:
+        its failed write brought back the fresh state, and the attempt goes
+        again from that. A write decided from state read for this call (on a
+        later attempt, what the lost race brought back) that loses is a lost race.
+        """
+        host = asked.host or self.default_host(self._known_policy())
+        view = self._views().get(host, asked.job)
+        fresh = view is None or not first
+        if view is None:
+            view = self._read_view(host, asked.job)
+        while True:
+            # replace() would validate the request again; it was when it was made.
+            request = asked if asked.host == host else replace(asked, host=host)
+            placed, planned = self._plan_assign(view, request, reason, command)
+            outcome = self._write(planned, view_reads_for(self.layout, host, asked.job))
+            if outcome.succeeded:
+                self._views().keep(planned.after(outcome.revision))
+                return placed
+            view = self._settle(host, asked.job, outcome)
+            if fresh:
+                raise CasConflict("a compared key changed", keys=outcome.changed)
+            fresh = True
+
+    def _plan_assign(
+        self, view: WriteView, request: Request, reason: str, command: tuple[str, ...] | None
+    ) -> tuple[tuple[Assignment, Placement], Planned]:
         from allocator.history import change_entry
         from allocator.placement import place
+        from allocator.writeview import plan_change
 
-        snapshot = self.require_policy()
+        snapshot = view.policy or self._no_policy()
         if command is not None:
-            _check_adhoc_command(snapshot.policy, asked.job)
-        host = asked.host or self.default_host(snapshot.policy)
-        state = self.host(host)
+            _check_adhoc_command(snapshot.policy, request.job)
+        state, now = view.host, self.clock()
         agent = state.agent
-        request = replace(asked, host=host)
         decision = place(
             snapshot.policy,
             request,
             state.assignments,
-            self.clock(),
+            now,
             inventory=agent.gpus if agent and agent.gpus else None,
             unhealthy=agent.unhealthy if agent else None,
         )
+        stamp = format_time(now)
         assignment = Assignment(
             job=request.job,
-            host=host,
+            host=state.host,
             gpus=decision.gpus,
             mode=decision.mode,
             updated_by=self.actor,
-            updated_at=format_time(self.clock()),
+            updated_at=stamp,
             reason=reason,
             requested=describe_request(request),
             policy_revision=snapshot.revision,
@@ -377,159 +305,133 @@ class Allocator:
             picked=decision.picked,
         )
         before = state.assignments.get(request.job)
-        self._assignment_txn(
-            host,
-            request.job,
-            [
+        key = self.layout.assignment(state.host, request.job)
+        planned = plan_change(
+            self.layout,
+            view,
+            Put(key, assignment.to_json()),
+            change_entry(before, assignment, self.actor, stamp, reason),
+            assignment,
+            # The agent's record (inventory, health) was checked too: compare it.
+            compares=[
                 Compare(self.layout.policy, snapshot.revision),
-                Compare(self.layout.host_generation(host), state.generation),
+                Compare(self.layout.agent(state.host), state.agent_revision),
             ],
-            Put(self.layout.assignment(host, request.job), assignment.to_json()),
-            change_entry(before, assignment, self.actor, assignment.updated_at, reason),
-            snapshot.policy.history.entries_per_host,
+            history_limit=snapshot.policy.history.entries_per_host,
+            generation=self._generation_value(stamp),
         )
-        return assignment, decision
+        return (assignment, decision), planned
 
     def _release_once(
         self, host: str, job: str, reason: str, if_revision: int | None = None
     ) -> Assignment | BadRecord:
         from allocator.history import release_entry
+        from allocator.writeview import plan_change
 
-        state = self.host(host)
+        view = self._read_view(host, job)
+        state = view.host
         key = self.layout.assignment(host, job)
         current: Assignment | BadRecord | None = state.assignments.get(job)
         if current is None:
             current = next((bad for bad in state.bad_records if bad.key == key), None)
         if current is None:
             raise job_not_found(job, host, list(state.assignments))
-        compares = [Compare(self.layout.host_generation(host), state.generation)]
-        if if_revision is not None:
-            compares.append(Compare(key, if_revision))
+        compares = [] if if_revision is None else [Compare(key, if_revision)]
         held = current if isinstance(current, Assignment) else None
-        entry = release_entry(host, job, held, self.actor, format_time(self.clock()), reason)
-        self._assignment_txn(host, job, compares, Delete(key), entry)
+        stamp = format_time(self.clock())
+        entry = release_entry(host, job, held, self.actor, stamp, reason)
+        planned = plan_change(
+            self.layout,
+            view,
+            Delete(key),
+            entry,
+            None,
+            compares=compares,
+            generation=self._generation_value(stamp),
+        )
+        # A release is decided from fresh state, so a plain transaction: a lost
+        # compare is a lost race, and the retry reads again.
+        revision = self._txn(planned.compares, planned.ops)
+        self._views().keep(planned.after(revision))
         return current
 
-    def _assignment_txn(
-        self,
-        host: str,
-        job: str,
-        compares: list[Compare],
-        change: Op,
-        entry: HistoryEntry,
-        history_limit: int | None = None,
-    ) -> int:
-        """Write one assignment change with the job's index and its history entry.
+    # --- kept views ---------------------------------------------------------
 
-        Bumps the host's and the fleet's generations. The index and the host's
-        history head are read here, just before the write, and compared in it:
-        a concurrent change of the same job on another host, or another entry
-        in this host's history, makes this retry. ``history_limit`` ``None``
-        keeps the limit the host's history was last written with.
-        """
-        from allocator.history import host_stream, prepare_append
-        from allocator.jobindex import index_change, index_for_write
+    def _views(self) -> ViewCache:
+        if self._cache is None:
+            from allocator.writeview import ViewCache
 
-        index = index_for_write(self.store, self.layout, job, self.on_bad_record)
-        index_compare, index_op = index_change(
-            self.layout, index, host, holds=isinstance(change, Put)
+            self._cache = ViewCache()
+        return self._cache
+
+    def _known_policy(self) -> Policy | None:
+        kept = self._views().policy
+        snapshot = kept if kept is not None else self.policy()
+        return snapshot.policy if snapshot is not None else None
+
+    def _no_policy(self) -> PolicySnapshot:
+        raise RequestError(
+            f"no policy applied in {self.store.url}: run `allocator policy apply FILE` first"
         )
-        stream = host_stream(self.layout, host)
-        head_compare, history_ops = prepare_append(
-            self.store, stream, entry, history_limit, self.on_bad_record
-        )
-        ops = [
-            change,
-            Put(self.layout.host_generation(host), self._generation_value()),
-            Put(self.layout.fleet_generation, self._generation_value()),
-            index_op,
-            *history_ops,
-        ]
-        return self._txn([*compares, index_compare, head_compare], ops)
+
+    def _read_view(self, host: str, job: str) -> WriteView:
+        """The state a change of ``job`` on ``host`` is decided from: one request."""
+        from allocator.writeview import view_reads
+
+        found = self.store.read_many(view_reads(self.layout, host, job, policy_text=True))
+        return self._settled(host, job, found)
+
+    def _settle(self, host: str, job: str, outcome: TxnOutcome) -> WriteView:
+        return self._settled(host, job, outcome.reads)
+
+    def _settled(self, host: str, job: str, found: Sequence[Listing]) -> WriteView:
+        from allocator.writeview import settle_view
+
+        known = self._views().policy
+        view = settle_view(self.store, self.layout, host, job, found, known, self.on_bad_record)
+        self._views().keep(view)
+        return view
+
+    def _write(self, planned: Planned, reads: list[Read]) -> TxnOutcome:
+        """``store.txn_or_read``, refusing anything larger than every backend accepts."""
+        _check_size(planned.compares, planned.ops)
+        return self.store.txn_or_read(planned.compares, planned.ops, reads)
 
     def _txn(self, compares: list[Compare], ops: list[Op]) -> int:
         """``store.txn``, refusing anything larger than every backend accepts."""
-        size = txn_size(compares, ops)
-        if size > MAX_TXN_OPS:  # a bug here, not the user's: say so plainly
-            raise AssertionError(f"a transaction of {size} operations exceeds {MAX_TXN_OPS}")
+        _check_size(compares, ops)
         return self.store.txn(compares, ops)
 
     def _apply_once(
         self, policy: Policy, text: str, source: str, force: bool, reason: str
     ) -> ApplyResult:
-        from allocator.history import policy_entry, policy_stream, prepare_append
-        from allocator.policy import policy_sha256
+        from allocator.policyapply import apply_once
 
-        current = self.store.get(self.layout.policy)
-        digest = policy_sha256(text)
-        old: PolicyRecord | None = None
-        if current is not None:
-            try:
-                old = decode_record(current.value, PolicyRecord, current.key)
-            except BadRecord as exc:  # a damaged record is what apply is there to replace
-                self.on_bad_record(exc)
-            else:
-                if old.sha256 == digest:
-                    return ApplyResult(False, old, current.mod_revision)
-        # Read before the assignments are checked: any assignment change after this
-        # read moves it, and the compare below then sends apply round to check again.
-        fleet = self.store.get(self.layout.fleet_generation)
-        violations = self.violations(policy)
-        if violations and not force:
-            raise PlacementRefused(
-                f"the new policy conflicts with {len(violations)} current assignment(s): "
-                f"{violations[0]}"
-                + (f" (and {len(violations) - 1} more)" if len(violations) > 1 else "")
-                + "; release them first or use --force"
-            )
-        record = PolicyRecord(
-            yaml=text,
-            sha256=digest,
-            applied_by=self.actor,
-            applied_at=format_time(self.clock()),
-            source=source,
-        )
-        compares = [
-            Compare(self.layout.policy, current.mod_revision if current is not None else 0),
-            Compare(self.layout.fleet_generation, fleet.mod_revision if fleet is not None else 0),
-        ]
-        entry = policy_entry(record, old, reason, len(violations))
-        head_compare, history_ops = prepare_append(
-            self.store,
-            policy_stream(self.layout),
-            entry,
-            policy.history.entries_per_host,
-            self.on_bad_record,
-        )
-        revision = self._txn(
-            [*compares, head_compare], [Put(self.layout.policy, record.to_json()), *history_ops]
-        )
-        return ApplyResult(True, record, revision, tuple(violations))
+        return apply_once(self, policy, text, source, force, reason)
 
     def violations(self, policy: Policy) -> list[str]:
         """Current assignments that ``policy`` would refuse, one line each."""
-        from allocator.placement import Request, place
+        from allocator.policyapply import violations
 
-        listing = self.store.list(self.layout.hosts)
-        found: list[str] = []
-        now = self.clock()
-        for host, state in sorted(snapshots_by_host(listing.items, self.layout, 0).items()):
-            inventory = state.agent.gpus if state.agent and state.agent.gpus else None
-            for job, held in sorted(state.assignments.items()):
-                if held.mode == "cpu":
-                    continue
-                others = {j: a for j, a in state.assignments.items() if j != job}
-                slots = held.slots if held.slots > 1 else None
-                request = Request(job=job, host=host, gpus=held.gpus, slots=slots)
-                try:
-                    place(policy, request, others, now, inventory=inventory)
-                except (PlacementRefused, RequestError) as exc:
-                    found.append(f"{job}@{host}: {exc}")
-        return found
+        return violations(self, policy)
 
-    def _generation_value(self) -> bytes:
-        body = {"schema_version": SCHEMA_VERSION, "by": self.actor, "at": format_time(self.clock())}
+    def _generation_value(self, stamp: str | None = None) -> bytes:
+        at = stamp if stamp is not None else format_time(self.clock())
+        body = {"schema_version": SCHEMA_VERSION, "by": self.actor, "at": at}
         return json.dumps(body, sort_keys=True).encode()
+
+
+def view_reads_for(layout: KeyLayout, host: str, job: str) -> list[Read]:
+    """What a failed change brings back: the view's reads, the policy's revision only."""
+    from allocator.writeview import view_reads
+
+    return view_reads(layout, host, job, policy_text=False)
+
+
+def _check_size(compares: Sequence[Compare], ops: Sequence[Op]) -> None:
+    size = txn_size(compares, ops)
+    if size > MAX_TXN_OPS:  # a bug here, not the user's: say so plainly
+        raise AssertionError(f"a transaction of {size} operations exceeds {MAX_TXN_OPS}")
 
 
 def _check_adhoc_command(policy: Policy, job: str) -> None:

@@ -8,7 +8,7 @@ Each host has a stream of entries, and so does the policy::
     /allocator/v1/history/policy/<seq>
 
 An entry is appended in the same transaction as the change it records (see
-:meth:`allocator.assignments.Allocator._assignment_txn`), so history can
+:func:`allocator.writeview.plan_change`), so history can
 never disagree with the assignments. The append compares the stream's head,
 so two writers never take one sequence number; the head names the oldest
 entry, so the entry to drop once the stream is over its limit is known
@@ -51,7 +51,9 @@ __all__ = [
     "Stored",
     "Stream",
     "append_ops",
+    "append_plan",
     "change_entry",
+    "head_of",
     "host_stream",
     "parse_since",
     "policy_entry",
@@ -60,6 +62,7 @@ __all__ = [
     "read_head",
     "read_history",
     "read_stream",
+    "recover_head",
     "release_entry",
     "select",
 ]
@@ -136,22 +139,42 @@ def read_head(store: Store, stream: Stream, on_bad: OnBad) -> Head:
     stream listed.
     """
     item = store.get(stream.head_key)
-    if item is not None:
-        try:
-            head = decode_record(item.value, HistoryHead, item.key)
-            if head.stream != stream.name:
-                raise BadRecord(item.key, f"it names stream {head.stream!r}")
-            if head.first > head.next:
-                raise BadRecord(item.key, f"first {head.first} is past next {head.next}")
-            return Head(head.first, head.next, head.limit, item.mod_revision)
-        except BadRecord as exc:
-            on_bad(exc)
+    head = head_of(item, stream, on_bad)
+    if head is not None:
+        return head
+    return recover_head(store, stream, item.mod_revision if item is not None else 0)
+
+
+def recover_head(store: Store, stream: Stream, revision: int) -> Head:
+    """Bounds recovered from the entries' keys, for a stream without a usable head.
+
+    ``revision`` is the head key's (0: absent), for the next append to compare.
+    """
     seqs = (_seq(kv.key, stream) for kv in store.list(stream.prefix).items)
     known = sorted(s for s in seqs if s is not None)
-    revision = item.mod_revision if item is not None else 0
     if not known:
         return Head(revision=revision)
     return Head(known[0], known[-1] + 1, DEFAULT_LIMIT, revision)
+
+
+def head_of(item: KeyValue | None, stream: Stream, on_bad: OnBad) -> Head | None:
+    """The head a read of ``stream.head_key`` holds (pure); ``None``: no usable head.
+
+    A damaged head is reported to ``on_bad``; without a usable head the
+    bounds must be recovered from the entries (:func:`read_head` does that).
+    """
+    if item is None:
+        return None
+    try:
+        head = decode_record(item.value, HistoryHead, item.key)
+        if head.stream != stream.name:
+            raise BadRecord(item.key, f"it names stream {head.stream!r}")
+        if head.first > head.next:
+            raise BadRecord(item.key, f"first {head.first} is past next {head.next}")
+    except BadRecord as exc:
+        on_bad(exc)
+        return None
+    return Head(head.first, head.next, head.limit, item.mod_revision)
 
 
 def append_ops(
@@ -163,6 +186,18 @@ def append_ops(
     limit, at most ``max_trim`` of them besides the one the new entry displaces
     (a transaction touching many hosts passes 0: at most 4 operations a host).
     """
+    compare, ops, _ = append_plan(stream, head, entry, limit, max_trim)
+    return compare, ops
+
+
+def append_plan(
+    stream: Stream, head: Head, entry: HistoryEntry, limit: int | None, max_trim: int = MAX_TRIM
+) -> tuple[Compare, list[Op], Head]:
+    """:func:`append_ops`, and the head the stream has once they are written (pure).
+
+    The returned head's ``revision`` is 0: the caller knows it once the
+    transaction is applied.
+    """
     keep = head.limit if limit is None else limit
     seq = head.next
     ops: list[Op] = [Put(stream.entry_key(seq), replace_struct(entry, seq=seq).to_json())]
@@ -172,7 +207,8 @@ def append_ops(
     ops += [Delete(stream.entry_key(head.first + i)) for i in range(drop)]
     bounds = HistoryHead(stream.name, head.first + drop, seq + 1, keep)
     ops.append(Put(stream.head_key, bounds.to_json()))
-    return Compare(stream.head_key, head.revision), ops
+    after = Head(bounds.first, bounds.next, bounds.limit)
+    return Compare(stream.head_key, head.revision), ops, after
 
 
 def prepare_append(

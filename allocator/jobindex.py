@@ -28,9 +28,11 @@ from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
 __all__ = [
     "IndexEntry",
     "JobLocation",
+    "complete_index",
     "group_index_change",
     "index_change",
     "index_for_write",
+    "index_of",
     "locate_job",
     "read_index",
 ]
@@ -66,7 +68,11 @@ def read_index(
     store: Store, layout: KeyLayout, job: str, on_bad: Callable[[BadRecord], None]
 ) -> IndexEntry:
     """Read ``job``'s index entry (a damaged one is reported and read as absent)."""
-    item = store.get(layout.job_index(job))
+    return index_of(store.get(layout.job_index(job)), job, on_bad)
+
+
+def index_of(item: KeyValue | None, job: str, on_bad: Callable[[BadRecord], None]) -> IndexEntry:
+    """The entry a read of ``job``'s index key holds (pure; a damaged one reads as absent)."""
     if item is None:
         return IndexEntry(job, None, 0)
     try:
@@ -85,9 +91,16 @@ def index_for_write(
     A store written before the index existed (or an entry damaged by hand)
     would otherwise get an index naming only the host being changed.
     """
-    entry = read_index(store, layout, job, on_bad)
+    return complete_index(store, layout, read_index(store, layout, job, on_bad), on_bad)
+
+
+def complete_index(
+    store: Store, layout: KeyLayout, entry: IndexEntry, on_bad: Callable[[BadRecord], None]
+) -> IndexEntry:
+    """``entry`` if usable; else the job's hosts found by scanning every host (one read)."""
     if entry.hosts is not None:
         return entry
+    job = entry.job
     found = _scan(store.list(layout.hosts).items, layout, job, on_bad)
     hosts = {a.host for a in found.assignments} | set(found.damaged)
     group = next((a for a in found.assignments if a.nodes), None)

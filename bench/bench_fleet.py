@@ -30,7 +30,7 @@ from allocator.assignments import Allocator
 from allocator.keys import KeyLayout
 from allocator.placement import Request
 from allocator.records import AgentRecord, GpuInfo
-from allocator.store import Compare, Event, Op, Put, Store, Watch, open_store
+from allocator.store import Compare, Event, Op, Put, Read, Store, TxnOutcome, Watch, open_store
 from bench.common import Row, percentile, ratio_row, value_row
 from bench.fleet import fleet_policy, host_name
 from tests.support.etcd_server import EtcdServer
@@ -251,15 +251,15 @@ def _ours(url: str, clients: int, seconds: float, shape: list[Any]) -> float:
     def client(index: int) -> None:
         store = open_store(url)
         if index == 0:
-            txn = store.txn
+            write = store.txn_or_read
 
-            def noted(compares: list[Compare], ops: list[Op]) -> int:
+            def noted(compares: list[Compare], ops: list[Op], reads: list[Read]) -> TxnOutcome:
                 if not shape:
                     puts = [len(op.value) for op in ops if isinstance(op, Put)]
                     shape.append((len(compares), puts))
-                return txn(compares, ops)
+                return write(compares, ops, reads)
 
-            store.txn = noted  # type: ignore[method-assign]
+            store.txn_or_read = noted  # type: ignore[method-assign]
         allocator = Allocator(store, prefix="/place", actor="bench@place")
         host = host_name(index)
         try:

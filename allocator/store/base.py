@@ -44,6 +44,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from allocator.errors import CasConflict
+
 __all__ = [
     "MAX_TXN_OPS",
     "MAX_VALUE_BYTES",
@@ -54,9 +56,13 @@ __all__ = [
     "Listing",
     "Op",
     "Put",
+    "Read",
     "Store",
+    "TxnOutcome",
     "Watch",
+    "read_each",
     "txn_size",
+    "txn_then_read",
 ]
 
 #: The largest value every backend accepts: Consul's default KV limit is
@@ -126,6 +132,34 @@ class Delete:
 
 
 Op = Put | Delete
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One read of a batch: ``key`` itself, or every key under it when ``prefix``.
+
+    ``values`` ``False`` asks only for the keys and their revisions (a
+    caller that only needs to know whether a large value changed).
+    """
+
+    key: str
+    prefix: bool = False
+    values: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TxnOutcome:
+    """What :meth:`Store.txn_or_read` did.
+
+    ``succeeded``: the writes were applied at ``revision``. Otherwise nothing
+    was written, ``changed`` names the keys whose compare failed and
+    ``reads`` holds one :class:`Listing` per requested :class:`Read`, in order.
+    """
+
+    succeeded: bool
+    revision: int
+    changed: tuple[str, ...] = ()
+    reads: tuple[Listing, ...] = ()
 
 
 def txn_size(compares: Sequence[Compare], ops: Sequence[Op]) -> int:
@@ -200,6 +234,19 @@ class Store(Protocol):
         """
         ...
 
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """One :class:`Listing` per item of ``reads``, in one request where the backend can."""
+        ...
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """Like :meth:`txn`, but a failed compare returns ``reads`` instead of raising.
+
+        Nothing is written then; the outcome names the failed keys.
+        """
+        ...
+
     def watch(self, prefix: str, start_revision: int) -> Watch:
         """Watch ``prefix`` for changes with revision >= ``start_revision``."""
         ...
@@ -219,3 +266,35 @@ class Store(Protocol):
     def close(self) -> None:
         """Release connections. Idempotent."""
         ...
+
+
+def read_each(store: Store, reads: Sequence[Read]) -> tuple[Listing, ...]:
+    """``read_many`` for a backend without batched reads: one get or list per item."""
+    return tuple(_read_one(store, read) for read in reads)
+
+
+def txn_then_read(
+    store: Store, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+) -> TxnOutcome:
+    """``txn_or_read`` for a backend whose failed transaction carries no reads: read after."""
+    try:
+        return TxnOutcome(True, store.txn(compares, ops))
+    except CasConflict as exc:
+        found = read_each(store, reads)
+        revision = max((listing.revision for listing in found), default=0)
+        return TxnOutcome(False, revision, exc.keys, found)
+
+
+def _read_one(store: Store, read: Read) -> Listing:
+    if read.prefix:
+        listing = store.list(read.key)
+    else:
+        item = store.get(read.key)
+        # A single get reports no store revision; the item's own is the best bound.
+        listing = Listing((item,) if item is not None else (), item.mod_revision if item else 0)
+    if read.values:
+        return listing
+    bare = tuple(
+        KeyValue(kv.key, b"", kv.mod_revision, kv.create_revision, kv.lease) for kv in listing.items
+    )
+    return Listing(bare, listing.revision)

@@ -82,7 +82,18 @@ from allocator.store._consul_support import (
     txn_failure,
     write_op,
 )
-from allocator.store.base import Compare, Delete, KeyValue, Listing, Op, Put
+from allocator.store.base import (
+    Compare,
+    Delete,
+    KeyValue,
+    Listing,
+    Op,
+    Put,
+    Read,
+    TxnOutcome,
+    read_each,
+    txn_then_read,
+)
 from allocator.store.consul_config import ConsulConfig, parse_consul_url
 from allocator.store.urls import redact_url
 
@@ -431,6 +442,16 @@ class ConsulStore:
         found = self.get(key)
         # The write's own index, unless a newer write to the key landed first.
         return found.mod_revision if found else self._read_index(key, f"write {key}")
+
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """One listing per item of ``reads`` (one local read each)."""
+        return read_each(self, reads)
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """``txn``; when a compare fails, the ``reads`` instead of ``CasConflict``."""
+        return txn_then_read(self, compares, ops, reads)
 
     def watch(self, prefix: str, start_revision: int) -> ConsulWatch:
         """Watch ``prefix`` for changes with revision >= ``start_revision`` (<= 0: from now).

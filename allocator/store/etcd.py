@@ -42,7 +42,7 @@ from allocator.errors import (
     StoreUnavailable,
 )
 from allocator.store.aio_bridge import EventQueue
-from allocator.store.base import Compare, Event, KeyValue, Listing, Op, Put
+from allocator.store.base import Compare, Event, KeyValue, Listing, Op, Put, Read, TxnOutcome
 from allocator.store.etcd_calls import remaining
 from allocator.store.etcd_config import EtcdConfig, format_endpoint, parse_etcd_url, read_pem
 from allocator.store.etcd_rules import (
@@ -190,6 +190,26 @@ class _Connection:
         deleted = first.response_delete_range.deleted if first is not None else 0
         return int(reply.header.revision), int(deleted)
 
+    async def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """Every read of the batch in one transaction (no compares): one revision."""
+        request = rpc.TxnRequest(success=[_range_op(r) for r in reads])
+        reply = await self.kv.Txn(request, **self.call_options)
+        return _listings(reply.responses, int(reply.header.revision))
+
+    async def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """``ops`` if every compare holds; else the compared keys and ``reads``, same request."""
+        request = _txn_request(compares, [_request_op(op) for op in ops], reads)
+        reply = await self.kv.Txn(request, **self.call_options)
+        revision = int(reply.header.revision)
+        if reply.succeeded:
+            return TxnOutcome(True, revision)
+        changed = _conflict(compares, reply).keys
+        return TxnOutcome(
+            False, revision, changed, _listings(reply.responses[len(compares) :], revision)
+        )
+
     async def watch(
         self, prefix: str, start_revision: int
     ) -> tuple[EventQueue, Callable[[], None]]:
@@ -313,19 +333,43 @@ def _compare(compare: Compare) -> Any:
     )
 
 
-def _txn_request(compares: Sequence[Compare], ops: Sequence[Any]) -> Any:
+def _txn_request(
+    compares: Sequence[Compare], ops: Sequence[Any], extra: Sequence[Read] = ()
+) -> Any:
     # The failure branch reads every compared key, so a conflict can name the
-    # keys that changed as of the very revision the compare failed at.
+    # keys that changed as of the very revision the compare failed at; the
+    # caller's own reads follow, so a lost compare brings back fresh state.
     reads = [
         rpc.RequestOp(request_range=rpc.RangeRequest(key=_key(c.key), keys_only=True))
         for c in compares
-    ]
+    ] + [_range_op(r) for r in extra]
     return rpc.TxnRequest(compare=[_compare(c) for c in compares], success=ops, failure=reads)
+
+
+def _range_op(read: Read) -> Any:
+    if not read.prefix:
+        request = rpc.RangeRequest(key=_key(read.key), keys_only=not read.values)
+    else:
+        start, end = _prefix_range(read.key)
+        request = rpc.RangeRequest(
+            key=start,
+            range_end=end,
+            sort_order=rpc.RangeRequest.ASCEND,
+            sort_target=rpc.RangeRequest.KEY,
+            keys_only=not read.values,
+        )
+    return rpc.RequestOp(request_range=request)
+
+
+def _listings(responses: Any, revision: int) -> tuple[Listing, ...]:
+    return tuple(
+        Listing(tuple(_key_value(kv) for kv in r.response_range.kvs), revision) for r in responses
+    )
 
 
 def _conflict(compares: Sequence[Compare], reply: Any) -> CasConflict:
     found = []
-    for response in reply.responses:
+    for response in reply.responses[: len(compares)]:
         kvs = response.response_range.kvs
         found.append(kvs[0].mod_revision if kvs else 0)
     return conflict(compares, found)

@@ -44,14 +44,27 @@ from allocator.errors import (
 )
 from allocator.store._local import check_key, check_prefix, check_ttl, check_txn, check_value
 from allocator.store._local import lease_of as _lease_of
-from allocator.store.base import Compare, Delete, KeyValue, Listing, Op, Put, Store, Watch
+from allocator.store.base import (
+    Compare,
+    Delete,
+    KeyValue,
+    Listing,
+    Op,
+    Put,
+    Read,
+    Store,
+    TxnOutcome,
+    Watch,
+)
 from allocator.store.etcd_config import EtcdConfig, format_endpoint, parse_etcd_url, read_pem
 from allocator.store.etcd_json import (
     Json,
     b64,
     conflict_of,
     key_value_of,
+    listings_of,
     range_request,
+    read_ops,
     txn_request,
     watch_request,
 )
@@ -251,6 +264,28 @@ class EtcdHttpStore:
         if not reply.get("succeeded"):
             raise conflict_of(compares, reply)
         return reply
+
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """One listing per item of ``reads``: one transaction of range reads, at one revision."""
+        for read in reads:
+            check_key(read.key)
+        request = {"success": read_ops(reads)}
+        reply = self._call("/v3/kv/txn", request, idempotent=True)
+        return listings_of(reply.get("responses") or [], _revision(reply))
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """``txn``; when a compare fails, the ``reads`` from the same request's failure branch."""
+        check_txn(compares, ops, self.max_txn_ops)
+        for read in reads:
+            check_key(read.key)
+        reply = self._call("/v3/kv/txn", txn_request(compares, ops, reads))
+        if reply.get("succeeded"):
+            return TxnOutcome(True, _revision(reply))
+        changed = conflict_of(compares, reply).keys
+        found = listings_of((reply.get("responses") or [])[len(compares) :], _revision(reply))
+        return TxnOutcome(False, _revision(reply), changed, found)
 
     # --- watches -------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from allocator.errors import CasConflict
-from allocator.store.base import Compare, Event, KeyValue, Op, Put
+from allocator.store.base import Compare, Event, KeyValue, Listing, Op, Put, Read
 from allocator.store.etcd_rules import conflict, prefix_range_end
 
 __all__ = [
@@ -22,7 +22,9 @@ __all__ = [
     "conflict_of",
     "event_of",
     "key_value_of",
+    "listings_of",
     "range_request",
+    "read_ops",
     "txn_request",
     "unb64",
     "watch_request",
@@ -67,17 +69,36 @@ def event_of(item: Json) -> Event:
     return Event("put", key, unb64(kv.get("value")), revision)
 
 
-def range_request(key: str, *, prefix: bool = False) -> Json:
-    """A range request for ``key`` (or every key under it, sorted by key, with ``prefix``)."""
+def range_request(key: str, *, prefix: bool = False, values: bool = True) -> Json:
+    """A range request for ``key`` (or every key under it, sorted by key, with ``prefix``).
+
+    ``values`` ``False``: keys and revisions only.
+    """
     raw = key.encode("utf-8")
-    if not prefix:
-        return {"key": b64(raw)}
-    return {
-        "key": b64(raw),
-        "range_end": b64(prefix_range_end(raw)),
-        "sort_order": "ASCEND",
-        "sort_target": "KEY",
-    }
+    request: Json = {"key": b64(raw)}
+    if prefix:
+        request.update(range_end=b64(prefix_range_end(raw)), sort_order="ASCEND", sort_target="KEY")
+    if not values:
+        request["keys_only"] = True
+    return request
+
+
+def read_ops(reads: Sequence[Read]) -> list[Json]:
+    """One range request op per read of a batch."""
+    return [
+        {"request_range": range_request(r.key, prefix=r.prefix, values=r.values)} for r in reads
+    ]
+
+
+def listings_of(responses: Sequence[Json], revision: int) -> tuple[Listing, ...]:
+    """The listings a transaction's range responses hold, all read at ``revision``."""
+    return tuple(
+        Listing(
+            tuple(key_value_of(kv) for kv in (r.get("response_range") or {}).get("kvs") or []),
+            revision,
+        )
+        for r in responses
+    )
 
 
 def watch_request(prefix: str, start_revision: int) -> Json:
@@ -112,23 +133,24 @@ def _request_op(op: Op) -> Json:
     return {"request_delete_range": {"key": b64(op.key)}}
 
 
-def txn_request(compares: Sequence[Compare], ops: Sequence[Op]) -> Json:
+def txn_request(compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read] = ()) -> Json:
     """A transaction: ``ops`` if every compare holds, else a read of every compared key.
 
     The failure branch lets a conflict name the keys that changed as of the
-    very revision the compare failed at.
+    very revision the compare failed at; ``reads`` follow those reads there.
     """
     return {
         "compare": [_compare(c) for c in compares],
         "success": [_request_op(op) for op in ops],
-        "failure": [{"request_range": {"key": b64(c.key), "keys_only": True}} for c in compares],
+        "failure": [{"request_range": {"key": b64(c.key), "keys_only": True}} for c in compares]
+        + read_ops(reads),
     }
 
 
 def conflict_of(compares: Sequence[Compare], reply: Json) -> CasConflict:
     """The ``CasConflict`` a failed transaction's reply describes."""
     found = []
-    for response in reply.get("responses") or []:
+    for response in (reply.get("responses") or [])[: len(compares)]:
         kvs = (response.get("response_range") or {}).get("kvs") or []
         found.append(_int(kvs[0].get("mod_revision")) if kvs else 0)
     found += [0] * (len(compares) - len(found))

@@ -27,7 +27,17 @@ from allocator.store._local import (
     lease_of,
 )
 from allocator.store.aio_bridge import EventQueue, LoopThread
-from allocator.store.base import Compare, Delete, KeyValue, Listing, Op, Put, Store
+from allocator.store.base import (
+    Compare,
+    Delete,
+    KeyValue,
+    Listing,
+    Op,
+    Put,
+    Read,
+    Store,
+    TxnOutcome,
+)
 from allocator.store.etcd_calls import EndpointCalls, StatusOf
 from allocator.store.etcd_config import EtcdConfig
 from allocator.store.etcd_rules import MAX_TXN_OPS, ambiguous_write
@@ -76,6 +86,16 @@ class EtcdConnection(Protocol):
 
         Returns the revision and how many keys the first op deleted.
         """
+        ...
+
+    async def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """Every read of the batch in one request, at one revision."""
+        ...
+
+    async def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """``ops`` if every compare holds; else ``reads`` from the same request."""
         ...
 
     async def watch(
@@ -166,6 +186,21 @@ class EtcdStore:
         """Apply ``ops`` at one revision if every compare holds, else ``CasConflict``."""
         check_txn(compares, ops, self.max_txn_ops)
         return self._call(lambda conn: conn.txn(compares, ops))[0]
+
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """One listing per item of ``reads``: one request, all at one revision."""
+        for read in reads:
+            check_key(read.key)
+        return self._call(lambda conn: conn.read_many(reads), idempotent=True)
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """``txn``; a failed compare returns ``reads`` from the same request's failure branch."""
+        check_txn(compares, ops, self.max_txn_ops)
+        for read in reads:
+            check_key(read.key)
+        return self._call(lambda conn: conn.txn_or_read(compares, ops, reads))
 
     # --- watches -------------------------------------------------------------
 

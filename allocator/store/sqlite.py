@@ -49,7 +49,21 @@ from allocator.errors import LeaseLost
 from allocator.store import _local
 from allocator.store._sqlite_db import Connections, transaction, translate
 from allocator.store._sqlite_watch import FileChanges, SqliteWatch
-from allocator.store.base import Compare, Delete, Event, KeyValue, Listing, Op, Put, Store, Watch
+from allocator.store.base import (
+    Compare,
+    Delete,
+    Event,
+    KeyValue,
+    Listing,
+    Op,
+    Put,
+    Read,
+    Store,
+    TxnOutcome,
+    Watch,
+    read_each,
+    txn_then_read,
+)
 from allocator.store.urls import parse_sqlite_url, redact_url
 
 __all__ = ["SqliteStore", "open_sqlite", "path_of_url", "translate"]
@@ -292,6 +306,16 @@ class SqliteStore(_local.ConditionalWrites):
                 raise LeaseLost(f"cannot put {op.key}: lease {lease} has expired or was revoked")
 
     # --- watches and leases --------------------------------------------------------
+
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """One listing per item of ``reads`` (one local read each)."""
+        return read_each(self, reads)
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """``txn``; when a compare fails, the ``reads`` instead of ``CasConflict``."""
+        return txn_then_read(self, compares, ops, reads)
 
     def watch(self, prefix: str, start_revision: int) -> Watch:
         """Watch ``prefix`` for changes with revision >= ``start_revision`` (<= 0: from now)."""

@@ -12,7 +12,7 @@ import pytest
 from allocator.assignments import Allocator
 from allocator.errors import BadRecord, ConflictError, NotFound, PlacementRefused, RequestError
 from allocator.placement import Request
-from allocator.store import MAX_TXN_OPS, Compare, Op, Store, open_store
+from allocator.store import MAX_TXN_OPS, Compare, Op, Read, Store, TxnOutcome, open_store
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml").read_text()
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -30,13 +30,22 @@ class Interloper:
     def __getattr__(self, name: str) -> object:
         return getattr(self._store, name)
 
-    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+    def before_write(self) -> None:
         self.txns += 1
         if self.times > 0:
             self.times -= 1
             job = f"sneaky{self.times}"
             self._sneak.assign(Request(job=job, host="node1", gpus=(self.times + 10,)))
+
+    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+        self.before_write()
         return self._store.txn(compares, ops)
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        self.before_write()
+        return self._store.txn_or_read(compares, ops, reads)
 
 
 @pytest.fixture
@@ -53,11 +62,10 @@ def test_a_lost_race_is_retried_and_then_refused_naming_the_winner(store: Store)
     alice.apply_policy(EXAMPLE.replace("gpus: 4", "gpus: 16", 1), "p.yaml")
 
     class Winner(Interloper):
-        def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+        def before_write(self) -> None:
             if self.txns == 0:
                 bob.assign(Request(job="bobs", host="node1", gpus=(1,)))
             self.txns += 1
-            return self._store.txn(compares, ops)
 
     racing = _allocator(Winner(store, bob, 0))
     with pytest.raises(PlacementRefused, match="held by job 'bobs'"):
@@ -195,6 +203,12 @@ class CountingTxns:
     def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
         self.sizes.append(len(compares) + len(ops))
         return self._store.txn(compares, ops)
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        self.sizes.append(len(compares) + len(ops))
+        return self._store.txn_or_read(compares, ops, reads)
 
 
 def test_every_transaction_fits_the_smallest_backend_limit(store: Store) -> None:

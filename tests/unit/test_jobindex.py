@@ -14,7 +14,7 @@ from allocator.errors import BadRecord
 from allocator.keys import KeyLayout
 from allocator.placement import Request
 from allocator.records import Assignment, JobIndex, decode_record
-from allocator.store import Compare, Listing, Op, Store, open_store
+from allocator.store import Compare, Listing, Op, Read, Store, TxnOutcome, open_store
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml").read_text()
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -106,11 +106,13 @@ def test_a_concurrent_change_of_the_same_job_is_not_lost(store: Store) -> None:
         def __getattr__(self, name: str) -> object:
             return getattr(store, name)
 
-        def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+        def txn_or_read(
+            self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+        ) -> TxnOutcome:
             if self.txns == 0:
                 bob.assign(Request(job="train", host="node2", gpus=(0,)))
             self.txns += 1
-            return store.txn(compares, ops)
+            return store.txn_or_read(compares, ops, reads)
 
     racing = SameJobElsewhere()
     _ops(racing).assign(Request(job="train", host="node1", gpus=(0,)))

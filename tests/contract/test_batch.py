@@ -1,0 +1,64 @@
+"""Contract: batched reads, and transactions whose lost compare returns fresh state."""
+
+from __future__ import annotations
+
+from allocator.store import Compare, Put, Read, Store
+
+
+def test_read_many_returns_each_read_in_order(store: Store, prefix: str) -> None:
+    store.put(f"{prefix}/a/1", b"one")
+    store.put(f"{prefix}/a/2", b"two")
+    store.put(f"{prefix}/a1", b"sibling")  # shares the text, not the prefix "a/"
+    last = store.put(f"{prefix}/k", b"key")
+
+    found = store.read_many(
+        [Read(f"{prefix}/k"), Read(f"{prefix}/a/", prefix=True), Read(f"{prefix}/missing")]
+    )
+
+    assert [[(kv.key, kv.value) for kv in listing.items] for listing in found] == [
+        [(f"{prefix}/k", b"key")],
+        [(f"{prefix}/a/1", b"one"), (f"{prefix}/a/2", b"two")],
+        [],
+    ]
+    assert found[0].items[0].mod_revision == last
+
+
+def test_read_many_without_values_keeps_the_revisions(store: Store, prefix: str) -> None:
+    written = store.put(f"{prefix}/big", b"x" * 1000)
+
+    (listing,) = store.read_many([Read(f"{prefix}/big", values=False)])
+
+    assert [(kv.key, kv.value, kv.mod_revision) for kv in listing.items] == [
+        (f"{prefix}/big", b"", written)
+    ]
+
+
+def test_txn_or_read_applies_the_writes_when_every_compare_holds(store: Store, prefix: str) -> None:
+    seen = store.put(f"{prefix}/guard", b"g")
+
+    outcome = store.txn_or_read(
+        [Compare(f"{prefix}/guard", seen)], [Put(f"{prefix}/w", b"v")], [Read(f"{prefix}/guard")]
+    )
+
+    assert outcome.succeeded and outcome.reads == () and outcome.changed == ()
+    written = store.get(f"{prefix}/w")
+    assert written is not None and written.mod_revision == outcome.revision
+
+
+def test_txn_or_read_returns_fresh_state_when_a_compare_fails(store: Store, prefix: str) -> None:
+    stale = store.put(f"{prefix}/guard", b"old")
+    fresh = store.put(f"{prefix}/guard", b"new")
+    store.put(f"{prefix}/dir/x", b"x")
+
+    outcome = store.txn_or_read(
+        [Compare(f"{prefix}/guard", stale)],
+        [Put(f"{prefix}/w", b"v")],
+        [Read(f"{prefix}/guard"), Read(f"{prefix}/dir/", prefix=True)],
+    )
+
+    assert not outcome.succeeded
+    assert outcome.changed == (f"{prefix}/guard",)
+    guard, listing = outcome.reads
+    assert [(kv.value, kv.mod_revision) for kv in guard.items] == [(b"new", fresh)]
+    assert [kv.key for kv in listing.items] == [f"{prefix}/dir/x"]
+    assert store.get(f"{prefix}/w") is None
