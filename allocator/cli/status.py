@@ -52,11 +52,11 @@ def run(args: argparse.Namespace) -> int:
     )
     # With host= only that host was read: the other shares are unknown, not missing.
     groups = group_status(hosts) if only_host is None else []
-    data = status_document(hosts, listing.revision, groups)
-    text = _text(hosts, render_table)
-    if groups:
-        text += "\n\n" + "\n".join(g.summary() for g in groups)
-    emit(data, output_format(args), text)
+    fmt = output_format(args)
+    if fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
+        emit(status_document(hosts, listing.revision, groups), fmt)
+    else:
+        emit(None, fmt, _text(hosts, render_table, groups))
     return 0
 
 
@@ -75,7 +75,7 @@ def _policy_if_readable(allocator: Any) -> Any:
         return None
 
 
-def _text(hosts: Any, render_table: Any) -> str:
+def _text(hosts: Any, render_table: Any, groups: Any = ()) -> str:
     if not hosts:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
     rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
@@ -89,7 +89,8 @@ def _text(hosts: Any, render_table: Any) -> str:
         if j.picked
     )
     bad = "".join(f"\n{h.host}: {line}" for h in hosts for line in h.bad_records)
-    return f"{table}\n\n{agents}{picked}{bad}{_usage_sections(hosts)}"
+    across = "\n\n" + "\n".join(g.summary() for g in groups) if groups else ""
+    return f"{table}\n\n{agents}{picked}{bad}{_usage_sections(hosts)}{across}"
 
 
 def _gpu_cells(g: Any) -> list[str]:
