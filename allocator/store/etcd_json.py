@@ -9,11 +9,14 @@ I/O; :mod:`allocator.store.etcd_http` sends what this builds.
 from __future__ import annotations
 
 import binascii
+import json
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from allocator.errors import CasConflict
-from allocator.store.base import Compare, Event, KeyValue, Op, Put
+from allocator.store.base import Compare, Event, KeyValue, Listing, Op, Put
 from allocator.store.etcd_rules import conflict, prefix_range_end
 
 __all__ = [
@@ -21,7 +24,9 @@ __all__ = [
     "b64",
     "conflict_of",
     "event_of",
+    "json_object",
     "key_value_of",
+    "range_listing",
     "range_request",
     "txn_request",
     "unb64",
@@ -57,6 +62,17 @@ def key_value_of(kv: Json) -> KeyValue:
     )
 
 
+def json_object(body: bytes) -> Json:
+    """A reply's JSON object; ``ValueError`` for anything else."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise ValueError("not JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{type(data).__name__}, not a JSON object")
+    return data
+
+
 def event_of(item: Json) -> Event:
     """An :class:`Event` from a watch reply's event object (no ``type``: a put)."""
     kv = item.get("kv") or {}
@@ -78,6 +94,47 @@ def range_request(key: str, *, prefix: bool = False) -> Json:
         "sort_order": "ASCEND",
         "sort_target": "KEY",
     }
+
+
+class _RangeKv(msgspec.Struct):
+    key: bytes = b""  # base64 in the reply: msgspec decodes it as it parses
+    value: bytes = b""
+    mod_revision: int = 0  # a string in the reply ("strict=False" reads it)
+    create_revision: int = 0
+    lease: int = 0
+
+
+class _RangeHeader(msgspec.Struct):
+    revision: int = 0
+
+
+class _RangeReply(msgspec.Struct):
+    header: _RangeHeader = msgspec.field(default_factory=_RangeHeader)
+    kvs: list[_RangeKv] = msgspec.field(default_factory=list)
+
+
+_RANGE_REPLY = msgspec.json.Decoder(_RangeReply, strict=False)
+
+
+def range_listing(body: bytes) -> Listing:
+    """The keys of a range reply's JSON text and the revision it was read at.
+
+    One pass in C: a fleet's listing is 14,000 keys in 10 MB, where
+    ``json.loads`` and then a base64 decode per key and value took longer
+    than etcd took to answer. Raises ``ValueError`` for anything that is
+    not a range reply.
+    """
+    try:
+        reply = _RANGE_REPLY.decode(body)
+    except msgspec.DecodeError as exc:  # also a ValidationError: a reply of another shape
+        raise ValueError(f"not a range reply: {exc}") from None
+    items = tuple(
+        KeyValue(
+            kv.key.decode("utf-8"), kv.value, kv.mod_revision, kv.create_revision, kv.lease or None
+        )
+        for kv in reply.kvs
+    )
+    return Listing(items=items, revision=reply.header.revision)
 
 
 def watch_request(prefix: str, start_revision: int) -> Json:
