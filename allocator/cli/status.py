@@ -30,10 +30,7 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Read everything once, join, print."""
     from allocator.cli.args import parse_key_values
-    from allocator.cli.output import emit, render_table
-    from allocator.documents import status_document
     from allocator.keys import validate_name
-    from allocator.status import build_status, group_status
 
     kv = parse_key_values(args.words, ("host",))
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
@@ -43,6 +40,11 @@ def run(args: argparse.Namespace) -> int:
         policy, listing = _read(allocator, prefix)
     finally:
         allocator.store.close()
+    # Loaded by now (see _read): these cost nothing here.
+    from allocator.cli.output import emit, render_table
+    from allocator.documents import status_document
+    from allocator.status import build_status, group_status
+
     hosts = build_status(
         policy,
         listing.items,
@@ -64,9 +66,9 @@ def _read(allocator: Any, prefix: str) -> tuple[Any, Any]:
     """The applied policy (``None``: none, or unreadable) and every key under ``prefix``.
 
     The policy record is read first, as ever; the listing is then read on a
-    second thread while this one parses the policy. On a fleet etcd takes
-    longer to answer the listing (10 MB of JSON for 1,000 hosts) than a
-    1,000-host policy takes to parse, so the parse costs no time.
+    second thread while this one loads the modules that join and print, and
+    parses the policy. On a fleet etcd takes longer to answer the listing
+    (10 MB of JSON for 1,000 hosts) than both take, so they cost no time.
     """
     item = allocator.store.get(allocator.layout.policy)
     read: dict[str, Any] = {}
@@ -80,12 +82,21 @@ def _read(allocator: Any, prefix: str) -> tuple[Any, Any]:
     reader = threading.Thread(target=read_listing, name="status-listing", daemon=True)
     reader.start()
     try:
+        _load_joining_and_printing()
         policy = _policy_if_readable(allocator, item)
     finally:
         reader.join()
     if "error" in read:
         raise read["error"]
     return policy, read["listing"]
+
+
+def _load_joining_and_printing() -> None:
+    """Import the modules that join and print status (while etcd prepares its answer)."""
+    import importlib
+
+    for name in ("allocator.status", "allocator.documents", "allocator.cli.output"):
+        importlib.import_module(name)
 
 
 def _policy_if_readable(allocator: Any, item: Any) -> Any:
