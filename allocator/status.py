@@ -30,12 +30,12 @@ import msgspec
 
 from allocator.assignments import HostSnapshot, snapshots_by_host
 from allocator.keys import KeyLayout
-from allocator.placement import gpu_holders, host_gpu_indices, pool_sharing
+from allocator.placement import host_gpu_indices, pool_sharing
 from allocator.policy import Policy
 from allocator.policy.model import Sharing
 from allocator.reservations import on_host, trespassers
 from allocator.slots import Holding, gpu_holdings, usage_text
-from allocator.status_usage import IdleInfo, idle_info, unassigned_on
+from allocator.status_usage import IdleInfo, idle_info, unassigned_by_gpu
 from allocator.store import KeyValue
 
 __all__ = [
@@ -232,8 +232,8 @@ def _host_status(
         indices = host_gpu_indices(policy, snapshot.host, inventory)
     elif inventory:
         indices = tuple(g.index for g in inventory)
-    holders = gpu_holders(snapshot.assignments)
     holdings = gpu_holdings(snapshot.assignments)
+    holders = {index: [hold.job for hold in holds] for index, holds in holdings.items()}
     sharing = pool_sharing(policy, snapshot.host) if policy is not None else Sharing()
     reservations = _reservation_labels(policy, snapshot.host, now)
     outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
@@ -241,24 +241,27 @@ def _host_status(
         job: idle_info(policy, snapshot.host, job, snapshot.workers.get(job), now)
         for job in snapshot.assignments
     }
+    strays = unassigned_by_gpu(snapshot.agent)
     rows = []
-    for index in sorted(set(indices) | set(holders)):
-        jobs = holders.get(index, [])
-        first = snapshot.assignments[jobs[0]] if jobs else None
+    for index in sorted(set(indices) | set(holdings)):
+        holds = holdings.get(index, [])
+        first = snapshot.assignments[holds[0].job] if holds else None
+        first_idle = idle[holds[0].job] if holds else _NOT_HELD
+        trespass = outside.get(index, "")
         rows.append(
             GpuRow(
                 host=snapshot.host,
                 gpu=str(index),
-                holder=_holders(holdings.get(index, []), sharing) or "-",
+                holder=_holders(holds, sharing) or "-",
                 since=first.updated_at if first else "",
                 reason=first.reason if first else "",
                 health=f"unhealthy: {unhealthy[index]}" if index in unhealthy else "ok",
-                reserved=_flagged(reservations.get(index, ""), outside.get(index, "")),
-                outside_reservation=outside.get(index, ""),
-                slots=usage_text(holdings.get(index, []), sharing),
-                idle=idle[jobs[0]].label if jobs else "",
-                idle_holder=idle[jobs[0]].holder if jobs else False,
-                unassigned=unassigned_on(snapshot.agent, index),
+                reserved=_flagged(reservations.get(index, ""), trespass),
+                outside_reservation=trespass,
+                slots=usage_text(holds, sharing),
+                idle=first_idle.label,
+                idle_holder=first_idle.holder,
+                unassigned=strays.get(index, ()),
             )
         )
     for job, held in sorted(snapshot.assignments.items()):
@@ -267,6 +270,10 @@ def _host_status(
     job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
     return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad)
+
+
+#: A GPU nobody holds: no idle time to show.
+_NOT_HELD = IdleInfo()
 
 
 def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
