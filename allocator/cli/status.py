@@ -29,6 +29,20 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read everything once, join, print."""
+    import gc
+
+    # A fleet's status makes some 100,000 objects that all live until it has
+    # printed: the cyclic collector would only walk them again and again.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _show(args)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _show(args: argparse.Namespace) -> int:
     from allocator.cli.args import parse_key_values
     from allocator.keys import validate_name
 
