@@ -12,7 +12,7 @@ every document follows:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # status pulls in placement and the policy, which history does not need
@@ -45,8 +45,12 @@ def _host(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def _nulls(row: Mapping[str, Any], optional: Sequence[str]) -> dict[str, Any]:
-    return {k: (None if k in optional and v in ("", "-") else v) for k, v in row.items()}
+def _nulls(row: dict[str, Any], optional: Sequence[str]) -> dict[str, Any]:
+    """``row`` (a fresh dict) with its empty optional fields set to ``None``."""
+    for name in optional:
+        if row[name] in ("", "-"):
+            row[name] = None
+    return row
 
 
 def history_document(entries: Iterable[Stored]) -> dict[str, Any]:

@@ -433,6 +433,39 @@ def decode_record(raw: bytes, kind: type[R], key: str = "", **names: str | None)
     ``names`` are the names the key says the record has (``job="train"``,
     ``host="node1"``); a body that names another is a bad record.
     """
+    record = _current_record(raw, kind)
+    if record is None:
+        record = _checked_record(raw, kind, key)
+    for field, expected in names.items():
+        actual = getattr(record, field)
+        if expected is not None and actual != expected:
+            raise BadRecord(
+                key, f"its {field} {actual!r} disagrees with the key, which says {expected!r}"
+            )
+    return record
+
+
+#: How a record this allocator wrote ends: its schema_version, the last field.
+_CURRENT_TAIL = b',"schema_version":%d}' % SCHEMA_VERSION
+
+
+def _current_record(raw: bytes, kind: type[R]) -> R | None:
+    """``raw`` decoded in one pass when it ends as this allocator writes records; else None.
+
+    A valid JSON object that ends so has ``schema_version`` 1 as its last
+    member, so the separate version check has nothing to add: a fleet's
+    status decodes 13,000 records. Anything else takes the checked path.
+    """
+    if not raw.endswith(_CURRENT_TAIL):
+        return None
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.MsgspecError:
+        return None  # the checked path says what is wrong
+
+
+def _checked_record(raw: bytes, kind: type[R], key: str) -> R:
+    """``raw`` decoded after its schema_version is checked; BadRecord saying what is wrong."""
     what = _KIND_WORDS[kind]
     version = _stored_version(raw, key, what)
     if version is None:
@@ -444,16 +477,9 @@ def decode_record(raw: bytes, kind: type[R], key: str = "", **names: str | None)
             + (" (written by a newer allocator? upgrade)" if isinstance(version, int) else ""),
         )
     try:
-        record = msgspec.json.decode(raw, type=kind)
+        return msgspec.json.decode(raw, type=kind)
     except msgspec.MsgspecError as exc:
         raise BadRecord(key, f"not a valid {what}: {exc}") from None
-    for field, expected in names.items():
-        actual = getattr(record, field)
-        if expected is not None and actual != expected:
-            raise BadRecord(
-                key, f"its {field} {actual!r} disagrees with the key, which says {expected!r}"
-            )
-    return record
 
 
 _KIND_WORDS: dict[type[Any], str] = {

@@ -23,18 +23,19 @@ state (a share whose agent is ``gone`` says so) and what the workers do.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from allocator.assignments import HostSnapshot, snapshots_by_host
 from allocator.keys import KeyLayout
-from allocator.placement import gpu_holders, host_gpu_indices, pool_sharing
+from allocator.placement import host_gpu_indices, pool_sharing
 from allocator.policy import Policy
 from allocator.policy.model import Sharing
 from allocator.reservations import on_host, trespassers
 from allocator.slots import Holding, gpu_holdings, usage_text
-from allocator.status_usage import IdleInfo, idle_info, unassigned_on
+from allocator.status_usage import IdleInfo, idle_info, unassigned_by_gpu
 from allocator.store import KeyValue
 
 __all__ = [
@@ -49,8 +50,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class GpuRow:
+class GpuRow(msgspec.Struct, frozen=True):
     """One GPU of one host and who holds it.
 
     ``holder`` names every holder (``infer,train(2)``: train holds two slots;
@@ -76,8 +76,7 @@ class GpuRow:
     unassigned: tuple[dict[str, Any], ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class JobRow:
+class JobRow(msgspec.Struct, frozen=True):
     """One job's desired assignment joined with what its agent reports."""
 
     host: str
@@ -102,8 +101,7 @@ class JobRow:
     idle_holder: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class GroupShare:
+class GroupShare(msgspec.Struct, frozen=True):
     """One host's share of a job across hosts: what it holds, its agent, its workers.
 
     ``gpus`` is ``0,1``, ``cpu``, or empty when the host holds no share of the
@@ -118,8 +116,7 @@ class GroupShare:
     matches: bool | None
 
 
-@dataclass(frozen=True, slots=True)
-class GroupStatus:
+class GroupStatus(msgspec.Struct, frozen=True):
     """A job across several hosts, shown as one."""
 
     job: str
@@ -129,7 +126,7 @@ class GroupStatus:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON/YAML-ready form."""
-        return asdict(self)
+        return {**_fields(self), "shares": tuple(map(_fields, self.shares))}
 
     def summary(self) -> str:
         """One line: ``train across node1,node2 (MASTER_PORT 2345): node1 rank 0 ...``."""
@@ -143,8 +140,7 @@ class GroupStatus:
         return f"{self.job} across {','.join(self.nodes)}{port}: " + "; ".join(parts)
 
 
-@dataclass(frozen=True, slots=True)
-class HostStatus:
+class HostStatus(msgspec.Struct, frozen=True):
     """One host: agent liveness, its GPUs, its jobs."""
 
     host: str
@@ -154,8 +150,17 @@ class HostStatus:
     bad_records: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON/YAML-ready form."""
-        return asdict(self)
+        """JSON/YAML-ready form: every field, rows as dicts (copies: the caller may edit them)."""
+        gpus = tuple(
+            {**_fields(row), "unassigned": tuple(dict(p) for p in row.unassigned)}
+            for row in self.gpus
+        )
+        return {**_fields(self), "gpus": gpus, "jobs": tuple(map(_fields, self.jobs))}
+
+
+#: A row's fields as a dict, one level deep (status rows are built and turned into
+#: dicts by the thousand: msgspec does both in C).
+_fields = msgspec.structs.asdict
 
 
 def build_status(
@@ -227,8 +232,8 @@ def _host_status(
         indices = host_gpu_indices(policy, snapshot.host, inventory)
     elif inventory:
         indices = tuple(g.index for g in inventory)
-    holders = gpu_holders(snapshot.assignments)
     holdings = gpu_holdings(snapshot.assignments)
+    holders = {index: [hold.job for hold in holds] for index, holds in holdings.items()}
     sharing = pool_sharing(policy, snapshot.host) if policy is not None else Sharing()
     reservations = _reservation_labels(policy, snapshot.host, now)
     outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
@@ -236,24 +241,27 @@ def _host_status(
         job: idle_info(policy, snapshot.host, job, snapshot.workers.get(job), now)
         for job in snapshot.assignments
     }
+    strays = unassigned_by_gpu(snapshot.agent)
     rows = []
-    for index in sorted(set(indices) | set(holders)):
-        jobs = holders.get(index, [])
-        first = snapshot.assignments[jobs[0]] if jobs else None
+    for index in sorted(set(indices) | set(holdings)):
+        holds = holdings.get(index, [])
+        first = snapshot.assignments[holds[0].job] if holds else None
+        first_idle = idle[holds[0].job] if holds else _NOT_HELD
+        trespass = outside.get(index, "")
         rows.append(
             GpuRow(
                 host=snapshot.host,
                 gpu=str(index),
-                holder=_holders(holdings.get(index, []), sharing) or "-",
+                holder=_holders(holds, sharing) or "-",
                 since=first.updated_at if first else "",
                 reason=first.reason if first else "",
                 health=f"unhealthy: {unhealthy[index]}" if index in unhealthy else "ok",
-                reserved=_flagged(reservations.get(index, ""), outside.get(index, "")),
-                outside_reservation=outside.get(index, ""),
-                slots=usage_text(holdings.get(index, []), sharing),
-                idle=idle[jobs[0]].label if jobs else "",
-                idle_holder=idle[jobs[0]].holder if jobs else False,
-                unassigned=unassigned_on(snapshot.agent, index),
+                reserved=_flagged(reservations.get(index, ""), trespass),
+                outside_reservation=trespass,
+                slots=usage_text(holds, sharing),
+                idle=first_idle.label,
+                idle_holder=first_idle.holder,
+                unassigned=strays.get(index, ()),
             )
         )
     for job, held in sorted(snapshot.assignments.items()):
@@ -262,6 +270,10 @@ def _host_status(
     job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
     return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad)
+
+
+#: A GPU nobody holds: no idle time to show.
+_NOT_HELD = IdleInfo()
 
 
 def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:

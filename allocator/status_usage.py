@@ -7,20 +7,20 @@ against the applied policy's idle rules at ``now``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import msgspec
 
 from allocator.durations import duration_text, format_duration
 from allocator.identity import parse_time
 from allocator.policy import Policy
 from allocator.records import AgentRecord, WorkerRecord
 
-__all__ = ["IdleInfo", "describe_unassigned", "idle_info", "unassigned_on"]
+__all__ = ["IdleInfo", "describe_unassigned", "idle_info", "unassigned_by_gpu", "unassigned_on"]
 
 
-@dataclass(frozen=True, slots=True)
-class IdleInfo:
+class IdleInfo(msgspec.Struct, frozen=True):
     """A job's idle state as status shows it."""
 
     since: str | None = None  # RFC 3339, as the agent published it
@@ -68,6 +68,13 @@ def unassigned_on(agent: AgentRecord | None, gpu: int) -> tuple[dict[str, Any], 
         for p in agent.unassigned
         if p.gpu == gpu
     )
+
+
+def unassigned_by_gpu(agent: AgentRecord | None) -> dict[int, tuple[dict[str, Any], ...]]:
+    """:func:`unassigned_on` for every GPU the agent found such processes on, at once."""
+    if agent is None or not agent.unassigned:
+        return {}
+    return {gpu: unassigned_on(agent, gpu) for gpu in {p.gpu for p in agent.unassigned}}
 
 
 def describe_unassigned(host: str, gpu: str, process: dict[str, Any]) -> str:

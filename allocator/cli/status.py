@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from typing import Any
 
 from allocator.cli.common import add_words_command, open_allocator, output_format
@@ -28,23 +29,38 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read everything once, join, print."""
+    import gc
+
+    # A fleet's status makes some 100,000 objects that all live until it has
+    # printed: the cyclic collector would only walk them again and again.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _show(args)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _show(args: argparse.Namespace) -> int:
     from allocator.cli.args import parse_key_values
-    from allocator.cli.output import emit, render_table
-    from allocator.documents import status_document
     from allocator.keys import validate_name
-    from allocator.status import build_status, group_status
 
     kv = parse_key_values(args.words, ("host",))
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
     allocator = open_allocator(args)
     try:
-        snapshot = _policy_if_readable(allocator)
         prefix = allocator.layout.host(only_host) if only_host else allocator.layout.hosts
-        listing = allocator.store.list(prefix)
+        policy, listing = _read(allocator, prefix)
     finally:
         allocator.store.close()
+    # Loaded by now (see _read): these cost nothing here.
+    from allocator.cli.output import emit, render_table
+    from allocator.documents import status_document
+    from allocator.status import build_status, group_status
+
     hosts = build_status(
-        snapshot.policy if snapshot else None,
+        policy,
         listing.items,
         allocator.layout,
         allocator.clock(),
@@ -52,30 +68,72 @@ def run(args: argparse.Namespace) -> int:
     )
     # With host= only that host was read: the other shares are unknown, not missing.
     groups = group_status(hosts) if only_host is None else []
-    data = status_document(hosts, listing.revision, groups)
-    text = _text(hosts, render_table)
-    if groups:
-        text += "\n\n" + "\n".join(g.summary() for g in groups)
-    emit(data, output_format(args), text)
+    fmt = output_format(args)
+    if fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
+        emit(status_document(hosts, listing.revision, groups), fmt)
+    else:
+        emit(None, fmt, _text(hosts, render_table, groups))
     return 0
 
 
-def _policy_if_readable(allocator: Any) -> Any:
-    """The applied policy; a damaged policy record is noted and status goes on without it.
+def _read(allocator: Any, prefix: str) -> tuple[Any, Any]:
+    """The applied policy (``None``: none, or unreadable) and every key under ``prefix``.
+
+    The policy record is read first, as ever; the listing is then read on a
+    second thread while this one loads the modules that join and print, and
+    parses the policy. On a fleet etcd takes longer to answer the listing
+    (10 MB of JSON for 1,000 hosts) than both take, so they cost no time.
+    """
+    item = allocator.store.get(allocator.layout.policy)
+    read: dict[str, Any] = {}
+
+    def read_listing() -> None:
+        try:
+            read["listing"] = allocator.store.list(prefix)
+        except BaseException as exc:  # raised again on the main thread
+            read["error"] = exc
+
+    reader = threading.Thread(target=read_listing, name="status-listing", daemon=True)
+    reader.start()
+    try:
+        _load_joining_and_printing()
+        policy = _policy_if_readable(allocator, item)
+    finally:
+        reader.join()
+    if "error" in read:
+        raise read["error"]
+    return policy, read["listing"]
+
+
+def _load_joining_and_printing() -> None:
+    """Import the modules that join and print status (while etcd prepares its answer)."""
+    import importlib
+
+    for name in ("allocator.status", "allocator.documents", "allocator.cli.output"):
+        importlib.import_module(name)
+
+
+def _policy_if_readable(allocator: Any, item: Any) -> Any:
+    """The policy stored in ``item``; a damaged policy record is noted and status goes on.
 
     Status is what an operator reads to find out what is wrong, so it must
     not be the command that stops working when something is.
     """
     from allocator.errors import BadRecord
+    from allocator.policy import load_policy
+    from allocator.records import PolicyRecord, decode_record
 
+    if item is None:
+        return None
     try:
-        return allocator.policy()
+        record = decode_record(item.value, PolicyRecord, item.key)
     except BadRecord as exc:
         allocator.on_bad_record(exc)
         return None
+    return load_policy(record.yaml, source="applied policy")
 
 
-def _text(hosts: Any, render_table: Any) -> str:
+def _text(hosts: Any, render_table: Any, groups: Any = ()) -> str:
     if not hosts:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
     rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
@@ -89,7 +147,8 @@ def _text(hosts: Any, render_table: Any) -> str:
         if j.picked
     )
     bad = "".join(f"\n{h.host}: {line}" for h in hosts for line in h.bad_records)
-    return f"{table}\n\n{agents}{picked}{bad}{_usage_sections(hosts)}"
+    across = "\n\n" + "\n".join(g.summary() for g in groups) if groups else ""
+    return f"{table}\n\n{agents}{picked}{bad}{_usage_sections(hosts)}{across}"
 
 
 def _gpu_cells(g: Any) -> list[str]:

@@ -61,8 +61,10 @@ from allocator.store.etcd_json import (
     Json,
     b64,
     conflict_of,
+    json_object,
     key_value_of,
     listings_of,
+    range_listing,
     range_request,
     read_ops,
     txn_request,
@@ -179,17 +181,21 @@ class _Endpoint:
 
     def post(self, path: str, body: Json, until: float) -> Json:
         """Send one request on the open connection; its decoded JSON answer."""
+        return self.post_as(path, body, until, json_object)
+
+    def post_as(self, path: str, body: Json, until: float, decode: Callable[[bytes], _T]) -> _T:
+        """Send one request on the open connection; its answer as ``decode`` reads it.
+
+        ``decode`` raises ``ValueError`` for an answer that is not what it reads.
+        """
         payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
         answer = self.http.request(path, payload, self.headers(), until - time.monotonic())
         if answer.status != 200:
             raise status_of_answer(answer.status, answer.body, path)
         try:
-            data = json.loads(answer.body)
-        except ValueError:
-            raise NotHttp(f"{path} answered {answer.body[:80]!r}, not JSON") from None
-        if not isinstance(data, dict):
-            raise NotHttp(f"{path} answered {type(data).__name__}, not a JSON object")
-        return data
+            return decode(answer.body)
+        except ValueError as exc:
+            raise NotHttp(f"{path} answered {answer.body[:80]!r}: {exc}") from None
 
     def close(self) -> None:
         """Close the connection."""
@@ -226,9 +232,11 @@ class EtcdHttpStore:
     def list(self, prefix: str) -> Listing:
         """Every key under ``prefix``, sorted, with the revision read at: one range request."""
         request = range_request(check_prefix(prefix), prefix=True)
-        reply = self._call("/v3/kv/range", request, idempotent=True)
-        items = tuple(key_value_of(kv) for kv in reply.get("kvs") or [])
-        return Listing(items=items, revision=_revision(reply))
+
+        def send(endpoint: _Endpoint, until: float) -> Listing:
+            return endpoint.post_as("/v3/kv/range", request, until, range_listing)
+
+        return self._run(send, idempotent=True)
 
     def put(
         self,

@@ -9,8 +9,11 @@ I/O; :mod:`allocator.store.etcd_http` sends what this builds.
 from __future__ import annotations
 
 import binascii
+import json
 from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from allocator.errors import CasConflict
 from allocator.store.base import Compare, Event, KeyValue, Listing, Op, Put, Read
@@ -21,8 +24,10 @@ __all__ = [
     "b64",
     "conflict_of",
     "event_of",
+    "json_object",
     "key_value_of",
     "listings_of",
+    "range_listing",
     "range_request",
     "read_ops",
     "txn_request",
@@ -57,6 +62,17 @@ def key_value_of(kv: Json) -> KeyValue:
         create_revision=_int(kv.get("create_revision")),
         lease=_int(kv.get("lease")) or None,
     )
+
+
+def json_object(body: bytes) -> Json:
+    """A reply's JSON object; ``ValueError`` for anything else."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise ValueError("not JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{type(data).__name__}, not a JSON object")
+    return data
 
 
 def event_of(item: Json) -> Event:
@@ -99,6 +115,47 @@ def listings_of(responses: Sequence[Json], revision: int) -> tuple[Listing, ...]
         )
         for r in responses
     )
+
+
+class _RangeKv(msgspec.Struct):
+    key: bytes = b""  # base64 in the reply: msgspec decodes it as it parses
+    value: bytes = b""
+    mod_revision: int = 0  # a string in the reply ("strict=False" reads it)
+    create_revision: int = 0
+    lease: int = 0
+
+
+class _RangeHeader(msgspec.Struct):
+    revision: int = 0
+
+
+class _RangeReply(msgspec.Struct):
+    header: _RangeHeader = msgspec.field(default_factory=_RangeHeader)
+    kvs: list[_RangeKv] = msgspec.field(default_factory=list)
+
+
+_RANGE_REPLY = msgspec.json.Decoder(_RangeReply, strict=False)
+
+
+def range_listing(body: bytes) -> Listing:
+    """The keys of a range reply's JSON text and the revision it was read at.
+
+    One pass in C: a fleet's listing is 14,000 keys in 10 MB, where
+    ``json.loads`` and then a base64 decode per key and value took longer
+    than etcd took to answer. Raises ``ValueError`` for anything that is
+    not a range reply.
+    """
+    try:
+        reply = _RANGE_REPLY.decode(body)
+    except msgspec.DecodeError as exc:  # also a ValidationError: a reply of another shape
+        raise ValueError(f"not a range reply: {exc}") from None
+    items = tuple(
+        KeyValue(
+            kv.key.decode("utf-8"), kv.value, kv.mod_revision, kv.create_revision, kv.lease or None
+        )
+        for kv in reply.kvs
+    )
+    return Listing(items=items, revision=reply.header.revision)
 
 
 def watch_request(prefix: str, start_revision: int) -> Json:

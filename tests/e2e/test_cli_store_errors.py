@@ -6,7 +6,9 @@ import socket
 import time
 from pathlib import Path
 
+from allocator.keys import KeyLayout
 from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
+from tests.support.etcd_server import EtcdServer
 
 
 def _free_port() -> int:
@@ -53,3 +55,35 @@ def test_sqlite_store_in_unwritable_place_is_one_line(tmp_path: Path) -> None:
     assert result.code in (2, 4), result.err
     assert len(result.err.strip().splitlines()) == 1
     assert str(blocker) in result.err
+
+
+def test_status_that_may_read_the_policy_but_not_the_hosts_exits_5_in_one_line(
+    tmp_path: Path, prefix: str
+) -> None:
+    # status reads the hosts on a second thread while it parses the policy: a refusal
+    # there is still the command's one line and exit code, with nothing printed.
+    server = EtcdServer(tmp_path / "etcd", auth=True)
+    server.start()
+    try:
+        root = f"etcd://root:{server.root_password}@{server.endpoint}"
+        applied = run_cli(
+            ["policy", "apply", str(EXAMPLE_POLICY)],
+            clean_env(ALLOCATOR_STORE=root, ALLOCATOR_PREFIX=prefix),
+        )
+        assert applied.code == 0, applied.err
+        server.etcdctl("role", "add", "viewer")
+        server.etcdctl("role", "grant-permission", "viewer", "read", KeyLayout(prefix).policy)
+        server.etcdctl("user", "add", "viewer:viewer-secret")
+        server.etcdctl("user", "grant-role", "viewer", "viewer")
+        viewer = clean_env(
+            ALLOCATOR_STORE=f"etcd://viewer:viewer-secret@{server.endpoint}",
+            ALLOCATOR_PREFIX=prefix,
+        )
+        for output in ("table", "json"):
+            result = run_cli(["status", "-o", output], viewer)
+            assert result.code == 5, (result.out, result.err)
+            assert result.out == ""
+            assert len(result.err.strip().splitlines()) == 1
+            assert "Traceback" not in result.err and "secret" not in result.err
+    finally:
+        server.stop()

@@ -166,3 +166,28 @@ def test_fleet_reads_skip_a_bad_record_and_keep_every_other_host() -> None:
     rows = {h.host: h for h in build_status(None, [good, ghost, broken, fine], LAYOUT, NOW)}
     assert "disagrees with the key" in rows["node1"].bad_records[0]
     assert [g.holder for g in rows["node2"].gpus] == ["eval"]
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        # Bodies ending as this allocator writes records (`,"schema_version":1}`, the
+        # shape decoded in one pass), or nearly: each is judged as any other body is.
+        (b'[{"job": "train"},{"a":1,"schema_version":1}', "not a JSON object"),
+        (b'{"job": "train", "x": [1,"schema_version":1}', "not valid JSON"),
+        (b'{"job": 5,"schema_version":1}', "not a valid assignment"),
+        (b'{"job": "t", "note": "\\",\\"schema_version\\":1}"}', "no schema_version"),
+        (b'{"schema_version": 2, "job": "t","schema_version":1}', "not a valid assignment"),
+    ],
+)
+def test_bodies_that_end_as_ours_are_still_checked(raw: bytes, words: str) -> None:
+    with pytest.raises(BadRecord, match=words):
+        decode_record(raw, Assignment, "/t/k")
+
+
+def test_a_record_written_by_this_allocator_decodes_to_itself() -> None:
+    raw = GOOD.to_json()
+    assert raw.endswith(b',"schema_version":1}')  # the shape decoded in one pass
+    assert decode_record(raw, Assignment, "/t/k", job="train", host="node1") == GOOD
+    spaced = json.dumps(json.loads(raw), indent=1).encode()  # written by hand: checked path
+    assert decode_record(spaced, Assignment, "/t/k", job="train", host="node1") == GOOD

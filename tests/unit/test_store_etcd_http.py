@@ -28,7 +28,13 @@ from allocator.errors import (
     ValueTooLarge,
 )
 from allocator.store import Compare, open_store
-from allocator.store.etcd_json import conflict_of, event_of, key_value_of, txn_request
+from allocator.store.etcd_json import (
+    conflict_of,
+    event_of,
+    key_value_of,
+    range_listing,
+    txn_request,
+)
 from allocator.store.etcd_rules import (
     Code,
     maybe_applied,
@@ -254,6 +260,59 @@ def test_json_replies_leave_out_defaults_and_are_read_as_such() -> None:
     assert (deleted.type, deleted.key, deleted.value, deleted.revision) == ("delete", "/k", None, 6)
     put = event_of({"kv": {"key": "L2s=", "value": "dg==", "mod_revision": "7"}})
     assert (put.type, put.value) == ("put", b"v")
+
+
+def test_a_range_reply_is_read_in_one_pass_as_each_key_value_would_be() -> None:
+    kvs = [
+        {"key": "L2E=", "value": "eyJ4IjoxfQ==", "mod_revision": "9", "create_revision": "3"},
+        {"key": "L2I=", "mod_revision": "5", "create_revision": "5", "lease": "7587869137"},
+        {"key": "L2M=", "value": "dg==", "mod_revision": 12, "create_revision": 2, "lease": 7},
+        {"key": "L2Q=", "value": "", "version": "1", "unknown_field": [1, 2]},
+    ]
+    body = {"header": {"revision": "41", "raft_term": "2"}, "kvs": kvs, "count": "4"}
+    listing = range_listing(json.dumps(body).encode())
+    assert listing.revision == 41
+    assert listing.items == tuple(key_value_of(kv) for kv in kvs)
+    assert [(kv.key, kv.value, kv.lease) for kv in listing.items] == [
+        ("/a", b'{"x":1}', None),
+        ("/b", b"", 7587869137),
+        ("/c", b"v", 7),
+        ("/d", b"", None),
+    ]
+
+
+def test_an_empty_range_reply_leaves_out_its_kvs_and_is_read_as_none() -> None:
+    listing = range_listing(b'{"header": {"revision": "8"}}')
+    assert (listing.items, listing.revision) == ((), 8)
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"<html>busy</html>", "not a range reply"),
+        (b"[1, 2]", "not a range reply"),
+        (b'{"kvs": [{"key": "not base64!"}]}', "not a range reply"),
+        (b'{"kvs": [{"key": "L2E=", "mod_revision": "soon"}]}', "not a range reply"),
+    ],
+)
+def test_a_reply_that_is_no_range_reply_is_a_value_error(body: bytes, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        range_listing(body)
+
+
+def test_a_server_whose_range_answer_is_not_etcds_is_unavailable_saying_so(
+    serve: Callable[[Handler], FakeServer],
+) -> None:
+    def odd(conn: socket.socket, index: int) -> None:
+        while read_request(conn):
+            conn.sendall(json_answer({"kvs": "everything"}))
+
+    store = open_store(serve(odd).url, one_shot=True)
+    try:
+        with pytest.raises(StoreUnavailable, match=r"not a range reply.*etcd v3 server"):
+            store.list("/a/")
+    finally:
+        store.close()
 
 
 def test_a_failed_json_transaction_names_the_keys_that_changed() -> None:
