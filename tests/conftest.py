@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-# CI runs the same examples every time, so a landing never hinges on a lucky
-# draw; local runs keep exploring new ones (and the database replays failures).
-settings.register_profile("ci", derandomize=True, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+# No per-example deadline: it is a timing assertion, and these machines are
+# shared (a loaded one made a correct decoder "fail"). CI runs the same
+# examples every time, so a landing never hinges on a lucky draw; local runs
+# keep exploring new ones (and the database replays failures).
+settings.register_profile("local", deadline=None)
+settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
+settings.load_profile("ci" if os.environ.get("CI") else "local")
 
 
 @pytest.fixture
