@@ -175,10 +175,10 @@ class Allocator:
         item = self.store.get(self.layout.policy)
         if item is None:
             return None
-        from allocator.policy import load_policy
+        from allocator.policy.compiled import applied_policy
 
         record = decode_record(item.value, PolicyRecord, item.key)
-        policy = load_policy(record.yaml, source="applied policy")
+        policy = applied_policy(self.store, self.layout, record, self.on_bad_record)
         return PolicySnapshot(policy, record, item.mod_revision)
 
     def require_policy(self) -> PolicySnapshot:
@@ -459,6 +459,7 @@ class Allocator:
     ) -> ApplyResult:
         from allocator.history import policy_entry, policy_stream, prepare_append
         from allocator.policy import policy_sha256
+        from allocator.policy.compiled import compiled_op, refresh_compiled
 
         current = self.store.get(self.layout.policy)
         digest = policy_sha256(text)
@@ -470,7 +471,11 @@ class Allocator:
                 self.on_bad_record(exc)
             else:
                 if old.sha256 == digest:
-                    return ApplyResult(False, old, current.mod_revision)
+                    revision = current.mod_revision
+                    refresh_compiled(
+                        self.store, self.layout, policy, current.value, digest, revision
+                    )
+                    return ApplyResult(False, old, revision)
         # Read before the assignments are checked: any assignment change after this
         # read moves it, and the compare below then sends apply round to check again.
         fleet = self.store.get(self.layout.fleet_generation)
@@ -501,8 +506,10 @@ class Allocator:
             policy.history.entries_per_host,
             self.on_bad_record,
         )
+        stored = record.to_json()
+        compiled = compiled_op(self.layout, policy, digest, len(stored))
         revision = self._txn(
-            [*compares, head_compare], [Put(self.layout.policy, record.to_json()), *history_ops]
+            [*compares, head_compare], [Put(self.layout.policy, stored), compiled, *history_ops]
         )
         return ApplyResult(True, record, revision, tuple(violations))
 

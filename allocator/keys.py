@@ -70,6 +70,14 @@ class KeyLayout:
         return f"{self.root}/policy"
 
     @property
+    def compiled_policy(self) -> str:
+        """The applied policy as its loader built it (see :mod:`allocator.policy.compiled`).
+
+        Not under ``policy``: agents watch that key as a prefix.
+        """
+        return f"{self.root}/compiled/policy"
+
+    @property
     def hosts(self) -> str:
         """Prefix of every host's keys (trailing slash included)."""
         return f"{self.root}/hosts/"

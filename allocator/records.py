@@ -29,6 +29,7 @@ __all__ = [
     "AgentRecord",
     "Assignment",
     "BadRecord",
+    "CompiledPolicyRecord",
     "GpuInfo",
     "GpuProcess",
     "HistoryEntry",
@@ -214,6 +215,24 @@ class PolicyRecord(msgspec.Struct, frozen=True):
         return decode_record(raw, cls)
 
 
+class CompiledPolicyRecord(msgspec.Struct, frozen=True):
+    """The applied policy as the loader built it, stored next to its YAML by ``policy apply``.
+
+    ``sha256`` is the YAML text's (as in :class:`PolicyRecord`), ``format``
+    says which loader built it; ``policy`` is decoded only by a reader whose
+    own format is the same (:mod:`allocator.policy.compiled`).
+    """
+
+    sha256: Sha256
+    format: Text
+    policy: msgspec.Raw
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        """Encode for the store."""
+        return encode_record(self)
+
+
 class GpuProcess(msgspec.Struct, frozen=True):
     """A process NVML lists on a GPU that no job was given (see ``AgentRecord.unassigned``).
 
@@ -397,10 +416,25 @@ class HistoryHead(msgspec.Struct, frozen=True):
 
 
 Record = (
-    Assignment | PolicyRecord | AgentRecord | WorkerRecord | JobIndex | HistoryEntry | HistoryHead
+    Assignment
+    | PolicyRecord
+    | CompiledPolicyRecord
+    | AgentRecord
+    | WorkerRecord
+    | JobIndex
+    | HistoryEntry
+    | HistoryHead
 )
 R = TypeVar(
-    "R", Assignment, PolicyRecord, AgentRecord, WorkerRecord, JobIndex, HistoryEntry, HistoryHead
+    "R",
+    Assignment,
+    PolicyRecord,
+    CompiledPolicyRecord,
+    AgentRecord,
+    WorkerRecord,
+    JobIndex,
+    HistoryEntry,
+    HistoryHead,
 )
 
 _ENCODER = msgspec.json.Encoder()
@@ -459,6 +493,7 @@ def decode_record(raw: bytes, kind: type[R], key: str = "", **names: str | None)
 _KIND_WORDS: dict[type[Any], str] = {
     Assignment: "assignment",
     PolicyRecord: "policy record",
+    CompiledPolicyRecord: "compiled policy record",
     AgentRecord: "agent record",
     WorkerRecord: "worker record",
     JobIndex: "job index",

@@ -200,9 +200,11 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
 
 def parse_host_list(raw: str) -> tuple[str, ...]:
     """Parse ``node1`` or ``node1,node2`` (a job across hosts, in node-rank order)."""
+    hosts = tuple(validate_name(name, "host") for name in raw.split(","))
+    if len(hosts) == 1:  # the usual case: no need to load what jobs across hosts use
+        return hosts
     from allocator.groups import MAX_JOB_HOSTS
 
-    hosts = tuple(validate_name(name, "host") for name in raw.split(","))
     repeated = sorted({h for h in hosts if hosts.count(h) > 1})
     if repeated:
         raise InvalidInput(f"host={_shown(raw)}: {repeated[0]} is listed twice")

@@ -60,14 +60,28 @@ __all__ = [
     "read_policy_text",
 ]
 
-_MODEL = (
-    "DEFAULT_IGNORED_XIDS FallbackRule HealthSettings HistorySettings Host IdleRule Job "
-    "Policy Pool Reservation Sharing"
-).split()
-_LOADER = (
-    "lint_policy load_policy load_policy_file policy_json_schema policy_sha256 "
-    "policy_to_dict read_policy_text"
-).split()
+_MODEL = [
+    "DEFAULT_IGNORED_XIDS",
+    "FallbackRule",
+    "HealthSettings",
+    "HistorySettings",
+    "Host",
+    "IdleRule",
+    "Job",
+    "Policy",
+    "Pool",
+    "Reservation",
+    "Sharing",
+]
+_LOADER = [
+    "lint_policy",
+    "load_policy",
+    "load_policy_file",
+    "policy_json_schema",
+    "policy_sha256",
+    "policy_to_dict",
+    "read_policy_text",
+]
 #: Where each exported name lives.
 _HOMES = {
     "MAX_POLICY_BYTES": "allocator.policy.limits",
