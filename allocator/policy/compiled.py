@@ -23,9 +23,7 @@ applies as before and its readers parse the YAML.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import typing
 from collections.abc import Callable
 from functools import cache
 
@@ -77,9 +75,8 @@ def _model_fingerprint() -> str:
     parts = []
     for name in sorted(model.__all__):
         cls = getattr(model, name)
-        if dataclasses.is_dataclass(cls):
-            hints = typing.get_type_hints(cls)
-            fields = ",".join(f"{f.name}:{hints[f.name]!r}" for f in dataclasses.fields(cls))
+        if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
+            fields = ",".join(f"{f.name}:{f.type!r}" for f in msgspec.structs.fields(cls))
             parts.append(f"{name}({fields})")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
