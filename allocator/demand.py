@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from allocator.errors import RequestError
 from allocator.policy.model import Policy, Sharing
-from allocator.ranking import Prefer
 from allocator.records import MAX_SLOTS
+
+if TYPE_CHECKING:
+    from allocator.ranking import Prefer
 
 __all__ = ["Ask", "Request", "ask_of", "pool_sharing"]
 

@@ -13,12 +13,12 @@ records depend on nothing above them.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from allocator.digest import sha256_hex
 from allocator.errors import BadRecord
 
 __all__ = [
@@ -201,7 +201,7 @@ class PolicyRecord(msgspec.Struct, frozen=True):
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        actual = hashlib.sha256(self.yaml.encode("utf-8", "surrogatepass")).hexdigest()
+        actual = sha256_hex(self.yaml.encode("utf-8", "surrogatepass"))
         if actual != self.sha256:
             raise ValueError("sha256 does not match the policy text (edited by hand?)")
 

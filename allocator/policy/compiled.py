@@ -23,13 +23,13 @@ applies as before and its readers parse the YAML.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from functools import cache
 
 import msgspec
 
 from allocator import __version__
+from allocator.digest import sha256_hex
 from allocator.errors import BadRecord
 from allocator.keys import KeyLayout
 from allocator.policy import model
@@ -78,7 +78,7 @@ def _model_fingerprint() -> str:
         if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
             fields = ",".join(f"{f.name}:{f.type!r}" for f in msgspec.structs.fields(cls))
             parts.append(f"{name}({fields})")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    return sha256_hex("|".join(parts).encode())[:16]
 
 
 def compile_policy(policy: Policy, sha256: str) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import uuid
@@ -12,6 +13,7 @@ import msgspec
 import pytest
 
 from allocator.assignments import Allocator
+from allocator.digest import sha256_hex
 from allocator.errors import BadRecord
 from allocator.keys import KeyLayout
 from allocator.placement import Request
@@ -214,6 +216,11 @@ def test_a_large_policy_still_applies_on_consul(consul_url: str) -> None:
         store.close()
 
 
+@pytest.mark.parametrize("data", [b"", b"abc", "policy: \u00e9".encode(), bytes(range(256)) * 999])
+def test_sha256_hex_is_the_sha256_hashlib_computes(data: bytes) -> None:
+    assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
+
+
 def test_set_does_not_load_yaml_or_the_policy_loader(tmp_path: Path) -> None:
     url = f"sqlite://{tmp_path / 's.db'}"
     _allocator(open_store(url, create=True)).apply_policy(EXAMPLE, "p.yaml")
@@ -241,5 +248,8 @@ def test_set_does_not_load_yaml_or_the_policy_loader(tmp_path: Path) -> None:
         "allocator.cli.status",
         "shutil",
         "tenacity",
+        "hashlib",
+        "difflib",
+        "allocator.ranking",
     }
     assert sorted(unwanted & loaded) == []
