@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -42,6 +42,7 @@ from allocator.records import (
     PolicyRecord,
     WorkerRecord,
     decode_record,
+    replace_struct,
 )
 from allocator.store import MAX_TXN_OPS, Compare, Delete, KeyValue, Op, Put, Store, txn_size
 
@@ -351,7 +352,7 @@ class Allocator:
         host = asked.host or self.default_host(snapshot.policy)
         state = self.host(host)
         agent = state.agent
-        request = replace(asked, host=host)
+        request = replace_struct(asked, host=host)
         decision = place(
             snapshot.policy,
             request,

@@ -36,9 +36,10 @@ Choices worth knowing:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
+
+from msgspec import Struct
 
 from allocator.demand import Ask, Request, ask_of, pool_sharing
 from allocator.errors import PlacementRefused, RequestError
@@ -69,8 +70,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(Struct, frozen=True):
     """The decision: which GPUs the job gets (none in ``cpu`` mode), and why.
 
     ``slots`` and ``exclusive`` are the job's hold on each GPU; ``picked`` is
