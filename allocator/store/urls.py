@@ -12,6 +12,7 @@ Pure: no I/O, no client library.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,16 +111,13 @@ def is_valid_host(host: str) -> bool:
     Checked before any connection, so a mangled URL is an input error
     instead of a name lookup of whatever text ended up where the host goes.
     """
-    name = host[:-1] if host.endswith(".") else host
-    if 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split(".")):
-        return True  # IPv4 addresses read as names too: no need to load ipaddress for them
-    import ipaddress
-
     try:
         ipaddress.ip_address(host)
+        return True
     except ValueError:
-        return False
-    return True
+        pass
+    name = host[:-1] if host.endswith(".") else host
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def url_secrets(url: str) -> tuple[str, ...]:

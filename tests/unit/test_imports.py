@@ -136,7 +136,6 @@ def test_set_on_etcd_reads_the_compiled_policy_and_loads_only_what_it_uses(
         "encodings.idna",  # the host name goes to getaddrinfo as ASCII bytes
         "hashlib",  # OpenSSL's start-up; the policy's hash is checked without it
         "shutil",  # argparse's terminal width, asked without it
-        "ipaddress",  # a host name (or IPv4 address) is checked without it
         "allocator.ranking",  # only count=N ranks GPUs
     }
     assert sorted(unused & modules) == []
