@@ -8,7 +8,8 @@ or smuggle in characters a backend treats specially.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from allocator.errors import InvalidName
 
@@ -47,8 +48,7 @@ def validate_prefix(prefix: str) -> str:
     return cleaned
 
 
-@dataclass(frozen=True, slots=True)
-class KeyLayout:
+class KeyLayout(Struct, frozen=True):
     """Where each record lives under a prefix (default ``/allocator``).
 
     ``host_generation`` is bumped by every assignment write on that host; a
