@@ -71,12 +71,17 @@ def compiled_format() -> str:
 
 
 def _model_fingerprint() -> str:
-    """A hash of every model class's fields and their resolved types."""
+    """A hash of every model class's fields and their types.
+
+    The model's annotations are objects, not text (it does not defer them),
+    so their reprs name the types themselves: ``Literal['uuid', 'index']``.
+    """
     parts = []
     for name in sorted(model.__all__):
         cls = getattr(model, name)
         if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
-            fields = ",".join(f"{f.name}:{f.type!r}" for f in msgspec.structs.fields(cls))
+            hints = cls.__annotations__
+            fields = ",".join(f"{f}:{hints[f]!r}" for f in cls.__struct_fields__)
             parts.append(f"{name}({fields})")
     return sha256_hex("|".join(parts).encode())[:16]
 

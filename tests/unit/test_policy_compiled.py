@@ -97,6 +97,16 @@ def test_a_compiled_record_of_another_format_is_ignored_not_reported() -> None:
     assert read_compiled(other.to_json(), KEY, digest) is None
 
 
+def test_the_format_changes_when_a_model_field_changes_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from allocator.policy import model
+
+    before = compiled_module._model_fingerprint()
+    monkeypatch.setattr(model.Host, "__annotations__", {**model.Host.__annotations__, "gpus": str})
+    assert compiled_module._model_fingerprint() != before
+
+
 def test_the_format_names_this_allocators_version() -> None:
     from allocator import __version__
 
