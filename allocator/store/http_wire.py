@@ -24,8 +24,9 @@ import contextlib
 import select
 import socket
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
 
 if TYPE_CHECKING:
     import ssl
@@ -68,9 +69,8 @@ class NotHttp(HttpError):
     """The peer answered with something that is not HTTP/1.x."""
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    """A complete answer: status code, lower-cased headers, body."""
+class Response(Struct, frozen=True):
+    """A complete answer: status code, lower-cased headers, body (a Struct: cheap to define)."""
 
     status: int
     headers: dict[str, str]
