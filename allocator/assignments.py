@@ -94,6 +94,7 @@ class ApplyResult:
     record: PolicyRecord
     revision: int
     warnings: tuple[str, ...] = ()
+    compiled: bool = True  # the compiled form was stored too (see allocator.policy.compiled)
 
 
 def snapshots_by_host(
@@ -460,7 +461,7 @@ class Allocator:
     ) -> ApplyResult:
         from allocator.history import policy_entry, policy_stream, prepare_append
         from allocator.policy import policy_sha256
-        from allocator.policy.compiled import compiled_op, refresh_compiled
+        from allocator.policy.compiled import compiled_op, refresh_compiled, write_with_compiled
 
         current = self.store.get(self.layout.policy)
         digest = policy_sha256(text)
@@ -473,10 +474,10 @@ class Allocator:
             else:
                 if old.sha256 == digest:
                     revision = current.mod_revision
-                    refresh_compiled(
+                    fresh = refresh_compiled(
                         self.store, self.layout, policy, current.value, digest, revision
                     )
-                    return ApplyResult(False, old, revision)
+                    return ApplyResult(False, old, revision, compiled=fresh)
         # Read before the assignments are checked: any assignment change after this
         # read moves it, and the compare below then sends apply round to check again.
         fleet = self.store.get(self.layout.fleet_generation)
@@ -509,10 +510,13 @@ class Allocator:
         )
         stored = record.to_json()
         compiled = compiled_op(self.layout, policy, digest, len(stored))
-        revision = self._txn(
-            [*compares, head_compare], [Put(self.layout.policy, stored), compiled, *history_ops]
+        revision, with_compiled = write_with_compiled(
+            self._txn,
+            [*compares, head_compare],
+            [Put(self.layout.policy, stored), *history_ops],
+            compiled,
         )
-        return ApplyResult(True, record, revision, tuple(violations))
+        return ApplyResult(True, record, revision, tuple(violations), compiled=with_compiled)
 
     def violations(self, policy: Policy) -> list[str]:
         """Current assignments that ``policy`` would refuse, one line each."""

@@ -30,7 +30,7 @@ import msgspec
 
 from allocator import __version__
 from allocator.digest import sha256_hex
-from allocator.errors import BadRecord
+from allocator.errors import BadRecord, PermissionDenied
 from allocator.keys import KeyLayout
 from allocator.policy import model
 from allocator.policy.model import Policy
@@ -46,6 +46,7 @@ __all__ = [
     "compiled_op",
     "read_compiled",
     "refresh_compiled",
+    "write_with_compiled",
 ]
 
 #: Bumped when the loader builds a different policy from the same YAML with the
@@ -57,6 +58,7 @@ COMPILED_FORMAT = 1
 TXN_VALUE_BUDGET = MAX_VALUE_BYTES * 3 // 4 - 16 * 1024
 
 OnBad = Callable[[BadRecord], None]
+Txn = Callable[[list[Compare], list[Op]], int]
 
 
 @cache
@@ -106,6 +108,21 @@ def compiled_op(layout: KeyLayout, policy: Policy, sha256: str, record_size: int
     return Put(layout.compiled_policy, compiled)
 
 
+def write_with_compiled(
+    txn: Txn, compares: list[Compare], ops: list[Op], compiled: Op
+) -> tuple[int, bool]:
+    """Run the apply's transaction with ``compiled`` in it: its revision, and whether it stored one.
+
+    A user allowed to write the policy but not the compiled key (a CI role
+    granted before there was one) still applies the policy, without its
+    compiled form: commands then parse the YAML.
+    """
+    try:
+        return txn(compares, [*ops, compiled]), isinstance(compiled, Put)
+    except PermissionDenied:
+        return txn(compares, ops), False
+
+
 def read_compiled(raw: bytes, key: str, sha256: str) -> Policy | None:
     """The policy a compiled record holds, if it was built from ``sha256`` by this loader.
 
@@ -138,16 +155,20 @@ def refresh_compiled(
 
     ``record`` is the stored policy record, at ``revision``; the write
     compares that revision, so a policy applied meanwhile is never given
-    this one's compiled form. Returns whether it wrote. A re-apply of the
-    same file after an upgrade is how an operator gets the fast path back.
+    this one's compiled form. A re-apply of the same file after an upgrade
+    is how an operator gets the fast path back. Returns whether the stored
+    compiled form is current now: not when the policy is too large to have
+    one, or this user may not write its key.
     """
     if _current_compiled(store, layout, sha256, lambda _bad: None) is not None:
-        return False
+        return True
     op = compiled_op(layout, policy, sha256, len(record))
-    if isinstance(op, Delete) and store.get(op.key) is None:
+    try:
+        if isinstance(op, Put) or store.get(op.key) is not None:
+            store.txn([Compare(layout.policy, revision)], [op])
+    except PermissionDenied:
         return False
-    store.txn([Compare(layout.policy, revision)], [op])
-    return True
+    return isinstance(op, Put)
 
 
 def _current_compiled(store: Store, layout: KeyLayout, sha256: str, on_bad: OnBad) -> Policy | None:

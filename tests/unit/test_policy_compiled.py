@@ -206,7 +206,7 @@ def test_a_policy_too_large_to_share_the_transaction_is_applied_without_its_comp
     assert store.get(KEY) is not None
     monkeypatch.setattr(compiled_module, "TXN_VALUE_BUDGET", 1000)
     changed = EXAMPLE.replace("gpus: 4", "gpus: 16", 1)
-    _allocator(store).apply_policy(changed, "p.yaml")
+    assert not _allocator(store).apply_policy(changed, "p.yaml").compiled
     assert store.get(KEY) is None  # the old one is gone with it
     snapshot = _allocator(store).require_policy()
     assert snapshot.policy == load_policy(changed)
