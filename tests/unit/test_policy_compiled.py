@@ -182,13 +182,19 @@ def test_a_compiled_record_left_from_another_policy_is_not_used(store: Store) ->
     assert _allocator(store).require_policy().policy == load_policy(EXAMPLE)
 
 
-def test_reapplying_the_same_file_restores_a_missing_compiled_policy(store: Store) -> None:
+@pytest.mark.parametrize("damage", ["missing", "damaged"])
+def test_reapplying_the_same_file_restores_the_compiled_policy(store: Store, damage: str) -> None:
     _allocator(store).apply_policy(EXAMPLE, "p.yaml")
-    store.delete(KEY)
+    if damage == "missing":
+        store.delete(KEY)
+    else:
+        store.put(KEY, b"{}")
     before = store.get(LAYOUT.policy)
     result = _allocator(store).apply_policy(EXAMPLE, "p.yaml")
-    assert not result.changed
-    assert store.get(KEY) is not None
+    assert not result.changed and result.compiled
+    item = store.get(KEY)
+    assert item is not None
+    assert read_compiled(item.value, KEY, policy_sha256(EXAMPLE)) == load_policy(EXAMPLE)
     assert store.get(LAYOUT.policy) == before  # the policy record itself is left alone
 
 
@@ -263,3 +269,19 @@ def test_set_does_not_load_yaml_or_the_policy_loader(tmp_path: Path) -> None:
         "allocator.ranking",
     }
     assert sorted(unwanted & loaded) == []
+
+
+def test_set_on_a_damaged_compiled_policy_notes_it_once_and_succeeds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from allocator.cli import main
+
+    url = f"sqlite://{tmp_path / 's.db'}"
+    store = open_store(url, create=True)
+    _allocator(store).apply_policy(EXAMPLE, "p.yaml")
+    store.put(KEY, b"not json")
+    store.close()
+    assert main(["--store", url, "set", "job=train", "gpus=1", "host=node1"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line for line in err if KEY in line] == [err[0]]
+    assert err[0].startswith("allocator: note: skipped bad record at")
