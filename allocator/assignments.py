@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
@@ -32,7 +32,7 @@ from allocator.errors import (
 from allocator.identity import actor as default_actor
 from allocator.identity import format_time, local_hostname, utc_now
 from allocator.keys import DEFAULT_PREFIX, KeyLayout
-from allocator.records import SCHEMA_VERSION, Assignment, PolicyRecord
+from allocator.records import SCHEMA_VERSION, Assignment, PolicyRecord, replace_struct
 from allocator.snapshots import HostSnapshot, PolicySnapshot, job_not_found, snapshots_by_host
 from allocator.store import (
     MAX_TXN_OPS,
@@ -74,6 +74,7 @@ class ApplyResult:
     record: PolicyRecord
     revision: int
     warnings: tuple[str, ...] = ()
+    compiled: bool = True  # the compiled form was stored too (see allocator.policy.compiled)
 
 
 class Allocator:
@@ -103,7 +104,9 @@ class Allocator:
         """The applied policy, or ``None`` if none was applied yet."""
         from allocator.writeview import policy_snapshot
 
-        return policy_snapshot(self.store.get(self.layout.policy))
+        return policy_snapshot(
+            self.store, self.layout, self.store.get(self.layout.policy), self.on_bad_record
+        )
 
     def require_policy(self) -> PolicySnapshot:
         """The applied policy, or a ``RequestError`` telling how to apply one."""
@@ -256,7 +259,7 @@ class Allocator:
             view = self._read_view(host, asked.job)
         while True:
             # replace() would validate the request again; it was when it was made.
-            request = asked if asked.host == host else replace(asked, host=host)
+            request = asked if asked.host == host else replace_struct(asked, host=host)
             placed, planned = self._plan_assign(view, request, reason, command)
             outcome = self._write(planned, view_reads_for(self.layout, host, asked.job))
             if outcome.succeeded:

@@ -30,7 +30,7 @@ Rules worth knowing:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -38,7 +38,7 @@ from allocator.errors import PlacementRefused, RequestError
 from allocator.history import change_entry, host_stream, prepare_append, release_entry
 from allocator.identity import format_time
 from allocator.jobindex import group_index_change, index_for_write
-from allocator.records import Assignment, HistoryEntry
+from allocator.records import Assignment, HistoryEntry, replace_struct
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
 
 if TYPE_CHECKING:
@@ -129,7 +129,9 @@ def as_one_job(job: str, placements: Mapping[str, Placement]) -> dict[str, Place
     why = f"{on_cpu[0]}: {first.fallback_reason or 'assigned the CPU'}"
     note = f"job {job!r} runs on the CPU on every host, since {why}"
     return {
-        host: replace(placed, gpus=(), mode="cpu", fallback_reason=why, notes=(*placed.notes, note))
+        host: replace_struct(
+            placed, gpus=(), mode="cpu", fallback_reason=why, notes=(*placed.notes, note)
+        )
         for host, placed in placements.items()
     }
 
@@ -259,7 +261,7 @@ def _place_each(
     return {
         host: place(
             policy,
-            replace(request, host=host),
+            replace_struct(request, host=host),
             state.assignments,
             now,
             inventory=state.agent.gpus if state.agent and state.agent.gpus else None,

@@ -10,7 +10,6 @@ to anything, newlines and terminal escapes included.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -50,6 +49,12 @@ def parse_time(text: str) -> datetime | None:
 
 def local_hostname() -> str:
     """This machine's short host name."""
+    # What gethostname(2) returns, without importing socket (a one-shot command's
+    # milliseconds) where the platform has uname.
+    if hasattr(os, "uname"):
+        return os.uname().nodename.split(".")[0]
+    import socket
+
     return socket.gethostname().split(".")[0]
 
 

@@ -8,7 +8,8 @@ or smuggle in characters a backend treats specially.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from allocator.errors import InvalidName
 
@@ -47,8 +48,7 @@ def validate_prefix(prefix: str) -> str:
     return cleaned
 
 
-@dataclass(frozen=True, slots=True)
-class KeyLayout:
+class KeyLayout(Struct, frozen=True):
     """Where each record lives under a prefix (default ``/allocator``).
 
     ``host_generation`` is bumped by every assignment write on that host; a
@@ -68,6 +68,14 @@ class KeyLayout:
     def policy(self) -> str:
         """The applied policy record."""
         return f"{self.root}/policy"
+
+    @property
+    def compiled_policy(self) -> str:
+        """The applied policy as its loader built it (see :mod:`allocator.policy.compiled`).
+
+        Not under ``policy``: agents watch that key as a prefix.
+        """
+        return f"{self.root}/compiled/policy"
 
     @property
     def hosts(self) -> str:

@@ -36,16 +36,15 @@ Choices worth knowing:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+from msgspec import Struct
 
 from allocator.demand import Ask, Request, ask_of, pool_sharing
 from allocator.errors import PlacementRefused, RequestError
 from allocator.gpus.model import GpuInfo
-from allocator.gpus.topology import Links
 from allocator.policy.model import Policy, Reservation, Sharing
-from allocator.ranking import Ranking
 from allocator.records import Assignment
 from allocator.reservations import (
     describe_reservation,
@@ -55,6 +54,9 @@ from allocator.reservations import (
 )
 from allocator.slots import Holding, gpu_holdings, refusal, slots_in_use
 from allocator.text import printable
+
+if TYPE_CHECKING:  # only count=N ranks, and only a multi-GPU list reads links: load them then
+    from allocator.ranking import Ranking
 
 __all__ = [
     "Placement",
@@ -68,8 +70,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Placement:
+class Placement(Struct, frozen=True):
     """The decision: which GPUs the job gets (none in ``cpu`` mode), and why.
 
     ``slots`` and ``exclusive`` are the job's hold on each GPU; ``picked`` is
@@ -315,8 +316,12 @@ def _after(others: Sequence[Holding], ask: Ask, sharing: Sharing) -> str:
 
 def _socket_note(host: str, gpus: Sequence[int], inventory: Sequence[GpuInfo] | None) -> list[str]:
     """A note for an explicit list whose GPUs sit under different CPU sockets."""
+    if len(gpus) < 2:
+        return []
+    from allocator.gpus.topology import Links
+
     links = Links.of(inventory)
-    if len(gpus) < 2 or not links.crosses_sockets(gpus):
+    if not links.crosses_sockets(gpus):
         return []
     nodes = links.sockets(gpus)
     where = f"NUMA nodes {', '.join(map(str, nodes))}" if nodes else "CPU sockets"
@@ -374,6 +379,8 @@ def _ranking(
     assignments: Mapping[str, Assignment],
     later: frozenset[int],
 ) -> Ranking:
+    from allocator.ranking import Ranking
+
     sharing = pool_sharing(policy, request.host)
     load: dict[int, int] = {}  # in an exclusive pool a held GPU is no candidate anyway
     for gpu, holds in gpu_holdings(assignments).items() if sharing.shared else ():

@@ -29,6 +29,7 @@ def apply_once(
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
     from allocator.history import policy_entry, policy_stream, prepare_append
     from allocator.policy import policy_sha256
+    from allocator.policy.compiled import compiled_op, refresh_compiled, write_with_compiled
 
     current = allocator.store.get(allocator.layout.policy)
     digest = policy_sha256(text)
@@ -40,7 +41,11 @@ def apply_once(
             allocator.on_bad_record(exc)
         else:
             if old.sha256 == digest:
-                return ApplyResult(False, old, current.mod_revision)
+                revision = current.mod_revision
+                fresh = refresh_compiled(
+                    allocator.store, allocator.layout, policy, current.value, digest, revision
+                )
+                return ApplyResult(False, old, revision, compiled=fresh)
     # Read before the assignments are checked: any assignment change after this
     # read moves it, and the compare below then sends apply round to check again.
     fleet = allocator.store.get(allocator.layout.fleet_generation)
@@ -71,10 +76,15 @@ def apply_once(
         policy.history.entries_per_host,
         allocator.on_bad_record,
     )
-    revision = allocator._txn(
-        [*compares, head_compare], [Put(allocator.layout.policy, record.to_json()), *history_ops]
+    stored = record.to_json()
+    compiled = compiled_op(allocator.layout, policy, digest, len(stored))
+    revision, with_compiled = write_with_compiled(
+        allocator._txn,
+        [*compares, head_compare],
+        [Put(allocator.layout.policy, stored), *history_ops],
+        compiled,
     )
-    return ApplyResult(True, record, revision, tuple(refused))
+    return ApplyResult(True, record, revision, tuple(refused), compiled=with_compiled)
 
 
 def violations(allocator: Allocator, policy: Policy) -> list[str]:

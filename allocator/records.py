@@ -13,12 +13,12 @@ records depend on nothing above them.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from allocator.digest import sha256_hex
 from allocator.errors import BadRecord
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "AgentRecord",
     "Assignment",
     "BadRecord",
+    "CompiledPolicyRecord",
     "GpuInfo",
     "GpuProcess",
     "HistoryEntry",
@@ -200,7 +201,7 @@ class PolicyRecord(msgspec.Struct, frozen=True):
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
-        actual = hashlib.sha256(self.yaml.encode("utf-8", "surrogatepass")).hexdigest()
+        actual = sha256_hex(self.yaml.encode("utf-8", "surrogatepass"))
         if actual != self.sha256:
             raise ValueError("sha256 does not match the policy text (edited by hand?)")
 
@@ -212,6 +213,24 @@ class PolicyRecord(msgspec.Struct, frozen=True):
     def from_json(cls, raw: bytes) -> PolicyRecord:
         """Decode a stored policy record (``BadRecord`` if it is not one)."""
         return decode_record(raw, cls)
+
+
+class CompiledPolicyRecord(msgspec.Struct, frozen=True):
+    """The applied policy as the loader built it, stored next to its YAML by ``policy apply``.
+
+    ``sha256`` is the YAML text's (as in :class:`PolicyRecord`), ``format``
+    says which loader built it; ``policy`` is decoded only by a reader whose
+    own format is the same (:mod:`allocator.policy.compiled`).
+    """
+
+    sha256: Sha256
+    format: Text
+    policy: msgspec.Raw
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> bytes:
+        """Encode for the store."""
+        return encode_record(self)
 
 
 class GpuProcess(msgspec.Struct, frozen=True):
@@ -397,10 +416,25 @@ class HistoryHead(msgspec.Struct, frozen=True):
 
 
 Record = (
-    Assignment | PolicyRecord | AgentRecord | WorkerRecord | JobIndex | HistoryEntry | HistoryHead
+    Assignment
+    | PolicyRecord
+    | CompiledPolicyRecord
+    | AgentRecord
+    | WorkerRecord
+    | JobIndex
+    | HistoryEntry
+    | HistoryHead
 )
 R = TypeVar(
-    "R", Assignment, PolicyRecord, AgentRecord, WorkerRecord, JobIndex, HistoryEntry, HistoryHead
+    "R",
+    Assignment,
+    PolicyRecord,
+    CompiledPolicyRecord,
+    AgentRecord,
+    WorkerRecord,
+    JobIndex,
+    HistoryEntry,
+    HistoryHead,
 )
 
 _ENCODER = msgspec.json.Encoder()
@@ -485,6 +519,7 @@ def _checked_record(raw: bytes, kind: type[R], key: str) -> R:
 _KIND_WORDS: dict[type[Any], str] = {
     Assignment: "assignment",
     PolicyRecord: "policy record",
+    CompiledPolicyRecord: "compiled policy record",
     AgentRecord: "agent record",
     WorkerRecord: "worker record",
     JobIndex: "job index",

@@ -9,7 +9,8 @@ an ``exclusive`` one takes a GPU whole, whatever the pool.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from allocator.policy.model import Sharing
 from allocator.records import Assignment
@@ -17,8 +18,7 @@ from allocator.records import Assignment
 __all__ = ["Holding", "gpu_holdings", "refusal", "slots_in_use", "usage_text"]
 
 
-@dataclass(frozen=True, slots=True)
-class Holding:
+class Holding(Struct, frozen=True):
     """One job's hold on one GPU."""
 
     job: str

@@ -68,24 +68,42 @@ class Planned:
 
 
 def view_reads(layout: KeyLayout, host: str, job: str, *, policy_text: bool) -> list[Read]:
-    """The reads a :class:`WriteView` is built from (``policy_text`` ``False``: revision only)."""
-    return [
+    """The reads a :class:`WriteView` is built from.
+
+    ``policy_text`` ``False``: the policy's revision only (and not its
+    compiled form, only needed when the revision moved).
+    """
+    reads = [
         Read(layout.policy, values=policy_text),
         Read(layout.host(host), prefix=True),
         Read(layout.job_index(job)),
         Read(layout.host_history_head(host)),
     ]
+    if policy_text:
+        reads.append(Read(layout.compiled_policy))
+    return reads
 
 
-def policy_snapshot(item: KeyValue | None) -> PolicySnapshot | None:
-    """The applied policy a read of the policy key holds (parsed once per text)."""
+def policy_snapshot(
+    store: Store,
+    layout: KeyLayout,
+    item: KeyValue | None,
+    on_bad: OnBad,
+    compiled: Listing | None = None,
+) -> PolicySnapshot | None:
+    """The applied policy a read of the policy key holds.
+
+    From its compiled form when that is current (``compiled``: a read of it
+    made with the policy key's; else it is read here), else its YAML parsed
+    (once per text and process).
+    """
     if item is None:
         return None
-    from allocator.policy import load_policy
+    from allocator.policy.compiled import applied_policy
 
     record = decode_record(item.value, PolicyRecord, item.key)
     return PolicySnapshot(
-        load_policy(record.yaml, source="applied policy"), record, item.mod_revision
+        applied_policy(store, layout, record, on_bad, compiled), record, item.mod_revision
     )
 
 
@@ -105,14 +123,21 @@ def settle_view(
     head that is missing or damaged is rebuilt from the store, as the
     single-key readers do.
     """
-    policy_read, host_read, index_read, head_read = found
+    policy_read, host_read, index_read, head_read, *compiled = found
     item = policy_read.items[0] if policy_read.items else None
     if item is None:
         policy = None
     elif known_policy is not None and known_policy.revision == item.mod_revision:
         policy = known_policy
     else:
-        policy = policy_snapshot(item if item.value else store.get(layout.policy))
+        with_text = bool(item.value)
+        policy = policy_snapshot(
+            store,
+            layout,
+            item if with_text else store.get(layout.policy),
+            on_bad,
+            compiled[0] if with_text and compiled else None,
+        )
     hosts = snapshots_by_host(host_read.items, layout, host_read.revision)
     state = hosts.get(host, HostSnapshot(host, revision=host_read.revision))
     for bad in state.bad_records:

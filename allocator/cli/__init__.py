@@ -25,23 +25,35 @@ from allocator.cli.common import (
 )
 from allocator.errors import EXIT_INTERNAL, AllocatorError, BadRecord
 
-__all__ = ["ERROR_NAMES", "build_parser", "error_document", "main", "one_line", "run"]
+__all__ = [
+    "COMMANDS",
+    "ERROR_NAMES",
+    "build_parser",
+    "command_word",
+    "error_document",
+    "main",
+    "one_line",
+    "run",
+]
 
-#: Command modules, in the order ``--help`` lists them.
-COMMAND_MODULES = (
-    "allocator.cli.assign",
-    "allocator.cli.get",
-    "allocator.cli.release",
-    "allocator.cli.status",
-    "allocator.cli.history",
-    "allocator.cli.policy",
-    "allocator.cli.env",
-    "allocator.cli.doctor",
-    "allocator.cli.agent",
-    "allocator.cli.serve",
-    "allocator.cli.demo",
-    "allocator.cli.completion",
-)
+#: Each command and the module that registers it, in the order ``--help`` lists them.
+COMMANDS = {
+    "set": "allocator.cli.assign",
+    "get": "allocator.cli.get",
+    "release": "allocator.cli.release",
+    "status": "allocator.cli.status",
+    "history": "allocator.cli.history",
+    "policy": "allocator.cli.policy",
+    "env": "allocator.cli.env",
+    "doctor": "allocator.cli.doctor",
+    "agent": "allocator.cli.agent",
+    "serve": "allocator.cli.serve",
+    "demo": "allocator.cli.demo",
+    "completion": "allocator.cli.completion",
+}
+COMMAND_MODULES = tuple(COMMANDS.values())
+#: Options taking a value in the next word, before or after the command.
+_VALUE_OPTIONS = frozenset({"--store", "--prefix", "-o", "--output"})
 
 _LABELS = {
     2: "error",
@@ -62,8 +74,13 @@ ERROR_NAMES = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, every command registered."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser: every command registered, or ``only`` that one.
+
+    A command run registers just itself: importing the other eleven
+    modules and building their parsers would be a fifth of a quick
+    command's run time.
+    """
     parser = CliArgumentParser(
         prog="allocator",
         description="Centralized GPU allocator: assign GPUs to jobs, see who holds what, "
@@ -77,9 +94,29 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", parser_class=CliArgumentParser
     )
     commands.required = True
-    for name in COMMAND_MODULES:
+    for name in [COMMANDS[only]] if only in COMMANDS else COMMAND_MODULES:
         importlib.import_module(name).register(commands)
     return parser
+
+
+def command_word(words: Sequence[str]) -> str | None:
+    """The command ``words`` run (``set`` in ``--store URL set job=a``), if any.
+
+    ``None`` when an option that stops the run (``--help``, ``--version``)
+    comes first, or nothing looks like a command: the full parser then
+    prints the help, or says which commands there are.
+    """
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in _VALUE_OPTIONS:
+            skip = True
+        elif word == "--" or word in ("-h", "--help", "--version"):
+            return None
+        elif not word.startswith("-"):
+            return word
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_command(words: list[str]) -> int:
-    args = build_parser().parse_args(words)
+    args = build_parser(only=command_word(words)).parse_args(words)
     code: int = args.handler(args)
     return code
 

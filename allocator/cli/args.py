@@ -10,10 +10,11 @@ error message must not echo a megabyte back.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
 from typing import Literal
+
+from msgspec import Struct
+from msgspec.structs import replace
 
 from allocator.errors import InvalidInput
 from allocator.keys import validate_name
@@ -66,6 +67,8 @@ def parse_key_values(words: Iterable[str], allowed: Sequence[str]) -> dict[str, 
                 f"expected key=value, got {_shown(word)!r} (keys: {', '.join(allowed)})"
             )
         if key not in allowed:
+            import difflib  # only for a mistyped key
+
             hint = difflib.get_close_matches(key, allowed, n=1) if len(key) <= _SHOWN else []
             suggestion = (
                 f"; did you mean {hint[0]!r}?" if hint else f" (keys: {', '.join(allowed)})"
@@ -138,9 +141,10 @@ def parse_reason(raw: str) -> str:
     return raw
 
 
-@dataclass(frozen=True, slots=True)
-class SetArgs:
+class SetArgs(Struct, frozen=True):
     """A parsed ``allocator set``: exactly one of gpus, count or cpu.
+
+    A Struct, not a dataclass: it is defined on every ``set`` start-up.
 
     ``hosts`` holds the hosts of a job across several hosts (``host=a,b``,
     in node-rank order); ``host`` is then the first of them.
@@ -200,9 +204,11 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
 
 def parse_host_list(raw: str) -> tuple[str, ...]:
     """Parse ``node1`` or ``node1,node2`` (a job across hosts, in node-rank order)."""
+    hosts = tuple(validate_name(name, "host") for name in raw.split(","))
+    if len(hosts) == 1:  # the usual case: no need to load what jobs across hosts use
+        return hosts
     from allocator.groups import MAX_JOB_HOSTS
 
-    hosts = tuple(validate_name(name, "host") for name in raw.split(","))
     repeated = sorted({h for h in hosts if hosts.count(h) > 1})
     if repeated:
         raise InvalidInput(f"host={_shown(raw)}: {repeated[0]} is listed twice")

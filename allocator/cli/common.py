@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,7 @@ __all__ = [
     "CliArgumentParser",
     "add_common_options",
     "add_words_command",
+    "help_width",
     "machine_output",
     "note",
     "open_allocator",
@@ -34,6 +36,28 @@ class CliArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         """Raise instead of printing usage: the CLI prints one clear line."""
         raise InvalidInput(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+    def _get_formatter(self) -> argparse.HelpFormatter:
+        # argparse makes a formatter for every argument added, and each asks shutil
+        # for the terminal's width: importing shutil costs every command milliseconds.
+        return self.formatter_class(prog=self.prog, width=help_width())  # type: ignore[call-arg]
+
+
+def help_width() -> int:
+    """The width ``--help`` wraps at: ``$COLUMNS``, else the terminal's, else 80 (less 2).
+
+    What argparse computes with ``shutil.get_terminal_size``, without importing shutil.
+    """
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns or 80) - 2
 
 
 def add_common_options(parser: argparse.ArgumentParser) -> None:

@@ -252,6 +252,11 @@ def run_apply(args: argparse.Namespace) -> int:
         _warn(str(lint))
     for warning in result.warnings:
         note(f"applied over a conflicting assignment (--force): {warning}")
+    if not result.compiled:
+        note(
+            "stored without its compiled form (too large to share the transaction, or this "
+            f"user may not write {allocator.layout.compiled_policy}): commands will parse the YAML"
+        )
     for conflict in standing:
         _warn(f"the applied policy is broken by a current assignment: {conflict}")
     for conflict in upcoming:

@@ -9,8 +9,9 @@ host that names it, so both spellings give the same :class:`Policy`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
+
+import msgspec
 
 from allocator.policy.model import Host, Job, Pool, Reservation
 from allocator.policy.reader import Reader
@@ -95,7 +96,7 @@ def _normalise_pools(
     hosts: dict[str, Host], pools: dict[str, Pool], members: dict[str, tuple[str, str]]
 ) -> tuple[dict[str, Host], dict[str, Pool]]:
     new_hosts = {
-        name: dataclasses.replace(host, pool=host.pool or members[name][0])
+        name: msgspec.structs.replace(host, pool=host.pool or members[name][0])
         if name in members
         else host
         for name, host in hosts.items()
@@ -103,7 +104,7 @@ def _normalise_pools(
     new_pools: dict[str, Pool] = {}
     for name, pool in pools.items():
         joined = [h.name for h in new_hosts.values() if h.pool == name and h.name not in pool.hosts]
-        new_pools[name] = dataclasses.replace(pool, hosts=(*pool.hosts, *joined))
+        new_pools[name] = msgspec.structs.replace(pool, hosts=(*pool.hosts, *joined))
     return new_hosts, new_pools
 
 

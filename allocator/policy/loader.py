@@ -13,12 +13,12 @@ policy already built (keyed by the text's SHA-256).
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import OrderedDict
 from datetime import datetime
 from typing import Any
 
+from allocator.digest import sha256_hex
 from allocator.errors import PolicyError
 from allocator.policy.checks import check_policy
 from allocator.policy.limits import MAX_POLICY_BYTES, expansion_problem, size_problem
@@ -170,4 +170,4 @@ def policy_json_schema() -> dict[str, Any]:
 
 def policy_sha256(text: str) -> str:
     """Return the hex SHA-256 of the policy text (UTF-8), as stored with an applied policy."""
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    return sha256_hex(text.encode("utf-8", "surrogatepass"))

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import msgspec
+
 from allocator.policy.kinds import NAME_PATTERN, Kind, name_problem, suggest
 from allocator.policy.reader import INVALID, Reader, is_null, join, line_of
 
@@ -234,11 +236,11 @@ _MISSING: Any = dataclasses.MISSING
 
 
 def _model_default(model: type[Any], attr: str) -> Any:
-    for spec in dataclasses.fields(model):
+    for spec in msgspec.structs.fields(model):
         if spec.name == attr:
-            if spec.default is not dataclasses.MISSING:
+            if spec.default is not msgspec.NODEFAULT:
                 return spec.default
-            if spec.default_factory is not dataclasses.MISSING:
+            if spec.default_factory is not msgspec.NODEFAULT:
                 return spec.default_factory()
     return _MISSING
 

@@ -36,13 +36,17 @@ every backend):
   works on all; :func:`txn_size` counts one. The memory backend enforces
   :data:`MAX_TXN_OPS` itself, so tests catch a caller that would break on
   Consul.
+
+The values here are msgspec Structs, not dataclasses: every command defines
+them at start-up, and a dataclass takes about half a millisecond to define.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
+
+from msgspec import Struct
 
 from allocator.errors import CasConflict
 
@@ -75,8 +79,7 @@ MAX_VALUE_BYTES = 512 * 1024
 MAX_TXN_OPS = 64
 
 
-@dataclass(frozen=True, slots=True)
-class KeyValue:
+class KeyValue(Struct, frozen=True):
     """One stored key and the revisions that describe its current version."""
 
     key: str
@@ -86,16 +89,14 @@ class KeyValue:
     lease: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Listing:
+class Listing(Struct, frozen=True):
     """The result of a prefix read: the items and the store revision it saw."""
 
     items: tuple[KeyValue, ...]
     revision: int
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
+class Event(Struct, frozen=True):
     """A change seen by a watch. ``value`` is ``None`` for deletes."""
 
     type: Literal["put", "delete"]
@@ -104,8 +105,7 @@ class Event:
     revision: int
 
 
-@dataclass(frozen=True, slots=True)
-class Compare:
+class Compare(Struct, frozen=True):
     """A transaction guard: ``key``'s mod_revision must equal ``mod_revision``.
 
     ``mod_revision == 0`` means the key must not exist.
@@ -115,8 +115,7 @@ class Compare:
     mod_revision: int
 
 
-@dataclass(frozen=True, slots=True)
-class Put:
+class Put(Struct, frozen=True):
     """A transaction operation writing ``value`` at ``key``."""
 
     key: str
@@ -124,8 +123,7 @@ class Put:
     lease: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Delete:
+class Delete(Struct, frozen=True):
     """A transaction operation deleting ``key`` (no error if absent)."""
 
     key: str
@@ -134,8 +132,7 @@ class Delete:
 Op = Put | Delete
 
 
-@dataclass(frozen=True, slots=True)
-class Read:
+class Read(Struct, frozen=True):
     """One read of a batch: ``key`` itself, or every key under it when ``prefix``.
 
     ``values`` ``False`` asks only for the keys and their revisions (a
@@ -147,8 +144,7 @@ class Read:
     values: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class TxnOutcome:
+class TxnOutcome(Struct, frozen=True):
     """What :meth:`Store.txn_or_read` did.
 
     ``succeeded``: the writes were applied at ``revision``. Otherwise nothing

@@ -24,8 +24,9 @@ import contextlib
 import select
 import socket
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from msgspec import Struct
 
 if TYPE_CHECKING:
     import ssl
@@ -68,9 +69,8 @@ class NotHttp(HttpError):
     """The peer answered with something that is not HTTP/1.x."""
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    """A complete answer: status code, lower-cased headers, body."""
+class Response(Struct, frozen=True):
+    """A complete answer: status code, lower-cased headers, body (a Struct: cheap to define)."""
 
     status: int
     headers: dict[str, str]
@@ -164,7 +164,11 @@ class HttpConnection:
         """Open the connection (TCP, then TLS) within ``timeout`` seconds; ``NotSent`` if not."""
         self.close()
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=max(timeout, 0.001))
+            # An ASCII host as bytes: a str is IDNA-encoded first, and loading that codec
+            # (with stringprep and unicodedata) costs a one-shot command a millisecond.
+            host = self.host.encode("ascii") if self.host.isascii() else self.host
+            address = (host, self.port)  # getaddrinfo takes bytes too; typeshed says str
+            sock = socket.create_connection(address, timeout=max(timeout, 0.001))  # type: ignore[arg-type]
         except OSError as exc:
             raise NotSent(_describe(exc), exc) from exc
         try:

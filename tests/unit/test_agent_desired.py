@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import msgspec
 import pytest
 
 from allocator.agent.desired import desired_jobs, fingerprint
@@ -146,7 +146,7 @@ def test_without_an_inventory_gpus_are_named_by_index() -> None:
 
 
 def test_per_gpu_jobs_get_one_worker_per_gpu_each_seeing_its_own() -> None:
-    job = dataclasses.replace(TRAIN, workers="per-gpu")
+    job = msgspec.structs.replace(TRAIN, workers="per-gpu")
     want = one(policy(job), assigned(gpus=(3, 0)))
     assert [w.index for w in want.workers] == [0, 1]
     assert [w.gpus for w in want.workers] == [(3,), (0,)]
@@ -157,13 +157,13 @@ def test_per_gpu_jobs_get_one_worker_per_gpu_each_seeing_its_own() -> None:
 
 
 def test_a_master_port_set_by_the_policy_is_the_one_workers_get() -> None:
-    job = dataclasses.replace(TRAIN, workers="per-gpu", env={"MASTER_PORT": "29411"})
+    job = msgspec.structs.replace(TRAIN, workers="per-gpu", env={"MASTER_PORT": "29411"})
     want = one(policy(job), assigned(gpus=(0, 1)))
     assert {w.env["MASTER_PORT"] for w in want.workers} == {"29411"}
 
 
 def test_a_derived_master_port_is_stable_between_calls() -> None:
-    job = dataclasses.replace(TRAIN, workers="per-gpu")
+    job = msgspec.structs.replace(TRAIN, workers="per-gpu")
     first = one(policy(job), assigned(gpus=(0, 1)))
     again = one(policy(job), assigned(gpus=(0, 1)))
     assert first.workers[0].env["MASTER_PORT"].isdigit()
@@ -206,14 +206,14 @@ def test_an_ad_hoc_command_is_refused_unless_the_policy_allows_it() -> None:
 
 
 def test_an_allowed_ad_hoc_command_replaces_the_policy_command() -> None:
-    job = dataclasses.replace(TRAIN, allow_adhoc_command=True)
+    job = msgspec.structs.replace(TRAIN, allow_adhoc_command=True)
     want = one(policy(job), assigned(command=("python", "sweep.py", "--lr=3e-4")))
     assert want.state == "run"
     assert want.workers[0].argv == ("python", "sweep.py", "--lr=3e-4")
 
 
 def test_an_empty_ad_hoc_command_is_refused() -> None:
-    job = dataclasses.replace(TRAIN, allow_adhoc_command=True)
+    job = msgspec.structs.replace(TRAIN, allow_adhoc_command=True)
     want = one(policy(job), assigned(command=()))
     assert want.state == "refused"
     assert "empty" in want.message
@@ -267,7 +267,7 @@ FAIL_RULE = FallbackRule(name="stop", action="fail")
 
 def with_rule(rule: FallbackRule) -> Policy:
     """A policy whose TRAIN job uses ``rule``."""
-    return policy(dataclasses.replace(TRAIN, fallback=rule.name), rules=(rule,))
+    return policy(msgspec.structs.replace(TRAIN, fallback=rule.name), rules=(rule,))
 
 
 def test_an_unhealthy_gpu_with_a_cpu_rule_moves_the_job_to_cpu() -> None:
@@ -350,7 +350,7 @@ def test_fingerprint_changes_with_what_a_running_process_cannot_change(
     change: dict[str, Any],
 ) -> None:
     before = one(policy(), assigned()).fingerprint
-    after = one(policy(dataclasses.replace(TRAIN, **change)), assigned()).fingerprint
+    after = one(policy(msgspec.structs.replace(TRAIN, **change)), assigned()).fingerprint
     assert before != after
 
 
@@ -362,7 +362,7 @@ def test_fingerprint_changes_when_the_gpus_change() -> None:
 
 def test_fingerprint_ignores_how_changes_are_applied() -> None:
     before = one(policy(), assigned()).fingerprint
-    tuned = dataclasses.replace(TRAIN, on_change="restart", grace_seconds=1.0, max_restarts=1)
+    tuned = msgspec.structs.replace(TRAIN, on_change="restart", grace_seconds=1.0, max_restarts=1)
     assert one(policy(tuned), assigned()).fingerprint == before
 
 
@@ -403,7 +403,7 @@ def test_without_a_running_holder_the_assignment_written_first_keeps_the_gpu() -
 
 def test_a_shared_pool_lets_jobs_share_a_gpu() -> None:
     infer = Job(name="infer", command=("serve",))
-    shared = dataclasses.replace(
+    shared = msgspec.structs.replace(
         policy(TRAIN, infer),
         hosts={HOST: Host(name=HOST, gpus=4, pool="p")},
         pools={"p": Pool(name="p", sharing=SHARED)},
@@ -414,7 +414,7 @@ def test_a_shared_pool_lets_jobs_share_a_gpu() -> None:
 
 def test_a_job_on_cpu_claims_no_gpu() -> None:
     infer = Job(name="infer", command=("serve",))
-    train = dataclasses.replace(TRAIN, fallback="cpu")
+    train = msgspec.structs.replace(TRAIN, fallback="cpu")
     result = decide(
         policy(train, infer, rules=[FallbackRule("cpu", "cpu")]),
         assigned(gpus=(2,)),
@@ -430,7 +430,7 @@ def test_a_job_on_cpu_claims_no_gpu() -> None:
 
 
 def test_a_pinned_job_stays_on_cpu_with_the_same_environment_and_says_why() -> None:
-    job = dataclasses.replace(TRAIN, fallback="cpu")
+    job = msgspec.structs.replace(TRAIN, fallback="cpu")
     pol = policy(job, rules=[FallbackRule("cpu", "cpu")])
     on_cpu = one(pol, assigned(gpus=(1,)), unhealthy={1: "XID 79"})
     pin = Pin({1: "XID 79"}, "GPU 1 flapped: 4 health-driven restarts")
@@ -443,7 +443,7 @@ def test_a_pinned_job_stays_on_cpu_with_the_same_environment_and_says_why() -> N
 
 
 def test_per_gpu_workers_get_the_agents_port_and_master_addr() -> None:
-    job = dataclasses.replace(TRAIN, workers="per-gpu")
+    job = msgspec.structs.replace(TRAIN, workers="per-gpu")
     result = desired_jobs(
         policy(job),
         HOST,
@@ -460,7 +460,7 @@ def test_per_gpu_workers_get_the_agents_port_and_master_addr() -> None:
 
 
 def test_a_declared_master_port_wins_over_the_agents() -> None:
-    job = dataclasses.replace(TRAIN, workers="per-gpu", env={"MASTER_PORT": "29411"})
+    job = msgspec.structs.replace(TRAIN, workers="per-gpu", env={"MASTER_PORT": "29411"})
     result = desired_jobs(
         policy(job),
         HOST,

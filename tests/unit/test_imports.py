@@ -110,3 +110,32 @@ def test_commands_on_etcd_talk_json_and_load_no_grpc(
     code, modules = _modules_after(["--prefix", prefix, *args], url)
     assert code == 0
     assert _heavy(modules) == []
+
+
+def test_set_on_etcd_reads_the_compiled_policy_and_loads_only_what_it_uses(
+    etcd_server: object, prefix: str
+) -> None:
+    from allocator.assignments import Allocator
+    from allocator.store import open_store
+
+    url = str(etcd_server.url)  # type: ignore[attr-defined]
+    store = open_store(url, one_shot=True)
+    try:
+        Allocator(store, prefix=prefix).apply_policy(_EXAMPLE.read_text(), "policy.yaml")
+    finally:
+        store.close()
+    code, modules = _modules_after(
+        ["--prefix", prefix, "set", "job=a", "gpus=1", "host=node1"], url
+    )
+    assert code == 0
+    unused = {
+        "yaml",  # the compiled policy is read instead
+        "allocator.policy.loader",
+        "allocator.cli.status",  # other commands' modules
+        "allocator.cli.policy",
+        "encodings.idna",  # the host name goes to getaddrinfo as ASCII bytes
+        "hashlib",  # OpenSSL's start-up; the policy's hash is checked without it
+        "shutil",  # argparse's terminal width, asked without it
+        "allocator.ranking",  # only count=N ranks GPUs
+    }
+    assert sorted(unused & modules) == []
