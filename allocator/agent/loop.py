@@ -184,7 +184,8 @@ class Agent:
 
     def _sleep_for(self, now: float) -> float:
         due = [self.next_health]
-        due += [t for t in (self.guard.next_retry(), self.notifier.next_ping) if t is not None]
+        later = (self.guard.next_retry(), self.notifier.next_ping, self.supervisor.next_due())
+        due += [t for t in later if t is not None]
         tick = BUSY_TICK_SECONDS if self.busy else TICK_SECONDS
         return max(0.0, min(tick, *(t - now for t in due)))
 

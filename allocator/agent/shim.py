@@ -43,10 +43,31 @@ import signal
 import sys
 import time
 
-__all__ = ["NO_VALUE", "main", "parse_cpus", "parse_runas", "read_env"]
+_TYPE_CHECKING = False  # ``typing`` is an import the shim does without
+TYPE_CHECKING = _TYPE_CHECKING
+if TYPE_CHECKING:
+    import socket
+
+__all__ = [
+    "HANDED",
+    "IDLE",
+    "NO_VALUE",
+    "decode_handover",
+    "encode_handover",
+    "main",
+    "parse_cpus",
+    "parse_env",
+    "parse_runas",
+    "read_env",
+]
 
 #: Spelling of "not given" for the CGROUP, RUNAS and CWD arguments.
 NO_VALUE = "-"
+#: The first argument of a warm shim: ``IDLE SOCKET_FD STATE_DIR`` (see :func:`main`).
+IDLE = "--idle"
+#: ENVFD of a warm shim's hand-over: the environment came in the same frame.
+HANDED = "+"
+_FRAME_HEAD = 8
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -75,9 +96,14 @@ _NOT_FORWARDED = {
 _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
+_LIBC: list[ctypes.CDLL] = []
+
+
 def _prctl(option: int, value: int) -> bool:
     try:
-        return int(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)) == 0
+        if not _LIBC:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        return int(_LIBC[0].prctl(option, value, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
 
@@ -276,12 +302,20 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def _signal_tree(signum: int) -> None:
+def _signal_tree(signum: int, first: int | None = None) -> None:
+    """``signum`` once to every descendant; to ``first`` (the worker) before the scan of /proc."""
+    if first is not None:
+        _kill(first, signum)
     for pid in _descendants(os.getpid()):
-        try:  # noqa: SIM105 - contextlib is an import the shim does without
-            os.kill(pid, signum)
-        except OSError:
-            pass  # already gone
+        if pid != first:
+            _kill(pid, signum)
+
+
+def _kill(pid: int, signum: int) -> None:
+    try:  # noqa: SIM105 - contextlib is an import the shim does without
+        os.kill(pid, signum)
+    except OSError:
+        pass  # already gone
 
 
 class _Supervision:
@@ -327,7 +361,7 @@ class _Supervision:
 
     def _forward(self, signum: int) -> None:
         if signum in _STOP_SIGNALS:
-            _signal_tree(signum)
+            _signal_tree(signum, None if self.code is not None else self.worker)
             if not self.stopping:
                 self.stopping, self.backstop = True, True
                 self._due(self.grace + _BACKSTOP_SECONDS)
@@ -380,10 +414,15 @@ def read_env(fd: int) -> tuple[dict[str, str], dict[str, str]]:
     while chunk := os.read(fd, 65536):
         chunks.append(chunk)
     os.close(fd)
+    return parse_env(b"".join(chunks))
+
+
+def parse_env(payload: bytes) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment and the settings of a payload (see :func:`read_env`)."""
     env: dict[str, str] = {}
     settings: dict[str, str] = {}
     into = env
-    for entry in b"".join(chunks).split(b"\0"):
+    for entry in payload.split(b"\0"):
         key, equals, value = entry.partition(b"=")
         if not entry:
             into = settings
@@ -394,11 +433,22 @@ def read_env(fd: int) -> tuple[dict[str, str], dict[str, str]]:
 
 def main(argv: list[str]) -> int:
     """Run the worker ``argv`` describes (see the module docstring); return its exit code."""
+    if argv[:1] == [IDLE]:
+        return _idle(argv[1:])
+    return _run(argv)
+
+
+def _run(argv: list[str], handed: bytes | None = None) -> int:
     agent = os.getppid()  # the agent that started this shim
     try:
         status_path, grace, cgroup, runas_text, cwd, env_fd, command = _arguments(argv)
         runas = parse_runas(runas_text)
-        env, settings = (dict(os.environ), {}) if env_fd == NO_VALUE else read_env(int(env_fd))
+        if handed is not None:
+            env, settings = parse_env(handed)
+        elif env_fd == NO_VALUE:
+            env, settings = dict(os.environ), {}
+        else:
+            env, settings = read_env(int(env_fd))
         cpus = parse_cpus(settings["cpus"]) if settings.get("cpus") else None
     except (ValueError, OSError) as exc:
         _say(f"bad arguments: {exc}")
@@ -423,6 +473,74 @@ def main(argv: list[str]) -> int:
     return _Supervision(pid, grace, status, agent).run(waited)
 
 
+def _idle(argv: list[str]) -> int:
+    """A warm shim: wait on socket ``argv[0]`` for a worker, then run it as a cold shim would.
+
+    The agent sends one frame (its length, then the shim's arguments and the
+    worker's environment, see :func:`encode_handover`) with the worker's log
+    attached. End of file before a whole frame means the agent is gone (or
+    closed this shim): exit, having started nothing.
+    """
+    import socket  # only a warm shim needs it, and it imports it while idle
+
+    _prctl(_PR_SET_CHILD_SUBREAPER, 0)  # resolve libc now, not when a worker waits
+    with socket.socket(fileno=int(argv[0])) as sock:
+        frame, log = _receive(sock)
+    if frame is None or log is None:
+        return 0
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    try:
+        args, payload = decode_handover(frame)
+    except ValueError as exc:
+        _say(f"bad hand-over: {exc}")
+        return 2
+    return _run(args, payload)
+
+
+def _receive(sock: socket.socket) -> tuple[bytes | None, int | None]:
+    """One frame and the descriptor that came with it; (None, None) at end of file."""
+    import socket  # imported already by :func:`_idle`
+
+    try:
+        head, fds, _flags, _addr = socket.recv_fds(sock, _FRAME_HEAD, 1)
+    except OSError:
+        return None, None
+    log = fds[0] if fds else None
+    data = bytearray(head)
+    while len(data) < _FRAME_HEAD or len(data) < _FRAME_HEAD + _frame_length(data):
+        chunk = sock.recv(1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    if len(data) < _FRAME_HEAD or len(data) != _FRAME_HEAD + _frame_length(data):
+        if log is not None:
+            os.close(log)
+        return None, None
+    return bytes(data[_FRAME_HEAD:]), log
+
+
+def _frame_length(data: bytes | bytearray) -> int:
+    return int.from_bytes(data[:_FRAME_HEAD], "big")
+
+
+def encode_handover(args: list[str], payload: bytes) -> bytes:
+    """The frame a warm shim is handed: length, argument count, arguments, environment."""
+    body = b"\0".join([str(len(args)).encode(), *(os.fsencode(a) for a in args), payload])
+    return len(body).to_bytes(_FRAME_HEAD, "big") + body
+
+
+def decode_handover(body: bytes) -> tuple[list[str], bytes]:
+    """The arguments and the environment payload of a frame's body (``ValueError`` if bad)."""
+    count_text, _, rest = body.partition(b"\0")
+    count = int(count_text)
+    parts = rest.split(b"\0", count)
+    if count < 0 or len(parts) != count + 1:
+        raise ValueError("truncated arguments")
+    return [os.fsdecode(part) for part in parts[:count]], parts[count]
+
+
 def _join_cgroup(path: str) -> None:
     try:
         with open(os.path.join(path, "cgroup.procs"), "w") as procs:
@@ -432,4 +550,6 @@ def _join_cgroup(path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Nothing is buffered (every write is ``os.write``): skip the interpreter's
+    # teardown, so that the shim's end, which the agent waits for, comes at once.
+    os._exit(main(sys.argv[1:]))
