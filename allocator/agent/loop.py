@@ -58,21 +58,29 @@ from allocator.errors import AllocatorError, PolicyError
 from allocator.gpus.inventory import Inventory
 from allocator.identity import format_time, utc_now
 from allocator.policy import Policy, load_policy
-from allocator.records import Assignment, HistoryEntry, PolicyRecord
+from allocator.records import HistoryEntry, PolicyRecord
 from allocator.reservations import active_reservations
 from allocator.store import Store, open_store, resolve_store_url
 
-__all__ = ["WITHDRAW_SECONDS", "Agent"]
+__all__ = ["WITHDRAW_SECONDS", "Agent", "busy_tick"]
 
 #: The longest the loop sleeps before reaping exits and checking timers.
 TICK_SECONDS = 0.2
 #: How often it looks while workers are being stopped or started: a replacement
-#: starts as soon as the old process group is gone.
+#: starts as soon as the old process group is gone. Most stops take a few
+#: milliseconds, so it looks every millisecond at first, then less often (up
+#: to this) the longer a stop takes: a grace period costs no CPU to wait out.
 BUSY_TICK_SECONDS = 0.005
+FIRST_BUSY_TICK_SECONDS = 0.001
 #: On shutdown, how long the link may take to revoke the lease and drop the
 #: worker records; a store that does not answer does not hold the agent up
 #: (the lease then expires on its own).
 WITHDRAW_SECONDS = 2.0
+
+
+def busy_tick(busy_for: float) -> float:
+    """The loop's tick ``busy_for`` seconds into a stop or start: 1 ms, growing to 5 ms."""
+    return min(BUSY_TICK_SECONDS, max(FIRST_BUSY_TICK_SECONDS, busy_for / 10))
 
 
 class Agent:
@@ -136,7 +144,9 @@ class Agent:
         self.stop_requested = False
         self.reload_requested = False
         self.busy = False
+        self.busy_since = 0.0
         self.pending_view: HostView | None = None
+        self.last_good_due = False
         self._desired_inputs: tuple[Any, ...] = ()
         self.guard = StepGuard(
             clock, self.log, lambda: {"keeping_workers": len(self.supervisor.views())}
@@ -179,6 +189,8 @@ class Agent:
             started = self.clock()
             self.guard.run("reconcile", lambda: self._reconcile(self.clock()))
             self.observer.reconcile.observe(self.clock() - started)
+        if self.last_good_due:
+            self.guard.run("save", self._save_last_good)
         self.guard.run("publish", self._offer)
         self.notifier.ping(self.clock())
 
@@ -186,7 +198,7 @@ class Agent:
         due = [self.next_health]
         later = (self.guard.next_retry(), self.notifier.next_ping, self.supervisor.next_due())
         due += [t for t in later if t is not None]
-        tick = BUSY_TICK_SECONDS if self.busy else TICK_SECONDS
+        tick = busy_tick(now - self.busy_since) if self.busy else TICK_SECONDS
         return max(0.0, min(tick, *(t - now for t in due)))
 
     def _drain(self, timeout: float) -> None:
@@ -228,17 +240,16 @@ class Agent:
             assignments[job] = self.assignments[job]
             revisions[job] = self.assignment_revisions[job]
         if (assignments, revisions) != (self.assignments, self.assignment_revisions):
-            self._save_last_good(assignments, revisions)
+            self.last_good_due = True  # saved after the reconcile: off the path of a move
         self.assignments, self.assignment_revisions = assignments, revisions
         self.peers = view.peers
         self.have_state = self.policy is not None
         self.pending_view = None
 
-    def _save_last_good(
-        self, assignments: dict[str, Assignment], revisions: dict[str, int]
-    ) -> None:
+    def _save_last_good(self) -> None:
+        self.last_good_due = False
         try:
-            save_last_good(self.last_good_path, assignments, revisions)
+            save_last_good(self.last_good_path, self.assignments, self.assignment_revisions)
         except OSError as exc:  # only a restart during a damaged record would miss it
             self.log("state-write-failed", {"path": str(self.last_good_path), "error": str(exc)})
 
@@ -348,7 +359,10 @@ class Agent:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
         self._history(self.decisions.actions, actions, self.desired)
-        self.busy = bool(actions) or self.mps.waiting or any(v.stopping for v in views.values())
+        busy = bool(actions) or self.mps.waiting or any(v.stopping for v in views.values())
+        if busy and not self.busy:
+            self.busy_since = now
+        self.busy = busy
         self.reconciled = True
 
     def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:
