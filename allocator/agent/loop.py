@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, replace
 from datetime import datetime
-from types import FrameType
 from typing import Any
 
 from allocator import __version__
@@ -42,6 +39,7 @@ from allocator.agent.desired import desired_jobs
 from allocator.agent.gpu_state import GpuState
 from allocator.agent.guard import StepGuard
 from allocator.agent.lastgood import load_last_good, save_last_good
+from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
 from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
 from allocator.agent.model import DesiredJob
 from allocator.agent.mps import MpsDaemons
@@ -54,7 +52,7 @@ from allocator.agent.report import agent_record, worker_records
 from allocator.agent.storelink import LinkState, StoreLink
 from allocator.agent.supervisor import Supervisor
 from allocator.agent.view import HostView
-from allocator.errors import AllocatorError, PolicyError
+from allocator.errors import PolicyError
 from allocator.gpus.inventory import Inventory
 from allocator.identity import format_time, utc_now
 from allocator.policy import Policy, load_policy
@@ -62,7 +60,7 @@ from allocator.records import HistoryEntry, PolicyRecord
 from allocator.reservations import active_reservations
 from allocator.store import Store, open_store, resolve_store_url
 
-__all__ = ["WITHDRAW_SECONDS", "Agent", "busy_tick"]
+__all__ = ["BUSY_TICK_SECONDS", "FIRST_BUSY_TICK_SECONDS", "WITHDRAW_SECONDS", "Agent", "busy_tick"]
 
 #: The longest the loop sleeps before reaping exits and checking timers.
 TICK_SECONDS = 0.2
@@ -72,10 +70,6 @@ TICK_SECONDS = 0.2
 #: to this) the longer a stop takes: a grace period costs no CPU to wait out.
 BUSY_TICK_SECONDS = 0.005
 FIRST_BUSY_TICK_SECONDS = 0.001
-#: On shutdown, how long the link may take to revoke the lease and drop the
-#: worker records; a store that does not answer does not hold the agent up
-#: (the lease then expires on its own).
-WITHDRAW_SECONDS = 2.0
 
 
 def busy_tick(busy_for: float) -> float:
@@ -83,7 +77,7 @@ def busy_tick(busy_for: float) -> float:
     return min(BUSY_TICK_SECONDS, max(FIRST_BUSY_TICK_SECONDS, busy_for / 10))
 
 
-class Agent:
+class Agent(Lifecycle):
     """One host's agent. ``run()`` returns when SIGTERM/SIGINT arrives."""
 
     def __init__(
@@ -388,70 +382,3 @@ class Agent:
             workers = worker_records(self.config.host, self.desired, running, idle)
         self.link.offer(record, workers)
         self.observer.note(self.inventory, self.unhealthy, self.assignments, running, __version__)
-
-    # --- signals, reload, shutdown -----------------------------------------------
-
-    def _install_signal_handlers(self) -> None:
-        def stop(signum: int, _frame: FrameType | None) -> None:
-            self.stop_requested = True
-
-        def reload(signum: int, _frame: FrameType | None) -> None:
-            self.reload_requested = True
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGHUP, reload)
-
-    def _reload(self) -> None:
-        """SIGHUP: re-read settings, inventory and the store state; workers are left alone."""
-        self.reload_requested = False
-        self._reload_settings()
-        self._read_inventory()
-        self.log("reload", {"inventory": self.inventory.source, "gpus": len(self.inventory.gpus)})
-        self.link.resync()
-
-    def _reload_settings(self) -> None:
-        if self.reload_config is None:
-            return
-        try:
-            new = self.reload_config()
-        except AllocatorError as exc:  # a typo in the file must not take the agent down
-            self.log("reload-refused", {"error": str(exc)})
-            return
-        fixed = ("host", "store", "prefix", "state_dir", "log_dir")
-        ignored = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
-        if ignored:
-            self.log("reload-needs-restart", {"settings": ignored})
-            new = replace(new, **{name: getattr(self.config, name) for name in ignored})
-        self.config = new
-        self.log.fmt = new.log_format
-        self.link.reconfigure(new)
-        self.log("settings", {k: str(v) for k, v in asdict(new).items()})
-
-    def _shutdown(self, orderly: bool) -> None:
-        """Stop workers (orderly stop only, unless told to keep them), then withdraw."""
-        self.notifier.stopping()
-        keep = self.config.keep_workers_on_exit or not orderly
-        jobs = sorted(self.supervisor.views())
-        if not orderly:
-            self.log("crashed-keeping-workers", {"jobs": jobs})
-        elif keep:
-            self.log("exit-keeping-workers", {"jobs": jobs})
-        else:
-            self.log("stopping-workers", {"jobs": jobs})
-            self.supervisor.stop_all()
-            self.mps.stop_all(self.clock())
-        if keep and orderly and self.reconciled:
-            self.guard.run("publish", self._offer)
-        if not self.link.close(keep_worker_records=keep, timeout=WITHDRAW_SECONDS):
-            self.log(
-                "withdraw-skipped",
-                {
-                    "reason": f"the store did not answer within {WITHDRAW_SECONDS:g} s; "
-                    "the lease expires on its own"
-                },
-            )
-        self.health.close()
-        self.observer.close()
-        self.notifier.close()
-        self.log("stopped", {})
