@@ -27,7 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from allocator.agent.model import (
     SignalJob,
     Start,
     Stop,
+    WorkerExit,
 )
 from allocator.agent.procs import clean_base_env
 from allocator.agent.runtime import JobRuntime, WorkerRuntime
@@ -62,18 +63,6 @@ _STOP_POLL_SECONDS = 0.02
 _KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
 _KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (forks race us)
 _SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerExit:
-    """One worker's main process ended: its exit code (128+N for signal N), and whether a crash."""
-
-    job: str
-    index: int
-    pid: int
-    exit_code: int
-    crash: bool
-    message: str
 
 
 def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
