@@ -31,8 +31,9 @@ from allocator.agent import procs
 from allocator.agent.cgroups import create_worker_cgroup
 from allocator.agent.model import DesiredJob, WorkerSpec
 from allocator.agent.runtime import WorkerRuntime
-from allocator.agent.shim import NO_VALUE
+from allocator.agent.shim import HANDED, NO_VALUE
 from allocator.agent.users import RunAs, RunAsError, identity_env, resolve_run_as
+from allocator.agent.warm import IdleShim
 from allocator.gpus.topology import cpu_list
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "open_log",
     "prepare_worker",
     "read_shim_status",
+    "shim_env",
     "start_under_shim",
     "status_signature",
 ]
@@ -140,6 +142,7 @@ def start_under_shim(
     cgroup: Path | None,
     run_as: RunAs | None,
     cpus: Sequence[int] = (),
+    warm: IdleShim | None = None,
 ) -> Launch:
     """Start ``argv`` under a shim in a new session, output appended to ``log_path``.
 
@@ -149,6 +152,8 @@ def start_under_shim(
     start is a failed :class:`Launch` with a shell-like exit code (126) and
     one line saying why. A command that does
     not exist is reported by the shim (status ``failed``, exit 127).
+    With ``warm`` (an idle shim, see :mod:`allocator.agent.warm`), that shim
+    is handed the worker; one that cannot take it is replaced by a cold start.
     """
     if not argv:
         return Launch(0, None, None, _EXIT_NOT_FOUND, "empty command")
@@ -156,26 +161,45 @@ def start_under_shim(
         log = open_log(log_path, run_as)
     except (LogError, OSError) as exc:
         return Launch(0, None, None, _EXIT_CANNOT_RUN, str(exc))
-    env_read, env_write = os.pipe()
     try:
         os.write(log, header.encode(errors="replace") + b"\n")
+    except OSError as exc:
+        os.close(log)
+        return Launch(0, None, None, _EXIT_CANNOT_RUN, f"cannot write log {log_path}: {exc}")
+    arguments = [
+        str(status_path),
+        repr(max(float(grace), 0.0)),
+        str(cgroup) if cgroup is not None else NO_VALUE,
+        run_as.shim_argument() if run_as is not None else NO_VALUE,
+        _cwd_argument(cwd),
+    ]
+    if warm is not None:
+        handed = warm.hand_over([*arguments, HANDED, "--", *argv], _env_payload(env, cpus), log)
+        if handed:
+            os.close(log)
+            return Launch(warm.pid, warm.start_ticks, warm.popen)
+    return _start_cold(arguments, argv, env, cpus, log)
+
+
+def _start_cold(
+    arguments: list[str], argv: Sequence[str], env: Mapping[str, str], cpus: Sequence[int], log: int
+) -> Launch:
+    """Start a new shim for the worker (closes ``log``)."""
+    env_read, env_write = os.pipe()
+    try:
         command = [
             sys.executable or "python3",
             "-I",
             "-S",
             str(SHIM),
-            str(status_path),
-            repr(max(float(grace), 0.0)),
-            str(cgroup) if cgroup is not None else NO_VALUE,
-            run_as.shim_argument() if run_as is not None else NO_VALUE,
-            _cwd_argument(cwd),
+            *arguments,
             str(env_read),
             "--",
             *argv,
         ]
         popen = subprocess.Popen(
             command,
-            env=_shim_env(),  # the shim may be root: no job's LD_PRELOAD & co. may reach it
+            env=shim_env(),  # the shim may be root: no job's LD_PRELOAD & co. may reach it
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -197,21 +221,26 @@ def start_under_shim(
     return Launch(popen.pid, started.start_ticks if started else None, popen)
 
 
-def _shim_env() -> dict[str, str]:
+def shim_env() -> dict[str, str]:
     """The agent's own (not the job's) settings the interpreter may need to start."""
     return {key: os.environ[key] for key in ("PATH", "LD_LIBRARY_PATH") if key in os.environ}
 
 
-def _hand_over_env(fd: int, env: Mapping[str, str], cpus: Sequence[int] = ()) -> None:
-    """Write the worker's environment, then the shim's settings, to the shim's pipe.
-
-    The shim reads it before anything else; an empty entry ends the environment.
-    """
+def _env_payload(env: Mapping[str, str], cpus: Sequence[int] = ()) -> bytes:
+    """The worker's environment, then the shim's settings; an empty entry ends the environment."""
     payload = b"\0".join(os.fsencode(f"{key}={value}") for key, value in env.items())
     if cpus:
         payload += b"\0\0cpus=" + cpu_list(cpus).encode()
+    return payload
+
+
+def _hand_over_env(fd: int, env: Mapping[str, str], cpus: Sequence[int] = ()) -> None:
+    """Write the worker's environment and the shim's settings to the shim's pipe.
+
+    The shim reads it before anything else.
+    """
     with contextlib.suppress(OSError), os.fdopen(fd, "wb") as pipe:  # OSError: the shim
-        pipe.write(payload)  # died at once, and its exit says why
+        pipe.write(_env_payload(env, cpus))  # died at once, and its exit says why
 
 
 def _cwd_argument(cwd: str | None) -> str:
@@ -245,9 +274,11 @@ def launch_worker(
     base_env: Mapping[str, str],
     log_dir: Path,
     stamp: str,
+    warm: IdleShim | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Start a prepared worker as its job's user; return the event to log.
 
+    ``warm``: an idle shim to hand the worker to (see :func:`start_under_shim`).
     A job whose user cannot be used, or a worker that cannot be started at
     all, leaves the worker ended with exit 126 and ``error`` saying why.
     """
@@ -273,6 +304,7 @@ def launch_worker(
         cgroup=Path(worker.cgroup) if worker.cgroup else None,
         run_as=run_as,
         cpus=ws.cpus,
+        warm=warm,
     )
     if result.pid == 0:
         return _failed(worker, cause, result.error, result.exit_code or _EXIT_CANNOT_RUN)
@@ -281,6 +313,7 @@ def launch_worker(
         "job": ws.job,
         "index": ws.index,
         "shim_pid": result.pid,
+        "warm": warm is not None and result.popen is warm.popen,
         "cause": cause,
         "gpus": list(ws.gpus),
         "user": run_as.user if run_as is not None else None,

@@ -26,12 +26,9 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, replace
 from datetime import datetime
-from types import FrameType
 from typing import Any
 
 from allocator import __version__
@@ -42,6 +39,7 @@ from allocator.agent.desired import desired_jobs
 from allocator.agent.gpu_state import GpuState
 from allocator.agent.guard import StepGuard
 from allocator.agent.lastgood import load_last_good, save_last_good
+from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
 from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
 from allocator.agent.model import DesiredJob
 from allocator.agent.mps import MpsDaemons
@@ -54,28 +52,32 @@ from allocator.agent.report import agent_record, worker_records
 from allocator.agent.storelink import LinkState, StoreLink
 from allocator.agent.supervisor import Supervisor
 from allocator.agent.view import HostView
-from allocator.errors import AllocatorError, PolicyError
+from allocator.errors import PolicyError
 from allocator.gpus.inventory import Inventory
 from allocator.identity import format_time, utc_now
 from allocator.policy import Policy, load_policy
-from allocator.records import Assignment, HistoryEntry, PolicyRecord
+from allocator.records import HistoryEntry, PolicyRecord
 from allocator.reservations import active_reservations
 from allocator.store import Store, open_store, resolve_store_url
 
-__all__ = ["WITHDRAW_SECONDS", "Agent"]
+__all__ = ["BUSY_TICK_SECONDS", "FIRST_BUSY_TICK_SECONDS", "WITHDRAW_SECONDS", "Agent", "busy_tick"]
 
 #: The longest the loop sleeps before reaping exits and checking timers.
 TICK_SECONDS = 0.2
 #: How often it looks while workers are being stopped or started: a replacement
-#: starts as soon as the old process group is gone.
+#: starts as soon as the old process group is gone. Most stops take a few
+#: milliseconds, so it looks every millisecond at first, then less often (up
+#: to this) the longer a stop takes: a grace period costs no CPU to wait out.
 BUSY_TICK_SECONDS = 0.005
-#: On shutdown, how long the link may take to revoke the lease and drop the
-#: worker records; a store that does not answer does not hold the agent up
-#: (the lease then expires on its own).
-WITHDRAW_SECONDS = 2.0
+FIRST_BUSY_TICK_SECONDS = 0.001
 
 
-class Agent:
+def busy_tick(busy_for: float) -> float:
+    """The loop's tick ``busy_for`` seconds into a stop or start: 1 ms, growing to 5 ms."""
+    return min(BUSY_TICK_SECONDS, max(FIRST_BUSY_TICK_SECONDS, busy_for / 10))
+
+
+class Agent(Lifecycle):
     """One host's agent. ``run()`` returns when SIGTERM/SIGINT arrives."""
 
     def __init__(
@@ -136,7 +138,9 @@ class Agent:
         self.stop_requested = False
         self.reload_requested = False
         self.busy = False
+        self.busy_since = 0.0
         self.pending_view: HostView | None = None
+        self.last_good_due = False
         self._desired_inputs: tuple[Any, ...] = ()
         self.guard = StepGuard(
             clock, self.log, lambda: {"keeping_workers": len(self.supervisor.views())}
@@ -179,13 +183,16 @@ class Agent:
             started = self.clock()
             self.guard.run("reconcile", lambda: self._reconcile(self.clock()))
             self.observer.reconcile.observe(self.clock() - started)
+        if self.last_good_due:
+            self.guard.run("save", self._save_last_good)
         self.guard.run("publish", self._offer)
         self.notifier.ping(self.clock())
 
     def _sleep_for(self, now: float) -> float:
         due = [self.next_health]
-        due += [t for t in (self.guard.next_retry(), self.notifier.next_ping) if t is not None]
-        tick = BUSY_TICK_SECONDS if self.busy else TICK_SECONDS
+        later = (self.guard.next_retry(), self.notifier.next_ping, self.supervisor.next_due())
+        due += [t for t in later if t is not None]
+        tick = busy_tick(now - self.busy_since) if self.busy else TICK_SECONDS
         return max(0.0, min(tick, *(t - now for t in due)))
 
     def _drain(self, timeout: float) -> None:
@@ -227,17 +234,16 @@ class Agent:
             assignments[job] = self.assignments[job]
             revisions[job] = self.assignment_revisions[job]
         if (assignments, revisions) != (self.assignments, self.assignment_revisions):
-            self._save_last_good(assignments, revisions)
+            self.last_good_due = True  # saved after the reconcile: off the path of a move
         self.assignments, self.assignment_revisions = assignments, revisions
         self.peers = view.peers
         self.have_state = self.policy is not None
         self.pending_view = None
 
-    def _save_last_good(
-        self, assignments: dict[str, Assignment], revisions: dict[str, int]
-    ) -> None:
+    def _save_last_good(self) -> None:
+        self.last_good_due = False
         try:
-            save_last_good(self.last_good_path, assignments, revisions)
+            save_last_good(self.last_good_path, self.assignments, self.assignment_revisions)
         except OSError as exc:  # only a restart during a damaged record would miss it
             self.log("state-write-failed", {"path": str(self.last_good_path), "error": str(exc)})
 
@@ -347,7 +353,10 @@ class Agent:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
         self._history(self.decisions.actions, actions, self.desired)
-        self.busy = bool(actions) or self.mps.waiting or any(v.stopping for v in views.values())
+        busy = bool(actions) or self.mps.waiting or any(v.stopping for v in views.values())
+        if busy and not self.busy:
+            self.busy_since = now
+        self.busy = busy
         self.reconciled = True
 
     def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:
@@ -373,70 +382,3 @@ class Agent:
             workers = worker_records(self.config.host, self.desired, running, idle)
         self.link.offer(record, workers)
         self.observer.note(self.inventory, self.unhealthy, self.assignments, running, __version__)
-
-    # --- signals, reload, shutdown -----------------------------------------------
-
-    def _install_signal_handlers(self) -> None:
-        def stop(signum: int, _frame: FrameType | None) -> None:
-            self.stop_requested = True
-
-        def reload(signum: int, _frame: FrameType | None) -> None:
-            self.reload_requested = True
-
-        signal.signal(signal.SIGTERM, stop)
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGHUP, reload)
-
-    def _reload(self) -> None:
-        """SIGHUP: re-read settings, inventory and the store state; workers are left alone."""
-        self.reload_requested = False
-        self._reload_settings()
-        self._read_inventory()
-        self.log("reload", {"inventory": self.inventory.source, "gpus": len(self.inventory.gpus)})
-        self.link.resync()
-
-    def _reload_settings(self) -> None:
-        if self.reload_config is None:
-            return
-        try:
-            new = self.reload_config()
-        except AllocatorError as exc:  # a typo in the file must not take the agent down
-            self.log("reload-refused", {"error": str(exc)})
-            return
-        fixed = ("host", "store", "prefix", "state_dir", "log_dir")
-        ignored = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
-        if ignored:
-            self.log("reload-needs-restart", {"settings": ignored})
-            new = replace(new, **{name: getattr(self.config, name) for name in ignored})
-        self.config = new
-        self.log.fmt = new.log_format
-        self.link.reconfigure(new)
-        self.log("settings", {k: str(v) for k, v in asdict(new).items()})
-
-    def _shutdown(self, orderly: bool) -> None:
-        """Stop workers (orderly stop only, unless told to keep them), then withdraw."""
-        self.notifier.stopping()
-        keep = self.config.keep_workers_on_exit or not orderly
-        jobs = sorted(self.supervisor.views())
-        if not orderly:
-            self.log("crashed-keeping-workers", {"jobs": jobs})
-        elif keep:
-            self.log("exit-keeping-workers", {"jobs": jobs})
-        else:
-            self.log("stopping-workers", {"jobs": jobs})
-            self.supervisor.stop_all()
-            self.mps.stop_all(self.clock())
-        if keep and orderly and self.reconciled:
-            self.guard.run("publish", self._offer)
-        if not self.link.close(keep_worker_records=keep, timeout=WITHDRAW_SECONDS):
-            self.log(
-                "withdraw-skipped",
-                {
-                    "reason": f"the store did not answer within {WITHDRAW_SECONDS:g} s; "
-                    "the lease expires on its own"
-                },
-            )
-        self.health.close()
-        self.observer.close()
-        self.notifier.close()
-        self.log("stopped", {})

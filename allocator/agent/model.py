@@ -25,6 +25,7 @@ __all__ = [
     "Start",
     "StartCause",
     "Stop",
+    "WorkerExit",
     "WorkerSpec",
 ]
 
@@ -152,3 +153,15 @@ class Forget:
 
 
 Action = Start | Stop | SignalJob | Accept | ScheduleRestart | GiveUp | Forget
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerExit:
+    """One worker's main process ended: its exit code (128+N for signal N), and whether a crash."""
+
+    job: str
+    index: int
+    pid: int
+    exit_code: int
+    crash: bool
+    message: str

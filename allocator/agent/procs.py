@@ -281,10 +281,12 @@ def _spawn_error(exc: Exception, argv: Sequence[str], cwd: str | None) -> tuple[
     return _EXIT_CANNOT_RUN, f"cannot run {command!r}: {exc}"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
+def write_json_atomic(path: Path, data: Any, *, durable: bool = True) -> None:
     """Write ``data`` as JSON to ``path`` atomically (temporary file, fsync, rename), mode 0600.
 
     0600 because the recorded worker environments may hold secrets from the policy.
+    ``durable=False`` skips the fsync: for a file that must survive the
+    writer's crash (the rename does that) but not the machine's.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -292,5 +294,6 @@ def write_json_atomic(path: Path, data: Any) -> None:
     with os.fdopen(fd, "w") as out:
         json.dump(data, out, sort_keys=True)
         out.flush()
-        os.fsync(out.fileno())
+        if durable:
+            os.fsync(out.fileno())
     os.replace(tmp, path)

@@ -1,9 +1,13 @@
 """The supervisor's state file: every tracked job, enough to adopt its workers after ``kill -9``.
 
-Rewritten atomically (temporary file, fsync, rename; mode 0600, since the
+Rewritten atomically (temporary file, rename; mode 0600, since the
 recorded environments may hold secrets) whenever anything in it changes,
 and once more *before* a worker is launched: a restarted agent then knows
 the shim's status file even if it died between the fork and the next save.
+It is not fsynced: it is written on the path of every stop and start, and
+it describes processes, which a crash of the machine ends too; against a
+crash of the agent (``kill -9``), the rename is what counts (the page cache
+outlives the process).
 New fields are optional, so a file written by an older agent (workers
 without a shim) still reads, and its workers are still adopted.
 """
@@ -194,7 +198,7 @@ def write_state_file(path: Path, jobs: Mapping[str, JobRuntime]) -> None:
         "agent_pid": os.getpid(),
         "jobs": {name: job_to_state(job) for name, job in sorted(jobs.items())},
     }
-    procs.write_json_atomic(path, data)
+    procs.write_json_atomic(path, data, durable=False)
 
 
 def read_state_file(path: Path) -> dict[str, Any]:

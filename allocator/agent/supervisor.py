@@ -27,7 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from typing import Any
 from allocator.agent import procs, tree
 from allocator.agent.adoption import AdoptedWorker, AdoptReport, sweep, take_over
 from allocator.agent.cgroups import agent_scope, remove_cgroup, worker_cgroup_base
-from allocator.agent.launch import launch_worker, prepare_worker
+from allocator.agent.launch import SHIM, launch_worker, prepare_worker, shim_env
 from allocator.agent.model import (
     Accept,
     Action,
@@ -47,10 +47,12 @@ from allocator.agent.model import (
     SignalJob,
     Start,
     Stop,
+    WorkerExit,
 )
 from allocator.agent.procs import clean_base_env
 from allocator.agent.runtime import JobRuntime, WorkerRuntime
 from allocator.agent.statefile import StateFileError, read_state_file, write_state_file
+from allocator.agent.warm import WarmShims
 from allocator.identity import format_time, utc_now
 
 __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
@@ -61,18 +63,6 @@ _STOP_POLL_SECONDS = 0.02
 _KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
 _KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (forks race us)
 _SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerExit:
-    """One worker's main process ended: its exit code (128+N for signal N), and whether a crash."""
-
-    job: str
-    index: int
-    pid: int
-    exit_code: int
-    crash: bool
-    message: str
 
 
 def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
@@ -93,6 +83,7 @@ class Supervisor:
         logger: Logger | None = None,
         subreaper: bool = True,
         cgroups: bool = True,
+        warm_shim: bool = True,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.state_file = Path(state_file)
@@ -110,8 +101,16 @@ class Supervisor:
         self.cgroup_base, why = worker_cgroup_base(scope=scope) if cgroups else (None, "disabled")
         base = str(self.cgroup_base) if self.cgroup_base else None
         self._log("process-tracking", {"cgroups": base, "why_not": why or None})
+        # One shim started ahead of time: a worker start then costs no interpreter start.
+        self.warm = WarmShims(
+            SHIM, self.state_file.parent, shim_env, clock=clock, enabled=warm_shim
+        )
 
     # --- snapshots ----------------------------------------------------------------
+
+    def next_due(self) -> float | None:
+        """When :meth:`tick` has something to do that is not a process event (None: nothing)."""
+        return self.warm.due()
 
     def views(self) -> dict[str, JobView]:
         """Snapshot of every tracked job for ``plan()`` (call :meth:`tick` first)."""
@@ -189,6 +188,7 @@ class Supervisor:
             base_env=self._base_env,
             log_dir=self.log_dir,
             stamp=format_time(self._wall()),
+            warm=self.warm.take(),
         )
         self._log(event, fields)
 
@@ -269,6 +269,7 @@ class Supervisor:
         """Reap exits, escalate overdue stops to SIGKILL, mark gone trees; return the exits."""
         exits, self._pending_exits = self._pending_exits, []
         now = self._clock()
+        self.warm.tick()
         for job in self._jobs.values():
             exits.extend(self._collect(job))
             if job.stopping and job.stop_deadline is not None and now >= job.stop_deadline:
@@ -348,6 +349,7 @@ class Supervisor:
         the injected clock. Gives up waiting (and logs) if some group outlives
         its SIGKILL by :data:`_KILL_WAIT_SECONDS`, e.g. a process stuck in the kernel.
         """
+        self.warm.close()
         longest = 0.0
         for name, job in sorted(self._jobs.items()):
             job_grace = job.spec.grace_seconds if grace is None else grace

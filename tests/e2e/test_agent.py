@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
+import psutil
 import pytest
 
 from allocator.records import Assignment
@@ -214,3 +216,32 @@ def test_sighup_reloads_settings_without_restarting_workers(world: AgentHarness)
     assert "did you mean 'resync_seconds'" in refused[-1]["error"]
     assert world.process.poll() is None
     assert pid_alive(report["pid"]) and world.report("train") == report
+
+
+def _idle_shims(world: AgentHarness) -> list[int]:
+    """The agent's idle shims: ``--idle`` and its state directory, and no worker below them.
+
+    (A shim that was handed a worker keeps the command line it started with.)
+    """
+    found = []
+    for pid in processes_running(str(world.workdir / "agent"), shims=True):
+        with suppress(psutil.Error):
+            process = psutil.Process(pid)
+            if "--idle" in process.cmdline() and not process.children():
+                found.append(pid)
+    return found
+
+
+def test_kill_9_leaves_no_idle_shim_and_the_next_agent_keeps_one(world: AgentHarness) -> None:
+    first = wait_for("an idle shim", lambda: _idle_shims(world))
+    assert len(first) == 1
+    assert world.cli("set", "job=train", "gpus=0").code == 0
+    worker = world.new_report("train")["pid"]  # started through the idle shim
+    second = wait_for("a new idle shim", lambda: [p for p in _idle_shims(world) if p not in first])
+    assert world.stop_agent(signal.SIGKILL) == -signal.SIGKILL
+    wait_for("the idle shim to end with its agent", lambda: not _idle_shims(world))
+    assert pid_alive(worker)  # the worker's shim is no idle one: it stays
+    world.start_agent()
+    third = wait_for("the new agent's idle shim", lambda: _idle_shims(world))
+    assert len(third) == 1 and third[0] not in second
+    assert world.new_report("train")["pid"] == worker  # adopted, not restarted
