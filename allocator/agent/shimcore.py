@@ -360,6 +360,7 @@ class Supervision:
 
 
 def join_cgroup(path: str) -> None:
+    """Move this process into the cgroup at ``path``; a refusal is said, not fatal."""
     try:
         with open(os.path.join(path, "cgroup.procs"), "w") as procs:
             procs.write(str(os.getpid()))
