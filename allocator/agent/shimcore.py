@@ -62,6 +62,7 @@ _LIBC: list[ctypes.CDLL] = []
 
 
 def prctl(option: int, value: int) -> bool:
+    """``prctl(2)`` through libc (no psutil here: the shim starts bare); whether it worked."""
     try:
         if not _LIBC:
             _LIBC.append(ctypes.CDLL(None, use_errno=True))
@@ -87,6 +88,7 @@ def _execvpe(argv: list[str], env: dict[str, str]) -> None:
 
 
 def start_ticks(pid: int) -> int | None:
+    """``pid``'s start time in clock ticks (``/proc/PID/stat`` field 22), or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             raw = stat.read()
