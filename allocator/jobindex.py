@@ -7,7 +7,10 @@ instead of every key of every host.
 
 A store written before the index existed (or an index damaged by hand) has
 no usable entry; then, and only then, finding a job falls back to the one
-prefix read over all hosts that it always was.
+prefix read over all hosts that it always was. ``policy apply`` records in
+the policy whether every job holding GPUs had its entry (it reads every
+host then anyway): under such a policy a job without an entry holds
+nothing, and a new job's first ``set`` reads no other host.
 
 A job across several hosts (``set host=a,b``) has its nodes, in node-rank
 order, and its MASTER_PORT in the index too. Such a job is changed only as a
@@ -31,6 +34,7 @@ __all__ = [
     "complete_index",
     "group_index_change",
     "index_change",
+    "index_complete",
     "index_for_write",
     "index_of",
     "locate_job",
@@ -84,22 +88,67 @@ def index_of(item: KeyValue | None, job: str, on_bad: Callable[[BadRecord], None
 
 
 def index_for_write(
-    store: Store, layout: KeyLayout, job: str, on_bad: Callable[[BadRecord], None]
+    store: Store,
+    layout: KeyLayout,
+    job: str,
+    on_bad: Callable[[BadRecord], None],
+    *,
+    indexed: bool = False,
 ) -> IndexEntry:
     """``job``'s index entry before a change; without a usable one, rebuilt from the hosts.
 
     A store written before the index existed (or an entry damaged by hand)
     would otherwise get an index naming only the host being changed.
+    ``indexed``: as for :func:`complete_index`.
     """
-    return complete_index(store, layout, read_index(store, layout, job, on_bad), on_bad)
+    entry = read_index(store, layout, job, on_bad)
+    return complete_index(store, layout, entry, on_bad, indexed=indexed)
+
+
+def index_complete(
+    host_items: Iterable[KeyValue], index_items: Iterable[KeyValue], layout: KeyLayout
+) -> bool:
+    """Whether every assignment under the hosts has an index entry naming its host (pure).
+
+    ``host_items``: a read of every host's keys; ``index_items``: of every
+    index entry, at the same moment. A damaged entry or assignment is not
+    complete: finding its job then keeps searching every host.
+    """
+    named: dict[str, frozenset[str]] = {}
+    for item in index_items:
+        job = item.key[len(layout.jobs) :]
+        try:
+            index = decode_record(item.value, JobIndex, item.key, job=job)
+        except BadRecord:
+            return False
+        named[job] = frozenset(index.hosts)
+    for item in host_items:
+        parsed = layout.parse_host_key(item.key)
+        if parsed is None or parsed[1] != "jobs" or not parsed[2]:
+            continue
+        host, _, job = parsed
+        if host not in named.get(job, ()):
+            return False
+    return True
 
 
 def complete_index(
-    store: Store, layout: KeyLayout, entry: IndexEntry, on_bad: Callable[[BadRecord], None]
+    store: Store,
+    layout: KeyLayout,
+    entry: IndexEntry,
+    on_bad: Callable[[BadRecord], None],
+    *,
+    indexed: bool = False,
 ) -> IndexEntry:
-    """``entry`` if usable; else the job's hosts found by scanning every host (one read)."""
+    """``entry`` if usable; else the job's hosts found by scanning every host (one read).
+
+    ``indexed``: the applied policy says every job holding GPUs has an
+    entry, so an absent one (not a damaged one) means the job holds nothing.
+    """
     if entry.hosts is not None:
         return entry
+    if indexed and entry.revision == 0:
+        return IndexEntry(entry.job, (), 0)
     job = entry.job
     found = _scan(store.list(layout.hosts).items, layout, job, on_bad)
     hosts = {a.host for a in found.assignments} | set(found.damaged)

@@ -7,14 +7,16 @@ check again instead of landing over it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from allocator.assignments import ApplyResult
 from allocator.errors import BadRecord, PlacementRefused, RequestError
 from allocator.identity import format_time
+from allocator.jobindex import index_complete
 from allocator.records import PolicyRecord, decode_record
 from allocator.snapshots import snapshots_by_host
-from allocator.store import Compare, Put
+from allocator.store import Compare, KeyValue, Put
 
 if TYPE_CHECKING:
     from allocator.assignments import Allocator
@@ -49,7 +51,11 @@ def apply_once(
     # Read before the assignments are checked: any assignment change after this
     # read moves it, and the compare below then sends apply round to check again.
     fleet = allocator.store.get(allocator.layout.fleet_generation)
-    refused = violations(allocator, policy)
+    hosts = allocator.store.list(allocator.layout.hosts)
+    refused = violations(allocator, policy, hosts.items)
+    indexed = index_complete(
+        hosts.items, allocator.store.list(allocator.layout.jobs).items, allocator.layout
+    )
     if refused and not force:
         raise PlacementRefused(
             f"the new policy conflicts with {len(refused)} current assignment(s): "
@@ -63,6 +69,7 @@ def apply_once(
         applied_by=allocator.actor,
         applied_at=format_time(allocator.clock()),
         source=source,
+        job_index=indexed,
     )
     compares = [
         Compare(allocator.layout.policy, current.mod_revision if current is not None else 0),
@@ -87,14 +94,20 @@ def apply_once(
     return ApplyResult(True, record, revision, tuple(refused), compiled=with_compiled)
 
 
-def violations(allocator: Allocator, policy: Policy) -> list[str]:
-    """Current assignments that ``policy`` would refuse, one line each."""
+def violations(
+    allocator: Allocator, policy: Policy, host_items: Sequence[KeyValue] | None = None
+) -> list[str]:
+    """Current assignments that ``policy`` would refuse, one line each.
+
+    ``host_items``: every host's keys, if the caller read them already.
+    """
     from allocator.placement import Request, place
 
-    listing = allocator.store.list(allocator.layout.hosts)
+    if host_items is None:
+        host_items = allocator.store.list(allocator.layout.hosts).items
     found: list[str] = []
     now = allocator.clock()
-    for host, state in sorted(snapshots_by_host(listing.items, allocator.layout, 0).items()):
+    for host, state in sorted(snapshots_by_host(host_items, allocator.layout, 0).items()):
         inventory = state.agent.gpus if state.agent and state.agent.gpus else None
         for job, held in sorted(state.assignments.items()):
             if held.mode == "cpu":

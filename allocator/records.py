@@ -198,6 +198,10 @@ class PolicyRecord(msgspec.Struct, frozen=True):
     applied_by: Text
     applied_at: Text
     source: Text = ""
+    #: When this policy was applied, every job holding GPUs had its job index
+    #: entry (:mod:`allocator.jobindex`): a job without one holds nothing, so
+    #: a new job's first ``set`` need not search every host for it.
+    job_index: bool = False
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -143,7 +143,8 @@ def settle_view(
     for bad in state.bad_records:
         on_bad(bad)
     index = index_of(index_read.items[0] if index_read.items else None, job, on_bad)
-    index = complete_index(store, layout, index, on_bad)
+    indexed = policy is not None and policy.record.job_index
+    index = complete_index(store, layout, index, on_bad, indexed=indexed)
     stream = host_stream(layout, host)
     head_item = head_read.items[0] if head_read.items else None
     head = head_of(head_item, stream, on_bad)

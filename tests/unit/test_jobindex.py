@@ -11,10 +11,20 @@ import pytest
 
 from allocator.assignments import Allocator
 from allocator.errors import BadRecord
+from allocator.jobindex import index_complete
 from allocator.keys import KeyLayout
 from allocator.placement import Request
-from allocator.records import Assignment, JobIndex, decode_record
-from allocator.store import Compare, Listing, Op, Read, Store, TxnOutcome, open_store
+from allocator.records import Assignment, JobIndex, PolicyRecord, decode_record
+from allocator.store import (
+    Compare,
+    KeyValue,
+    Listing,
+    Op,
+    Read,
+    Store,
+    TxnOutcome,
+    open_store,
+)
 
 EXAMPLE = (Path(__file__).resolve().parents[2] / "config" / "policy.example.yaml").read_text()
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -73,14 +83,71 @@ def test_finding_a_job_reads_its_index_not_every_host(store: Store) -> None:
     assert counting.lists == []  # no prefix read at all
 
 
-def test_a_store_from_before_the_index_is_scanned_and_its_index_rebuilt(store: Store) -> None:
+def _store_from_before_the_index() -> Store:
+    """A store whose assignment was written with no index entry, then a policy applied."""
+    store = open_store(f"memory://{uuid.uuid4().hex}")
     old = Assignment("train", "node1", (0,), "gpu", "ops@h", "2026-01-01T00:00:00Z")
     store.put(LAYOUT.assignment("node1", "train"), old.to_json())  # written with no index
+    _ops(store).apply_policy(EXAMPLE, "p.yaml")
+    return store
+
+
+def _policy_says_indexed(store: Store) -> bool:
+    item = store.get(LAYOUT.policy)
+    assert item is not None
+    return decode_record(item.value, PolicyRecord, item.key).job_index
+
+
+def test_a_store_from_before_the_index_is_scanned_and_its_index_rebuilt() -> None:
+    store = _store_from_before_the_index()
+    assert not _policy_says_indexed(store)  # apply saw the assignment without its entry
     counting = CountingStore(store)
     assert [a.host for a in _ops(counting).find_job("train")] == ["node1"]
     assert counting.lists == [LAYOUT.hosts]
     _ops(store).assign(Request(job="train", host="node2", gpus=(0,)))
     assert _index(store, "train") == ("node1", "node2")  # the first host is not lost
+
+
+def test_a_new_jobs_first_set_reads_no_other_host_under_an_indexed_policy(store: Store) -> None:
+    assert _policy_says_indexed(store)
+    counting = CountingStore(store)
+    _ops(counting).assign(Request(job="fresh", host="node1", gpus=(2,)))
+    assert LAYOUT.hosts not in counting.lists  # no other host was read
+    assert _index(store, "fresh") == ("node1",)
+
+
+def test_a_new_jobs_first_set_searches_every_host_without_an_indexed_policy() -> None:
+    store = _store_from_before_the_index()
+    counting = CountingStore(store)
+    _ops(counting).assign(Request(job="fresh", host="node1", gpus=(2,)))
+    assert LAYOUT.hosts in counting.lists
+
+
+def test_a_policy_is_indexed_once_every_job_has_its_entry() -> None:
+    store = _store_from_before_the_index()
+    ops = _ops(store)
+    ops.assign(Request(job="train", host="node2", gpus=(0,)))  # rebuilds train's entry
+    ops.apply_policy(EXAMPLE.replace("version: 1", "version: 1  # v2", 1), "p.yaml")
+    assert _policy_says_indexed(store)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        None,  # no entry at all
+        b'{"schema_version": 1, "job": "train", "hosts": 7}',  # damaged
+        JobIndex("train", ("node2",)).to_json(),  # names another host only
+    ],
+)
+def test_an_assignment_without_an_entry_naming_its_host_is_not_indexed(
+    entry: bytes | None,
+) -> None:
+    held = Assignment("train", "node1", (0,), "gpu", "ops@h", "2026-01-01T00:00:00Z")
+    hosts = [KeyValue(LAYOUT.assignment("node1", "train"), held.to_json(), 5, 5)]
+    index = [] if entry is None else [KeyValue(LAYOUT.job_index("train"), entry, 6, 6)]
+    assert not index_complete(hosts, index, LAYOUT)
+    whole = [KeyValue(LAYOUT.job_index("train"), JobIndex("train", ("node1",)).to_json(), 6, 6)]
+    assert index_complete(hosts, whole, LAYOUT)
 
 
 def test_a_damaged_index_is_reported_and_found_around(store: Store) -> None:
