@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, Generic, TypeVar, cast
@@ -19,7 +20,7 @@ from typing import Any, Generic, TypeVar, cast
 from allocator.errors import AllocatorError, StoreError, StoreUnavailable
 from allocator.store.base import Event
 
-__all__ = ["EventQueue", "LoopThread"]
+__all__ = ["EventQueue", "LoopThread", "SharedLoop"]
 
 _T = TypeVar("_T")
 
@@ -115,6 +116,49 @@ class LoopThread:
         """Stop the loop and wait up to ``timeout`` seconds for the thread to end."""
         self.call_soon(self.loop.stop)
         self._thread.join(timeout)
+
+
+class SharedLoop:
+    """One :class:`LoopThread` for every user in the process, started by the first.
+
+    Stores of one process share it, as the clients of one asyncio program
+    share its loop: threads calling on several stores at once then cost one
+    wake-up of one thread, not one per store. It stops when its last user
+    releases it (a closed store leaves no thread behind), and a forked child
+    starts its own.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._loop: LoopThread | None = None
+        self._users = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def acquire(self) -> LoopThread:
+        """The running loop thread (started if none runs); pair with :meth:`release`."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = LoopThread(self.name)
+            self._users += 1
+            return self._loop
+
+    def release(self, loop: LoopThread, timeout: float) -> None:
+        """One user is done with ``loop``; the last one stops it (waiting up to ``timeout`` s)."""
+        with self._lock:
+            if loop is not self._loop:
+                return  # from before a fork
+            self._users -= 1
+            if self._users > 0:
+                return
+            self._loop = None
+        loop.stop(timeout)
+
+    def _forget(self) -> None:
+        # The parent's loop thread does not exist in a forked child.
+        self._lock = threading.Lock()
+        self._loop = None
+        self._users = 0
 
 
 class _Call(Generic[_T]):
