@@ -11,25 +11,36 @@ No client library is imported here; the backend that uses these does that.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import os
 import threading
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from allocator.errors import AllocatorError, StoreError, StoreUnavailable
 from allocator.store.base import Event
 
-__all__ = ["EventQueue", "LoopThread"]
+__all__ = ["EventQueue", "LoopThread", "SharedLoop"]
 
 _T = TypeVar("_T")
 
 
 class LoopThread:
-    """A private asyncio loop in a daemon thread; other threads submit coroutines to it."""
+    """A private asyncio loop in a daemon thread; other threads submit coroutines to it.
+
+    Submissions wait in a list that the loop takes whole: a thread that
+    submits while an earlier hand-over is still unclaimed does not wake the
+    loop again (8 threads calling at once cost the loop one wake-up, not 8),
+    and each caller waits on a bare lock rather than a
+    :class:`concurrent.futures.Future`.
+    """
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+        self._submitted: list[_Call[Any]] = []
+        self._wake_pending = False
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -38,6 +49,11 @@ class LoopThread:
         try:
             self.loop.run_forever()
         finally:
+            with self._lock:
+                self._closed = True
+                orphans, self._submitted = self._submitted, []
+            for call in orphans:
+                call.refuse()
             # Cancel and await what is left, so nothing is reported as
             # "destroyed but pending" or "never awaited" (tests run -W error).
             pending = asyncio.all_tasks(self.loop)
@@ -61,20 +77,35 @@ class LoopThread:
         ``where``) if it takes longer than ``timeout`` seconds (the coroutine
         is then cancelled), and ``StoreError`` if the loop has been stopped.
         """
-        try:
-            future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        except RuntimeError:  # the loop is closed
+        call = _Call(coro)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._submitted.append(call)
+                wake, self._wake_pending = not self._wake_pending, True
+        if closed:
             coro.close()
-            raise StoreError(f"store for {where} is closed") from None
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
+            raise StoreError(f"store for {where} is closed")
+        if wake:
+            # Closed in between: _run's clean-up has refused the call.
+            self.call_soon(self._start_submitted)
+        if not call.done.acquire(timeout=timeout):
+            self.call_soon(call.abandon)
             if timeout_error is not None:
-                raise timeout_error from None
-            raise StoreUnavailable(f"{where} did not answer within {timeout:g} s") from None
-        except concurrent.futures.CancelledError:
-            raise StoreError(f"store for {where} was closed during the call") from None
+                raise timeout_error
+            raise StoreUnavailable(f"{where} did not answer within {timeout:g} s")
+        if call.cancelled:
+            raise StoreError(f"store for {where} was closed during the call")
+        if call.error is not None:
+            raise call.error
+        return cast("_T", call.result)
+
+    def _start_submitted(self) -> None:
+        with self._lock:
+            calls, self._submitted = self._submitted, []
+            self._wake_pending = False
+        for call in calls:
+            call.start(self.loop)
 
     def call_soon(self, callback: Any, *args: Any) -> None:
         """Schedule ``callback(*args)`` on the loop; ignored once the loop is closed."""
@@ -85,6 +116,94 @@ class LoopThread:
         """Stop the loop and wait up to ``timeout`` seconds for the thread to end."""
         self.call_soon(self.loop.stop)
         self._thread.join(timeout)
+
+
+class SharedLoop:
+    """One :class:`LoopThread` for every user in the process, started by the first.
+
+    Stores of one process share it, as the clients of one asyncio program
+    share its loop: threads calling on several stores at once then cost one
+    wake-up of one thread, not one per store. It stops when its last user
+    releases it (a closed store leaves no thread behind), and a forked child
+    starts its own.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._loop: LoopThread | None = None
+        self._users = 0
+        os.register_at_fork(after_in_child=self._forget)
+
+    def acquire(self) -> LoopThread:
+        """The running loop thread (started if none runs); pair with :meth:`release`."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = LoopThread(self.name)
+            self._users += 1
+            return self._loop
+
+    def release(self, loop: LoopThread, timeout: float) -> None:
+        """One user is done with ``loop``; the last one stops it (waiting up to ``timeout`` s)."""
+        with self._lock:
+            if loop is not self._loop:
+                return  # from before a fork
+            self._users -= 1
+            if self._users > 0:
+                return
+            self._loop = None
+        loop.stop(timeout)
+
+    def _forget(self) -> None:
+        # The parent's loop thread does not exist in a forked child.
+        self._lock = threading.Lock()
+        self._loop = None
+        self._users = 0
+
+
+class _Call(Generic[_T]):
+    """One submitted coroutine: its task once started, and its outcome for the caller."""
+
+    __slots__ = ("abandoned", "cancelled", "coro", "done", "error", "result", "task")
+
+    def __init__(self, coro: Coroutine[Any, Any, _T]) -> None:
+        self.coro = coro
+        self.done = threading.Lock()
+        self.done.acquire()  # released once the outcome is in
+        self.task: asyncio.Task[_T] | None = None
+        self.result: _T | None = None
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.abandoned = False
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop: run the coroutine as a task (unless its caller gave up already)."""
+        if self.abandoned:
+            self.coro.close()
+            return
+        self.task = loop.create_task(self.coro)
+        self.task.add_done_callback(self._finish)
+
+    def _finish(self, task: asyncio.Task[_T]) -> None:
+        if task.cancelled():
+            self.cancelled = True
+        elif (error := task.exception()) is not None:
+            self.error = error
+        else:
+            self.result = task.result()
+        self.done.release()
+
+    def abandon(self) -> None:
+        """On the loop: the caller stopped waiting; cancel the task."""
+        self.abandoned = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def refuse(self) -> None:
+        """The loop ended before the call started: it fails as cancelled."""
+        self.coro.close()
+        self.cancelled = True
+        self.done.release()
 
 
 class EventQueue:

@@ -3,9 +3,9 @@
 The only module that imports ``aetcd`` (and grpc, which it is built on),
 and the one that translates their errors. It uses aetcd's generated gRPC
 stubs rather than its ``Client``, which has no TLS, drops a transaction's
-revision and keeps a watch the server refused as if live. Each store runs a
-private loop thread (aetcd is asyncio-only) and one gRPC channel shared by
-every call and watch; with several endpoints it talks to one at a time and
+revision and keeps a watch the server refused as if live. Each store has one
+gRPC channel shared by every call and watch, driven by the process's one
+loop thread (aetcd is asyncio-only); with several endpoints it talks to one at a time and
 moves on when that one cannot take a call (:mod:`allocator.store.etcd_calls`).
 Long-lived callers (the agent) use this backend: gRPC keep-alive pings find
 a silently dead peer under a watch. One-shot commands use the JSON gateway

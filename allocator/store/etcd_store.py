@@ -1,7 +1,8 @@
 """The synchronous :class:`~allocator.store.base.Store` front of the gRPC etcd backend.
 
-Each store runs a private asyncio loop in a thread (the client library is
-asyncio-only); every call is a coroutine run on it through
+The stores of a process share one asyncio loop in a thread (the client
+library is asyncio-only; :class:`~allocator.store.aio_bridge.SharedLoop`);
+every call is a coroutine run on it through
 :class:`~allocator.store.etcd_calls.EndpointCalls` (budget, failover,
 login renewal). What a call does on the wire is the connection's business:
 :mod:`allocator.store.etcd` builds connections whose methods speak gRPC, and
@@ -26,7 +27,7 @@ from allocator.store._local import (
     check_value,
     lease_of,
 )
-from allocator.store.aio_bridge import EventQueue, LoopThread
+from allocator.store.aio_bridge import EventQueue, SharedLoop
 from allocator.store.base import (
     Compare,
     Delete,
@@ -50,6 +51,8 @@ __all__ = ["EtcdConnection", "EtcdStore"]
 #: hang guard only, since every request carries a deadline inside the budget.
 _GUARD_SLACK_S = 1.0
 _T = TypeVar("_T")
+#: Every store of the process runs its calls on this one loop thread.
+_LOOP = SharedLoop("allocator-etcd")
 
 
 class EtcdConnection(Protocol):
@@ -146,7 +149,7 @@ class EtcdStore:
         self._closed = False
         self._state_lock = threading.Lock()
         self._watches: set[EtcdWatch] = set()
-        self._loop = LoopThread(name=f"allocator-etcd {self.endpoints}")
+        self._loop = _LOOP.acquire()
 
     # --- reads and writes ----------------------------------------------------
 
@@ -249,7 +252,7 @@ class EtcdStore:
             watch.queue.close()
         with contextlib.suppress(AllocatorError):
             self._loop.run(self._calls.close(), self.config.timeout, self.endpoints)
-        self._loop.stop(self.config.timeout)
+        _LOOP.release(self._loop, self.config.timeout)
 
     def __enter__(self) -> EtcdStore:
         return self

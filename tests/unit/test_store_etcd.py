@@ -350,3 +350,22 @@ def test_the_endpoint_shares_of_a_call_add_up_to_its_budget(endpoints: int) -> N
         left -= share  # the worst case: each endpoint uses all of its share
     assert sum(shares) == pytest.approx(budget)
     assert all(share > 0 for share in shares)
+
+
+def test_grpc_stores_of_one_process_share_one_loop_thread(etcd_server: EtcdServer) -> None:
+    from allocator.store.etcd import open_etcd
+
+    def loop_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("allocator-etcd")}
+
+    before = loop_threads()
+    first, second = open_etcd(etcd_server.url), open_etcd(etcd_server.url)
+    try:
+        first.put("/shared/a", b"1")
+        second.put("/shared/b", b"2")
+        assert len(loop_threads() - before) <= 1
+        first.close()
+        assert second.get("/shared/a") is not None  # the other store's calls still run
+    finally:
+        first.close()
+        second.close()

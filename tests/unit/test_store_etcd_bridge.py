@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from allocator.errors import Compacted, StoreError, StoreUnavailable
-from allocator.store.aio_bridge import EventQueue, LoopThread
+from allocator.store.aio_bridge import EventQueue, LoopThread, SharedLoop
 from allocator.store.base import Event
 
 JOIN_S = 10.0  # a hang guard for helper threads, not a timing
@@ -150,3 +150,61 @@ def test_stop_ends_the_thread_and_later_calls_say_closed() -> None:
 
     with pytest.raises(StoreError, match="closed"):
         thread.run(late(), JOIN_S, "test")
+
+
+def test_calls_from_many_threads_at_once_each_get_their_own_result(
+    loop_thread: LoopThread,
+) -> None:
+    gate = threading.Barrier(8)
+    results: dict[int, int] = {}
+
+    async def echo(value: int) -> int:
+        await asyncio.sleep(0)
+        return value
+
+    def caller(index: int) -> None:
+        gate.wait(JOIN_S)
+        results[index] = sum(loop_thread.run(echo(index * 100 + n), JOIN_S, "t") for n in range(50))
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(JOIN_S)
+    assert results == {i: i * 100 * 50 + sum(range(50)) for i in range(8)}
+
+
+# --- SharedLoop --------------------------------------------------------------------
+
+
+def test_users_of_a_shared_loop_get_one_thread_that_ends_with_the_last_release() -> None:
+    shared = SharedLoop("test-shared-loop")
+    first, second = shared.acquire(), shared.acquire()
+    assert first is second
+    assert [t.name for t in threading.enumerate()].count("test-shared-loop") == 1
+
+    shared.release(first, JOIN_S)
+    assert "test-shared-loop" in {t.name for t in threading.enumerate()}
+
+    async def one() -> int:
+        return 1
+
+    assert second.run(one(), JOIN_S, "test") == 1  # still running for its other user
+    shared.release(second, JOIN_S)
+    assert "test-shared-loop" not in {t.name for t in threading.enumerate()}
+
+
+def test_a_shared_loop_starts_afresh_after_its_last_user_left() -> None:
+    shared = SharedLoop("test-shared-again")
+    old = shared.acquire()
+    shared.release(old, JOIN_S)
+    new = shared.acquire()
+    try:
+        assert new is not old
+
+        async def one() -> int:
+            return 1
+
+        assert new.run(one(), JOIN_S, "test") == 1
+    finally:
+        shared.release(new, JOIN_S)
