@@ -192,9 +192,9 @@ def plan_group_set(
     template = _template(allocator, snapshot, request, nodes[0], why)
     states = {host: allocator.host(host) for host in nodes}
     placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
-    entry = index_for_write(
-        allocator.store, layout, job, allocator.on_bad_record, indexed=snapshot.record.job_index
-    )
+    held_here = any(job in state.assignments for state in states.values())
+    indexed = snapshot.record.job_index and not held_here  # see writeview.settle_view
+    entry = index_for_write(allocator.store, layout, job, allocator.on_bad_record, indexed=indexed)
     released = tuple(sorted(set(entry.hosts or ()) - set(nodes)))
     _check_size(job, len(nodes) + len(released))
     states.update({host: allocator.host(host) for host in released})

@@ -144,6 +144,8 @@ def complete_index(
 
     ``indexed``: the applied policy says every job holding GPUs has an
     entry, so an absent one (not a damaged one) means the job holds nothing.
+    Callers pass it only when the hosts they read hold nothing of the job
+    (an entry missing next to an assignment was lost, and is rebuilt).
     """
     if entry.hosts is not None:
         return entry

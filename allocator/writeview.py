@@ -143,7 +143,9 @@ def settle_view(
     for bad in state.bad_records:
         on_bad(bad)
     index = index_of(index_read.items[0] if index_read.items else None, job, on_bad)
-    indexed = policy is not None and policy.record.job_index
+    # An entry missing while this host holds the job was lost (deleted by hand):
+    # only a job the host does not hold may be taken at its index's word.
+    indexed = policy is not None and policy.record.job_index and job not in state.assignments
     index = complete_index(store, layout, index, on_bad, indexed=indexed)
     stream = host_stream(layout, host)
     head_item = head_read.items[0] if head_read.items else None

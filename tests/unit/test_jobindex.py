@@ -185,3 +185,15 @@ def test_a_concurrent_change_of_the_same_job_is_not_lost(store: Store) -> None:
     _ops(racing).assign(Request(job="train", host="node1", gpus=(0,)))
     assert racing.txns == 2  # the index compare lost once, then it re-read
     assert _index(store, "train") == ("node1", "node2")
+
+
+def test_an_entry_deleted_by_hand_is_rebuilt_when_the_host_changed_holds_the_job(
+    store: Store,
+) -> None:
+    ops = _ops(store)
+    ops.assign(Request(job="train", host="node1", gpus=(0,)))
+    ops.assign(Request(job="train", host="node2", gpus=(0,)))
+    store.delete(LAYOUT.job_index("train"))  # lost by hand, under an indexed policy
+    ops = _ops(store)  # a fresh client: nothing kept from the writes above
+    ops.assign(Request(job="train", host="node1", gpus=(1,)))
+    assert _index(store, "train") == ("node1", "node2")  # node2 is not forgotten
