@@ -14,12 +14,33 @@ records depend on nothing above them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from allocator.digest import sha256_hex
 from allocator.errors import BadRecord
+from allocator.recordcodec import decode_record, encode_record, replace_struct
+from allocator.recordfields import (
+    MAX_GPU_INDEX,
+    MAX_SLOTS,
+    PCIE_LEVELS,
+    SCHEMA_VERSION,
+    Address,
+    Argument,
+    Count,
+    CpuList,
+    DeviceUuid,
+    GpuIndex,
+    Name,
+    Nodes,
+    PcieLevel,
+    Port,
+    Rfc3339,
+    Sha256,
+    Slots,
+    Text,
+)
 
 __all__ = [
     "MAX_GPU_INDEX",
@@ -42,54 +63,6 @@ __all__ = [
     "decode_record",
     "encode_record",
     "replace_struct",
-]
-
-SCHEMA_VERSION = 1
-#: The highest GPU index anything accepts (the CLI, the policy, stored records).
-MAX_GPU_INDEX = 1023
-
-# \Z, not $: "$" also matches before a trailing newline, and "train\n" is no job name.
-_NAME = r"^(?!-)(?!\.\.?\Z)[A-Za-z0-9._-]{1,63}\Z"
-Name = Annotated[str, msgspec.Meta(pattern=_NAME)]
-GpuIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]
-Count = Annotated[int, msgspec.Meta(ge=0)]
-Text = Annotated[str, msgspec.Meta(max_length=4096)]
-# A device id that goes into CUDA_VISIBLE_DEVICES: no comma, no space, nothing CUDA stops at.
-DeviceUuid = Annotated[str, msgspec.Meta(pattern=r"^(GPU|MIG)-[A-Za-z0-9/._-]{1,120}\Z")]
-Argument = Annotated[str, msgspec.Meta(max_length=65536)]
-Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
-Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
-#: A host name or IP address another host can reach (no scheme, no port, no space).
-Address = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:%-]{0,252}\Z")]
-#: The hosts of one job across several hosts, in node-rank order (at most a store
-#: transaction's worth: see allocator.groups).
-Nodes = Annotated[tuple[Name, ...], msgspec.Meta(max_length=64)]
-#: The most jobs one GPU of a shared pool may hold at once (what ``slots`` may say).
-MAX_SLOTS = 256
-Slots = Annotated[int, msgspec.Meta(ge=1, le=MAX_SLOTS)]
-#: A Linux CPU list (``0-27,56-83``), as in ``/sys/devices/system/node/node0/cpulist``.
-CpuList = Annotated[
-    str,
-    msgspec.Meta(
-        pattern=r"^[0-9]{1,6}(-[0-9]{1,6})?(,[0-9]{1,6}(-[0-9]{1,6})?)*\Z", max_length=16384
-    ),
-]
-#: How two GPUs are connected below NVLink, best first: NVML's topology levels
-#: (nvmlDeviceGetTopologyCommonAncestor: INTERNAL, SINGLE, MULTIPLE, HOSTBRIDGE,
-#: NODE, SYSTEM); ``nvidia-smi topo -m`` calls the middle ones PIX, PXB, PHB, NODE, SYS.
-PcieLevel = Literal["board", "switch", "switches", "host-bridge", "node", "system"]
-PCIE_LEVELS: tuple[PcieLevel, ...] = (
-    "board",
-    "switch",
-    "switches",
-    "host-bridge",
-    "node",
-    "system",
-)
-#: An RFC 3339 time with its zone, as :func:`allocator.identity.format_time` writes it.
-Rfc3339 = Annotated[
-    str,
-    msgspec.Meta(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)\Z"),
 ]
 
 
@@ -417,126 +390,3 @@ class HistoryHead(msgspec.Struct, frozen=True):
     def to_json(self) -> bytes:
         """Encode for the store."""
         return encode_record(self)
-
-
-Record = (
-    Assignment
-    | PolicyRecord
-    | CompiledPolicyRecord
-    | AgentRecord
-    | WorkerRecord
-    | JobIndex
-    | HistoryEntry
-    | HistoryHead
-)
-R = TypeVar(
-    "R",
-    Assignment,
-    PolicyRecord,
-    CompiledPolicyRecord,
-    AgentRecord,
-    WorkerRecord,
-    JobIndex,
-    HistoryEntry,
-    HistoryHead,
-)
-
-_ENCODER = msgspec.json.Encoder()
-
-
-S = TypeVar("S", bound=msgspec.Struct)
-
-
-def replace_struct(record: S, **changes: Any) -> S:
-    """A copy of ``record`` (any of the structs here) with ``changes`` applied."""
-    return msgspec.structs.replace(record, **changes)
-
-
-class _Header(msgspec.Struct):
-    schema_version: Any = None
-
-
-def encode_record(record: Record) -> bytes:
-    """The stored form of ``record``: compact JSON, fields in declaration order.
-
-    Publishers compare encoded bytes to skip unchanged writes, so callers build
-    mappings (``AgentRecord.unhealthy``) in sorted order.
-    """
-    return _ENCODER.encode(record)
-
-
-def decode_record(raw: bytes, kind: type[R], key: str = "", **names: str | None) -> R:
-    """Decode ``raw`` as ``kind``, or raise :class:`BadRecord` saying what is wrong.
-
-    ``names`` are the names the key says the record has (``job="train"``,
-    ``host="node1"``); a body that names another is a bad record.
-    """
-    record = _current_record(raw, kind)
-    if record is None:
-        record = _checked_record(raw, kind, key)
-    for field, expected in names.items():
-        actual = getattr(record, field)
-        if expected is not None and actual != expected:
-            raise BadRecord(
-                key, f"its {field} {actual!r} disagrees with the key, which says {expected!r}"
-            )
-    return record
-
-
-#: How a record this allocator wrote ends: its schema_version, the last field.
-_CURRENT_TAIL = b',"schema_version":%d}' % SCHEMA_VERSION
-
-
-def _current_record(raw: bytes, kind: type[R]) -> R | None:
-    """``raw`` decoded in one pass when it ends as this allocator writes records; else None.
-
-    A valid JSON object that ends so has ``schema_version`` 1 as its last
-    member, so the separate version check has nothing to add: a fleet's
-    status decodes 13,000 records. Anything else takes the checked path.
-    """
-    if not raw.endswith(_CURRENT_TAIL):
-        return None
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.MsgspecError:
-        return None  # the checked path says what is wrong
-
-
-def _checked_record(raw: bytes, kind: type[R], key: str) -> R:
-    """``raw`` decoded after its schema_version is checked; BadRecord saying what is wrong."""
-    what = _KIND_WORDS[kind]
-    version = _stored_version(raw, key, what)
-    if version is None:
-        raise BadRecord(key, f"{what} has no schema_version")
-    if version != SCHEMA_VERSION:
-        raise BadRecord(
-            key,
-            f"{what} has schema_version {version!r}; this allocator reads {SCHEMA_VERSION}"
-            + (" (written by a newer allocator? upgrade)" if isinstance(version, int) else ""),
-        )
-    try:
-        return msgspec.json.decode(raw, type=kind)
-    except msgspec.MsgspecError as exc:
-        raise BadRecord(key, f"not a valid {what}: {exc}") from None
-
-
-_KIND_WORDS: dict[type[Any], str] = {
-    Assignment: "assignment",
-    PolicyRecord: "policy record",
-    CompiledPolicyRecord: "compiled policy record",
-    AgentRecord: "agent record",
-    WorkerRecord: "worker record",
-    JobIndex: "job index",
-    HistoryEntry: "history entry",
-    HistoryHead: "history head",
-}
-
-
-def _stored_version(raw: bytes, key: str, what: str) -> object:
-    """The record's ``schema_version`` (None when absent); BadRecord if it is no JSON object."""
-    try:
-        return msgspec.json.decode(raw, type=_Header).schema_version
-    except msgspec.ValidationError:
-        raise BadRecord(key, f"{what} is not a JSON object") from None
-    except msgspec.DecodeError as exc:
-        raise BadRecord(key, f"{what} is not valid JSON: {exc}") from None

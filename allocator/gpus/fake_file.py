@@ -14,7 +14,8 @@ from typing import Any, cast
 from allocator.errors import InvalidInput
 from allocator.gpus.model import MigDevice
 from allocator.gpus.topology import parse_cpu_list
-from allocator.records import PCIE_LEVELS, PcieLevel
+from allocator.recordfields import PcieLevel
+from allocator.records import PCIE_LEVELS
 
 __all__ = [
     "DEFAULT_CUDA_DRIVER_VERSION",

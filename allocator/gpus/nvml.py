@@ -25,7 +25,8 @@ from typing import Any, Literal
 from allocator.errors import EXIT_UNAVAILABLE, AllocatorError
 from allocator.gpus.model import GpuInfo, MigDevice
 from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
-from allocator.records import PcieLevel, replace_struct
+from allocator.recordfields import PcieLevel
+from allocator.records import replace_struct
 
 __all__ = [
     "ERROR_GPU_IS_LOST",

@@ -13,7 +13,8 @@ import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from allocator.records import PCIE_LEVELS, GpuInfo, PcieLevel
+from allocator.recordfields import PcieLevel
+from allocator.records import PCIE_LEVELS, GpuInfo
 
 __all__ = [
     "GROUP_LEVELS",
