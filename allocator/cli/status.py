@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import threading
 from typing import Any
 
 from allocator.cli.common import add_words_command, open_allocator, output_format
@@ -45,13 +44,19 @@ def run(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from allocator.cli.args import parse_key_values
     from allocator.keys import validate_name
+    from allocator.status_read import read_status
 
     kv = parse_key_values(args.words, ("host",))
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
     allocator = open_allocator(args)
     try:
         prefix = allocator.layout.host(only_host) if only_host else allocator.layout.hosts
-        policy, listing = _read(allocator, prefix)
+        policy, listing = read_status(
+            allocator,
+            prefix,
+            whole_fleet=only_host is None,
+            while_reading=_load_joining_and_printing,
+        )
     finally:
         allocator.store.close()
     # Loaded by now (see _read): these cost nothing here.
@@ -76,61 +81,12 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read(allocator: Any, prefix: str) -> tuple[Any, Any]:
-    """The applied policy (``None``: none, or unreadable) and every key under ``prefix``.
-
-    The policy record is read first, as ever; the listing is then read on a
-    second thread while this one loads the modules that join and print, and
-    parses the policy. On a fleet etcd takes longer to answer the listing
-    (10 MB of JSON for 1,000 hosts) than both take, so they cost no time.
-    """
-    item = allocator.store.get(allocator.layout.policy)
-    read: dict[str, Any] = {}
-
-    def read_listing() -> None:
-        try:
-            read["listing"] = allocator.store.list(prefix)
-        except BaseException as exc:  # raised again on the main thread
-            read["error"] = exc
-
-    reader = threading.Thread(target=read_listing, name="status-listing", daemon=True)
-    reader.start()
-    try:
-        _load_joining_and_printing()
-        policy = _policy_if_readable(allocator, item)
-    finally:
-        reader.join()
-    if "error" in read:
-        raise read["error"]
-    return policy, read["listing"]
-
-
 def _load_joining_and_printing() -> None:
     """Import the modules that join and print status (while etcd prepares its answer)."""
     import importlib
 
     for name in ("allocator.status", "allocator.documents", "allocator.cli.output"):
         importlib.import_module(name)
-
-
-def _policy_if_readable(allocator: Any, item: Any) -> Any:
-    """The policy stored in ``item``; a damaged policy record is noted and status goes on.
-
-    Status is what an operator reads to find out what is wrong, so it must
-    not be the command that stops working when something is.
-    """
-    from allocator.errors import BadRecord
-    from allocator.policy import load_policy
-    from allocator.records import PolicyRecord, decode_record
-
-    if item is None:
-        return None
-    try:
-        record = decode_record(item.value, PolicyRecord, item.key)
-    except BadRecord as exc:
-        allocator.on_bad_record(exc)
-        return None
-    return load_policy(record.yaml, source="applied policy")
 
 
 def _text(hosts: Any, render_table: Any, groups: Any = ()) -> str:
