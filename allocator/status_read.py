@@ -15,9 +15,10 @@ policy used to be read a moment before the hosts).
 
 from __future__ import annotations
 
+import bisect
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -25,7 +26,17 @@ from allocator.errors import BadRecord, Compacted, InvalidName
 from allocator.keys import KeyLayout
 from allocator.store import KeyValue, Listing, Read
 
-__all__ = ["HOSTS_PER_PART", "MAX_PARTS", "host_names", "read_status", "split_points"]
+__all__ = [
+    "HOSTS_PER_PART",
+    "MAX_PARTS",
+    "JoinPart",
+    "declared_by_part",
+    "host_names",
+    "read_status",
+    "split_points",
+]
+
+_Row = TypeVar("_Row")
 
 #: At most this many ranges read at once: etcd marshals each on its own core.
 MAX_PARTS = 4
@@ -79,16 +90,26 @@ def _valid_host(layout: KeyLayout, host: str) -> bool:
     return True
 
 
-def read_status(
-    allocator: Any, prefix: str, *, whole_fleet: bool, while_reading: Callable[[], None]
-) -> tuple[Any, Listing]:
-    """The applied policy (``None``: none, or unreadable) and every key under ``prefix``.
+#: Joins one part of the hosts' keys, and the policy's hosts that fall in it, into rows.
+JoinPart = Callable[[Any, Sequence[KeyValue], Iterable[str]], list[_Row]]
 
-    ``whole_fleet``: ``prefix`` is every host's (the read may be cut
-    between hosts). ``while_reading`` runs on this thread while the hosts
-    are read. A damaged policy record is reported and status goes on
-    without a policy: status is what an operator reads to find out what is
-    wrong, so it must not be the command that stops working when something is.
+
+def read_status(
+    allocator: Any,
+    prefix: str,
+    *,
+    only_host: str | None,
+    while_reading: Callable[[], None],
+    join: JoinPart[_Row],
+) -> tuple[Any, int, list[_Row]]:
+    """The applied policy, the revision read at and ``join``'s rows of every key under ``prefix``.
+
+    The policy is ``None`` when none is applied, or its record is damaged
+    (reported: status is what an operator reads to find out what is wrong,
+    so it must not be the command that stops working when something is).
+    ``only_host``: ``prefix`` is that host's, not every host's.
+    ``while_reading`` runs on this thread while the hosts are read; ``join``
+    is called per part, in key order, as each part is in.
     """
     layout: KeyLayout = allocator.layout
     store = allocator.store
@@ -96,15 +117,52 @@ def read_status(
         [Read(layout.policy), Read(layout.compiled_policy)]
     )
     compiled = _first(compiled_read)
-    splits = split_points(layout, host_names(compiled.value)) if whole_fleet and compiled else []
-    reader = _ListingReader(store, prefix, policy_read.revision, splits)
-    reader.start()
-    try:
+    list_parts = getattr(store, "list_parts", None)
+    splits = split_points(layout, host_names(compiled.value)) if compiled else []
+    if only_host is None and splits and list_parts is not None:
+        parts = list_parts(prefix, policy_read.revision, splits)
         while_reading()
         policy = _policy(allocator, _first(policy_read), compiled_read)
-    finally:
-        reader.join()
-    return policy, reader.result()
+        try:
+            return policy, policy_read.revision, _join_parts(policy, parts, splits, layout, join)
+        except Compacted:  # the revision read at is gone already: read the present, whole
+            pass
+        listing = store.list(prefix)
+    else:
+        reader = _ListingReader(store, prefix)
+        reader.start()
+        try:
+            while_reading()
+            policy = _policy(allocator, _first(policy_read), compiled_read)
+        finally:
+            reader.join()
+        listing = reader.result()
+    declared = () if policy is None or only_host is not None else policy.hosts
+    return policy, listing.revision, join(policy, listing.items, declared)
+
+
+def _join_parts(
+    policy: Any,
+    parts: Iterable[Listing],
+    splits: list[str],
+    layout: KeyLayout,
+    join: JoinPart[_Row],
+) -> list[_Row]:
+    declared = declared_by_part(layout, policy.hosts if policy is not None else (), splits)
+    rows: list[_Row] = []
+    for part, hosts in zip(parts, declared, strict=True):
+        rows.extend(join(policy, part.items, hosts))
+    return rows
+
+
+def declared_by_part(
+    layout: KeyLayout, hosts: Iterable[str], splits: Sequence[str]
+) -> list[list[str]]:
+    """``hosts`` grouped by the part of the hosts prefix, cut at ``splits``, their keys fall in."""
+    groups: list[list[str]] = [[] for _ in range(len(splits) + 1)]
+    for host in hosts:
+        groups[bisect.bisect_right(splits, layout.host(host))].append(host)
+    return groups
 
 
 def _first(listing: Listing) -> KeyValue | None:
@@ -122,34 +180,24 @@ def _policy(allocator: Any, item: KeyValue | None, compiled: Listing) -> Any:
     except BadRecord as exc:
         allocator.on_bad_record(exc)
         return None
-    return applied_policy(
-        allocator.store, allocator.layout, record, allocator.on_bad_record, compiled
-    )
+    on_bad = allocator.on_bad_record
+    return applied_policy(allocator.store, allocator.layout, record, on_bad, compiled)
 
 
 class _ListingReader(threading.Thread):
-    """Reads the hosts' keys; what it raised is raised again by :meth:`result`."""
+    """Reads every key under a prefix in one range; what it raised is raised by :meth:`result`."""
 
-    def __init__(self, store: Any, prefix: str, revision: int, splits: list[str]) -> None:
+    def __init__(self, store: Any, prefix: str) -> None:
         super().__init__(name="status-listing", daemon=True)
-        self._store, self._prefix, self._revision, self._splits = store, prefix, revision, splits
+        self._store, self._prefix = store, prefix
         self._listing: Listing | None = None
         self._error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            self._listing = self._read()
+            self._listing = self._store.list(self._prefix)
         except BaseException as exc:  # raised again on the caller's thread
             self._error = exc
-
-    def _read(self) -> Listing:
-        list_at = getattr(self._store, "list_at", None)
-        if list_at is None or not self._splits:
-            return self._store.list(self._prefix)  # type: ignore[no-any-return]
-        try:
-            return list_at(self._prefix, self._revision, self._splits)  # type: ignore[no-any-return]
-        except Compacted:  # the policy's revision is gone already: one range of the present
-            return self._store.list(self._prefix)  # type: ignore[no-any-return]
 
     def result(self) -> Listing:
         """The listing read, or what reading it raised."""

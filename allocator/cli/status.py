@@ -49,33 +49,36 @@ def _show(args: argparse.Namespace) -> int:
     kv = parse_key_values(args.words, ("host",))
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
     allocator = open_allocator(args)
+    now = allocator.clock()
+    layout = allocator.layout
+
+    def join(policy: Any, items: Any, declared: Any) -> list[Any]:
+        from allocator.status import status_of_part
+
+        return status_of_part(policy, items, layout, now, declared, only_host)
+
     try:
-        prefix = allocator.layout.host(only_host) if only_host else allocator.layout.hosts
-        policy, listing = read_status(
+        prefix = layout.host(only_host) if only_host else layout.hosts
+        _policy, revision, hosts = read_status(
             allocator,
             prefix,
-            whole_fleet=only_host is None,
+            only_host=only_host,
             while_reading=_load_joining_and_printing,
+            join=join,
         )
     finally:
         allocator.store.close()
-    # Loaded by now (see _read): these cost nothing here.
+    # Loaded by now (see read_status): these cost nothing here.
     from allocator.cli.output import emit, render_table
     from allocator.documents import status_document
-    from allocator.status import build_status, group_status
+    from allocator.status import group_status
 
-    hosts = build_status(
-        policy,
-        listing.items,
-        allocator.layout,
-        allocator.clock(),
-        only_host,
-    )
+    hosts.sort(key=_host_name)  # parts are cut by key, rows go by host name
     # With host= only that host was read: the other shares are unknown, not missing.
     groups = group_status(hosts) if only_host is None else []
     fmt = output_format(args)
     if fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
-        emit(status_document(hosts, listing.revision, groups), fmt)
+        emit(status_document(hosts, revision, groups), fmt)
     else:
         emit(None, fmt, _text(hosts, render_table, groups))
     return 0
@@ -87,6 +90,10 @@ def _load_joining_and_printing() -> None:
 
     for name in ("allocator.status", "allocator.documents", "allocator.cli.output"):
         importlib.import_module(name)
+
+
+def _host_name(host: Any) -> str:
+    return str(host.host)
 
 
 def _text(hosts: Any, render_table: Any, groups: Any = ()) -> str:

@@ -32,7 +32,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from allocator.errors import (
@@ -239,10 +239,13 @@ class EtcdHttpStore:
 
         return self._run(send, idempotent=True)
 
-    def list_at(self, prefix: str, revision: int, splits: Sequence[str] = ()) -> Listing:
+    def list_parts(
+        self, prefix: str, revision: int, splits: Sequence[str] = ()
+    ) -> Iterator[Listing]:
         """Every key under ``prefix`` as at ``revision``: ``len(splits) + 1`` ranges read at once.
 
-        See :mod:`allocator.store.etcd_http_parts`; a compacted ``revision``
+        One listing per part, in key order, each as soon as it is in (see
+        :mod:`allocator.store.etcd_http_parts`); a compacted ``revision``
         raises :class:`~allocator.errors.Compacted`.
         """
         from allocator.store.etcd_http_parts import list_in_parts

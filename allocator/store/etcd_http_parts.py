@@ -7,6 +7,8 @@ marshals the parts on several cores while this process decodes the first
 to arrive. Every part names the same ``revision``, so together they are
 exactly the one snapshot a single range would have been.
 
+The parts come back in key order, each as soon as it and those before it
+are in, so the caller decodes the first while etcd marshals the others.
 The first part goes through the store's own connection (with its
 failover, budget and error translation); the others each get a spare
 connection. A spare part that fails for any reason is read again through
@@ -20,10 +22,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from allocator.store.base import KeyValue, Listing
+from allocator.store.base import Listing
 from allocator.store.etcd_json import Json, b64, range_listing
 from allocator.store.etcd_rules import prefix_range_end
 
@@ -59,44 +61,69 @@ def ranged_request(start: bytes, end: bytes, revision: int) -> Json:
 
 def list_in_parts(
     store: EtcdHttpStore, prefix: str, revision: int, splits: Sequence[str]
-) -> Listing:
-    """Every key under ``prefix`` as at ``revision``, read as one range per part at once."""
+) -> Iterator[Listing]:
+    """Every key under ``prefix`` as at ``revision``: one listing per part, in key order.
+
+    Every part's read starts now, at once; iterating waits for each in turn,
+    so a caller works on the first part while etcd still marshals the rest.
+    An error is raised where its part would have been.
+    """
     requests = [ranged_request(lo, hi, revision) for lo, hi in key_ranges(prefix, splits)]
-    spares = [_SparePart(store, request) for request in requests[1:]]
-    for spare in spares:
-        spare.start()
+    parts = [_Part(store, request, spare=index > 0) for index, request in enumerate(requests)]
+    for part in parts:
+        part.start()
+    return _in_order(store, parts)
+
+
+def _in_order(store: EtcdHttpStore, parts: list[_Part]) -> Iterator[Listing]:
     try:
-        items: list[KeyValue] = list(store.read_range(requests[0]).items)
-        for spare in spares:
-            spare.join()
-            part = spare.listing if spare.listing is not None else store.read_range(spare.request)
-            items.extend(part.items)
+        for part in parts:
+            part.join()
+            yield part.listing(store)
     finally:
-        for spare in spares:
-            spare.close()
-    return Listing(tuple(items), revision)
+        for part in parts:
+            part.close()
 
 
-class _SparePart(threading.Thread):
-    """One part read over a spare connection; ``listing`` stays ``None`` if that failed."""
+class _Part(threading.Thread):
+    """One part's read: the first on the store's own connection, the others on spare ones."""
 
-    def __init__(self, store: EtcdHttpStore, request: Json) -> None:
+    def __init__(self, store: EtcdHttpStore, request: Json, *, spare: bool) -> None:
         super().__init__(name="etcd-range-part", daemon=True)
         self.request = request
-        self.listing: Listing | None = None
-        self._endpoint = store.spare_connection()
+        self._store = store if not spare else None
+        self._endpoint = store.spare_connection() if spare else None
         self._timeout = store.config.timeout
+        self._listing: Listing | None = None
+        self._error: Exception | None = None
 
     def run(self) -> None:
-        until = time.monotonic() + self._timeout
         try:
+            if self._endpoint is None:
+                assert self._store is not None
+                self._listing = self._store.read_range(self.request)
+                return
+            until = time.monotonic() + self._timeout
             self._endpoint.ready(until)
-            self.listing = self._endpoint.post_as(
+            self._listing = self._endpoint.post_as(
                 "/v3/kv/range", self.request, until, range_listing
             )
-        except Exception:  # read again on the store's connection, which reports it
-            self.listing = None
+        except Exception as exc:  # raised, or read again, on the caller's thread
+            self._error = exc
+
+    def listing(self, store: EtcdHttpStore) -> Listing:
+        """What the part read (after :meth:`join`).
+
+        A spare connection's failure is read again on the store's own,
+        which fails over and reports as every other call.
+        """
+        if self._listing is not None:
+            return self._listing
+        if self._endpoint is None and self._error is not None:
+            raise self._error
+        return store.read_range(self.request)
 
     def close(self) -> None:
-        """Close the spare connection."""
-        self._endpoint.close()
+        """Close the spare connection, if any."""
+        if self._endpoint is not None:
+            self._endpoint.close()
