@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from allocator.errors import BadRecord, Compacted, InvalidName
+from allocator.errors import BadRecord, Compacted, InvalidName, PermissionDenied
 from allocator.keys import KeyLayout
 from allocator.store import KeyValue, Listing, Read
 
@@ -113,9 +113,7 @@ def read_status(
     """
     layout: KeyLayout = allocator.layout
     store = allocator.store
-    policy_read, compiled_read = store.read_many(
-        [Read(layout.policy), Read(layout.compiled_policy)]
-    )
+    policy_read, compiled_read = _policy_records(store, layout)
     compiled = _first(compiled_read)
     list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
@@ -163,6 +161,22 @@ def declared_by_part(
     for host in hosts:
         groups[bisect.bisect_right(splits, layout.host(host))].append(host)
     return groups
+
+
+def _policy_records(store: Any, layout: KeyLayout) -> tuple[Listing, Listing]:
+    """The policy record and its compiled form, read in one batch (at one revision).
+
+    A user who may read the policy but not its compiled form (a role
+    granted before there was one) still gets status, from the YAML.
+    """
+    try:
+        policy_read, compiled_read = store.read_many(
+            [Read(layout.policy), Read(layout.compiled_policy)]
+        )
+    except PermissionDenied:
+        policy_read = store.read_many([Read(layout.policy)])[0]
+        compiled_read = Listing((), policy_read.revision)
+    return policy_read, compiled_read
 
 
 def _first(listing: Listing) -> KeyValue | None:
