@@ -73,13 +73,14 @@ def split_points(
     max_parts: int = MAX_PARTS,
     per_part: int = HOSTS_PER_PART,
 ) -> list[str]:
-    """Keys to cut the hosts' prefix at: parts of about as many hosts each.
+    """Keys to cut the hosts' prefix at, in key order: parts of about as many hosts each.
 
+    Key order is not name order (``node1-a/`` sorts before ``node1/``).
     Invalid names are left out (a cut is only ever a hint).
     """
-    names = sorted(h for h in hosts if _valid_host(layout, h))
-    parts = min(max_parts, len(names) // max(1, per_part))
-    return [layout.host(names[len(names) * i // parts]) for i in range(1, parts)]
+    keys = sorted(layout.host(h) for h in hosts if _valid_host(layout, h))
+    parts = min(max_parts, len(keys) // max(1, per_part))
+    return [keys[len(keys) * i // parts] for i in range(1, parts)]
 
 
 def _valid_host(layout: KeyLayout, host: str) -> bool:
@@ -156,7 +157,10 @@ def _join_parts(
 def declared_by_part(
     layout: KeyLayout, hosts: Iterable[str], splits: Sequence[str]
 ) -> list[list[str]]:
-    """``hosts`` grouped by the part of the hosts prefix, cut at ``splits``, their keys fall in."""
+    """``hosts`` grouped by the part of the hosts prefix, cut at ``splits``, their keys fall in.
+
+    ``splits`` as :func:`split_points` makes them: in key order, each once.
+    """
     groups: list[list[str]] = [[] for _ in range(len(splits) + 1)]
     for host in hosts:
         groups[bisect.bisect_right(splits, layout.host(host))].append(host)

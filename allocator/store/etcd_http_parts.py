@@ -72,14 +72,15 @@ def list_in_parts(
     parts = [_Part(store, request, spare=index > 0) for index, request in enumerate(requests)]
     for part in parts:
         part.start()
-    return _in_order(store, parts)
+    return _in_order(store, parts, revision)
 
 
-def _in_order(store: EtcdHttpStore, parts: list[_Part]) -> Iterator[Listing]:
+def _in_order(store: EtcdHttpStore, parts: list[_Part], revision: int) -> Iterator[Listing]:
     try:
         for part in parts:
             part.join()
-            yield part.listing(store)
+            # etcd's header names its newest revision; these keys are as at ``revision``
+            yield Listing(part.listing(store).items, revision)
     finally:
         for part in parts:
             part.close()
@@ -96,6 +97,7 @@ class _Part(threading.Thread):
         self._timeout = store.config.timeout
         self._listing: Listing | None = None
         self._error: Exception | None = None
+        self._abandoned = False
 
     def run(self) -> None:
         try:
@@ -110,6 +112,9 @@ class _Part(threading.Thread):
             )
         except Exception as exc:  # raised, or read again, on the caller's thread
             self._error = exc
+        finally:
+            if self._abandoned:  # closed while connecting: this connection is new
+                self.close()
 
     def listing(self, store: EtcdHttpStore) -> Listing:
         """What the part read (after :meth:`join`).
@@ -124,6 +129,7 @@ class _Part(threading.Thread):
         return store.read_range(self.request)
 
     def close(self) -> None:
-        """Close the spare connection, if any."""
+        """Close the spare connection, if any (now, and again once the read ends)."""
+        self._abandoned = True
         if self._endpoint is not None:
             self._endpoint.close()
