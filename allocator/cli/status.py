@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from allocator.cli.common import add_words_command, open_allocator, output_format
@@ -48,14 +49,20 @@ def _show(args: argparse.Namespace) -> int:
 
     kv = parse_key_values(args.words, ("host",))
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
+    fmt = output_format(args)
     allocator = open_allocator(args)
     now = allocator.clock()
     layout = allocator.layout
+    written: dict[str, bytes] = {}  # -o json: each host's part of the document
 
     def join(policy: Any, items: Any, declared: Any) -> list[Any]:
+        from allocator.documents import status_host_json
         from allocator.status import status_of_part
 
-        return status_of_part(policy, items, layout, now, declared, only_host)
+        hosts = status_of_part(policy, items, layout, now, declared, only_host)
+        if fmt == "json":  # written while etcd still sends the next part
+            written.update((host.host, status_host_json(host)) for host in hosts)
+        return hosts
 
     try:
         prefix = layout.host(only_host) if only_host else layout.hosts
@@ -70,14 +77,16 @@ def _show(args: argparse.Namespace) -> int:
         allocator.store.close()
     # Loaded by now (see read_status): these cost nothing here.
     from allocator.cli.output import emit, render_table
-    from allocator.documents import status_document
+    from allocator.documents import status_document, status_json
     from allocator.status import group_status
 
     hosts.sort(key=_host_name)  # parts are cut by key, rows go by host name
     # With host= only that host was read: the other shares are unknown, not missing.
     groups = group_status(hosts) if only_host is None else []
-    fmt = output_format(args)
-    if fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
+    text = status_json([written[h.host] for h in hosts], revision, groups) if written else None
+    if text is not None:
+        sys.stdout.write(text)
+    elif fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
         emit(status_document(hosts, revision, groups), fmt)
     else:
         emit(None, fmt, _text(hosts, render_table, groups))
