@@ -58,22 +58,26 @@ def status_host_json(host: HostStatus) -> bytes:
 
 def status_json(
     hosts: Sequence[bytes], revision: int, groups: Iterable[GroupStatus] = ()
-) -> str | None:
-    """``status -o json`` from its hosts as :func:`status_host_json` wrote them.
+) -> list[bytes] | None:
+    """``status -o json`` from its hosts as :func:`status_host_json` wrote them, in pieces.
 
-    Byte for byte what the CLI writes for :func:`status_document`: ``None``
-    when that is not plain ASCII (the CLI then writes it with every
+    Joined, byte for byte what the CLI writes for :func:`status_document`
+    (pieces: a fleet's document is megabytes, better not copied again).
+    ``None`` when that is not plain ASCII (the CLI then writes it with every
     character past ASCII escaped) or there is no host.
     """
     import msgspec
 
     empty = {"hosts": [], "jobs_across_hosts": [g.to_dict() for g in groups], "revision": revision}
     frame = msgspec.json.format(msgspec.json.encode(empty, order="sorted"), indent=2)
-    parts = [frame, *hosts]
-    if not hosts or not all(p.isascii() and b"\x7f" not in p for p in parts):
+    if not hosts or not all(p.isascii() and b"\x7f" not in p for p in (frame, *hosts)):
         return None
-    listed = b'"hosts": [\n' + b",\n".join(hosts) + b"\n  ]"
-    return frame.replace(b'"hosts": []', listed, 1).decode("ascii") + "\n"
+    head, tail = frame.split(b'"hosts": []', 1)
+    pieces = [head + b'"hosts": [\n']
+    for host in hosts:
+        pieces += (host, b",\n")
+    pieces[-1] = b"\n  ]" + tail + b"\n"
+    return pieces
 
 
 def _host(data: dict[str, Any]) -> dict[str, Any]:

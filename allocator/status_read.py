@@ -39,7 +39,7 @@ __all__ = [
 _Row = TypeVar("_Row")
 
 #: At most this many ranges read at once: etcd marshals each on its own core.
-MAX_PARTS = 4
+MAX_PARTS = 8
 #: No part smaller than this many hosts (~14 keys each): a small fleet is one range.
 HOSTS_PER_PART = 100
 

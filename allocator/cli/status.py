@@ -83,9 +83,10 @@ def _show(args: argparse.Namespace) -> int:
     hosts.sort(key=_host_name)  # parts are cut by key, rows go by host name
     # With host= only that host was read: the other shares are unknown, not missing.
     groups = group_status(hosts) if only_host is None else []
-    text = status_json([written[h.host] for h in hosts], revision, groups) if written else None
-    if text is not None:
-        sys.stdout.write(text)
+    pieces = status_json([written[h.host] for h in hosts], revision, groups) if written else None
+    if pieces is not None:
+        sys.stdout.flush()
+        sys.stdout.buffer.writelines(pieces)
     elif fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
         emit(status_document(hosts, revision, groups), fmt)
     else:

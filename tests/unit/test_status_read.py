@@ -57,8 +57,12 @@ def _in_range(key: str, bounds: tuple[bytes, bytes]) -> bool:
 def test_a_fleet_is_cut_into_parts_of_about_as_many_hosts() -> None:
     names = [f"node{n:04d}" for n in range(1000)]
     cuts = split_points(LAYOUT, reversed(names))
-    assert cuts == [LAYOUT.host("node0250"), LAYOUT.host("node0500"), LAYOUT.host("node0750")]
-    assert len(cuts) == MAX_PARTS - 1
+    assert cuts == [LAYOUT.host(names[1000 * n // MAX_PARTS]) for n in range(1, MAX_PARTS)]
+    assert split_points(LAYOUT, names, max_parts=4) == [
+        LAYOUT.host("node0250"),
+        LAYOUT.host("node0500"),
+        LAYOUT.host("node0750"),
+    ]
 
 
 def test_a_small_fleet_is_read_whole() -> None:
