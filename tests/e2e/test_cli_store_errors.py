@@ -104,21 +104,28 @@ def test_status_that_may_read_the_policy_but_not_the_hosts_exits_5_in_one_line(
         server.stop()
 
 
-def test_status_that_may_not_read_the_compiled_policy_shows_every_host(
-    tmp_path: Path, prefix: str
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_viewer_sees_every_host_with_or_without_the_compiled_policy(
+    tmp_path: Path, prefix: str, compiled: bool
 ) -> None:
-    # a role granted before policies had a compiled form: status parses the YAML
+    # Without the compiled form (a role granted before there was one) status parses
+    # the YAML and reads the hosts in one range; with it, in parts, each on its own
+    # connection logged in with the same token (a refused part would be read again).
     policy = tmp_path / "fleet.yaml"
     policy.write_text(fleet_policy(300))
     server = EtcdServer(tmp_path / "etcd", auth=True)
     server.start()
     try:
         layout = KeyLayout(prefix)
-        viewer = _viewer_of(server, policy, prefix, layout.policy, layout.hosts)
+        readable = [layout.policy, layout.hosts] + ([layout.compiled_policy] if compiled else [])
+        viewer = _viewer_of(server, policy, prefix, *readable)
+        before = server.requests_served("Range")
         result = run_cli(["status", "-o", "json"], viewer)
+        ranges = server.requests_served("Range") - before
     finally:
         server.stop()
     assert result.code == 0, result.err
     assert [h["host"] for h in json.loads(result.out)["hosts"]] == [
         host_name(n) for n in range(300)
     ]
+    assert ranges == (3 if compiled else 1)
