@@ -16,7 +16,7 @@ from allocator.status_read import read_status
 from allocator.store import Delete, Listing, Put
 from allocator.store.etcd_config import parse_etcd_url
 from allocator.store.etcd_http import EtcdHttpStore, _Endpoint, open_etcd_http
-from allocator.store.etcd_http_parts import key_ranges
+from allocator.store.etcd_http_parts import AT_ONCE, key_ranges, list_in_parts
 from bench.fleet import fleet_policy, host_name
 from tests.support.etcd_server import free_port
 from tests.unit.test_status import NOW
@@ -34,7 +34,10 @@ def _write(store: EtcdHttpStore, prefix: str, count: int) -> Listing:
 CUTS = ("k010/", "k025/", "k026/", "k040/")
 
 
-def test_parts_read_at_a_revision_hold_what_was_there_then(etcd_server: Any, prefix: str) -> None:
+@pytest.mark.parametrize("at_once", [1, AT_ONCE, 8])
+def test_parts_read_at_a_revision_hold_what_was_there_then(
+    etcd_server: Any, prefix: str, at_once: int
+) -> None:
     store = open_etcd_http(etcd_server.url)
     try:
         before = _write(store, prefix, 50)
@@ -45,7 +48,7 @@ def test_parts_read_at_a_revision_hold_what_was_there_then(etcd_server: Any, pre
         )
         store.put(f"{prefix}/k999/v", b"new at the end")
         splits = [f"{prefix}/{cut}" for cut in CUTS]
-        parts = list(store.list_parts(prefix + "/", before.revision, splits))
+        parts = list(list_in_parts(store, prefix + "/", before.revision, splits, at_once))
     finally:
         store.close()
     assert len(parts) == len(CUTS) + 1
