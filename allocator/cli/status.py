@@ -23,7 +23,7 @@ def register(commands: Any) -> None:
         "and idle time, joined with what each host's agent reports; then one line per job "
         "across several hosts (every share, its agent and its workers), idle holders (past "
         "their policy's idle rule) and processes on GPUs nobody was given. Reads every host "
-        "in one range read.",
+        "at one revision, in a few range reads (the policy's, then a fleet's hosts in parts).",
     )
 
 
