@@ -85,8 +85,7 @@ def _show(args: argparse.Namespace) -> int:
     groups = group_status(hosts) if only_host is None else []
     pieces = status_json([written[h.host] for h in hosts], revision, groups) if written else None
     if pieces is not None:
-        sys.stdout.flush()
-        sys.stdout.buffer.writelines(pieces)
+        _write_ascii(pieces)
     elif fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
         emit(status_document(hosts, revision, groups), fmt)
     else:
@@ -100,6 +99,16 @@ def _load_joining_and_printing() -> None:
 
     for name in ("allocator.status", "allocator.documents", "allocator.cli.output"):
         importlib.import_module(name)
+
+
+def _write_ascii(pieces: list[bytes]) -> None:
+    """Write ASCII ``pieces`` to stdout: to its bytes below when it has them (no copy)."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a text stream of the caller's (the CLI run in-process)
+        sys.stdout.write(b"".join(pieces).decode("ascii"))
+        return
+    sys.stdout.flush()
+    buffer.writelines(pieces)
 
 
 def _host_name(host: Any) -> str:
