@@ -19,7 +19,13 @@ if TYPE_CHECKING:  # status pulls in placement and the policy, which history doe
     from allocator.history import Stored
     from allocator.status import GroupStatus, HostStatus
 
-__all__ = ["history_document", "history_entry_document", "status_document"]
+__all__ = [
+    "history_document",
+    "history_entry_document",
+    "status_document",
+    "status_host_json",
+    "status_json",
+]
 
 #: Status fields whose empty value ("" or the table's "-") means "none".
 _GPU_OPTIONAL = ("holder", "since", "reason", "reserved", "outside_reservation", "slots", "idle")
@@ -36,6 +42,42 @@ def status_document(
         "jobs_across_hosts": [g.to_dict() for g in groups],
         "revision": revision,
     }
+
+
+def status_host_json(host: HostStatus) -> bytes:
+    """One host of ``status -o json``, written as it appears inside the document.
+
+    Sorted keys, indented by two from the depth of the ``hosts`` items: what
+    :func:`status_json` puts together, host by host, while the rest is read.
+    """
+    import msgspec
+
+    text = msgspec.json.format(msgspec.json.encode(_host(host.to_dict()), order="sorted"), indent=2)
+    return b"    " + text.replace(b"\n", b"\n    ")  # no raw line break inside a JSON string
+
+
+def status_json(
+    hosts: Sequence[bytes], revision: int, groups: Iterable[GroupStatus] = ()
+) -> list[bytes] | None:
+    """``status -o json`` from its hosts as :func:`status_host_json` wrote them, in pieces.
+
+    Joined, byte for byte what the CLI writes for :func:`status_document`
+    (pieces: a fleet's document is megabytes, better not copied again).
+    ``None`` when that is not plain ASCII (the CLI then writes it with every
+    character past ASCII escaped) or there is no host.
+    """
+    import msgspec
+
+    empty = {"hosts": [], "jobs_across_hosts": [g.to_dict() for g in groups], "revision": revision}
+    frame = msgspec.json.format(msgspec.json.encode(empty, order="sorted"), indent=2)
+    if not hosts or not all(p.isascii() and b"\x7f" not in p for p in (frame, *hosts)):
+        return None
+    head, tail = frame.split(b'"hosts": []', 1)
+    pieces = [head + b'"hosts": [\n']
+    for host in hosts:
+        pieces += (host, b",\n")
+    pieces[-1] = b"\n  ]" + tail + b"\n"
+    return pieces
 
 
 def _host(data: dict[str, Any]) -> dict[str, Any]:

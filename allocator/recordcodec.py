@@ -63,6 +63,9 @@ def decode_record(raw: bytes, kind: type[R], key: str = "", **names: str | None)
 _CURRENT_TAIL = b',"schema_version":%d}' % SCHEMA_VERSION
 
 
+_DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
 def _current_record(raw: bytes, kind: type[R]) -> R | None:
     """``raw`` decoded in one pass when it ends as this allocator writes records; else None.
 
@@ -72,8 +75,11 @@ def _current_record(raw: bytes, kind: type[R]) -> R | None:
     """
     if not raw.endswith(_CURRENT_TAIL):
         return None
+    decoder = _DECODERS.get(kind)
+    if decoder is None:  # one per kind: building it each time was a third of the decode
+        decoder = _DECODERS[kind] = msgspec.json.Decoder(kind)
     try:
-        return msgspec.json.decode(raw, type=kind)
+        return decoder.decode(raw)  # type: ignore[no-any-return]
     except msgspec.MsgspecError:
         return None  # the checked path says what is wrong
 

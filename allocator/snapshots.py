@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from allocator.errors import BadRecord, NotFound
-from allocator.keys import KeyLayout
+from allocator.keys import KeyLayout, split_host_key
 from allocator.records import AgentRecord, Assignment, PolicyRecord, WorkerRecord, decode_record
 from allocator.store import KeyValue
 
@@ -61,8 +61,9 @@ def snapshots_by_host(
     rest of the host, let alone other hosts.
     """
     parts: dict[str, dict[str, Any]] = {}
+    hosts = layout.hosts
     for item in items:
-        parsed = layout.parse_host_key(item.key)
+        parsed = split_host_key(item.key, hosts)
         if parsed is None:
             continue
         host, kind, name = parsed

@@ -22,7 +22,7 @@ state (a share whose agent is ``gone`` says so) and what the workers do.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -47,6 +47,7 @@ __all__ = [
     "agent_state",
     "build_status",
     "group_status",
+    "status_of_part",
 ]
 
 
@@ -171,9 +172,27 @@ def build_status(
     only_host: str | None = None,
 ) -> list[HostStatus]:
     """Join everything under the hosts prefix into per-host status."""
+    declared = policy.hosts if policy is not None else ()
+    return status_of_part(policy, items, layout, now, declared, only_host)
+
+
+def status_of_part(
+    policy: Policy | None,
+    items: Sequence[KeyValue],
+    layout: KeyLayout,
+    now: datetime,
+    declared: Iterable[str],
+    only_host: str | None = None,
+) -> list[HostStatus]:
+    """Status of the hosts with keys in ``items`` and of the ``declared`` hosts, by name.
+
+    ``items``: every key of those hosts (a part of the hosts prefix cut
+    between hosts, or all of it); ``declared``: the policy's hosts whose
+    keys would be in that part. Parts joined one by one make the same rows
+    as :func:`build_status` of the whole.
+    """
     stored = snapshots_by_host(items, layout, 0)
-    declared = set(policy.hosts) if policy is not None else set()
-    names = [only_host] if only_host is not None else sorted(set(stored) | declared)
+    names = [only_host] if only_host is not None else sorted(set(stored).union(declared))
     agent_keys = {item.key: item for item in items if item.key.endswith("/agent")}
     hosts = []
     for name in names:

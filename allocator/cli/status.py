@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import threading
+import sys
 from typing import Any
 
 from allocator.cli.common import add_words_command, open_allocator, output_format
@@ -23,7 +23,7 @@ def register(commands: Any) -> None:
         "and idle time, joined with what each host's agent reports; then one line per job "
         "across several hosts (every share, its agent and its workers), idle holders (past "
         "their policy's idle rule) and processes on GPUs nobody was given. Reads every host "
-        "in one range read.",
+        "at one revision, in a few range reads (the policy's, then a fleet's hosts in parts).",
     )
 
 
@@ -45,64 +45,52 @@ def run(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     from allocator.cli.args import parse_key_values
     from allocator.keys import validate_name
+    from allocator.status_read import read_status
 
     kv = parse_key_values(args.words, ("host",))
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
+    fmt = output_format(args)
     allocator = open_allocator(args)
+    now = allocator.clock()
+    layout = allocator.layout
+    written: dict[str, bytes] = {}  # -o json: each host's part of the document
+
+    def join(policy: Any, items: Any, declared: Any) -> list[Any]:
+        from allocator.documents import status_host_json
+        from allocator.status import status_of_part
+
+        hosts = status_of_part(policy, items, layout, now, declared, only_host)
+        if fmt == "json":  # written while etcd still sends the next part
+            written.update((host.host, status_host_json(host)) for host in hosts)
+        return hosts
+
     try:
-        prefix = allocator.layout.host(only_host) if only_host else allocator.layout.hosts
-        policy, listing = _read(allocator, prefix)
+        prefix = layout.host(only_host) if only_host else layout.hosts
+        _policy, revision, hosts = read_status(
+            allocator,
+            prefix,
+            only_host=only_host,
+            while_reading=_load_joining_and_printing,
+            join=join,
+        )
     finally:
         allocator.store.close()
-    # Loaded by now (see _read): these cost nothing here.
+    # Loaded by now (see read_status): these cost nothing here.
     from allocator.cli.output import emit, render_table
-    from allocator.documents import status_document
-    from allocator.status import build_status, group_status
+    from allocator.documents import status_document, status_json
+    from allocator.status import group_status
 
-    hosts = build_status(
-        policy,
-        listing.items,
-        allocator.layout,
-        allocator.clock(),
-        only_host,
-    )
+    hosts.sort(key=_host_name)  # parts are cut by key, rows go by host name
     # With host= only that host was read: the other shares are unknown, not missing.
     groups = group_status(hosts) if only_host is None else []
-    fmt = output_format(args)
-    if fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
-        emit(status_document(hosts, listing.revision, groups), fmt)
+    pieces = status_json([written[h.host] for h in hosts], revision, groups) if written else None
+    if pieces is not None:
+        _write_ascii(pieces)
+    elif fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
+        emit(status_document(hosts, revision, groups), fmt)
     else:
         emit(None, fmt, _text(hosts, render_table, groups))
     return 0
-
-
-def _read(allocator: Any, prefix: str) -> tuple[Any, Any]:
-    """The applied policy (``None``: none, or unreadable) and every key under ``prefix``.
-
-    The policy record is read first, as ever; the listing is then read on a
-    second thread while this one loads the modules that join and print, and
-    parses the policy. On a fleet etcd takes longer to answer the listing
-    (10 MB of JSON for 1,000 hosts) than both take, so they cost no time.
-    """
-    item = allocator.store.get(allocator.layout.policy)
-    read: dict[str, Any] = {}
-
-    def read_listing() -> None:
-        try:
-            read["listing"] = allocator.store.list(prefix)
-        except BaseException as exc:  # raised again on the main thread
-            read["error"] = exc
-
-    reader = threading.Thread(target=read_listing, name="status-listing", daemon=True)
-    reader.start()
-    try:
-        _load_joining_and_printing()
-        policy = _policy_if_readable(allocator, item)
-    finally:
-        reader.join()
-    if "error" in read:
-        raise read["error"]
-    return policy, read["listing"]
 
 
 def _load_joining_and_printing() -> None:
@@ -113,24 +101,18 @@ def _load_joining_and_printing() -> None:
         importlib.import_module(name)
 
 
-def _policy_if_readable(allocator: Any, item: Any) -> Any:
-    """The policy stored in ``item``; a damaged policy record is noted and status goes on.
+def _write_ascii(pieces: list[bytes]) -> None:
+    """Write ASCII ``pieces`` to stdout: to its bytes below when it has them (no copy)."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a text stream of the caller's (the CLI run in-process)
+        sys.stdout.write(b"".join(pieces).decode("ascii"))
+        return
+    sys.stdout.flush()
+    buffer.writelines(pieces)
 
-    Status is what an operator reads to find out what is wrong, so it must
-    not be the command that stops working when something is.
-    """
-    from allocator.errors import BadRecord
-    from allocator.policy import load_policy
-    from allocator.records import PolicyRecord, decode_record
 
-    if item is None:
-        return None
-    try:
-        record = decode_record(item.value, PolicyRecord, item.key)
-    except BadRecord as exc:
-        allocator.on_bad_record(exc)
-        return None
-    return load_policy(record.yaml, source="applied policy")
+def _host_name(host: Any) -> str:
+    return str(host.host)
 
 
 def _text(hosts: Any, render_table: Any, groups: Any = ()) -> str:

@@ -32,11 +32,12 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from allocator.errors import (
     AllocatorError,
+    Compacted,
     LeaseLost,
     StoreConfigError,
     StoreError,
@@ -237,6 +238,49 @@ class EtcdHttpStore:
             return endpoint.post_as("/v3/kv/range", request, until, range_listing)
 
         return self._run(send, idempotent=True)
+
+    def list_parts(
+        self, prefix: str, revision: int, splits: Sequence[str] = ()
+    ) -> Iterator[Listing]:
+        """Every key under ``prefix`` as at ``revision``: ``len(splits) + 1`` ranges read at once.
+
+        One listing per part, in key order, each as soon as it is in (see
+        :mod:`allocator.store.etcd_http_parts`); a compacted ``revision``
+        raises :class:`~allocator.errors.Compacted`.
+        """
+        from allocator.store.etcd_http_parts import list_in_parts
+
+        return list_in_parts(self, check_prefix(prefix), revision, splits)
+
+    def read_range(self, request: Json) -> Listing:
+        """One range request's keys, with failover and the call's budget, as every call.
+
+        A request for a compacted revision raises :class:`~allocator.errors.Compacted`
+        (no other endpoint would answer it either).
+        """
+
+        def send(endpoint: _Endpoint, until: float) -> Listing:
+            try:
+                return endpoint.post_as("/v3/kv/range", request, until, range_listing)
+            except EtcdStatus as exc:
+                if exc.code == Code.OUT_OF_RANGE and "compacted" in exc.details:
+                    raise Compacted(
+                        f"etcd at {endpoint.name}: {exc.details}", compact_revision=0
+                    ) from None
+                raise
+
+        return self._run(send, idempotent=True)
+
+    def spare_connection(self) -> _Endpoint:
+        """A second connection to the endpoint in use, carrying its login token (not yet open).
+
+        For reads made beside the store's own connection; the caller closes it.
+        """
+        with self._lock:
+            endpoint = _Endpoint(self.config, self._index, self.tls)
+            if self._endpoint is not None:
+                endpoint.token = self._endpoint.token
+        return endpoint
 
     def put(
         self,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from allocator.keys import KeyLayout
+from bench.fleet import fleet_policy, host_name
 from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
 from tests.support.etcd_server import EtcdServer
 
@@ -57,28 +61,39 @@ def test_sqlite_store_in_unwritable_place_is_one_line(tmp_path: Path) -> None:
     assert str(blocker) in result.err
 
 
+def _viewer_of(server: EtcdServer, policy: Path, prefix: str, *readable: str) -> dict[str, str]:
+    """Apply ``policy`` as root; the environment of a user who may read only ``readable``."""
+    root = f"etcd://root:{server.root_password}@{server.endpoint}"
+    applied = run_cli(
+        ["policy", "apply", str(policy)], clean_env(ALLOCATOR_STORE=root, ALLOCATOR_PREFIX=prefix)
+    )
+    assert applied.code == 0, applied.err
+    server.etcdctl("role", "add", "viewer")
+    for key in readable:
+        prefixed = ["--prefix"] if key.endswith("/") else []
+        server.etcdctl("role", "grant-permission", *prefixed, "viewer", "read", key)
+    server.etcdctl("user", "add", "viewer:viewer-secret")
+    server.etcdctl("user", "grant-role", "viewer", "viewer")
+    return clean_env(
+        ALLOCATOR_STORE=f"etcd://viewer:viewer-secret@{server.endpoint}", ALLOCATOR_PREFIX=prefix
+    )
+
+
+@pytest.mark.parametrize("hosts", [0, 300])  # 0: the example policy; 300: read in parts
 def test_status_that_may_read_the_policy_but_not_the_hosts_exits_5_in_one_line(
-    tmp_path: Path, prefix: str
+    tmp_path: Path, prefix: str, hosts: int
 ) -> None:
-    # status reads the hosts on a second thread while it parses the policy: a refusal
+    # status reads the hosts on other threads while it decodes the policy: a refusal
     # there is still the command's one line and exit code, with nothing printed.
+    policy = EXAMPLE_POLICY
+    if hosts:
+        policy = tmp_path / "fleet.yaml"
+        policy.write_text(fleet_policy(hosts))
     server = EtcdServer(tmp_path / "etcd", auth=True)
     server.start()
     try:
-        root = f"etcd://root:{server.root_password}@{server.endpoint}"
-        applied = run_cli(
-            ["policy", "apply", str(EXAMPLE_POLICY)],
-            clean_env(ALLOCATOR_STORE=root, ALLOCATOR_PREFIX=prefix),
-        )
-        assert applied.code == 0, applied.err
-        server.etcdctl("role", "add", "viewer")
-        server.etcdctl("role", "grant-permission", "viewer", "read", KeyLayout(prefix).policy)
-        server.etcdctl("user", "add", "viewer:viewer-secret")
-        server.etcdctl("user", "grant-role", "viewer", "viewer")
-        viewer = clean_env(
-            ALLOCATOR_STORE=f"etcd://viewer:viewer-secret@{server.endpoint}",
-            ALLOCATOR_PREFIX=prefix,
-        )
+        layout = KeyLayout(prefix)
+        viewer = _viewer_of(server, policy, prefix, layout.policy, layout.compiled_policy)
         for output in ("table", "json"):
             result = run_cli(["status", "-o", output], viewer)
             assert result.code == 5, (result.out, result.err)
@@ -87,3 +102,30 @@ def test_status_that_may_read_the_policy_but_not_the_hosts_exits_5_in_one_line(
             assert "Traceback" not in result.err and "secret" not in result.err
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_viewer_sees_every_host_with_or_without_the_compiled_policy(
+    tmp_path: Path, prefix: str, compiled: bool
+) -> None:
+    # Without the compiled form (a role granted before there was one) status parses
+    # the YAML and reads the hosts in one range; with it, in parts, each on its own
+    # connection logged in with the same token (a refused part would be read again).
+    policy = tmp_path / "fleet.yaml"
+    policy.write_text(fleet_policy(300))
+    server = EtcdServer(tmp_path / "etcd", auth=True)
+    server.start()
+    try:
+        layout = KeyLayout(prefix)
+        readable = [layout.policy, layout.hosts] + ([layout.compiled_policy] if compiled else [])
+        viewer = _viewer_of(server, policy, prefix, *readable)
+        before = server.requests_served("Range")
+        result = run_cli(["status", "-o", "json"], viewer)
+        ranges = server.requests_served("Range") - before
+    finally:
+        server.stop()
+    assert result.code == 0, result.err
+    assert [h["host"] for h in json.loads(result.out)["hosts"]] == [
+        host_name(n) for n in range(300)
+    ]
+    assert ranges == (3 if compiled else 1)

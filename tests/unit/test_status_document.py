@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from allocator.cli.output import json_text
-from allocator.documents import status_document
+from allocator.documents import status_document, status_host_json, status_json
 from allocator.gpus.model import GpuInfo
 from allocator.keys import KeyLayout
 from allocator.policy.model import Host, IdleRule, Job, Policy, Pool, Reservation, Sharing
@@ -158,6 +158,24 @@ def test_status_json_text_is_byte_for_byte_what_json_dumps_wrote() -> None:
     assert json_text(status_document(hosts, 41, groups)) == (
         json.dumps(old, indent=2, sort_keys=True) + "\n"
     )
+
+
+def test_status_json_put_together_host_by_host_is_byte_for_byte_the_whole_document() -> None:
+    hosts, groups = _status()
+    pieces = [status_host_json(h) for h in hosts]
+    whole = status_json(pieces, 41, groups)
+    assert whole is not None
+    assert b"".join(whole).decode() == json_text(status_document(hosts, 41, groups))
+    one = status_json(pieces[:1], 7, [])
+    assert one is not None
+    assert b"".join(one).decode() == json_text(status_document(hosts[:1], 7, []))
+
+
+def test_status_json_leaves_a_document_past_ascii_to_the_escaping_writer() -> None:
+    hosts, groups = _status()
+    odd = msgspec.structs.replace(hosts[0], bad_records=("caf\u00e9 \x7f",))
+    assert status_json([status_host_json(h) for h in [odd, *hosts[1:]]], 41, groups) is None
+    assert status_json([], 41, groups) is None  # no host: the whole document is written
 
 
 def test_a_status_document_can_be_edited_without_changing_the_rows() -> None:
