@@ -29,7 +29,6 @@ contract suite and the etcd tests run against both):
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,7 +38,6 @@ from allocator.errors import (
     AllocatorError,
     Compacted,
     LeaseLost,
-    StoreConfigError,
     StoreError,
     StoreUnavailable,
 )
@@ -57,12 +55,12 @@ from allocator.store.base import (
     TxnOutcome,
     Watch,
 )
-from allocator.store.etcd_config import EtcdConfig, format_endpoint, parse_etcd_url, read_pem
+from allocator.store.etcd_config import EtcdConfig, parse_etcd_url
+from allocator.store.etcd_http_endpoint import Endpoint, tls_context
 from allocator.store.etcd_json import (
     Json,
     b64,
     conflict_of,
-    json_object,
     key_value_of,
     listings_of,
     range_listing,
@@ -82,19 +80,17 @@ from allocator.store.etcd_rules import (
     translate_status,
     worth_another_endpoint,
 )
-from allocator.store.http_wire import HttpConnection, HttpError, NoAnswer, NotHttp, NotSent
+from allocator.store.http_wire import HttpError, NotHttp, NotSent
 from allocator.store.urls import redact_url
 
 if TYPE_CHECKING:
-    import ssl
-
     from allocator.store.etcd_http_watch import EtcdHttpWatch
 
-__all__ = ["MAX_TXN_OPS", "EtcdHttpStore", "open_etcd_http", "status_of_answer", "tls_context"]
+__all__ = ["MAX_TXN_OPS", "EtcdHttpStore", "open_etcd_http"]
 
 _T = TypeVar("_T")
 # One attempt of a call on an endpoint that is connected and logged in, by a deadline.
-_Send = Callable[["_Endpoint", float], _T]
+_Send = Callable[["Endpoint", float], _T]
 
 
 def open_etcd_http(url: str, *, create: bool = False) -> EtcdHttpStore:
@@ -106,101 +102,6 @@ def open_etcd_http(url: str, *, create: bool = False) -> EtcdHttpStore:
     signature (an etcd cluster always exists).
     """
     return EtcdHttpStore(parse_etcd_url(url), url)
-
-
-def tls_context(config: EtcdConfig) -> ssl.SSLContext | None:
-    """The TLS settings for ``config`` (``None`` for plaintext); bad files fail now."""
-    if not config.tls:
-        return None
-    import ssl
-
-    cadata = read_pem(config.cacert, "CA certificate")
-    read_pem(config.cert, "client certificate")
-    read_pem(config.key, "client key")
-    try:
-        context = ssl.create_default_context(cadata=cadata.decode("ascii") if cadata else None)
-        if config.cert is not None and config.key is not None:
-            context.load_cert_chain(config.cert, config.key)
-    except (ssl.SSLError, ValueError, UnicodeDecodeError) as exc:
-        raise StoreConfigError(f"etcd TLS files are not usable: {exc}") from None
-    return context
-
-
-def status_of_answer(status: int, body: bytes, path: str) -> EtcdStatus:
-    """The etcd status an HTTP error answer carries (JSON ``code`` and ``message``).
-
-    An answer that is not etcd's JSON means something else listens there
-    (or the gateway is off), reported as a code etcd never sends.
-    """
-    try:
-        data = json.loads(body)
-        code = int(data.get("code", Code.UNKNOWN))
-        message = str(data.get("message") or data.get("error") or f"HTTP {status}")
-    except (ValueError, AttributeError, TypeError):
-        text = body[:80].decode("utf-8", "replace").strip()
-        return EtcdStatus(
-            Code.UNIMPLEMENTED, f"HTTP {status} for {path} ({text!r}; is its JSON gateway on?)"
-        )
-    return EtcdStatus(code, message)
-
-
-class _Endpoint:
-    """One keep-alive connection to one endpoint, and the token it logged in with."""
-
-    def __init__(self, config: EtcdConfig, index: int, tls: ssl.SSLContext | None) -> None:
-        host, port = config.endpoints[index]
-        self.name = format_endpoint(host, port)
-        self.config = config
-        self.host, self.port, self.tls = host, port, tls
-        self.http = HttpConnection(host, port, tls)
-        self.token: str | None = None
-
-    def headers(self) -> dict[str, str]:
-        """What every request carries: the token, when logged in."""
-        return {"Authorization": self.token} if self.token else {}
-
-    def ready(self, until: float) -> None:
-        """Connect (again, if the server closed an idle connection) and log in if needed.
-
-        Nothing of the caller's request has been sent when this fails.
-        """
-        if not self.http.connected or self.http.dropped():
-            self.http.connect(until - time.monotonic())
-        if self.token is None and self.config.username is not None:
-            self.login(until)
-
-    def login(self, until: float) -> None:
-        """Get a fresh token for the configured user."""
-        self.token = None  # etcd refuses even a login that carries a stale token
-        body = {"name": self.config.username, "password": self.config.password}
-        try:
-            self.token = str(self.post("/v3/auth/authenticate", body, until)["token"])
-        except NoAnswer as exc:  # the caller's request is still unsent
-            raise NotSent(str(exc), exc.cause) from exc
-        except KeyError:
-            raise EtcdStatus(Code.UNKNOWN, "etcd's login answer holds no token") from None
-
-    def post(self, path: str, body: Json, until: float) -> Json:
-        """Send one request on the open connection; its decoded JSON answer."""
-        return self.post_as(path, body, until, json_object)
-
-    def post_as(self, path: str, body: Json, until: float, decode: Callable[[bytes], _T]) -> _T:
-        """Send one request on the open connection; its answer as ``decode`` reads it.
-
-        ``decode`` raises ``ValueError`` for an answer that is not what it reads.
-        """
-        payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
-        answer = self.http.request(path, payload, self.headers(), until - time.monotonic())
-        if answer.status != 200:
-            raise status_of_answer(answer.status, answer.body, path)
-        try:
-            return decode(answer.body)
-        except ValueError as exc:
-            raise NotHttp(f"{path} answered {answer.body[:80]!r}: {exc}") from None
-
-    def close(self) -> None:
-        """Close the connection."""
-        self.http.close()
 
 
 class EtcdHttpStore:
@@ -217,7 +118,7 @@ class EtcdHttpStore:
         self.endpoints = config.endpoint_names
         self.tls = tls_context(config)  # bad TLS files fail before any connection
         self._index = 0
-        self._endpoint: _Endpoint | None = None
+        self._endpoint: Endpoint | None = None
         self._lock = threading.RLock()
         self._closed = False
         self._watches: set[EtcdHttpWatch] = set()
@@ -234,7 +135,7 @@ class EtcdHttpStore:
         """Every key under ``prefix``, sorted, with the revision read at: one range request."""
         request = range_request(check_prefix(prefix), prefix=True)
 
-        def send(endpoint: _Endpoint, until: float) -> Listing:
+        def send(endpoint: Endpoint, until: float) -> Listing:
             return endpoint.post_as("/v3/kv/range", request, until, range_listing)
 
         return self._run(send, idempotent=True)
@@ -259,7 +160,7 @@ class EtcdHttpStore:
         (no other endpoint would answer it either).
         """
 
-        def send(endpoint: _Endpoint, until: float) -> Listing:
+        def send(endpoint: Endpoint, until: float) -> Listing:
             try:
                 return endpoint.post_as("/v3/kv/range", request, until, range_listing)
             except EtcdStatus as exc:
@@ -271,13 +172,13 @@ class EtcdHttpStore:
 
         return self._run(send, idempotent=True)
 
-    def spare_connection(self) -> _Endpoint:
+    def spare_connection(self) -> Endpoint:
         """A second connection to the endpoint in use, carrying its login token (not yet open).
 
         For reads made beside the store's own connection; the caller closes it.
         """
         with self._lock:
-            endpoint = _Endpoint(self.config, self._index, self.tls)
+            endpoint = Endpoint(self.config, self._index, self.tls)
             if self._endpoint is not None:
                 endpoint.token = self._endpoint.token
         return endpoint
@@ -410,7 +311,7 @@ class EtcdHttpStore:
     # --- plumbing ------------------------------------------------------------
 
     def _call(self, path: str, body: Json, *, idempotent: bool = False) -> Json:
-        def send(endpoint: _Endpoint, until: float) -> Json:
+        def send(endpoint: Endpoint, until: float) -> Json:
             return endpoint.post(path, body, until)
 
         return self._run(send, idempotent)
@@ -446,7 +347,7 @@ class EtcdHttpStore:
                 self._next_endpoint()
             raise AssertionError("every attempt returns or raises")
 
-    def _with_fresh_token(self, endpoint: _Endpoint, send: _Send[_T], until: float) -> _T:
+    def _with_fresh_token(self, endpoint: Endpoint, send: _Send[_T], until: float) -> _T:
         try:
             return send(endpoint, until)
         except EtcdStatus as exc:
@@ -476,9 +377,9 @@ class EtcdHttpStore:
             return translate_status(code, details, where)
         return None
 
-    def _current(self) -> _Endpoint:
+    def _current(self) -> Endpoint:
         if self._endpoint is None:
-            self._endpoint = _Endpoint(self.config, self._index, self.tls)
+            self._endpoint = Endpoint(self.config, self._index, self.tls)
         return self._endpoint
 
     def _next_endpoint(self) -> None:

@@ -31,7 +31,7 @@ from allocator.store.etcd_rules import (
 from allocator.store.http_wire import HttpConnection, HttpError, NotHttp, Stream
 
 if TYPE_CHECKING:
-    from allocator.store.etcd_http import _Endpoint
+    from allocator.store.etcd_http_endpoint import Endpoint
 
 __all__ = ["EtcdHttpWatch", "OpenedWatch", "open_watch_stream", "read_message"]
 
@@ -75,7 +75,7 @@ def read_message(stream: Stream, where: str) -> tuple[list[Event], AllocatorErro
     return [event_of(item) for item in result.get("events") or []], failure
 
 
-def open_watch_stream(endpoint: _Endpoint, request: Json, until: float) -> OpenedWatch:
+def open_watch_stream(endpoint: Endpoint, request: Json, until: float) -> OpenedWatch:
     """Open a watch on a new connection to ``endpoint`` and wait for etcd to create it.
 
     A refusal raises (``EtcdStatus``, or the translated cancel reason, so a
@@ -88,7 +88,7 @@ def open_watch_stream(endpoint: _Endpoint, request: Json, until: float) -> Opene
     stream = connection.open_stream("/v3/watch", body, endpoint.headers(), until - time.monotonic())
     try:
         if stream.status != 200:
-            from allocator.store.etcd_http import status_of_answer
+            from allocator.store.etcd_http_endpoint import status_of_answer
 
             raise status_of_answer(stream.status, stream.read_all(), "/v3/watch")
         first = read_message(stream, endpoint.name)

@@ -15,7 +15,8 @@ from allocator.status import status_of_part
 from allocator.status_read import read_status
 from allocator.store import Delete, Listing, Put
 from allocator.store.etcd_config import parse_etcd_url
-from allocator.store.etcd_http import EtcdHttpStore, _Endpoint, open_etcd_http
+from allocator.store.etcd_http import EtcdHttpStore, open_etcd_http
+from allocator.store.etcd_http_endpoint import Endpoint
 from allocator.store.etcd_http_parts import AT_ONCE, key_ranges, list_in_parts
 from bench.fleet import fleet_policy, host_name
 from tests.support.etcd_server import free_port
@@ -61,8 +62,8 @@ def test_parts_read_at_a_revision_hold_what_was_there_then(
 class _DeadSpares(EtcdHttpStore):
     """Spare connections go to a port nothing listens on."""
 
-    def spare_connection(self) -> _Endpoint:
-        return _Endpoint(parse_etcd_url(f"etcd://127.0.0.1:{free_port()}"), 0, None)
+    def spare_connection(self) -> Endpoint:
+        return Endpoint(parse_etcd_url(f"etcd://127.0.0.1:{free_port()}"), 0, None)
 
 
 def test_a_part_whose_spare_connection_fails_is_read_on_the_stores_own(
