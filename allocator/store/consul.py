@@ -444,7 +444,7 @@ class ConsulStore:
         return found.mod_revision if found else self._read_index(key, f"write {key}")
 
     def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
-        """One listing per item of ``reads`` (one local read each)."""
+        """One listing per item of ``reads`` (one request each)."""
         return read_each(self, reads)
 
     def txn_or_read(
