@@ -14,6 +14,9 @@ to ``MAX_SLEEP_S`` while nothing happens.
 A file event can arrive a moment before the commit it belongs to is
 visible (the log is written before its index is updated), so an event that
 shows nothing new is followed by a few quick re-reads before sleeping again.
+Those re-reads still listen for file events: any write to the store (the
+agent's own records, another prefix's keys) starts them, and a commit
+landing during one must be read at once, not after the step's sleep.
 """
 
 from __future__ import annotations
@@ -139,9 +142,15 @@ class SqliteWatch:
     """
 
     def __init__(
-        self, poll: Poll, cursor: int, changes: FileChanges | None, fastest: float
+        self,
+        poll: Poll,
+        cursor: int,
+        changes: FileChanges | None,
+        fastest: float,
+        settle: tuple[float, ...] = _SETTLE_S,
     ) -> None:
         self._poll = poll
+        self._settle = settle
         self._cursor = cursor
         self._changes = changes
         self._fastest = fastest
@@ -160,12 +169,14 @@ class SqliteWatch:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return []
-            if settle:  # a file event showed nothing yet: look again shortly
-                self._closed.wait(min(settle[0], remaining))
-                settle = settle[1:]
+            if settle and self._changes is not None:
+                # A file event showed nothing yet: look again shortly, or at once on the
+                # next file event (a commit landing meanwhile must not wait out the step).
+                woke = self._changes.wait(min(settle[0], remaining))
+                settle = self._settle if woke else settle[1:]
             elif self._changes is not None:
                 if self._changes.wait(min(MAX_SLEEP_S, remaining)):
-                    settle = _SETTLE_S
+                    settle = self._settle
             else:
                 # Waiting on the event (not time.sleep) lets close() end a wait early.
                 self._closed.wait(min(self._interval, remaining))

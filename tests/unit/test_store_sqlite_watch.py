@@ -12,6 +12,7 @@ import pytest
 from allocator.store import Event, open_store
 from allocator.store._sqlite_watch import MAX_SLEEP_S, FileChanges, SqliteWatch, backoff
 from allocator.store.sqlite import SqliteStore
+from tests.support.waiting import wait_for
 
 _WRITE = """
 import sys
@@ -108,3 +109,37 @@ def test_writes_to_other_files_in_the_directory_do_not_count(tmp_path: Path) -> 
         assert changes.wait(10.0) is True
     finally:
         changes.close()
+
+
+def test_a_commit_during_the_re_reads_after_an_unrelated_write_is_read_at_once(
+    tmp_path: Path,
+) -> None:
+    # A write under another prefix (the agent's own records) wakes the watch and shows it
+    # nothing, so it re-reads after short steps; a commit under its prefix landing during a
+    # step must be delivered on its own file event, not after the step (here a minute).
+    store = open_store(f"sqlite://{tmp_path / 'store.db'}", create=True)
+    assert isinstance(store, SqliteStore)
+    reads = counted(store)
+    changes = FileChanges.open(store.path)
+    assert changes is not None
+    watch = SqliteWatch(
+        lambda at: store.changes_since("/w/", at),
+        store.put("/other/a", b"0") + 1,
+        changes,
+        0.025,
+        settle=(60.0,),
+    )
+    result: list[list[Event]] = []
+    waiter = threading.Thread(target=lambda: result.append(watch.next(120.0)))
+    try:
+        waiter.start()
+        wait_for("the watch's first read", lambda: len(reads) >= 1)
+        store.put("/other/b", b"1")
+        wait_for("the watch to read after the unrelated write", lambda: len(reads) >= 2)
+        store.put("/w/k", b"2")
+        waiter.join(10)
+        assert [(e.key, e.value) for e in result[0]] == [("/w/k", b"2")]
+    finally:
+        watch.close()
+        waiter.join(10)
+        store.close()
