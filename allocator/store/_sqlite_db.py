@@ -133,11 +133,16 @@ def _open_read_only(path: Path, busy_timeout: float, immutable: bool) -> sqlite3
         uri, uri=True, timeout=busy_timeout, isolation_level=None, check_same_thread=False
     )
     try:
-        version = _user_version(conn)
+        # One statement, so one snapshot: read apart, a store created in between
+        # would show its tables without its version, and look foreign.
+        version, objects = conn.execute(
+            "SELECT (SELECT user_version FROM pragma_user_version),"
+            " (SELECT count(*) FROM sqlite_master)"
+        ).fetchone()
         if version > _SCHEMA_VERSION:
             raise _newer_schema(path, version)
         if version < _SCHEMA_VERSION:
-            if conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+            if objects:
                 raise _foreign(path)
             conn.close()
             return None

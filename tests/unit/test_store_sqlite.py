@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from allocator.errors import (
     StoreError,
     StoreUnavailable,
 )
-from allocator.store import open_store
+from allocator.store import _sqlite_db, open_store
 from allocator.store.sqlite import SqliteStore, path_of_url, translate
 
 
@@ -206,3 +207,57 @@ def test_a_read_only_database_error_becomes_permission_denied(store: SqliteStore
 
     assert isinstance(translated, PermissionDenied)
     assert str(db) in str(translated)
+
+
+class _Rows:
+    """A statement's rows, read to the end."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+
+    def fetchone(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self._rows
+
+
+class _CreatedAfterFirstStatement:
+    """A read-only connection during whose open another process creates the store."""
+
+    def __init__(self, conn: sqlite3.Connection, create: Callable[[], None]) -> None:
+        self._conn, self._create = conn, create
+
+    def execute(self, sql: str, *args: object) -> _Rows:
+        rows = _Rows(self._conn.execute(sql, *args).fetchall())  # this statement's read ends
+        create, self._create = self._create, lambda: None
+        create()  # after this statement, before the next one
+        return rows
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+
+def test_a_store_created_while_a_reader_opens_it_is_never_called_foreign(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db.touch()  # the creator's file, still empty
+    creator = SqliteStore(db)
+    real_connect = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> object:
+        conn = real_connect(*args, **kwargs)
+        if not kwargs.get("uri"):  # the creator's own (read-write) connection
+            return conn
+        return _CreatedAfterFirstStatement(conn, lambda: creator.put("/k", b"v"))
+
+    monkeypatch.setattr(_sqlite_db.sqlite3, "connect", connect)
+    reader = SqliteStore(db)
+    try:
+        found = reader.get("/k")  # before the creation (nothing) or after it: never foreign
+        assert found is None or found.value == b"v"
+    finally:
+        monkeypatch.undo()
+        reader.close()
+    assert SqliteStore(db).get("/k") is not None
+    creator.close()
