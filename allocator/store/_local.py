@@ -18,6 +18,7 @@ from allocator.store.base import (
     Delete,
     Op,
     Put,
+    Read,
     txn_size,
 )
 
@@ -28,6 +29,7 @@ __all__ = [
     "check_key",
     "check_not_compacted",
     "check_prefix",
+    "check_reads",
     "check_ttl",
     "check_txn",
     "check_value",
@@ -39,6 +41,12 @@ __all__ = [
 
 #: How many revisions of change history a local store keeps for watches.
 DEFAULT_HISTORY = 10_000
+
+
+def check_reads(reads: Sequence[Read]) -> None:
+    """Validate every key of a batch of reads before it is sent."""
+    for read in reads:
+        check_key(read.key)
 
 
 def check_key(key: str, what: str = "key") -> str:

@@ -41,7 +41,14 @@ from allocator.errors import (
     StoreError,
     StoreUnavailable,
 )
-from allocator.store._local import check_key, check_prefix, check_ttl, check_txn, check_value
+from allocator.store._local import (
+    check_key,
+    check_prefix,
+    check_reads,
+    check_ttl,
+    check_txn,
+    check_value,
+)
 from allocator.store._local import lease_of as _lease_of
 from allocator.store.base import (
     Compare,
@@ -220,8 +227,7 @@ class EtcdHttpStore:
 
     def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
         """One listing per item of ``reads``: one transaction of range reads, at one revision."""
-        for read in reads:
-            check_key(read.key)
+        check_reads(reads)
         request = {"success": read_ops(reads)}
         reply = self._call("/v3/kv/txn", request, idempotent=True)
         return listings_of(reply.get("responses") or [], _revision(reply))
@@ -231,8 +237,7 @@ class EtcdHttpStore:
     ) -> TxnOutcome:
         """``txn``; when a compare fails, the ``reads`` from the same request's failure branch."""
         check_txn(compares, ops, self.max_txn_ops)
-        for read in reads:
-            check_key(read.key)
+        check_reads(reads)
         reply = self._call("/v3/kv/txn", txn_request(compares, ops, reads))
         if reply.get("succeeded"):
             return TxnOutcome(True, _revision(reply))

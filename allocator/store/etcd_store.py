@@ -22,6 +22,7 @@ from allocator.errors import AllocatorError, StoreError
 from allocator.store._local import (
     check_key,
     check_prefix,
+    check_reads,
     check_ttl,
     check_txn,
     check_value,
@@ -192,8 +193,7 @@ class EtcdStore:
 
     def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
         """One listing per item of ``reads``: one request, all at one revision."""
-        for read in reads:
-            check_key(read.key)
+        check_reads(reads)
         return self._call(lambda conn: conn.read_many(reads), idempotent=True)
 
     def txn_or_read(
@@ -201,8 +201,7 @@ class EtcdStore:
     ) -> TxnOutcome:
         """``txn``; a failed compare returns ``reads`` from the same request's failure branch."""
         check_txn(compares, ops, self.max_txn_ops)
-        for read in reads:
-            check_key(read.key)
+        check_reads(reads)
         return self._call(lambda conn: conn.txn_or_read(compares, ops, reads))
 
     # --- watches -------------------------------------------------------------
