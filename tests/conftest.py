@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,17 @@ from hypothesis import settings
 settings.register_profile("local", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "local")
+
+
+@pytest.fixture
+def stranger() -> Iterator[subprocess.Popen[bytes]]:
+    """A process from outside the allocator (someone's notebook), killed afterwards."""
+    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 @pytest.fixture

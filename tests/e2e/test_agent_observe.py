@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,17 +29,6 @@ def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]
         yield harness
     finally:
         harness.cleanup()
-
-
-@pytest.fixture
-def stranger() -> Iterator[subprocess.Popen[bytes]]:
-    """Someone's notebook, started outside the allocator."""
-    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def _scrape(port: int) -> Scrape:

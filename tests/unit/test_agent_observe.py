@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,16 +44,6 @@ ASSIGNED = {
         job="train", host="node1", gpus=(0,), mode="gpu", updated_by="a", updated_at="t"
     )
 }
-
-
-@pytest.fixture
-def stranger() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 class World:

@@ -6,7 +6,7 @@ import getpass
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
@@ -35,17 +35,6 @@ def tracked(request: pytest.FixtureRequest, make_harness: Callable[..., Harness]
     if request.param == "cgroup" and worker_cgroup_base()[0] is None:
         pytest.skip("this machine does not let the agent create cgroups")
     return make_harness(cgroups=request.param == "cgroup")
-
-
-@pytest.fixture
-def stranger() -> Iterator[subprocess.Popen[bytes]]:
-    """A process from outside the allocator (someone's notebook)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def _roots(h: Harness) -> dict[str, list[TreeRoot]]:
