@@ -9,7 +9,7 @@
 * idle writes: the same agents left idle for ``idle`` seconds, each doing
   what the agent's store link does (a keep-alive every heartbeat, a full
   re-read every resync, publishing through the agent's own
-  :class:`~allocator.agent.publisher.Publisher`); the store's revisions
+  :class:`~allocator.agent.sync.publisher.Publisher`); the store's revisions
   per minute count every write;
 * placement: 8 threads assigning on distinct hosts through the library
   (``Allocator.assign``) vs 8 raw aetcd clients sending transactions of the
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from allocator.agent.publisher import Publisher
-from allocator.assignments import Allocator
-from allocator.keys import KeyLayout
-from allocator.placement import Request
-from allocator.records import AgentRecord, GpuInfo
+from allocator.agent.sync.publisher import Publisher
+from allocator.control.client import Allocator
+from allocator.placement.choose import Request
+from allocator.records.keys import KeyLayout
+from allocator.records.types import AgentRecord, GpuInfo
 from allocator.store import Compare, Event, Op, Put, Read, Store, TxnOutcome, Watch, open_store
 from bench.common import Row, percentile, ratio_row, value_row
 from bench.fleet import fleet_policy, host_name

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from allocator.assignments import Allocator
-from allocator.keys import KeyLayout
-from allocator.records import AgentRecord, Assignment, GpuInfo, JobIndex, WorkerRecord
+from allocator.control.client import Allocator
+from allocator.records.keys import KeyLayout
+from allocator.records.types import AgentRecord, Assignment, GpuInfo, JobIndex, WorkerRecord
 from allocator.store import MAX_TXN_OPS, Op, Put, Store
 
 __all__ = ["Fleet", "fleet_policy", "host_name", "job_name", "load_fleet"]

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from allocator.errors import InvalidInput
-from allocator.identity import local_hostname
-from allocator.keys import DEFAULT_PREFIX, validate_name, validate_prefix
+from allocator.records.keys import DEFAULT_PREFIX, validate_name, validate_prefix
+from allocator.util.identity import local_hostname
 
 __all__ = ["AgentConfig", "default_state_dir", "load_agent_config"]
 

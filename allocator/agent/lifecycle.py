@@ -1,6 +1,6 @@
 """The agent's life cycle: signals, reload on SIGHUP, and the orderly (or not) end.
 
-A part of :class:`allocator.agent.loop.Agent`, kept apart to keep the loop's
+A part of :class:`allocator.agent.daemon.Agent`, kept apart to keep the loop's
 module small: what SIGTERM, SIGINT and SIGHUP do, what a reload may change
 while the agent runs, and what is stopped, kept and withdrawn at the end.
 """
@@ -18,13 +18,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from allocator.agent.config import AgentConfig
-    from allocator.agent.guard import StepGuard
+    from allocator.agent.gpu_care.mps import MpsDaemons
+    from allocator.agent.gpu_care.observe import Observer
     from allocator.agent.log import DecisionLog
-    from allocator.agent.mps import MpsDaemons
     from allocator.agent.notify import Notifier
-    from allocator.agent.observe import Observer
-    from allocator.agent.storelink import StoreLink
-    from allocator.agent.supervisor import Supervisor
+    from allocator.agent.processes.supervisor import Supervisor
+    from allocator.agent.step_guard import StepGuard
+    from allocator.agent.sync.store_thread import StoreLink
     from allocator.gpus.health import HealthMonitor
     from allocator.gpus.inventory import Inventory
 
@@ -37,7 +37,7 @@ WITHDRAW_SECONDS = 2.0
 
 
 class Lifecycle:
-    """Signals, reload and shutdown: a part of :class:`~allocator.agent.loop.Agent`."""
+    """Signals, reload and shutdown: a part of :class:`~allocator.agent.daemon.Agent`."""
 
     config: AgentConfig
     reload_config: Callable[[], AgentConfig] | None

@@ -1,6 +1,6 @@
 """One structured line per agent decision, as text (key=value) or JSON.
 
-Every field passes through :func:`allocator.secrets.redact` before it is
+Every field passes through :func:`allocator.util.redaction.redact` before it is
 formatted, so no log line can carry a store password or token, whichever
 call site logs a URL or an error message that quotes one.
 """
@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TextIO
 
-from allocator.agent.model import Action, GiveUp, Start, Stop
-from allocator.identity import format_time, utc_now
-from allocator.secrets import redact
+from allocator.agent.planning.types import Action, GiveUp, Start, Stop
+from allocator.util.identity import format_time, utc_now
+from allocator.util.redaction import redact
 
 __all__ = ["DecisionLog", "action_fields", "action_name", "as_fields"]
 

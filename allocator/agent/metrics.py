@@ -5,7 +5,7 @@ each GPU's utilization and memory with the holding job as a label, the
 processes on GPUs nobody was given, how long each job has been idle,
 workers running and restarts by cause per job, whether the store is
 reachable and for how long it has not been, and how long a reconcile
-takes (a histogram kept by :class:`allocator.agent.observe.Observer`).
+takes (a histogram kept by :class:`allocator.agent.gpu_care.observe.Observer`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from allocator.gpus.usage import GpuUsage
-from allocator.metrics import Family
-from allocator.records import GpuProcess
+from allocator.records.types import GpuProcess
+from allocator.status.metrics import Family
 
 __all__ = ["AgentMetricsState", "agent_families"]
 

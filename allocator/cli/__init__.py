@@ -38,7 +38,7 @@ __all__ = [
 
 #: Each command and the module that registers it, in the order ``--help`` lists them.
 COMMANDS = {
-    "set": "allocator.cli.assign",
+    "set": "allocator.cli.set",
     "get": "allocator.cli.get",
     "release": "allocator.cli.release",
     "status": "allocator.cli.status",
@@ -161,7 +161,7 @@ def _run_command(words: list[str]) -> int:
 
 def error_document(exit_code: int, message: str, name: str | None = None) -> dict[str, Any]:
     """The JSON object an error is under ``-o json``: ``{"error", "exit_code", "message"}``."""
-    from allocator.secrets import redact
+    from allocator.util.redaction import redact
 
     return {
         "error": name or ERROR_NAMES.get(exit_code, "internal_error"),
@@ -171,7 +171,7 @@ def error_document(exit_code: int, message: str, name: str | None = None) -> dic
 
 
 def _fail(label: str, message: str, code: int, structured: bool, name: str | None = None) -> None:
-    from allocator.secrets import redact
+    from allocator.util.redaction import redact
 
     if structured:
         line = json.dumps(error_document(code, message, name), sort_keys=True)

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from allocator.agent.config import load_agent_config
-    from allocator.agent.loop import Agent
+    from allocator.agent.daemon import Agent
 
     overrides = {
         "host": args.host,

@@ -17,7 +17,7 @@ from msgspec import Struct
 from msgspec.structs import replace
 
 from allocator.errors import InvalidInput
-from allocator.keys import validate_name
+from allocator.records.keys import validate_name
 
 __all__ = [
     "MAX_GPU_INDEX",
@@ -207,7 +207,7 @@ def parse_host_list(raw: str) -> tuple[str, ...]:
     hosts = tuple(validate_name(name, "host") for name in raw.split(","))
     if len(hosts) == 1:  # the usual case: no need to load what jobs across hosts use
         return hosts
-    from allocator.groups import MAX_JOB_HOSTS
+    from allocator.control.across_hosts import MAX_JOB_HOSTS
 
     repeated = sorted({h for h in hosts if hosts.count(h) > 1})
     if repeated:
@@ -221,7 +221,7 @@ def parse_host_list(raw: str) -> tuple[str, ...]:
 
 
 def _parse_slots(raw: str) -> int:
-    from allocator.records import MAX_SLOTS
+    from allocator.records.types import MAX_SLOTS
 
     if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_SLOTS:
         raise InvalidInput(f"slots={_shown(raw)}: expected a whole number from 1 to {MAX_SLOTS}")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from allocator.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from allocator.assignments import Allocator
+    from allocator.control.client import Allocator
 
 __all__ = [
     "CliArgumentParser",
@@ -107,8 +107,8 @@ def open_allocator(args: argparse.Namespace, *, create: bool = False) -> Allocat
     """
     import os
 
-    from allocator.assignments import Allocator
-    from allocator.keys import DEFAULT_PREFIX, validate_prefix
+    from allocator.control.client import Allocator
+    from allocator.records.keys import DEFAULT_PREFIX, validate_prefix
     from allocator.store import open_store, resolve_store_url
 
     url = resolve_store_url(getattr(args, "store", None))
@@ -176,7 +176,7 @@ def _remark(kind: str, message: str) -> None:
     import json
 
     from allocator.cli import one_line
-    from allocator.secrets import redact
+    from allocator.util.redaction import redact
 
     text = one_line(redact(message))
     if _STDERR["structured"]:

@@ -245,7 +245,7 @@ def _names(args: argparse.Namespace) -> set[str]:
     import os
 
     from allocator.errors import AllocatorError
-    from allocator.keys import DEFAULT_PREFIX, KeyLayout, validate_name, validate_prefix
+    from allocator.records.keys import DEFAULT_PREFIX, KeyLayout, validate_name, validate_prefix
     from allocator.store import open_store, resolve_store_url
 
     url = resolve_store_url(getattr(args, "store", None))
@@ -272,7 +272,7 @@ def _policy_names(store: Any, layout: Any, section: str) -> set[str]:
     """The names under ``section`` of the applied policy (read, not validated: only offered)."""
     import yaml
 
-    from allocator.records import PolicyRecord, decode_record
+    from allocator.records.types import PolicyRecord, decode_record
 
     item = store.get(layout.policy)
     if item is None:

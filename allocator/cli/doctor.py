@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from allocator.cli.output import emit, render_table
     from allocator.errors import EXIT_INVALID, AllocatorError
     from allocator.gpus.doctor import Finding, overall, run_checks
-    from allocator.identity import local_hostname
-    from allocator.keys import validate_name
+    from allocator.records.keys import validate_name
+    from allocator.util.identity import local_hostname
 
     kv = parse_key_values(args.words, ("host",))
     state: dict[str, Any] = {}
@@ -94,7 +94,7 @@ def _policy(allocator: Any, state: dict[str, Any]) -> Any:
 
 
 def _host(allocator: Any, policy: Any) -> str:
-    from allocator.identity import local_hostname
+    from allocator.util.identity import local_hostname
 
     return str(allocator.default_host(policy)) if allocator is not None else local_hostname()
 
@@ -117,8 +117,8 @@ def _store_finding(allocator: Any, state: dict[str, Any], finding: Any) -> Any:
 
 
 def _agent_finding(allocator: Any, host: str, finding: Any) -> Any:
-    from allocator.identity import utc_now
-    from allocator.status import build_status
+    from allocator.status.join import build_status
+    from allocator.util.identity import utc_now
 
     listing = allocator.store.list(allocator.layout.host(host))
     snapshot = allocator.policy()

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from allocator.cli.output import emit
     from allocator.errors import ConflictError, InvalidInput
     from allocator.gpus.visible import render_exports
-    from allocator.keys import validate_name
+    from allocator.records.keys import validate_name
 
     kv = parse_key_values(args.words, ("job", "host", "worker"))
     if "job" not in kv:
@@ -77,11 +77,11 @@ def _worker_index(raw: str) -> int:
 
 def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict[str, str]], str]:
     """The job's worker environments, and a remark (why none, or a fallback)."""
-    from allocator.agent.desired import desired_job
-    from allocator.assignments import job_not_found
+    from allocator.agent.planning.desired import desired_job
+    from allocator.control.client import job_not_found
     from allocator.errors import RequestError
     from allocator.gpus.visible import worker_environments
-    from allocator.keys import validate_name
+    from allocator.records.keys import validate_name
 
     snapshot = allocator.require_policy()
     policy = snapshot.policy
@@ -122,8 +122,8 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
 
 def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int | None]:
     """MASTER_ADDR and MASTER_PORT as the host's agent gives them to ``job``."""
-    from allocator.agent.desired import DEFAULT_MASTER_ADDR
-    from allocator.agent.ports import allocate_master_ports
+    from allocator.agent.planning.desired import DEFAULT_MASTER_ADDR
+    from allocator.agent.planning.ports import allocate_master_ports
 
     published = state.workers.get(job)
     if published is not None and published.master_port is not None:
@@ -136,7 +136,7 @@ def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int 
 
 def _share(allocator: Any, assignment: Any) -> Any:
     """The share's place in its job across hosts, from one read of each of the job's hosts."""
-    from allocator.agent.multihost import peer_from_listing, share_of
+    from allocator.agent.planning.across_hosts import peer_from_listing, share_of
 
     peers = {}
     for node in assignment.nodes:
@@ -152,7 +152,7 @@ def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str]]
     """The host agent's inventory and health, else this machine's NVML (or the declared count)."""
     import os
 
-    from allocator.identity import local_hostname
+    from allocator.util.identity import local_hostname
 
     agent = state.agent
     if agent is not None and agent.gpus:

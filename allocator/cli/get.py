@@ -27,9 +27,9 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the job's assignments (one line per host, or JSON/YAML)."""
-    from allocator.assignments import job_not_found
     from allocator.cli.args import parse_target_args
     from allocator.cli.output import emit
+    from allocator.control.client import job_not_found
 
     job, host = parse_target_args(args.words)
     allocator = open_allocator(args)
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 def _emit_group(args: argparse.Namespace, shares: list[Any]) -> None:
     """A job across hosts as one: nodes, MASTER_PORT, GPUs, and any share missing."""
     from allocator.cli.output import emit
-    from allocator.groups import describe_shares
+    from allocator.control.across_hosts import describe_shares
 
     first = shares[0]
     nodes = first.nodes

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from allocator.cli.common import add_words_command, open_allocator, output_format
 
 if TYPE_CHECKING:
-    from allocator.history import Stored
+    from allocator.control.history import Stored
 
 __all__ = ["register"]
 
@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     """Read the history streams the filters need, select, print."""
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
-    from allocator.documents import history_document
-    from allocator.history import parse_since, read_history, select
-    from allocator.identity import utc_now
-    from allocator.keys import validate_name
+    from allocator.control.history import parse_since, read_history, select
+    from allocator.records.keys import validate_name
+    from allocator.status.documents import history_document
+    from allocator.util.identity import utc_now
 
     kv = parse_key_values(args.words, ("job", "host", "gpu"))
     job = validate_name(kv["job"], "job") if "job" in kv else None

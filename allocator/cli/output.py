@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from allocator.text import printable
+from allocator.util.printable import printable
 
 __all__ = ["emit", "json_text", "render_table"]
 
@@ -60,7 +60,7 @@ def emit(data: Any, fmt: str, text: str | None = None, *, keep: str = "\n") -> N
     if fmt == "json":
         sys.stdout.write(json_text(data))
     elif fmt == "yaml":
-        from allocator.policy.document import dump_yaml
+        from allocator.policy.yamlspec.document import dump_yaml
 
         sys.stdout.write(dump_yaml(data))
     elif text is not None:

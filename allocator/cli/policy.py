@@ -15,7 +15,7 @@ from allocator.cli.common import add_common_options, note, open_allocator, outpu
 from allocator.errors import AllocatorError
 
 if TYPE_CHECKING:
-    from allocator.assignments import Allocator
+    from allocator.control.client import Allocator
     from allocator.policy import Policy, PolicyWarning
 
 __all__ = ["register"]
@@ -73,8 +73,8 @@ def _read(path: str) -> str:
 
 def _lint(path: str) -> tuple[str, Policy, tuple[PolicyWarning, ...]]:
     """The file's text, its policy and the warnings about it now (``PolicyError`` if invalid)."""
-    from allocator.identity import utc_now
     from allocator.policy import lint_policy
+    from allocator.util.identity import utc_now
 
     text = _read(path)
     policy, warnings = lint_policy(text, path, utc_now())
@@ -173,7 +173,7 @@ def _fail_line(exc: AllocatorError) -> None:
     import sys
 
     from allocator.cli import one_line
-    from allocator.secrets import redact
+    from allocator.util.redaction import redact
 
     sys.stderr.write(f"allocator: error: {one_line(redact(str(exc)))}\n")
 
@@ -221,8 +221,8 @@ def run_diff(args: argparse.Namespace) -> int:
 
 def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
     """Held GPUs that ``policy``'s reservations take from their holders later (one read)."""
-    from allocator.assignments import snapshots_by_host
-    from allocator.reservations import upcoming_conflicts
+    from allocator.control.client import snapshots_by_host
+    from allocator.placement.reservations import upcoming_conflicts
 
     listing = allocator.store.list(allocator.layout.hosts)
     now = allocator.clock()
@@ -279,7 +279,7 @@ def run_show(args: argparse.Namespace) -> int:
     from allocator.cli.output import emit
     from allocator.errors import NotFound
     from allocator.policy import policy_to_dict
-    from allocator.text import printable
+    from allocator.util.printable import printable
 
     allocator = open_allocator(args)
     try:

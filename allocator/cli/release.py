@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from allocator.cli.common import add_words_command, note, open_allocator, output_format
 
 if TYPE_CHECKING:
-    from allocator.assignments import Allocator
+    from allocator.control.client import Allocator
 
 __all__ = ["register"]
 
@@ -60,9 +60,9 @@ def _host_of(allocator: Allocator, job: str) -> str | None:
 
     ``None`` for a job across several hosts: it is released as a whole.
     """
-    from allocator.assignments import job_not_found
+    from allocator.control.client import job_not_found
+    from allocator.control.job_index import locate_job
     from allocator.errors import RequestError
-    from allocator.jobindex import locate_job
 
     location = locate_job(allocator.store, allocator.layout, job, allocator.on_bad_record)
     if location.nodes or any(a.nodes for a in location.assignments):
@@ -81,7 +81,7 @@ def _release_across(args: argparse.Namespace, allocator: Allocator, job: str, re
     import json
 
     from allocator.cli.output import emit
-    from allocator.groups import describe_shares
+    from allocator.control.across_hosts import describe_shares
 
     result = allocator.release_across(job, reason=reason)
     for host in result.damaged:

@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from allocator.errors import InvalidInput
-    from allocator.keys import DEFAULT_PREFIX, KeyLayout, validate_prefix
-    from allocator.secrets import redact
+    from allocator.records.keys import DEFAULT_PREFIX, KeyLayout, validate_prefix
     from allocator.store import open_store, resolve_store_url
+    from allocator.util.redaction import redact
 
     host, port = parse_listen(args.listen)
     try:

@@ -44,8 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from allocator.cli.args import parse_key_values
-    from allocator.keys import validate_name
-    from allocator.status_read import read_status
+    from allocator.records.keys import validate_name
+    from allocator.status.read import read_status
 
     kv = parse_key_values(args.words, ("host",))
     only_host = validate_name(kv["host"], "host") if "host" in kv else None
@@ -56,8 +56,8 @@ def _show(args: argparse.Namespace) -> int:
     written: dict[str, bytes] = {}  # -o json: each host's part of the document
 
     def join(policy: Any, items: Any, declared: Any) -> list[Any]:
-        from allocator.documents import status_host_json
-        from allocator.status import status_of_part
+        from allocator.status.documents import status_host_json
+        from allocator.status.join import status_of_part
 
         hosts = status_of_part(policy, items, layout, now, declared, only_host)
         if fmt == "json":  # written while etcd still sends the next part
@@ -77,8 +77,8 @@ def _show(args: argparse.Namespace) -> int:
         allocator.store.close()
     # Loaded by now (see read_status): these cost nothing here.
     from allocator.cli.output import emit, render_table
-    from allocator.documents import status_document, status_json
-    from allocator.status import group_status
+    from allocator.status.documents import status_document, status_json
+    from allocator.status.join import group_status
 
     hosts.sort(key=_host_name)  # parts are cut by key, rows go by host name
     # With host= only that host was read: the other shares are unknown, not missing.
@@ -97,7 +97,7 @@ def _load_joining_and_printing() -> None:
     """Import the modules that join and print status (while etcd prepares its answer)."""
     import importlib
 
-    for name in ("allocator.status", "allocator.documents", "allocator.cli.output"):
+    for name in ("allocator.status.join", "allocator.status.documents", "allocator.cli.output"):
         importlib.import_module(name)
 
 
@@ -141,8 +141,8 @@ def _gpu_cells(g: Any) -> list[str]:
 
 def _usage_sections(hosts: Any) -> str:
     """Idle holders (past their rule) and processes on GPUs nobody was given, if any."""
-    from allocator.durations import format_duration
-    from allocator.status_usage import describe_unassigned
+    from allocator.status.gpu_use import describe_unassigned
+    from allocator.util.durations import format_duration
 
     idle = [
         f"  {h.host} {j.job}: idle for {format_duration(j.idle_seconds or 0)} ({j.idle_rule})"

@@ -54,7 +54,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from allocator.gpus.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
-from allocator.gpus.model import MigDevice
 from allocator.gpus.nvml import (
     ERROR_DRIVER_NOT_LOADED,
     ERROR_GPU_IS_LOST,
@@ -69,6 +68,7 @@ from allocator.gpus.nvml import (
     EVENT_XID_CRITICAL,
 )
 from allocator.gpus.topology import nvml_code
+from allocator.records.types import MigDevice
 
 _AGGREGATE_ECC = 1  # NVML_AGGREGATE_ECC
 _RETIRED_DOUBLE_BIT = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR

@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from allocator.errors import InvalidInput
-from allocator.gpus.model import MigDevice
 from allocator.gpus.topology import parse_cpu_list
-from allocator.recordfields import PcieLevel
-from allocator.records import PCIE_LEVELS
+from allocator.records.fields import PcieLevel
+from allocator.records.types import PCIE_LEVELS, MigDevice
 
 __all__ = [
     "DEFAULT_CUDA_DRIVER_VERSION",

@@ -17,9 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from allocator.gpus.model import GpuInfo
 from allocator.gpus.nvml import NvmlUnavailable, load_nvml, nvml_session, read_devices, source_kind
-from allocator.records import replace_struct
+from allocator.records.types import GpuInfo, replace_struct
 
 __all__ = [
     "Inventory",

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from allocator.errors import EXIT_UNAVAILABLE, AllocatorError
-from allocator.gpus.model import GpuInfo, MigDevice
 from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
-from allocator.recordfields import PcieLevel
-from allocator.records import replace_struct
+from allocator.records.fields import PcieLevel
+from allocator.records.types import GpuInfo, MigDevice, replace_struct
 
 __all__ = [
     "ERROR_GPU_IS_LOST",

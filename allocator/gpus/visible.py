@@ -43,9 +43,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from allocator.errors import RequestError
-from allocator.gpus.model import GpuInfo
 from allocator.policy.model import Policy
-from allocator.records import Assignment
+from allocator.records.types import Assignment, GpuInfo
 
 __all__ = [
     "MASTER_PORT_RANGE",

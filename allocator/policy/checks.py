@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from allocator.policy.model import Host, Job, Pool, Reservation
-from allocator.policy.reader import Reader
+from allocator.policy.yamlspec.reader import Reader
 
 __all__ = ["MAX_FLEET_GPUS", "check_policy"]
 

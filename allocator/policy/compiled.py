@@ -29,12 +29,11 @@ from functools import cache
 import msgspec
 
 from allocator import __version__
-from allocator.digest import sha256_hex
 from allocator.errors import BadRecord, PermissionDenied
-from allocator.keys import KeyLayout
 from allocator.policy import model
 from allocator.policy.model import Policy
-from allocator.records import CompiledPolicyRecord, PolicyRecord, decode_record
+from allocator.records.keys import KeyLayout
+from allocator.records.types import CompiledPolicyRecord, PolicyRecord, decode_record
 from allocator.store.base import (
     MAX_VALUE_BYTES,
     Compare,
@@ -45,6 +44,7 @@ from allocator.store.base import (
     Put,
     Store,
 )
+from allocator.util.digest import sha256_hex
 
 __all__ = [
     "COMPILED_FORMAT",

@@ -2,7 +2,7 @@
 
 A glob is matched with :func:`fnmatch.fnmatchcase` against job names, which
 are 1-63 characters of ``[A-Za-z0-9._-]``, never ``.`` or ``..``, never
-starting with ``-`` (:func:`allocator.keys.validate_name`). A glob that no
+starting with ``-`` (:func:`allocator.records.keys.validate_name`). A glob that no
 such name can match reserves GPUs for nobody; one that every name matches
 excludes nobody. Both are mistakes this module detects exactly, by reading
 the glob the way ``fnmatch`` does, one position at a time.
@@ -14,7 +14,7 @@ import fnmatch
 import string
 from typing import Final
 
-from allocator.keys import MAX_NAME_LENGTH
+from allocator.records.keys import MAX_NAME_LENGTH
 
 __all__ = ["NAME_CHARACTERS", "glob_matches_every_name", "glob_never_matches"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Final
 
 import msgspec
 
-from allocator.policy.reader import kind_of, line_of
+from allocator.policy.yamlspec.reader import kind_of, line_of
 from allocator.store.base import MAX_VALUE_BYTES
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from allocator.policy.globs import glob_matches_every_name
 from allocator.policy.model import Policy, Reservation
-from allocator.policy.sharing import SHARED
+from allocator.policy.sharing_field import SHARED
 
 __all__ = ["PolicyWarning", "policy_warnings"]
 

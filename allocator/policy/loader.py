@@ -18,14 +18,14 @@ from collections import OrderedDict
 from datetime import datetime
 from typing import Any
 
-from allocator.digest import sha256_hex
 from allocator.errors import PolicyError
 from allocator.policy.checks import check_policy
 from allocator.policy.limits import MAX_POLICY_BYTES, expansion_problem, size_problem
 from allocator.policy.lint import PolicyWarning, policy_warnings
 from allocator.policy.model import Policy
-from allocator.policy.reader import Reader, describe_node, is_null, kind_of, line_of
 from allocator.policy.spec import POLICY
+from allocator.policy.yamlspec.reader import Reader, describe_node, is_null, kind_of, line_of
+from allocator.util.digest import sha256_hex
 
 __all__ = [
     "lint_policy",
@@ -68,7 +68,7 @@ def lint_policy(text: str, source: str, now: datetime) -> tuple[Policy, tuple[Po
 
 
 def _load(text: str, source: str) -> tuple[Policy, Reader]:
-    from allocator.policy.document import compose  # PyYAML only when a policy is read
+    from allocator.policy.yamlspec.document import compose  # PyYAML only when a policy is read
 
     too_large = size_problem(text)
     if too_large is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING, Any
 
-from allocator.policy.kinds import Scalar, suggest
+from allocator.policy.yamlspec.kinds import Scalar, suggest
 
 if TYPE_CHECKING:
     from yaml.nodes import Node

@@ -8,18 +8,7 @@ dataclasses of :mod:`allocator.policy.model`.
 
 from __future__ import annotations
 
-from allocator.policy.idle import IDLE
-from allocator.policy.kinds import (
-    Bool,
-    Const,
-    Enum,
-    Glob,
-    Int,
-    Name,
-    Number,
-    Str,
-    Timestamp,
-)
+from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import (
     FallbackRule,
     HealthSettings,
@@ -31,9 +20,20 @@ from allocator.policy.model import (
     Reservation,
 )
 from allocator.policy.on_change import OnChange
-from allocator.policy.sharing import SharingKind
-from allocator.policy.structures import EnvMap, Field, ListOf, NameMap, OnlyWhen, Record
-from allocator.records import MAX_GPU_INDEX
+from allocator.policy.sharing_field import SharingKind
+from allocator.policy.yamlspec.kinds import (
+    Bool,
+    Const,
+    Enum,
+    Glob,
+    Int,
+    Name,
+    Number,
+    Str,
+    Timestamp,
+)
+from allocator.policy.yamlspec.structures import EnvMap, Field, ListOf, NameMap, OnlyWhen, Record
+from allocator.records.types import MAX_GPU_INDEX
 
 __all__ = [
     "DAY",
@@ -78,7 +78,7 @@ MAX_JOBS = 10_000
 MAX_RESERVATIONS = 1_000
 MAX_SMALL_SECTION = 1_000
 MAX_GLOBS = 100
-#: Matches what an assignment's ad-hoc command may hold (allocator.records).
+#: Matches what an assignment's ad-hoc command may hold (allocator.records.types).
 MAX_ARGUMENTS = 4096
 MAX_ARGUMENT_LENGTH = 65_536
 MAX_ENV_ENTRIES = 1024

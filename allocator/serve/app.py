@@ -31,14 +31,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from allocator.documents import status_document
-from allocator.identity import format_time, utc_now
-from allocator.metrics import CONTENT_TYPE, exposition
 from allocator.serve.fleet_metrics import fleet_families
 from allocator.serve.history import history_json
 from allocator.serve.mirror import FleetMirror
 from allocator.serve.watcher import FleetWatcher
+from allocator.status.documents import status_document
+from allocator.status.metrics import CONTENT_TYPE, exposition
 from allocator.store import Store
+from allocator.util.identity import format_time, utc_now
 
 __all__ = ["KEEPALIVE_SECONDS", "REFRESH_SECONDS", "Broadcaster", "Fleet", "build_app"]
 
@@ -78,7 +78,7 @@ class Fleet:
 
     def status(self) -> dict[str, Any]:
         """``status -o json`` of the mirrored fleet, now."""
-        from allocator.status import group_status
+        from allocator.status.join import group_status
 
         hosts, revision = self.mirror.status(self.wall(), self._note_bad)
         return status_document(hosts, revision, group_status(hosts))

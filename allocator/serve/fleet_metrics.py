@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from allocator.metrics import Family
-from allocator.status import HostStatus
+from allocator.status.join import HostStatus
+from allocator.status.metrics import Family
 
 __all__ = ["AGENT_STATES", "fleet_families"]
 

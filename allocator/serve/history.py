@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from allocator.errors import AllocatorError
-from allocator.keys import KeyLayout, validate_name
+from allocator.records.keys import KeyLayout, validate_name
 from allocator.store import Store
 
 __all__ = ["history_json"]
@@ -30,8 +30,8 @@ def history_json(
 ) -> tuple[int, dict[str, Any]]:
     """(HTTP status, document) for a history request with ``query``'s filters."""
     try:
-        history = importlib.import_module("allocator.history")
-        documents = importlib.import_module("allocator.documents")
+        history = importlib.import_module("allocator.control.history")
+        documents = importlib.import_module("allocator.status.documents")
         render = documents.history_document
     except (ImportError, AttributeError):
         return 501, _error(1, "this allocator has no history")
@@ -49,7 +49,7 @@ def _read(
     layout: KeyLayout,
     query: Mapping[str, str],
 ) -> dict[str, Any]:
-    from allocator.identity import utc_now
+    from allocator.util.identity import utc_now
 
     job = validate_name(query["job"], "job") if "job" in query else None
     host = validate_name(query["host"], "host") if "host" in query else None

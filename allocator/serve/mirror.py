@@ -19,8 +19,8 @@ from datetime import datetime
 from typing import Any
 
 from allocator.errors import BadRecord, PolicyError
-from allocator.keys import KeyLayout
 from allocator.policy import Policy
+from allocator.records.keys import KeyLayout
 from allocator.store import Event, KeyValue, Listing
 
 __all__ = ["FleetMirror"]
@@ -89,7 +89,7 @@ class FleetMirror:
         if item.value == raw:
             return parsed
         from allocator.policy import load_policy
-        from allocator.records import PolicyRecord, decode_record
+        from allocator.records.types import PolicyRecord, decode_record
 
         try:
             record = decode_record(item.value, PolicyRecord, item.key)
@@ -102,7 +102,7 @@ class FleetMirror:
 
     def status(self, now: datetime, on_bad: Callable[[str], None]) -> tuple[list[Any], int]:
         """``build_status`` of the mirrored fleet at ``now``, and the revision it shows."""
-        from allocator.status import build_status
+        from allocator.status.join import build_status
 
         items, policy_item, revision = self.snapshot()
         policy = self.policy(policy_item, on_bad)

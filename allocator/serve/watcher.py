@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from allocator.agent.link import RetryTimer
+from allocator.agent.sync.watches import RetryTimer
 from allocator.errors import AllocatorError, Compacted
-from allocator.identity import format_time, utc_now
-from allocator.secrets import redact
 from allocator.serve.mirror import FleetMirror
 from allocator.store import Event, Store
+from allocator.util.identity import format_time, utc_now
+from allocator.util.redaction import redact
 
 __all__ = ["POLL_SECONDS", "FleetWatcher", "StoreState"]
 

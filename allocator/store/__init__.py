@@ -2,8 +2,8 @@
 
 ``open_store(url)`` imports only the backend the URL names, so a command
 talking to SQLite never loads grpc or requests. etcd has two backends for
-the same URL: gRPC (:mod:`allocator.store.etcd`) for long-lived callers
-such as the agent, and etcd's JSON gateway (:mod:`allocator.store.etcd_http`)
+the same URL: gRPC (:mod:`allocator.store.etcd.grpc_backend`) for long-lived callers
+such as the agent, and etcd's JSON gateway (:mod:`allocator.store.etcd.store`)
 for ``one_shot`` callers such as CLI commands, which then start without
 loading gRPC. URL parsing and redaction live in :mod:`allocator.store.urls`.
 """
@@ -55,17 +55,17 @@ __all__ = [
 
 # scheme -> "module:factory"; each factory takes the URL string and ``create``.
 _BACKENDS = {
-    "sqlite": "allocator.store.sqlite:open_sqlite",
+    "sqlite": "allocator.store.sqlite.store:open_sqlite",
     "memory": "allocator.store.memory:open_memory",
-    "etcd": "allocator.store.etcd:open_etcd",
-    "etcds": "allocator.store.etcd:open_etcd",
-    "consul": "allocator.store.consul:open_consul",
-    "consuls": "allocator.store.consul:open_consul",
+    "etcd": "allocator.store.etcd.grpc_backend:open_etcd",
+    "etcds": "allocator.store.etcd.grpc_backend:open_etcd",
+    "consul": "allocator.store.consul.store:open_consul",
+    "consuls": "allocator.store.consul.store:open_consul",
 }
 # Where a one-shot caller is better served by another backend for the same URL.
 _ONE_SHOT_BACKENDS = {
-    "etcd": "allocator.store.etcd_http:open_etcd_http",
-    "etcds": "allocator.store.etcd_http:open_etcd_http",
+    "etcd": "allocator.store.etcd.store:open_etcd_http",
+    "etcds": "allocator.store.etcd.store:open_etcd_http",
 }
 
 
@@ -81,7 +81,7 @@ def resolve_store_url(explicit: str | None) -> str:
     Any password or token the URL carries is remembered, so it is masked in
     every later log line and kept from worker environments.
     """
-    from allocator.secrets import remember_url
+    from allocator.util.redaction import remember_url
 
     url = explicit or os.environ.get("ALLOCATOR_STORE") or default_store_url()
     remember_url(url)
@@ -102,7 +102,7 @@ def open_store(url: str, *, create: bool = False, one_shot: bool = False) -> Sto
     ``StoreConfigError`` for a malformed URL or an unknown scheme, with the
     URL's secrets masked.
     """
-    from allocator.secrets import remember_url
+    from allocator.util.redaction import remember_url
 
     remember_url(url)
     scheme = scheme_of(url)

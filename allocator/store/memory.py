@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from allocator.errors import LeaseLost, StoreConfigError, StoreUnavailable
-from allocator.store import _local
+from allocator.store import local
 from allocator.store.base import (
     MAX_TXN_OPS,
     Compare,
@@ -78,7 +78,7 @@ class _State:
             if isinstance(op, Put):
                 old = self.kv.get(op.key)
                 created = old.create_revision if old else self.revision
-                lease = _local.lease_of(op.lease)
+                lease = local.lease_of(op.lease)
                 self.kv[op.key] = KeyValue(op.key, op.value, self.revision, created, lease)
                 self.events.append(Event("put", op.key, op.value, self.revision))
             else:
@@ -141,7 +141,7 @@ class _MemoryWatch:
         with state.cond:
             while not self._closed:
                 state.reap()
-                _local.check_not_compacted(self._cursor, state.compact_revision, self._prefix)
+                local.check_not_compacted(self._cursor, state.compact_revision, self._prefix)
                 events = state.events_since(self._cursor, self._prefix)
                 self._cursor = max(self._cursor, state.revision + 1)
                 if events:
@@ -160,7 +160,7 @@ class _MemoryWatch:
             self._state.cond.notify_all()
 
 
-class MemoryStore(_local.ConditionalWrites):
+class MemoryStore(local.ConditionalWrites):
     """A Store kept in this process's memory (see the module docstring)."""
 
     max_txn_ops: int | None = MAX_TXN_OPS
@@ -170,7 +170,7 @@ class MemoryStore(_local.ConditionalWrites):
         url: str = _SCHEME,
         *,
         clock: Clock = time.monotonic,
-        history: int = _local.DEFAULT_HISTORY,
+        history: int = local.DEFAULT_HISTORY,
         state: _State | None = None,
     ) -> None:
         self.url = redact_url(url)
@@ -184,7 +184,7 @@ class MemoryStore(_local.ConditionalWrites):
 
     def get(self, key: str) -> KeyValue | None:
         """Return the current version of ``key``, or ``None`` if absent."""
-        _local.check_key(key)
+        local.check_key(key)
         state = self._live()
         with state.cond:
             state.reap()
@@ -192,7 +192,7 @@ class MemoryStore(_local.ConditionalWrites):
 
     def list(self, prefix: str) -> Listing:
         """Return every key starting with ``prefix`` (sorted) and the store revision."""
-        _local.check_prefix(prefix)
+        local.check_prefix(prefix)
         state = self._live()
         with state.cond:
             state.reap()
@@ -201,15 +201,15 @@ class MemoryStore(_local.ConditionalWrites):
 
     def _apply(self, compares: Sequence[Compare], ops: Sequence[Op]) -> tuple[int, int]:
         """Check and apply a write; return (store revision, number of keys changed)."""
-        _local.check_txn(compares, ops, self.max_txn_ops)
+        local.check_txn(compares, ops, self.max_txn_ops)
         state = self._live()
         with state.cond:
             state.reap()
-            failed = _local.failed_compares(compares, state.mod_revision_of)
+            failed = local.failed_compares(compares, state.mod_revision_of)
             if failed:
-                raise _local.cas_conflict(compares, failed, state.mod_revision_of)
+                raise local.cas_conflict(compares, failed, state.mod_revision_of)
             for op in ops:
-                lease = _local.lease_of(op.lease) if isinstance(op, Put) else None
+                lease = local.lease_of(op.lease) if isinstance(op, Put) else None
                 if lease is not None and lease not in state.leases:
                     raise LeaseLost(
                         f"cannot put {op.key}: lease {lease} has expired or was revoked"
@@ -231,14 +231,14 @@ class MemoryStore(_local.ConditionalWrites):
 
     def watch(self, prefix: str, start_revision: int) -> Watch:
         """Watch ``prefix`` for changes with revision >= ``start_revision`` (<= 0: from now)."""
-        _local.check_prefix(prefix)
+        local.check_prefix(prefix)
         state = self._live()
         with state.cond:
-            return _MemoryWatch(state, prefix, _local.resolve_start(start_revision, state.revision))
+            return _MemoryWatch(state, prefix, local.resolve_start(start_revision, state.revision))
 
     def grant_lease(self, ttl: float) -> int:
         """Create a lease of ``ttl`` seconds; return its id."""
-        seconds = _local.check_ttl(ttl)
+        seconds = local.check_ttl(ttl)
         state = self._live()
         with state.cond:
             state.reap()
@@ -288,5 +288,5 @@ def open_memory(url: str, *, create: bool = True) -> Store:
     with _NAMED_LOCK:
         state = _NAMED.get(name)
         if state is None:
-            state = _NAMED[name] = _State(time.monotonic, _local.DEFAULT_HISTORY)
+            state = _NAMED[name] = _State(time.monotonic, local.DEFAULT_HISTORY)
     return MemoryStore(url, state=state)

@@ -18,9 +18,9 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from allocator.agent.launch import SHIM
-from allocator.keys import KeyLayout
-from allocator.records import WorkerRecord
+from allocator.agent.processes.launch import SHIM
+from allocator.records.keys import KeyLayout
+from allocator.records.types import WorkerRecord
 from allocator.store import open_store
 from tests.e2e.conftest import Result, run_cli
 from tests.support.fake_gpus import FakeGpus

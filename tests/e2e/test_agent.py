@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from allocator.records import Assignment
+from allocator.records.types import Assignment
 from allocator.store import open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, pid_alive, processes_running
 from tests.support.waiting import wait_for

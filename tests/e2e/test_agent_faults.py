@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from allocator.records import Assignment
+from allocator.records.types import Assignment
 from tests.e2e.agent_harness import HOST, AgentHarness, pid_alive
 from tests.e2e.conftest import run_cli
 from tests.support.waiting import wait_for

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from allocator.records import AgentRecord, Assignment
+from allocator.records.types import AgentRecord, Assignment
 from allocator.store import open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, _job, agent_policy, pid_alive
 from tests.support.ports import colliding_job_names

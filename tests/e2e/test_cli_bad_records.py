@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from allocator.keys import KeyLayout
-from allocator.records import Assignment
+from allocator.records.keys import KeyLayout
+from allocator.records.types import Assignment
 from allocator.store import open_store
 from tests.e2e.conftest import Cli
 

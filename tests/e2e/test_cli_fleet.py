@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from allocator.assignments import Allocator
-from allocator.keys import KeyLayout
-from allocator.records import Assignment
-from allocator.status_read import MAX_PARTS
+from allocator.control.client import Allocator
+from allocator.records.keys import KeyLayout
+from allocator.records.types import Assignment
+from allocator.status.read import MAX_PARTS
 from allocator.store import Put, open_store
 from bench.fleet import fleet_policy
 from tests.e2e.conftest import run_cli

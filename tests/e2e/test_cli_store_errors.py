@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.keys import KeyLayout
+from allocator.records.keys import KeyLayout
 from bench.fleet import fleet_policy, host_name
 from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
 from tests.support.etcd_server import EtcdServer

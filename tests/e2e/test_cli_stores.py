@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.keys import KeyLayout
+from allocator.records.keys import KeyLayout
 from allocator.store import open_store
 from tests.e2e.conftest import EXAMPLE_POLICY, Cli, Result, clean_env, run_cli
 from tests.support.waiting import wait_for
@@ -115,7 +115,7 @@ def test_a_failing_apply_leaves_no_store_behind_and_a_good_one_creates_it(
 
 _CRASHING_AGENT = """
 import os, signal, sys
-from allocator.store.sqlite import SqliteStore
+from allocator.store.sqlite.store import SqliteStore
 store = SqliteStore(sys.argv[1])
 lease = store.grant_lease(0.5)
 store.put(sys.argv[2], b"{}", lease=lease)

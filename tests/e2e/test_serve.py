@@ -119,7 +119,9 @@ def test_an_open_event_stream_gets_the_fleet_and_does_not_hold_up_a_stop(served:
 
 
 def test_history_api_answers_what_the_cli_prints(served: Served) -> None:
-    pytest.importorskip("allocator.history", reason="history is another part of the allocator")
+    pytest.importorskip(
+        "allocator.control.history", reason="history is another part of the allocator"
+    )
     assert served.cli("set", "job=train", "gpus=1", "host=node1").code == 0
     assert served.cli("release", "job=train").code == 0
     printed = json.loads(served.cli("history", "job=train", "-o", "json").out)
@@ -175,11 +177,10 @@ def _publish_as_agent(url: str, prefix: str) -> None:
     """What node1's agent would publish: its leased record and train's worker record."""
     from datetime import timedelta
 
-    from allocator.gpus.model import GpuInfo
-    from allocator.identity import format_time, utc_now
-    from allocator.keys import KeyLayout
-    from allocator.records import AgentRecord, GpuProcess, WorkerRecord
+    from allocator.records.keys import KeyLayout
+    from allocator.records.types import AgentRecord, GpuInfo, GpuProcess, WorkerRecord
     from allocator.store import open_store
+    from allocator.util.identity import format_time, utc_now
 
     layout = KeyLayout(prefix)
     notebook = GpuProcess(

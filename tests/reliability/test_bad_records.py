@@ -23,7 +23,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from allocator.errors import BadRecord
-from allocator.records import AgentRecord, Assignment, PolicyRecord, WorkerRecord, decode_record
+from allocator.records.types import (
+    AgentRecord,
+    Assignment,
+    PolicyRecord,
+    WorkerRecord,
+    decode_record,
+)
 from allocator.store import open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, pid_alive
 from tests.reliability.conftest import Figures, scale

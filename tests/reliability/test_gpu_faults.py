@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from allocator.records import WorkerRecord
+from allocator.records.types import WorkerRecord
 from tests.e2e.agent_harness import AgentHarness, _job, agent_policy, pid_alive
 from tests.reliability.conftest import Figures, scale
 from tests.support.waiting import wait_for

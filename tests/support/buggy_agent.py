@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import allocator.agent.loop as loop
+import allocator.agent.daemon as loop
 from allocator.cli import run
 
 _real_plan = loop.plan

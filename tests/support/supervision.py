@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from allocator.agent import procs
-from allocator.agent.launch import SHIM
-from allocator.agent.model import DesiredJob, Device, WorkerSpec
-from allocator.agent.supervisor import Supervisor, WorkerExit
+from allocator.agent.planning.types import DesiredJob, Device, WorkerSpec
+from allocator.agent.processes import procs
+from allocator.agent.processes.launch import SHIM
+from allocator.agent.processes.supervisor import Supervisor, WorkerExit
 from tests.support.clock import FakeClock
 from tests.support.waiting import wait_for
 
@@ -239,8 +239,8 @@ def h(make_harness: Callable[..., Harness]) -> Harness:
 _HELPER = """
 import json, sys
 from pathlib import Path
-from allocator.agent.model import DesiredJob, Start, Stop, WorkerSpec
-from allocator.agent.supervisor import Supervisor
+from allocator.agent.planning.types import DesiredJob, Start, Stop, WorkerSpec
+from allocator.agent.processes.supervisor import Supervisor
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
 sup = Supervisor(Path(cfg["logs"]), Path(cfg["state"]), cgroups=cfg["cgroups"])

@@ -74,7 +74,7 @@ def test_help_does_not_even_load_yaml_or_tenacity(tmp_path: Path) -> None:
 
 
 def test_the_agent_loads_no_metrics_or_web_stack_until_asked() -> None:
-    probe = "import json, sys, allocator.agent.loop; print(json.dumps(sorted(sys.modules)))"
+    probe = "import json, sys, allocator.agent.daemon; print(json.dumps(sorted(sys.modules)))"
     proc = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
@@ -93,7 +93,7 @@ def test_the_agent_loads_no_metrics_or_web_stack_until_asked() -> None:
 def test_commands_on_etcd_talk_json_and_load_no_grpc(
     args: list[str], etcd_server: object, prefix: str
 ) -> None:
-    from allocator.assignments import Allocator
+    from allocator.control.client import Allocator
     from allocator.store import open_store
 
     url = str(etcd_server.url)  # type: ignore[attr-defined]
@@ -115,7 +115,7 @@ def test_commands_on_etcd_talk_json_and_load_no_grpc(
 def test_set_on_etcd_reads_the_compiled_policy_and_loads_only_what_it_uses(
     etcd_server: object, prefix: str
 ) -> None:
-    from allocator.assignments import Allocator
+    from allocator.control.client import Allocator
     from allocator.store import open_store
 
     url = str(etcd_server.url)  # type: ignore[attr-defined]
@@ -136,6 +136,6 @@ def test_set_on_etcd_reads_the_compiled_policy_and_loads_only_what_it_uses(
         "encodings.idna",  # the host name goes to getaddrinfo as ASCII bytes
         "hashlib",  # OpenSSL's start-up; the policy's hash is checked without it
         "shutil",  # argparse's terminal width, asked without it
-        "allocator.ranking",  # only count=N ranks GPUs
+        "allocator.placement.ranking",  # only count=N ranks GPUs
     }
     assert sorted(unused & modules) == []

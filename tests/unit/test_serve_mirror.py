@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from allocator.gpus.model import GpuInfo
-from allocator.keys import KeyLayout
-from allocator.records import AgentRecord, Assignment
+from allocator.records.keys import KeyLayout
+from allocator.records.types import AgentRecord, Assignment, GpuInfo
 from allocator.serve.mirror import FleetMirror
 from allocator.store import Event, KeyValue, Listing
 

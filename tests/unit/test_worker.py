@@ -10,7 +10,7 @@ import pytest
 from allocator.errors import InvalidInput
 from allocator.gpus.visible import worker_environments
 from allocator.policy.model import FallbackRule, Job, Policy
-from allocator.records import Assignment
+from allocator.records.types import Assignment
 from allocator.worker import (
     current,
     device_kind,

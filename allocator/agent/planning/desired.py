@@ -1,0 +1,380 @@
+"""What should run on this host: policy + assignments + GPU health -> desired jobs.
+
+Pure: everything it needs is passed in, nothing is read or written. The
+command a worker runs comes from the reviewed policy; an assignment may carry
+its own command only where the policy's job allows ad-hoc commands. On an
+exclusive host no two jobs run on one GPU (:mod:`allocator.agent.planning.exclusive_claims`),
+and a job held back by the flap limit (:mod:`allocator.agent.gpu_care.hold_down`)
+stays in its fallback. A share of a job across several hosts follows the
+other shares' faults (:mod:`allocator.agent.planning.across_hosts`): the job's fallback
+rule decides for every host.
+stays in its fallback. Workers on shared GPUs are told their share
+(:mod:`allocator.agent.planning.gpu_shares`) and every worker is pinned to its CPUs
+(:mod:`allocator.agent.planning.affinity`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from allocator.agent.gpu_care.hold_down import Pin
+from allocator.agent.planning.across_hosts import PeerHost, Share, share_of
+from allocator.agent.planning.affinity import with_affinity
+from allocator.agent.planning.exclusive_claims import refuse_double_claims
+from allocator.agent.planning.gpu_shares import share_env
+from allocator.agent.planning.ports import declared_master_port
+from allocator.agent.planning.types import DesiredJob, DesiredState, Device, WorkerSpec
+from allocator.errors import RequestError
+from allocator.gpus.visible import NodeGroup
+from allocator.placement.choose import pool_sharing, unavailable_gpus
+from allocator.policy.model import FallbackRule, Job, Policy
+from allocator.records.types import Assignment, GpuInfo, replace_struct
+
+__all__ = ["DEFAULT_MASTER_ADDR", "desired_job", "desired_jobs", "fingerprint", "master_port"]
+
+#: MASTER_ADDR of a single-host per-gpu job unless the agent's config says otherwise.
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+
+
+def desired_jobs(
+    policy: Policy,
+    host: str,
+    assignments: Mapping[str, Assignment],
+    assignment_revisions: Mapping[str, int],
+    inventory: Sequence[GpuInfo] | None,
+    unhealthy: Mapping[int, str],
+    failed: Mapping[str, int],
+    now: datetime | None = None,
+    *,
+    holders: Mapping[str, tuple[int, ...]] | None = None,
+    pinned: Mapping[str, Pin] | None = None,
+    ports: Mapping[str, int] | None = None,
+    master_addr: str = DEFAULT_MASTER_ADDR,
+    peers: Mapping[str, PeerHost] | None = None,
+    address: str | None = None,
+    allowed_cpus: frozenset[int] = frozenset(),
+    mps_dir: str | None = None,
+) -> dict[str, DesiredJob]:
+    """Return the desired job for every assignment on ``host``, keyed by job name.
+
+    ``failed`` maps a job to the assignment revision at which a ``fail``
+    fallback rule marked it failed; it stays failed until that revision changes.
+    Assignments naming another host are not this agent's and are left out.
+    ``now`` is the agent's clock, which judges reservation windows.
+    ``holders`` are the GPUs each job's live workers run on (who keeps a GPU
+    two assignments claim); ``pinned`` jobs are held in their fallback by the
+    flap limit; ``ports`` are the agent's MASTER_PORTs (see :mod:`allocator.agent.planning.ports`).
+    ``peers`` are the other hosts of this host's jobs across hosts, and
+    ``address`` is the address this agent advertises (MASTER_ADDR where it runs rank 0).
+    ``allowed_cpus`` are the CPUs workers may be pinned to (none: no pinning);
+    ``mps_dir`` is where the agent runs its MPS control daemons.
+    """
+    pins = pinned or {}
+    result = {
+        name: desired_job(
+            policy,
+            assignment,
+            assignment_revisions.get(name, 0),
+            inventory,
+            {**unhealthy, **pins[name].unhealthy} if name in pins else unhealthy,
+            failed.get(name),
+            now,
+            master_port=(ports or {}).get(name),
+            master_addr=master_addr,
+            share=share_of(assignment, address or master_addr, peers or {}),
+            mps_dir=mps_dir,
+        )
+        for name, assignment in sorted(assignments.items())
+        if assignment.host == host
+    }
+    for name, pin in pins.items():
+        if name in result and result[name].state in ("run", "wait"):
+            result[name] = replace(result[name], message=f"{result[name].message}; {pin.note}")
+    pool = policy.pool_of(host)
+    if pool is None or not pool.sharing.shared:
+        result = refuse_double_claims(
+            result, holders or {}, pool.name if pool else None, fingerprint(())
+        )
+    return with_affinity(result, policy, inventory, allowed_cpus)
+
+
+def desired_job(
+    policy: Policy,
+    assignment: Assignment,
+    revision: int,
+    inventory: Sequence[GpuInfo] | None,
+    unhealthy: Mapping[int, str],
+    failed_at: int | None,
+    now: datetime | None = None,
+    *,
+    master_port: int | None = None,
+    master_addr: str = DEFAULT_MASTER_ADDR,
+    share: Share | None = None,
+    mps_dir: str | None = None,
+) -> DesiredJob:
+    """Decide what one assigned job should do: run (and how), wait, fail or be refused.
+
+    ``master_port`` is the port the agent allocated for a per-gpu job; a port
+    the policy declares for the job wins over it. ``share`` is this host's
+    place in a job across several hosts (``None`` for a job on one host).
+    ``mps_dir``: see :func:`desired_jobs`.
+    """
+    job = policy.jobs.get(assignment.job)
+    if job is None:
+        message = (
+            f"job {assignment.job!r} holds GPUs but is not declared in the policy; "
+            "the agent runs only declared jobs"
+        )
+        return _not_running(
+            Job(name=assignment.job, command=()), assignment, revision, "undeclared", message
+        )
+    argv, refusal = _command(job, assignment)
+    if refusal is not None:
+        return _not_running(job, assignment, revision, "refused", refusal)
+    if failed_at is not None and failed_at == revision:
+        message = (
+            f"job {job.name!r} was marked failed; it stays failed until its assignment changes"
+        )
+        return _not_running(job, assignment, revision, "failed", message)
+    if share is not None and share.failed:
+        message = f"{share.failed}, so this share fails too (a collective needs every rank)"
+        return _not_running(job, assignment, revision, "failed", message)
+    rank = _Rendezvous(master_addr, _port_for(job, master_port), share, mps_dir)
+    if assignment.mode == "cpu":
+        reason = assignment.fallback_reason or "assigned gpus=cpu"
+        on_cpu = _on_cpu(assignment, reason)
+        return _running(policy, job, on_cpu, argv, revision, inventory, "", rank)
+    return _with_health(policy, job, assignment, argv, revision, inventory, unhealthy, now, rank)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rendezvous:
+    """Where a job's ranks meet (MASTER_ADDR and MASTER_PORT, or its share across
+    hosts), and where the MPS daemons of its shared GPUs listen."""
+
+    addr: str
+    port: int | None
+    share: Share | None = None
+    mps_dir: str | None = None
+
+    @property
+    def group(self) -> NodeGroup | None:
+        """The share's place in a job across hosts, once its MASTER_ADDR is known."""
+        return self.share.group if self.share is not None else None
+
+
+def _port_for(job: Job, allocated: int | None) -> int | None:
+    declared = declared_master_port(job)
+    return declared if declared is not None else allocated
+
+
+def _with_health(
+    policy: Policy,
+    job: Job,
+    assignment: Assignment,
+    argv: tuple[str, ...],
+    revision: int,
+    inventory: Sequence[GpuInfo] | None,
+    unhealthy: Mapping[int, str],
+    now: datetime | None,
+    rank: _Rendezvous,
+) -> DesiredJob:
+    """Apply the job's fallback rule when one of its GPUs is unhealthy or reserved for others.
+
+    A share of a job across hosts applies it too when another share's GPUs
+    are the trouble; only a fault of its own is published as its ``fault``.
+    """
+    bad, reserved = unavailable_gpus(policy, assignment, unhealthy, now)
+    trouble = "; ".join(f"GPU {gpu} {why}" for gpu, why in bad.items())
+    rule = policy.fallback_for(job.name)
+    if bad and rule is None and not reserved:
+        note = f"{trouble} (job {job.name!r} has no fallback rule; it keeps running on its GPUs)"
+        return _running(policy, job, assignment, argv, revision, inventory, note, rank)
+    fault: str | None = trouble if bad else None
+    if not bad and rank.share is not None and rank.share.trouble:
+        # A share with no rule publishes a fault only when a reservation stops it.
+        trouble = f"{rank.share.trouble} (this share follows: a collective needs every rank)"
+    elif not bad:
+        return _running(policy, job, assignment, argv, revision, inventory, "", rank)
+    if rule is None:  # running on would break the reservation
+        message = f"{trouble}; job {job.name!r} has no fallback rule, so it waits"
+        return _not_running(job, assignment, revision, "wait", message, fault)
+    if rule.action == "cpu":
+        note = f"{trouble}; running on CPU ({_rule_words(rule)})"
+        on_cpu = _on_cpu(assignment, trouble)
+        return _running(policy, job, on_cpu, argv, revision, inventory, note, rank, fault)
+    if rule.action == "wait":
+        message = f"{trouble}; waiting for it to recover ({_rule_words(rule)})"
+        return _not_running(job, assignment, revision, "wait", message, fault)
+    message = f"{trouble}; job {job.name!r} failed ({_rule_words(rule)})"
+    return _not_running(job, assignment, revision, "failed", message, fault)
+
+
+def _rule_words(rule: FallbackRule) -> str:
+    return f"fallback rule {rule.name!r}: {rule.action}"
+
+
+def _on_cpu(assignment: Assignment, reason: str) -> Assignment:
+    """The same assignment moved to CPU, so the rendered environment hides every GPU."""
+    return replace_struct(assignment, mode="cpu", gpus=(), fallback_reason=reason)
+
+
+def _command(job: Job, assignment: Assignment) -> tuple[tuple[str, ...], str | None]:
+    """The argv to run and, when the assignment's ad-hoc command is not allowed, why."""
+    if assignment.command is None:
+        return job.command, None
+    if not job.allow_adhoc_command:
+        return (), (
+            f"job {job.name!r}: the assignment carries its own command but the policy does "
+            "not allow ad-hoc commands for this job (allow_adhoc_command: false)"
+        )
+    if not assignment.command:
+        return (), f"job {job.name!r}: the assignment's ad-hoc command is empty"
+    return assignment.command, None
+
+
+def _running(
+    policy: Policy,
+    job: Job,
+    assignment: Assignment,
+    argv: tuple[str, ...],
+    revision: int,
+    inventory: Sequence[GpuInfo] | None,
+    message: str,
+    rank: _Rendezvous,
+    fault: str | None = None,
+) -> DesiredJob:
+    """A job that should run: one WorkerSpec per rendered environment."""
+    # Imported here: the sibling module is the one place environments are rendered.
+    from allocator.gpus.visible import worker_environments
+
+    if rank.share is not None and rank.group is None:  # its ranks would have nowhere to meet
+        waiting = "; ".join(m for m in (message, rank.share.waiting_for) if m)
+        return _not_running(job, assignment, revision, "wait", waiting, fault)
+    try:
+        envs = worker_environments(
+            assignment,
+            inventory,
+            policy,
+            fallback_reason=assignment.fallback_reason if assignment.mode == "cpu" else None,
+            master_addr=rank.addr,
+            master_port=rank.port,
+            group=rank.group,
+        )
+    except RequestError as exc:
+        return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
+    sharing = pool_sharing(policy, assignment.host)
+    mps_single = sharing.mode == "mps" and job.workers == "single" and not assignment.exclusive
+    if mps_single and len(assignment.gpus) > 1 and assignment.mode == "gpu":
+        message = (
+            f"job {job.name!r} runs one worker on GPUs {','.join(map(str, assignment.gpus))}, "
+            "but under MPS a worker uses one GPU (one control daemon per GPU)"
+        )
+        return _not_running(job, assignment, revision, "refused", message)
+    device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
+    gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
+    workers = tuple(
+        WorkerSpec(
+            job=job.name,
+            index=index,
+            argv=argv,
+            env={
+                **job.env,
+                **env,
+                **share_env(sharing, assignment, gpus[index], inventory, rank.mps_dir),
+            },
+            cwd=job.cwd,
+            gpus=gpus[index],
+            device=device,
+            user=job.user,
+            group=job.group,
+        )
+        for index, env in enumerate(envs)
+    )
+    return _desired(job, assignment, revision, "run", message, workers, device, fault)
+
+
+def _naming(job: Job, message: str) -> str:
+    """``message``, led by the job's name unless it already names the job."""
+    return message if message.startswith(f"job {job.name}") else f"job {job.name}: {message}"
+
+
+def _worker_gpus(assignment: Assignment, job: Job, index: int) -> tuple[int, ...]:
+    """The physical GPUs worker ``index`` sees: its own one in per-gpu mode."""
+    if assignment.mode == "cpu":
+        return ()
+    if job.workers == "per-gpu":
+        return assignment.gpus[index : index + 1]
+    return assignment.gpus
+
+
+def _not_running(
+    job: Job,
+    assignment: Assignment,
+    revision: int,
+    state: DesiredState,
+    message: str,
+    fault: str | None = None,
+) -> DesiredJob:
+    device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
+    return _desired(job, assignment, revision, state, message, (), device, fault)
+
+
+def _desired(
+    job: Job,
+    assignment: Assignment,
+    revision: int,
+    state: DesiredState,
+    message: str,
+    workers: tuple[WorkerSpec, ...],
+    device: Device,
+    fault: str | None = None,
+) -> DesiredJob:
+    return DesiredJob(
+        job=assignment.job,
+        state=state,
+        workers=workers,
+        fingerprint=fingerprint(workers),
+        on_change=job.on_change,
+        grace_seconds=job.grace_seconds,
+        max_restarts=job.max_restarts,
+        backoff_base=job.restart_backoff_seconds,
+        backoff_max=job.restart_backoff_max_seconds,
+        gpus=assignment.gpus,
+        device=device,
+        fallback_reason=assignment.fallback_reason if device == "cpu" else None,
+        message=message,
+        assignment_revision=revision,
+        fault=fault,
+    )
+
+
+def fingerprint(workers: Sequence[WorkerSpec]) -> str:
+    """sha256 over every worker's argv, env, cwd and user: what a running process cannot change.
+
+    ``user``/``group`` enter only when set, so jobs that name no one keep
+    the fingerprints they had before the fields existed (no restart on upgrade).
+    """
+    body = [
+        {
+            "argv": list(w.argv),
+            "env": dict(w.env),
+            "cwd": w.cwd,
+            **({"user": w.user, "group": w.group} if w.user or w.group else {}),
+        }
+        for w in workers
+    ]
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def master_port(job: Job) -> int | None:
+    """The policy's MASTER_PORT for the job, if it sets a valid one.
+
+    The allocator's variables override the job's env, so a port the policy
+    chose must be handed to the renderer; otherwise the agent allocates one.
+    """
+    return declared_master_port(job)

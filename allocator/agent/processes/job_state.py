@@ -1,0 +1,202 @@
+"""The supervisor's mutable bookkeeping per job and worker.
+
+Kept apart from :mod:`allocator.agent.processes.supervisor` (which does the process
+I/O) so the counting rules read on their own; the state-file form is in
+:mod:`allocator.agent.processes.state_file`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any
+
+from allocator.agent.planning.types import DesiredJob, JobView, WorkerSpec
+from allocator.agent.processes import procs
+
+__all__ = ["STABLE_RUN_SECONDS", "JobRuntime", "WorkerRuntime"]
+
+
+STABLE_RUN_SECONDS = 600.0
+
+
+@dataclass(slots=True)
+class WorkerRuntime:
+    """One worker: its shim (which leads the worker's session and process group) and its tree.
+
+    ``pid`` is the shim's; the worker's main process is ``main_pid`` once the
+    shim reported it. A worker recorded by an agent that started workers
+    without a shim has no ``status_path``: then ``pid`` is the main process.
+    """
+
+    spec: WorkerSpec
+    pid: int  # 0: not started (yet, or ever: ``error`` says why)
+    start_ticks: int | None  # /proc start time: with the pid, names exactly one process
+    popen: subprocess.Popen[bytes] | None = None  # None when adopted or never started
+    status_path: str = ""  # the shim's status file: the exit status outlives the agent
+    cgroup: str = ""  # the worker's own cgroup, when the agent could make one
+    main_pid: int = 0
+    main_ticks: int | None = None
+    exit_code: int | None = None  # of the main process; 128+N for signal N
+    shim_code: int | None = None  # the shim's own exit status, once reaped
+    stop_sent: bool = False  # we asked it to stop, so its exit is not a crash
+    group_gone: bool = False  # nothing of its process tree is left (reaped and checked)
+    adopted: bool = False
+    error: str = ""
+    status_seen: tuple[int, int] | None = None  # the status file version last read
+    # Processes of the tree that came to the agent after the shim died (pid -> start
+    # time), to be reaped by pid: they may be in no group of the worker's.
+    strays: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def pgid(self) -> int:
+        """The process group id: the shim started a new session, so its own pid."""
+        return self.pid
+
+    @property
+    def shim(self) -> bool:
+        """Whether the worker runs under a shim (every worker this agent starts does)."""
+        return bool(self.status_path)
+
+    @property
+    def shown_pid(self) -> int:
+        """The pid users care about: the worker's main process (0 while not known)."""
+        return self.main_pid if self.shim else self.pid
+
+
+@dataclass(slots=True)
+class JobRuntime:
+    """Everything the supervisor tracks for one job across restarts."""
+
+    spec: DesiredJob  # what the current workers were started from
+    fingerprint: str  # spec.fingerprint, or a later one accepted via on_change none/signal
+    started_at: float  # monotonic
+    workers: list[WorkerRuntime] = field(default_factory=list)
+    crash_restarts: int = 0
+    change_restarts: int = 0
+    restarts: int = 0
+    next_restart_at: float | None = None
+    gave_up: bool = False
+    stopping: bool = False
+    stop_deadline: float | None = None
+    stop_reason: str = ""
+    killed: bool = False  # SIGKILL already sent for the current stop
+    killed_at: float | None = None  # when the first SIGKILL pass went out
+    last_kill_pass: float | None = None
+    stopped: bool = False  # the last stop was ordered by the agent and finished: not a crash
+    crashed: bool = False  # a worker crashed since the current workers started
+    last_exit: int | None = None
+    message: str = ""
+    state: str = ""
+    since: str = ""
+
+    def alive(self) -> int:
+        """Workers whose process group still has processes."""
+        return sum(1 for worker in self.workers if not worker.group_gone)
+
+    def inherit_counters(self, old: JobRuntime) -> None:
+        """Carry restart counts over from the runtime this one replaces."""
+        self.crash_restarts = old.crash_restarts
+        self.change_restarts = old.change_restarts
+        self.restarts = old.restarts
+
+    def count_start(self, cause: str) -> None:
+        """Count a start: crash restarts apart from change restarts; a new spec resets the loop."""
+        if cause == "crash":
+            self.crash_restarts += 1
+        else:
+            self.crash_restarts = 0
+        if cause == "change":
+            self.change_restarts += 1
+        if cause != "new":
+            self.restarts += 1
+
+    def note_crash(self, code: int, message: str, ran_seconds: float) -> None:
+        """Record the first crash of the current workers.
+
+        Workers that had run at least :data:`STABLE_RUN_SECONDS` before the
+        crash were not in a crash loop: the loop count starts again from 0, so
+        a job that fails once a day is never given up on. (The same rule as
+        the kubelet's ten minutes; tying it to ``backoff_max`` instead would
+        reset the count on every crash of a job with a short backoff.)
+        """
+        if self.crashed:
+            return
+        if ran_seconds >= STABLE_RUN_SECONDS:
+            self.crash_restarts = 0
+        self.crashed, self.last_exit, self.message = True, code, message
+
+    def current_state(self) -> str:
+        """running, stopping, crashed, backoff, gave-up, exited or stopped."""
+        if self.gave_up:
+            return "gave-up"
+        if self.stopping:
+            return "stopping"
+        alive = self.alive() > 0
+        if self.crashed:
+            return "backoff" if self.next_restart_at is not None and not alive else "crashed"
+        if alive:
+            return "running"
+        if all(worker.exit_code == 0 for worker in self.workers):
+            return "exited"
+        return "stopped"
+
+    def refresh_state(self, stamp: str) -> bool:
+        """Update ``state`` (and ``since`` to ``stamp`` when it changed); True if it changed."""
+        state = self.current_state()
+        if state == self.state:
+            return False
+        self.state, self.since = state, stamp
+        return True
+
+    def tree_roots(self) -> tuple[tuple[int, int | None, str], ...]:
+        """Each live worker's tree root: (shim pid, its start ticks, its cgroup or "").
+
+        Everything below a root (the shim is a child subreaper) or in its
+        cgroup is the job's (see :mod:`allocator.agent.processes.tree`).
+        """
+        return tuple(
+            (w.pid, w.start_ticks, w.cgroup) for w in self.workers if w.pid > 0 and not w.group_gone
+        )
+
+    def view(self) -> JobView:
+        """The planner's snapshot of this job."""
+        return JobView(
+            job=self.spec.job,
+            fingerprint=self.fingerprint,
+            alive=self.alive(),
+            stopping=self.stopping,
+            exit_codes=tuple(worker.exit_code for worker in self.workers),
+            crash_restarts=self.crash_restarts,
+            change_restarts=self.change_restarts,
+            next_restart_at=self.next_restart_at,
+            gave_up=self.gave_up,
+            started_at=self.started_at,
+            gpus=self.spec.gpus,
+            device=self.spec.device,
+            grace_seconds=self.spec.grace_seconds,
+            stopped=self.stopped and not self.crashed and self.alive() == 0,
+        )
+
+    def record(self) -> dict[str, Any]:
+        """What the loop publishes for this job (see ``Supervisor.records``)."""
+        running = [w for w in self.workers if w.shown_pid > 0 and w.exit_code is None]
+        ticks = [w.main_ticks if w.shim else w.start_ticks for w in running]
+        start_times = [procs.ticks_to_epoch(t) for t in ticks if t]
+        return {
+            "state": self.state or self.current_state(),
+            "since": self.since,
+            "pids": [w.shown_pid for w in running],
+            "start_times": [t for t in start_times if t is not None],
+            "restarts": self.restarts,
+            "crash_restarts": self.crash_restarts,
+            "change_restarts": self.change_restarts,
+            "last_exit": self.last_exit,
+            "exit_codes": [w.exit_code for w in self.workers],
+            "gpus": list(self.spec.gpus),
+            "device": self.spec.device,
+            "fallback_reason": self.spec.fallback_reason,
+            "message": self.message,
+            "fingerprint": self.fingerprint,
+            "assignment_revision": self.spec.assignment_revision,
+        }

@@ -1,0 +1,408 @@
+"""The agent's process supervisor: carries out planned actions on real processes.
+
+``plan()`` decides; the :class:`Supervisor` does. Each worker runs under a
+small shim (:mod:`allocator.agent.shim.main`) in a session of its own, as the
+user its job names, with its environment fixed before exec. A worker is its
+whole process tree (:mod:`allocator.agent.processes.tree`): a stop is SIGTERM to every
+process of it, a grace period, then SIGKILL to every process of it, and a
+worker holds its GPUs until nothing of the tree is left. Exits are reaped,
+crashes counted apart from change restarts, and a stop the agent ordered is
+never a crash. A state file lets an agent restarted after ``kill -9`` adopt
+the workers still running instead of starting duplicates, and the shims'
+status files tell it how the others ended.
+
+Nothing here blocks for a grace period: :meth:`Supervisor.apply` sends
+signals and records deadlines, :meth:`Supervisor.tick` (called by the loop
+every few hundred milliseconds) reaps, escalates overdue stops and notices
+trees that are gone. Only :meth:`Supervisor.stop_all` waits, for shutdown.
+
+The agent makes itself a child subreaper (see :func:`procs.become_subreaper`):
+if a shim is killed outright, its orphans come to the agent, which reaps them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from allocator.agent.planning.types import (
+    Accept,
+    Action,
+    DesiredJob,
+    Forget,
+    GiveUp,
+    JobView,
+    ScheduleRestart,
+    SignalJob,
+    Start,
+    Stop,
+    WorkerExit,
+)
+from allocator.agent.processes import procs, tree
+from allocator.agent.processes.adoption import AdoptedWorker, AdoptReport, sweep, take_over
+from allocator.agent.processes.cgroups import agent_scope, remove_cgroup, worker_cgroup_base
+from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
+from allocator.agent.processes.launch import SHIM, launch_worker, prepare_worker, shim_env
+from allocator.agent.processes.procs import clean_base_env
+from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
+from allocator.agent.processes.warm_shim import WarmShims
+from allocator.util.identity import format_time, utc_now
+
+__all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
+
+Logger = Callable[[str, dict[str, Any]], None]
+
+_STOP_POLL_SECONDS = 0.02
+_KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
+_KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (forks race us)
+_SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
+
+
+def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
+    logging.getLogger("allocator.agent").info("%s %s", event, fields)
+
+
+class Supervisor:
+    """Starts, stops, reaps and adopts the worker processes of this host's jobs."""
+
+    def __init__(
+        self,
+        log_dir: Path,
+        state_file: Path,
+        *,
+        base_env: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = utc_now,
+        logger: Logger | None = None,
+        subreaper: bool = True,
+        cgroups: bool = True,
+        warm_shim: bool = True,
+    ) -> None:
+        self.log_dir = Path(log_dir)
+        self.state_file = Path(state_file)
+        self.status_dir = self.state_file.parent / "workers"
+        self._base_env = clean_base_env(os.environ if base_env is None else base_env)
+        self._clock = clock
+        self._wall = wall
+        self._log: Logger = logger or _log_to_logging
+        self._jobs: dict[str, JobRuntime] = {}
+        self._pending_exits: list[WorkerExit] = []
+        self._dirty = False
+        # See the module docstring: orphans of a shim killed outright come to us.
+        self.subreaper = procs.become_subreaper() if subreaper else False
+        scope = agent_scope(self.state_file.parent)
+        self.cgroup_base, why = worker_cgroup_base(scope=scope) if cgroups else (None, "disabled")
+        base = str(self.cgroup_base) if self.cgroup_base else None
+        self._log("process-tracking", {"cgroups": base, "why_not": why or None})
+        # One shim started ahead of time: a worker start then costs no interpreter start.
+        self.warm = WarmShims(
+            SHIM, self.state_file.parent, shim_env, clock=clock, enabled=warm_shim
+        )
+
+    # --- snapshots ----------------------------------------------------------------
+
+    def next_due(self) -> float | None:
+        """When :meth:`tick` has something to do that is not a process event (None: nothing)."""
+        return self.warm.due()
+
+    def views(self) -> dict[str, JobView]:
+        """Snapshot of every tracked job for ``plan()`` (call :meth:`tick` first)."""
+        return {name: job.view() for name, job in sorted(self._jobs.items())}
+
+    def records(self) -> dict[str, dict[str, Any]]:
+        """Per job what the loop publishes as a WorkerRecord.
+
+        ``restarts`` counts every restart of the job (change and crash);
+        ``crash_restarts`` counts crash restarts since the last change/new
+        start (the number the crash-loop limit applies to). ``start_times``
+        are seconds since the epoch; ``state`` is one of running, stopping,
+        crashed, backoff, gave-up, exited, stopped.
+        """
+        return {name: job.record() for name, job in sorted(self._jobs.items())}
+
+    def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str], ...]]:
+        """Per job, each live worker's tree root (see :meth:`JobRuntime.tree_roots`)."""
+        return {name: job.tree_roots() for name, job in sorted(self._jobs.items())}
+
+    # --- actions --------------------------------------------------------------------
+
+    def apply(self, action: Action) -> None:
+        """Carry out one planned action; never waits for a grace period, never raises for it."""
+        if isinstance(action, Start):
+            self._start(action)
+        elif isinstance(action, Stop):
+            self._stop(action.job, action.reason, action.grace_seconds)
+        elif isinstance(action, SignalJob):
+            self._signal(action)
+        elif isinstance(action, Accept):
+            self._accept(action.job, action.fingerprint)
+        elif isinstance(action, ScheduleRestart):
+            self._schedule(action)
+        elif isinstance(action, GiveUp):
+            self._give_up(action)
+        elif isinstance(action, Forget):
+            self._forget(action.job)
+        self._settle()
+
+    def _start(self, action: Start) -> None:
+        old = self._jobs.get(action.job)
+        if old is not None and old.alive() > 0:
+            # Never two copies: the planner waits for the old trees, this is the backstop.
+            self._log("start-refused", {"job": action.job, "reason": "old workers still alive"})
+            return
+        spec = action.spec
+        if spec.state != "run" or not spec.workers:
+            self._log(
+                "start-refused", {"job": action.job, "reason": f"nothing to run ({spec.state})"}
+            )
+            return
+        job = JobRuntime(spec=spec, fingerprint=spec.fingerprint, started_at=self._clock())
+        if old is not None:
+            job.inherit_counters(old)
+            for worker in old.workers:
+                tree.discard(worker)
+        job.count_start(action.cause)
+        job.workers = [
+            prepare_worker(worker, self.status_dir, self.cgroup_base) for worker in spec.workers
+        ]
+        self._jobs[action.job] = job
+        self._save()  # before any fork: a restarted agent finds every shim this start makes
+        for worker in job.workers:
+            self._launch(spec, worker, action.cause)
+            if worker.exit_code is not None:  # could not even start: an immediate crash
+                self._pending_exits.append(self._exited(job, worker, worker.exit_code))
+        self._dirty = True
+
+    def _launch(self, spec: DesiredJob, worker: WorkerRuntime, cause: str) -> None:
+        event, fields = launch_worker(
+            spec,
+            worker,
+            cause,
+            base_env=self._base_env,
+            log_dir=self.log_dir,
+            stamp=format_time(self._wall()),
+            warm=self.warm.take(),
+        )
+        self._log(event, fields)
+
+    def _stop(self, name: str, reason: str, grace: float) -> None:
+        job = self._jobs.get(name)
+        if job is None or job.alive() == 0:
+            return
+        deadline = self._clock() + max(grace, 0.0)
+        if job.stopping:
+            if job.stop_deadline is None or deadline < job.stop_deadline:
+                job.stop_deadline = deadline  # a shorter grace asked later wins
+            return
+        for worker in job.workers:
+            if worker.exit_code is None:
+                worker.stop_sent = True  # its exit is ours, not a crash
+        job.stopping, job.stop_deadline, job.stop_reason = True, deadline, reason
+        job.killed, job.killed_at, job.last_kill_pass = False, None, None
+        self._save()  # recorded before the signal: a restarted agent never counts it a crash
+        for worker in job.workers:
+            if not worker.group_gone:
+                tree.stop_tree(worker, signal.SIGTERM)
+        self._log("stopping", {"job": name, "reason": reason, "grace_seconds": grace})
+
+    def _signal(self, action: SignalJob) -> None:
+        """Deliver the on_change signal to each worker's main process (through its shim)."""
+        job = self._jobs.get(action.job)
+        if job is None:
+            return
+        sent = [
+            worker.shown_pid
+            for worker in job.workers
+            if worker.exit_code is None and tree.signal_main(worker, action.signum)
+        ]
+        self._log("signalled", {"job": action.job, "signal": action.signum, "pids": sent})
+        self._accept(action.job, action.fingerprint)
+
+    def _accept(self, name: str, fingerprint: str) -> None:
+        job = self._jobs.get(name)
+        if job is None or job.fingerprint == fingerprint:
+            return
+        # A new spec ends a crash loop's verdict: it may well fix the crash.
+        job.fingerprint = fingerprint
+        job.gave_up, job.crash_restarts, job.next_restart_at = False, 0, None
+        self._dirty = True
+
+    def _schedule(self, action: ScheduleRestart) -> None:
+        job = self._jobs.get(action.job)
+        if job is not None:
+            job.next_restart_at = action.at
+            self._dirty = True
+
+    def _give_up(self, action: GiveUp) -> None:
+        job = self._jobs.get(action.job)
+        if job is not None and not job.gave_up:
+            # Keep what the workers said (a user that does not exist, a missing command):
+            # the planner's reason only knows their exit codes.
+            errors = [w.error for w in job.workers if w.error]
+            message = "; ".join([*errors[:1], action.reason])
+            job.gave_up, job.next_restart_at, job.message = True, None, message
+            self._dirty = True
+            self._log("gave-up", {"job": action.job, "reason": action.reason})
+
+    def _forget(self, name: str) -> None:
+        job = self._jobs.get(name)
+        if job is None:
+            return
+        if job.alive() > 0:  # never lose track of live processes
+            self._log("forget-refused", {"job": name, "reason": "workers still alive"})
+            return
+        for worker in job.workers:
+            tree.discard(worker)
+        del self._jobs[name]
+        self._dirty = True
+
+    # --- reaping ----------------------------------------------------------------------
+
+    def tick(self) -> list[WorkerExit]:
+        """Reap exits, escalate overdue stops to SIGKILL, mark gone trees; return the exits."""
+        exits, self._pending_exits = self._pending_exits, []
+        now = self._clock()
+        self.warm.tick()
+        for job in self._jobs.values():
+            exits.extend(self._collect(job))
+            if job.stopping and job.stop_deadline is not None and now >= job.stop_deadline:
+                self._kill(job, now)
+        self._settle()
+        return exits
+
+    def _collect(self, job: JobRuntime) -> list[WorkerExit]:
+        exits: list[WorkerExit] = []
+        for worker in job.workers:
+            if worker.group_gone:
+                continue
+            known = worker.main_pid
+            code = tree.observe(worker)
+            if worker.main_pid != known:
+                self._dirty = True  # a restarted agent should name the worker's pid too
+            if code is not None:
+                exits.append(self._exited(job, worker, code))
+            if worker.exit_code is not None and tree.finished(worker):
+                worker.group_gone = True
+                tree.settle(worker)
+                self._dirty = True
+        return exits
+
+    def _exited(self, job: JobRuntime, worker: WorkerRuntime, code: int) -> WorkerExit:
+        worker.exit_code = code
+        crash = code != 0 and not worker.stop_sent and not job.stopping
+        index = worker.spec.index
+        message = worker.error or f"worker {index} exited with {procs.describe_exit(code)}"
+        if crash:
+            ran = self._clock() - job.started_at
+            job.note_crash(code, message, ran)
+        elif not job.crashed:
+            job.last_exit = code  # a crash's code stays the one shown
+        self._dirty = True
+        pid = worker.shown_pid
+        fields = dict(job=job.spec.job, index=index, pid=pid, exit_code=code, crash=crash)
+        self._log("worker-exited", fields)
+        return WorkerExit(job.spec.job, index, pid, code, crash, message)
+
+    def _kill(self, job: JobRuntime, now: float) -> None:
+        """SIGKILL every process of the job's trees; again every pass, for forks that raced us."""
+        if job.last_kill_pass is not None and now - job.last_kill_pass < _KILL_PASS_SECONDS:
+            return
+        job.last_kill_pass = now
+        if job.killed_at is None:
+            job.killed_at = now
+        stuck = now - job.killed_at >= _SHIM_STUCK_SECONDS
+        for worker in job.workers:
+            if not worker.group_gone:
+                tree.kill_tree(worker, shim_too=stuck)
+        if not job.killed:
+            job.killed = True
+            self._dirty = True
+            self._log("killed", {"job": job.spec.job, "reason": "grace period over"})
+
+    def _settle(self) -> None:
+        """Finish stops whose groups are all gone, refresh states, save if anything changed."""
+        stamp = format_time(self._wall())
+        for job in self._jobs.values():
+            if job.stopping and job.alive() == 0:
+                job.stopping, job.stop_deadline = False, None
+                job.stopped = not job.crashed  # its workers went because we said so
+                self._dirty = True
+                self._log("stopped", {"job": job.spec.job, "reason": job.stop_reason})
+            if job.refresh_state(stamp):
+                self._dirty = True
+        if self._dirty:
+            self._save()
+
+    # --- shutdown ----------------------------------------------------------------------
+
+    def stop_all(self, grace: float | None = None, wait: bool = True) -> None:
+        """Gracefully stop every job (``grace`` or each job's own) and wait until all are gone.
+
+        Waits in real time, polling :meth:`tick`; escalation to SIGKILL follows
+        the injected clock. Gives up waiting (and logs) if some group outlives
+        its SIGKILL by :data:`_KILL_WAIT_SECONDS`, e.g. a process stuck in the kernel.
+        """
+        self.warm.close()
+        longest = 0.0
+        for name, job in sorted(self._jobs.items()):
+            job_grace = job.spec.grace_seconds if grace is None else grace
+            longest = max(longest, job_grace)
+            self._stop(name, "agent stopping", job_grace)
+        self._settle()
+        if not wait:
+            return
+        give_up_at = time.monotonic() + longest + _KILL_WAIT_SECONDS
+        while True:
+            self.tick()
+            alive = sorted(name for name, job in self._jobs.items() if job.alive() > 0)
+            if not alive:
+                if self.cgroup_base is not None:
+                    remove_cgroup(self.cgroup_base)  # this agent's own directory, once empty
+                return
+            if time.monotonic() > give_up_at:
+                self._log("stop-incomplete", {"jobs": alive})
+                return
+            time.sleep(_STOP_POLL_SECONDS)
+
+    # --- state file and adoption ---------------------------------------------------------
+
+    def _save(self) -> None:
+        try:
+            write_state_file(self.state_file, self._jobs)
+            self._dirty = False
+        except OSError as exc:
+            self._log("state-write-failed", {"path": str(self.state_file), "error": str(exc)})
+
+    def _load(self) -> dict[str, Any]:
+        try:
+            return read_state_file(self.state_file)
+        except StateFileError as exc:
+            self._log("state-unreadable", {"path": str(self.state_file), "error": str(exc)})
+            return {}
+
+    def adopt(self) -> AdoptReport:
+        """After an agent restart: take over every recorded job; start nothing twice.
+
+        See :func:`adoption.take_over`. A job the agent died launching is
+        stopped, so that it starts again whole. Call once, before the first ``plan()``.
+        """
+        jobs, report = take_over(self._load(), set(self._jobs), self._log)
+        self._jobs.update(jobs)
+        sweep(self.status_dir, self.cgroup_base, self._jobs, self._log)
+        for name in report.half_started:
+            if jobs[name].alive() > 0:
+                self._stop(name, "the agent restarted while starting the job", 0.0)
+            else:
+                jobs[name].stopped = True
+        self._dirty = True
+        self._settle()
+        for outcome in report.workers:  # the loop logs the job lists; this says why, per worker
+            self._log("adopt-worker", asdict(outcome))
+        return report

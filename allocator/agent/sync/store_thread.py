@@ -1,0 +1,431 @@
+"""The agent's store link: every store call the agent makes, in a thread of its own.
+
+The supervision loop (reaping, SIGKILL escalation, crash restarts, signals,
+the systemd watchdog) must keep its tick while a store endpoint hangs, so it
+never calls the store. This thread connects, reads, watches, keeps the lease
+alive and publishes; it hands each decoded read (:class:`HostView`) to the
+loop through a queue, and takes what to publish from an :class:`Outbox` the
+loop fills. Store handles live and die in this thread (SQLite connections
+must not cross threads; each watch thread opens its own).
+
+What counts as what:
+
+* only a :class:`~allocator.errors.Retryable` error (unavailable, lease lost)
+  is an outage: drop the connection, retry with capped, jittered backoff
+  that is forgiven only after a healthy period;
+* a refused permission is said plainly and retried slowly (at the cap);
+* a compacted watch means "re-read everything", not an outage;
+* a record or key the agent cannot use is a bad record, skipped and logged
+  once per version (see :mod:`allocator.agent.sync.host_records`), never an error here;
+* another host of a job across hosts is read (one prefix read) and watched
+  with this host's keys (:mod:`allocator.agent.planning.across_hosts`); a refusal to read
+  it is logged once and leaves that host unknown, never stale;
+* another refusal (a setting, a request the store will not take) is logged
+  and retried with backoff;
+* anything else is a bug: logged with its traceback, retried with backoff.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from allocator.agent.config import AgentConfig
+from allocator.agent.gpu_care.idle import IdleRelease
+from allocator.agent.planning.across_hosts import PeerHost, peer_from_listing, peer_jobs
+from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
+from allocator.agent.sync.host_records import HostView, host_view
+from allocator.agent.sync.idle_releaser import IdleReleaser
+from allocator.agent.sync.publisher import Publisher
+from allocator.agent.sync.watches import (
+    RetryTimer,
+    WatchError,
+    WatchEvents,
+    WatchThread,
+    start_watches,
+)
+from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
+from allocator.records.keys import KeyLayout
+from allocator.records.types import (
+    AgentRecord,
+    BadRecord,
+    HistoryEntry,
+    encode_record,
+    replace_struct,
+)
+from allocator.store import Store
+
+__all__ = ["LinkState", "Outbox", "StoreLink"]
+
+Log = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class LinkState:
+    """The link came up or went down (the loop reports it to systemd)."""
+
+    connected: bool
+    detail: str = ""
+
+
+class Outbox:
+    """What the loop wants published; the link takes the latest, never a backlog."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._agent: AgentRecord | None = None
+        self._workers: dict[str, bytes] | None = None
+
+    def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> bool:
+        """Replace the content; return whether it differs from what was there."""
+        new_workers = dict(workers) if workers is not None else None
+        with self._lock:
+            changed = (agent, new_workers) != (self._agent, self._workers)
+            self._agent, self._workers = agent, new_workers
+        return changed
+
+    def take(self) -> tuple[AgentRecord | None, dict[str, bytes] | None]:
+        """The latest content."""
+        with self._lock:
+            return self._agent, self._workers
+
+
+@dataclass(frozen=True, slots=True)
+class _Wake:
+    """Something to publish, or a re-read to do."""
+
+    resync: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    config: AgentConfig
+
+
+@dataclass(frozen=True, slots=True)
+class _Close:
+    keep_worker_records: bool
+
+
+class StoreLink:
+    """One agent's connection to the store, run in a daemon thread."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        url: str,
+        log: Log,
+        to_loop: queue.Queue[HostView | LinkState],
+        *,
+        open_store: Callable[[str], Store],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.url = url
+        self.layout = KeyLayout(config.prefix)
+        self.log = log
+        self.to_loop = to_loop
+        self.outbox = Outbox()
+        self.history = HistoryQueue(log)
+        self._open_store = open_store
+        self._clock = clock
+        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="store link", daemon=True)
+        self.publisher = Publisher(self.layout, config.host, log)
+        self.releaser = IdleReleaser(self.layout, config.host, log)
+        self.retry = RetryTimer(config.retry_max_seconds)
+        self.store: Store | None = None
+        self.watches: list[WatchThread] = []
+        self.watched_peers: tuple[str, ...] = ()
+        self.refused_peers: set[str] = set()
+        self.epoch = 0
+        self.up = False  # connected: the first read after opening the store succeeded
+        self.observed = False  # the agent's own keys have been read since connecting
+        self.stale = False  # reads are refused while the lease still works
+        self.read_due = False
+        self.next_connect = 0.0
+        self.next_read = 0.0
+        self.next_keepalive = 0.0
+        self.revision = 0
+        self.bad_seen: dict[str, int] = {}
+
+    # --- the loop's side -------------------------------------------------------
+
+    def start(self) -> None:
+        """Start connecting in the background."""
+        self._thread.start()
+
+    def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> None:
+        """Publish this content (only what differs from the store is written)."""
+        if self.outbox.offer(agent, workers):
+            self._inbox.put(_Wake())
+
+    def release_idle(self, releases: Sequence[IdleRelease]) -> None:
+        """Release these idle holders (each only while its assignment is the one judged)."""
+        if self.releaser.offer(releases):
+            self._inbox.put(_Wake())
+
+    def record_history(self, entries: Iterable[HistoryEntry], limit: int | None) -> None:
+        """Append the agent's decisions to the host's history (queued; written when connected)."""
+        if self.history.add(entries, limit):
+            self._inbox.put(_Wake())
+
+    def resync(self) -> None:
+        """Re-read everything soon (SIGHUP)."""
+        self._inbox.put(_Wake(resync=True))
+
+    def reconfigure(self, config: AgentConfig) -> None:
+        """Apply reloaded timing settings (the store, host and prefix stay)."""
+        self._inbox.put(_Settings(config))
+
+    def close(self, *, keep_worker_records: bool, timeout: float) -> bool:
+        """Withdraw (revoke the lease, drop worker records unless kept) and stop.
+
+        Returns ``False`` when the link did not finish within ``timeout``
+        seconds (a store that does not answer): the lease then expires on its own.
+        """
+        self._inbox.put(_Close(keep_worker_records))
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # --- the thread ------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            messages = self._wait(self._sleep_for(self._clock()))
+            closing = next((m for m in messages if isinstance(m, _Close)), None)
+            try:
+                self._handle(messages)
+                if closing is None:
+                    self._tick(self._clock())
+            except Exception as exc:  # every failure is classified; none ends the thread
+                self._failed(exc)
+            if closing is not None:
+                self._finish(closing)
+                return
+
+    def _wait(self, timeout: float) -> list[Any]:
+        try:
+            messages = [self._inbox.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def _sleep_for(self, now: float) -> float:
+        connected = self.store is not None
+        due = min(self.next_keepalive, self.next_read) if connected else self.next_connect
+        return max(0.0, due - now)
+
+    def _handle(self, messages: list[Any]) -> None:
+        for message in messages:
+            if isinstance(message, _Settings):
+                self._apply_settings(message.config)
+            elif isinstance(message, _Wake):
+                self.read_due = self.read_due or message.resync
+            elif isinstance(message, WatchEvents) and message.epoch == self.epoch:
+                self.read_due = True
+            elif isinstance(message, WatchError) and message.epoch == self.epoch:
+                if not isinstance(message.error, Compacted):
+                    raise message.error
+                self.log(
+                    "watch-compacted",
+                    {"revision": self.revision, "compact": message.error.compact_revision},
+                )
+                self._stop_watches()
+                self.read_due = True
+
+    def _apply_settings(self, config: AgentConfig) -> None:
+        self.config = config
+        self.retry = RetryTimer(config.retry_max_seconds)
+        self.next_read = min(self.next_read, self._clock() + config.resync_seconds)
+        self.next_keepalive = min(self.next_keepalive, self._clock() + config.heartbeat_seconds)
+
+    def _tick(self, now: float) -> None:
+        if self.store is None:
+            if now < self.next_connect:
+                return
+            self._connect(now)
+        store = self._require_store()
+        if self.read_due or now >= self.next_read:
+            self._read(store, now)
+        if now >= self.next_keepalive:
+            self.publisher.keep_alive(store, self.config.lease_ttl)
+            self.next_keepalive = now + self.config.heartbeat_seconds
+        self._publish(store)
+        self.releaser.run(store)
+        if write_pending(store, self.layout, self.config.host, self.history, self.log) == PER_TICK:
+            self._inbox.put(_Wake())  # more are waiting: write them after what else is due
+
+    def _connect(self, now: float) -> None:
+        self.store = self._open_store(self.url)
+        self.publisher.keep_alive(self.store, self.config.lease_ttl)
+        self.next_keepalive = now + self.config.heartbeat_seconds
+        self._read(self.store, now)
+        self.retry.connected(now)
+        self.up = True
+        self.log("store-connected", {"store": self.url, "revision": self.revision})
+        self.to_loop.put(LinkState(True, f"connected at revision {self.revision}"))
+
+    def _read(self, store: Store, now: float) -> None:
+        """One level-based read of the host and the policy; watches start after the first."""
+        self.read_due = False
+        self.next_read = now + self.config.resync_seconds
+        try:
+            listing = store.list(self.layout.host(self.config.host))
+            policy_item = store.get(self.layout.policy)
+        except PermissionDenied as exc:
+            self._refused(exc, now)
+            return
+        view = host_view(listing, policy_item, self.layout, self.config.host)
+        peers, bad = self._read_peers(store, view)
+        view = replace(view, peers=peers, bad=(*view.bad, *bad))
+        self.revision = view.revision  # the store's own, even if it went back (a restore)
+        self.publisher.observe(view.own)
+        self.observed = True
+        if self.stale:
+            self.stale = False
+            self.log("store-readable", {"revision": self.revision})
+        for error, revision in view.bad:
+            self._bad_record(error, revision)
+        self.to_loop.put(view)
+        # A host the store will not show is not watched either: a refused watch would
+        # read as this agent's own permission problem and drop the connection.
+        watched = tuple(host for host, peer in peers.items() if peer.readable)
+        if not self.watches or watched != self.watched_peers:
+            self._start_watches(watched)
+
+    def _read_peers(
+        self, store: Store, view: HostView
+    ) -> tuple[dict[str, PeerHost], list[tuple[BadRecord, int]]]:
+        """One prefix read of each other host of this host's jobs across hosts."""
+        peers: dict[str, PeerHost] = {}
+        bad: list[tuple[BadRecord, int]] = []
+        for host, jobs in peer_jobs(view.assignments, self.config.host).items():
+            try:
+                listing = store.list(self.layout.host(host))
+            except PermissionDenied as exc:
+                if host not in self.refused_peers:
+                    self.refused_peers.add(host)
+                    self.log(
+                        "peer-unreadable", {"peer": host, "jobs": list(jobs), "error": str(exc)}
+                    )
+                peers[host] = PeerHost(host, readable=False)
+                continue
+            self.refused_peers.discard(host)
+            peers[host], found = peer_from_listing(listing.items, self.layout, host, jobs)
+            bad += found
+        return peers, bad
+
+    def _refused(self, error: PermissionDenied, now: float) -> None:
+        """Reads refused but the lease works: say so in the record, retry slowly."""
+        self.stale = True
+        self.next_read = now + self.retry.cap_seconds
+        self.log(
+            "store-permission-denied",
+            {
+                "error": " ".join(str(error).split()),
+                "hint": "grant this agent read access to its host's keys and the policy",
+                "retry_in": self.retry.cap_seconds,
+            },
+        )
+
+    def _bad_record(self, error: BadRecord, revision: int) -> None:
+        """Log a skipped record once per version of it, not on every re-read."""
+        if self.bad_seen.get(error.key) != revision:
+            self.bad_seen[error.key] = revision
+            self.log("bad-record", {"key": error.key, "revision": revision, "error": error.reason})
+
+    def _publish(self, store: Store) -> None:
+        agent, workers = self.outbox.take()
+        encoded = encode_record(replace_struct(agent, store_stale=self.stale)) if agent else None
+        self.publisher.publish(store, encoded, workers if self.observed else None)
+
+    def _start_watches(self, peers: tuple[str, ...] = ()) -> None:
+        self._stop_watches()
+        self.watched_peers = peers
+        prefixes = [self.layout.host_jobs(self.config.host), self.layout.policy]
+        prefixes += [self.layout.host(peer) for peer in peers]
+        self.watches = start_watches(
+            lambda: self._open_store(self.url), prefixes, self.revision + 1, self._inbox, self.epoch
+        )
+
+    def _stop_watches(self) -> None:
+        for watch in self.watches:
+            watch.stop()
+        self.watches = []
+        self.epoch += 1  # whatever the old watches still send is ignored
+
+    # --- failures and the end ------------------------------------------------------
+
+    def _failed(self, error: Exception) -> None:
+        if isinstance(error, LeaseLost) and self.store is not None:
+            # A write under a lease that expired meanwhile: grant a new one, no outage.
+            self.log("lease-lost", {"lease": self.publisher.lease, "error": str(error)})
+            self.publisher.lease_lost()
+            self.next_keepalive = self._clock()
+            return
+        was_connected = self.up
+        self._drop()
+        now = self._clock()
+        text = " ".join(str(error).split()) or type(error).__name__
+        if isinstance(error, Retryable):
+            self.next_connect = self.retry.failed(now)
+            event, fields = "store-unavailable", {"error": text, "stale": True}
+        elif isinstance(error, PermissionDenied):
+            self.next_connect = self.retry.failed_slowly(now)
+            event, fields = "store-permission-denied", {"error": text}
+        elif isinstance(error, AllocatorError):  # a setting or the store refusing a request
+            self.next_connect = self.retry.failed(now)
+            event, fields = "store-error", {"error": f"{type(error).__name__}: {text}"}
+        else:  # a bug of ours: keep workers, retry with backoff, say where it happened
+            self.next_connect = self.retry.failed(now)
+            event = "link-error"
+            fields = {"error": f"{type(error).__name__}: {text}", "traceback": _trace(error)}
+        fields.update(retry_in=round(self.next_connect - now, 2), first=not was_connected)
+        self.log(event, fields)
+        if was_connected:
+            self.to_loop.put(LinkState(False, text))
+
+    def _drop(self) -> None:
+        self._stop_watches()
+        self.publisher.forget()
+        self.observed = self.up = False
+        store, self.store = self.store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception as exc:  # closing a broken connection may fail too; it is gone
+                self.log("store-close-failed", {"error": str(exc)})
+
+    def _finish(self, closing: _Close) -> None:
+        self._stop_watches()
+        store = self.store
+        if store is not None:
+            try:
+                write_pending(store, self.layout, self.config.host, self.history, self.log)
+                if closing.keep_worker_records:  # the records stay: make them current first
+                    self._publish(store)
+                self.publisher.withdraw(store, keep_worker_records=closing.keep_worker_records)
+            except Exception as exc:  # the lease expires on its own; nothing else to do
+                self.log("withdraw-failed", {"error": " ".join(str(exc).split())})
+        if self.history:
+            reason = "the store did not take them before the agent stopped"
+            self.log("history-unwritten", {"entries": len(self.history), "reason": reason})
+        self._drop()
+
+    def _require_store(self) -> Store:
+        assert self.store is not None
+        return self.store
+
+
+def _trace(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error)).strip()

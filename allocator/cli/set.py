@@ -1,0 +1,123 @@
+"""``allocator set``: give a job GPUs (or the CPU) on a host."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from allocator.cli.common import add_words_command, note, open_allocator, output_format
+
+__all__ = ["register"]
+
+USAGE = (
+    "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [slots=K]"
+    " [prefer=links] [host=H[,H2...]] [reason=TEXT] [command='ARGV']"
+)
+
+
+def register(commands: Any) -> None:
+    """Add the ``set`` command."""
+    add_words_command(
+        commands,
+        "set",
+        run,
+        help="assign GPUs to a job on a host",
+        usage=USAGE,
+        description="Assign GPUs to a job. The write is one transaction checked against the "
+        "applied policy and the host's current assignments: two operators racing for one GPU "
+        "can never both win (the loser exits 3 naming the holder). host=node1,node2 makes one "
+        "job across those hosts (count=N: N GPUs on each; gpus=LIST: the same GPUs on each; "
+        "node ranks in the order given), written on all of them or on none. In a shared pool "
+        "the job takes one slot of each GPU (slots=K: K of them); count=N there prefers GPUs "
+        "with free slots to better links unless prefer=links. count=N says why it picked its "
+        "GPUs.",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Parse, place and write the assignment; print what was set."""
+    from allocator.cli.args import parse_set_args
+    from allocator.cli.output import emit
+    from allocator.placement.choose import Request
+
+    parsed = parse_set_args(args.words)
+    if parsed.hosts:
+        return _run_across(args, parsed)
+    allocator = open_allocator(args)
+    try:
+        request = Request(
+            job=parsed.job,
+            host=parsed.host or "",
+            gpus=parsed.gpus,
+            count=parsed.count,
+            cpu=parsed.cpu,
+            slots=parsed.slots,
+            prefer=parsed.prefer,
+        )
+        assignment, placement = allocator.assign(
+            request, reason=parsed.reason, command=parsed.command
+        )
+    finally:
+        allocator.store.close()
+    if placement.picked:
+        note(f"picked {','.join(map(str, placement.gpus))}: {placement.picked}")
+    for message in placement.notes:
+        note(message)
+    if assignment.fallback_reason:
+        note(f"running on CPU: {assignment.fallback_reason}")
+    where = "cpu" if assignment.mode == "cpu" else "gpus " + ",".join(map(str, assignment.gpus))
+    emit(_as_dict(assignment), output_format(args), f"{assignment.job}@{assignment.host}: {where}")
+    return 0
+
+
+def _run_across(args: argparse.Namespace, parsed: Any) -> int:
+    """``host=a,b``: one job across those hosts, in one transaction."""
+    from allocator.cli.output import emit
+    from allocator.control.across_hosts import describe_shares
+    from allocator.placement.choose import Request
+
+    request = Request(
+        job=parsed.job,
+        host="",
+        gpus=parsed.gpus,
+        count=parsed.count,
+        cpu=parsed.cpu,
+        slots=parsed.slots,
+        prefer=parsed.prefer,
+    )
+    allocator = open_allocator(args)
+    try:
+        result = allocator.assign_across(
+            request, parsed.hosts, reason=parsed.reason, command=parsed.command
+        )
+    finally:
+        allocator.store.close()
+    for message in result.notes:
+        note(message)
+    first = result.assignments[0]
+    if first.fallback_reason:
+        note(f"running on CPU: {first.fallback_reason}")
+    text = (
+        f"{result.job}@{','.join(result.nodes)}: {describe_shares(result.assignments)} "
+        f"({len(result.nodes)} nodes, MASTER_PORT {result.master_port})"
+    )
+    emit(_group_dict(result), output_format(args), text)
+    return 0
+
+
+def _group_dict(result: Any) -> dict[str, Any]:
+    """The JSON form of a job across hosts: its nodes, port and every share."""
+    return {
+        "job": result.job,
+        "nodes": list(result.nodes),
+        "master_port": result.master_port,
+        "assignments": [_as_dict(a) for a in result.assignments],
+        "released": list(result.released),
+    }
+
+
+def _as_dict(assignment: Any) -> dict[str, Any]:
+    import json
+
+    data: dict[str, Any] = json.loads(assignment.to_json())
+    return data

@@ -1,0 +1,369 @@
+"""One job across several hosts: ``set job=J host=a,b`` and its release, each one transaction.
+
+A set across hosts places the request on every host (``count=N`` picks N
+GPUs on each, ``gpus=0-3`` takes the same GPUs on each) and writes every
+share in one transaction that compares the policy's revision, every touched
+host's generation key and the job's index: all hosts or none. The shares
+name the job's ``nodes`` (node rank = the order given) and its one
+``MASTER_PORT``, and so does the job index, the one record of the job as a
+whole.
+
+Rules worth knowing:
+
+* The job is one thing: if any host can only give it the CPU (its fallback
+  rule says ``cpu``), every share runs on the CPU, since a collective needs
+  every rank on the same footing. A host the job held before and that is no
+  longer named is released in the same transaction.
+* A job across hosts is changed and released only as a whole; a change of
+  one share alone is refused (:mod:`allocator.control.job_index`).
+* ``MASTER_PORT`` is chosen here, at set time, on the first host's behalf:
+  a port the job's ``env`` declares wins; else the job keeps the port it
+  has while its first host stays the same; else the first port from the
+  job's derived one that no job on the first host declares, is given by its
+  agent, or holds as another multi-host job's rank 0. The first host's agent
+  keeps its own jobs off that port (:mod:`allocator.agent.planning.ports`).
+* Every transaction fits every backend: :data:`MAX_JOB_HOSTS` hosts at most,
+  leaving :data:`RESERVED_OPS_PER_HOST` operations per host for what other
+  writes add to the same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from allocator.control.history import change_entry, host_stream, prepare_append, release_entry
+from allocator.control.job_index import group_index_change, index_for_write
+from allocator.errors import PlacementRefused, RequestError
+from allocator.records.types import Assignment, HistoryEntry, replace_struct
+from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
+from allocator.util.identity import format_time
+
+if TYPE_CHECKING:
+    from allocator.control.client import Allocator, HostSnapshot, PolicySnapshot
+    from allocator.placement.choose import Placement, Request
+    from allocator.policy import Policy
+
+__all__ = [
+    "FIXED_OPS",
+    "MAX_JOB_HOSTS",
+    "OPS_PER_HOST",
+    "RESERVED_OPS_PER_HOST",
+    "GroupResult",
+    "GroupWrite",
+    "as_one_job",
+    "check_hosts",
+    "choose_master_port",
+    "describe_shares",
+    "plan_group_release",
+    "plan_group_set",
+    "replace_share",
+]
+
+#: Operations a transaction spends on each host it touches: compare its
+#: generation, write (or delete) the job's assignment, bump the generation.
+OPS_PER_HOST = 3
+#: Operations each touched host's history entry takes in the same transaction:
+#: compare the host's history head, write the entry, drop the oldest, write the head.
+RESERVED_OPS_PER_HOST = 4
+#: Compare the policy, compare and write the job index, bump the fleet generation.
+FIXED_OPS = 4
+#: The most hosts one job may span (8 with a 64-operation transaction).
+MAX_JOB_HOSTS = (MAX_TXN_OPS - FIXED_OPS) // (OPS_PER_HOST + RESERVED_OPS_PER_HOST)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """What a set or release across hosts did.
+
+    ``assignments`` are the shares written (set, in node-rank order) or
+    removed (release; a damaged share is left out and named in ``damaged``);
+    ``released`` are hosts the job no longer holds.
+    """
+
+    job: str
+    nodes: tuple[str, ...]
+    master_port: int | None
+    assignments: tuple[Assignment, ...]
+    released: tuple[str, ...] = ()
+    damaged: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupWrite:
+    """One transaction, ready for ``Allocator``, and what it does once applied."""
+
+    compares: list[Compare]
+    ops: list[Op]
+    result: GroupResult
+
+
+def check_hosts(job: str, hosts: Sequence[str]) -> tuple[str, ...]:
+    """``hosts`` as a job's nodes: two or more, distinct, at most :data:`MAX_JOB_HOSTS`."""
+    if len(hosts) < 2:
+        raise RequestError(f"job {job!r}: a job across hosts needs two or more hosts")
+    repeated = sorted({h for h in hosts if list(hosts).count(h) > 1})
+    if repeated:
+        raise RequestError(f"host={','.join(hosts)}: {repeated[0]} is listed twice")
+    _check_size(job, len(hosts))
+    return tuple(hosts)
+
+
+def _check_size(job: str, touched: int) -> None:
+    if touched > MAX_JOB_HOSTS:
+        raise RequestError(
+            f"job {job!r} would touch {touched} hosts in one transaction; at most "
+            f"{MAX_JOB_HOSTS} (a store transaction holds {MAX_TXN_OPS} operations)"
+        )
+
+
+def as_one_job(job: str, placements: Mapping[str, Placement]) -> dict[str, Placement]:
+    """Every host's placement, with the CPU for all when any host can give only the CPU."""
+    on_cpu = [host for host, placed in placements.items() if placed.mode == "cpu"]
+    if not on_cpu or len(on_cpu) == len(placements):
+        return dict(placements)
+    first = placements[on_cpu[0]]
+    why = f"{on_cpu[0]}: {first.fallback_reason or 'assigned the CPU'}"
+    note = f"job {job!r} runs on the CPU on every host, since {why}"
+    return {
+        host: replace_struct(
+            placed, gpus=(), mode="cpu", fallback_reason=why, notes=(*placed.notes, note)
+        )
+        for host, placed in placements.items()
+    }
+
+
+def choose_master_port(
+    policy: Policy, job: str, first: HostSnapshot, current: Assignment | None
+) -> int:
+    """The job's one MASTER_PORT, on its first host's behalf (see the module docstring)."""
+    from allocator.agent.planning.ports import declared_master_port, first_free_port
+    from allocator.gpus.visible import default_master_port
+
+    spec = policy.jobs.get(job)
+    declared = declared_master_port(spec) if spec is not None else None
+    if declared is not None:
+        return declared
+    if current is not None and current.nodes[:1] == (first.host,) and current.master_port:
+        return current.master_port
+    port = first_free_port(default_master_port(job), _ports_in_use(policy, first, job))
+    if port is None:
+        raise PlacementRefused(f"no MASTER_PORT is free on {first.host} for job {job!r}")
+    return port
+
+
+def _ports_in_use(policy: Policy, first: HostSnapshot, job: str) -> set[int]:
+    """Ports on the first host that jobs other than ``job`` declare, were given, or hold."""
+    from allocator.agent.planning.ports import declared_master_port
+
+    taken: set[int] = set()
+    for name, held in first.assignments.items():
+        spec = policy.jobs.get(name)
+        declared = declared_master_port(spec) if spec is not None else None
+        if name == job:
+            continue
+        if declared is not None:
+            taken.add(declared)
+        if held.nodes[:1] == (first.host,) and held.master_port:
+            taken.add(held.master_port)
+    taken |= {w.master_port for n, w in first.workers.items() if n != job and w.master_port}
+    return taken
+
+
+def plan_group_set(
+    allocator: Allocator,
+    snapshot: PolicySnapshot,
+    request: Request,
+    hosts: Sequence[str],
+    why: tuple[str, tuple[str, ...] | None],
+    generation: bytes,
+) -> GroupWrite:
+    """Place ``request`` on every host of ``hosts`` and build the one transaction writing it.
+
+    ``why`` is the operator's reason and ad-hoc command (already allowed),
+    recorded in every share with who and when.
+    """
+    job, layout = request.job, allocator.layout
+    nodes = check_hosts(job, hosts)
+    now = allocator.clock()
+    template = _template(allocator, snapshot, request, nodes[0], why)
+    states = {host: allocator.host(host) for host in nodes}
+    placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
+    held_here = any(job in state.assignments for state in states.values())
+    indexed = snapshot.record.job_index and not held_here  # see writeview.settle_view
+    entry = index_for_write(allocator.store, layout, job, allocator.on_bad_record, indexed=indexed)
+    released = tuple(sorted(set(entry.hosts or ()) - set(nodes)))
+    _check_size(job, len(nodes) + len(released))
+    states.update({host: allocator.host(host) for host in released})
+    port = choose_master_port(
+        snapshot.policy, job, states[nodes[0]], states[nodes[0]].assignments.get(job)
+    )
+    shares = tuple(replace_share(template, host, placed[host], nodes, port) for host in nodes)
+    index_compare, index_op = group_index_change(layout, entry, nodes, port)
+    touched = (*nodes, *released)
+    compares = [
+        Compare(layout.policy, snapshot.revision),
+        *(Compare(layout.host_generation(h), states[h].generation) for h in touched),
+        index_compare,
+    ]
+    ops: list[Op] = [Put(layout.assignment(s.host, job), s.to_json()) for s in shares]
+    ops += [Delete(layout.assignment(host, job)) for host in released]
+    ops += _bumps(allocator, touched, generation)
+    ops.append(index_op)
+    limit = snapshot.policy.history.entries_per_host
+    entries = [
+        change_entry(states[s.host].assignments.get(job), s, allocator.actor, s.updated_at, why[0])
+        for s in shares
+    ]
+    entries += [
+        release_entry(
+            host, job, states[host].assignments.get(job), allocator.actor, template.updated_at, ""
+        )
+        for host in released
+    ]
+    _with_history(allocator, entries, limit, compares, ops)
+    notes = tuple(n for host in nodes for n in placed[host].notes)
+    notes += tuple(f"job {job!r} no longer holds anything on {host}" for host in released)
+    return GroupWrite(compares, ops, GroupResult(job, nodes, port, shares, released, (), notes))
+
+
+def _template(
+    allocator: Allocator,
+    snapshot: PolicySnapshot,
+    request: Request,
+    first: str,
+    why: tuple[str, tuple[str, ...] | None],
+) -> Assignment:
+    """What every share records alike: who, when, why, what was asked, the command."""
+    from allocator.control.client import describe_request
+
+    return Assignment(
+        job=request.job,
+        host=first,
+        gpus=(),
+        mode="cpu",
+        updated_by=allocator.actor,
+        updated_at=format_time(allocator.clock()),
+        reason=why[0],
+        requested=describe_request(request),
+        policy_revision=snapshot.revision,
+        command=why[1],
+    )
+
+
+def _place_each(
+    policy: Policy, request: Request, states: Mapping[str, HostSnapshot], now: datetime
+) -> dict[str, Placement]:
+    """``place()`` on every host, as its agent's inventory and health say."""
+    from allocator.placement.choose import place
+
+    return {
+        host: place(
+            policy,
+            replace_struct(request, host=host),
+            state.assignments,
+            now,
+            inventory=state.agent.gpus if state.agent and state.agent.gpus else None,
+            unhealthy=state.agent.unhealthy if state.agent else None,
+        )
+        for host, state in states.items()
+    }
+
+
+def replace_share(
+    template: Assignment, host: str, placed: Placement, nodes: tuple[str, ...], port: int
+) -> Assignment:
+    """One host's share of the job, from the template and that host's placement."""
+    from allocator.records.types import replace_struct
+
+    return replace_struct(
+        template,
+        host=host,
+        gpus=placed.gpus,
+        mode=placed.mode,
+        fallback_reason=placed.fallback_reason,
+        nodes=nodes,
+        master_port=port,
+        slots=placed.slots,
+        exclusive=placed.exclusive,
+        picked=placed.picked,
+    )
+
+
+def plan_group_release(
+    allocator: Allocator, job: str, generation: bytes, reason: str = ""
+) -> GroupWrite:
+    """Build the one transaction releasing ``job`` on every host where it holds anything.
+
+    ``reason`` goes into every host's history entry.
+    """
+    from allocator.control.client import job_not_found
+
+    layout = allocator.layout
+    entry = index_for_write(allocator.store, layout, job, allocator.on_bad_record)
+    hosts = sorted(set(entry.hosts or ()) | set(entry.nodes))
+    states = {host: allocator.host(host) for host in hosts}
+    held: dict[str, Assignment] = {}
+    damaged: list[str] = []
+    for host, state in states.items():
+        if job in state.assignments:
+            held[host] = state.assignments[job]
+        elif any(bad.key == layout.assignment(host, job) for bad in state.bad_records):
+            damaged.append(host)
+    touched = sorted([*held, *damaged])
+    if not touched:
+        raise job_not_found(job, None)
+    _check_size(job, len(touched))
+    index_compare, index_op = group_index_change(layout, entry, (), None)
+    compares = [*(Compare(layout.host_generation(h), states[h].generation) for h in touched)]
+    compares.append(index_compare)
+    ops: list[Op] = [Delete(layout.assignment(host, job)) for host in touched]
+    ops += _bumps(allocator, touched, generation)
+    ops.append(index_op)
+    at = format_time(allocator.clock())
+    entries = [
+        release_entry(host, job, held.get(host), allocator.actor, at, reason) for host in touched
+    ]
+    _with_history(allocator, entries, None, compares, ops)
+    order = entry.nodes or tuple(touched)
+    shares = tuple(held[h] for h in order if h in held)
+    result = GroupResult(
+        job, entry.nodes, entry.master_port, shares, tuple(touched), tuple(damaged)
+    )
+    return GroupWrite(compares, ops, result)
+
+
+def _with_history(
+    allocator: Allocator,
+    entries: Sequence[HistoryEntry],
+    limit: int | None,
+    compares: list[Compare],
+    ops: list[Op],
+) -> None:
+    """Add each host's history entry to the transaction (compare its head, append, trim one)."""
+    for entry in entries:
+        assert entry.host is not None  # every entry of an assignment change names its host
+        stream = host_stream(allocator.layout, entry.host)
+        compare, appended = prepare_append(
+            allocator.store, stream, entry, limit, allocator.on_bad_record, max_trim=0
+        )
+        compares.append(compare)
+        ops += appended
+
+
+def _bumps(allocator: Allocator, hosts: Sequence[str], generation: bytes) -> list[Op]:
+    layout = allocator.layout
+    ops: list[Op] = [Put(layout.host_generation(host), generation) for host in hosts]
+    ops.append(Put(layout.fleet_generation, generation))
+    return ops
+
+
+def describe_shares(shares: Sequence[Assignment]) -> str:
+    """``gpus 0,1 on each`` when every share holds the same, else ``node1 gpus 0,1; node2 cpu``."""
+    where = ["cpu" if s.mode == "cpu" else "gpus " + ",".join(map(str, s.gpus)) for s in shares]
+    if len(set(where)) == 1 and shares:
+        return f"{where[0]} on each"
+    return "; ".join(f"{s.host} {w}" for s, w in zip(shares, where, strict=True))

@@ -1,0 +1,122 @@
+"""``policy apply``: store a new policy only if the current assignments still fit it.
+
+The apply compares the old policy's revision and the fleet generation it
+checked the assignments at, so an assignment made during its check makes it
+check again instead of landing over it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from allocator.control.client import ApplyResult
+from allocator.control.job_index import index_complete
+from allocator.errors import BadRecord, PlacementRefused, RequestError
+from allocator.records.types import PolicyRecord, decode_record
+from allocator.status.snapshots import snapshots_by_host
+from allocator.store import Compare, KeyValue, Put
+from allocator.util.identity import format_time
+
+if TYPE_CHECKING:
+    from allocator.control.client import Allocator
+    from allocator.policy import Policy
+
+__all__ = ["apply_once", "violations"]
+
+
+def apply_once(
+    allocator: Allocator, policy: Policy, text: str, source: str, force: bool, reason: str
+) -> ApplyResult:
+    """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
+    from allocator.control.history import policy_entry, policy_stream, prepare_append
+    from allocator.policy import policy_sha256
+    from allocator.policy.compiled import compiled_op, refresh_compiled, write_with_compiled
+
+    current = allocator.store.get(allocator.layout.policy)
+    digest = policy_sha256(text)
+    old: PolicyRecord | None = None
+    if current is not None:
+        try:
+            old = decode_record(current.value, PolicyRecord, current.key)
+        except BadRecord as exc:  # a damaged record is what apply is there to replace
+            allocator.on_bad_record(exc)
+        else:
+            if old.sha256 == digest:
+                revision = current.mod_revision
+                fresh = refresh_compiled(
+                    allocator.store, allocator.layout, policy, current.value, digest, revision
+                )
+                return ApplyResult(False, old, revision, compiled=fresh)
+    # Read before the assignments are checked: any assignment change after this
+    # read moves it, and the compare below then sends apply round to check again.
+    fleet = allocator.store.get(allocator.layout.fleet_generation)
+    hosts = allocator.store.list(allocator.layout.hosts)
+    refused = violations(allocator, policy, hosts.items)
+    indexed = index_complete(
+        hosts.items, allocator.store.list(allocator.layout.jobs).items, allocator.layout
+    )
+    if refused and not force:
+        raise PlacementRefused(
+            f"the new policy conflicts with {len(refused)} current assignment(s): "
+            f"{refused[0]}"
+            + (f" (and {len(refused) - 1} more)" if len(refused) > 1 else "")
+            + "; release them first or use --force"
+        )
+    record = PolicyRecord(
+        yaml=text,
+        sha256=digest,
+        applied_by=allocator.actor,
+        applied_at=format_time(allocator.clock()),
+        source=source,
+        job_index=indexed,
+    )
+    compares = [
+        Compare(allocator.layout.policy, current.mod_revision if current is not None else 0),
+        Compare(allocator.layout.fleet_generation, fleet.mod_revision if fleet is not None else 0),
+    ]
+    entry = policy_entry(record, old, reason, len(refused))
+    head_compare, history_ops = prepare_append(
+        allocator.store,
+        policy_stream(allocator.layout),
+        entry,
+        policy.history.entries_per_host,
+        allocator.on_bad_record,
+    )
+    stored = record.to_json()
+    compiled = compiled_op(allocator.layout, policy, digest, len(stored))
+    revision, with_compiled = write_with_compiled(
+        allocator._txn,
+        [*compares, head_compare],
+        [Put(allocator.layout.policy, stored), *history_ops],
+        compiled,
+    )
+    return ApplyResult(True, record, revision, tuple(refused), compiled=with_compiled)
+
+
+def violations(
+    allocator: Allocator, policy: Policy, host_items: Sequence[KeyValue] | None = None
+) -> list[str]:
+    """Current assignments that ``policy`` would refuse, one line each.
+
+    ``host_items``: every host's keys, if the caller read them already.
+    """
+    from allocator.placement.choose import Request, place
+
+    if host_items is None:
+        host_items = allocator.store.list(allocator.layout.hosts).items
+    found: list[str] = []
+    now = allocator.clock()
+    for host, state in sorted(snapshots_by_host(host_items, allocator.layout, 0).items()):
+        inventory = state.agent.gpus if state.agent and state.agent.gpus else None
+        for job, held in sorted(state.assignments.items()):
+            if held.mode == "cpu":
+                continue
+            others = {j: a for j, a in state.assignments.items() if j != job}
+            slots = held.slots if held.slots > 1 else None
+            request = Request(job=job, host=host, gpus=held.gpus, slots=slots)
+            try:
+                place(policy, request, others, now, inventory=inventory)
+            except (PlacementRefused, RequestError) as exc:
+                found.append(f"{job}@{host}: {exc}")
+    return found

@@ -1,0 +1,409 @@
+"""Assignment history: who changed what, when and why, kept in the store itself.
+
+Each host has a stream of entries, and so does the policy::
+
+    /allocator/v1/history/heads/hosts/<host>      first and next sequence number, limit
+    /allocator/v1/history/hosts/<host>/<seq>      one entry (seq zero-padded: key order)
+    /allocator/v1/history/heads/policy
+    /allocator/v1/history/policy/<seq>
+
+An entry is appended in the same transaction as the change it records (see
+:func:`allocator.control.write_cache.plan_change`), so history can
+never disagree with the assignments. The append compares the stream's head,
+so two writers never take one sequence number; the head names the oldest
+entry, so the entry to drop once the stream is over its limit is known
+without reading the stream. The entries are ordinary keys, not etcd's MVCC
+history, so compacting etcd loses none of them.
+
+The limit is the policy's ``history.entries_per_host``; a writer without a
+policy at hand (``release``) keeps the limit the head was last written with.
+A lowered limit drops at most :data:`MAX_TRIM` old entries per append, so
+every transaction stays small; the stream shrinks to the new limit over the
+next appends.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from allocator.errors import BadRecord, InvalidInput
+from allocator.records.keys import KeyLayout
+from allocator.records.types import (
+    Assignment,
+    HistoryEntry,
+    HistoryHead,
+    JobPlace,
+    PolicyRecord,
+    decode_record,
+    replace_struct,
+)
+from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
+from allocator.util.identity import parse_time
+
+__all__ = [
+    "ACTIONS",
+    "DEFAULT_LIMIT",
+    "MAX_TRIM",
+    "Head",
+    "Stored",
+    "Stream",
+    "append_ops",
+    "append_plan",
+    "change_entry",
+    "head_of",
+    "host_stream",
+    "parse_since",
+    "policy_entry",
+    "policy_stream",
+    "prepare_append",
+    "read_head",
+    "read_history",
+    "read_stream",
+    "recover_head",
+    "release_entry",
+    "select",
+]
+
+#: The entries kept per stream when the policy does not say (``history.entries_per_host``).
+DEFAULT_LIMIT = 1000
+#: Old entries one append may drop beyond its own: bounds the transaction's size.
+MAX_TRIM = 4
+_SEQ_DIGITS = 12
+
+#: Every action an entry may record, and what it means.
+ACTIONS = {
+    "set": "a job was given GPUs (or the CPU) where it held nothing, or set again as it was",
+    "move": "a job's GPUs changed",
+    "release": "a job's assignment was removed",
+    "fallback": "the agent moved a job off an unavailable GPU (to the CPU, or stopped it)",
+    "recover": "the agent returned a job to its GPUs",
+    "gave-up": "the agent stopped restarting a job (crash loop, or a `fail` fallback rule)",
+    "held": "the agent holds a job in its fallback: its GPUs flapped (flap_restart_limit)",
+    "policy-apply": "a policy was applied",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """One bounded history stream: a host's, or the policy's."""
+
+    name: str
+    head_key: str
+    prefix: str
+    host: str | None = None
+
+    def entry_key(self, seq: int) -> str:
+        """Where entry ``seq`` lives (zero-padded, so key order is sequence order)."""
+        return f"{self.prefix}{seq:0{_SEQ_DIGITS}d}"
+
+
+def host_stream(layout: KeyLayout, host: str) -> Stream:
+    """The history stream of ``host``."""
+    return Stream(f"hosts/{host}", layout.host_history_head(host), layout.host_history(host), host)
+
+
+def policy_stream(layout: KeyLayout) -> Stream:
+    """The history stream of the applied policy."""
+    return Stream("policy", layout.policy_history_head, layout.policy_history)
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A stream's head as read: entries ``first`` .. ``next - 1``, and the key's revision."""
+
+    first: int = 0
+    next: int = 0
+    limit: int = DEFAULT_LIMIT
+    revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """An entry as read, with the store revision that wrote it."""
+
+    entry: HistoryEntry
+    revision: int
+
+
+OnBad = Callable[[BadRecord], None]
+
+
+def read_head(store: Store, stream: Stream, on_bad: OnBad) -> Head:
+    """The stream's head; without a usable one, bounds recovered from the entries' keys.
+
+    A head deleted or damaged by hand must not make the next append reuse
+    a sequence number (it would overwrite an entry), so only then is the
+    stream listed.
+    """
+    item = store.get(stream.head_key)
+    head = head_of(item, stream, on_bad)
+    if head is not None:
+        return head
+    return recover_head(store, stream, item.mod_revision if item is not None else 0)
+
+
+def recover_head(store: Store, stream: Stream, revision: int) -> Head:
+    """Bounds recovered from the entries' keys, for a stream without a usable head.
+
+    ``revision`` is the head key's (0: absent), for the next append to compare.
+    """
+    seqs = (_seq(kv.key, stream) for kv in store.list(stream.prefix).items)
+    known = sorted(s for s in seqs if s is not None)
+    if not known:
+        return Head(revision=revision)
+    return Head(known[0], known[-1] + 1, DEFAULT_LIMIT, revision)
+
+
+def head_of(item: KeyValue | None, stream: Stream, on_bad: OnBad) -> Head | None:
+    """The head a read of ``stream.head_key`` holds (pure); ``None``: no usable head.
+
+    A damaged head is reported to ``on_bad``; without a usable head the
+    bounds must be recovered from the entries (:func:`read_head` does that).
+    """
+    if item is None:
+        return None
+    try:
+        head = decode_record(item.value, HistoryHead, item.key)
+        if head.stream != stream.name:
+            raise BadRecord(item.key, f"it names stream {head.stream!r}")
+        if head.first > head.next:
+            raise BadRecord(item.key, f"first {head.first} is past next {head.next}")
+    except BadRecord as exc:
+        on_bad(exc)
+        return None
+    return Head(head.first, head.next, head.limit, item.mod_revision)
+
+
+def append_ops(
+    stream: Stream, head: Head, entry: HistoryEntry, limit: int | None, max_trim: int = MAX_TRIM
+) -> tuple[Compare, list[Op]]:
+    """The compare and writes that append ``entry`` (pure).
+
+    ``limit`` ``None`` keeps the head's. Drops the oldest entries beyond the
+    limit, at most ``max_trim`` of them besides the one the new entry displaces
+    (a transaction touching many hosts passes 0: at most 4 operations a host).
+    """
+    compare, ops, _ = append_plan(stream, head, entry, limit, max_trim)
+    return compare, ops
+
+
+def append_plan(
+    stream: Stream, head: Head, entry: HistoryEntry, limit: int | None, max_trim: int = MAX_TRIM
+) -> tuple[Compare, list[Op], Head]:
+    """:func:`append_ops`, and the head the stream has once they are written (pure).
+
+    The returned head's ``revision`` is 0: the caller knows it once the
+    transaction is applied.
+    """
+    keep = head.limit if limit is None else limit
+    seq = head.next
+    ops: list[Op] = [Put(stream.entry_key(seq), replace_struct(entry, seq=seq).to_json())]
+    excess = (seq + 1 - head.first) - keep
+    # excess <= entries held before this one (keep >= 1): no delete hits the new key.
+    drop = min(max(excess, 0), max_trim + 1)
+    ops += [Delete(stream.entry_key(head.first + i)) for i in range(drop)]
+    bounds = HistoryHead(stream.name, head.first + drop, seq + 1, keep)
+    ops.append(Put(stream.head_key, bounds.to_json()))
+    after = Head(bounds.first, bounds.next, bounds.limit)
+    return Compare(stream.head_key, head.revision), ops, after
+
+
+def prepare_append(
+    store: Store,
+    stream: Stream,
+    entry: HistoryEntry,
+    limit: int | None,
+    on_bad: OnBad,
+    max_trim: int = MAX_TRIM,
+) -> tuple[Compare, list[Op]]:
+    """Read the stream's head and return what appends ``entry`` (one transaction's share)."""
+    return append_ops(stream, read_head(store, stream, on_bad), entry, limit, max_trim)
+
+
+# --- entries -------------------------------------------------------------------------
+
+
+def change_entry(
+    before: Assignment | None, after: Assignment, by: str, at: str, reason: str
+) -> HistoryEntry:
+    """The entry of a ``set``: ``move`` when the GPUs (or the mode) changed, else ``set``."""
+    old_mode, old_gpus = _place(before)
+    new_mode, new_gpus = _place(after)
+    moved = before is not None and (old_mode, old_gpus) != (new_mode, new_gpus)
+    # gpus=1,3 says no more than the entry's GPUs do; count=2 and a fallback do.
+    asked = after.requested if after.requested.startswith("count=") else ""
+    fell_back = f"placed on the CPU: {after.fallback_reason}" if after.fallback_reason else ""
+    detail = "; ".join(part for part in (asked and f"asked for {asked}", fell_back) if part)
+    return HistoryEntry(
+        seq=0,
+        at=at,
+        by=by,
+        action="move" if moved else "set",
+        host=after.host,
+        job=after.job,
+        from_mode=old_mode,
+        from_gpus=old_gpus,
+        to_mode=new_mode,
+        to_gpus=new_gpus,
+        reason=reason,
+        detail=detail,
+    )
+
+
+def release_entry(
+    host: str, job: str, before: Assignment | None, by: str, at: str, reason: str
+) -> HistoryEntry:
+    """The entry of a ``release`` (``before`` ``None``: the record was damaged)."""
+    mode, gpus = _place(before)
+    return HistoryEntry(
+        seq=0,
+        at=at,
+        by=by,
+        action="release",
+        host=host,
+        job=job,
+        from_mode=mode,
+        from_gpus=gpus,
+        reason=reason,
+        detail="" if before is not None else "its record was damaged",
+    )
+
+
+def policy_entry(
+    record: PolicyRecord, old: PolicyRecord | None, reason: str, overridden: int
+) -> HistoryEntry:
+    """The entry of a policy apply (``overridden``: conflicts it was applied over, --force)."""
+    detail = f"from {record.source}" if record.source else ""
+    if overridden:
+        detail += f"; applied over {overridden} conflicting assignment(s) (--force)"
+    return HistoryEntry(
+        seq=0,
+        at=record.applied_at,
+        by=record.applied_by,
+        action="policy-apply",
+        reason=reason,
+        detail=detail.lstrip("; "),
+        policy_sha256=record.sha256,
+        previous_sha256=old.sha256 if old is not None else None,
+    )
+
+
+def _place(assignment: Assignment | None) -> tuple[JobPlace | None, tuple[int, ...]]:
+    if assignment is None:
+        return None, ()
+    return assignment.mode, tuple(assignment.gpus)
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def read_stream(store: Store, stream: Stream, on_bad: OnBad) -> list[Stored]:
+    """Every entry of ``stream`` (one range read), oldest first; bad ones reported, skipped."""
+    found: list[Stored] = []
+    for item in store.list(stream.prefix).items:
+        try:
+            found.append(Stored(_decode(item, stream), item.mod_revision))
+        except BadRecord as exc:
+            on_bad(exc)
+    return found
+
+
+def read_history(
+    store: Store,
+    layout: KeyLayout,
+    on_bad: OnBad,
+    *,
+    host: str | None = None,
+    with_policy: bool = True,
+) -> list[Stored]:
+    """Entries of one host (or of every host that has history), and the policy's; newest first.
+
+    Every host is read on its own (its head names it), so no single read
+    grows with the fleet.
+    """
+    if host is not None:
+        hosts: Iterable[str] = [host]
+    else:
+        heads = store.list(layout.history_heads).items
+        hosts = sorted({kv.key[len(layout.history_heads) :] for kv in heads})
+    found: list[Stored] = []
+    for name in hosts:
+        found += read_stream(store, host_stream(layout, name), on_bad)
+    if with_policy:
+        found += read_stream(store, policy_stream(layout), on_bad)
+    return sorted(found, key=lambda s: (s.revision, s.entry.seq), reverse=True)
+
+
+def select(
+    entries: Sequence[Stored],
+    *,
+    job: str | None = None,
+    gpu: int | None = None,
+    since: datetime | None = None,
+) -> list[Stored]:
+    """The entries naming ``job``, touching ``gpu``, and made at or after ``since``."""
+    chosen = []
+    for stored in entries:
+        entry = stored.entry
+        if job is not None and entry.job != job:
+            continue
+        if gpu is not None and gpu not in (*entry.from_gpus, *entry.to_gpus):
+            continue
+        if since is not None:
+            at = parse_time(entry.at)
+            if at is None or at < since:
+                continue
+        chosen.append(stored)
+    return chosen
+
+
+def _decode(item: KeyValue, stream: Stream) -> HistoryEntry:
+    seq = _seq(item.key, stream)
+    if seq is None:
+        raise BadRecord(item.key, "not a history entry key (<prefix>/<12-digit sequence>)")
+    entry = decode_record(item.value, HistoryEntry, item.key, host=stream.host)
+    if entry.seq != seq:
+        raise BadRecord(item.key, f"its seq {entry.seq} disagrees with the key")
+    return entry
+
+
+def _seq(key: str, stream: Stream) -> int | None:
+    tail = key[len(stream.prefix) :]
+    if len(tail) != _SEQ_DIGITS or not tail.isascii() or not tail.isdigit():
+        return None
+    return int(tail)
+
+
+# --- --since ----------------------------------------------------------------------------
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+_DURATION = re.compile(r"(?:\d{1,6}[smhdw])+", re.ASCII)
+_PART = re.compile(r"(\d+)([smhdw])", re.ASCII)
+#: Further back than this is a typo (and timedelta would overflow long before a billion days).
+_MAX_SINCE = timedelta(days=36_500)
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """``30m``, ``2h``, ``7d``, ``1w``, ``1h30m`` before ``now``, or an RFC 3339 time.
+
+    ``InvalidInput`` (exit 2) naming what is accepted, for anything else.
+    """
+    shown = text if len(text) <= 40 else f"{text[:37]}..."
+    if _DURATION.fullmatch(text):
+        seconds = sum(int(n) * _UNITS[unit] for n, unit in _PART.findall(text))
+        span = timedelta(seconds=seconds)
+        if span > _MAX_SINCE:
+            raise InvalidInput(f"--since {shown}: more than {_MAX_SINCE.days:,} days back")
+        return now - span
+    moment = parse_time(text) if len(text) <= 40 and "T" in text.upper() else None
+    if moment is None:
+        raise InvalidInput(
+            f"--since {shown!r}: expected a duration (30m, 2h, 7d, 1w, 1h30m) "
+            "or an RFC 3339 time (2026-11-30T14:00:00Z)"
+        )
+    if moment.tzinfo is None:
+        raise InvalidInput(f"--since {shown}: give the time zone (Z or +02:00)")
+    return moment

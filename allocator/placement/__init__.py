@@ -1,0 +1,5 @@
+"""Pure placement decisions: requests, choosing and ranking GPUs, occupancy of shared GPUs,
+reservations.
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,358 @@
+"""Who holds what: a pure join of the policy, assignments, agents and workers.
+
+``build_status`` turns one prefix read over every host into rows; the CLI
+only renders them. Time is passed in (reservations start and end).
+
+An agent's liveness never compares clocks between machines: the agent's key
+is leased, so it exists exactly while the agent keeps its lease alive.
+
+* ``alive``: the key is there, under a lease;
+* ``stale``: the agent says it can keep its lease but cannot read its
+  assignments (its record's ``store_stale``), so it works from an old view;
+* ``unleased``: the key is there without a lease (written by hand?), which
+  proves nothing; the agent puts its own back on its next full read;
+* ``gone``: no key, but worker records remain (the agent died, or cannot
+  reach the store, with workers it ran);
+* ``none``: no key and nothing recorded.
+
+A job across several hosts is also shown as one (:func:`group_status`): its
+nodes in rank order, its MASTER_PORT, and per share the GPUs, the agent's
+state (a share whose agent is ``gone`` says so) and what the workers do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from allocator.control.client import HostSnapshot, snapshots_by_host
+from allocator.placement.choose import host_gpu_indices, pool_sharing
+from allocator.placement.occupancy import Holding, gpu_holdings, usage_text
+from allocator.placement.reservations import on_host, trespassers
+from allocator.policy import Policy
+from allocator.policy.model import Sharing
+from allocator.records.keys import KeyLayout
+from allocator.status.gpu_use import IdleInfo, idle_info, unassigned_by_gpu
+from allocator.store import KeyValue
+
+__all__ = [
+    "GpuRow",
+    "GroupShare",
+    "GroupStatus",
+    "HostStatus",
+    "JobRow",
+    "agent_state",
+    "build_status",
+    "group_status",
+    "status_of_part",
+]
+
+
+class GpuRow(msgspec.Struct, frozen=True):
+    """One GPU of one host and who holds it.
+
+    ``holder`` names every holder (``infer,train(2)``: train holds two slots;
+    ``(whole)``: an exclusive job in a shared pool); ``slots`` is the GPU's use
+    in a shared pool (``3/4 slots``), ``""`` in an exclusive one.
+    """
+
+    host: str
+    gpu: str
+    holder: str
+    since: str
+    reason: str
+    health: str
+    reserved: str
+    #: Holders inside a reservation window in force that does not admit them.
+    outside_reservation: str = ""
+    slots: str = ""
+    #: How long the holder's GPUs have been idle ("" while busy or unmeasured), and
+    #: whether that is past its idle rule.
+    idle: str = ""
+    idle_holder: bool = False
+    #: Processes the agent found on this GPU that no job there was given.
+    unassigned: tuple[dict[str, Any], ...] = ()
+
+
+class JobRow(msgspec.Struct, frozen=True):
+    """One job's desired assignment joined with what its agent reports."""
+
+    host: str
+    job: str
+    gpus: str
+    mode: str
+    since: str
+    by: str
+    reason: str
+    workers: str
+    matches: bool | None
+    #: A job across several hosts: all its hosts in node-rank order, and its port.
+    nodes: tuple[str, ...] = ()
+    master_port: int | None = None
+    #: Why ``count=N`` picked the GPUs (``NVLink pair``); "" for an explicit list.
+    picked: str = ""
+    #: When all the job's GPUs went idle (RFC 3339; None while busy), for how long,
+    #: the idle rule in force, and whether the job is past it (an idle holder).
+    idle_since: str | None = None
+    idle_seconds: float | None = None
+    idle_rule: str = ""
+    idle_holder: bool = False
+
+
+class GroupShare(msgspec.Struct, frozen=True):
+    """One host's share of a job across hosts: what it holds, its agent, its workers.
+
+    ``gpus`` is ``0,1``, ``cpu``, or empty when the host holds no share of the
+    job (its record was removed or damaged by hand).
+    """
+
+    host: str
+    rank: int
+    gpus: str
+    agent: str
+    workers: str
+    matches: bool | None
+
+
+class GroupStatus(msgspec.Struct, frozen=True):
+    """A job across several hosts, shown as one."""
+
+    job: str
+    nodes: tuple[str, ...]
+    master_port: int | None
+    shares: tuple[GroupShare, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON/YAML-ready form."""
+        return {**_fields(self), "shares": tuple(map(_fields, self.shares))}
+
+    def summary(self) -> str:
+        """One line: ``train across node1,node2 (MASTER_PORT 2345): node1 rank 0 ...``."""
+        parts = []
+        for share in self.shares:
+            held = {"": "NO SHARE", "cpu": "cpu"}.get(share.gpus, f"gpus {share.gpus}")
+            agent = "" if share.agent == "alive" else f" AGENT {share.agent.upper()}"
+            sync = "" if share.matches is not False else " (NOT in sync)"
+            parts.append(f"{share.host} rank {share.rank} {held}{agent}: {share.workers}{sync}")
+        port = f" (MASTER_PORT {self.master_port})" if self.master_port else ""
+        return f"{self.job} across {','.join(self.nodes)}{port}: " + "; ".join(parts)
+
+
+class HostStatus(msgspec.Struct, frozen=True):
+    """One host: agent liveness, its GPUs, its jobs."""
+
+    host: str
+    agent: str
+    gpus: tuple[GpuRow, ...]
+    jobs: tuple[JobRow, ...]
+    bad_records: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON/YAML-ready form: every field, rows as dicts (copies: the caller may edit them)."""
+        gpus = tuple(
+            {**_fields(row), "unassigned": tuple(dict(p) for p in row.unassigned)}
+            for row in self.gpus
+        )
+        return {**_fields(self), "gpus": gpus, "jobs": tuple(map(_fields, self.jobs))}
+
+
+#: A row's fields as a dict, one level deep (status rows are built and turned into
+#: dicts by the thousand: msgspec does both in C).
+_fields = msgspec.structs.asdict
+
+
+def build_status(
+    policy: Policy | None,
+    items: Sequence[KeyValue],
+    layout: KeyLayout,
+    now: datetime,
+    only_host: str | None = None,
+) -> list[HostStatus]:
+    """Join everything under the hosts prefix into per-host status."""
+    declared = policy.hosts if policy is not None else ()
+    return status_of_part(policy, items, layout, now, declared, only_host)
+
+
+def status_of_part(
+    policy: Policy | None,
+    items: Sequence[KeyValue],
+    layout: KeyLayout,
+    now: datetime,
+    declared: Iterable[str],
+    only_host: str | None = None,
+) -> list[HostStatus]:
+    """Status of the hosts with keys in ``items`` and of the ``declared`` hosts, by name.
+
+    ``items``: every key of those hosts (a part of the hosts prefix cut
+    between hosts, or all of it); ``declared``: the policy's hosts whose
+    keys would be in that part. Parts joined one by one make the same rows
+    as :func:`build_status` of the whole.
+    """
+    stored = snapshots_by_host(items, layout, 0)
+    names = [only_host] if only_host is not None else sorted(set(stored).union(declared))
+    agent_keys = {item.key: item for item in items if item.key.endswith("/agent")}
+    hosts = []
+    for name in names:
+        snapshot = stored.get(name, HostSnapshot(name))
+        agent = agent_state(agent_keys.get(layout.agent(name)), snapshot)
+        hosts.append(_host_status(policy, snapshot, agent, now))
+    return hosts
+
+
+def group_status(hosts: Sequence[HostStatus]) -> list[GroupStatus]:
+    """Every job across hosts found in ``hosts``, one entry each (a share not found: missing)."""
+    rows = {(row.host, row.job): (host, row) for host in hosts for row in host.jobs}
+    groups: dict[str, tuple[str, ...]] = {}
+    ports: dict[str, int | None] = {}
+    for _host, row in rows.values():
+        if row.nodes and row.job not in groups:
+            groups[row.job], ports[row.job] = row.nodes, row.master_port
+    agents = {host.host: host.agent for host in hosts}
+    found = []
+    for job, nodes in sorted(groups.items()):
+        shares = []
+        for rank, node in enumerate(nodes):
+            held = rows.get((node, job))
+            if held is None or held[1].nodes != nodes:
+                shares.append(GroupShare(node, rank, "", agents.get(node, "none"), "-", None))
+                continue
+            host, row = held
+            shares.append(GroupShare(node, rank, row.gpus, host.agent, row.workers, row.matches))
+        found.append(GroupStatus(job, nodes, ports[job], tuple(shares)))
+    return found
+
+
+def agent_state(key: KeyValue | None, snapshot: HostSnapshot) -> str:
+    """``alive``, ``stale``, ``unleased``, ``gone`` or ``none`` (see the module docstring).
+
+    ``key`` is the host's agent key as read; its lease, not a timestamp, says
+    the agent lives. A key whose body is damaged but whose lease lives is an
+    agent alive (its record is listed among the bad records).
+    """
+    if key is None:
+        return "gone" if snapshot.workers else "none"
+    if key.lease is None:
+        return "unleased"
+    if snapshot.agent is not None and snapshot.agent.store_stale:
+        return "stale"
+    return "alive"
+
+
+def _host_status(
+    policy: Policy | None, snapshot: HostSnapshot, agent: str, now: datetime
+) -> HostStatus:
+    inventory = snapshot.agent.gpus if snapshot.agent and snapshot.agent.gpus else None
+    unhealthy = snapshot.agent.unhealthy if snapshot.agent else {}
+    indices: tuple[int, ...] = ()
+    if policy is not None and (snapshot.host in policy.hosts or inventory):
+        indices = host_gpu_indices(policy, snapshot.host, inventory)
+    elif inventory:
+        indices = tuple(g.index for g in inventory)
+    holdings = gpu_holdings(snapshot.assignments)
+    holders = {index: [hold.job for hold in holds] for index, holds in holdings.items()}
+    sharing = pool_sharing(policy, snapshot.host) if policy is not None else Sharing()
+    reservations = _reservation_labels(policy, snapshot.host, now)
+    outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
+    idle = {
+        job: idle_info(policy, snapshot.host, job, snapshot.workers.get(job), now)
+        for job in snapshot.assignments
+    }
+    strays = unassigned_by_gpu(snapshot.agent)
+    rows = []
+    for index in sorted(set(indices) | set(holdings)):
+        holds = holdings.get(index, [])
+        first = snapshot.assignments[holds[0].job] if holds else None
+        first_idle = idle[holds[0].job] if holds else _NOT_HELD
+        trespass = outside.get(index, "")
+        rows.append(
+            GpuRow(
+                host=snapshot.host,
+                gpu=str(index),
+                holder=_holders(holds, sharing) or "-",
+                since=first.updated_at if first else "",
+                reason=first.reason if first else "",
+                health=f"unhealthy: {unhealthy[index]}" if index in unhealthy else "ok",
+                reserved=_flagged(reservations.get(index, ""), trespass),
+                outside_reservation=trespass,
+                slots=usage_text(holds, sharing),
+                idle=first_idle.label,
+                idle_holder=first_idle.holder,
+                unassigned=strays.get(index, ()),
+            )
+        )
+    for job, held in sorted(snapshot.assignments.items()):
+        if held.mode == "cpu":
+            rows.append(GpuRow(snapshot.host, "cpu", job, held.updated_at, held.reason, "-", ""))
+    job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
+    bad = tuple(str(b) for b in snapshot.bad_records)
+    return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad)
+
+
+#: A GPU nobody holds: no idle time to show.
+_NOT_HELD = IdleInfo()
+
+
+def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
+    held = snapshot.assignments[job]
+    worker = snapshot.workers.get(job)
+    matches: bool | None = None
+    workers = "-"
+    if worker is not None:
+        workers = worker.state + (f" pid {','.join(map(str, worker.pids))}" if worker.pids else "")
+        on_cpu = worker.device == "cpu"
+        if on_cpu and held.mode == "gpu" and worker.fallback_reason:
+            # A fallback rule at work (a GPU is unhealthy): what the policy asks for.
+            workers += f" on CPU ({worker.fallback_reason})"
+            matches = True
+        else:
+            matches = tuple(worker.gpus) == tuple(held.gpus) and on_cpu == (held.mode == "cpu")
+        if not worker.pids and worker.message:
+            workers += f": {worker.message}"
+    gpus = "cpu" if held.mode == "cpu" else ",".join(map(str, held.gpus))
+    return JobRow(
+        host=snapshot.host,
+        job=job,
+        gpus=gpus,
+        mode=held.mode,
+        since=held.updated_at,
+        by=held.updated_by,
+        reason=held.reason or (held.fallback_reason or ""),
+        workers=workers,
+        matches=matches,
+        nodes=held.nodes,
+        master_port=held.master_port,
+        picked=held.picked,
+        idle_since=idle.since,
+        idle_seconds=idle.seconds,
+        idle_rule=idle.rule,
+        idle_holder=idle.holder,
+    )
+
+
+def _holders(holds: list[Holding], sharing: Sharing) -> str:
+    """Every holder, with its share where it holds more than one slot (or the GPU whole)."""
+    if not sharing.shared:
+        return ",".join(hold.job for hold in holds)
+    return ",".join(
+        hold.job + ("(whole)" if hold.exclusive else f"({hold.slots})" if hold.slots > 1 else "")
+        for hold in holds
+    )
+
+
+def _flagged(label: str, outside: str) -> str:
+    """The RESERVED column: the reservation, and a holder it does not admit, loudly."""
+    return f"{label}: HELD OUTSIDE IT ({outside})" if outside else label
+
+
+def _reservation_labels(policy: Policy | None, host: str, now: datetime) -> dict[int, str]:
+    labels: dict[int, str] = {}
+    if policy is None:
+        return labels
+    for reservation in on_host(policy, host):
+        if reservation.active(now):
+            for gpu in reservation.gpus:
+                labels[gpu] = f"{reservation.name} ({','.join(reservation.for_jobs)})"
+    return labels

@@ -1,0 +1,225 @@
+"""What ``allocator status`` reads: the applied policy and every host's records, at one revision.
+
+One batch reads the policy record and its compiled form; the hosts' records
+are then read at that batch's revision, on a second thread while this one
+decodes the policy and loads the modules that join and print. On etcd's
+JSON gateway the hosts are read as several key ranges at once
+(:meth:`~allocator.store.etcd.store.EtcdHttpStore.list_at`), cut between the
+policy's hosts: etcd marshals a fleet's 10 MB answer on one core per
+request, and that was most of what status waited for. Where the compiled
+form is missing the hosts are read in one range, as on every other store.
+
+Policy, assignments, agents and workers then come from one snapshot (the
+policy used to be read a moment before the hosts).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+
+from allocator.errors import BadRecord, Compacted, InvalidName, PermissionDenied
+from allocator.records.keys import KeyLayout
+from allocator.store import KeyValue, Listing, Read
+
+__all__ = [
+    "HOSTS_PER_PART",
+    "MAX_PARTS",
+    "JoinPart",
+    "declared_by_part",
+    "host_names",
+    "read_status",
+    "split_points",
+]
+
+_Row = TypeVar("_Row")
+
+#: At most this many ranges read at once: etcd marshals each on its own core.
+MAX_PARTS = 8
+#: No part smaller than this many hosts (~14 keys each): a small fleet is one range.
+HOSTS_PER_PART = 100
+
+
+class _PolicyHosts(msgspec.Struct):
+    hosts: dict[str, msgspec.Raw] = msgspec.field(default_factory=dict)
+
+
+class _CompiledHosts(msgspec.Struct):
+    policy: _PolicyHosts = msgspec.field(default_factory=_PolicyHosts)
+
+
+_COMPILED_HOSTS = msgspec.json.Decoder(_CompiledHosts)
+
+
+def host_names(compiled: bytes) -> list[str]:
+    """The host names a compiled policy record declares; ``[]`` if it does not read as one.
+
+    Only where to cut the read depends on them (never what is read), so the
+    record is not checked here: it is decoded strictly with the policy.
+    """
+    try:
+        return list(_COMPILED_HOSTS.decode(compiled).policy.hosts)
+    except msgspec.MsgspecError:
+        return []
+
+
+def split_points(
+    layout: KeyLayout,
+    hosts: Iterable[str],
+    max_parts: int = MAX_PARTS,
+    per_part: int = HOSTS_PER_PART,
+) -> list[str]:
+    """Keys to cut the hosts' prefix at, in key order: parts of about as many hosts each.
+
+    Key order is not name order (``node1-a/`` sorts before ``node1/``).
+    Invalid names are left out (a cut is only ever a hint).
+    """
+    keys = sorted(layout.host(h) for h in hosts if _valid_host(layout, h))
+    parts = min(max_parts, len(keys) // max(1, per_part))
+    return [keys[len(keys) * i // parts] for i in range(1, parts)]
+
+
+def _valid_host(layout: KeyLayout, host: str) -> bool:
+    try:
+        layout.host(host)
+    except InvalidName:
+        return False
+    return True
+
+
+#: Joins one part of the hosts' keys, and the policy's hosts that fall in it, into rows.
+JoinPart = Callable[[Any, Sequence[KeyValue], Iterable[str]], list[_Row]]
+
+
+def read_status(
+    allocator: Any,
+    prefix: str,
+    *,
+    only_host: str | None,
+    while_reading: Callable[[], None],
+    join: JoinPart[_Row],
+) -> tuple[Any, int, list[_Row]]:
+    """The applied policy, the revision read at and ``join``'s rows of every key under ``prefix``.
+
+    The policy is ``None`` when none is applied, or its record is damaged
+    (reported: status is what an operator reads to find out what is wrong,
+    so it must not be the command that stops working when something is).
+    ``only_host``: ``prefix`` is that host's, not every host's.
+    ``while_reading`` runs on this thread while the hosts are read; ``join``
+    is called per part, in key order, as each part is in.
+    """
+    layout: KeyLayout = allocator.layout
+    store = allocator.store
+    policy_read, compiled_read = _policy_records(store, layout)
+    compiled = _first(compiled_read)
+    list_parts = getattr(store, "list_parts", None)
+    splits = split_points(layout, host_names(compiled.value)) if compiled else []
+    if only_host is None and splits and list_parts is not None:
+        parts = list_parts(prefix, policy_read.revision, splits)
+        while_reading()
+        policy = _policy(allocator, _first(policy_read), compiled_read)
+        try:
+            return policy, policy_read.revision, _join_parts(policy, parts, splits, layout, join)
+        except Compacted:  # the revision read at is gone already: read the present, whole
+            pass
+        listing = store.list(prefix)
+    else:
+        reader = _ListingReader(store, prefix)
+        reader.start()
+        try:
+            while_reading()
+            policy = _policy(allocator, _first(policy_read), compiled_read)
+        finally:
+            reader.join()
+        listing = reader.result()
+    declared = () if policy is None or only_host is not None else policy.hosts
+    return policy, listing.revision, join(policy, listing.items, declared)
+
+
+def _join_parts(
+    policy: Any,
+    parts: Iterable[Listing],
+    splits: list[str],
+    layout: KeyLayout,
+    join: JoinPart[_Row],
+) -> list[_Row]:
+    declared = declared_by_part(layout, policy.hosts if policy is not None else (), splits)
+    rows: list[_Row] = []
+    for part, hosts in zip(parts, declared, strict=True):
+        rows.extend(join(policy, part.items, hosts))
+    return rows
+
+
+def declared_by_part(
+    layout: KeyLayout, hosts: Iterable[str], splits: Sequence[str]
+) -> list[list[str]]:
+    """``hosts`` grouped by the part of the hosts prefix, cut at ``splits``, their keys fall in.
+
+    ``splits`` as :func:`split_points` makes them: in key order, each once.
+    """
+    groups: list[list[str]] = [[] for _ in range(len(splits) + 1)]
+    for host in hosts:
+        groups[bisect.bisect_right(splits, layout.host(host))].append(host)
+    return groups
+
+
+def _policy_records(store: Any, layout: KeyLayout) -> tuple[Listing, Listing]:
+    """The policy record and its compiled form, read in one batch (at one revision).
+
+    A user who may read the policy but not its compiled form (a role
+    granted before there was one) still gets status, from the YAML.
+    """
+    try:
+        policy_read, compiled_read = store.read_many(
+            [Read(layout.policy), Read(layout.compiled_policy)]
+        )
+    except PermissionDenied:
+        policy_read = store.read_many([Read(layout.policy)])[0]
+        compiled_read = Listing((), policy_read.revision)
+    return policy_read, compiled_read
+
+
+def _first(listing: Listing) -> KeyValue | None:
+    return listing.items[0] if listing.items else None
+
+
+def _policy(allocator: Any, item: KeyValue | None, compiled: Listing) -> Any:
+    from allocator.policy.compiled import applied_policy
+    from allocator.records.types import PolicyRecord, decode_record
+
+    if item is None:
+        return None
+    try:
+        record = decode_record(item.value, PolicyRecord, item.key)
+    except BadRecord as exc:
+        allocator.on_bad_record(exc)
+        return None
+    on_bad = allocator.on_bad_record
+    return applied_policy(allocator.store, allocator.layout, record, on_bad, compiled)
+
+
+class _ListingReader(threading.Thread):
+    """Reads every key under a prefix in one range; what it raised is raised by :meth:`result`."""
+
+    def __init__(self, store: Any, prefix: str) -> None:
+        super().__init__(name="status-listing", daemon=True)
+        self._store, self._prefix = store, prefix
+        self._listing: Listing | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._listing = self._store.list(self._prefix)
+        except BaseException as exc:  # raised again on the caller's thread
+            self._error = exc
+
+    def result(self) -> Listing:
+        """The listing read, or what reading it raised."""
+        if self._error is not None:
+            raise self._error
+        assert self._listing is not None
+        return self._listing

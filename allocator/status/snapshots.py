@@ -1,0 +1,111 @@
+"""What the store holds, decoded: the applied policy and each host's keys.
+
+:class:`HostSnapshot` is everything under one host, decoded from one prefix
+read; :func:`snapshots_by_host` decodes a read of many hosts in one pass. A
+record that does not decode is left out and reported, never a crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from allocator.errors import BadRecord, NotFound
+from allocator.records.keys import KeyLayout, split_host_key
+from allocator.records.types import (
+    AgentRecord,
+    Assignment,
+    PolicyRecord,
+    WorkerRecord,
+    decode_record,
+)
+from allocator.store import KeyValue
+
+if TYPE_CHECKING:  # the policy loader costs import time a reader of hosts need not pay
+    from allocator.policy import Policy
+
+__all__ = ["HostSnapshot", "PolicySnapshot", "job_not_found", "snapshots_by_host"]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    """The applied policy, its record, and the revision it was read at."""
+
+    policy: Policy
+    record: PolicyRecord
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    """Everything stored under one host, read in one prefix read.
+
+    ``generation`` and ``agent_revision`` are the mod revisions of the host's
+    generation key and agent record (0: absent): a write checked against
+    this snapshot compares them.
+    """
+
+    host: str
+    assignments: dict[str, Assignment] = field(default_factory=dict)
+    generation: int = 0
+    agent: AgentRecord | None = None
+    workers: dict[str, WorkerRecord] = field(default_factory=dict)
+    revision: int = 0
+    bad_records: tuple[BadRecord, ...] = ()
+    agent_revision: int = 0
+
+
+def snapshots_by_host(
+    items: Sequence[KeyValue], layout: KeyLayout, revision: int
+) -> dict[str, HostSnapshot]:
+    """Decode keys read under the hosts prefix into one :class:`HostSnapshot` per host.
+
+    One pass over ``items``: ``status`` on a fleet reads every host at once.
+    A record that does not decode, or whose body disagrees with its key, is
+    left out and listed in its host's ``bad_records``; it never hides the
+    rest of the host, let alone other hosts.
+    """
+    parts: dict[str, dict[str, Any]] = {}
+    hosts = layout.hosts
+    for item in items:
+        parsed = split_host_key(item.key, hosts)
+        if parsed is None:
+            continue
+        host, kind, name = parsed
+        part = parts.setdefault(
+            host,
+            {"assignments": {}, "workers": {}, "generation": 0, "agent": None, "bad_records": ()},
+        )
+        try:
+            _add_host_item(part, item, host, kind, name)
+        except BadRecord as exc:
+            part["bad_records"] = (*part["bad_records"], exc)
+    return {host: HostSnapshot(host, revision=revision, **part) for host, part in parts.items()}
+
+
+def job_not_found(job: str, host: str | None, held_there: Sequence[str] = ()) -> NotFound:
+    """The one "not found" answer of every command that looks a job up (exit 6).
+
+    ``host`` ``None`` means every host was searched; ``held_there`` names
+    the jobs that host does hold, to catch a typo.
+    """
+    where = f"on host {host!r}" if host else "on any host"
+    others = f" (jobs there: {', '.join(sorted(held_there))})" if held_there else ""
+    return NotFound(f"job {job!r} holds nothing {where}{others}")
+
+
+def _add_host_item(part: dict[str, Any], item: KeyValue, host: str, kind: str, name: str) -> None:
+    if kind == "jobs" and name:
+        part["assignments"][name] = decode_record(
+            item.value, Assignment, item.key, job=name, host=host
+        )
+    elif kind == "workers" and name:
+        part["workers"][name] = decode_record(
+            item.value, WorkerRecord, item.key, job=name, host=host
+        )
+    elif kind == "generation":
+        part["generation"] = item.mod_revision
+    elif kind == "agent":
+        part["agent_revision"] = item.mod_revision  # compared even when the record is damaged
+        part["agent"] = decode_record(item.value, AgentRecord, item.key, host=host)

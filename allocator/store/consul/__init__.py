@@ -1,0 +1,3 @@
+"""The Consul KV backend (``consul://``, ``consuls://``), the one package importing py-consul."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""The etcd v3 backend (``etcd://``, ``etcds://``)."""
+
+__all__: list[str] = []

@@ -1,0 +1,402 @@
+"""The etcd v3 backend over etcd's JSON gateway: no gRPC, for one-shot commands.
+
+etcd serves its v3 API as JSON on the client port (``/v3/kv/range``,
+``/v3/kv/txn``, ``/v3/lease/*``, ``/v3/watch`` as a stream,
+``/v3/auth/authenticate``; on by default since 3.4). A command that makes
+a few calls and exits spends most of its life importing gRPC (~40-150 ms)
+when it talks gRPC; this backend needs only the standard library, so
+``allocator set`` on etcd starts about as fast as on SQLite. The agent,
+which holds watches for days, keeps the gRPC backend
+(:mod:`allocator.store.etcd.grpc_backend`); :func:`allocator.store.open_store` picks
+this one for ``one_shot`` callers.
+
+Same URL, same semantics, same hardening as the gRPC backend (the
+contract suite and the etcd tests run against both):
+
+* every call has one budget, ``timeout`` seconds, covering connecting,
+  TLS, logging in, failing over and the request; with several endpoints
+  each gets an equal share of what is left (:func:`attempt_timeout`);
+* a call the current endpoint could not take moves on to the next one:
+  any read, and a write only when it cannot have been applied (no
+  connection, no leader); a write sent but not confirmed raises
+  :class:`~allocator.errors.AmbiguousWrite` ("may have been applied");
+* TLS with a CA, client certificate and key (``etcds://``); user and
+  password, logging in again once when etcd says the token is stale;
+* etcd's answers are translated by :mod:`allocator.store.etcd.rules`,
+  exactly as the gRPC backend's are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from allocator.errors import (
+    AllocatorError,
+    Compacted,
+    LeaseLost,
+    StoreError,
+    StoreUnavailable,
+)
+from allocator.store.base import (
+    Compare,
+    Delete,
+    KeyValue,
+    Listing,
+    Op,
+    Put,
+    Read,
+    Store,
+    TxnOutcome,
+    Watch,
+)
+from allocator.store.etcd.config import EtcdConfig, parse_etcd_url
+from allocator.store.etcd.connection import Endpoint, tls_context
+from allocator.store.etcd.http_wire import HttpError, NotHttp, NotSent
+from allocator.store.etcd.json_api import (
+    Json,
+    b64,
+    conflict_of,
+    key_value_of,
+    listings_of,
+    range_listing,
+    range_request,
+    read_ops,
+    txn_request,
+    watch_request,
+)
+from allocator.store.etcd.rules import (
+    MAX_TXN_OPS,
+    Code,
+    EtcdStatus,
+    ambiguous_write,
+    attempt_timeout,
+    maybe_applied,
+    token_is_stale,
+    translate_status,
+    worth_another_endpoint,
+)
+from allocator.store.local import (
+    check_key,
+    check_prefix,
+    check_reads,
+    check_ttl,
+    check_txn,
+    check_value,
+)
+from allocator.store.local import lease_of as _lease_of
+from allocator.store.urls import redact_url
+
+if TYPE_CHECKING:
+    from allocator.store.etcd.watch import EtcdHttpWatch
+
+__all__ = ["MAX_TXN_OPS", "EtcdHttpStore", "open_etcd_http"]
+
+_T = TypeVar("_T")
+# One attempt of a call on an endpoint that is connected and logged in, by a deadline.
+_Send = Callable[["Endpoint", float], _T]
+
+
+def open_etcd_http(url: str, *, create: bool = False) -> EtcdHttpStore:
+    """Open an etcd store for ``url`` that talks to etcd's JSON gateway.
+
+    No network I/O happens here; the first call connects. A malformed URL,
+    an unreadable TLS file or half-given credentials raise
+    ``StoreConfigError``. ``create`` is accepted for the common factory
+    signature (an etcd cluster always exists).
+    """
+    return EtcdHttpStore(parse_etcd_url(url), url)
+
+
+class EtcdHttpStore:
+    """:class:`~allocator.store.base.Store` on etcd v3's JSON gateway (see the module doc)."""
+
+    max_txn_ops: int | None = MAX_TXN_OPS
+
+    def __init__(self, config: EtcdConfig, url: str) -> None:
+        from allocator.util.redaction import remember_secret
+
+        remember_secret(config.password)
+        self.url = redact_url(url)
+        self.config = config
+        self.endpoints = config.endpoint_names
+        self.tls = tls_context(config)  # bad TLS files fail before any connection
+        self._index = 0
+        self._endpoint: Endpoint | None = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self._watches: set[EtcdHttpWatch] = set()
+
+    # --- reads and writes ----------------------------------------------------
+
+    def get(self, key: str) -> KeyValue | None:
+        """Return the current version of ``key``, or ``None``."""
+        reply = self._call("/v3/kv/range", range_request(check_key(key)), idempotent=True)
+        kvs = reply.get("kvs") or []
+        return key_value_of(kvs[0]) if kvs else None
+
+    def list(self, prefix: str) -> Listing:
+        """Every key under ``prefix``, sorted, with the revision read at: one range request."""
+        request = range_request(check_prefix(prefix), prefix=True)
+
+        def send(endpoint: Endpoint, until: float) -> Listing:
+            return endpoint.post_as("/v3/kv/range", request, until, range_listing)
+
+        return self._run(send, idempotent=True)
+
+    def list_parts(
+        self, prefix: str, revision: int, splits: Sequence[str] = ()
+    ) -> Iterator[Listing]:
+        """Every key under ``prefix`` as at ``revision``: ``len(splits) + 1`` ranges read at once.
+
+        One listing per part, in key order, each as soon as it is in (see
+        :mod:`allocator.store.etcd.parts`); a compacted ``revision``
+        raises :class:`~allocator.errors.Compacted`.
+        """
+        from allocator.store.etcd.parts import list_in_parts
+
+        return list_in_parts(self, check_prefix(prefix), revision, splits)
+
+    def read_range(self, request: Json) -> Listing:
+        """One range request's keys, with failover and the call's budget, as every call.
+
+        A request for a compacted revision raises :class:`~allocator.errors.Compacted`
+        (no other endpoint would answer it either).
+        """
+
+        def send(endpoint: Endpoint, until: float) -> Listing:
+            try:
+                return endpoint.post_as("/v3/kv/range", request, until, range_listing)
+            except EtcdStatus as exc:
+                if exc.code == Code.OUT_OF_RANGE and "compacted" in exc.details:
+                    raise Compacted(
+                        f"etcd at {endpoint.name}: {exc.details}", compact_revision=0
+                    ) from None
+                raise
+
+        return self._run(send, idempotent=True)
+
+    def spare_connection(self) -> Endpoint:
+        """A second connection to the endpoint in use, carrying its login token (not yet open).
+
+        For reads made beside the store's own connection; the caller closes it.
+        """
+        with self._lock:
+            endpoint = Endpoint(self.config, self._index, self.tls)
+            if self._endpoint is not None:
+                endpoint.token = self._endpoint.token
+        return endpoint
+
+    def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expect_revision: int | None = None,
+        lease: int | None = None,
+    ) -> int:
+        """Write ``key``; with ``expect_revision``, only if that still holds."""
+        if expect_revision is not None:
+            return self.txn([Compare(key, expect_revision)], [Put(key, value, lease)])
+        check_value(check_key(key), value)
+        request: Json = {"key": b64(key), "value": b64(value)}
+        if _lease_of(lease):
+            request["lease"] = str(lease)
+        return _revision(self._call("/v3/kv/put", request))
+
+    def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
+        """Delete ``key``; return whether it existed."""
+        compares = [] if expect_revision is None else [Compare(key, expect_revision)]
+        reply = self._txn(compares, [Delete(key)])
+        responses = reply.get("responses") or [{}]
+        return bool(int((responses[0].get("response_delete_range") or {}).get("deleted") or 0))
+
+    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+        """Apply ``ops`` at one revision if every compare holds, else ``CasConflict``."""
+        return _revision(self._txn(compares, ops))
+
+    def _txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> Json:
+        check_txn(compares, ops, self.max_txn_ops)
+        reply = self._call("/v3/kv/txn", txn_request(compares, ops))
+        if not reply.get("succeeded"):
+            raise conflict_of(compares, reply)
+        return reply
+
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """One listing per item of ``reads``: one transaction of range reads, at one revision."""
+        check_reads(reads)
+        request = {"success": read_ops(reads)}
+        reply = self._call("/v3/kv/txn", request, idempotent=True)
+        return listings_of(reply.get("responses") or [], _revision(reply))
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """``txn``; when a compare fails, the ``reads`` from the same request's failure branch."""
+        check_txn(compares, ops, self.max_txn_ops)
+        check_reads(reads)
+        reply = self._call("/v3/kv/txn", txn_request(compares, ops, reads))
+        if reply.get("succeeded"):
+            return TxnOutcome(True, _revision(reply))
+        changed = conflict_of(compares, reply).keys
+        found = listings_of((reply.get("responses") or [])[len(compares) :], _revision(reply))
+        return TxnOutcome(False, _revision(reply), changed, found)
+
+    # --- watches -------------------------------------------------------------
+
+    def watch(self, prefix: str, start_revision: int) -> Watch:
+        """Watch ``prefix`` for changes at ``start_revision`` and later.
+
+        Raises ``StoreUnavailable``/``PermissionDenied`` if the watch cannot
+        be created; a compacted start revision is raised by ``next()``.
+        """
+        from allocator.store.etcd.watch import EtcdHttpWatch, open_watch_stream
+
+        request = watch_request(check_prefix(prefix), start_revision)
+        opened = self._run(lambda ep, until: open_watch_stream(ep, request, until), True)
+        watch = EtcdHttpWatch(opened, self._forget)
+        with self._lock:
+            if self._closed:
+                watch.close()
+                raise StoreError(f"the etcd store for {self.endpoints} is closed")
+            self._watches.add(watch)
+        watch.start()
+        return watch
+
+    def _forget(self, watch: EtcdHttpWatch) -> None:
+        with self._lock:
+            self._watches.discard(watch)
+
+    # --- leases --------------------------------------------------------------
+
+    def grant_lease(self, ttl: float) -> int:
+        """Create a lease of ``ttl`` seconds (rounded up: etcd counts whole seconds)."""
+        seconds = max(1, -int(-check_ttl(ttl) // 1))
+        reply = self._call("/v3/lease/grant", {"TTL": str(seconds)})
+        if reply.get("error"):
+            raise StoreError(f"etcd at {self.endpoints}: lease grant failed: {reply['error']}")
+        return int(reply["ID"])
+
+    def refresh_lease(self, lease: int) -> None:
+        """Send one keep-alive; ``LeaseLost`` if the lease expired or was revoked."""
+        reply = self._call("/v3/lease/keepalive", {"ID": str(lease)}, idempotent=True)
+        result = reply.get("result") or {}
+        if int(result.get("TTL") or 0) <= 0:
+            raise LeaseLost(f"etcd at {self.endpoints}: lease {lease:x} has expired")
+
+    def revoke_lease(self, lease: int) -> None:
+        """End ``lease`` now, deleting its keys; no error if it is already gone."""
+        with contextlib.suppress(LeaseLost):
+            self._call("/v3/lease/revoke", {"ID": str(lease)}, idempotent=True)
+
+    # --- lifecycle -----------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every watch and the connection. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            watches, self._watches = list(self._watches), set()
+            endpoint, self._endpoint = self._endpoint, None
+        for watch in watches:
+            watch.close()
+        if endpoint is not None:
+            endpoint.close()
+
+    def __enter__(self) -> EtcdHttpStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- plumbing ------------------------------------------------------------
+
+    def _call(self, path: str, body: Json, *, idempotent: bool = False) -> Json:
+        def send(endpoint: Endpoint, until: float) -> Json:
+            return endpoint.post(path, body, until)
+
+        return self._run(send, idempotent)
+
+    def _run(self, send: _Send[_T], idempotent: bool) -> _T:
+        """Run ``send(endpoint, until)`` within the call's budget, failing over as allowed.
+
+        Everything before ``send`` (connecting, logging in) sends nothing of
+        the call; what ``send`` raises after it wrote its request means the
+        request may have arrived.
+        """
+        with self._lock:
+            if self._closed:
+                raise StoreError(f"the etcd store for {self.endpoints} is closed")
+            started = time.monotonic()
+            count = len(self.config.endpoints)
+            for tried in range(1, count + 1):
+                share = attempt_timeout(
+                    started + self.config.timeout - time.monotonic(), count - tried + 1
+                )
+                until = time.monotonic() + share
+                endpoint = self._current()
+                where = endpoint.name if tried == 1 else self.endpoints
+                sent = False
+                try:
+                    endpoint.ready(until)
+                    sent = True
+                    return self._with_fresh_token(endpoint, send, until)
+                except (HttpError, EtcdStatus) as exc:
+                    error = self._failure(exc, where, sent, idempotent, last=tried == count)
+                    if error is not None:
+                        raise error from exc
+                self._next_endpoint()
+            raise AssertionError("every attempt returns or raises")
+
+    def _with_fresh_token(self, endpoint: Endpoint, send: _Send[_T], until: float) -> _T:
+        try:
+            return send(endpoint, until)
+        except EtcdStatus as exc:
+            # Log in again, once, as etcd's own client does.
+            if not token_is_stale(exc.details) or self.config.username is None:
+                raise
+        endpoint.login(until)
+        return send(endpoint, until)
+
+    def _failure(
+        self, exc: Exception, where: str, sent: bool, idempotent: bool, *, last: bool
+    ) -> AllocatorError | None:
+        """The error to raise for a failed attempt, or ``None`` to try the next endpoint."""
+        if isinstance(exc, NotHttp):
+            return StoreUnavailable(f"etcd at {where}: {exc} (is it an etcd v3 server?)")
+        if isinstance(exc, EtcdStatus):
+            code, details = exc.code, exc.details
+        elif isinstance(exc, NotSent) or not sent:
+            code, details = Code.UNAVAILABLE, f"failed to connect: {exc}"
+        else:  # the request went out; nothing (complete) came back
+            code, details = Code.DEADLINE_EXCEEDED, str(exc)
+        if sent and not idempotent and maybe_applied(code, details):
+            return ambiguous_write(where, self.config.timeout)
+        if last or not worth_another_endpoint(code, details, idempotent or not sent):
+            if code == Code.DEADLINE_EXCEEDED:
+                return StoreUnavailable(f"etcd at {where} gave no answer ({details})")
+            return translate_status(code, details, where)
+        return None
+
+    def _current(self) -> Endpoint:
+        if self._endpoint is None:
+            self._endpoint = Endpoint(self.config, self._index, self.tls)
+        return self._endpoint
+
+    def _next_endpoint(self) -> None:
+        if self._endpoint is not None:
+            self._endpoint.close()
+            self._endpoint = None
+        self._index = (self._index + 1) % len(self.config.endpoints)
+
+
+def _revision(reply: Json) -> int:
+    return int((reply.get("header") or {}).get("revision") or 0)
+
+
+if TYPE_CHECKING:  # mypy checks the class against the protocol
+    _STORE: type[Store] = EtcdHttpStore
