@@ -5,10 +5,11 @@ For SQLite and a real etcd (started here), with a fake-NVML host:
 * propagation: ``allocator set job=train gpus=N`` alternating between GPUs
   0 and 1, ``moves`` times, from the CLI process returning to the moved
   worker's first line of Python running with its new environment (its
-  report file written). Baseline, interleaved with ours: a bare watch
-  (aetcd on etcd; the store's watch on SQLite, which has no other) seeing a
-  write, then a bare ``subprocess`` spawn of the same worker command, to the
-  same report file. Judged on the median and on the worst move;
+  report file written). Baseline, interleaved with ours: a bare watch (on
+  etcd a bare JSON-gateway client, :mod:`bench.bare_etcd`; on SQLite the
+  store's watch, which has no other) seeing a write, then a bare
+  ``subprocess`` spawn of the same worker command, to the same report file.
+  Judged on the median and on the worst move;
 * footprint: the agent's resident memory while it supervises 8 workers;
 * CPU: the agent's CPU use over ``idle`` seconds with nothing happening
   (SQLite and etcd), and as long with etcd stopped.
@@ -16,7 +17,6 @@ For SQLite and a real etcd (started here), with a fake-NVML host:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -136,34 +136,25 @@ class BareWatch:
 
     @contextmanager
     def _etcd(self) -> Iterator[Callable[[], float]]:
-        import aetcd
+        from bench.bare_etcd import BareEtcd
 
-        host, port = self._url.split("://", 1)[1].rsplit(":", 1)
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-
-        def run(coro: Any) -> Any:
-            return asyncio.run_coroutine_threadsafe(coro, loop).result(30)
-
-        client = aetcd.Client(host=host, port=int(port), timeout=10)
-        watch = run(client.watch_prefix(b"/bare/"))
-        stream = watch.__aiter__()
+        client = BareEtcd(self._url.split("://", 1)[1].split(",")[0])
+        batches = client.watch(b"/bare/")
 
         def move() -> float:
-            seen = asyncio.run_coroutine_threadsafe(stream.__anext__(), loop)
-            run(client.put(b"/bare/k", uuid.uuid4().bytes))
+            client.put(b"/bare/k", uuid.uuid4().bytes)
             wrote = time.monotonic()
-            seen.result(30)
+            while not next(batches):
+                pass
             return self._spawn_and_wait(wrote)
 
         try:
             yield move
         finally:
-            run(watch.cancel())
-            run(client.close())
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(10)
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+            client.close()
 
     @contextmanager
     def _sqlite(self) -> Iterator[Callable[[], float]]:

@@ -69,7 +69,7 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
     fleet = clean_env(ALLOCATOR_STORE=server.url, ALLOCATOR_PREFIX="/fleet")
     for env in (sqlite, etcd):
         timed_run(allocator_cli("policy", "apply", str(POLICY)), env)
-    store = open_store(server.url, one_shot=True)
+    store = open_store(server.url)
     try:
         load_fleet(store, "/fleet", hosts=hosts)
     finally:

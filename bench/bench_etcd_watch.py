@@ -1,4 +1,4 @@
-"""Put and watch latency through allocator's etcd backend vs a bare aetcd client.
+"""Put and watch latency through allocator's etcd client vs a bare JSON-gateway client.
 
 Starts its own etcd (Debian's ``etcd`` on loopback), then measures, in the
 same run and alternating blocks so drift hits both alike:
@@ -14,18 +14,17 @@ Usage: ``python bench/bench_etcd_watch.py [--rounds N]``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import aetcd
-
 from allocator.store import Store, open_store
+from bench.bare_etcd import BareEtcd
 from tests.support.etcd_server import EtcdServer
 
 BLOCK = 50
@@ -55,18 +54,19 @@ def allocator_block(
         events.append(time.perf_counter() - started)
 
 
-async def bare_block(
-    client: Any, events_iter: Any, count: int, puts: list[float], events: list[float]
+def bare_block(
+    client: BareEtcd, batches: Iterator[Any], count: int, puts: list[float], events: list[float]
 ) -> None:
-    """The same, with aetcd used directly on its own event loop."""
+    """The same, with a bare client of the gateway (:mod:`bench.bare_etcd`)."""
     for i in range(count):
         started = time.perf_counter()
-        await client.put(b"/bench/bare/put", str(i).encode())
+        client.put(b"/bench/bare/put", str(i).encode())
         puts.append(time.perf_counter() - started)
     for i in range(count):
         started = time.perf_counter()
-        await client.put(b"/bench/bare/w/k", str(i).encode())
-        await asyncio.wait_for(events_iter.__anext__(), 5.0)
+        client.put(b"/bench/bare/w/k", str(i).encode())
+        while not next(batches):
+            pass
         events.append(time.perf_counter() - started)
 
 
@@ -76,39 +76,34 @@ def report(name: str, ours: list[float], bare: list[float]) -> None:
     b50, b99 = percentile(bare, 50), percentile(bare, 99)
     print(
         f"{name:6s} allocator p50 {o50:6.2f} ms p99 {o99:6.2f} ms | "
-        f"bare aetcd p50 {b50:6.2f} ms p99 {b99:6.2f} ms | "
+        f"bare client p50 {b50:6.2f} ms p99 {b99:6.2f} ms | "
         f"ratio p50 {o50 / b50:4.2f}x p99 {o99 / b99:4.2f}x"
     )
 
 
 def run(server: EtcdServer, rounds: int) -> None:
     """Alternate blocks of allocator and bare measurements; print the summary."""
-    loop = asyncio.new_event_loop()
-    client = aetcd.Client(host="127.0.0.1", port=server.client_port, timeout=5)
-    bare_watch = loop.run_until_complete(client.watch_prefix(b"/bench/bare/w/"))
-    bare_events = bare_watch.__aiter__()
+    client = BareEtcd(server.endpoint, timeout=5)
+    bare_events = client.watch(b"/bench/bare/w/")
     store = open_store(server.url)
     watch = store.watch("/bench/alloc/w/", store.list("/bench/").revision + 1)
     try:
         allocator_block(store, watch, WARMUP, [], [])
-        loop.run_until_complete(bare_block(client, bare_events, WARMUP, [], []))
+        bare_block(client, bare_events, WARMUP, [], [])
         ours_put: list[float] = []
         ours_event: list[float] = []
         bare_put: list[float] = []
         bare_event: list[float] = []
         for _ in range(max(1, rounds // BLOCK)):
             allocator_block(store, watch, BLOCK, ours_put, ours_event)
-            loop.run_until_complete(bare_block(client, bare_events, BLOCK, bare_put, bare_event))
+            bare_block(client, bare_events, BLOCK, bare_put, bare_event)
         print(f"{len(ours_put)} samples each, etcd {server.endpoint}")
         report("put", ours_put, bare_put)
         report("watch", ours_event, bare_event)
     finally:
         watch.close()
         store.close()
-        loop.run_until_complete(bare_watch.cancel())
-        loop.run_until_complete(client.close())
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        client.close()
 
 
 def main() -> None:

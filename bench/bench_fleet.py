@@ -2,9 +2,10 @@
 
 * fan-out: ``agents`` simulated agents, each with its own lease, its leased
   agent record and the agent's two watches (its host's assignments, the
-  policy), on gRPC connections shared by ``AGENTS_PER_CONNECTION`` agents,
-  all in this process. Each ``policy apply`` is timed from the moment its
-  transaction is sent to the moment each agent's watch has the event;
+  policy), on stores shared by ``AGENTS_PER_CONNECTION`` agents (each watch
+  has a connection of its own), all in this process. Each ``policy apply``
+  is timed from the moment its transaction is sent to the moment each
+  agent's watch has the event;
   baseline: the same apply watched by one watcher alone (interleaved);
 * idle writes: the same agents left idle for ``idle`` seconds, each doing
   what the agent's store link does (a keep-alive every heartbeat, a full
@@ -12,13 +13,13 @@
   :class:`~allocator.agent.sync.publisher.Publisher`); the store's revisions
   per minute count every write;
 * placement: 8 threads assigning on distinct hosts through the library
-  (``Allocator.assign``) vs 8 raw aetcd clients sending transactions of the
-  same size (compares and writes) as the library's, for the same time.
+  (``Allocator.assign``) vs 8 threads of a bare JSON-gateway client
+  (:mod:`bench.bare_etcd`) sending transactions of the same size (compares
+  and writes) as the library's, for the same time.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from allocator.placement.choose import Request
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, GpuInfo
 from allocator.store import Compare, Event, Op, Put, Read, Store, TxnOutcome, Watch, open_store
+from bench.bare_etcd import BareEtcd, b64
 from bench.common import Row, percentile, ratio_row, value_row
 from bench.fleet import fleet_policy, host_name
 from tests.support.etcd_server import EtcdServer
@@ -65,7 +67,7 @@ class Arrivals:
         """Stamp every batch ``watch`` receives from now on."""
         queue = getattr(watch, "queue", None)
         if queue is None:
-            raise SystemExit("the fan-out simulation needs the etcd gRPC backend's watches")
+            raise SystemExit("the fan-out simulation needs the etcd backend's watches")
         put = queue.put
 
         def stamped(events: list[Event]) -> None:
@@ -130,7 +132,7 @@ class Applier:
     """Applies policies alternately, noting when each one's transaction is sent."""
 
     def __init__(self, url: str, prefix: str, hosts: int) -> None:
-        self.store = open_store(url, one_shot=True)
+        self.store = open_store(url)
         self.allocator = Allocator(self.store, prefix=prefix, actor="bench@fleet")
         self.texts = [fleet_policy(hosts, comment=f"v{n}") for n in range(2)]
         self.sent = 0.0
@@ -205,7 +207,7 @@ def fanout(url: str, count: int, applies: int) -> tuple[Row, list[SimAgent], lis
 def idle_writes(url: str, agents: list[SimAgent], seconds: float) -> Row:
     """Revisions per minute while the simulated agents idle as real ones do."""
     layout = KeyLayout("/fleet")
-    probe = open_store(url, one_shot=True)
+    probe = open_store(url)
     try:
         before = probe.list(layout.policy).revision
         started = time.monotonic()
@@ -278,55 +280,54 @@ def _ours(url: str, clients: int, seconds: float, shape: list[Any]) -> float:
     return sum(done) / (time.monotonic() - started)
 
 
-def _raw_txn(rpc: Any, keys: list[bytes], revisions: list[int], sizes: list[int]) -> Any:
+def _raw_txn(keys: list[bytes], revisions: list[int], sizes: list[int]) -> dict[str, Any]:
     """Compares on ``keys`` at ``revisions``; puts of ``sizes`` bytes, the first on those keys."""
     targets = [keys[n] if n < len(keys) else keys[0] + b"/put%d" % n for n in range(len(sizes))]
-    return rpc.TxnRequest(
-        compare=[
-            rpc.Compare(key=k, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=r)
+    return {
+        "compare": [
+            {"key": b64(k), "target": "MOD", "result": "EQUAL", "mod_revision": str(r)}
             for k, r in zip(keys, revisions, strict=True)
         ],
-        success=[
-            rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=b"x" * size))
+        "success": [
+            {"request_put": {"key": b64(key), "value": b64(b"x" * size)}}
             for key, size in zip(targets, sizes, strict=True)
         ],
-    )
+    }
 
 
 def _raw(endpoint: str, clients: int, seconds: float, shape: tuple[int, list[int]]) -> float:
-    """Raw aetcd transactions per second of the same size, by ``clients`` clients."""
-    import aetcd
-    from aetcd import rpc
-
+    """Bare JSON-gateway transactions per second of the same size, by ``clients`` threads."""
     compares, sizes = shape
-    host, port = endpoint.rsplit(":", 1)
+    done = [0] * clients
 
-    async def client(index: int) -> int:
-        async with aetcd.Client(host=host, port=int(port), timeout=10) as raw:
+    def client(index: int) -> None:
+        raw = BareEtcd(endpoint)
+        try:
             keys = [f"/raw/{index}/c{k}".encode() for k in range(compares)]
-            revisions = [(await raw.put(key, b"0")).header.revision for key in keys]
-            done = 0
+            revisions = [raw.put(key, b"0") for key in keys]
             stop = time.monotonic() + seconds
             while time.monotonic() < stop:
-                reply = await raw.kvstub.Txn(_raw_txn(rpc, keys, revisions, sizes), timeout=10)
-                if not reply.succeeded:
+                reply = raw.txn(_raw_txn(keys, revisions, sizes))
+                if not reply.get("succeeded"):
                     raise SystemExit("a raw transaction lost its compare")
                 written = min(len(keys), len(sizes))
-                revisions[:written] = [reply.header.revision] * written
-                done += 1
-            return done
+                revisions[:written] = [int(reply["header"]["revision"])] * written
+                done[index] += 1
+        finally:
+            raw.close()
 
-    async def all_clients() -> int:
-        return sum(await asyncio.gather(*(client(i) for i in range(clients))))
-
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     started = time.monotonic()
-    total = asyncio.run(all_clients())
-    return total / (time.monotonic() - started)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done) / (time.monotonic() - started)
 
 
 def placement(server: EtcdServer, seconds: float) -> Row:
     """Library assignments vs raw transactions, per second, in alternating windows."""
-    store = open_store(server.url, one_shot=True)
+    store = open_store(server.url)
     try:
         Allocator(store, prefix="/place").apply_policy(fleet_policy(8), "place.yaml")
     finally:

@@ -3,7 +3,7 @@
 Every command lives in its own module with ``register(subparsers)``; a
 module imports its heavy dependencies (YAML, tenacity, a store backend) only
 inside the function that runs the command, so ``allocator --help`` and
-``allocator get`` start fast and never load torch or grpc they do not use.
+``allocator get`` start fast and never load torch or a store client they do not use.
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def open_allocator(args: argparse.Namespace, *, create: bool = False) -> Allocat
         getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
     )
     # A command makes a few calls and exits: the backend that starts fastest.
-    store = open_store(url, create=create, one_shot=True)
+    store = open_store(url, create=create)
     return Allocator(store, prefix=prefix, on_bad_record=_bad_record_noter())
 
 

@@ -251,7 +251,7 @@ def _names(args: argparse.Namespace) -> set[str]:
     url = resolve_store_url(getattr(args, "store", None))
     prefix = getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
     layout = KeyLayout(validate_prefix(prefix))
-    store = open_store(url, one_shot=True)  # a shell waits on it: no gRPC to load
+    store = open_store(url)
     try:
         section = "jobs" if args.kind == "job" else "hosts"
         found = _policy_names(store, layout, section)

@@ -4,7 +4,7 @@ One batch reads the policy record and its compiled form; the hosts' records
 are then read at that batch's revision, on a second thread while this one
 decodes the policy and loads the modules that join and print. On etcd's
 JSON gateway the hosts are read as several key ranges at once
-(:meth:`~allocator.store.etcd.store.EtcdHttpStore.list_at`), cut between the
+(:meth:`~allocator.store.etcd.store.EtcdStore.list_at`), cut between the
 policy's hosts: etcd marshals a fleet's 10 MB answer on one core per
 request, and that was most of what status waited for. Where the compiled
 form is missing the hosts are read in one range, as on every other store.

@@ -1,11 +1,10 @@
 """Store backends, chosen by URL.
 
 ``open_store(url)`` imports only the backend the URL names, so a command
-talking to SQLite never loads grpc or requests. etcd has two backends for
-the same URL: gRPC (:mod:`allocator.store.etcd.grpc_backend`) for long-lived callers
-such as the agent, and etcd's JSON gateway (:mod:`allocator.store.etcd.store`)
-for ``one_shot`` callers such as CLI commands, which then start without
-loading gRPC. URL parsing and redaction live in :mod:`allocator.store.urls`.
+talking to SQLite never loads an etcd or Consul client. etcd is reached
+through its JSON gateway (:mod:`allocator.store.etcd.store`) by every
+caller: CLI commands, the agent, ``serve`` and library users. URL parsing
+and redaction live in :mod:`allocator.store.urls`.
 """
 
 from __future__ import annotations
@@ -57,15 +56,10 @@ __all__ = [
 _BACKENDS = {
     "sqlite": "allocator.store.sqlite.store:open_sqlite",
     "memory": "allocator.store.memory:open_memory",
-    "etcd": "allocator.store.etcd.grpc_backend:open_etcd",
-    "etcds": "allocator.store.etcd.grpc_backend:open_etcd",
+    "etcd": "allocator.store.etcd.store:open_etcd",
+    "etcds": "allocator.store.etcd.store:open_etcd",
     "consul": "allocator.store.consul.store:open_consul",
     "consuls": "allocator.store.consul.store:open_consul",
-}
-# Where a one-shot caller is better served by another backend for the same URL.
-_ONE_SHOT_BACKENDS = {
-    "etcd": "allocator.store.etcd.store:open_etcd_http",
-    "etcds": "allocator.store.etcd.store:open_etcd_http",
 }
 
 
@@ -88,12 +82,8 @@ def resolve_store_url(explicit: str | None) -> str:
     return url
 
 
-def open_store(url: str, *, create: bool = False, one_shot: bool = False) -> Store:
+def open_store(url: str, *, create: bool = False) -> Store:
     """Open the backend named by ``url``'s scheme.
-
-    ``one_shot``: the caller makes a few calls and exits (a CLI command),
-    so start-up matters more than long-lived watches: etcd is then reached
-    through its JSON gateway instead of gRPC (same semantics, no gRPC import).
 
     Only a write creates a store that does not exist (only SQLite can be
     missing): a read of a missing SQLite file is ``StoreUnavailable`` naming
@@ -106,8 +96,7 @@ def open_store(url: str, *, create: bool = False, one_shot: bool = False) -> Sto
 
     remember_url(url)
     scheme = scheme_of(url)
-    target = (one_shot and _ONE_SHOT_BACKENDS.get(scheme)) or _BACKENDS[scheme]
-    module_name, factory_name = target.split(":")
+    module_name, factory_name = _BACKENDS[scheme].split(":")
     module = importlib.import_module(module_name)
     store: Store = getattr(module, factory_name)(url, create=create)
     return store

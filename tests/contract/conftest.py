@@ -1,9 +1,7 @@
 """The contract suite runs every test against every backend.
 
-Test ids end in ``[memory]``, ``[sqlite]``, ``[etcd]``, ``[etcd-http]`` or
-``[consul]``, so ``pytest tests/contract -k consul`` runs one backend.
-``etcd-http`` is the same etcd reached through its JSON gateway, the backend
-one-shot commands use (``open_store(url, one_shot=True)``).
+Test ids end in ``[memory]``, ``[sqlite]``, ``[etcd]`` or ``[consul]``, so
+``pytest tests/contract -k consul`` runs one backend.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ import pytest
 
 from allocator.store import Store, open_store
 
-BACKENDS = ["memory", "sqlite", "etcd", "etcd-http", "consul"]
+BACKENDS = ["memory", "sqlite", "etcd", "consul"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -33,7 +31,7 @@ def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> s
         return f"memory://{uuid.uuid4().hex}"
     if backend == "sqlite":
         return f"sqlite://{tmp_path / 'store.db'}"
-    if backend.startswith("etcd"):
+    if backend == "etcd":
         server = request.getfixturevalue("etcd_server")
         return str(server.url)  # type: ignore[attr-defined]
     url: str = request.getfixturevalue("consul_url")
@@ -41,15 +39,15 @@ def store_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> s
 
 
 @pytest.fixture
-def opener(backend: str, store_url: str) -> Callable[[], Store]:
-    """Opens another handle on the store under test, through the same backend."""
-    return lambda: open_store(store_url, one_shot=backend == "etcd-http")
+def opener(store_url: str) -> Callable[[], Store]:
+    """Opens another handle on the store under test."""
+    return lambda: open_store(store_url)
 
 
 @pytest.fixture
-def store(backend: str, store_url: str) -> Iterator[Store]:
+def store(store_url: str) -> Iterator[Store]:
     """An open store for the backend under test (a new SQLite store reads as empty)."""
-    s = open_store(store_url, create=True, one_shot=backend == "etcd-http")
+    s = open_store(store_url, create=True)
     try:
         yield s
     finally:

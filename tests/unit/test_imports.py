@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -65,6 +66,26 @@ def test_cli_commands_import_nothing_heavy(args: list[str], tmp_path: Path) -> N
     assert code in (0, 6), code  # 6: the job holds nothing
     assert _heavy(modules) == []
     assert "allocator.torch" not in modules
+    assert "h11" not in modules  # etcd's HTTP parser: loaded for etcd URLs only
+
+
+def test_no_module_imports_a_grpc_client() -> None:
+    # etcd is reached through its JSON gateway alone: one client, no grpc anywhere.
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for path in [*(root / "allocator").rglob("*.py"), *(root / "bench").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            found += [f"{path.relative_to(root)}: {n}" for n in names if _is_grpc(n)]
+    assert found == []
+
+
+def _is_grpc(module: str) -> bool:
+    return module.split(".")[0] in ("grpc", "aetcd", "etcd3", "etcd3gw")
 
 
 def test_help_does_not_even_load_yaml_or_tenacity(tmp_path: Path) -> None:
@@ -90,14 +111,14 @@ def test_the_agent_loads_no_metrics_or_web_stack_until_asked() -> None:
         ["release", "job=train", "host=node1"],
     ],
 )
-def test_commands_on_etcd_talk_json_and_load_no_grpc(
+def test_commands_on_etcd_talk_json_and_load_nothing_heavy(
     args: list[str], etcd_server: object, prefix: str
 ) -> None:
     from allocator.control.client import Allocator
     from allocator.store import open_store
 
     url = str(etcd_server.url)  # type: ignore[attr-defined]
-    store = open_store(url, one_shot=True)
+    store = open_store(url)
     try:
         allocator = Allocator(store, prefix=prefix)
         allocator.apply_policy(_EXAMPLE.read_text(), "policy.yaml")
@@ -119,7 +140,7 @@ def test_set_on_etcd_reads_the_compiled_policy_and_loads_only_what_it_uses(
     from allocator.store import open_store
 
     url = str(etcd_server.url)  # type: ignore[attr-defined]
-    store = open_store(url, one_shot=True)
+    store = open_store(url)
     try:
         Allocator(store, prefix=prefix).apply_policy(_EXAMPLE.read_text(), "policy.yaml")
     finally:

@@ -1,7 +1,7 @@
 """Where and how to reach etcd: the URL plus etcdctl's environment variables.
 
 Pure parsing, no I/O except reading TLS files on request, and no client
-library: the CLI can validate a store URL without loading grpc.
+library: the CLI can validate a store URL without opening a connection.
 
 ``etcd://[user[:password]@]h1:2379,h2:2379[/][?cacert=F&cert=F&key=F&timeout=S]``;
 ``etcds://`` means TLS. Where the URL says nothing, etcdctl's variables
@@ -68,7 +68,7 @@ class EtcdConfig:
 
 
 def format_endpoint(host: str, port: int) -> str:
-    """``host:port``, with IPv6 hosts in brackets (gRPC's target syntax)."""
+    """``host:port``, with IPv6 hosts in brackets (as etcdctl writes them)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 

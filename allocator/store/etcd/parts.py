@@ -29,7 +29,7 @@ from allocator.store.etcd.json_api import Json, b64, range_listing
 from allocator.store.etcd.rules import prefix_range_end
 
 if TYPE_CHECKING:
-    from allocator.store.etcd.store import EtcdHttpStore
+    from allocator.store.etcd.store import EtcdStore
 
 __all__ = ["AT_ONCE", "key_ranges", "list_in_parts", "ranged_request"]
 
@@ -65,7 +65,7 @@ AT_ONCE = 3
 
 
 def list_in_parts(
-    store: EtcdHttpStore,
+    store: EtcdStore,
     prefix: str,
     revision: int,
     splits: Sequence[str],
@@ -90,7 +90,7 @@ def list_in_parts(
     return _in_order(store, parts, revision)
 
 
-def _in_order(store: EtcdHttpStore, parts: list[_Part], revision: int) -> Iterator[Listing]:
+def _in_order(store: EtcdStore, parts: list[_Part], revision: int) -> Iterator[Listing]:
     try:
         for part in parts:
             part.join()  # started: every part before it has ended
@@ -121,7 +121,7 @@ class _Part(threading.Thread):
     """One part's read: the first on the store's own connection, the others on spare ones."""
 
     def __init__(
-        self, store: EtcdHttpStore, request: Json, *, spare: bool, done: Callable[[], None]
+        self, store: EtcdStore, request: Json, *, spare: bool, done: Callable[[], None]
     ) -> None:
         super().__init__(name="etcd-range-part", daemon=True)
         self._done = done
@@ -151,7 +151,7 @@ class _Part(threading.Thread):
             if self.abandoned:  # closed while connecting: this connection is new
                 self.close()
 
-    def listing(self, store: EtcdHttpStore) -> Listing:
+    def listing(self, store: EtcdStore) -> Listing:
         """What the part read (after :meth:`join`).
 
         A spare connection's failure is read again on the store's own,

@@ -1,12 +1,10 @@
-"""What an etcd answer means: the decisions both etcd backends share.
+"""What an etcd answer means: the decisions the etcd client makes on etcd's answers.
 
-allocator speaks to etcd two ways, over gRPC (:mod:`allocator.store.etcd.grpc_backend`,
-for long-lived watchers such as the agent) and over etcd's JSON gateway
-(:mod:`allocator.store.etcd.store`, for one-shot commands). Both get the
-same answers from the same server: a gRPC status code and a message. How
-an answer is reported, whether a write that failed may still have been
-applied, whether another endpoint is worth a try and when a login is stale
-are decided here, once, so the two backends cannot drift apart.
+etcd's JSON gateway (:mod:`allocator.store.etcd.store`) answers with a gRPC
+status code and a message, as etcd's own clients see them. How an answer
+is reported, whether a write that failed may still have been applied,
+whether another endpoint is worth a try and when a login is stale are
+decided here, apart from the I/O, so each decision is tested on its own.
 
 Pure: no I/O, no client library.
 """

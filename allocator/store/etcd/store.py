@@ -1,17 +1,13 @@
-"""The etcd v3 backend over etcd's JSON gateway: no gRPC, for one-shot commands.
+"""The etcd v3 backend (``etcd://``, ``etcds://``), over etcd's JSON gateway.
 
 etcd serves its v3 API as JSON on the client port (``/v3/kv/range``,
 ``/v3/kv/txn``, ``/v3/lease/*``, ``/v3/watch`` as a stream,
-``/v3/auth/authenticate``; on by default since 3.4). A command that makes
-a few calls and exits spends most of its life importing gRPC (~40-150 ms)
-when it talks gRPC; this backend needs only the standard library, so
-``allocator set`` on etcd starts about as fast as on SQLite. The agent,
-which holds watches for days, keeps the gRPC backend
-(:mod:`allocator.store.etcd.grpc_backend`); :func:`allocator.store.open_store` picks
-this one for ``one_shot`` callers.
+``/v3/auth/authenticate``; on by default since 3.4). This client needs only
+the standard library and ``h11`` (``ssl`` only for a TLS endpoint), so a
+command on etcd starts about as fast as on SQLite, and every caller (CLI
+commands, the agent, ``serve``, library users) uses the same code.
 
-Same URL, same semantics, same hardening as the gRPC backend (the
-contract suite and the etcd tests run against both):
+What it guarantees:
 
 * every call has one budget, ``timeout`` seconds, covering connecting,
   TLS, logging in, failing over and the request; with several endpoints
@@ -22,8 +18,12 @@ contract suite and the etcd tests run against both):
   :class:`~allocator.errors.AmbiguousWrite` ("may have been applied");
 * TLS with a CA, client certificate and key (``etcds://``); user and
   password, logging in again once when etcd says the token is stale;
-* etcd's answers are translated by :mod:`allocator.store.etcd.rules`,
-  exactly as the gRPC backend's are.
+* etcd's answers are translated by :mod:`allocator.store.etcd.rules`;
+* a watch ends with ``StoreUnavailable`` when its connection breaks or
+  etcd vanishes (TCP keep-alive probes); an etcd that hangs (stopped, its
+  connections open) leaves a watch merely quiet, so whoever holds one also
+  makes calls, whose deadline finds the hang: the agent's lease keep-alive,
+  ``serve``'s check of a quiet watch (:mod:`allocator.serve.watcher`).
 """
 
 from __future__ import annotations
@@ -91,16 +91,16 @@ from allocator.store.local import lease_of as _lease_of
 from allocator.store.urls import redact_url
 
 if TYPE_CHECKING:
-    from allocator.store.etcd.watch import EtcdHttpWatch
+    from allocator.store.etcd.watch import EtcdWatch
 
-__all__ = ["MAX_TXN_OPS", "EtcdHttpStore", "open_etcd_http"]
+__all__ = ["MAX_TXN_OPS", "EtcdStore", "open_etcd"]
 
 _T = TypeVar("_T")
 # One attempt of a call on an endpoint that is connected and logged in, by a deadline.
 _Send = Callable[["Endpoint", float], _T]
 
 
-def open_etcd_http(url: str, *, create: bool = False) -> EtcdHttpStore:
+def open_etcd(url: str, *, create: bool = False) -> EtcdStore:
     """Open an etcd store for ``url`` that talks to etcd's JSON gateway.
 
     No network I/O happens here; the first call connects. A malformed URL,
@@ -108,10 +108,10 @@ def open_etcd_http(url: str, *, create: bool = False) -> EtcdHttpStore:
     ``StoreConfigError``. ``create`` is accepted for the common factory
     signature (an etcd cluster always exists).
     """
-    return EtcdHttpStore(parse_etcd_url(url), url)
+    return EtcdStore(parse_etcd_url(url), url)
 
 
-class EtcdHttpStore:
+class EtcdStore:
     """:class:`~allocator.store.base.Store` on etcd v3's JSON gateway (see the module doc)."""
 
     max_txn_ops: int | None = MAX_TXN_OPS
@@ -128,7 +128,7 @@ class EtcdHttpStore:
         self._endpoint: Endpoint | None = None
         self._lock = threading.RLock()
         self._closed = False
-        self._watches: set[EtcdHttpWatch] = set()
+        self._watches: set[EtcdWatch] = set()
 
     # --- reads and writes ----------------------------------------------------
 
@@ -253,11 +253,11 @@ class EtcdHttpStore:
         Raises ``StoreUnavailable``/``PermissionDenied`` if the watch cannot
         be created; a compacted start revision is raised by ``next()``.
         """
-        from allocator.store.etcd.watch import EtcdHttpWatch, open_watch_stream
+        from allocator.store.etcd.watch import EtcdWatch, open_watch_stream
 
         request = watch_request(check_prefix(prefix), start_revision)
         opened = self._run(lambda ep, until: open_watch_stream(ep, request, until), True)
-        watch = EtcdHttpWatch(opened, self._forget)
+        watch = EtcdWatch(opened, self._forget)
         with self._lock:
             if self._closed:
                 watch.close()
@@ -266,7 +266,7 @@ class EtcdHttpStore:
         watch.start()
         return watch
 
-    def _forget(self, watch: EtcdHttpWatch) -> None:
+    def _forget(self, watch: EtcdWatch) -> None:
         with self._lock:
             self._watches.discard(watch)
 
@@ -307,7 +307,7 @@ class EtcdHttpStore:
         if endpoint is not None:
             endpoint.close()
 
-    def __enter__(self) -> EtcdHttpStore:
+    def __enter__(self) -> EtcdStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -399,4 +399,4 @@ def _revision(reply: Json) -> int:
 
 
 if TYPE_CHECKING:  # mypy checks the class against the protocol
-    _STORE: type[Store] = EtcdHttpStore
+    _STORE: type[Store] = EtcdStore

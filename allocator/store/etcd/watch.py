@@ -2,7 +2,7 @@
 
 Each watch has a connection of its own (the store's keep-alive connection
 stays free for calls) and a daemon thread that reads the stream's lines and
-feeds an :class:`~allocator.store.etcd.grpc_bridge.EventQueue`; ``next()`` takes
+feeds an :class:`~allocator.store.etcd.event_queue.EventQueue`; ``next()`` takes
 from the queue. Every way the stream can end reaches ``next()`` as an
 error: the server cancelling the watch (refused, compacted), the connection
 closing, or TCP keep-alive probes finding that the peer vanished.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from allocator.errors import AllocatorError, Compacted, StoreError, StoreUnavailable
 from allocator.store.base import Event, Watch
-from allocator.store.etcd.grpc_bridge import EventQueue
+from allocator.store.etcd.event_queue import EventQueue
 from allocator.store.etcd.http_wire import HttpConnection, HttpError, NotHttp, Stream
 from allocator.store.etcd.json_api import Json, event_of
 from allocator.store.etcd.rules import (
@@ -33,7 +33,7 @@ from allocator.store.etcd.rules import (
 if TYPE_CHECKING:
     from allocator.store.etcd.connection import Endpoint
 
-__all__ = ["EtcdHttpWatch", "OpenedWatch", "open_watch_stream", "read_message"]
+__all__ = ["EtcdWatch", "OpenedWatch", "open_watch_stream", "read_message"]
 
 
 @dataclass
@@ -105,18 +105,18 @@ def open_watch_stream(endpoint: Endpoint, request: Json, until: float) -> Opened
     return OpenedWatch(stream, endpoint.name, events, error)
 
 
-class EtcdHttpWatch:
+class EtcdWatch:
     """A prefix watch; see :class:`~allocator.store.base.Watch`."""
 
-    def __init__(self, opened: OpenedWatch, forget: Callable[[EtcdHttpWatch], None]) -> None:
+    def __init__(self, opened: OpenedWatch, forget: Callable[[EtcdWatch], None]) -> None:
         self._stream = opened.stream
         self._where = opened.where
         self._forget = forget
-        self._queue = EventQueue()
+        self.queue = EventQueue()
         if opened.first:
-            self._queue.put(opened.first)
+            self.queue.put(opened.first)
         if opened.error is not None:
-            self._queue.fail(opened.error)
+            self.queue.fail(opened.error)
         self._thread = threading.Thread(
             target=self._pump, name=f"allocator-etcd-watch {opened.where}", daemon=True
         )
@@ -128,32 +128,32 @@ class EtcdHttpWatch:
 
     def next(self, timeout: float) -> list[Event]:
         """Return the next batch of events, or ``[]`` after ``timeout`` seconds."""
-        return self._queue.next(timeout)
+        return self.queue.next(timeout)
 
     def close(self) -> None:
         """Stop watching (the connection is shut, which ends the server's watch). Idempotent."""
-        if self._queue.close():
+        if self.queue.close():
             self._forget(self)
             self._stream.close()
 
     def _pump(self) -> None:
         try:
-            self._queue.fail(self._read_until_the_end())
+            self.queue.fail(self._read_until_the_end())
         finally:
             # However the stream ended, next() must say so; the first error wins.
-            self._queue.fail(StoreUnavailable(f"etcd at {self._where}: the watch stream ended"))
+            self.queue.fail(StoreUnavailable(f"etcd at {self._where}: the watch stream ended"))
             self._stream.close()
 
     def _read_until_the_end(self) -> AllocatorError:
         """Feed the queue until the stream ends; return the error that ended it."""
         try:
-            while not self._queue.closed:
+            while not self.queue.closed:
                 message = read_message(self._stream, self._where)
                 if message is None:
                     break
                 events, error = message
                 if events:
-                    self._queue.put(events)
+                    self.queue.put(events)
                 if error is not None:
                     return error
         except EtcdStatus as exc:
@@ -166,4 +166,4 @@ class EtcdHttpWatch:
 
 
 if TYPE_CHECKING:  # mypy checks the class against the protocol
-    _WATCH: type[Watch] = EtcdHttpWatch
+    _WATCH: type[Watch] = EtcdWatch

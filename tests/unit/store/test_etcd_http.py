@@ -128,7 +128,7 @@ def test_a_server_that_does_not_speak_http_is_unavailable_and_named(
         read_request(conn)
 
     server = serve(ssh)
-    store = open_store(server.url, one_shot=True)
+    store = open_store(server.url)
     try:
         with pytest.raises(StoreUnavailable, match=r"not HTTP.*is it an etcd v3 server"):
             store.get("/k")
@@ -143,7 +143,7 @@ def test_an_http_server_that_is_not_etcd_is_unavailable_saying_so(
         read_request(conn)
         conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 9\r\n\r\nNot Found")
 
-    store = open_store(serve(web).url, one_shot=True)
+    store = open_store(serve(web).url)
     try:
         with pytest.raises(StoreUnavailable, match=r"HTTP 404 .*JSON gateway"):
             store.put("/k", b"v")
@@ -166,7 +166,7 @@ def test_a_connection_the_server_closed_while_idle_is_reopened_not_ambiguous(
         closed.set()
 
     server = serve(one_answer_per_connection)
-    store = open_store(server.url, one_shot=True)
+    store = open_store(server.url)
     try:
         assert store.put("/k", b"1") == 1
         assert closed.wait(10)  # idle, and closed by the server
@@ -183,7 +183,7 @@ def test_a_write_whose_answer_never_comes_may_have_been_applied(
         read_request(conn)
         conn.recv(1)  # hold the connection open, never answer
 
-    store = open_store(serve(swallow).url.replace("timeout=3", "timeout=0.5"), one_shot=True)
+    store = open_store(serve(swallow).url.replace("timeout=3", "timeout=0.5"))
     try:
         with pytest.raises(AmbiguousWrite, match="may have been applied"):
             store.put("/k", b"v")
@@ -307,7 +307,7 @@ def test_a_server_whose_range_answer_is_not_etcds_is_unavailable_saying_so(
         while read_request(conn):
             conn.sendall(json_answer({"kvs": "everything"}))
 
-    store = open_store(serve(odd).url, one_shot=True)
+    store = open_store(serve(odd).url)
     try:
         with pytest.raises(StoreUnavailable, match=r"not a range reply.*etcd v3 server"):
             store.list("/a/")
@@ -334,7 +334,7 @@ def test_an_etcd_without_its_json_gateway_is_unavailable_saying_so(tmp_path: Pat
     server = EtcdServer(tmp_path / "etcd", extra_args=["--enable-grpc-gateway=false"])
     server.start()
     try:
-        store = open_store(server.url, one_shot=True)
+        store = open_store(server.url)
         try:
             with pytest.raises(StoreUnavailable, match="JSON gateway"):
                 store.get("/k")

@@ -17,7 +17,7 @@ from allocator.store import Delete, Listing, Put
 from allocator.store.etcd.config import parse_etcd_url
 from allocator.store.etcd.connection import Endpoint
 from allocator.store.etcd.parts import AT_ONCE, key_ranges, list_in_parts
-from allocator.store.etcd.store import EtcdHttpStore, open_etcd_http
+from allocator.store.etcd.store import EtcdStore, open_etcd
 from bench.fleet import fleet_policy, host_name
 from tests.support.etcd_server import free_port
 from tests.unit.status.test_join import NOW
@@ -27,7 +27,7 @@ def _names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}/k{n:03d}/v" for n in range(count)]
 
 
-def _write(store: EtcdHttpStore, prefix: str, count: int) -> Listing:
+def _write(store: EtcdStore, prefix: str, count: int) -> Listing:
     store.txn([], [Put(key, key.encode()) for key in _names(prefix, count)])
     return store.list(prefix + "/")
 
@@ -39,7 +39,7 @@ CUTS = ("k010/", "k025/", "k026/", "k040/")
 def test_parts_read_at_a_revision_hold_what_was_there_then(
     etcd_server: Any, prefix: str, at_once: int
 ) -> None:
-    store = open_etcd_http(etcd_server.url)
+    store = open_etcd(etcd_server.url)
     try:
         before = _write(store, prefix, 50)
         names = _names(prefix, 50)
@@ -59,7 +59,7 @@ def test_parts_read_at_a_revision_hold_what_was_there_then(
         assert all(bounds[0] <= kv.key.encode() < bounds[1] for kv in part.items)
 
 
-class _DeadSpares(EtcdHttpStore):
+class _DeadSpares(EtcdStore):
     """Spare connections go to a port nothing listens on."""
 
     def spare_connection(self) -> Endpoint:
@@ -82,7 +82,7 @@ def test_a_part_whose_spare_connection_fails_is_read_on_the_stores_own(
 
 
 def test_parts_of_a_compacted_revision_raise_compacted(etcd_server_private: Any) -> None:
-    store = open_etcd_http(etcd_server_private.url)
+    store = open_etcd(etcd_server_private.url)
     try:
         before = _write(store, "/p", 30)
         now = store.put("/p/k001/v", b"later")
@@ -94,7 +94,7 @@ def test_parts_of_a_compacted_revision_raise_compacted(etcd_server_private: Any)
         store.close()
 
 
-class _CompactsFirst(EtcdHttpStore):
+class _CompactsFirst(EtcdStore):
     """Moves a job and compacts the history just before status reads the hosts."""
 
     layout = KeyLayout("/fleet")

@@ -20,15 +20,14 @@ DEADLINE_S = 20.0
 UNAVAILABLE_BOUND_S = 10.0
 
 
-#: Opens an etcd store through the backend under test (``connect(url)``).
+#: Opens an etcd store (``connect(url)``).
 Connect = Callable[[str], Store]
 
 
-@pytest.fixture(params=["grpc", "http"])
-def connect(request: pytest.FixtureRequest) -> Connect:
-    """Both etcd backends: gRPC (the agent's) and the JSON gateway (one-shot commands')."""
-    one_shot = request.param == "http"
-    return lambda url: open_store(url, one_shot=one_shot)
+@pytest.fixture
+def connect() -> Connect:
+    """How every caller opens an etcd store."""
+    return open_store
 
 
 def collect(watch: Watch, count: int) -> list[Event]:

@@ -30,15 +30,14 @@ DEADLINE_S = 20.0
 _T = TypeVar("_T")
 
 
-#: Opens an etcd store through the backend under test (``connect(url)``).
+#: Opens an etcd store (``connect(url)``).
 Connect = Callable[[str], Store]
 
 
-@pytest.fixture(params=["grpc", "http"])
-def connect(request: pytest.FixtureRequest) -> Connect:
-    """Both etcd backends: gRPC (the agent's) and the JSON gateway (one-shot commands')."""
-    one_shot = request.param == "http"
-    return lambda url: open_store(url, one_shot=one_shot)
+@pytest.fixture
+def connect() -> Connect:
+    """How every caller opens an etcd store."""
+    return open_store
 
 
 def poll(attempt: Callable[[], _T], deadline_s: float = DEADLINE_S) -> _T:
@@ -286,24 +285,6 @@ def test_an_etcd_that_cannot_start_reports_its_log_tail(tmp_path: Path) -> None:
     assert server.pid is None
 
 
-def test_a_watch_whose_channel_is_closed_under_it_raises(etcd_server: EtcdServer) -> None:
-    # Moving to another endpoint closes the current channel (etcd answers
-    # "no leader" as UNAVAILABLE during an election); a watch on that channel
-    # must report it rather than go quiet. Driven directly: one server has no
-    # elections.
-    store = open_store(etcd_server.url)
-    try:
-        watch = store.watch("/moving/", store.put("/moving/k", b"v"))
-        assert len(collect(watch, 1)) == 1
-        calls = store._calls  # type: ignore[attr-defined]
-        store._loop.run(calls.next_endpoint(calls.current), 10, "test")  # type: ignore[attr-defined]
-
-        assert isinstance(next_until_error(watch), StoreUnavailable)
-        assert store.get("/moving/k") is not None  # and the store reconnects
-    finally:
-        store.close()
-
-
 # --- ambiguous writes and the call budget ------------------------------------------
 
 
@@ -350,22 +331,3 @@ def test_the_endpoint_shares_of_a_call_add_up_to_its_budget(endpoints: int) -> N
         left -= share  # the worst case: each endpoint uses all of its share
     assert sum(shares) == pytest.approx(budget)
     assert all(share > 0 for share in shares)
-
-
-def test_grpc_stores_of_one_process_share_one_loop_thread(etcd_server: EtcdServer) -> None:
-    from allocator.store.etcd.grpc_backend import open_etcd
-
-    def loop_threads() -> set[threading.Thread]:
-        return {t for t in threading.enumerate() if t.name.startswith("allocator-etcd")}
-
-    before = loop_threads()
-    first, second = open_etcd(etcd_server.url), open_etcd(etcd_server.url)
-    try:
-        first.put("/shared/a", b"1")
-        second.put("/shared/b", b"2")
-        assert len(loop_threads() - before) <= 1
-        first.close()
-        assert second.get("/shared/a") is not None  # the other store's calls still run
-    finally:
-        first.close()
-        second.close()
