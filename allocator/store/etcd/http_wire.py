@@ -1,12 +1,12 @@
-"""A small HTTP/1.1 client for JSON requests and newline-delimited JSON streams.
+"""HTTP/1.1 for JSON requests and newline-delimited JSON streams: our sockets, h11's parsing.
 
+``h11`` reads and writes the protocol (status line, headers, chunked or
+sized bodies, keep-alive); it does no I/O. This module owns the socket:
+connecting within a budget, TLS, TCP keep-alive probes, the deadline of
+each answer, noticing a kept-alive connection the server closed while idle.
 Why not ``http.client``: it loads ``email.parser`` and ``ssl`` when it is
-imported, about 25 ms of every one-shot command's start-up (measured on
-these machines; a whole ``etcdctl put`` process takes 16 ms). This client
-needs only ``socket``, and ``ssl`` only for a TLS endpoint. It does what a
-JSON API such as etcd's gateway needs and nothing more: ``POST`` with a
-body, ``Content-Length`` or chunked answers, keep-alive, and streamed
-answers read line by line.
+imported, ~25 ms of every one-shot command's start-up against ~2 ms for
+h11, and its streamed reads cannot be bounded by one deadline.
 
 What can go wrong is said precisely, because a caller must know whether a
 write may have reached the server:
@@ -26,6 +26,7 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
+import h11
 from msgspec import Struct
 
 if TYPE_CHECKING:
@@ -44,8 +45,8 @@ __all__ = [
 
 #: Refuse answers larger than this (an etcd range of 1,000 hosts x 8 GPUs is ~2 MB).
 MAX_BODY_BYTES = 512 * 1024 * 1024
-_MAX_LINE = 64 * 1024
-_MAX_HEADERS = 100
+#: The longest status line and headers accepted (h11 refuses longer ones).
+_MAX_HEAD = 64 * 1024
 _CHUNK = 64 * 1024
 
 
@@ -87,13 +88,40 @@ def keep_probing(sock: socket.socket) -> None:
 
 
 class _Reader:
-    """Buffered reads from a socket, each bounded by the socket's timeout."""
+    """h11's events for one answer, each ``recv`` bounded by the answer's deadline."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, parser: h11.Connection) -> None:
         self.sock = sock
-        self.buffer = bytearray()
+        self.parser = parser
         #: When the answer being read must be complete (``time.monotonic()``; None: never).
         self.deadline: float | None = None
+        self._start = b""  # the first bytes of an answer, until they show it is HTTP
+        self._checking = False
+        self._closed = False  # the peer closed the connection (h11 has been told)
+
+    def expect_answer(self, deadline: float) -> None:
+        """A request went out: its answer must be complete by ``deadline``."""
+        self.deadline = deadline
+        self._start, self._checking = b"", True
+
+    def event(self) -> object:
+        """The next event of the answer (``Response``, ``Data``, ``EndOfMessage``...).
+
+        The connection closing where the answer cannot end is
+        ``ConnectionResetError`` (no answer), not a protocol error.
+        """
+        while True:
+            try:
+                event = self.parser.next_event()
+            except h11.RemoteProtocolError:
+                if self._closed:
+                    raise ConnectionResetError("the server closed the connection") from None
+                raise
+            if isinstance(event, h11.ConnectionClosed) or (event is h11.NEED_DATA and self._closed):
+                raise ConnectionResetError("the server closed the connection")
+            if event is not h11.NEED_DATA:
+                return event
+            self._fill()
 
     def _fill(self) -> None:
         if self.deadline is not None:  # a server trickling bytes must not outlast the budget
@@ -102,43 +130,48 @@ class _Reader:
                 raise TimeoutError("timed out")
             self.sock.settimeout(left)
         data = self.sock.recv(_CHUNK)
-        if not data:
-            raise ConnectionResetError("the server closed the connection")
-        self.buffer += data
+        if self._checking:
+            self._check_start(data)
+        self._closed = not data
+        self.parser.receive_data(data)  # b"": closed, which may end a body read to the close
 
-    def line(self) -> bytes:
-        """One CRLF- or LF-terminated line, without its terminator."""
-        while True:
-            end = self.buffer.find(b"\n")
-            if end >= 0:
-                line = bytes(self.buffer[:end])
-                del self.buffer[: end + 1]
-                return line.rstrip(b"\r")
-            if len(self.buffer) > _MAX_LINE:
-                raise ValueError("header line too long")
-            self._fill()
+    def _check_start(self, data: bytes) -> None:
+        # h11 waits for a whole head before judging it; a server that is not HTTP at
+        # all (an SSH banner, say) may never send one, so the first bytes decide.
+        self._start += data[:8]
+        if not b"HTTP/".startswith(self._start[:5]):
+            raise _NotHttpStart(self._start[:80])
+        self._checking = len(self._start) < 5
 
-    def exactly(self, count: int) -> bytes:
-        """``count`` bytes."""
-        while len(self.buffer) < count:
-            self._fill()
-        data = bytes(self.buffer[:count])
-        del self.buffer[:count]
-        return data
+    def head(self) -> tuple[int, dict[str, str]]:
+        """The answer's status and headers (names lower-cased)."""
+        event = self.event()
+        while isinstance(event, h11.InformationalResponse):  # "100 Continue": not the answer
+            event = self.event()
+        if not isinstance(event, h11.Response):
+            raise ValueError(f"expected an answer, got {type(event).__name__}")
+        headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in event.headers}
+        return event.status_code, headers
 
-    def chunk(self) -> bytes | None:
-        """The next chunk of a chunked body; ``None`` after the last one."""
-        size_line = self.line().split(b";", 1)[0].strip()
-        size = int(size_line, 16)
-        if size < 0 or size > MAX_BODY_BYTES:
-            raise ValueError(f"bad chunk size {size}")
-        if size == 0:
-            while self.line():  # trailers, up to the blank line
-                pass
+    def data(self) -> bytes | None:
+        """The next piece of the body; ``None`` once it has ended."""
+        event = self.event()
+        if isinstance(event, h11.Data):
+            return bytes(event.data)
+        if isinstance(event, h11.EndOfMessage):
             return None
-        data = self.exactly(size)
-        self.exactly(2)  # CRLF after the chunk
-        return data
+        raise ValueError(f"expected the body, got {type(event).__name__}")
+
+    def body(self) -> bytes:
+        """The whole body."""
+        parts: list[bytes] = []
+        total = 0
+        while (data := self.data()) is not None:
+            total += len(data)
+            if total > MAX_BODY_BYTES:
+                raise ValueError("answer too large")
+            parts.append(data)
+        return b"".join(parts)
 
 
 class HttpConnection:
@@ -181,7 +214,9 @@ class HttpConnection:
             sock.close()
             raise NotSent(_describe(exc), exc) from exc
         self.sock = sock
-        self._reader = _Reader(sock)
+        self._reader = _Reader(
+            sock, h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
+        )
 
     def dropped(self) -> bool:
         """Whether the idle connection was closed by the server (or holds unread junk).
@@ -190,10 +225,10 @@ class HttpConnection:
         into a connection that is already gone (where it could not be told
         apart from one lost after it was sent).
         """
-        if self.sock is None:
+        if self.sock is None or self._reader is None:
             return True
-        if self._reader is not None and self._reader.buffer:
-            return True
+        if self._reader.parser.our_state is not h11.IDLE or self._reader.parser.trailing_data[0]:
+            return True  # the last answer was not read to its end, or bytes came after it
         try:
             readable, _, _ = select.select([self.sock], [], [], 0)
         except (OSError, ValueError):
@@ -218,12 +253,14 @@ class HttpConnection:
         """``POST path`` and read the whole answer within ``timeout`` seconds."""
         reader = self._send(path, body, headers, timeout)
         try:
-            status, answer_headers = _head(reader)
-            data = _body(reader, answer_headers)
-        except (OSError, ValueError) as exc:
+            status, answer_headers = reader.head()
+            data = reader.body()
+        except (OSError, ValueError, h11.ProtocolError) as exc:
             self.close()
             raise _failure(exc) from exc
-        if answer_headers.get("connection", "").lower() == "close":
+        if reader.parser.our_state is h11.DONE and reader.parser.their_state is h11.DONE:
+            reader.parser.start_next_cycle()  # kept alive for the next request
+        else:  # "Connection: close", or an HTTP/1.0 answer
             self.close()
         return Response(status, answer_headers, data)
 
@@ -233,8 +270,8 @@ class HttpConnection:
         """``POST path`` and return the streamed answer (the connection is the stream's now)."""
         reader = self._send(path, body, headers, timeout)
         try:
-            status, answer_headers = _head(reader)
-        except (OSError, ValueError) as exc:
+            status, answer_headers = reader.head()
+        except (OSError, ValueError, h11.ProtocolError) as exc:
             self.close()
             raise _failure(exc) from exc
         sock, self.sock, self._reader = self.sock, None, None
@@ -251,21 +288,26 @@ class HttpConnection:
     def _send(self, path: str, body: bytes, headers: dict[str, str], timeout: float) -> _Reader:
         if self.sock is None or self._reader is None:
             raise NotSent("not connected")
-        lines = [
-            f"POST {path} HTTP/1.1",
-            f"Host: {self._host_header}",
-            "Content-Type: application/json",
-            f"Content-Length: {len(body)}",
-            *(f"{name}: {value}" for name, value in headers.items()),
+        parser = self._reader.parser
+        fields = [
+            ("Host", self._host_header),
+            ("Content-Type", "application/json"),
+            ("Content-Length", str(len(body))),
+            *headers.items(),
         ]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        try:
+            wire = parser.send(h11.Request(method="POST", target=path, headers=fields))
+            wire = (wire or b"") + (parser.send(h11.Data(data=body)) or b"")
+            wire += parser.send(h11.EndOfMessage()) or b""
+        except h11.LocalProtocolError as exc:  # a header our caller should never give
+            raise NotSent(f"bad request: {exc}", exc) from exc
         try:
             self.sock.settimeout(max(timeout, 0.001))
-            self.sock.sendall(head + body)
+            self.sock.sendall(wire)
         except OSError as exc:
             self.close()
             raise NoAnswer(_describe(exc), exc) from exc
-        self._reader.deadline = time.monotonic() + max(timeout, 0.001)
+        self._reader.expect_answer(time.monotonic() + max(timeout, 0.001))
         return self._reader
 
 
@@ -279,9 +321,6 @@ class Stream:
         self.status = status
         self.headers = headers
         self._reader = reader
-        self._chunked = headers.get("transfer-encoding", "").lower() == "chunked"
-        length = headers.get("content-length")
-        self._left = int(length) if length and length.isdigit() else None
         self._pending = bytearray()
         self._ended = False
 
@@ -306,7 +345,7 @@ class Stream:
                 if self._ended:
                     return None
                 self._more()
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, h11.ProtocolError) as exc:
             raise _failure(exc) from exc
 
     def read_all(self) -> bytes:
@@ -314,21 +353,14 @@ class Stream:
         try:
             while not self._ended:
                 self._more()
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, h11.ProtocolError) as exc:
             raise _failure(exc) from exc
         data, self._pending = bytes(self._pending), bytearray()
         return data
 
     def _more(self) -> None:
-        if self._chunked:
-            data = self._reader.chunk()
-        elif self._left is not None:  # a body of known length (an error answer)
-            data = self._reader.exactly(self._left) if self._left else None
-            self._left = 0
-        else:  # until the server closes the connection
-            data = bytes(self._reader.buffer) or self._reader.sock.recv(_CHUNK)
-            self._reader.buffer.clear()
-        if not data:
+        data = self._reader.data()
+        if data is None:
             self._ended = True
             return
         if len(self._pending) + len(data) > MAX_BODY_BYTES:
@@ -342,47 +374,16 @@ class Stream:
         self.sock.close()
 
 
-def _head(reader: _Reader) -> tuple[int, dict[str, str]]:
-    status_line = reader.line()
-    parts = status_line.split(None, 2)
-    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-        raise _NotHttpLine(status_line[:80])
-    headers: dict[str, str] = {}
-    for _ in range(_MAX_HEADERS):
-        line = reader.line()
-        if not line:
-            return int(parts[1]), headers
-        name, sep, value = line.decode("latin-1").partition(":")
-        if not sep:
-            raise ValueError(f"malformed header line {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
-    raise ValueError("too many header lines")
-
-
-def _body(reader: _Reader, headers: dict[str, str]) -> bytes:
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        parts = []
-        total = 0
-        while (chunk := reader.chunk()) is not None:
-            total += len(chunk)
-            if total > MAX_BODY_BYTES:
-                raise ValueError("answer too large")
-            parts.append(chunk)
-        return b"".join(parts)
-    length = int(headers.get("content-length", "0") or 0)
-    if length < 0 or length > MAX_BODY_BYTES:
-        raise ValueError(f"bad content length {length}")
-    return reader.exactly(length)
-
-
-class _NotHttpLine(ValueError):
-    """The first line of an answer is not an HTTP status line."""
+class _NotHttpStart(ValueError):
+    """The first bytes of an answer are not an HTTP status line."""
 
 
 def _failure(exc: BaseException) -> HttpError:
-    if isinstance(exc, _NotHttpLine):
+    if isinstance(exc, _NotHttpStart):
         return NotHttp(f"the answer is not HTTP (it began {exc.args[0]!r})", exc)
-    if isinstance(exc, ValueError):
+    if isinstance(exc, h11.RemoteProtocolError):
+        return NotHttp(f"the answer is not HTTP ({exc})", exc)
+    if isinstance(exc, (ValueError, h11.ProtocolError)):
         return NotHttp(f"malformed HTTP answer: {exc}", exc)
     return NoAnswer(_describe(exc), exc)
 
