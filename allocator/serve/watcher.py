@@ -6,6 +6,15 @@ away the mirror keeps the last state it had, :attr:`FleetWatcher.state`
 says since when the store is unavailable and why, and the watcher tries
 again with capped, jittered backoff (the agent's timer). A compacted watch
 means "read everything again", not an outage.
+
+A store can also hang rather than go away (a stopped etcd keeps its
+connections open and says nothing): a watch cannot tell that from a quiet
+fleet. So a watch quiet for :data:`QUIET_SECONDS` is checked with one
+keys-only read of the policy key, which has the store's own call deadline
+(etcd: ``timeout``, 5 s by default). A store that hung is therefore shown
+as unavailable within ``QUIET_SECONDS`` plus that deadline (10 s by
+default), and as up again at the first read that succeeds after it resumes.
+The check costs one small read per quiet interval, none while events flow.
 """
 
 from __future__ import annotations
@@ -19,14 +28,16 @@ from datetime import datetime
 from allocator.agent.sync.watches import RetryTimer
 from allocator.errors import AllocatorError, Compacted
 from allocator.serve.mirror import FleetMirror
-from allocator.store import Event, Store
+from allocator.store import Event, Read, Store, Watch
 from allocator.util.identity import format_time, utc_now
 from allocator.util.redaction import redact
 
-__all__ = ["POLL_SECONDS", "FleetWatcher", "StoreState"]
+__all__ = ["POLL_SECONDS", "QUIET_SECONDS", "FleetWatcher", "StoreState"]
 
 #: How long one wait on the watch lasts before the watcher checks whether to stop.
 POLL_SECONDS = 0.5
+#: A watch without events for this long is checked with a read (see the module doc).
+QUIET_SECONDS = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,8 +64,12 @@ class FleetWatcher:
         *,
         wall: Callable[[], datetime] = utc_now,
         retry_max_seconds: float = 4.0,
+        quiet_seconds: float = QUIET_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._open_store = open_store
+        self._quiet_seconds = quiet_seconds
+        self._clock = clock
         self.mirror = mirror
         self._on_change = on_change
         self._wall = wall
@@ -97,14 +112,25 @@ class FleetWatcher:
             self._on_change()
             watch = store.watch(root, listing.revision + 1)
             try:
-                while not self._stopping.is_set():
-                    events = watch.next(POLL_SECONDS)
-                    if events and self.mirror.apply(events, self._leases(store, events)):
-                        self._on_change()
+                self._follow(store, watch)
             finally:
                 watch.close()
         finally:
             store.close()
+
+    def _follow(self, store: Store, watch: Watch) -> None:
+        """Apply the watch's events until stopped; check the store when the watch is quiet."""
+        heard = self._clock()
+        while not self._stopping.is_set():
+            events = watch.next(POLL_SECONDS)
+            if events:
+                heard = self._clock()
+                if self.mirror.apply(events, self._leases(store, events)):
+                    self._on_change()
+            elif self._clock() - heard >= self._quiet_seconds:
+                # Raises StoreUnavailable past the store's deadline if it hung.
+                store.read_many([Read(self.mirror.layout.policy, values=False)])
+                heard = self._clock()
 
     def _leases(self, store: Store, events: list[Event]) -> dict[str, int | None]:
         """The lease of each agent key put by ``events`` (an agent lives by its lease)."""

@@ -17,14 +17,16 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from allocator.serve.watcher import QUIET_SECONDS
 from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
 from tests.support.etcd_server import free_port
 from tests.support.prometheus import parse_exposition
@@ -169,6 +171,56 @@ def test_the_page_renders_updates_live_and_says_when_the_store_is_down(
             code, _, headers = world.get("/api/v1/status")
             assert code == 200 and headers["x-allocator-store"].startswith("unavailable since")
             browser.close()
+    finally:
+        world.close()
+
+
+#: serve's promise for a hung store: the watch's quiet interval plus one call's deadline.
+HANG_SECONDS = QUIET_SECONDS + 2.0  # the URL below gives each call 2 s
+#: Slack for a loaded machine, on top of the promise (a hang guard, not the figure tested).
+SLACK_SECONDS = 5.0
+
+
+def _store_up(world: Served) -> float | None:
+    code, body, _ = world.get("/metrics")
+    return parse_exposition(body.decode()).value("allocator_store_up") if code == 200 else None
+
+
+def _page_document_where(world: Served, wanted: Callable[[Any], bool]) -> Any:
+    """The first document the page's event stream sends that is ``wanted``."""
+    with urllib.request.urlopen(world.base + "/api/v1/events", timeout=10) as stream:
+        for line in stream:  # a read that outlasts the timeout fails the test
+            if line.startswith(b"data: "):
+                document = json.loads(line.removeprefix(b"data: "))
+                if wanted(document):
+                    return document
+    raise AssertionError("the event stream ended")
+
+
+def test_a_hung_etcd_shows_as_down_within_its_deadline_and_up_when_it_resumes(
+    prefix: str, tmp_path: Path, etcd_server_private: Any
+) -> None:
+    world = Served(etcd_server_private.url + "?timeout=2", prefix, tmp_path)
+    try:
+        wait_for("the store to be up", lambda: _store_up(world) == 1.0)
+        os.kill(etcd_server_private.pid, signal.SIGSTOP)  # hung: connections open, no answer
+        try:
+            stopped = time.monotonic()
+            wait_for(
+                "allocator_store_up 0",
+                lambda: _store_up(world) == 0.0,
+                timeout=HANG_SECONDS + SLACK_SECONDS,
+            )
+            assert time.monotonic() - stopped >= 1.0  # judged by a deadline, not at once
+            code, body, headers = world.get("/api/v1/status")
+            assert code == 200 and headers["x-allocator-store"].startswith("unavailable since")
+            assert json.loads(body)["hosts"]  # the last state read stays on show
+            document = _page_document_where(world, lambda d: not d["store"]["up"])
+            assert document["store"]["unavailable_since"] and document["loaded"] is True
+        finally:
+            os.kill(etcd_server_private.pid, signal.SIGCONT)
+        wait_for("allocator_store_up 1 again", lambda: _store_up(world) == 1.0, timeout=20)
+        assert "x-allocator-store" not in world.get("/api/v1/status")[2]
     finally:
         world.close()
 
