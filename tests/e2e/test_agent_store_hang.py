@@ -1,10 +1,10 @@
 """A store that does not answer never holds up supervision, signals or the watchdog.
 
 Every store call runs in the agent's store link; the supervision loop keeps
-its tick however long a call hangs. Each test makes every store call hang far
-longer than the test waits (several endpoints that accept and never answer,
-each costing the client its connect timeout), so an agent that called the
-store inline would miss every deadline here by many seconds.
+its tick however long a call hangs. Each test makes store calls hang far
+longer than the test waits (endpoints that take each request and never
+answer, with a 30 s budget per call), so an agent that called the store
+inline would miss every deadline here by many seconds.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.support.blackhole import Blackhole
 from tests.support.notify_socket import NotifySocket
 from tests.support.waiting import wait_for
 
-#: Endpoints that never answer, tried in turn after the real one: ~3 s each.
+#: Endpoints that never answer, tried in turn after the real one (each gets its share of 30 s).
 HOLES = 8
 #: How long the agent may take to react; far less than one hanging store call chain.
 REACT_SECONDS = 15.0
@@ -98,7 +98,7 @@ def test_sigterm_stops_adopted_workers_promptly_while_every_store_endpoint_hangs
 @pytest.fixture
 def stoppable(tmp_path: Path, prefix: str, etcd_server_private: Any, holes: list[str]) -> Any:
     """An agent on a real etcd (listed first) and endpoints that hang (tried after it)."""
-    # A long per-call deadline: a hung call lasts until gRPC's keep-alive gives up.
+    # A long per-call deadline, shared by the endpoints: a read tries each in turn.
     url = "etcd://" + ",".join([etcd_server_private.endpoint, *holes]) + "?timeout=30"
     world = AgentHarness(tmp_path, url, prefix)
     policy = agent_policy(tmp_path)

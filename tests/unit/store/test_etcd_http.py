@@ -1,9 +1,9 @@
-"""etcd's JSON gateway backend: what only an HTTP client can get wrong.
+"""etcd's JSON gateway client: what only an HTTP client can get wrong.
 
 The shared semantics are in tests/contract and the etcd behaviour (outages,
-auth, TLS, failover, ambiguous writes) in test_store_etcd*.py, which run on
-both etcd backends. Here: servers that are not etcd, connections the server
-closed while idle, and the pure answer rules both backends share.
+auth, TLS, failover, ambiguous writes) in test_etcd_store.py and
+test_etcd_security.py. Here: servers that are not etcd, connections the
+server closed while idle, and the pure rules that read etcd's answers.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def test_a_write_whose_answer_never_comes_may_have_been_applied(
         store.close()
 
 
-# --- the answer rules both etcd backends share ---------------------------------------
+# --- the rules that read etcd's answers ----------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -162,7 +162,7 @@ def test_close_ends_the_store_threads_and_open_watches(
     store = connect(etcd_server.url)
     watch = store.watch("/closing/", 1)
     before = {t for t in threading.enumerate() if t.name.startswith("allocator-etcd")}
-    assert before  # the loop thread (gRPC), or the watch's reader (JSON gateway)
+    assert before  # the watch's reader thread
 
     store.close()
     store.close()
