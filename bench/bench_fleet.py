@@ -207,6 +207,12 @@ def fanout(url: str, count: int, applies: int) -> tuple[Row, list[SimAgent], lis
 def idle_writes(url: str, agents: list[SimAgent], seconds: float) -> Row:
     """Revisions per minute while the simulated agents idle as real ones do."""
     layout = KeyLayout("/fleet")
+    # The fan-out phase sends no heartbeats, and starting 1,000 agents' watches
+    # can outlast a lease: a lease lost meanwhile is granted again and its record
+    # put again, as a real agent does once after such a gap, before the window.
+    for agent in agents:
+        agent.next_keepalive = 0.0
+        _tick(agent, layout, time.monotonic())
     probe = open_store(url)
     try:
         before = probe.list(layout.policy).revision
