@@ -61,3 +61,38 @@ def test_etcd_down_while_a_worker_crashes_restarts_it_from_the_last_known_assign
     os.kill(first["pid"], signal.SIGKILL)
     again = world.new_report("train", not_pid=first["pid"], timeout=20)
     assert again["env"]["ALLOCATOR_GPUS"] == "1"
+
+
+#: The agent's promise for a hung store: the next heartbeat plus one call's deadline.
+HEARTBEAT_S, CALL_S = 2.0, 1.0
+#: Slack for a loaded machine, on top of the promise (a hang guard, not the figure tested).
+SLACK_S = 5.0
+
+
+def test_a_hung_etcd_is_noticed_by_the_keep_alive_deadline_and_kills_no_worker(
+    tmp_path: Path, etcd_server_private: Any, prefix: str
+) -> None:
+    # SIGSTOP, not a crash: connections stay open and the watches merely go quiet,
+    # so only a call's deadline can tell. The agent must say so, keep its worker,
+    # and pick up what changed once etcd answers again.
+    settings = tmp_path / "agent.yaml"
+    settings.write_text(f"retry_max_seconds: 1\nheartbeat_seconds: {HEARTBEAT_S}\n")
+    world = AgentHarness(tmp_path, f"{etcd_server_private.url}?timeout={CALL_S}", prefix)
+    with world.running("--config", str(settings)):
+        assert world.cli("set", "job=train", "gpus=0").code == 0
+        first = world.new_report("train")
+        os.kill(etcd_server_private.pid, signal.SIGSTOP)
+        try:
+            wait_for(
+                "the agent to notice the hang",
+                lambda: world.events("store-unavailable"),
+                timeout=HEARTBEAT_S + CALL_S + SLACK_S,
+            )
+            assert pid_alive(first["pid"]) and world.report("train") == first
+        finally:
+            os.kill(etcd_server_private.pid, signal.SIGCONT)
+        wait_for("the agent to reconnect", lambda: world.events("store-connected")[1:], timeout=30)
+        assert pid_alive(first["pid"]) and world.report("train") == first
+        assert world.cli("set", "job=train", "gpus=2").code == 0
+        moved = world.new_report("train", not_pid=first["pid"], timeout=20)
+        assert moved["env"]["ALLOCATOR_GPUS"] == "2"
