@@ -12,8 +12,10 @@ connections open and says nothing): a watch cannot tell that from a quiet
 fleet. So a watch quiet for :data:`QUIET_SECONDS` is checked with one
 keys-only read of the policy key, which has the store's own call deadline
 (etcd: ``timeout``, 5 s by default). A store that hung is therefore shown
-as unavailable within ``QUIET_SECONDS`` plus that deadline (10 s by
-default), and as up again at the first read that succeeds after it resumes.
+as unavailable within ``QUIET_SECONDS`` plus that deadline plus one
+:data:`POLL_SECONDS` (10.5 s by default; 6.6-10 s measured against a
+SIGSTOPped etcd), and as up again at the first read that succeeds after it
+resumes (under a second measured).
 The check costs one small read per quiet interval, none while events flow.
 """
 
