@@ -24,6 +24,7 @@ from allocator.cli.common import (
     set_structured_stderr,
 )
 from allocator.errors import EXIT_INTERNAL, AllocatorError, BadRecord
+from allocator.util.printable import one_line
 
 __all__ = [
     "COMMANDS",
@@ -32,7 +33,6 @@ __all__ = [
     "command_word",
     "error_document",
     "main",
-    "one_line",
     "run",
 ]
 
@@ -161,7 +161,7 @@ def _run_command(words: list[str]) -> int:
 
 def error_document(exit_code: int, message: str, name: str | None = None) -> dict[str, Any]:
     """The JSON object an error is under ``-o json``: ``{"error", "exit_code", "message"}``."""
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
 
     return {
         "error": name or ERROR_NAMES.get(exit_code, "internal_error"),
@@ -171,23 +171,13 @@ def error_document(exit_code: int, message: str, name: str | None = None) -> dic
 
 
 def _fail(label: str, message: str, code: int, structured: bool, name: str | None = None) -> None:
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
 
     if structured:
         line = json.dumps(error_document(code, message, name), sort_keys=True)
         sys.stderr.write(line + "\n")
     else:
         sys.stderr.write(f"allocator: {label}: {one_line(redact(message))}\n")
-
-
-def one_line(message: str) -> str:
-    """Collapse whitespace and escape control characters a user may have typed.
-
-    An error message often quotes the input; a typed ``\x1e`` or newline must
-    not split the one line a script reads from stderr.
-    """
-    collapsed = " ".join(message.split())
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in collapsed)
 
 
 def run() -> None:

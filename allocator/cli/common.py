@@ -175,8 +175,8 @@ def warn(message: str) -> None:
 def _remark(kind: str, message: str) -> None:
     import json
 
-    from allocator.cli import one_line
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
+    from allocator.util.printable import one_line
 
     text = one_line(redact(message))
     if _STDERR["structured"]:

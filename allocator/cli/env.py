@@ -78,10 +78,10 @@ def _worker_index(raw: str) -> int:
 def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict[str, str]], str]:
     """The job's worker environments, and a remark (why none, or a fallback)."""
     from allocator.agent.planning.desired import desired_job
-    from allocator.control.client import job_not_found
     from allocator.errors import RequestError
     from allocator.gpus.visible import worker_environments
     from allocator.records.keys import validate_name
+    from allocator.status.snapshots import job_not_found
 
     snapshot = allocator.require_policy()
     policy = snapshot.policy
@@ -123,7 +123,7 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
 def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int | None]:
     """MASTER_ADDR and MASTER_PORT as the host's agent gives them to ``job``."""
     from allocator.agent.planning.desired import DEFAULT_MASTER_ADDR
-    from allocator.agent.planning.ports import allocate_master_ports
+    from allocator.placement.ports import allocate_master_ports
 
     published = state.workers.get(job)
     if published is not None and published.master_port is not None:

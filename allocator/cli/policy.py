@@ -74,7 +74,7 @@ def _read(path: str) -> str:
 def _lint(path: str) -> tuple[str, Policy, tuple[PolicyWarning, ...]]:
     """The file's text, its policy and the warnings about it now (``PolicyError`` if invalid)."""
     from allocator.policy import lint_policy
-    from allocator.util.identity import utc_now
+    from allocator.util.times import utc_now
 
     text = _read(path)
     policy, warnings = lint_policy(text, path, utc_now())
@@ -172,8 +172,8 @@ def _validate_table(path: str, strict: bool) -> int:
 def _fail_line(exc: AllocatorError) -> None:
     import sys
 
-    from allocator.cli import one_line
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
+    from allocator.util.printable import one_line
 
     sys.stderr.write(f"allocator: error: {one_line(redact(str(exc)))}\n")
 
@@ -221,8 +221,8 @@ def run_diff(args: argparse.Namespace) -> int:
 
 def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
     """Held GPUs that ``policy``'s reservations take from their holders later (one read)."""
-    from allocator.control.client import snapshots_by_host
     from allocator.placement.reservations import upcoming_conflicts
+    from allocator.status.snapshots import snapshots_by_host
 
     listing = allocator.store.list(allocator.layout.hosts)
     now = allocator.clock()

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from allocator.errors import InvalidInput
     from allocator.records.keys import DEFAULT_PREFIX, KeyLayout, validate_prefix
     from allocator.store import open_store, resolve_store_url
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
 
     host, port = parse_listen(args.listen)
     try:

@@ -99,7 +99,7 @@ def policy_snapshot(
     """
     if item is None:
         return None
-    from allocator.policy.compiled import applied_policy
+    from allocator.status.applied_policy import applied_policy
 
     record = decode_record(item.value, PolicyRecord, item.key)
     return PolicySnapshot(

@@ -180,7 +180,7 @@ def _publish_as_agent(url: str, prefix: str) -> None:
     from allocator.records.keys import KeyLayout
     from allocator.records.types import AgentRecord, GpuInfo, GpuProcess, WorkerRecord
     from allocator.store import open_store
-    from allocator.util.identity import format_time, utc_now
+    from allocator.util.times import format_time, utc_now
 
     layout = KeyLayout(prefix)
     notebook = GpuProcess(

@@ -140,7 +140,7 @@ class EtcdStore:
         status_of: StatusOf,
         translate: Callable[[BaseException, str], AllocatorError],
     ) -> None:
-        from allocator.util.redaction import remember_secret
+        from allocator.store.credentials import remember_secret
 
         remember_secret(config.password)
         self.url = redact_url(url)
