@@ -66,6 +66,7 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--store",
         default=argparse.SUPPRESS,
         help="store URL: sqlite:///PATH, etcd://H:P[,H:P], consul://H:P, memory:// "
+        "(a password here shows in ps: put it in $ALLOCATOR_STORE or ETCDCTL_PASSWORD) "
         "(default: $ALLOCATOR_STORE, else sqlite under ~/.local/state/allocator)",
     )
     parser.add_argument(

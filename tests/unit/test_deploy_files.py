@@ -66,6 +66,12 @@ def test_systemd_unit_leaves_workers_to_be_adopted_when_the_agent_dies() -> None
     assert service["Restart"] == "always"
 
 
+def test_systemd_unit_lets_the_agent_leave_no_core_dump_with_store_secrets() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(REPO / "config" / "allocator-agent.service")
+    assert unit["Service"]["LimitCORE"] == "0"
+
+
 def test_systemd_unit_passes_systemds_own_check(tmp_path: Path) -> None:
     verify = shutil.which("systemd-analyze")
     if verify is None:
