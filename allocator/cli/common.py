@@ -16,12 +16,14 @@ if TYPE_CHECKING:
 __all__ = [
     "CliArgumentParser",
     "add_common_options",
+    "add_store_options",
     "add_words_command",
     "help_width",
     "machine_output",
     "note",
     "open_allocator",
     "output_format",
+    "plain_text",
     "set_structured_stderr",
     "warn",
 ]
@@ -37,10 +39,24 @@ class CliArgumentParser(argparse.ArgumentParser):
         """Raise instead of printing usage: the CLI prints one clear line."""
         raise InvalidInput(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
+    def format_help(self) -> str:
+        """The help, its description (a module docstring) with the markup taken out."""
+        if self.description:
+            self.description = plain_text(self.description)
+        return super().format_help()
+
     def _get_formatter(self) -> argparse.HelpFormatter:
         # argparse makes a formatter for every argument added, and each asks shutil
         # for the terminal's width: importing shutil costs every command milliseconds.
         return self.formatter_class(prog=self.prog, width=help_width())  # type: ignore[call-arg]
+
+
+def plain_text(doc: str) -> str:
+    """A docstring as a person reads it in ``--help``: ````x```` as `x`, ``:data:`X``` as X."""
+    import re
+
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    return text.replace("``", "`")
 
 
 def help_width() -> int:
@@ -60,8 +76,24 @@ def help_width() -> int:
     return (columns or 80) - 2
 
 
-def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """``--store``, ``--prefix`` and ``-o``; accepted before or after the command."""
+def add_common_options(parser: argparse.ArgumentParser, *, store: bool = True) -> None:
+    """``--store``, ``--prefix`` and ``-o``; accepted before or after the command.
+
+    ``store=False``: only ``-o``, for a command that reads no store.
+    """
+    if store:
+        add_store_options(parser)
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json", "yaml"),
+        default=argparse.SUPPRESS,
+        help="output format (default: table)",
+    )
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    """``--store`` and ``--prefix``."""
     parser.add_argument(
         "--store",
         default=argparse.SUPPRESS,
@@ -73,13 +105,6 @@ def add_common_options(parser: argparse.ArgumentParser) -> None:
         "--prefix",
         default=argparse.SUPPRESS,
         help="key prefix in the store (default: $ALLOCATOR_PREFIX or /allocator)",
-    )
-    parser.add_argument(
-        "-o",
-        "--output",
-        choices=("table", "json", "yaml"),
-        default=argparse.SUPPRESS,
-        help="output format (default: table)",
     )
 
 
