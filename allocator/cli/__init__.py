@@ -22,7 +22,7 @@ from allocator.cli.common import (
     add_common_options,
     machine_output,
     set_structured_stderr,
-    warn,
+    warn_of_secrets_in_argv,
 )
 from allocator.errors import EXIT_INTERNAL, AllocatorError, BadRecord
 from allocator.util.printable import one_line
@@ -156,23 +156,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run_command(words: list[str]) -> int:
     args = build_parser(only=command_word(words)).parse_args(words)
-    _warn_of_secrets_in_argv(args)
     code: int = args.handler(args)
+    if code == 0 and getattr(args, "command", None) not in _WARN_THEMSELVES:
+        warn_of_secrets_in_argv(args)  # after the one line a failure would print
     return code
 
 
-def _warn_of_secrets_in_argv(args: argparse.Namespace) -> None:
-    """A password in ``--store`` is in every user's ``ps``: say so (masked everywhere else)."""
-    explicit = getattr(args, "store", None)
-    if not explicit or getattr(args, "command", None) == "completion":
-        return
-    from allocator.store.urls import url_secrets
-
-    if url_secrets(explicit):
-        warn(
-            "--store carries a password or token, which every user of this machine can read "
-            "in `ps`; set ALLOCATOR_STORE, or ETCDCTL_PASSWORD/CONSUL_HTTP_TOKEN_FILE, instead"
-        )
+#: Commands that warn of a password in --store themselves, once they have checked the URL:
+#: they run for long (or, for completion, inside a shell's prompt).
+_WARN_THEMSELVES = frozenset({"agent", "serve", "completion"})
 
 
 def error_document(exit_code: int, message: str, name: str | None = None) -> dict[str, Any]:

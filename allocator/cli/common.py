@@ -26,6 +26,7 @@ __all__ = [
     "plain_text",
     "set_structured_stderr",
     "warn",
+    "warn_of_secrets_in_argv",
 ]
 
 #: Under -o json/yaml, stderr carries JSON lines too (see :func:`set_structured_stderr`).
@@ -90,6 +91,20 @@ def add_common_options(parser: argparse.ArgumentParser, *, store: bool = True) -
         default=argparse.SUPPRESS,
         help="output format (default: table)",
     )
+
+
+def warn_of_secrets_in_argv(args: argparse.Namespace) -> None:
+    """A password in ``--store`` is in every user's ``ps``: say so (masked everywhere else)."""
+    explicit = getattr(args, "store", None)
+    if not explicit:
+        return
+    from allocator.store.urls import url_secrets
+
+    if url_secrets(explicit):
+        warn(
+            "--store carries a password or token, which every user of this machine can read "
+            "in `ps`; set ALLOCATOR_STORE, or ETCDCTL_PASSWORD/CONSUL_HTTP_TOKEN_FILE, instead"
+        )
 
 
 def add_store_options(parser: argparse.ArgumentParser) -> None:

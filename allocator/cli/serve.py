@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from allocator.cli.common import add_common_options
+from allocator.cli.common import add_common_options, warn_of_secrets_in_argv
 
 __all__ = ["DEFAULT_LISTEN", "parse_listen", "register"]
 
@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     url = resolve_store_url(getattr(args, "store", None))
     open_store(url).close()  # a malformed URL or credential is refused now, exit 2
+    warn_of_secrets_in_argv(args)
     prefix = validate_prefix(
         getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
     )
