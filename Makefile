@@ -30,7 +30,8 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check allocator tests bench
 	$(BIN)/ruff format --check allocator tests bench
 	$(BIN)/mypy --strict allocator
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir $$(mktemp -d)
+	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict \
+		--site-dir "$$site"; status=$$?; rm -rf "$$site"; exit $$status
 
 # Debian's etcd, docker-compose, openssl and chromium, installed with apt-get when missing.
 servers:
