@@ -1,9 +1,11 @@
-"""The README's links lead somewhere, the manual lists every page, and install lines name our
-distribution (the name ``allocator`` on PyPI is another project)."""
+"""The README's tour runs and its links lead somewhere, the manual lists every page, and install
+lines name our distribution (the name ``allocator`` on PyPI is another project)."""
 
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -53,3 +55,32 @@ def test_install_lines_name_the_distribution() -> None:
         for line in path.read_text().splitlines():
             if "pip install" in line:
                 assert "'allocator[" not in line and '"allocator[' not in line, (path, line)
+
+
+def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
+    """Every line of the tour but the agent (which runs until stopped), on a fresh store."""
+    readme = (REPO / "README.md").read_text()
+    tour = readme.split("## A ten-line tour", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [
+        line
+        for line in tour.splitlines()
+        if line.startswith(("allocator ", "eval ")) and not line.startswith("allocator agent")
+    ]
+    assert len(lines) >= 8
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "ALLOCATOR_STORE": f"sqlite://{tmp_path / 'store.db'}",
+        "ALLOCATOR_NVML": "off",
+    }
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", "\n".join(lines)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "released train@node1" in result.stdout
