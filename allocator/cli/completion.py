@@ -38,7 +38,7 @@ def register(commands: Any) -> None:
     """Add ``completion`` and its subcommands."""
     parser = commands.add_parser(
         "completion",
-        help="print a bash or zsh completion script (see the README)",
+        help="print a bash or zsh completion script",
         description=__doc__,
     )
     sub = parser.add_subparsers(dest="shell", metavar="SHELL", parser_class=CliArgumentParser)

@@ -21,7 +21,7 @@ def register(commands: Any) -> None:
         "unassigned processes, agent liveness), the jobs and the history, updated live from "
         "the store's watch; /api/v1/status and /api/v1/history answer what `status -o json` "
         "and `history -o json` print; /metrics has fleet-level Prometheus series. Needs "
-        "`pip install 'allocator[serve]'`. It only reads: give it a read-only credential.",
+        "`pip install 'gpu-allocator[serve]'`. It only reads: give it a read-only credential.",
     )
     parser.add_argument(
         "--listen",
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InvalidInput(
             f"allocator serve needs its web stack ({exc.name} is missing): "
-            "pip install 'allocator[serve]'"
+            "pip install 'gpu-allocator[serve]'"
         ) from None
     url = resolve_store_url(getattr(args, "store", None))
     open_store(url).close()  # a malformed URL or credential is refused now, exit 2

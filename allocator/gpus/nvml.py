@@ -122,7 +122,7 @@ def load_nvml(environ: Mapping[str, str]) -> Any:
         import pynvml
     except ImportError as exc:
         raise NvmlUnavailable(
-            "nvidia-ml-py is not installed (pip install 'allocator[nvml]')"
+            "nvidia-ml-py is not installed (pip install 'gpu-allocator[nvml]')"
         ) from exc
     return pynvml
 

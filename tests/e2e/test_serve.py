@@ -6,7 +6,7 @@ Debian's chromium driven by playwright (``tools/install-test-servers``
 installs it): the grid renders, a ``set`` shows up without a reload, and
 with etcd stopped the page says the store is unavailable and keeps the last
 state. Set ``ALLOCATOR_SCREENSHOT=PATH`` to keep the page's screenshot (the
-README's picture is made that way).
+manual's picture, docs/status-page.png, is made that way).
 """
 
 from __future__ import annotations
