@@ -122,9 +122,8 @@ def test_store_outages_kill_no_worker_lose_no_update_and_converge_quickly(
         waiter = wait_for("waiter on GPU 1", lambda: _running(world, "waiter", 1))
         cycles, worst, kinds = scale(2, 20), 0.0, set()
         for cycle in range(cycles):
-            # GPU 2 or 3 before the outage, another one after: the agent has a move to make.
-            before = 2 + cycle % 2
-            after = before % 3 + 1
+            # Each move goes to the next of GPUs 1-3 (0 is train's): always one to make.
+            before, after = 1 + (2 * cycle + 1) % 3, 1 + (2 * cycle + 2) % 3
             assert world.cli("set", "job=waiter", f"gpus={before}").code == 0
             wait_for(
                 f"cycle {cycle}: waiter on GPU {before} before the outage",
