@@ -2,8 +2,9 @@
 
 Every assignment write is one transaction that compares
 
-* the policy key's revision (the policy the request was checked against), and
-* the host's generation key (bumped by every assignment change on the host),
+* the policy key's revision (the policy the request was checked against),
+* the host's generation key (bumped by every assignment change on the host), and
+* the host's history head (the agent appends there too, changing no assignment),
 
 and bumps the fleet's generation key too, so two operators racing for one
 GPU can never both win: the loser's transaction fails, it re-reads, and
