@@ -6,6 +6,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY allocator ./allocator
 COPY config ./config
-RUN pip install --no-cache-dir '.[etcd,consul,nvml,metrics]'
+# serve: `allocator serve` (the status page) runs from the same image.
+RUN pip install --no-cache-dir '.[etcd,consul,nvml,metrics,serve]'
 ENTRYPOINT []
 CMD ["allocator", "agent"]

@@ -30,6 +30,8 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check allocator tests bench
 	$(BIN)/ruff format --check allocator tests bench
 	$(BIN)/mypy --strict allocator
+	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict \
+		--site-dir "$$site"; status=$$?; rm -rf "$$site"; exit $$status
 
 # Debian's etcd, docker-compose, openssl and chromium, installed with apt-get when missing.
 servers:
@@ -54,7 +56,7 @@ reliability: servers $(VENV)/.dev
 soak: servers $(VENV)/.dev
 	ALLOCATOR_SOAK=1 $(BIN)/pytest -q -p no:cacheprovider tests/reliability
 
-# Every row of the speed table (README "Performance"); writes bench/results.json.
+# Every row of the speed table (docs/performance.md); writes bench/results.json.
 # BENCH_ARGS=--quick for shorter windows, --only cli,agent,fleet for some rows.
 bench: servers $(VENV)/.dev
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
@@ -62,7 +64,7 @@ bench: servers $(VENV)/.dev
 schema: $(VENV)/.base
 	$(BIN)/allocator policy schema > config/policy.schema.json
 
-# The README's picture of the status page, taken by its browser test.
+# The manual's picture of the status page (docs/operations.md), taken by its browser test.
 screenshot: servers $(VENV)/.dev
 	ALLOCATOR_SCREENSHOT=docs/status-page.png $(BIN)/pytest -q tests/e2e/test_serve.py -k page
 

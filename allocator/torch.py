@@ -30,7 +30,7 @@ try:
     import torch as _torch
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise ImportError(
-        "allocator.torch needs PyTorch, which is not installed: pip install 'allocator[torch]'"
+        "allocator.torch needs PyTorch, which is not installed: pip install 'gpu-allocator[torch]'"
     ) from exc
 
 from allocator import worker

@@ -11,7 +11,7 @@ Usage: ``python -m bench.run [--smoke] [--quick] [--only cli,agent,fleet] [--out
 ``--smoke`` runs every row at a tiny size in seconds (what the test suite
 checks); ``--quick`` shortens the idle windows and rounds;
 ``--markdown FILE`` prints the table of an earlier results file in Markdown
-(for the README) and runs nothing.
+(for docs/performance.md) and runs nothing.
 """
 
 from __future__ import annotations

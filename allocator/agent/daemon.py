@@ -42,7 +42,7 @@ from allocator.agent.notify import notifier_from_environ
 from allocator.agent.planning.across_hosts import PeerHost
 from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.exclusive_claims import gpu_holders
-from allocator.agent.planning.ports import PortTable
+from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import DesiredJob
 from allocator.agent.processes.supervisor import Supervisor
@@ -58,7 +58,7 @@ from allocator.placement.reservations import active_reservations
 from allocator.policy import Policy, load_policy
 from allocator.records.types import HistoryEntry, PolicyRecord
 from allocator.store import Store, open_store, resolve_store_url
-from allocator.util.identity import format_time, utc_now
+from allocator.util.times import format_time, utc_now
 
 __all__ = ["BUSY_TICK_SECONDS", "FIRST_BUSY_TICK_SECONDS", "WITHDRAW_SECONDS", "Agent", "busy_tick"]
 

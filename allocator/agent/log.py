@@ -1,6 +1,6 @@
 """One structured line per agent decision, as text (key=value) or JSON.
 
-Every field passes through :func:`allocator.util.redaction.redact` before it is
+Every field passes through :func:`allocator.store.credentials.redact` before it is
 formatted, so no log line can carry a store password or token, whichever
 call site logs a URL or an error message that quotes one.
 """
@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import Any, TextIO
 
 from allocator.agent.planning.types import Action, GiveUp, Start, Stop
-from allocator.util.identity import format_time, utc_now
-from allocator.util.redaction import redact
+from allocator.store.credentials import redact
+from allocator.util.times import format_time, utc_now
 
 __all__ = ["DecisionLog", "action_fields", "action_name", "as_fields"]
 

@@ -22,8 +22,10 @@ from allocator.cli.common import (
     add_common_options,
     machine_output,
     set_structured_stderr,
+    warn_of_secrets_in_argv,
 )
 from allocator.errors import EXIT_INTERNAL, AllocatorError, BadRecord
+from allocator.util.printable import one_line
 
 __all__ = [
     "COMMANDS",
@@ -32,7 +34,6 @@ __all__ = [
     "command_word",
     "error_document",
     "main",
-    "one_line",
     "run",
 ]
 
@@ -156,12 +157,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(words: list[str]) -> int:
     args = build_parser(only=command_word(words)).parse_args(words)
     code: int = args.handler(args)
+    if code == 0 and getattr(args, "command", None) not in _WARN_THEMSELVES:
+        warn_of_secrets_in_argv(args)  # after the one line a failure would print
     return code
+
+
+#: Commands that warn of a password in --store themselves, once they have checked the URL:
+#: they run for long (or, for completion, inside a shell's prompt).
+_WARN_THEMSELVES = frozenset({"agent", "serve", "completion"})
 
 
 def error_document(exit_code: int, message: str, name: str | None = None) -> dict[str, Any]:
     """The JSON object an error is under ``-o json``: ``{"error", "exit_code", "message"}``."""
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
 
     return {
         "error": name or ERROR_NAMES.get(exit_code, "internal_error"),
@@ -171,23 +179,13 @@ def error_document(exit_code: int, message: str, name: str | None = None) -> dic
 
 
 def _fail(label: str, message: str, code: int, structured: bool, name: str | None = None) -> None:
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
 
     if structured:
         line = json.dumps(error_document(code, message, name), sort_keys=True)
         sys.stderr.write(line + "\n")
     else:
         sys.stderr.write(f"allocator: {label}: {one_line(redact(message))}\n")
-
-
-def one_line(message: str) -> str:
-    """Collapse whitespace and escape control characters a user may have typed.
-
-    An error message often quotes the input; a typed ``\x1e`` or newline must
-    not split the one line a script reads from stderr.
-    """
-    collapsed = " ".join(message.split())
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in collapsed)
 
 
 def run() -> None:

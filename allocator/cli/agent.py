@@ -81,6 +81,9 @@ def run(args: argparse.Namespace) -> int:
     }
     config = load_agent_config(args.config, overrides)
     _check_store_url(config.store)
+    from allocator.cli.common import warn_of_secrets_in_argv
+
+    warn_of_secrets_in_argv(args)
     # SIGHUP re-reads the same file with the same flags on top.
     return Agent(config, reload_config=lambda: load_agent_config(args.config, overrides)).run()
 

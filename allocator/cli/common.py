@@ -16,14 +16,17 @@ if TYPE_CHECKING:
 __all__ = [
     "CliArgumentParser",
     "add_common_options",
+    "add_store_options",
     "add_words_command",
     "help_width",
     "machine_output",
     "note",
     "open_allocator",
     "output_format",
+    "plain_text",
     "set_structured_stderr",
     "warn",
+    "warn_of_secrets_in_argv",
 ]
 
 #: Under -o json/yaml, stderr carries JSON lines too (see :func:`set_structured_stderr`).
@@ -37,10 +40,24 @@ class CliArgumentParser(argparse.ArgumentParser):
         """Raise instead of printing usage: the CLI prints one clear line."""
         raise InvalidInput(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
+    def format_help(self) -> str:
+        """The help, its description (a module docstring) with the markup taken out."""
+        if self.description:
+            self.description = plain_text(self.description)
+        return super().format_help()
+
     def _get_formatter(self) -> argparse.HelpFormatter:
         # argparse makes a formatter for every argument added, and each asks shutil
         # for the terminal's width: importing shutil costs every command milliseconds.
         return self.formatter_class(prog=self.prog, width=help_width())  # type: ignore[call-arg]
+
+
+def plain_text(doc: str) -> str:
+    """A docstring as a person reads it in ``--help``: ````x```` as `x`, ``:data:`X``` as X."""
+    import re
+
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc)
+    return text.replace("``", "`")
 
 
 def help_width() -> int:
@@ -60,25 +77,49 @@ def help_width() -> int:
     return (columns or 80) - 2
 
 
-def add_common_options(parser: argparse.ArgumentParser) -> None:
-    """``--store``, ``--prefix`` and ``-o``; accepted before or after the command."""
-    parser.add_argument(
-        "--store",
-        default=argparse.SUPPRESS,
-        help="store URL: sqlite:///PATH, etcd://H:P[,H:P], consul://H:P, memory:// "
-        "(default: $ALLOCATOR_STORE, else sqlite under ~/.local/state/allocator)",
-    )
-    parser.add_argument(
-        "--prefix",
-        default=argparse.SUPPRESS,
-        help="key prefix in the store (default: $ALLOCATOR_PREFIX or /allocator)",
-    )
+def add_common_options(parser: argparse.ArgumentParser, *, store: bool = True) -> None:
+    """``--store``, ``--prefix`` and ``-o``; accepted before or after the command.
+
+    ``store=False``: only ``-o``, for a command that reads no store.
+    """
+    if store:
+        add_store_options(parser)
     parser.add_argument(
         "-o",
         "--output",
         choices=("table", "json", "yaml"),
         default=argparse.SUPPRESS,
         help="output format (default: table)",
+    )
+
+
+def warn_of_secrets_in_argv(args: argparse.Namespace) -> None:
+    """A password in ``--store`` is in every user's ``ps``: say so (masked everywhere else)."""
+    explicit = getattr(args, "store", None)
+    if not explicit:
+        return
+    from allocator.store.urls import url_secrets
+
+    if url_secrets(explicit):
+        warn(
+            "--store carries a password or token, which every user of this machine can read "
+            "in `ps`; set ALLOCATOR_STORE, or ETCDCTL_PASSWORD/CONSUL_HTTP_TOKEN_FILE, instead"
+        )
+
+
+def add_store_options(parser: argparse.ArgumentParser) -> None:
+    """``--store`` and ``--prefix``."""
+    parser.add_argument(
+        "--store",
+        default=argparse.SUPPRESS,
+        help="store URL: sqlite:///PATH, etcd://H:P[,H:P], consul://H:P, memory:// "
+        "(a password here shows in ps: put it in $ALLOCATOR_STORE or ETCDCTL_PASSWORD) "
+        "(default: $ALLOCATOR_STORE, else sqlite under ~/.local/state/allocator)",
+    )
+    parser.add_argument(
+        "--prefix",
+        default=argparse.SUPPRESS,
+        help="key prefix in the store (default: $ALLOCATOR_PREFIX or /allocator)",
     )
 
 
@@ -175,8 +216,8 @@ def warn(message: str) -> None:
 def _remark(kind: str, message: str) -> None:
     import json
 
-    from allocator.cli import one_line
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
+    from allocator.util.printable import one_line
 
     text = one_line(redact(message))
     if _STDERR["structured"]:

@@ -6,8 +6,9 @@ an ordinary run to make completion work. ``key=value`` words complete their
 keys (``job=``, ``gpus=``, ...) and, for ``job=`` and ``host=``, names read
 from the store by ``allocator completion names job|host``: the policy's
 jobs and hosts, the job index, and hosts with history (two small reads).
-That command gives up silently after :data:`NAMES_SECONDS` (and the script
-runs it under ``timeout``), so a slow or unreachable store never hangs a shell.
+That command gives up silently after 1.5 seconds (``NAMES_SECONDS``; the
+script also runs it under ``timeout``), so a slow or unreachable store never
+hangs a shell.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def register(commands: Any) -> None:
     """Add ``completion`` and its subcommands."""
     parser = commands.add_parser(
         "completion",
-        help="print a bash or zsh completion script (see the README)",
+        help="print a bash or zsh completion script",
         description=__doc__,
     )
     sub = parser.add_subparsers(dest="shell", metavar="SHELL", parser_class=CliArgumentParser)

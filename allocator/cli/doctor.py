@@ -118,7 +118,7 @@ def _store_finding(allocator: Any, state: dict[str, Any], finding: Any) -> Any:
 
 def _agent_finding(allocator: Any, host: str, finding: Any) -> Any:
     from allocator.status.join import build_status
-    from allocator.util.identity import utc_now
+    from allocator.util.times import utc_now
 
     listing = allocator.store.list(allocator.layout.host(host))
     snapshot = allocator.policy()

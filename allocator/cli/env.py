@@ -78,10 +78,9 @@ def _worker_index(raw: str) -> int:
 def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict[str, str]], str]:
     """The job's worker environments, and a remark (why none, or a fallback)."""
     from allocator.agent.planning.desired import desired_job
-    from allocator.control.client import job_not_found
     from allocator.errors import RequestError
-    from allocator.gpus.visible import worker_environments
     from allocator.records.keys import validate_name
+    from allocator.status.snapshots import job_not_found
 
     snapshot = allocator.require_policy()
     policy = snapshot.policy
@@ -100,9 +99,9 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
     if assignment is None:
         raise job_not_found(job, host, list(state.assignments))
     inventory, unhealthy = _inventory(state, policy, host)
-    if job not in policy.jobs:
-        return worker_environments(assignment, inventory, policy), ""
     share = _share(allocator, assignment) if assignment.nodes else None
+    if job not in policy.jobs:  # no agent runs it: whoever does gets the same rendezvous
+        return _undeclared_environments(assignment, inventory, policy, share)
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
         policy,
@@ -120,10 +119,32 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
     return envs, want.message or (want.fallback_reason or "")
 
 
+def _undeclared_environments(
+    assignment: Any, inventory: Any, policy: Any, share: Any
+) -> tuple[list[dict[str, str]], str]:
+    """Environments of a job the policy does not declare: its share's rendezvous included.
+
+    MASTER_ADDR is the first host's advertised address; until its agent has
+    published one, the first host's name (what the policy calls it) stands in.
+    """
+    from allocator.gpus.visible import NodeGroup, worker_environments
+
+    if share is None:
+        return worker_environments(assignment, inventory, policy), ""
+    group, remark = share.group, ""
+    if group is None:
+        first = assignment.nodes[0]
+        group = NodeGroup(
+            assignment.node_rank, len(assignment.nodes), first, assignment.master_port
+        )
+        remark = f"MASTER_ADDR is the host name {first!r}: its agent has published no address"
+    return worker_environments(assignment, inventory, policy, group=group), remark
+
+
 def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int | None]:
     """MASTER_ADDR and MASTER_PORT as the host's agent gives them to ``job``."""
     from allocator.agent.planning.desired import DEFAULT_MASTER_ADDR
-    from allocator.agent.planning.ports import allocate_master_ports
+    from allocator.placement.ports import allocate_master_ports
 
     published = state.workers.get(job)
     if published is not None and published.master_port is not None:

@@ -29,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     """Print the job's assignments (one line per host, or JSON/YAML)."""
     from allocator.cli.args import parse_target_args
     from allocator.cli.output import emit
-    from allocator.control.client import job_not_found
+    from allocator.status.snapshots import job_not_found
 
     job, host = parse_target_args(args.words)
     allocator = open_allocator(args)

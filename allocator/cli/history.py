@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from allocator.control.history import parse_since, read_history, select
     from allocator.records.keys import validate_name
     from allocator.status.documents import history_document
-    from allocator.util.identity import utc_now
+    from allocator.util.times import utc_now
 
     kv = parse_key_values(args.words, ("job", "host", "gpu"))
     job = validate_name(kv["job"], "job") if "job" in kv else None

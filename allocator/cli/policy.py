@@ -33,12 +33,22 @@ def register(commands: Any) -> None:
     )
     sub.required = True
     validate = sub.add_parser(
-        "validate", help="check policy files; exit 2 with file:line: field: problem"
+        "validate",
+        help="check policy files; exit 2 with file:line: field: problem",
+        description="Check policy files without reading the store: each problem is one "
+        "line, file:line: field: problem, and the exit code is 2. Warnings (a policy that "
+        "loads but holds a likely mistake) go to stderr; --strict makes them errors.",
     )
     validate.add_argument("file", nargs="+", help="policy file(s)")
     validate.add_argument("--strict", action="store_true", help="treat warnings as errors (exit 2)")
     validate.set_defaults(handler=run_validate)
-    diff = sub.add_parser("diff", help="compare a policy file with the applied one")
+    diff = sub.add_parser(
+        "diff",
+        help="compare a policy file with the applied one",
+        description="Show what applying the file would change, and which current "
+        "assignments it would refuse (so `apply` would exit 3). --exit-code: exit 3 "
+        "when the file differs from the applied policy, as `git diff --exit-code` does.",
+    )
     diff.add_argument("file")
     diff.add_argument("--exit-code", action="store_true", help="exit 3 when the file differs")
     diff.set_defaults(handler=run_diff)
@@ -46,6 +56,9 @@ def register(commands: Any) -> None:
         "apply",
         help="validate and store a policy file as the applied policy "
         "(exit 3 if current assignments conflict, or one is made meanwhile)",
+        description="Validate the file and store it as the applied policy, in one "
+        "transaction that checks every current assignment still fits it (exit 3 naming "
+        "those that do not, unless --force). The change is kept in `allocator history`.",
     )
     apply.add_argument("file")
     apply.add_argument(
@@ -56,13 +69,22 @@ def register(commands: Any) -> None:
     )
     apply.set_defaults(handler=run_apply)
     show = sub.add_parser(
-        "show", help="print the applied policy and who applied it (exit 6 if none is)"
+        "show",
+        help="print the applied policy and who applied it (exit 6 if none is)",
+        description="Print the applied policy as it was applied (its YAML), with who "
+        "applied it, when, and its SHA-256. Exit 6 when no policy is applied.",
     )
     show.set_defaults(handler=run_show)
-    schema = sub.add_parser("schema", help="print the policy file's JSON Schema")
+    schema = sub.add_parser(
+        "schema",
+        help="print the policy file's JSON Schema",
+        description="Print the JSON Schema of the policy file (for editors and CI "
+        "linters); the store is not read.",
+    )
     schema.set_defaults(handler=run_schema)
-    for p in (validate, diff, apply, show, schema):
+    for p in (diff, apply, show):
         add_common_options(p)
+    add_common_options(validate, store=False)  # reads files only
 
 
 def _read(path: str) -> str:
@@ -74,7 +96,7 @@ def _read(path: str) -> str:
 def _lint(path: str) -> tuple[str, Policy, tuple[PolicyWarning, ...]]:
     """The file's text, its policy and the warnings about it now (``PolicyError`` if invalid)."""
     from allocator.policy import lint_policy
-    from allocator.util.identity import utc_now
+    from allocator.util.times import utc_now
 
     text = _read(path)
     policy, warnings = lint_policy(text, path, utc_now())
@@ -172,8 +194,8 @@ def _validate_table(path: str, strict: bool) -> int:
 def _fail_line(exc: AllocatorError) -> None:
     import sys
 
-    from allocator.cli import one_line
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
+    from allocator.util.printable import one_line
 
     sys.stderr.write(f"allocator: error: {one_line(redact(str(exc)))}\n")
 
@@ -221,8 +243,8 @@ def run_diff(args: argparse.Namespace) -> int:
 
 def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
     """Held GPUs that ``policy``'s reservations take from their holders later (one read)."""
-    from allocator.control.client import snapshots_by_host
     from allocator.placement.reservations import upcoming_conflicts
+    from allocator.status.snapshots import snapshots_by_host
 
     listing = allocator.store.list(allocator.layout.hosts)
     now = allocator.clock()

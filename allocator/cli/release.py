@@ -60,9 +60,9 @@ def _host_of(allocator: Allocator, job: str) -> str | None:
 
     ``None`` for a job across several hosts: it is released as a whole.
     """
-    from allocator.control.client import job_not_found
     from allocator.control.job_index import locate_job
     from allocator.errors import RequestError
+    from allocator.status.snapshots import job_not_found
 
     location = locate_job(allocator.store, allocator.layout, job, allocator.on_bad_record)
     if location.nodes or any(a.nodes for a in location.assignments):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from allocator.cli.common import add_common_options
+from allocator.cli.common import add_common_options, warn_of_secrets_in_argv
 
 __all__ = ["DEFAULT_LISTEN", "parse_listen", "register"]
 
@@ -21,7 +21,7 @@ def register(commands: Any) -> None:
         "unassigned processes, agent liveness), the jobs and the history, updated live from "
         "the store's watch; /api/v1/status and /api/v1/history answer what `status -o json` "
         "and `history -o json` print; /metrics has fleet-level Prometheus series. Needs "
-        "`pip install 'allocator[serve]'`. It only reads: give it a read-only credential.",
+        "`pip install 'gpu-allocator[serve]'`. It only reads: give it a read-only credential.",
     )
     parser.add_argument(
         "--listen",
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from allocator.errors import InvalidInput
     from allocator.records.keys import DEFAULT_PREFIX, KeyLayout, validate_prefix
     from allocator.store import open_store, resolve_store_url
-    from allocator.util.redaction import redact
+    from allocator.store.credentials import redact
 
     host, port = parse_listen(args.listen)
     try:
@@ -64,10 +64,11 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise InvalidInput(
             f"allocator serve needs its web stack ({exc.name} is missing): "
-            "pip install 'allocator[serve]'"
+            "pip install 'gpu-allocator[serve]'"
         ) from None
     url = resolve_store_url(getattr(args, "store", None))
     open_store(url).close()  # a malformed URL or credential is refused now, exit 2
+    warn_of_secrets_in_argv(args)
     prefix = validate_prefix(
         getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
     )

@@ -21,7 +21,7 @@ Rules worth knowing:
   has while its first host stays the same; else the first port from the
   job's derived one that no job on the first host declares, is given by its
   agent, or holds as another multi-host job's rank 0. The first host's agent
-  keeps its own jobs off that port (:mod:`allocator.agent.planning.ports`).
+  keeps its own jobs off that port (:mod:`allocator.agent.planning.port_table`).
 * Every transaction fits every backend: :data:`MAX_JOB_HOSTS` hosts at most,
   leaving :data:`RESERVED_OPS_PER_HOST` operations per host for what other
   writes add to the same transaction.
@@ -39,12 +39,13 @@ from allocator.control.job_index import group_index_change, index_for_write
 from allocator.errors import PlacementRefused, RequestError
 from allocator.records.types import Assignment, HistoryEntry, replace_struct
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
-from allocator.util.identity import format_time
+from allocator.util.times import format_time
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator, HostSnapshot, PolicySnapshot
+    from allocator.control.client import Allocator
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
+    from allocator.status.snapshots import HostSnapshot, PolicySnapshot
 
 __all__ = [
     "FIXED_OPS",
@@ -140,8 +141,8 @@ def choose_master_port(
     policy: Policy, job: str, first: HostSnapshot, current: Assignment | None
 ) -> int:
     """The job's one MASTER_PORT, on its first host's behalf (see the module docstring)."""
-    from allocator.agent.planning.ports import declared_master_port, first_free_port
     from allocator.gpus.visible import default_master_port
+    from allocator.placement.ports import declared_master_port, first_free_port
 
     spec = policy.jobs.get(job)
     declared = declared_master_port(spec) if spec is not None else None
@@ -157,7 +158,7 @@ def choose_master_port(
 
 def _ports_in_use(policy: Policy, first: HostSnapshot, job: str) -> set[int]:
     """Ports on the first host that jobs other than ``job`` declare, were given, or hold."""
-    from allocator.agent.planning.ports import declared_master_port
+    from allocator.placement.ports import declared_master_port
 
     taken: set[int] = set()
     for name, held in first.assignments.items():
@@ -238,7 +239,7 @@ def _template(
     why: tuple[str, tuple[str, ...] | None],
 ) -> Assignment:
     """What every share records alike: who, when, why, what was asked, the command."""
-    from allocator.control.client import describe_request
+    from allocator.placement.request import describe_request
 
     return Assignment(
         job=request.job,
@@ -300,7 +301,7 @@ def plan_group_release(
 
     ``reason`` goes into every host's history entry.
     """
-    from allocator.control.client import job_not_found
+    from allocator.status.snapshots import job_not_found
 
     layout = allocator.layout
     entry = index_for_write(allocator.store, layout, job, allocator.on_bad_record)

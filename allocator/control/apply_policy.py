@@ -8,30 +8,41 @@ check again instead of landing over it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from allocator.control.client import ApplyResult
 from allocator.control.job_index import index_complete
 from allocator.errors import BadRecord, PlacementRefused, RequestError
 from allocator.records.types import PolicyRecord, decode_record
 from allocator.status.snapshots import snapshots_by_host
 from allocator.store import Compare, KeyValue, Put
-from allocator.util.identity import format_time
+from allocator.util.times import format_time
 
 if TYPE_CHECKING:
     from allocator.control.client import Allocator
     from allocator.policy import Policy
 
-__all__ = ["apply_once", "violations"]
+__all__ = ["ApplyResult", "apply_once", "violations"]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What ``policy apply`` did."""
+
+    changed: bool
+    record: PolicyRecord
+    revision: int
+    warnings: tuple[str, ...] = ()
+    compiled: bool = True  # the compiled form was stored too (see allocator.policy.compiled)
 
 
 def apply_once(
     allocator: Allocator, policy: Policy, text: str, source: str, force: bool, reason: str
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
+    from allocator.control.compiled_policy import compiled_op, refresh_compiled, write_with_compiled
     from allocator.control.history import policy_entry, policy_stream, prepare_append
     from allocator.policy import policy_sha256
-    from allocator.policy.compiled import compiled_op, refresh_compiled, write_with_compiled
 
     current = allocator.store.get(allocator.layout.policy)
     digest = policy_sha256(text)

@@ -2,8 +2,9 @@
 
 Every assignment write is one transaction that compares
 
-* the policy key's revision (the policy the request was checked against), and
-* the host's generation key (bumped by every assignment change on the host),
+* the policy key's revision (the policy the request was checked against),
+* the host's generation key (bumped by every assignment change on the host), and
+* the host's history head (the agent appends there too, changing no assignment),
 
 and bumps the fleet's generation key too, so two operators racing for one
 GPU can never both win: the loser's transaction fails, it re-reads, and
@@ -20,17 +21,17 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
+from allocator.control.actor import actor as default_actor
 from allocator.errors import (
     BadRecord,
     CasConflict,
     RequestError,
 )
 from allocator.records.keys import DEFAULT_PREFIX, KeyLayout
-from allocator.records.types import SCHEMA_VERSION, Assignment, PolicyRecord, replace_struct
+from allocator.records.types import SCHEMA_VERSION, Assignment, replace_struct
 from allocator.status.snapshots import (
     HostSnapshot,
     PolicySnapshot,
@@ -49,37 +50,20 @@ from allocator.store import (
     TxnOutcome,
     txn_size,
 )
-from allocator.util.identity import actor as default_actor
-from allocator.util.identity import format_time, local_hostname, utc_now
+from allocator.util.identity import local_hostname
+from allocator.util.times import format_time, utc_now
 
 if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need not pay
     from allocator.control.across_hosts import GroupResult
+    from allocator.control.apply_policy import ApplyResult
     from allocator.control.write_cache import Planned, ViewCache, WriteView
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
 
-__all__ = [
-    "Allocator",
-    "ApplyResult",
-    "HostSnapshot",
-    "PolicySnapshot",
-    "job_not_found",
-    "snapshots_by_host",
-]
+__all__ = ["Allocator", "view_reads_for"]
 
 DEFAULT_ATTEMPTS = 5
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyResult:
-    """What ``policy apply`` did."""
-
-    changed: bool
-    record: PolicyRecord
-    revision: int
-    warnings: tuple[str, ...] = ()
-    compiled: bool = True  # the compiled form was stored too (see allocator.policy.compiled)
 
 
 class Allocator:
@@ -295,6 +279,8 @@ class Allocator:
             inventory=agent.gpus if agent and agent.gpus else None,
             unhealthy=agent.unhealthy if agent else None,
         )
+        from allocator.placement.request import describe_request
+
         stamp = format_time(now)
         assignment = Assignment(
             job=request.job,
@@ -454,8 +440,3 @@ def _check_adhoc_command(policy: Policy, job: str) -> None:
             f"the policy does not allow ad-hoc commands for job {job!r} "
             "(set allow_adhoc_command: true on the job to permit command=)"
         )
-
-
-def describe_request(request: Request) -> str:
-    """The request as the operator typed it: ``gpus=1,3``, ``count=2 slots=2`` or ``gpus=cpu``."""
-    return "gpus=cpu" if request.cpu else request.describe()

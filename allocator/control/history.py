@@ -41,7 +41,7 @@ from allocator.records.types import (
     replace_struct,
 )
 from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
-from allocator.util.identity import parse_time
+from allocator.util.times import parse_time
 
 __all__ = [
     "ACTIONS",

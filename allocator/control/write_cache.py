@@ -99,7 +99,7 @@ def policy_snapshot(
     """
     if item is None:
         return None
-    from allocator.policy.compiled import applied_policy
+    from allocator.status.applied_policy import applied_policy
 
     record = decode_record(item.value, PolicyRecord, item.key)
     return PolicySnapshot(
@@ -206,6 +206,12 @@ def plan_change(
             replace(head, revision=revision),
         )
 
+    # Two compares that every assignment writer moves together, for two promises.
+    # The generation: no assignment of the host changed since the view, whoever wrote
+    # it, with history or without (a tool restoring a record bumps it, appends nothing).
+    # The history head: the stream is where the view left it; the agent appends its
+    # own entries (fallback, recover) with no assignment change, and an append from a
+    # stale head would overwrite one by reusing its sequence number.
     guards = [*compares, Compare(layout.host_generation(host), state.generation)]
     return Planned([*guards, index_compare, head_compare], ops, after)
 

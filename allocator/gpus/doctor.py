@@ -45,7 +45,7 @@ _TORCH_SCRIPT = (
     " 'count': torch.cuda.device_count()}))\n"
 )
 _NVML_HINT = (
-    "install the NVIDIA driver and nvidia-ml-py (pip install 'allocator[nvml]'), "
+    "install the NVIDIA driver and nvidia-ml-py (pip install 'gpu-allocator[nvml]'), "
     "or declare this host's GPUs in the policy"
 )
 

@@ -54,7 +54,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from allocator.gpus.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
-from allocator.gpus.nvml import (
+from allocator.gpus.nvml_codes import (
     ERROR_DRIVER_NOT_LOADED,
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,

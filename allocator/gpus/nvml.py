@@ -23,14 +23,25 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from allocator.errors import EXIT_UNAVAILABLE, AllocatorError
+from allocator.gpus.nvml_codes import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
+    ERROR_DEPRECATED,
+    ERROR_DRIVER_NOT_LOADED,
+    ERROR_FUNCTION_NOT_FOUND,
+    ERROR_INVALID_ARGUMENT,
+    ERROR_LIB_RM_VERSION_MISMATCH,
+    ERROR_LIBRARY_NOT_FOUND,
+    ERROR_NO_DATA,
+    ERROR_NO_PERMISSION,
+    ERROR_NOT_FOUND,
+    ERROR_NOT_READY,
+    ERROR_NOT_SUPPORTED,
+)
 from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
 from allocator.records.fields import PcieLevel
 from allocator.records.types import GpuInfo, MigDevice, replace_struct
 
 __all__ = [
-    "ERROR_GPU_IS_LOST",
-    "ERROR_UNKNOWN",
-    "EVENT_XID_CRITICAL",
     "MAX_TOPOLOGY_GPUS",
     "NvmlReading",
     "NvmlUnavailable",
@@ -43,27 +54,6 @@ __all__ = [
     "source_kind",
 ]
 
-# NVML return codes (nvml.h). They are the C API's values, shared by pynvml
-# and the fake, so errors are classified by code rather than by class.
-ERROR_UNINITIALIZED = 1
-ERROR_INVALID_ARGUMENT = 2
-ERROR_NOT_SUPPORTED = 3
-ERROR_NO_PERMISSION = 4
-ERROR_NOT_FOUND = 6
-ERROR_DRIVER_NOT_LOADED = 9
-ERROR_TIMEOUT = 10
-ERROR_LIBRARY_NOT_FOUND = 12
-ERROR_FUNCTION_NOT_FOUND = 13
-ERROR_GPU_IS_LOST = 15
-ERROR_LIB_RM_VERSION_MISMATCH = 18
-ERROR_NO_DATA = 21
-ERROR_ARGUMENT_VERSION_MISMATCH = 25
-ERROR_DEPRECATED = 26
-ERROR_NOT_READY = 27
-ERROR_UNKNOWN = 999
-
-#: nvmlEventTypeXidCriticalError
-EVENT_XID_CRITICAL = 0x8
 _MIG_ENABLE = 1  # NVML_DEVICE_MIG_ENABLE
 _NVLINK_MAX_LINKS = 18
 _MIB = 1024 * 1024
@@ -132,7 +122,7 @@ def load_nvml(environ: Mapping[str, str]) -> Any:
         import pynvml
     except ImportError as exc:
         raise NvmlUnavailable(
-            "nvidia-ml-py is not installed (pip install 'allocator[nvml]')"
+            "nvidia-ml-py is not installed (pip install 'gpu-allocator[nvml]')"
         ) from exc
     return pynvml
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocator.gpus.nvml import (
-    EVENT_XID_CRITICAL,
     NvmlUnavailable,
     as_text,
     describe_error,
     optional_call,
 )
+from allocator.gpus.nvml_codes import EVENT_XID_CRITICAL
 
 __all__ = ["COUNTERS", "GpuSignals", "NvmlSignalReader"]
 

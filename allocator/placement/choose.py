@@ -46,13 +46,13 @@ from allocator.placement.occupancy import Holding, gpu_holdings, refusal, slots_
 from allocator.placement.request import Ask, Request, ask_of, pool_sharing
 from allocator.placement.reservations import (
     describe_reservation,
-    format_time,
     reserved_against,
     reserved_later,
 )
 from allocator.policy.model import Policy, Reservation, Sharing
 from allocator.records.types import Assignment, GpuInfo
 from allocator.util.printable import printable
+from allocator.util.times import format_time
 
 if TYPE_CHECKING:  # only count=N ranks, and only a multi-GPU list reads links: load them then
     from allocator.placement.ranking import Ranking

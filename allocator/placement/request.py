@@ -19,7 +19,7 @@ from allocator.records.types import MAX_SLOTS
 if TYPE_CHECKING:
     from allocator.placement.ranking import Prefer
 
-__all__ = ["Ask", "Request", "ask_of", "pool_sharing"]
+__all__ = ["Ask", "Request", "ask_of", "describe_request", "pool_sharing"]
 
 
 class Request(Struct, frozen=True):
@@ -121,3 +121,8 @@ def ask_of(policy: Policy, request: Request, gpus: int) -> Ask:
             f"control daemon per GPU): ask for one GPU, or give the job workers: per-gpu"
         )
     return Ask(slots, exclusive)
+
+
+def describe_request(request: Request) -> str:
+    """The request as the operator typed it: ``gpus=1,3``, ``count=2 slots=2`` or ``gpus=cpu``."""
+    return "gpus=cpu" if request.cpu else request.describe()

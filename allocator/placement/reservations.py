@@ -11,14 +11,14 @@ GPU at the window's start, as if it were unavailable).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 
 from allocator.policy.model import Policy, Reservation
+from allocator.util.times import format_time
 
 __all__ = [
     "active_reservations",
     "describe_reservation",
-    "format_time",
     "on_host",
     "reserved_against",
     "reserved_later",
@@ -43,13 +43,6 @@ def on_host(policy: Policy, host: str) -> tuple[Reservation, ...]:
         _INDEX.clear()
         _INDEX[key] = entry
     return entry[1].get(host, ())
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with a ``Z``, to the second."""
-    if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC)
-    return moment.replace(tzinfo=None).isoformat(timespec="seconds") + "Z"
 
 
 def describe_reservation(reservation: Reservation) -> str:

@@ -1,5 +1,8 @@
 """The applied policy in compiled form: built once by ``policy apply``, read by every command.
 
+This module builds and decodes the record (pure); :mod:`allocator.status.applied_policy`
+reads it from the store and :mod:`allocator.control.compiled_policy` writes it.
+
 Parsing YAML is most of what a quick command like ``allocator set`` would
 spend on the policy (PyYAML's import alone, then the loader). So ``policy
 apply`` stores, in the same transaction as the YAML, the policy it built:
@@ -23,51 +26,22 @@ applies as before and its readers parse the YAML.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
 
 import msgspec
 
 from allocator import __version__
-from allocator.errors import BadRecord, PermissionDenied
+from allocator.errors import BadRecord
 from allocator.policy import model
 from allocator.policy.model import Policy
-from allocator.records.keys import KeyLayout
-from allocator.records.types import CompiledPolicyRecord, PolicyRecord, decode_record
-from allocator.store.base import (
-    MAX_VALUE_BYTES,
-    Compare,
-    Delete,
-    KeyValue,
-    Listing,
-    Op,
-    Put,
-    Store,
-)
+from allocator.records.types import CompiledPolicyRecord, decode_record
 from allocator.util.digest import sha256_hex
 
-__all__ = [
-    "COMPILED_FORMAT",
-    "TXN_VALUE_BUDGET",
-    "applied_policy",
-    "compile_policy",
-    "compiled_format",
-    "compiled_op",
-    "read_compiled",
-    "refresh_compiled",
-    "write_with_compiled",
-]
+__all__ = ["COMPILED_FORMAT", "compile_policy", "compiled_format", "read_compiled"]
 
 #: Bumped when the loader builds a different policy from the same YAML with the
 #: same types (the model's types are fingerprinted on their own).
 COMPILED_FORMAT = 1
-#: The most bytes the policy record and its compiled record may take together:
-#: Consul base64-encodes (4/3) the values of a transaction body of at most 512
-#: KiB, and the apply's history entry and keys need some of it.
-TXN_VALUE_BUDGET = MAX_VALUE_BYTES * 3 // 4 - 16 * 1024
-
-OnBad = Callable[[BadRecord], None]
-Txn = Callable[[list[Compare], list[Op]], int]
 
 
 @cache
@@ -104,34 +78,6 @@ def compile_policy(policy: Policy, sha256: str) -> bytes:
     return record.to_json()
 
 
-def compiled_op(layout: KeyLayout, policy: Policy, sha256: str, record_size: int) -> Op:
-    """What the apply's transaction does with the compiled record.
-
-    A put of ``policy`` compiled, or, when it would not fit next to the
-    policy record (``record_size`` bytes) in one transaction, a delete of
-    any older one.
-    """
-    compiled = compile_policy(policy, sha256)
-    if record_size + len(compiled) > TXN_VALUE_BUDGET:
-        return Delete(layout.compiled_policy)
-    return Put(layout.compiled_policy, compiled)
-
-
-def write_with_compiled(
-    txn: Txn, compares: list[Compare], ops: list[Op], compiled: Op
-) -> tuple[int, bool]:
-    """Run the apply's transaction with ``compiled`` in it: its revision, and whether it stored one.
-
-    A user allowed to write the policy but not the compiled key (a CI role
-    granted before there was one) still applies the policy, without its
-    compiled form: commands then parse the YAML.
-    """
-    try:
-        return txn(compares, [*ops, compiled]), isinstance(compiled, Put)
-    except PermissionDenied:
-        return txn(compares, ops), False
-
-
 def read_compiled(raw: bytes, key: str, sha256: str) -> Policy | None:
     """The policy a compiled record holds, if it was built from ``sha256`` by this loader.
 
@@ -145,63 +91,3 @@ def read_compiled(raw: bytes, key: str, sha256: str) -> Policy | None:
         return msgspec.json.decode(record.policy, type=Policy)
     except msgspec.MsgspecError as exc:
         raise BadRecord(key, f"not a valid compiled policy: {exc}") from None
-
-
-def applied_policy(
-    store: Store,
-    layout: KeyLayout,
-    record: PolicyRecord,
-    on_bad: OnBad,
-    compiled: Listing | None = None,
-) -> Policy:
-    """The policy ``record`` holds: its compiled form when that is current, else its YAML parsed.
-
-    ``compiled``: a read of the compiled key made together with the policy
-    key's (one request instead of two); without it, the key is read here.
-    """
-    if compiled is None:
-        policy = _current_compiled(store, layout, record.sha256, on_bad)
-    else:
-        policy = _compiled_in(compiled.items[0] if compiled.items else None, record.sha256, on_bad)
-    if policy is not None:
-        return policy
-    from allocator.policy.loader import load_policy  # PyYAML only when there is no other way
-
-    return load_policy(record.yaml, source="applied policy")
-
-
-def refresh_compiled(
-    store: Store, layout: KeyLayout, policy: Policy, record: bytes, sha256: str, revision: int
-) -> bool:
-    """Write the compiled form of the applied ``policy`` if it is missing or stale.
-
-    ``record`` is the stored policy record, at ``revision``; the write
-    compares that revision, so a policy applied meanwhile is never given
-    this one's compiled form. A re-apply of the same file after an upgrade
-    is how an operator gets the fast path back. Returns whether the stored
-    compiled form is current now: not when the policy is too large to have
-    one, or this user may not write its key.
-    """
-    if _current_compiled(store, layout, sha256, lambda _bad: None) is not None:
-        return True
-    op = compiled_op(layout, policy, sha256, len(record))
-    try:
-        if isinstance(op, Put) or store.get(op.key) is not None:
-            store.txn([Compare(layout.policy, revision)], [op])
-    except PermissionDenied:
-        return False
-    return isinstance(op, Put)
-
-
-def _current_compiled(store: Store, layout: KeyLayout, sha256: str, on_bad: OnBad) -> Policy | None:
-    return _compiled_in(store.get(layout.compiled_policy), sha256, on_bad)
-
-
-def _compiled_in(item: KeyValue | None, sha256: str, on_bad: OnBad) -> Policy | None:
-    if item is None:
-        return None
-    try:
-        return read_compiled(item.value, item.key, sha256)
-    except BadRecord as exc:
-        on_bad(exc)
-        return None

@@ -73,7 +73,7 @@ PCIE_LEVELS: tuple[PcieLevel, ...] = (
     "node",
     "system",
 )
-#: An RFC 3339 time with its zone, as :func:`allocator.util.identity.format_time` writes it.
+#: An RFC 3339 time with its zone, as :func:`allocator.util.times.format_time` writes it.
 Rfc3339 = Annotated[
     str,
     msgspec.Meta(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d{1,9})?(Z|[+-]\d\d:\d\d)\Z"),

@@ -38,7 +38,7 @@ from allocator.serve.watcher import FleetWatcher
 from allocator.status.documents import status_document
 from allocator.status.metrics import CONTENT_TYPE, exposition
 from allocator.store import Store
-from allocator.util.identity import format_time, utc_now
+from allocator.util.times import format_time, utc_now
 
 __all__ = ["KEEPALIVE_SECONDS", "REFRESH_SECONDS", "Broadcaster", "Fleet", "build_app"]
 

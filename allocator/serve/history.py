@@ -49,7 +49,7 @@ def _read(
     layout: KeyLayout,
     query: Mapping[str, str],
 ) -> dict[str, Any]:
-    from allocator.util.identity import utc_now
+    from allocator.util.times import utc_now
 
     job = validate_name(query["job"], "job") if "job" in query else None
     host = validate_name(query["host"], "host") if "host" in query else None

@@ -31,8 +31,8 @@ from allocator.agent.sync.watches import RetryTimer
 from allocator.errors import AllocatorError, Compacted
 from allocator.serve.mirror import FleetMirror
 from allocator.store import Event, Read, Store, Watch
-from allocator.util.identity import format_time, utc_now
-from allocator.util.redaction import redact
+from allocator.store.credentials import redact
+from allocator.util.times import format_time, utc_now
 
 __all__ = ["POLL_SECONDS", "QUIET_SECONDS", "FleetWatcher", "StoreState"]
 

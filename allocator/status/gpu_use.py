@@ -15,7 +15,7 @@ import msgspec
 from allocator.policy import Policy
 from allocator.records.types import AgentRecord, WorkerRecord
 from allocator.util.durations import duration_text, format_duration
-from allocator.util.identity import parse_time
+from allocator.util.times import parse_time
 
 __all__ = ["IdleInfo", "describe_unassigned", "idle_info", "unassigned_by_gpu", "unassigned_on"]
 

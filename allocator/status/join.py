@@ -28,7 +28,6 @@ from typing import Any
 
 import msgspec
 
-from allocator.control.client import HostSnapshot, snapshots_by_host
 from allocator.placement.choose import host_gpu_indices, pool_sharing
 from allocator.placement.occupancy import Holding, gpu_holdings, usage_text
 from allocator.placement.reservations import on_host, trespassers
@@ -36,6 +35,7 @@ from allocator.policy import Policy
 from allocator.policy.model import Sharing
 from allocator.records.keys import KeyLayout
 from allocator.status.gpu_use import IdleInfo, idle_info, unassigned_by_gpu
+from allocator.status.snapshots import HostSnapshot, snapshots_by_host
 from allocator.store import KeyValue
 
 __all__ = [

@@ -188,8 +188,8 @@ def _first(listing: Listing) -> KeyValue | None:
 
 
 def _policy(allocator: Any, item: KeyValue | None, compiled: Listing) -> Any:
-    from allocator.policy.compiled import applied_policy
     from allocator.records.types import PolicyRecord, decode_record
+    from allocator.status.applied_policy import applied_policy
 
     if item is None:
         return None

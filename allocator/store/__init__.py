@@ -75,7 +75,7 @@ def resolve_store_url(explicit: str | None) -> str:
     Any password or token the URL carries is remembered, so it is masked in
     every later log line and kept from worker environments.
     """
-    from allocator.util.redaction import remember_url
+    from allocator.store.credentials import remember_url
 
     url = explicit or os.environ.get("ALLOCATOR_STORE") or default_store_url()
     remember_url(url)
@@ -92,7 +92,7 @@ def open_store(url: str, *, create: bool = False) -> Store:
     ``StoreConfigError`` for a malformed URL or an unknown scheme, with the
     URL's secrets masked.
     """
-    from allocator.util.redaction import remember_url
+    from allocator.store.credentials import remember_url
 
     remember_url(url)
     scheme = scheme_of(url)

@@ -179,6 +179,11 @@ def parse_sqlite_url(url: str) -> SqliteUrl:
     if "\x00" in raw:
         raise StoreConfigError("SQLite store URL: a file name cannot contain a NUL byte")
     mode = _sqlite_mode(query, url) if question else None
+    if raw.startswith("//"):
+        # ``sqlite:////abs`` (a slash too many) names /abs, as the kernel reads it. Kept as
+        # written, a path starting with two slashes becomes an authority in the read-only
+        # ``file:`` URI: writes would work and every read fail.
+        raw = "/" + raw.lstrip("/")
     try:
         path = Path(raw).expanduser().absolute()
     except (RuntimeError, OSError) as exc:  # ~nosuchuser, or no working directory

@@ -1,3 +1,3 @@
-"""Small helpers every layer may use: durations, times and identity, printable text, redaction."""
+"""Small helpers every layer may use: durations, times, identity and printable text."""
 
 __all__: list[str] = []

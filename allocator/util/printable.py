@@ -9,7 +9,7 @@ the next operator's screen. Everything printed from the store goes through
 
 from __future__ import annotations
 
-__all__ = ["printable"]
+__all__ = ["one_line", "printable"]
 
 
 def printable(text: str, keep: str = "") -> str:
@@ -21,3 +21,12 @@ def printable(text: str, keep: str = "") -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() or c in keep else repr(c)[1:-1] for c in text)
+
+
+def one_line(message: str) -> str:
+    """Collapse whitespace and escape control characters a user may have typed.
+
+    An error message often quotes the input; a typed ``\x1e`` or newline must
+    not split the one line a script reads from stderr.
+    """
+    return printable(" ".join(message.split()))

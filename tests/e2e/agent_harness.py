@@ -34,7 +34,7 @@ def pid_alive(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open or during the read
         return False
     return stat[stat.rindex(")") + 2] != "Z"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.util.identity import format_time
+from allocator.util.times import format_time
 from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy
 
 

@@ -9,6 +9,7 @@ store's revision: after settling, it must not move at all.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +18,13 @@ from typing import Any
 import pytest
 
 from allocator.store import open_store
-from tests.e2e.agent_harness import AgentHarness, agent_policy
+from tests.e2e.agent_harness import AgentHarness, agent_policy, pid_alive
 from tests.reliability.conftest import Figures, scale
 from tests.support.waiting import wait_for
 
 GPUS = 8
+#: The jobs the test assigns, and how many workers each runs.
+WORKERS = {"train": 1, "ranks": 2, "waiter": 1}
 
 
 @pytest.fixture
@@ -50,6 +53,32 @@ def _revision(url: str) -> int:
         store.close()
 
 
+def _live_workers(world: AgentHarness, job: str) -> set[int]:
+    """The pids of ``job``'s live workers, from their own reports (rank N: ``.rankN``)."""
+    pids = set()
+    for rank in range(WORKERS[job]):
+        path = world.workdir / (f"{job}.json" + (f".rank{rank}" if rank else ""))
+        try:
+            pid = json.loads(path.read_text())["pid"]
+        except (FileNotFoundError, ValueError):
+            continue
+        if pid_alive(pid):
+            pids.add(pid)
+    return pids
+
+
+def _settled(world: AgentHarness) -> bool:
+    """Every worker runs, and the agent's records (its own, each job's) say so, pid by pid."""
+    for job, workers in WORKERS.items():
+        record = world.worker_record(job)
+        live = _live_workers(world, job)
+        if record is None or record.state != "running" or len(live) != workers:
+            return False
+        if set(record.pids) != live:
+            return False
+    return world.agent_record_present()
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks
@@ -62,13 +91,9 @@ def test_an_idle_agent_does_not_grow_the_store_revision(
     assert world.cli("set", "job=train", "gpus=0,1").code == 0
     assert world.cli("set", "job=ranks", "gpus=2,3").code == 0
     assert world.cli("set", "job=waiter", "gpus=7").code == 0
-    for job, workers in (("train", 1), ("ranks", 2), ("waiter", 1)):
-        wait_for(
-            f"{job} running and recorded",
-            lambda job=job, workers=workers: (
-                (r := world.worker_record(job)) and r.state == "running" and len(r.pids) == workers
-            ),
-        )
+    # The window opens once the agent has said all there is to say: a write still
+    # due then would be growth that no idle agent made.
+    wait_for("every worker running and recorded as such", lambda: _settled(world), timeout=30)
     assert world.process is not None
     keepalives = etcd_server_private.requests_served("LeaseKeepAlive", "etcdserverpb.Lease")
     reads = etcd_server_private.requests_served("Range")
@@ -92,4 +117,4 @@ def test_an_idle_agent_does_not_grow_the_store_revision(
     assert growth == 0
     assert keepalives >= 3  # it was alive and renewing all along, not silent
     assert world.agent_record_present()
-    assert all(world.worker_record(job) for job in ("train", "ranks", "waiter"))
+    assert _settled(world)

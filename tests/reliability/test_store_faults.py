@@ -2,10 +2,10 @@
 
 A real agent supervises two jobs on a fake 4-GPU host: ``train`` is
 assigned once and never touched, ``waiter`` is moved every cycle. Each
-cycle moves ``waiter``, takes the store away (etcd: SIGKILL and a restart
-on the same data and ports, or SIGSTOP for 1-5 s; the Consul double:
-stopped and restarted on the same port), and moves ``waiter`` again as soon
-as the store is back. Then:
+cycle moves ``waiter`` (and sees it run there), takes the store away
+(etcd: SIGKILL and a restart on the same data and ports, or SIGSTOP for
+1-5 s; the Consul double: stopped and restarted on the same port), and
+moves ``waiter`` to another GPU as soon as the store is back. Then:
 
 * no worker dies because of the outage: ``train`` keeps its one process
   from start to end;
@@ -122,8 +122,13 @@ def test_store_outages_kill_no_worker_lose_no_update_and_converge_quickly(
         waiter = wait_for("waiter on GPU 1", lambda: _running(world, "waiter", 1))
         cycles, worst, kinds = scale(2, 20), 0.0, set()
         for cycle in range(cycles):
-            before, after = 2 + cycle % 2, 1 + (cycle + 1) % 3
+            # Each move goes to the next of GPUs 1-3 (0 is train's): always one to make.
+            before, after = 1 + (2 * cycle + 1) % 3, 1 + (2 * cycle + 2) % 3
             assert world.cli("set", "job=waiter", f"gpus={before}").code == 0
+            wait_for(
+                f"cycle {cycle}: waiter on GPU {before} before the outage",
+                lambda before=before: _running(world, "waiter", before),
+            )
             kinds.add(outages.inflict(cycle, rng))
             back = time.monotonic()
             moved = world.cli("set", "job=waiter", f"gpus={after}")

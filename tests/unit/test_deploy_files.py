@@ -46,6 +46,16 @@ def test_compose_wires_the_agent_to_a_store() -> None:
     assert {"etcd", "consul", "agent"} <= set(services)
     assert services["agent"]["environment"]["ALLOCATOR_STORE"].startswith("etcd://etcd:")
     assert all("healthcheck" in services[name] for name in ("etcd", "consul", "agent"))
+    # The agent uses etcd: it waits for etcd alone, and Consul starts only when asked for.
+    assert set(services["agent"]["depends_on"]) == {"etcd"}
+    assert services["consul"]["profiles"] == ["consul"]
+
+
+def test_the_image_carries_the_status_page() -> None:
+    install = [
+        line for line in (REPO / "Dockerfile").read_text().splitlines() if "pip install" in line
+    ]
+    assert len(install) == 1 and "serve" in install[0] and "nvml" in install[0]
 
 
 def test_systemd_unit_runs_the_agent_and_reloads_with_sighup() -> None:
@@ -64,6 +74,12 @@ def test_systemd_unit_leaves_workers_to_be_adopted_when_the_agent_dies() -> None
     assert service["KillMode"] == "process"  # mixed/control-group would kill every worker
     assert service["Delegate"] == "yes"
     assert service["Restart"] == "always"
+
+
+def test_systemd_unit_lets_the_agent_leave_no_core_dump_with_store_secrets() -> None:
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.read(REPO / "config" / "allocator-agent.service")
+    assert unit["Service"]["LimitCORE"] == "0"
 
 
 def test_systemd_unit_passes_systemds_own_check(tmp_path: Path) -> None:

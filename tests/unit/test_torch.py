@@ -181,7 +181,7 @@ def test_missing_torch_names_the_extra_to_install() -> None:
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    assert "pip install 'allocator[torch]'" in out.stdout
+    assert "pip install 'gpu-allocator[torch]'" in out.stdout
 
 
 @NO_CUDA

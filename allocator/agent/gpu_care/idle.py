@@ -29,7 +29,7 @@ from datetime import datetime
 from allocator.gpus.usage import GpuUsage
 from allocator.policy.model import IdleRule
 from allocator.util.durations import format_duration
-from allocator.util.identity import format_time
+from allocator.util.times import format_time
 
 __all__ = [
     "DEFAULT_THRESHOLD_PERCENT",

@@ -82,7 +82,7 @@ class Observer:
             self._stop_server = start_metrics_server(self.families, address, port)
         except ImportError:
             raise InvalidInput(
-                "--metrics-port needs prometheus-client: pip install 'allocator[metrics]'"
+                "--metrics-port needs prometheus-client: pip install 'gpu-allocator[metrics]'"
             ) from None
         except OSError as exc:
             raise InvalidInput(

@@ -26,11 +26,11 @@ from allocator.agent.planning.across_hosts import PeerHost, Share, share_of
 from allocator.agent.planning.affinity import with_affinity
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
 from allocator.agent.planning.gpu_shares import share_env
-from allocator.agent.planning.ports import declared_master_port
 from allocator.agent.planning.types import DesiredJob, DesiredState, Device, WorkerSpec
 from allocator.errors import RequestError
 from allocator.gpus.visible import NodeGroup
 from allocator.placement.choose import pool_sharing, unavailable_gpus
+from allocator.placement.ports import declared_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records.types import Assignment, GpuInfo, replace_struct
 
@@ -67,7 +67,7 @@ def desired_jobs(
     ``now`` is the agent's clock, which judges reservation windows.
     ``holders`` are the GPUs each job's live workers run on (who keeps a GPU
     two assignments claim); ``pinned`` jobs are held in their fallback by the
-    flap limit; ``ports`` are the agent's MASTER_PORTs (see :mod:`allocator.agent.planning.ports`).
+    flap limit; ``ports`` are the agent's MASTER_PORTs (see :mod:`allocator.placement.ports`).
     ``peers`` are the other hosts of this host's jobs across hosts, and
     ``address`` is the address this agent advertises (MASTER_ADDR where it runs rank 0).
     ``allowed_cpus`` are the CPUs workers may be pinned to (none: no pinning);

@@ -208,9 +208,9 @@ def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
     A worker must see only the GPUs its spec names, and never the agent's
     store credentials (``ALLOCATOR_*``, ``ETCDCTL_*``, ``CONSUL_HTTP_TOKEN``...,
     or any value holding the store password): the list is documented in
-    :mod:`allocator.util.redaction`.
+    :mod:`allocator.store.credentials`.
     """
-    from allocator.util.redaction import strip_store_credentials
+    from allocator.store.credentials import strip_store_credentials
 
     kept = strip_store_credentials(environ)
     return {key: value for key, value in kept.items() if key not in _STRIPPED_VARIABLES}

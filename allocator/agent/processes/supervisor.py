@@ -53,7 +53,7 @@ from allocator.agent.processes.launch import SHIM, launch_worker, prepare_worker
 from allocator.agent.processes.procs import clean_base_env
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
 from allocator.agent.processes.warm_shim import WarmShims
-from allocator.util.identity import format_time, utc_now
+from allocator.util.times import format_time, utc_now
 
 __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
 

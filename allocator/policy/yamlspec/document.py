@@ -18,8 +18,9 @@ from yaml.constructor import SafeConstructor
 from yaml.nodes import Node, ScalarNode
 
 from allocator.errors import PolicyError
-from allocator.policy.yamlspec.reader import MERGE_TAG, one_line
+from allocator.policy.yamlspec.reader import MERGE_TAG
 from allocator.policy.yamlspec.scalars import plain_tag, read_tagged
+from allocator.util.printable import printable
 
 __all__ = ["compose", "dump_yaml"]
 
@@ -73,14 +74,14 @@ def compose(text: str, source: str) -> tuple[Node | None, Callable[[Node], Any]]
         mark = exc.problem_mark or exc.context_mark
         line = None if mark is None else mark.line + 1
         problem = ", ".join(part for part in (exc.context, exc.problem) if part) or "unreadable"
-        raise PolicyError(f"invalid YAML: {one_line(problem)}", file=source, line=line) from exc
+        raise PolicyError(f"invalid YAML: {printable(problem)}", file=source, line=line) from exc
     except yaml.reader.ReaderError as exc:
         line = _line_at(text, exc.position)
         code = exc.character if isinstance(exc.character, int) else ord(exc.character[:1] or "\0")
         reason = f"invalid YAML: character #x{code:04x} is not allowed ({exc.reason})"
         raise PolicyError(reason, file=source, line=line) from exc
     except yaml.YAMLError as exc:
-        raise PolicyError(f"invalid YAML: {one_line(str(exc))}", file=source) from exc
+        raise PolicyError(f"invalid YAML: {printable(str(exc))}", file=source) from exc
     except UnicodeEncodeError as exc:
         line = _line_at(text, exc.start)
         raise PolicyError("the text is not valid Unicode", file=source, line=line) from exc

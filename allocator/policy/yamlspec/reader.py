@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from allocator.errors import PolicyError
 from allocator.policy.yamlspec.scalars import AmbiguousScalar
+from allocator.util.printable import printable
 
 if TYPE_CHECKING:
     from yaml.nodes import Node
@@ -31,7 +32,6 @@ __all__ = [
     "join",
     "kind_of",
     "line_of",
-    "one_line",
 ]
 
 NULL_TAG: Final = "tag:yaml.org,2002:null"
@@ -68,13 +68,6 @@ def join(path: str, key: str) -> str:
     if not key or not key.isprintable():
         return f"{path}[{key!r}]"
     return f"{path}.{key}" if path else key
-
-
-def one_line(text: str) -> str:
-    """Return ``text`` with line breaks and other control characters escaped."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def is_null(node: Node) -> bool:
@@ -136,10 +129,10 @@ class Reader:
         """Record one problem."""
         self.errors.append(
             PolicyError(
-                one_line(reason),
+                printable(reason),
                 file=self.source,
                 line=line,
-                field=one_line(field) if field else None,
+                field=printable(field) if field else None,
             )
         )
 

@@ -264,14 +264,15 @@ def _integer_ambiguity(text: str) -> tuple[str, str, str] | None:
     body = text.lstrip("+-")
     if _LEADING_ZERO.fullmatch(text):
         digits = body.replace("_", "")
-        if "_" not in body and set(digits) <= set("01234567"):
+        decimal = _int_words(sign + digits)
+        if set(digits) <= set("01234567"):  # YAML 1.1 reads 0_10 as octal too
             octal = int(digits, 8)
             problem = f"is ambiguous (YAML 1.1 reads it as octal {sign}{octal})"
-            return problem, _int_words(text), "number"
+            return problem, decimal, "number"
         if "_" not in body:
-            return "is ambiguous (YAML 1.1 reads it as text)", _int_words(text), "number"
-        problem = "is ambiguous (YAML 1.1 reads it as a number, YAML 1.2 as text)"
-        return problem, "it without _", "number"
+            return "is ambiguous (YAML 1.1 reads it as text)", decimal, "number"
+        # Text to both YAMLs, but no field wants it as text: refused, saying the number.
+        return "is not a number as JSON writes it", decimal, "number"
     if _HEX.fullmatch(text):
         value = _safe_int(body[2:].replace("_", ""), 16)
         return "is hexadecimal, which JSON cannot write", f"{sign}{value}", "number"

@@ -264,7 +264,7 @@ class ConsulStore:
         request_timeout: float = REQUEST_TIMEOUT_S,
         watch_min_interval: float = WATCH_MIN_INTERVAL_S,
     ) -> None:
-        from allocator.util.redaction import remember_secret
+        from allocator.store.credentials import remember_secret
 
         remember_secret(config.token)
         self.url = redact_url(url)

@@ -117,7 +117,7 @@ class EtcdStore:
     max_txn_ops: int | None = MAX_TXN_OPS
 
     def __init__(self, config: EtcdConfig, url: str) -> None:
-        from allocator.util.redaction import remember_secret
+        from allocator.store.credentials import remember_secret
 
         remember_secret(config.password)
         self.url = redact_url(url)

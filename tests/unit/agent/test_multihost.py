@@ -12,12 +12,12 @@ import pytest
 from allocator.agent.config import AgentConfig
 from allocator.agent.planning.across_hosts import PeerHost, PeerShare, peer_from_listing, peer_jobs
 from allocator.agent.planning.desired import desired_jobs
-from allocator.agent.planning.ports import allocate_master_ports
 from allocator.agent.planning.types import DesiredJob
 from allocator.agent.sync.host_records import HostView
 from allocator.agent.sync.reports import worker_records
 from allocator.agent.sync.store_thread import StoreLink
 from allocator.errors import PermissionDenied
+from allocator.placement.ports import allocate_master_ports
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, Assignment, GpuInfo, WorkerRecord

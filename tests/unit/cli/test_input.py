@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from allocator.cli import main
+from allocator.control.actor import actor, store_user
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, PolicyRecord
 from allocator.store import open_store
-from allocator.util.identity import actor, local_hostname, store_user
+from allocator.util.identity import local_hostname
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml"
 HUGE = "9" * 5000

@@ -73,3 +73,30 @@ def test_control_characters_in_input_never_split_the_error_line(
     assert main(["set", f"job={typed}", "gpus=0", "--store", store_url]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.endswith("\n"), repr(err)
+
+
+def test_a_password_given_with_store_is_warned_of_and_masked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"memory://pw-{tmp_path.name}?token=hunter22"
+    assert main(["policy", "apply", str(EXAMPLE), "--store", url]) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("allocator: warning: --store carries a password or token")
+    assert "ALLOCATOR_STORE" in lines[0] and "hunter22" not in lines[0]
+
+
+def test_a_refused_command_prints_its_one_line_and_no_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite://{tmp_path}/s.db?password=hunter22"  # refused: SQLite takes no password
+    assert main(["status", "--store", url]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("allocator: error: SQLite store URL") and "hunter22" not in line
+
+
+def test_a_store_url_without_a_secret_gets_no_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["status", "--store", f"sqlite://{tmp_path}/none.db"]) == 4
+    assert "warning" not in capsys.readouterr().err

@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from allocator.agent.planning.ports import first_free_port
 from allocator.control.across_hosts import (
     FIXED_OPS,
     MAX_JOB_HOSTS,
@@ -21,6 +20,7 @@ from allocator.control.job_index import read_index
 from allocator.errors import ConflictError, PlacementRefused, RequestError
 from allocator.gpus.visible import default_master_port
 from allocator.placement.choose import Request
+from allocator.placement.ports import first_free_port
 from allocator.records.types import Assignment, JobIndex, WorkerRecord
 from allocator.store import MAX_TXN_OPS, Compare, Op, Store, open_store
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.errors import PlacementRefused, RequestError
+from allocator.control.history import host_stream, prepare_append, read_stream
+from allocator.errors import BadRecord, PlacementRefused, RequestError
 from allocator.placement.choose import Request
-from allocator.records.types import AgentRecord, GpuInfo
-from allocator.store import Compare, Op, Read, Store, TxnOutcome, open_store
+from allocator.records.types import AgentRecord, Assignment, GpuInfo, HistoryEntry
+from allocator.store import Compare, Op, Put, Read, Store, TxnOutcome, open_store
 
 EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()
 SIXTEEN = EXAMPLE.replace("gpus: 4", "gpus: 16", 1)
@@ -151,3 +152,62 @@ def test_an_agent_record_published_after_an_assignment_is_checked_by_the_next_on
         _set(alice, "train", 5)  # the agent says node1 has GPUs 0 and 1 only
 
     assert _client(store, "x@h").host("node1").assignments["train"].gpus == (0,)
+
+
+def _no_bad_record(bad: BadRecord) -> None:
+    raise bad
+
+
+# A single-host write compares both the host's generation and its history head.
+# Each test below races a write that moves only one of the two keys.
+
+
+def test_an_assignment_written_without_history_makes_a_kept_view_lose_its_compare(
+    store: Store,
+) -> None:
+    alice = _client(store, "alice@h")
+    _set(alice, "a", 0)
+    # A writer that bumps the generation, as every assignment writer must, but keeps no
+    # history of its own (a repair tool restoring a record): only the generation moves.
+    restored = Assignment(
+        job="b", host="node1", gpus=(4,), mode="gpu", updated_by="restore@h", updated_at="x"
+    )
+    layout = alice.layout
+    store.txn(
+        [],
+        [
+            Put(layout.assignment("node1", "b"), restored.to_json()),
+            Put(layout.host_generation("node1"), b"restored"),
+        ],
+    )
+
+    with pytest.raises(PlacementRefused, match="held by job 'b'"):
+        _set(alice, "a", 4)  # alice's kept view still shows GPU 4 free
+
+    held = _client(store, "x@h").host("node1").assignments
+    assert {job: a.gpus for job, a in held.items()} == {"a": (0,), "b": (4,)}
+
+
+def test_an_entry_the_agent_appended_meanwhile_is_kept_not_overwritten(store: Store) -> None:
+    alice = _client(store, "alice@h")
+    _set(alice, "a", 0)
+    # The agent appends its decisions (a fallback, a recovery) to the host's history:
+    # the head moves, the generation does not (no assignment changed).
+    stream = host_stream(alice.layout, "node1")
+    fallback = HistoryEntry(
+        seq=0, at="2026-06-01T00:00:01Z", by="agent@node1", action="fallback", host="node1"
+    )
+    compare, ops = prepare_append(store, stream, fallback, None, _no_bad_record)
+    store.txn([compare], ops)
+
+    _set(alice, "a", 1)  # decided from the view kept since the first set
+
+    entries = [
+        (s.entry.seq, s.entry.action, s.entry.by)
+        for s in read_stream(store, stream, _no_bad_record)
+    ]
+    assert entries == [
+        (0, "set", "alice@h"),
+        (1, "fallback", "agent@node1"),
+        (2, "move", "alice@h"),
+    ]

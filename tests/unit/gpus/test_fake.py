@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from allocator.gpus.fake import FakeHandle, FakeNvml, FakeNvmlError
-from allocator.gpus.nvml import (
+from allocator.gpus.nvml import NvmlUnavailable, load_nvml
+from allocator.gpus.nvml_codes import (
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,
@@ -15,8 +16,6 @@ from allocator.gpus.nvml import (
     ERROR_UNINITIALIZED,
     ERROR_UNKNOWN,
     EVENT_XID_CRITICAL,
-    NvmlUnavailable,
-    load_nvml,
 )
 from tests.support.fake_gpus import FakeGpus, fake_device, write_fake_nvml
 

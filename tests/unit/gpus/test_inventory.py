@@ -169,7 +169,7 @@ def test_missing_nvidia_ml_py_is_reported_with_the_extra_to_install() -> None:
     )
     source, count, error = json.loads(out.stdout)
     assert (source, count) == ("declared", 3)
-    assert "nvidia-ml-py" in error and "allocator[nvml]" in error
+    assert "nvidia-ml-py" in error and "gpu-allocator[nvml]" in error
 
 
 def test_real_nvml_never_crashes() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from allocator.control import compiled_policy
 from allocator.control.client import Allocator
 from allocator.errors import BadRecord
 from allocator.placement.choose import Request
@@ -210,7 +211,7 @@ def test_a_policy_too_large_to_share_the_transaction_is_applied_without_its_comp
 ) -> None:
     _allocator(store).apply_policy(EXAMPLE, "p.yaml")
     assert store.get(KEY) is not None
-    monkeypatch.setattr(compiled_module, "TXN_VALUE_BUDGET", 1000)
+    monkeypatch.setattr(compiled_policy, "TXN_VALUE_BUDGET", 1000)
     changed = EXAMPLE.replace("gpus: 4", "gpus: 16", 1)
     assert not _allocator(store).apply_policy(changed, "p.yaml").compiled
     assert store.get(KEY) is None  # the old one is gone with it

@@ -227,3 +227,11 @@ def test_escaping_counts_toward_the_limit_as_the_store_keeps_it() -> None:
 def test_a_policy_just_under_the_limit_loads() -> None:
     # 100-byte lines are 101 bytes as stored (the line break is escaped)
     assert load_policy(_padded(MAX_POLICY_BYTES * 100 // 101 - 200)).version == 1
+
+
+def test_the_policy_size_limit_is_the_stores_value_limit() -> None:
+    # The policy imports no store, so it keeps its own copy of the limit.
+    from allocator.policy.limits import STORE_VALUE_BYTES
+    from allocator.store.base import MAX_VALUE_BYTES
+
+    assert STORE_VALUE_BYTES == MAX_VALUE_BYTES

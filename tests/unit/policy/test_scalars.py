@@ -9,6 +9,15 @@ import pytest
 from allocator.errors import PolicyError
 from allocator.policy import load_policy
 from allocator.policy.yamlspec.document import dump_yaml
+from allocator.policy.yamlspec.scalars import (
+    AMBIGUOUS_TAG,
+    BOOL_TAG,
+    FLOAT_TAG,
+    INT_TAG,
+    STR_TAG,
+    ambiguity,
+    plain_tag,
+)
 
 
 def only_error(text: str) -> PolicyError:
@@ -153,3 +162,114 @@ def test_dumped_yaml_quotes_every_string_the_loader_would_not_read_as_text() -> 
     tricky = ["010", "yes", "1:30", "1e3", "0o17", ".5", "2027-01-01", "1_0", "null", "~"]
     text = dump_yaml({"version": 1, "jobs": {"a": {"command": tricky}}})
     assert load_policy(text).jobs["a"].command == tuple(tricky)
+
+
+_READ_AS_OCTAL_8 = "is ambiguous (YAML 1.1 reads it as octal 8)"
+_NOT_JSON = "is not a number as JSON writes it"
+_AS_TIME = "is ambiguous (YAML 1.1 reads it as a timestamp, YAML 1.2 as text)"
+_RFC3339_HINT = "an RFC 3339 time like 2027-01-01T00:00:00Z"
+
+
+# One row (at least) per check of ``ambiguity``, each with its exact hint: a check
+# left out, or one put behind another that also matches its form, changes a row
+# (without the octal check, 010 would be "not a number as JSON writes it; write 10.0").
+@pytest.mark.parametrize(
+    ("text", "problem", "rewrite", "kind"),
+    [
+        ("True", "is not a boolean as JSON writes it", "true", "boolean"),
+        ("FALSE", "is not a boolean as JSON writes it", "false", "boolean"),
+        (
+            "yes",
+            "is ambiguous (YAML 1.1 reads it as true, YAML 1.2 as text)",
+            "true or false, not yes",
+            "boolean",
+        ),
+        (
+            "On",
+            "is ambiguous (YAML 1.1 reads it as true, YAML 1.2 as text)",
+            "true or false, not On",
+            "boolean",
+        ),
+        (
+            "off",
+            "is ambiguous (YAML 1.1 reads it as false, YAML 1.2 as text)",
+            "true or false, not off",
+            "boolean",
+        ),
+        ("010", _READ_AS_OCTAL_8, "10", "number"),
+        ("-010", "is ambiguous (YAML 1.1 reads it as octal -8)", "-10", "number"),
+        ("00", "is ambiguous (YAML 1.1 reads it as octal 0)", "0", "number"),
+        ("0_10", _READ_AS_OCTAL_8, "10", "number"),
+        ("01_0", _READ_AS_OCTAL_8, "10", "number"),
+        ("09", "is ambiguous (YAML 1.1 reads it as text)", "9", "number"),
+        ("0089", "is ambiguous (YAML 1.1 reads it as text)", "89", "number"),
+        ("09_1", _NOT_JSON, "91", "number"),
+        ("0x1F", "is hexadecimal, which JSON cannot write", "31", "number"),
+        ("-0x1f", "is hexadecimal, which JSON cannot write", "-31", "number"),
+        (
+            "0o17",
+            "is ambiguous (YAML 1.2 reads it as octal 15, YAML 1.1 as text)",
+            "15",
+            "number",
+        ),
+        ("0b11", "is ambiguous (YAML 1.1 reads it as binary 3)", "3", "number"),
+        ("-0b1_1", "is ambiguous (YAML 1.1 reads it as binary -3)", "-3", "number"),
+        (
+            "1:30",
+            "is ambiguous (YAML 1.1 reads it as 90, base 60; YAML 1.2 as text)",
+            "90",
+            "number",
+        ),
+        (
+            "-1:30",
+            "is ambiguous (YAML 1.1 reads it as -90, base 60; YAML 1.2 as text)",
+            "-90",
+            "number",
+        ),
+        (
+            "1:30.5",
+            "is ambiguous (YAML 1.1 reads it as 90.5, base 60; YAML 1.2 as text)",
+            "90.5",
+            "number",
+        ),
+        ("1_0", "is ambiguous (YAML 1.1 reads it as 10, YAML 1.2 as text)", "10", "number"),
+        (
+            "1_000.5",
+            "is ambiguous (YAML 1.1 reads it as 1000.5, YAML 1.2 as text)",
+            "1000.5",
+            "number",
+        ),
+        ("+4", "has a leading +, which JSON does not allow", "4", "number"),
+        ("+2.5", "has a leading +, which JSON does not allow", "2.5", "number"),
+        ("1.", _NOT_JSON, "1.0", "number"),
+        (".5", _NOT_JSON, "0.5", "number"),
+        ("-.5", _NOT_JSON, "-0.5", "number"),
+        ("01.5", _NOT_JSON, "1.5", "number"),
+        ("1.e3", _NOT_JSON, "1000.0", "number"),
+        ("2027-01-01 10:00:00Z", _AS_TIME, _RFC3339_HINT, "time"),
+        ("2027-1-1 1:00:00", _AS_TIME, _RFC3339_HINT, "time"),
+    ],
+)
+def test_each_ambiguous_form_is_refused_with_its_own_hint(
+    text: str, problem: str, rewrite: str, kind: str
+) -> None:
+    assert ambiguity(text) == (problem, rewrite, kind)
+    assert plain_tag(text) == AMBIGUOUS_TAG
+
+
+@pytest.mark.parametrize(
+    ("text", "tag"),
+    [
+        ("10", INT_TAG),
+        ("-3", INT_TAG),
+        ("0", INT_TAG),
+        ("2.5", FLOAT_TAG),
+        ("1e3", FLOAT_TAG),
+        ("true", BOOL_TAG),
+        ("x1:30", STR_TAG),
+        ("v010", STR_TAG),
+        ("1-2", STR_TAG),
+    ],
+)
+def test_forms_every_tool_reads_alike_are_not_ambiguous(text: str, tag: str) -> None:
+    assert plain_tag(text) == tag

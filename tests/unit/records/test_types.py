@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocator.control.client import snapshots_by_host
 from allocator.errors import BadRecord
 from allocator.records.keys import KeyLayout
 from allocator.records.types import (
@@ -23,6 +22,7 @@ from allocator.records.types import (
     decode_record,
 )
 from allocator.status.join import build_status
+from allocator.status.snapshots import snapshots_by_host
 from allocator.store import KeyValue
 
 LAYOUT = KeyLayout("/t")

@@ -47,6 +47,7 @@ def store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
         ["set", "job=spread", "gpus=4", "host=node2"],
         ["set", "job=gone", "gpus=5", "host=node2"],
         ["release", "job=gone", "reason=finished"],
+        ["set", "job=group", "count=1", "host=node2,node3"],
     ):
         assert main([*words, "--store", url]) == 0
     capsys.readouterr()
@@ -71,6 +72,9 @@ def _json(capsys: pytest.CaptureFixture[str], *words: str, code: int = 0) -> Any
         ("policy-show", ["policy", "show"]),
         ("policy-diff", ["policy", "diff", str(EXAMPLE)]),
         ("env", ["env", "job=eval-nightly"]),
+        ("get", ["get", "job=notebook"]),  # on the CPU
+        ("get", ["get", "job=group"]),  # set across hosts at once: the group
+        ("env", ["env", "job=group", "host=node3"]),
     ],
 )
 def test_read_commands_print_json_their_schema_describes(
@@ -212,3 +216,57 @@ def test_a_refused_policy_under_json_also_says_so_on_stderr(
     out, (only,) = _stderr_objects(capsys)
     assert json.loads(out)["valid"] is False
     assert only["error"] == "invalid_input" and "hosts.node1.gpus" in only["message"]
+
+
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["set", "job=more", "count=1", "host=node1,node2"],
+        ["set", "job=one", "gpus=cpu", "host=node1"],
+        ["release", "job=group"],
+        ["release", "job=notebook"],
+    ],
+)
+def test_writes_print_the_records_get_prints(
+    store: str, capsys: pytest.CaptureFixture[str], words: list[str]
+) -> None:
+    assert _problems("get", _json(capsys, *words, "--store", store)) == []
+
+
+def test_policy_validate_prints_the_document_its_schema_describes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert _problems("policy-validate", _json(capsys, "policy", "validate", str(EXAMPLE))) == []
+
+
+def test_a_refused_policy_validates_as_a_document_and_an_error_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nhosts:\n  node1: {gpus: many}\n")
+    assert main(["policy", "validate", str(bad), "-o", "json"]) == 2
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["valid"] is False and document["errors"][0]["line"] == 3
+    assert _problems("policy-validate", document) == []
+    (error,) = [json.loads(line) for line in captured.err.splitlines()]
+    assert _problems("error", error) == [] and error["exit_code"] == 2
+
+
+@pytest.mark.parametrize(
+    ("words", "code"),
+    [
+        (["get", "job=nobody"], 6),
+        (["set", "job=x", "gpus=99", "host=node1"], 2),
+        (["set", "job=x", "gpus=0", "host=node1"], 3),
+        (["status", "host=bad/name"], 2),
+    ],
+)
+def test_every_error_under_json_is_one_error_object(
+    store: str, capsys: pytest.CaptureFixture[str], words: list[str], code: int
+) -> None:
+    assert main([*words, "--store", store, "-o", "json"]) == code
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (error,) = [json.loads(line) for line in captured.err.splitlines()]
+    assert _problems("error", error) == [] and error["exit_code"] == code

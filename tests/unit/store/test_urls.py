@@ -116,6 +116,25 @@ def test_a_sqlite_mode_ro_url_opens_the_file_not_a_file_named_after_the_query(
     assert sorted(p.name for p in tmp_path.iterdir() if "?" in p.name) == []
 
 
+def test_a_sqlite_url_with_a_slash_too_many_names_the_same_file_for_writes_and_reads(
+    tmp_path: Path,
+) -> None:
+    # sqlite:////abs used to be written through and then refused by every read.
+    extra = f"sqlite:///{tmp_path}/x.db"
+    assert parse_sqlite_url(extra).path == tmp_path / "x.db"
+    writer = open_store(extra, create=True)
+    try:
+        writer.put("/k", b"v")
+    finally:
+        writer.close()
+    reader = open_store(extra + "?mode=ro")
+    try:
+        got = reader.get("/k")
+    finally:
+        reader.close()
+    assert got is not None and got.value == b"v"
+
+
 # --- TLS is never silently dropped ------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.consul_double import ConsulDouble, parse_duration
+from tests.support.waiting import wait_for
 
 DEADLINE_S = 20.0
 
@@ -60,6 +61,15 @@ def call(
 def txn(double: ConsulDouble, *ops: dict[str, Any], token: str | None = None) -> Reply:
     headers = {"X-Consul-Token": token} if token else {}
     return call(double, "PUT", "/v1/txn", json.dumps([{"KV": op} for op in ops]), headers)
+
+
+def wait_for_blocking_query(double: ConsulDouble) -> None:
+    """Until the double has received a blocking query; a failure if it never does."""
+    wait_for(
+        "the blocking query to reach the double",
+        lambda: any("index=" in r.path for r in double.requests),
+        timeout=DEADLINE_S,
+    )
 
 
 def b64(value: bytes) -> str:
@@ -233,9 +243,7 @@ def test_restore_makes_the_index_go_backwards_and_wakes_queries(double: ConsulDo
         )
     )
     waiter.start()
-    deadline = time.monotonic() + DEADLINE_S
-    while not any("index=" in r.path for r in double.requests) and time.monotonic() < deadline:
-        time.sleep(0.01)  # poll until the blocking query has arrived
+    wait_for_blocking_query(double)
 
     double.restore(snapshot)
 
@@ -363,12 +371,16 @@ def test_expired_delete_session_deletes_its_keys_and_renew_is_404() -> None:
 
 def test_renewing_keeps_a_session_and_destroy_releases_its_locks() -> None:
     with ConsulDouble(ttl_scale=0.1) as double:
-        sid = create_session(double, TTL="10s")  # behavior "release"
+        # A 3 s TTL renewed every 0.2 s: a loaded machine may stall a renewal by
+        # seconds without the session expiring, while a renewal that does not
+        # extend the TTL lets it expire within the 4.5 s the loop runs.
+        sid = create_session(double, TTL="30s")  # behavior "release"
         call(double, "PUT", f"/v1/kv/app/lock?acquire={sid}", b"v")
-        outlive = time.monotonic() + 2.0  # twice the scaled TTL
+        outlive = time.monotonic() + 4.5  # one and a half scaled TTLs
         while time.monotonic() < outlive:
             assert call(double, "PUT", f"/v1/session/renew/{sid}").status == 200
-            time.sleep(0.2)
+            time.sleep(0.2)  # the renewal period
+        assert call(double, "GET", "/v1/kv/app/lock").json()[0]["Session"] == sid
 
         assert call(double, "PUT", f"/v1/session/destroy/{sid}").json() is True
 
@@ -428,9 +440,7 @@ def test_stop_cuts_a_blocking_query() -> None:
 
     waiter = threading.Thread(target=wait_forever)
     waiter.start()
-    deadline = time.monotonic() + DEADLINE_S
-    while not any("index=" in r.path for r in double.requests) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for_blocking_query(double)
 
     double.stop()
 

@@ -1,4 +1,4 @@
-"""MASTER_PORT for each multi-worker job on a host: unique, stable, and free.
+"""MASTER_PORT for each multi-worker job on a host: unique, stable, and free (pure).
 
 torchrun-style ranks of a ``workers: per-gpu`` job meet at
 ``MASTER_ADDR:MASTER_PORT``; two jobs on one host given the same port would
@@ -11,7 +11,7 @@ join each other's rendezvous. Rules:
   host and run) and moving up past ports another job holds, a job declares,
   or something on the host is already listening on (checked with a bind).
 * A job keeps its port for as long as it is assigned to the host, across
-  restarts of the agent (the table is saved in the agent's state directory):
+  restarts of the agent (:mod:`allocator.agent.planning.port_table` saves the table):
   a changed port changes the workers' environment, which restarts them.
 * A job across several hosts has one port for the whole job, chosen when it
   was set (:mod:`allocator.control.across_hosts`) and stored in its assignment: it takes no
@@ -24,12 +24,7 @@ ports the agent published, so it shows what the agent gives.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 from collections.abc import Callable, Collection, Mapping
-from contextlib import suppress
-from pathlib import Path
 
 from allocator.gpus.visible import MASTER_PORT_RANGE, default_master_port
 from allocator.policy.model import Job, Policy
@@ -37,15 +32,11 @@ from allocator.records.types import Assignment
 
 __all__ = [
     "MASTER_PORT_RANGE",
-    "PortTable",
     "allocate_master_ports",
     "declared_master_port",
     "first_free_port",
-    "port_is_free",
     "shared_declared_ports",
 ]
-
-Logger = Callable[[str, dict[str, object]], None]
 
 
 def declared_master_port(job: Job) -> int | None:
@@ -144,69 +135,3 @@ def shared_declared_ports(
         if port is not None:
             by_port.setdefault(port, []).append(job.name)
     return {port: names for port, names in sorted(by_port.items()) if len(names) > 1}
-
-
-def port_is_free(port: int) -> bool:
-    """Whether nothing on this host listens on TCP ``port`` (a bind on every address works)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-class PortTable:
-    """The agent's MASTER_PORT table: allocated, logged, saved to its state directory."""
-
-    def __init__(
-        self, path: Path, log: Logger, *, is_free: Callable[[int], bool] = port_is_free
-    ) -> None:
-        """Load the table saved by an earlier run of the agent (a bad file is ignored)."""
-        self.path = path
-        self._log = log
-        self._is_free = is_free
-        self.ports: dict[str, int] = _load(path)
-        self._warned: dict[int, list[str]] = {}
-
-    def allocate(
-        self,
-        policy: Policy,
-        host: str,
-        assignments: Mapping[str, Assignment],
-        running: Collection[str],
-    ) -> dict[str, int]:
-        """The ports now; saves and logs the table when it changed."""
-        ports = allocate_master_ports(
-            policy, host, assignments, self.ports, is_free=self._is_free, running=running
-        )
-        shared = shared_declared_ports(policy, host, assignments)
-        if shared != self._warned:
-            self._warned = shared
-            for port, jobs in shared.items():
-                self._log("master-port-shared", {"port": port, "jobs": jobs})
-        if ports != self.ports:
-            self._log("master-ports", {"ports": dict(ports)})
-            self.ports = ports
-            self._save()
-        return dict(ports)
-
-    def _save(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(self.ports, sort_keys=True))
-            os.replace(tmp, self.path)
-        except OSError as exc:
-            self._log("state-write-failed", {"path": str(self.path), "error": str(exc)})
-
-
-def _load(path: Path) -> dict[str, int]:
-    with suppress(OSError, ValueError):
-        data = json.loads(path.read_text())
-        if isinstance(data, dict):
-            return {
-                str(job): port
-                for job, port in data.items()
-                if isinstance(port, int) and not isinstance(port, bool)
-            }
-    return {}

@@ -10,7 +10,7 @@ import pytest
 
 from allocator.agent.log import DecisionLog
 from allocator.agent.processes.procs import clean_base_env
-from allocator.util.redaction import redact, remember_secret, strip_store_credentials
+from allocator.store.credentials import redact, remember_secret, strip_store_credentials
 
 PASSWORD = "agent-store-pw-91"
 

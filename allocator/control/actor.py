@@ -1,0 +1,45 @@
+"""Who is acting, for the audit fields of every write (``updated_by``, ``applied_by``).
+
+The operating system's user at the short host name, plus the store's
+authenticated user where the store has one (etcd): never ``$LOGNAME`` or
+``$USER``, which anyone can set to anything, newlines and terminal escapes
+included.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from allocator.util.identity import clean_name, local_hostname, os_user
+
+__all__ = ["actor", "store_user"]
+
+
+def store_user(url: str | None, env: Mapping[str, str] | None = None) -> str | None:
+    """The user the store authenticates the client as, where the URL's store has one.
+
+    etcd: the user in the URL or ``ETCDCTL_USER``. Consul ACL tokens carry no
+    user name and SQLite has no users: ``None``.
+    """
+    if url is None or not url.startswith(("etcd://", "etcds://")):
+        return None
+    from allocator.errors import StoreConfigError
+    from allocator.store.etcd.config import parse_etcd_url
+
+    try:
+        name = parse_etcd_url(url, os.environ if env is None else env).username
+    except StoreConfigError:
+        return None
+    return clean_name(name) if name else None
+
+
+def actor(store_url: str | None = None) -> str:
+    """``user@host`` for the audit fields of every write, plus the store's user if any.
+
+    ``alice@node1``, or ``alice@node1 (etcd user ops)`` when the store
+    authenticated the client as ``ops``.
+    """
+    who = f"{os_user()}@{clean_name(local_hostname()) or 'unknown'}"
+    authenticated = store_user(store_url)
+    return f"{who} (etcd user {authenticated})" if authenticated else who

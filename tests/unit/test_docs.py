@@ -1,0 +1,86 @@
+"""The README's tour runs and its links lead somewhere, the manual lists every page, and install
+lines name our distribution (the name ``allocator`` on PyPI is another project)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+#: Markdown links and images: [text](target) with no scheme.
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _nav_pages(nav: object) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, list):
+        return [page for item in nav for page in _nav_pages(item)]
+    if isinstance(nav, dict):
+        return [page for value in nav.values() for page in _nav_pages(value)]
+    return []
+
+
+def test_every_relative_link_of_the_readme_names_a_file() -> None:
+    targets = _LINK.findall((REPO / "README.md").read_text())
+    local = [t for t in targets if "://" not in t and not t.startswith("#")]
+    assert local, "the README links into the manual"
+    for target in local:
+        assert (REPO / target.split("#")[0]).exists(), target
+
+
+def test_the_manual_lists_every_page_and_the_readme_links_each() -> None:
+    config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
+    assert config["strict"] is True and config["docs_dir"] == "docs"
+    pages = _nav_pages(config["nav"])
+    assert sorted(pages) == sorted(p.name for p in DOCS.glob("*.md"))
+    readme = (REPO / "README.md").read_text()
+    for page in pages:
+        if page != "index.md":
+            assert f"(docs/{page})" in readme, page
+
+
+def test_install_lines_name_the_distribution() -> None:
+    name = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["name"]
+    assert name == "gpu-allocator"
+    texts = [REPO / "README.md", REPO / "Dockerfile", *DOCS.glob("*.md")]
+    texts += [p for p in (REPO / "allocator").rglob("*.py")]
+    for path in texts:
+        for line in path.read_text().splitlines():
+            if "pip install" in line:
+                assert "'allocator[" not in line and '"allocator[' not in line, (path, line)
+
+
+def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
+    """Every line of the tour but the agent (which runs until stopped), on a fresh store."""
+    readme = (REPO / "README.md").read_text()
+    tour = readme.split("## A ten-line tour", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [
+        line
+        for line in tour.splitlines()
+        if line.startswith(("allocator ", "eval ")) and not line.startswith("allocator agent")
+    ]
+    assert len(lines) >= 8
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "ALLOCATOR_STORE": f"sqlite://{tmp_path / 'store.db'}",
+        "ALLOCATOR_NVML": "off",
+    }
+    result = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", "\n".join(lines)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "released train@node1" in result.stdout
