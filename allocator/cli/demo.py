@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         for template, expected in STEPS:
             words = shlex.split(template.format(policy=shlex.quote(str(policy))))
             print(f"$ allocator {' '.join(shlex.quote(w) for w in words)}", flush=True)
-            code = main([*words, "--store", store])
+            code = main(["--store", store, *words])  # before the command: every one takes it
             sys.stdout.flush()
             sys.stderr.flush()
             print(f"# exit {code}\n" if code else "", flush=True)
