@@ -37,9 +37,10 @@ from allocator.agent.gpu_care.mps import MpsDaemons
 from allocator.agent.gpu_care.observe import Observer
 from allocator.agent.gpu_care.state import GpuState
 from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
-from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
+from allocator.agent.log import DecisionLog, as_fields
 from allocator.agent.notify import notifier_from_environ
 from allocator.agent.planning.across_hosts import PeerHost
+from allocator.agent.planning.action_log import action_fields, action_name
 from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.port_table import PortTable

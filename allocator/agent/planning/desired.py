@@ -7,8 +7,7 @@ exclusive host no two jobs run on one GPU (:mod:`allocator.agent.planning.exclus
 and a job held back by the flap limit (:mod:`allocator.agent.gpu_care.hold_down`)
 stays in its fallback. A share of a job across several hosts follows the
 other shares' faults (:mod:`allocator.agent.planning.across_hosts`): the job's fallback
-rule decides for every host.
-stays in its fallback. Workers on shared GPUs are told their share
+rule decides for every host. Workers on shared GPUs are told their share
 (:mod:`allocator.agent.planning.gpu_shares`) and every worker is pinned to its CPUs
 (:mod:`allocator.agent.planning.affinity`).
 """
@@ -21,12 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from allocator.agent.gpu_care.hold_down import Pin
 from allocator.agent.planning.across_hosts import PeerHost, Share, share_of
 from allocator.agent.planning.affinity import with_affinity
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
 from allocator.agent.planning.gpu_shares import share_env
-from allocator.agent.planning.types import DesiredJob, DesiredState, Device, WorkerSpec
+from allocator.agent.planning.types import DesiredJob, DesiredState, Device, Pin, WorkerSpec
 from allocator.errors import RequestError
 from allocator.gpus.visible import NodeGroup
 from allocator.placement.choose import pool_sharing, unavailable_gpus
@@ -34,7 +32,7 @@ from allocator.placement.ports import declared_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records.types import Assignment, GpuInfo, replace_struct
 
-__all__ = ["DEFAULT_MASTER_ADDR", "desired_job", "desired_jobs", "fingerprint", "master_port"]
+__all__ = ["DEFAULT_MASTER_ADDR", "desired_job", "desired_jobs", "fingerprint"]
 
 #: MASTER_ADDR of a single-host per-gpu job unless the agent's config says otherwise.
 DEFAULT_MASTER_ADDR = "127.0.0.1"
@@ -369,12 +367,3 @@ def fingerprint(workers: Sequence[WorkerSpec]) -> str:
         for w in workers
     ]
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def master_port(job: Job) -> int | None:
-    """The policy's MASTER_PORT for the job, if it sets a valid one.
-
-    The allocator's variables override the job's env, so a port the policy
-    chose must be handed to the renderer; otherwise the agent allocates one.
-    """
-    return declared_master_port(job)

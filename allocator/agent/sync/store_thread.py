@@ -42,13 +42,7 @@ from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pen
 from allocator.agent.sync.host_records import HostView, host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser
 from allocator.agent.sync.publisher import Publisher
-from allocator.agent.sync.watches import (
-    RetryTimer,
-    WatchError,
-    WatchEvents,
-    WatchThread,
-    start_watches,
-)
+from allocator.agent.sync.watches import WatchError, WatchEvents, WatchThread, start_watches
 from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
 from allocator.records.keys import KeyLayout
 from allocator.records.types import (
@@ -59,6 +53,7 @@ from allocator.records.types import (
     replace_struct,
 )
 from allocator.store import Store
+from allocator.util.retry_timer import RetryTimer
 
 __all__ = ["LinkState", "Outbox", "StoreLink"]
 

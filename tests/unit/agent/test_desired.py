@@ -10,9 +10,8 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-from allocator.agent.gpu_care.hold_down import Pin
 from allocator.agent.planning.desired import desired_jobs, fingerprint
-from allocator.agent.planning.types import DesiredJob, WorkerSpec
+from allocator.agent.planning.types import DesiredJob, Pin, WorkerSpec
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool
 from allocator.policy.sharing_field import SHARED
 from allocator.records.types import Assignment, GpuInfo, MigDevice
