@@ -42,6 +42,7 @@ from allocator.agent.notify import notifier_from_environ
 from allocator.agent.planning.across_hosts import PeerHost
 from allocator.agent.planning.action_log import action_fields, action_name
 from allocator.agent.planning.desired import desired_jobs
+from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
@@ -142,7 +143,7 @@ class Agent(Lifecycle):
         self.busy_since = 0.0
         self.pending_view: HostView | None = None
         self.last_good_due = False
-        self._desired_inputs: tuple[Any, ...] = ()
+        self._desired_inputs: DesiredInputs | None = None
         self.guard = StepGuard(
             clock, self.log, lambda: {"keeping_workers": len(self.supervisor.views())}
         )
@@ -298,46 +299,10 @@ class Agent(Lifecycle):
 
     def _reconcile(self, now: float) -> None:
         assert self.policy is not None
-        wall = self.wall()  # reservations are judged by this host's clock
-        views = self.supervisor.views()
-        holders = gpu_holders(views)
-        inputs = (
-            self.policy_sha,
-            tuple(sorted(self.assignment_revisions.items())),
-            self.inventory,
-            tuple(sorted(self.unhealthy.items())),
-            tuple(sorted(self.failed.items())),
-            active_reservations(self.policy, self.config.host, wall),  # windows opening
-            tuple(sorted(holders.items())),
-            tuple(sorted(self.gpus.pins)),
-            self.config.master_addr,
-            tuple(sorted(self.peers.items())),
-        )
+        inputs = self._desired_inputs_now()
         if inputs != self._desired_inputs:  # recompute only when something it reads changed
             before = self.desired
-            self.desired = desired_jobs(
-                self.policy,
-                self.config.host,
-                self.assignments,
-                self.assignment_revisions,
-                self.inventory.gpus or None,
-                self.unhealthy,
-                self.failed,
-                wall,
-                holders=holders,
-                pinned=self.gpus.pins,
-                ports=self.ports.allocate(
-                    self.policy,
-                    self.config.host,
-                    self.assignments,
-                    running={job for job, view in views.items() if view.alive},
-                ),
-                master_addr=self.config.local_master_addr,
-                peers=self.peers,
-                address=self.config.advertised_address,
-                allowed_cpus=self.cpus,
-                mps_dir=str(self.mps.root),
-            )
+            self.desired = desired_jobs(inputs)
             self._desired_inputs = inputs  # only once computed: a failure is retried
             self._history(self.decisions.desired_changed, before, self.desired, self.gpus.pins)
         for job, want in self.desired.items():
@@ -359,6 +324,33 @@ class Agent(Lifecycle):
             self.busy_since = now
         self.busy = busy
         self.reconciled = True
+
+    def _desired_inputs_now(self) -> DesiredInputs:
+        assert self.policy is not None
+        wall = self.wall()  # reservations are judged by this host's clock
+        views = self.supervisor.views()
+        assignments = self.assignments
+        running = {job for job, view in views.items() if view.alive}
+        return DesiredInputs(
+            policy=self.policy,
+            policy_sha=self.policy_sha,
+            host=self.config.host,
+            assignments=assignments,
+            assignment_revisions=self.assignment_revisions,
+            inventory=self.inventory.gpus or None,
+            unhealthy=self.unhealthy,
+            failed=self.failed,
+            now=wall,
+            reservations=active_reservations(self.policy, self.config.host, wall),
+            holders=gpu_holders(views),
+            pinned=self.gpus.pins,
+            ports=self.ports.allocate(self.policy, self.config.host, assignments, running),
+            master_addr=self.config.local_master_addr,
+            peers=self.peers,
+            address=self.config.advertised_address,
+            allowed_cpus=self.cpus,
+            mps_dir=str(self.mps.root),
+        )
 
     def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:
         """Hand the link the history entries ``decide`` finds (it writes them when it can)."""

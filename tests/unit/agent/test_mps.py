@@ -18,6 +18,7 @@ import pytest
 
 from allocator.agent.gpu_care.mps import PID_FILE, MpsDaemons
 from allocator.agent.planning.desired import desired_jobs
+from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import DesiredJob, JobView, Start
 from allocator.policy.model import Host, Job, Policy, Pool, Sharing
 from allocator.records.types import Assignment, GpuInfo
@@ -52,7 +53,7 @@ class World:
             for job, gpu in gpus.items()
         }
         return desired_jobs(
-            POLICY, HOST, assignments, {}, INVENTORY, {}, {}, mps_dir=str(self.root)
+            DesiredInputs(POLICY, HOST, assignments, {}, INVENTORY, {}, {}, mps_dir=str(self.root))
         )
 
     def gate(
