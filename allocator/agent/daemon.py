@@ -29,7 +29,7 @@ import queue
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, assert_never
 
 from allocator import __version__
 from allocator.agent.config import AgentConfig
@@ -52,8 +52,9 @@ from allocator.agent.step_guard import StepGuard
 from allocator.agent.sync.history_decisions import DecisionRecorder
 from allocator.agent.sync.host_records import HostView
 from allocator.agent.sync.last_good import load_last_good, save_last_good
+from allocator.agent.sync.messages import LinkState, ToLoop
 from allocator.agent.sync.reports import agent_record, worker_records
-from allocator.agent.sync.store_thread import LinkState, StoreLink
+from allocator.agent.sync.store_thread import StoreLink
 from allocator.errors import PolicyError
 from allocator.gpus.inventory import Inventory
 from allocator.placement.reservations import active_reservations
@@ -106,7 +107,7 @@ class Agent(Lifecycle):
         self.supervisor = Supervisor(
             config.worker_log_dir, config.agent_dir / "workers.json", clock=clock, logger=self.log
         )
-        self.inbox: queue.Queue[HostView | LinkState] = queue.Queue()
+        self.inbox: queue.Queue[ToLoop] = queue.Queue()
         self.link = StoreLink(
             config, self.url, self.log, self.inbox, open_store=store_opener, clock=clock
         )
@@ -207,14 +208,19 @@ class Agent(Lifecycle):
                 messages.append(self.inbox.get_nowait())
             except queue.Empty:
                 break
-        states = [m for m in messages if isinstance(m, LinkState)]
-        views = [m for m in messages if isinstance(m, HostView)]
-        if states:
-            self.connected = states[-1].connected
+        state: LinkState | None = None
+        for message in messages:
+            match message:
+                case LinkState():
+                    state = message
+                case HostView():  # level-based: only the newest read matters
+                    self.pending_view = message
+                case _:
+                    assert_never(message)
+        if state is not None:
+            self.connected = state.connected
             self.observer.store_state(self.connected, self.clock())
-            self.notifier.status(self._status_line(states[-1].detail))
-        if views:  # level-based: only the newest read matters
-            self.pending_view = views[-1]
+            self.notifier.status(self._status_line(state.detail))
 
     def _status_line(self, detail: str) -> str:
         store = "store connected" if self.connected else f"store unavailable ({detail})"

@@ -11,16 +11,15 @@ dropped, so a late error from an old watch cannot tear down a new connection.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from allocator.errors import AllocatorError
 from allocator.store import Event, Store
 
-__all__ = ["WatchError", "WatchEvents", "WatchThread", "start_watches"]
+__all__ = ["Message", "Sink", "WatchError", "WatchEvents", "WatchThread", "start_watches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +43,13 @@ class WatchError:
 Message = WatchEvents | WatchError
 
 
+class Sink(Protocol):
+    """Where a watch puts its messages: the link's queue (which takes other messages too)."""
+
+    def put(self, item: Message, /) -> None:
+        """Hand over one message; never blocks (the queue is unbounded)."""
+
+
 class WatchThread:
     """Watch one prefix from a revision in a daemon thread, feeding ``inbox``."""
 
@@ -52,7 +58,7 @@ class WatchThread:
         open_store: Callable[[], Store],
         prefix: str,
         start_revision: int,
-        inbox: queue.Queue[Any],
+        inbox: Sink,
         poll_seconds: float = 1.0,
         epoch: int = 0,
     ) -> None:
@@ -101,7 +107,7 @@ def start_watches(
     open_store: Callable[[], Store],
     prefixes: Sequence[str],
     start_revision: int,
-    inbox: queue.Queue[Any],
+    inbox: Sink,
     epoch: int = 0,
 ) -> list[WatchThread]:
     """Start one :class:`WatchThread` per prefix."""

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import queue
+from typing import get_args
 
+import pytest
+
+from allocator.agent.sync.messages import ToLink, ToLoop
 from allocator.agent.sync.watches import Message, WatchError, WatchEvents, start_watches
 from allocator.errors import StoreUnavailable
 from allocator.store import Store, open_store
@@ -47,3 +52,8 @@ def test_a_store_that_cannot_be_opened_is_reported_not_raised(prefix: str) -> No
     assert isinstance(message, WatchError)
     assert "unavailable" in str(message.error)
     threads[0].join(5)
+
+
+@pytest.mark.parametrize("kind", [*get_args(ToLink), *get_args(ToLoop)])
+def test_every_message_between_the_loop_and_the_link_is_frozen(kind: type) -> None:
+    assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen  # type: ignore[attr-defined]
