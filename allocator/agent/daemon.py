@@ -319,8 +319,9 @@ class Agent(Lifecycle):
             j: rev for j, rev in self.failed.items() if self.assignment_revisions.get(j) == rev
         }
         views = self.supervisor.views()
-        planned = plan(self.desired, views, now)  # starts wait for their MPS daemons:
-        actions = self.mps.gate(planned, self.desired, views, self.inventory.gpus or None, now)
+        planned = plan(self.desired, views, now)
+        self.mps.carry_out(self.mps.wanted(self.desired, views, self.inventory.gpus or None), now)
+        actions = self.mps.hold_starts(planned, self.desired)  # starts wait for their daemons
         for action in actions:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
