@@ -124,6 +124,26 @@ class JobRuntime:
         """Whether a crash of the current workers decides what is shown (its exit code stays)."""
         return self.phase in _AFTER_CRASH
 
+    def begin_stop(self, deadline: float, reason: str) -> None:
+        """A stop starts (the move to a stopping phase is made): no exit from now is a crash."""
+        for worker in self.workers:
+            if worker.exit_code is None:
+                worker.stop_sent = True  # its exit is ours, not a crash
+        self.stop_deadline, self.stop_reason = deadline, reason
+        self.killed_at, self.last_kill_pass = None, None
+
+    def accept(self, fingerprint: str) -> None:
+        """A new spec taken on without a restart ends a crash loop's verdict: it may fix it."""
+        self.fingerprint = fingerprint
+        self.crash_restarts, self.next_restart_at = 0, None
+
+    def give_up(self, reason: str) -> None:
+        """The crash-loop limit was reached (the move to GAVE_UP is made): say why."""
+        # Keep what the workers said (a user that does not exist, a missing command):
+        # the planner's reason only knows their exit codes.
+        errors = [w.error for w in self.workers if w.error]
+        self.next_restart_at, self.message = None, "; ".join([*errors[:1], reason])
+
     def note_crash(self, code: int, message: str, ran_seconds: float) -> None:
         """Record the first crash of the current workers (the move to CRASHED comes first).
 
@@ -181,7 +201,14 @@ class JobRuntime:
         )
 
     def record(self) -> dict[str, Any]:
-        """What the loop publishes for this job (see ``Supervisor.records``)."""
+        """What the loop publishes for this job as its WorkerRecord.
+
+        ``restarts`` counts every restart of the job (change and crash);
+        ``crash_restarts`` counts crash restarts since the last change/new
+        start (the number the crash-loop limit applies to). ``start_times``
+        are seconds since the epoch; ``state`` is one of running, stopping,
+        crashed, backoff, gave-up, exited, stopped (see :func:`published_state`).
+        """
         running = [w for w in self.workers if w.shown_pid > 0 and w.exit_code is None]
         ticks = [w.main_ticks if w.shim else w.start_ticks for w in running]
         start_times = [procs.ticks_to_epoch(t) for t in ticks if t]

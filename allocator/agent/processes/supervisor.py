@@ -118,14 +118,7 @@ class Supervisor:
         return {name: job.view() for name, job in sorted(self._jobs.items())}
 
     def records(self) -> dict[str, dict[str, Any]]:
-        """Per job what the loop publishes as a WorkerRecord.
-
-        ``restarts`` counts every restart of the job (change and crash);
-        ``crash_restarts`` counts crash restarts since the last change/new
-        start (the number the crash-loop limit applies to). ``start_times``
-        are seconds since the epoch; ``state`` is one of running, stopping,
-        crashed, backoff, gave-up, exited, stopped.
-        """
+        """Per job what the loop publishes as a WorkerRecord (see :meth:`JobRuntime.record`)."""
         return {name: job.record() for name, job in sorted(self._jobs.items())}
 
     def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str], ...]]:
@@ -206,11 +199,7 @@ class Supervisor:
             return
         if not self._move(job, JobEvent.STOP):
             return
-        for worker in job.workers:
-            if worker.exit_code is None:
-                worker.stop_sent = True  # its exit is ours, not a crash
-        job.stop_deadline, job.stop_reason = deadline, reason
-        job.killed_at, job.last_kill_pass = None, None
+        job.begin_stop(deadline, reason)
         self._save()  # recorded before the signal: a restarted agent never counts it a crash
         for worker in job.workers:
             if not worker.group_gone:
@@ -234,9 +223,7 @@ class Supervisor:
         job = self._jobs.get(name)
         if job is None or job.fingerprint == fingerprint or not self._move(job, JobEvent.ACCEPT):
             return
-        # A new spec ends a crash loop's verdict: it may well fix the crash.
-        job.fingerprint = fingerprint
-        job.crash_restarts, job.next_restart_at = 0, None
+        job.accept(fingerprint)
         self._dirty = True
 
     def _schedule(self, action: ScheduleRestart) -> None:
@@ -250,11 +237,7 @@ class Supervisor:
         if job is None or job.phase is JobPhase.GAVE_UP:
             return
         if self._move(job, JobEvent.GIVE_UP):
-            # Keep what the workers said (a user that does not exist, a missing command):
-            # the planner's reason only knows their exit codes.
-            errors = [w.error for w in job.workers if w.error]
-            message = "; ".join([*errors[:1], action.reason])
-            job.next_restart_at, job.message = None, message
+            job.give_up(action.reason)
             self._dirty = True
             self._log("gave-up", {"job": action.job, "reason": action.reason})
 
