@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from allocator.agent.config import AgentConfig
-from allocator.agent.gpu_care.hold_down import Pin
-from allocator.agent.planning.types import DesiredJob, GiveUp, Stop
+from allocator.agent.planning.types import DesiredJob, GiveUp, Pin, Stop
 from allocator.agent.sync.history_decisions import DecisionRecorder
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.sync.store_thread import StoreLink

@@ -467,3 +467,18 @@ def test_a_job_stopped_and_wanted_again_within_its_grace_restarts_without_a_cras
     assert not [a for a in seen if isinstance(a, GiveUp | ScheduleRestart)]
     assert [getattr(a, "cause", None) for a in seen if isinstance(a, Start)] == ["new", "change"]
     assert [(e.exit_code, e.crash) for e in h.exits] == [(137, False)]
+
+
+# --- the job's state machine ----------------------------------------------------------
+
+
+def test_a_move_the_transition_table_refuses_is_logged_and_changes_nothing(h: Harness) -> None:
+    h.sup.apply(Start("train", job_spec(h.tmp, args=("--ignore-sigterm",)), "new"))
+    h.wait_report("train")
+    h.sup.apply(Stop("train", "assignment released", 30.0))
+    h.sup.apply(ScheduleRestart("train", 5.0))  # a planner bug: no restart while stopping
+    refused = [fields for name, fields in h.events if name == "illegal-transition"]
+    assert refused == [{"job": "train", "phase": "stopping", "event": "schedule-restart"}]
+    view = h.sup.views()["train"]
+    assert view.stopping and view.next_restart_at is None
+    assert h.sup.records()["train"]["state"] == "stopping"
