@@ -31,7 +31,8 @@ from allocator.gpus.visible import NodeGroup
 from allocator.placement.choose import pool_sharing, unavailable_gpus
 from allocator.placement.ports import declared_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
-from allocator.records.types import Assignment, GpuInfo, replace_struct
+from allocator.records.codec import replace_struct
+from allocator.records.types import Assignment, GpuInfo
 
 __all__ = ["DEFAULT_MASTER_ADDR", "DesiredInputs", "desired_job", "desired_jobs", "fingerprint"]
 

@@ -9,13 +9,11 @@ subreaper) instead of failing.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
 import json
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "UNKNOWN_EXIT",
     "ProcStat",
     "become_subreaper",
     "clean_base_env",
-    "describe_exit",
     "exit_code_of",
     "group_alive",
     "parse_stat",
@@ -43,7 +39,6 @@ __all__ = [
 # The exit status of a worker that ended while it was not our child (adopted
 # after an agent restart and reaped by someone else): nothing says it succeeded,
 # so it must read as non-zero, i.e. a crash.
-UNKNOWN_EXIT = -1
 
 _PR_SET_CHILD_SUBREAPER = 36
 _STRIPPED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
@@ -105,16 +100,6 @@ def exit_code_of(status: int) -> int:
     """A waitpid status as an exit code: the code itself, or 128+N for death by signal N."""
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
-
-
-def describe_exit(code: int) -> str:
-    """Human words for an exit code: ``3``, ``143 (SIGTERM)``, ``unknown``."""
-    if code == UNKNOWN_EXIT:
-        return "unknown exit status"
-    if code > 128:
-        with contextlib.suppress(ValueError):
-            return f"{code} ({signal.Signals(code - 128).name})"
-    return str(code)
 
 
 def reap_group(pgid: int) -> list[tuple[int, int]]:

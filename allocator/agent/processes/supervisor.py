@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from allocator.agent.planning.exit_codes import describe_exit
 from allocator.agent.planning.types import (
     Accept,
     Action,
@@ -288,7 +289,7 @@ class Supervisor:
         worker.exit_code = code
         crash = code != 0 and not worker.stop_sent and not job.phase.stopping
         index = worker.spec.index
-        message = worker.error or f"worker {index} exited with {procs.describe_exit(code)}"
+        message = worker.error or f"worker {index} exited with {describe_exit(code)}"
         if crash:
             first = job.phase is JobPhase.RUNNING
             if self._move(job, JobEvent.CRASH) and first:

@@ -44,15 +44,17 @@ from allocator.agent.sync.idle_releaser import IdleReleaser
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
 from allocator.agent.sync.publisher import Publisher
 from allocator.agent.sync.watches import WatchError, WatchEvents, WatchThread, start_watches
-from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
-from allocator.records.keys import KeyLayout
-from allocator.records.types import (
-    AgentRecord,
+from allocator.errors import (
+    AllocatorError,
     BadRecord,
-    HistoryEntry,
-    encode_record,
-    replace_struct,
+    Compacted,
+    LeaseLost,
+    PermissionDenied,
+    Retryable,
 )
+from allocator.records.codec import encode_record, replace_struct
+from allocator.records.keys import KeyLayout
+from allocator.records.types import AgentRecord, HistoryEntry
 from allocator.store import Store
 from allocator.util.retry_timer import RetryTimer
 

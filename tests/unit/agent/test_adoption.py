@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import ScheduleRestart, Start
 from allocator.agent.processes import procs
@@ -188,7 +189,7 @@ def test_adopt_never_touches_a_process_that_reused_a_recorded_pid(
     _save_state(h, state)
     assert [w.outcome for w in h.sup.adopt().workers] == ["ended"]
     h.until(lambda: h.sup.views()["train"].alive == 0, "the recorded worker to count as gone")
-    assert h.sup.views()["train"].exit_codes == (procs.UNKNOWN_EXIT,)
+    assert h.sup.views()["train"].exit_codes == (UNKNOWN_EXIT,)
     assert alive(report["pid"]) and alive(report["ppid"])  # someone else's now: left alone
 
 

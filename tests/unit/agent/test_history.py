@@ -17,8 +17,9 @@ from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pen
 from allocator.agent.sync.store_thread import StoreLink
 from allocator.control.history import read_history
 from allocator.errors import PermissionDenied, StoreUnavailable
+from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import Assignment, HistoryEntry, replace_struct
+from allocator.records.types import Assignment, HistoryEntry
 from allocator.store import Compare, Op, Store, open_store
 from tests.support.waiting import wait_for
 

@@ -334,7 +334,7 @@ def test_status_shows_a_job_across_hosts_as_one_line_naming_a_gone_agent() -> No
 @pytest.mark.parametrize("bad", [("node1",), ("node1", "node1"), ("node2", "node3")])
 def test_an_assignment_with_impossible_nodes_is_a_bad_record(bad: tuple[str, ...]) -> None:
     from allocator.errors import BadRecord
-    from allocator.records.types import decode_record
+    from allocator.records.codec import decode_record
 
     raw = (
         share("node1")

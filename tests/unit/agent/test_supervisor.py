@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.planning.exit_codes import UNKNOWN_EXIT, describe_exit
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import (
     Accept,
@@ -425,8 +426,8 @@ def test_parse_stat_copes_with_parentheses_and_spaces_in_the_command_name() -> N
 def test_exit_codes_follow_the_shell_convention() -> None:
     assert procs.exit_code_of(3 << 8) == 3
     assert procs.exit_code_of(signal.SIGKILL) == 137
-    assert procs.describe_exit(143) == "143 (SIGTERM)"
-    assert procs.describe_exit(procs.UNKNOWN_EXIT) == "unknown exit status"
+    assert describe_exit(143) == "143 (SIGTERM)"
+    assert describe_exit(UNKNOWN_EXIT) == "unknown exit status"
 
 
 # --- a stop the agent ordered is never a crash --------------------------------------------
