@@ -31,13 +31,15 @@ from allocator.agent.planning.types import DesiredJob, WorkerSpec
 from allocator.agent.processes import procs
 from allocator.agent.processes.cgroups import create_worker_cgroup
 from allocator.agent.processes.job_state import WorkerRuntime
+from allocator.agent.processes.pause_points import pause_point
 from allocator.agent.processes.users import RunAs, RunAsError, identity_env, resolve_run_as
 from allocator.agent.processes.warm_shim import IdleShim
-from allocator.agent.shim.main import HANDED, NO_VALUE
+from allocator.agent.shim.main import EXIT_HANDOVER, EXIT_NO_STATUS, HANDED, NO_VALUE, frame
 from allocator.gpus.topology import cpu_list
 
 __all__ = [
     "SHIM",
+    "SHIM_REFUSALS",
     "Launch",
     "LogError",
     "ShimStatus",
@@ -45,8 +47,10 @@ __all__ = [
     "open_log",
     "prepare_worker",
     "read_shim_status",
+    "record_status",
     "shim_env",
     "start_under_shim",
+    "status_fields",
     "status_signature",
 ]
 
@@ -56,6 +60,11 @@ SHIM = Path(__file__).parent.parent / "shim" / "main.py"
 _EXIT_NOT_FOUND = 127
 _EXIT_CANNOT_RUN = 126
 _LOG_MODE = 0o640
+#: The shim's exit codes for "started nothing", and why (the agent logs and shows it).
+SHIM_REFUSALS = {
+    EXIT_NO_STATUS: "its shim could not write its status file, so it started nothing",
+    EXIT_HANDOVER: "its shim got an incomplete hand-over, so it started nothing",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,15 +79,54 @@ class Launch:
 
 
 class ShimStatus(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    """The shim's status file: who it is, the worker's main process, how it ended."""
+    """The shim's status file: who it is, the worker's main process, how it ended.
+
+    The agent writes it first (``prepared``, ``shim_pid`` 0) to know it can
+    before it starts the shim; the fields from ``job`` on are the agent's
+    (see :func:`status_fields`), which let a later agent adopt the worker
+    from this file alone, and only on the boot that wrote it.
+    """
 
     shim_pid: int
-    state: str  # starting, running, exited, failed
+    state: str  # prepared, starting, running, exited, failed
     shim_start_ticks: int | None = None
     pid: int = 0
     start_ticks: int | None = None
     exit_code: int | None = None
     error: str = ""
+    job: str = ""
+    index: str = ""
+    fingerprint: str = ""
+    gpus: str = ""
+    device: str = ""
+    grace: str = ""
+    boot_id: str = ""
+
+
+def status_fields(job: DesiredJob, worker: WorkerSpec, boot_id: str) -> dict[str, str]:
+    """The agent's fields of a worker's status file (all text: the shim writes them as is)."""
+    return {
+        "job": job.job,
+        "index": str(worker.index),
+        "fingerprint": job.fingerprint,
+        "gpus": ",".join(map(str, job.gpus)),
+        "device": job.device,
+        "grace": repr(float(job.grace_seconds)),
+        "boot_id": boot_id,
+    }
+
+
+def record_status(path: Path, fields: dict[str, str]) -> str:
+    """Write the worker's first status file (``prepared``); "" if done, else why not.
+
+    Written by the agent before the shim exists: where it cannot be written
+    (a full disk), neither can the shim's, and the worker must not start.
+    """
+    try:
+        procs.write_json_atomic(path, {"shim_pid": 0, "state": "prepared", **fields}, durable=False)
+    except OSError as exc:
+        return f"cannot write the worker's status file {path}: {exc.strerror or exc}"
+    return ""
 
 
 def read_shim_status(path: Path) -> ShimStatus | None:
@@ -143,6 +191,7 @@ def start_under_shim(
     run_as: RunAs | None,
     cpus: Sequence[int] = (),
     warm: IdleShim | None = None,
+    status: Mapping[str, str] | None = None,
 ) -> Launch:
     """Start ``argv`` under a shim in a new session, output appended to ``log_path``.
 
@@ -173,17 +222,16 @@ def start_under_shim(
         run_as.shim_argument() if run_as is not None else NO_VALUE,
         _cwd_argument(cwd),
     ]
+    payload = _env_payload(env, cpus, status or {})
     if warm is not None:
-        handed = warm.hand_over([*arguments, HANDED, "--", *argv], _env_payload(env, cpus), log)
+        handed = warm.hand_over([*arguments, HANDED, "--", *argv], payload, log)
         if handed:
             os.close(log)
             return Launch(warm.pid, warm.start_ticks, warm.popen)
-    return _start_cold(arguments, argv, env, cpus, log)
+    return _start_cold(arguments, argv, payload, log)
 
 
-def _start_cold(
-    arguments: list[str], argv: Sequence[str], env: Mapping[str, str], cpus: Sequence[int], log: int
-) -> Launch:
+def _start_cold(arguments: list[str], argv: Sequence[str], payload: bytes, log: int) -> Launch:
     """Start a new shim for the worker (closes ``log``)."""
     env_read, env_write = os.pipe()
     try:
@@ -216,7 +264,7 @@ def _start_cold(
     finally:
         os.close(log)
         os.close(env_read)
-    _hand_over_env(env_write, env, cpus)
+    _hand_over_env(env_write, payload)
     started = procs.read_stat(popen.pid)
     return Launch(popen.pid, started.start_ticks if started else None, popen)
 
@@ -226,21 +274,32 @@ def shim_env() -> dict[str, str]:
     return {key: os.environ[key] for key in ("PATH", "LD_LIBRARY_PATH") if key in os.environ}
 
 
-def _env_payload(env: Mapping[str, str], cpus: Sequence[int] = ()) -> bytes:
+def _env_payload(
+    env: Mapping[str, str], cpus: Sequence[int] = (), status: Mapping[str, str] | None = None
+) -> bytes:
     """The worker's environment, then the shim's settings; an empty entry ends the environment."""
     payload = b"\0".join(os.fsencode(f"{key}={value}") for key, value in env.items())
+    settings = [f"status.{key}={value}" for key, value in (status or {}).items()]
     if cpus:
-        payload += b"\0\0cpus=" + cpu_list(cpus).encode()
+        settings.append(f"cpus={cpu_list(cpus)}")
+    if settings:
+        payload += b"\0\0" + b"\0".join(os.fsencode(entry) for entry in settings)
     return payload
 
 
-def _hand_over_env(fd: int, env: Mapping[str, str], cpus: Sequence[int] = ()) -> None:
-    """Write the worker's environment and the shim's settings to the shim's pipe.
+def _hand_over_env(fd: int, payload: bytes) -> None:
+    """Write the worker's environment and the shim's settings to the shim's pipe, as one frame.
 
-    The shim reads it before anything else.
+    The shim reads it before anything else, and starts nothing unless the
+    whole frame came (this agent may die half-way: see :func:`pause_point`).
     """
+    framed = frame(payload)
+    half = len(framed) // 2
     with contextlib.suppress(OSError), os.fdopen(fd, "wb") as pipe:  # OSError: the shim
-        pipe.write(_env_payload(env, cpus))  # died at once, and its exit says why
+        pipe.write(framed[:half])  # died at once, and its exit says why
+        pipe.flush()
+        pause_point("handover")
+        pipe.write(framed[half:])
 
 
 def _cwd_argument(cwd: str | None) -> str:
@@ -275,6 +334,7 @@ def launch_worker(
     log_dir: Path,
     stamp: str,
     warm: IdleShim | None = None,
+    boot_id: str = "",
 ) -> tuple[str, dict[str, Any]]:
     """Start a prepared worker as its job's user; return the event to log.
 
@@ -305,6 +365,7 @@ def launch_worker(
         run_as=run_as,
         cpus=ws.cpus,
         warm=warm,
+        status=status_fields(job, ws, boot_id),
     )
     if result.pid == 0:
         return _failed(worker, cause, result.error, result.exit_code or _EXIT_CANNOT_RUN)

@@ -51,7 +51,13 @@ from allocator.agent.processes.adoption import AdoptedWorker, AdoptReport, sweep
 from allocator.agent.processes.cgroups import agent_scope, remove_cgroup, worker_cgroup_base
 from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
-from allocator.agent.processes.launch import SHIM, launch_worker, prepare_worker, shim_env
+from allocator.agent.processes.launch import (
+    SHIM,
+    SHIM_REFUSALS,
+    launch_worker,
+    prepare_worker,
+    shim_env,
+)
 from allocator.agent.processes.procs import clean_base_env
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
 from allocator.agent.processes.warm_shim import WarmShims
@@ -289,6 +295,8 @@ class Supervisor:
         worker.exit_code = code
         crash = code != 0 and not worker.stop_sent and not job.phase.stopping
         index = worker.spec.index
+        if code in SHIM_REFUSALS and not worker.main_pid and not worker.error:
+            worker.error = f"worker {index} did not start: {SHIM_REFUSALS[code]}"
         message = worker.error or f"worker {index} exited with {describe_exit(code)}"
         if crash:
             first = job.phase is JobPhase.RUNNING

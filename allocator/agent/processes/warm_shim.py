@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.agent.processes import procs
+from allocator.agent.processes.pause_points import pause_point
 from allocator.agent.shim.main import IDLE, encode_handover
 
 __all__ = ["REFILL_SECONDS", "IdleShim", "WarmShims"]
@@ -59,9 +60,12 @@ class IdleShim:
         False when the shim cannot take it (it died): start a cold one instead.
         """
         frame = encode_handover(args, payload)
+        half = max(len(frame) // 2, 8)
         try:
             sent = socket.send_fds(self.sock, [frame[:8]], [log_fd])
-            self.sock.sendall(frame[sent:])
+            self.sock.sendall(frame[sent:half])
+            pause_point("handover")  # tests: the agent killed in the middle of it
+            self.sock.sendall(frame[half:])
         except OSError:
             return False
         finally:

@@ -13,6 +13,8 @@ import signal
 import time
 
 __all__ = [
+    "EXIT_HANDOVER",
+    "EXIT_NO_STATUS",
     "NO_VALUE",
     "PR_SET_CHILD_SUBREAPER",
     "WAITED",
@@ -33,6 +35,10 @@ _PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _EXIT_NOT_FOUND = 127
 _EXIT_CANNOT_RUN = 126
+#: The shim started nothing: its status file could not be written (a full disk).
+EXIT_NO_STATUS = 121
+#: The shim started nothing: it got less than a whole hand-over (its agent died).
+EXIT_HANDOVER = 122
 #: After a stop, the agent escalates to SIGKILL itself when the grace it chose
 #: is over. Only once the agent that started the shim is gone does the shim do
 #: it, this long after its own grace.
@@ -114,12 +120,14 @@ def _json(value: object) -> str:
 class Status:
     """The status file: rewritten whole (temporary file + rename) on every change."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, extra: dict[str, str] | None = None) -> None:
         self.path = path
         me = os.getpid()
         self.fields: dict[str, object] = {"shim_pid": me, "shim_start_ticks": start_ticks(me)}
+        self.fields.update(extra or {})
 
-    def write(self, **changes: object) -> None:
+    def write(self, **changes: object) -> bool:
+        """Rewrite the file with ``changes``; False (and a line in the log) if it cannot."""
         self.fields.update(changes)
         body = "{" + ", ".join(f'"{k}": {_json(v)}' for k, v in self.fields.items()) + "}\n"
         tmp = f"{self.path}.{os.getpid()}.tmp"
@@ -132,6 +140,12 @@ class Status:
             os.replace(tmp, self.path)
         except OSError as exc:  # the agent falls back on the shim's own exit status
             say(f"cannot write status file {self.path}: {exc.strerror or exc}")
+            try:  # noqa: SIM105 - contextlib is an import the shim does without
+                os.unlink(tmp)  # a full disk keeps no half-written file
+            except OSError:
+                pass
+            return False
+        return True
 
 
 def say(message: str) -> None:

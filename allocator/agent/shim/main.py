@@ -6,7 +6,13 @@ comes through the pipe ENVFD (``KEY=VALUE`` entries, NUL-separated; ``-``:
 the shim's own), so nothing in it (``LD_PRELOAD``, ``LD_LIBRARY_PATH``) ever
 reaches the shim, which may run as root for a worker that does not. After
 the environment and one empty entry, the pipe may carry the shim's own
-settings: ``cpus=0-3,8`` pins the worker to those CPUs. The shim
+settings: ``cpus=0-3,8`` pins the worker to those CPUs, ``status.NAME=VALUE``
+adds a field to the status file (the agent's job, worker index, spec
+fingerprint, GPUs and boot id, so that a later agent can adopt the worker
+from the status file alone). The pipe carries one *frame*: the payload's
+length (8 bytes), the payload, then an end marker (see :func:`frame`). A
+shim that gets less than a whole frame (the agent died handing it over)
+starts nothing and exits with :data:`EXIT_HANDOVER`. The shim
 
 * makes itself a child subreaper, so every descendant of the worker stays
   below it whatever session or process group it moves to (torchrun starts
@@ -20,10 +26,12 @@ settings: ``cpus=0-3,8`` pins the worker to those CPUs. The shim
   killed outright takes its worker along;
 * forwards signals: SIGTERM and SIGINT (a stop) to every descendant, any
   other (an ``on_change`` signal, SIGHUP) to the worker's main process;
-* writes STATUS atomically (temporary file + rename) when it starts, when
-  the worker runs, and when the worker's main process ends (its exit code,
-  128+N for signal N), so an agent restarted in the meantime still learns
-  the real exit status of a worker that is not its child;
+* writes STATUS atomically (temporary file + rename) when it starts (and
+  if it cannot, starts nothing and exits with :data:`EXIT_NO_STATUS`: a
+  worker nobody can find again must not run), when the worker runs, and
+  when the worker's main process ends (its exit code, 128+N for signal
+  N), so an agent restarted in the meantime still learns the real exit
+  status of a worker that is not its child;
 * once the main process has ended, stops what is left of the tree (SIGTERM,
   then SIGKILL after GRACE); after a stop the agent escalates, and the shim
   does only if the agent that started it died (GRACE plus a margin after the
@@ -57,14 +65,18 @@ if TYPE_CHECKING:
     import socket
 
 __all__ = [
+    "EXIT_HANDOVER",
+    "EXIT_NO_STATUS",
     "HANDED",
     "IDLE",
     "NO_VALUE",
     "decode_handover",
     "encode_handover",
+    "frame",
     "main",
     "parse_env",
     "read_env",
+    "unframe",
 ]
 
 if not __package__:  # run as the shim (``-I -S``): find ``allocator`` where this file lies
@@ -81,7 +93,13 @@ NO_VALUE = core.NO_VALUE
 IDLE = "--idle"
 #: ENVFD of a warm shim's hand-over: the environment came in the same frame.
 HANDED = "+"
+#: The shim's exit when the hand-over was incomplete, or its status file unwritable:
+#: in both cases it started nothing (see :mod:`allocator.agent.processes.launch`).
+EXIT_HANDOVER = core.EXIT_HANDOVER
+EXIT_NO_STATUS = core.EXIT_NO_STATUS
 _FRAME_HEAD = 8
+#: Ends every frame: a frame cut short (the writer died) never ends with it.
+_FRAME_END = b"\0allocator-frame-end\0"
 
 
 def _arguments(argv: list[str]) -> tuple[str, float, str, str, str, str, list[str]]:
@@ -92,16 +110,30 @@ def _arguments(argv: list[str]) -> tuple[str, float, str, str, str, str, list[st
 
 
 def read_env(fd: int) -> tuple[dict[str, str], dict[str, str]]:
-    """The worker's environment and the shim's settings from pipe ``fd``.
+    """The worker's environment and the shim's settings from pipe ``fd`` (one frame).
 
     ``KEY=VALUE`` entries separated by NULs; an empty entry ends the
     environment, and the entries after it are settings (``cpus=0-3``).
+    ``ValueError`` when the frame is not whole.
     """
     chunks = []
     while chunk := os.read(fd, 65536):
         chunks.append(chunk)
     os.close(fd)
-    return parse_env(b"".join(chunks))
+    return parse_env(unframe(b"".join(chunks)))
+
+
+def frame(body: bytes) -> bytes:
+    """``body`` as one frame: its length (8 bytes, big-endian), itself, the end marker."""
+    return len(body).to_bytes(_FRAME_HEAD, "big") + body + _FRAME_END
+
+
+def unframe(data: bytes) -> bytes:
+    """The body of exactly one whole frame; ``ValueError`` naming what is missing."""
+    whole = _FRAME_HEAD + _frame_length(data) + len(_FRAME_END) if len(data) >= _FRAME_HEAD else -1
+    if len(data) != whole or not data.endswith(_FRAME_END):
+        raise ValueError(f"incomplete hand-over ({len(data)} of {max(whole, _FRAME_HEAD)} bytes)")
+    return data[_FRAME_HEAD : -len(_FRAME_END)]
 
 
 def parse_env(payload: bytes) -> tuple[dict[str, str], dict[str, str]]:
@@ -135,8 +167,10 @@ def _run(argv: list[str], handed: bytes | None = None) -> int:
         elif env_fd == NO_VALUE:
             env, settings = dict(os.environ), {}
         else:
-            env, settings = read_env(int(env_fd))
+            env, settings = _read_handover(int(env_fd), status_path)
         cpus = core.parse_cpus(settings["cpus"]) if settings.get("cpus") else None
+    except _Incomplete as exc:
+        return exc.code
     except (ValueError, OSError) as exc:
         core.say(f"bad arguments: {exc}")
         return 2
@@ -148,8 +182,10 @@ def _run(argv: list[str], handed: bytes | None = None) -> int:
         core.say("cannot become a child subreaper; processes that leave the worker may escape")
     if cgroup != NO_VALUE:
         core.join_cgroup(cgroup)
-    status = core.Status(status_path)
-    status.write(state="starting")
+    status = core.Status(status_path, _status_fields(settings))
+    if not status.write(state="starting"):
+        core.say("not starting the worker: no agent could find it again")
+        return EXIT_NO_STATUS
     pid, code, error = core.launch(command, env, None if cwd == NO_VALUE else cwd, runas, cpus)
     if error:
         os.waitpid(pid, 0)
@@ -158,6 +194,28 @@ def _run(argv: list[str], handed: bytes | None = None) -> int:
         return code
     status.write(state="running", pid=pid, start_ticks=core.start_ticks(pid))
     return core.Supervision(pid, grace, status, agent).run(waited)
+
+
+class _Incomplete(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _read_handover(fd: int, status_path: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The cold shim's environment; a partial one is refused and said (status and log)."""
+    try:
+        return read_env(fd)
+    except ValueError as exc:
+        error = f"{exc}: the worker was not started"
+        core.say(error)
+        core.Status(status_path).write(state="failed", exit_code=EXIT_HANDOVER, error=error)
+        raise _Incomplete(EXIT_HANDOVER) from None
+
+
+def _status_fields(settings: dict[str, str]) -> dict[str, str]:
+    """The ``status.NAME`` settings: fields the agent wants in the status file."""
+    return {k[len("status.") :]: v for k, v in settings.items() if k.startswith("status.")}
 
 
 def _idle(argv: list[str]) -> int:
@@ -172,14 +230,14 @@ def _idle(argv: list[str]) -> int:
 
     core.prctl(core.PR_SET_CHILD_SUBREAPER, 0)  # resolve libc now, not when a worker waits
     with socket.socket(fileno=int(argv[0])) as sock:
-        frame, log = _receive(sock)
-    if frame is None or log is None:
+        received, log = _receive(sock)
+    if received is None or log is None:
         return 0
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
     try:
-        args, payload = decode_handover(frame)
+        args, payload = decode_handover(received)
     except ValueError as exc:
         core.say(f"bad hand-over: {exc}")
         return 2
@@ -196,16 +254,21 @@ def _receive(sock: socket.socket) -> tuple[bytes | None, int | None]:
         return None, None
     log = fds[0] if fds else None
     data = bytearray(head)
-    while len(data) < _FRAME_HEAD or len(data) < _FRAME_HEAD + _frame_length(data):
+    while len(data) < _FRAME_HEAD or len(data) < _whole(data):
         chunk = sock.recv(1 << 16)
         if not chunk:
             break
         data += chunk
-    if len(data) < _FRAME_HEAD or len(data) != _FRAME_HEAD + _frame_length(data):
+    try:
+        return unframe(bytes(data)), log
+    except ValueError:  # the agent died (or closed it) mid-frame: nothing to run
         if log is not None:
             os.close(log)
         return None, None
-    return bytes(data[_FRAME_HEAD:]), log
+
+
+def _whole(data: bytes | bytearray) -> int:
+    return _FRAME_HEAD + _frame_length(data) + len(_FRAME_END)
 
 
 def _frame_length(data: bytes | bytearray) -> int:
@@ -213,9 +276,9 @@ def _frame_length(data: bytes | bytearray) -> int:
 
 
 def encode_handover(args: list[str], payload: bytes) -> bytes:
-    """The frame a warm shim is handed: length, argument count, arguments, environment."""
+    """The frame a warm shim is handed: length, argument count, arguments, environment, end."""
     body = b"\0".join([str(len(args)).encode(), *(os.fsencode(a) for a in args), payload])
-    return len(body).to_bytes(_FRAME_HEAD, "big") + body
+    return frame(body)
 
 
 def decode_handover(body: bytes) -> tuple[list[str], bytes]:

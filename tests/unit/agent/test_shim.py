@@ -20,6 +20,7 @@ import pytest
 
 from allocator.agent.processes import procs
 from allocator.agent.processes.launch import SHIM, read_shim_status
+from allocator.agent.shim.main import EXIT_HANDOVER, frame
 from tests.support.supervision import DUMMY, alive, exists, kill_reported, poll, read_json
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
@@ -175,3 +176,69 @@ def test_the_shim_is_the_subreaper_of_its_tree(tmp: Path) -> None:
     poll(lambda: parent_of_child() == shim.proc.pid, "the orphan to be reparented to the shim")
     assert shim.wait() == 137  # the worker's code, once what it left behind was gone too
     assert not exists(child["pid"])
+
+
+def _cold_shim(tmp: Path, sent: bytes) -> subprocess.CompletedProcess[str]:
+    """A cold shim whose agent wrote ``sent`` to its environment pipe, then died.
+
+    Its worker, if it runs, reports and exits at once.
+    """
+    out = tmp / "reports" / "train.0.json"
+    read, write = os.pipe()
+    command = [sys.executable, "-I", "-S", str(SHIM), str(tmp / "worker.status"), "30"]
+    proc = subprocess.Popen(
+        [
+            *command,
+            "-",
+            "-",
+            "-",
+            str(read),
+            "--",
+            sys.executable,
+            DUMMY,
+            "--out",
+            str(out),
+            "--exit-after",
+            "0",
+        ],
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+        text=True,
+        pass_fds=(read,),
+    )
+    os.close(read)
+    os.write(write, sent)
+    os.close(write)  # as the kernel does when the agent is killed
+    _, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", err)
+
+
+@pytest.mark.parametrize("kept", [0, 5, 8, 20, -1])
+def test_a_cold_shim_cut_off_in_the_middle_of_its_hand_over_starts_nothing(
+    tmp: Path, kept: int
+) -> None:
+    """No worker may run with part of its environment (no CUDA_VISIBLE_DEVICES: every GPU)."""
+    whole = frame(b"PATH=/usr/bin:/bin\0CUDA_VISIBLE_DEVICES=3\0ALLOCATOR_JOB=train")
+    done = _cold_shim(tmp, whole[:kept])
+    assert done.returncode == EXIT_HANDOVER
+    assert "incomplete hand-over" in done.stderr
+    assert not (tmp / "reports" / "train.0.json").exists()
+    status = read_shim_status(tmp / "worker.status")
+    assert status is not None
+    assert (status.state, status.exit_code, status.pid) == ("failed", EXIT_HANDOVER, 0)
+
+
+def test_a_cold_shim_handed_a_whole_frame_runs_the_worker_with_exactly_it(tmp: Path) -> None:
+    env = b"PATH=" + os.environ["PATH"].encode() + b"\0LANG=C.UTF-8\0CUDA_VISIBLE_DEVICES=3"
+    done = _cold_shim(tmp, frame(env + b"\0\0status.job=train\0status.boot_id=b1"))
+    assert done.returncode == 0, done.stderr
+    report = read_json(tmp / "reports" / "train.0.json")
+    assert report is not None
+    assert report["env"] == {
+        "PATH": os.environ["PATH"],
+        "LANG": "C.UTF-8",
+        "CUDA_VISIBLE_DEVICES": "3",
+    }
+    status = read_shim_status(tmp / "worker.status")
+    assert status is not None
+    assert (status.state, status.job, status.boot_id) == ("exited", "train", "b1")

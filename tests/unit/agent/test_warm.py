@@ -18,7 +18,7 @@ import pytest
 
 from allocator.agent.processes.launch import SHIM, read_shim_status, shim_env, start_under_shim
 from allocator.agent.processes.warm_shim import IdleShim, WarmShims
-from allocator.agent.shim.main import decode_handover, encode_handover
+from allocator.agent.shim.main import decode_handover, encode_handover, unframe
 from tests.support.supervision import DUMMY, alive, kill_reported, poll, read_json
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
@@ -172,6 +172,8 @@ def test_a_hand_over_to_a_shim_that_is_gone_fails_so_the_caller_starts_cold(
     [([], b""), (["", "a\nb", "--", "x y"], b"K=V\0L=W\0\0cpus=0-3"), (["é"], b"A=\xc3\xa9")],
 )
 def test_a_hand_over_frame_round_trips(args: list[str], payload: bytes) -> None:
-    frame = encode_handover(args, payload)
-    assert int.from_bytes(frame[:8], "big") == len(frame) - 8
-    assert decode_handover(frame[8:]) == (args, payload)
+    framed = encode_handover(args, payload)
+    assert int.from_bytes(framed[:8], "big") < len(framed) - 8  # the end marker follows
+    assert decode_handover(unframe(framed)) == (args, payload)
+    with pytest.raises(ValueError, match="incomplete hand-over"):
+        unframe(framed[:-1])
