@@ -137,6 +137,8 @@ def _replace(want: DesiredJob, view: JobView) -> list[Action]:
 
 def _same_spec(want: DesiredJob, view: JobView, now: float) -> list[Action]:
     """Rule 4: the workers run the desired spec; handle crashes and finished jobs."""
+    if view.waiting_until is not None:  # nothing ran: no crash, no restart to count
+        return [Start(want.job, want, "new")] if now >= view.waiting_until else []
     if view.stopping or view.gave_up:
         return []
     if view.stopped:

@@ -102,6 +102,7 @@ class JobView:
     device: Device = "cuda"  # device the running workers were started on
     grace_seconds: float = 10.0  # of the spec they were started with; stops an undeclared job
     stopped: bool = False  # the agent stopped them (not a crash) and none is left
+    waiting_until: float | None = None  # a start could not be recorded: try again from then
 
 
 @dataclass(frozen=True, slots=True)

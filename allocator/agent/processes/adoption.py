@@ -6,6 +6,14 @@ the supervisor reads how it ended from the shim's status file, so a clean
 exit stays finished (it is never run again) and a crash counts as one; a
 stop that was under way carries on. A job the agent died launching (some
 worker never started) is reported, for the supervisor to restart it whole.
+
+A live shim of this boot that no state entry names (the state file was
+unreadable, from a newer agent, or lost) is adopted from its own status
+file (:func:`from_status_files`), which holds its pid and start time, the
+job, the worker's index, the spec's fingerprint and GPUs: its job is then
+tracked like any other, so the planner keeps it, or stops it and starts
+the job again only once every copy is gone. A status file from another
+boot is never acted on: its pids name other processes now.
 """
 
 from __future__ import annotations
@@ -17,13 +25,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from allocator.agent.planning.types import DesiredJob, WorkerSpec
 from allocator.agent.processes import procs, tree
 from allocator.agent.processes.cgroups import remove_cgroup
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
-from allocator.agent.processes.launch import read_shim_status
+from allocator.agent.processes.launch import ShimStatus, read_shim_status
 from allocator.agent.processes.state_file import job_from_state
 
-__all__ = ["AdoptReport", "AdoptedWorker", "sweep", "take_over"]
+__all__ = ["AdoptReport", "AdoptedWorker", "from_status_files", "sweep", "take_over"]
+
+#: The grace of a worker whose status file does not say (written by an older shim).
+_DEFAULT_GRACE_SECONDS = 10.0
 
 Log = Callable[[str, dict[str, Any]], None]
 
@@ -84,21 +96,94 @@ def _adopt(job: str, worker: WorkerRuntime) -> AdoptedWorker:
     return AdoptedWorker(job, worker.spec.index, worker.pid, outcome)
 
 
+def from_status_files(
+    status_dir: Path, boot_id: str, jobs: Mapping[str, JobRuntime], now: float
+) -> dict[str, JobRuntime]:
+    """Jobs not in ``jobs`` whose shims of this boot still run, rebuilt from their status files."""
+    named = {worker.status_path for job in jobs.values() for worker in job.workers}
+    found: dict[str, list[tuple[ShimStatus, Path]]] = {}
+    with contextlib.suppress(OSError):
+        for path in sorted(status_dir.glob("*.status")):
+            status = read_shim_status(path)
+            if str(path) in named or status is None or not _ours_and_alive(status, boot_id):
+                continue
+            job = status.job or path.name.split(".", 1)[0]  # an older shim: its file's name
+            if job not in jobs:
+                found.setdefault(job, []).append((status, path))
+    return {job: _job_from_status(job, shims, now) for job, shims in sorted(found.items())}
+
+
+def _ours_and_alive(status: ShimStatus, boot_id: str) -> bool:
+    """Whether the status names a live shim of this boot (pid and start time, the boot id)."""
+    if status.boot_id and boot_id and status.boot_id != boot_id:
+        return False
+    if status.shim_pid <= 0 or status.shim_start_ticks is None:
+        return False
+    return procs.same_process_alive(status.shim_pid, status.shim_start_ticks)
+
+
+def _job_from_status(job: str, shims: list[tuple[ShimStatus, Path]], now: float) -> JobRuntime:
+    """A running job made of these shims; the planner compares its fingerprint as any other's."""
+    first = shims[0][0]
+    gpus = tuple(int(g) for g in first.gpus.split(",") if g.strip().isdigit())
+    device: Any = "cpu" if first.device == "cpu" else "cuda"
+    workers = []
+    for number, (status, path) in enumerate(shims):
+        index = int(status.index) if status.index.isdigit() else number
+        worker = WorkerRuntime(
+            WorkerSpec(job, index, (), {}, None, gpus, device),
+            status.shim_pid,
+            status.shim_start_ticks,
+        )
+        worker.status_path, worker.cgroup, worker.adopted = str(path), status.cgroup, True
+        worker.main_pid, worker.main_ticks = status.pid, status.start_ticks
+        workers.append(worker)
+    desired = DesiredJob(
+        job=job,
+        state="run",
+        workers=tuple(worker.spec for worker in workers),
+        fingerprint=first.fingerprint,
+        on_change="restart",
+        grace_seconds=_grace(first.grace),
+        max_restarts=0,
+        backoff_base=0.0,
+        backoff_max=0.0,
+        gpus=gpus,
+        device=device,
+        fallback_reason=None,
+        message="",
+        assignment_revision=0,
+    )
+    return JobRuntime(desired, first.fingerprint, started_at=now, workers=workers)
+
+
+def _grace(text: str) -> float:
+    try:
+        return max(float(text), 0.0)
+    except ValueError:
+        return _DEFAULT_GRACE_SECONDS
+
+
 def sweep(
-    status_dir: Path, cgroup_base: Path | None, jobs: Mapping[str, JobRuntime], log: Log
+    status_dir: Path,
+    cgroup_base: Path | None,
+    jobs: Mapping[str, JobRuntime],
+    log: Log,
+    boot_id: str = "",
 ) -> None:
     """Clear what no tracked worker names: old status files, empty cgroups, unknown shims.
 
-    A shim still running that no state entry names (the state file was lost)
-    runs a worker nobody would stop and whose job the planner would start a
-    second time: it is told to stop (its shim stops the whole tree).
+    A shim of this boot still running that no tracked worker names (its job
+    is tracked with other workers: the state file missed it) runs a worker
+    nobody would stop: it is told to stop (its shim stops the whole tree).
+    A status file of another boot is only removed: its pid is someone else's.
     """
     workers = [worker for job in jobs.values() for worker in job.workers]
     named = {worker.status_path for worker in workers}
     with contextlib.suppress(OSError):
         for path in sorted(status_dir.glob("*.status")):
             if str(path) not in named:
-                _sweep_status(path, log)
+                _sweep_status(path, log, boot_id)
     if cgroup_base is not None:
         kept = {worker.cgroup for worker in workers}
         with contextlib.suppress(OSError):
@@ -107,9 +192,9 @@ def sweep(
                     remove_cgroup(path)  # only an empty one goes
 
 
-def _sweep_status(path: Path, log: Log) -> None:
+def _sweep_status(path: Path, log: Log, boot_id: str) -> None:
     status = read_shim_status(path)
-    if status is not None and procs.same_process_alive(status.shim_pid, status.shim_start_ticks):
+    if status is not None and _ours_and_alive(status, boot_id):
         log("unknown-worker-stopped", {"status": str(path), "shim_pid": status.shim_pid})
         procs.signal_process(status.shim_pid, signal.SIGTERM)
         return  # its file goes once it is gone, at a later restart

@@ -11,8 +11,11 @@ is still ``RUNNING`` (published as ``exited`` when they all exited 0, else
 ``stopped``: see :func:`published_state`). There is no "starting" phase: a
 start launches every worker before the loop goes on (the shim reports the
 main pid later, but the job is running from the launch), and a job that
-waits (for a GPU, a reservation, its MPS daemon) has no workers and so no
+waits for a GPU, a reservation or its MPS daemon has no workers and so no
 phase at all: the planner holds it back before the supervisor sees it.
+The one wait the supervisor itself decides is ``WAITING``: a start it could
+not record (state file or status file unwritable, a full disk) launches
+nothing, since a worker no later agent could find would run twice.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class JobPhase(enum.Enum):
     CRASHED = "crashed"  # a worker crashed; no restart scheduled (yet)
     BACKOFF = "backoff"  # crashed, every tree gone, a restart scheduled
     GAVE_UP = "gave-up"  # the crash-loop limit was reached: no restart until the spec changes
+    WAITING = "waiting"  # a start could not be recorded: nothing launched, tried again later
 
     @property
     def stopping(self) -> bool:
@@ -50,6 +54,7 @@ class JobEvent(enum.Enum):
     SCHEDULE_RESTART = "schedule-restart"  # a crash restart is due at a time
     GIVE_UP = "give-up"  # the crash-loop limit was reached
     ACCEPT = "accept"  # a new spec was taken on without a restart (on_change none/signal)
+    HOLD = "hold"  # a start could not be recorded before any launch: nothing was started
 
 
 _P = JobPhase
@@ -80,6 +85,8 @@ TRANSITIONS: Mapping[tuple[JobPhase, JobEvent], JobPhase] = {
     # the planner restarts them as after a crash, the supervisor cannot call it one.
     (_P.RUNNING, _E.SCHEDULE_RESTART): _P.RUNNING,
     (_P.RUNNING, _E.GIVE_UP): _P.GAVE_UP,
+    # A start whose workers cannot be recorded launches none of them.
+    (_P.RUNNING, _E.HOLD): _P.WAITING,
     (_P.CRASHED, _E.GIVE_UP): _P.GAVE_UP,
     (_P.BACKOFF, _E.GIVE_UP): _P.GAVE_UP,
     # A new spec ends a crash loop's verdict (it may well fix the crash) and its backoff.
@@ -97,14 +104,14 @@ def next_phase(phase: JobPhase, event: JobEvent) -> JobPhase | None:
 def published_state(phase: JobPhase, alive: int, exit_codes: Sequence[int | None]) -> str:
     """The worker state the agent publishes for a job in ``phase``.
 
-    One of running, stopping, crashed, backoff, gave-up, exited, stopped.
+    One of running, stopping, crashed, backoff, gave-up, waiting, exited, stopped.
     ``alive`` counts the workers whose trees still have processes; a job the
     agent did not stop reads from its workers: running while any is alive,
     exited when all of them exited 0, stopped otherwise.
     """
     if phase.stopping:
         return "stopping"
-    if phase in (JobPhase.CRASHED, JobPhase.BACKOFF, JobPhase.GAVE_UP):
+    if phase in (JobPhase.CRASHED, JobPhase.BACKOFF, JobPhase.GAVE_UP, JobPhase.WAITING):
         return str(phase.value)
     if alive > 0:
         return "running"

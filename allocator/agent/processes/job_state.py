@@ -81,6 +81,7 @@ class JobRuntime:
     restarts: int = 0
     phase: JobPhase = JobPhase.RUNNING  # moved only by ``move`` (see job_phase)
     next_restart_at: float | None = None
+    retry_at: float | None = None  # WAITING: when the start that could not be recorded is retried
     stop_deadline: float | None = None
     stop_reason: str = ""
     killed_at: float | None = None  # when the first SIGKILL pass of the current stop went out
@@ -144,6 +145,12 @@ class JobRuntime:
         errors = [w.error for w in self.workers if w.error]
         self.next_restart_at, self.message = None, "; ".join([*errors[:1], reason])
 
+    def hold(self, why: str, retry_at: float) -> None:
+        """Nothing was launched (the move to WAITING is made): say why, and when it is retried."""
+        for worker in self.workers:
+            worker.group_gone = True  # never started: nothing of it to wait for
+        self.retry_at, self.message = retry_at, f"not started: {why}"
+
     def note_crash(self, code: int, message: str, ran_seconds: float) -> None:
         """Record the first crash of the current workers (the move to CRASHED comes first).
 
@@ -158,7 +165,7 @@ class JobRuntime:
         self.last_exit, self.message = code, message
 
     def current_state(self) -> str:
-        """running, stopping, crashed, backoff, gave-up, exited or stopped."""
+        """running, stopping, crashed, backoff, gave-up, waiting, exited or stopped."""
         return published_state(
             self.phase, self.alive(), [worker.exit_code for worker in self.workers]
         )
@@ -198,6 +205,7 @@ class JobRuntime:
             device=self.spec.device,
             grace_seconds=self.spec.grace_seconds,
             stopped=self.phase is JobPhase.STOPPED and self.alive() == 0,
+            waiting_until=self.retry_at if self.phase is JobPhase.WAITING else None,
         )
 
     def record(self) -> dict[str, Any]:
@@ -207,7 +215,7 @@ class JobRuntime:
         ``crash_restarts`` counts crash restarts since the last change/new
         start (the number the crash-loop limit applies to). ``start_times``
         are seconds since the epoch; ``state`` is one of running, stopping,
-        crashed, backoff, gave-up, exited, stopped (see :func:`published_state`).
+        crashed, backoff, gave-up, waiting, exited, stopped (see :func:`published_state`).
         """
         running = [w for w in self.workers if w.shown_pid > 0 and w.exit_code is None]
         ticks = [w.main_ticks if w.shim else w.start_ticks for w in running]

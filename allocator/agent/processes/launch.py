@@ -100,18 +100,20 @@ class ShimStatus(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     gpus: str = ""
     device: str = ""
     grace: str = ""
+    cgroup: str = ""
     boot_id: str = ""
 
 
-def status_fields(job: DesiredJob, worker: WorkerSpec, boot_id: str) -> dict[str, str]:
+def status_fields(job: DesiredJob, worker: WorkerRuntime, boot_id: str) -> dict[str, str]:
     """The agent's fields of a worker's status file (all text: the shim writes them as is)."""
     return {
         "job": job.job,
-        "index": str(worker.index),
+        "index": str(worker.spec.index),
         "fingerprint": job.fingerprint,
         "gpus": ",".join(map(str, job.gpus)),
         "device": job.device,
         "grace": repr(float(job.grace_seconds)),
+        "cgroup": worker.cgroup,
         "boot_id": boot_id,
     }
 
@@ -365,7 +367,7 @@ def launch_worker(
         run_as=run_as,
         cpus=ws.cpus,
         warm=warm,
-        status=status_fields(job, ws, boot_id),
+        status=status_fields(job, worker, boot_id),
     )
     if result.pid == 0:
         return _failed(worker, cause, result.error, result.exit_code or _EXIT_CANNOT_RUN)
@@ -393,5 +395,7 @@ def _membound(argv: tuple[str, ...], mems: Sequence[int], path: str | None) -> t
 
 def _failed(worker: WorkerRuntime, cause: str, error: str, code: int) -> tuple[str, dict[str, Any]]:
     worker.exit_code, worker.group_gone, worker.error = code, True, error
+    with contextlib.suppress(OSError):  # the agent's prepared status: no shim will take it on
+        os.unlink(worker.status_path)
     fields = {"job": worker.spec.job, "index": worker.spec.index, "cause": cause, "error": error}
     return "worker-start-failed", fields

@@ -24,6 +24,7 @@ __all__ = [
     "ProcStat",
     "become_subreaper",
     "clean_base_env",
+    "current_boot_id",
     "exit_code_of",
     "group_alive",
     "parse_stat",
@@ -180,6 +181,14 @@ def _boot_time() -> int | None:
         return next(int(line.split()[1]) for line in lines if line.startswith("btime "))
     except (OSError, StopIteration, ValueError, IndexError):
         return None
+
+
+def current_boot_id() -> str:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``; "" where the kernel does not say)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
 
 
 def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:

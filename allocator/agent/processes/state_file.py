@@ -10,6 +10,12 @@ crash of the agent (``kill -9``), the rename is what counts (the page cache
 outlives the process).
 New fields are optional, so a file written by an older agent (workers
 without a shim) still reads, and its workers are still adopted.
+
+Version 2 records the boot it was written on (``boot_id``): a pid and its
+start ticks name one process only within one boot, so a file from another
+boot, or one this agent cannot use (cut short, or written by a newer agent),
+is refused whole (:class:`StateFileError`) and the supervisor adopts from
+the shims' own status files instead, never by killing what runs.
 """
 
 from __future__ import annotations
@@ -34,7 +40,9 @@ __all__ = [
     "write_state_file",
 ]
 
-STATE_SCHEMA_VERSION = 1
+#: 2: the boot id; 1 (still read): none, so its pids are trusted with their start ticks.
+STATE_SCHEMA_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 _COUNTERS = ("crash_restarts", "change_restarts", "restarts")
 
@@ -68,6 +76,7 @@ def job_to_state(job: JobRuntime) -> dict[str, Any]:
         "started_at": job.started_at,
         "killed_at": job.killed_at,
         "next_restart_at": job.next_restart_at,
+        "retry_at": job.retry_at,
         "stop_deadline": job.stop_deadline,
         "stop_reason": job.stop_reason,
         "last_exit": job.last_exit,
@@ -158,6 +167,7 @@ def job_from_state(entry: dict[str, Any]) -> JobRuntime:
         setattr(job, counter, int(entry.get(counter, 0)))
     job.phase = JobPhase(entry["phase"]) if "phase" in entry else _phase_from_flags(entry)
     job.next_restart_at = _optional_float(entry.get("next_restart_at"))
+    job.retry_at = _optional_float(entry.get("retry_at"))
     job.stop_deadline = _optional_float(entry.get("stop_deadline"))
     job.killed_at = _optional_float(entry.get("killed_at"))
     if job.killed_at is None and entry.get("killed"):  # written before killed_at was
@@ -220,26 +230,40 @@ def _device(value: object) -> Device:
     raise ValueError(f"unknown device {value!r}")
 
 
-def write_state_file(path: Path, jobs: Mapping[str, JobRuntime]) -> None:
+def write_state_file(path: Path, jobs: Mapping[str, JobRuntime], boot_id: str = "") -> None:
     """Atomically rewrite the state file with every tracked job (OSError on failure)."""
     data = {
         "schema_version": STATE_SCHEMA_VERSION,
         "agent_pid": os.getpid(),
+        "boot_id": boot_id,
         "jobs": {name: job_to_state(job) for name, job in sorted(jobs.items())},
     }
     procs.write_json_atomic(path, data, durable=False)
 
 
-def read_state_file(path: Path) -> dict[str, Any]:
-    """The recorded jobs by name ({} when there is no file); StateFileError if unusable."""
+def read_state_file(path: Path, boot_id: str = "") -> dict[str, Any]:
+    """The recorded jobs by name ({} when there is no file); StateFileError if unusable.
+
+    Unusable: not JSON (cut short), a ``schema_version`` this agent does not
+    know (a newer agent wrote it), or written on another boot than ``boot_id``.
+    """
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise StateFileError(str(exc)) from exc
-    if not isinstance(data, dict) or data.get("schema_version") != STATE_SCHEMA_VERSION:
-        raise StateFileError("unknown format or schema_version")
+        raise StateFileError(f"cannot read it: {exc}") from exc
+    if not isinstance(data, dict):
+        raise StateFileError("not a state file")
+    version = data.get("schema_version")
+    if version not in _READABLE_VERSIONS:
+        raise StateFileError(
+            f"schema_version {version!r} is not one this agent reads "
+            f"({', '.join(map(str, _READABLE_VERSIONS))}): written by another agent version"
+        )
+    written_on = data.get("boot_id") or ""
+    if written_on and boot_id and written_on != boot_id:
+        raise StateFileError(f"written on another boot ({written_on}): its pids name nothing now")
     jobs = data.get("jobs")
     if not isinstance(jobs, dict):
         raise StateFileError("no jobs table")

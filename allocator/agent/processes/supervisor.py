@@ -27,7 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,13 @@ from allocator.agent.planning.types import (
     WorkerExit,
 )
 from allocator.agent.processes import procs, tree
-from allocator.agent.processes.adoption import AdoptedWorker, AdoptReport, sweep, take_over
+from allocator.agent.processes.adoption import (
+    AdoptedWorker,
+    AdoptReport,
+    from_status_files,
+    sweep,
+    take_over,
+)
 from allocator.agent.processes.cgroups import agent_scope, remove_cgroup, worker_cgroup_base
 from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
@@ -56,7 +62,9 @@ from allocator.agent.processes.launch import (
     SHIM_REFUSALS,
     launch_worker,
     prepare_worker,
+    record_status,
     shim_env,
+    status_fields,
 )
 from allocator.agent.processes.procs import clean_base_env
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
@@ -71,6 +79,8 @@ _STOP_POLL_SECONDS = 0.02
 _KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
 _KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (forks race us)
 _SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
+#: A start that could not be recorded (a full disk) is tried again this much later.
+RECORD_RETRY_SECONDS = 5.0
 
 
 def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
@@ -92,6 +102,7 @@ class Supervisor:
         subreaper: bool = True,
         cgroups: bool = True,
         warm_shim: bool = True,
+        boot_id: str | None = None,
     ) -> None:
         self.log_dir = Path(log_dir)
         self.state_file = Path(state_file)
@@ -103,6 +114,8 @@ class Supervisor:
         self._jobs: dict[str, JobRuntime] = {}
         self._pending_exits: list[WorkerExit] = []
         self._dirty = False
+        # Adoption is per boot: a pid recorded before a reboot names someone else now.
+        self.boot_id = procs.current_boot_id() if boot_id is None else boot_id
         # See the module docstring: orphans of a shim killed outright come to us.
         self.subreaper = procs.become_subreaper() if subreaper else False
         scope = agent_scope(self.state_file.parent)
@@ -176,11 +189,33 @@ class Supervisor:
             prepare_worker(worker, self.status_dir, self.cgroup_base) for worker in spec.workers
         ]
         self._jobs[action.job] = job
-        self._save()  # before any fork: a restarted agent finds every shim this start makes
+        # Before any fork: a restarted agent finds every shim this start makes, and
+        # a worker it could not find (nothing recorded) is a worker never started.
+        why = self._record_launch(job)
+        if why:
+            self._hold(job, why)
+            return
         for worker in job.workers:
             self._launch(spec, worker, action.cause)
             if worker.exit_code is not None:  # could not even start: an immediate crash
                 self._pending_exits.append(self._exited(job, worker, worker.exit_code))
+        self._dirty = True
+
+    def _record_launch(self, job: JobRuntime) -> str:
+        """Save the state, then each worker's first status file; "" if done, else why not."""
+        why = self._save()
+        for worker in job.workers if not why else ():
+            fields = status_fields(job.spec, worker, self.boot_id)
+            why = why or record_status(Path(worker.status_path), fields)
+        return why
+
+    def _hold(self, job: JobRuntime, why: str) -> None:
+        """Launch nothing of ``job``: it waits (and says why) until a retry can record it."""
+        for worker in job.workers:
+            tree.discard(worker)  # a prepared status file or cgroup, where there was room
+        if self._move(job, JobEvent.HOLD):
+            job.hold(why, self._clock() + RECORD_RETRY_SECONDS)
+        self._log("start-held", {"job": job.spec.job, "reason": why})
         self._dirty = True
 
     def _launch(self, spec: DesiredJob, worker: WorkerRuntime, cause: str) -> None:
@@ -192,6 +227,7 @@ class Supervisor:
             log_dir=self.log_dir,
             stamp=format_time(self._wall()),
             warm=self.warm.take(),
+            boot_id=self.boot_id,
         )
         self._log(event, fields)
 
@@ -383,18 +419,23 @@ class Supervisor:
 
     # --- state file and adoption ---------------------------------------------------------
 
-    def _save(self) -> None:
+    def _save(self) -> str:
+        """Rewrite the state file; "" if done, else why not (logged)."""
         try:
-            write_state_file(self.state_file, self._jobs)
-            self._dirty = False
+            write_state_file(self.state_file, self._jobs, self.boot_id)
         except OSError as exc:
             self._log("state-write-failed", {"path": str(self.state_file), "error": str(exc)})
+            return f"cannot save the agent's state file {self.state_file}: {exc.strerror or exc}"
+        self._dirty = False
+        return ""
 
     def _load(self) -> dict[str, Any]:
+        """The state file's jobs; {} when it cannot be used (the status files then say)."""
         try:
-            return read_state_file(self.state_file)
+            return read_state_file(self.state_file, self.boot_id)
         except StateFileError as exc:
-            self._log("state-unreadable", {"path": str(self.state_file), "error": str(exc)})
+            fields = {"path": str(self.state_file), "error": str(exc), "adopting": "status files"}
+            self._log("state-unreadable", fields)
             return {}
 
     def adopt(self) -> AdoptReport:
@@ -405,7 +446,12 @@ class Supervisor:
         """
         jobs, report = take_over(self._load(), set(self._jobs), self._log)
         self._jobs.update(jobs)
-        sweep(self.status_dir, self.cgroup_base, self._jobs, self._log)
+        found = from_status_files(self.status_dir, self.boot_id, self._jobs, self._clock())
+        self._jobs.update(found)
+        report = replace(report, adopted=tuple(sorted((*report.adopted, *found))))
+        for name in found:
+            self._log("adopt-from-status", {"job": name, "workers": len(found[name].workers)})
+        sweep(self.status_dir, self.cgroup_base, self._jobs, self._log, self.boot_id)
         for name in report.half_started:
             if jobs[name].alive() > 0:
                 self._stop(name, "the agent restarted while starting the job", 0.0)

@@ -240,7 +240,7 @@ def adopt_worker(worker: WorkerRuntime) -> str:
 def _adopt_shim(worker: WorkerRuntime) -> str:
     if worker.pid <= 0 and worker.exit_code is None:
         status = read_shim_status(Path(worker.status_path))
-        if status is None:  # the shim never started: nothing ran, nothing to count
+        if status is None or status.shim_pid <= 0:  # no shim started: nothing ran or counts
             worker.exit_code, worker.stop_sent, worker.group_gone = UNKNOWN_EXIT, True, True
             return "never-started"
         worker.pid, worker.start_ticks = status.shim_pid, status.shim_start_ticks

@@ -306,7 +306,7 @@ def test_state_file_is_private_and_names_the_shim_and_its_status_file(h: Harness
     assert worker["env"]["CUDA_VISIBLE_DEVICES"] == "1"
 
 
-def test_a_worker_no_state_entry_names_is_stopped_rather_than_run_twice(
+def test_a_worker_no_state_entry_names_is_adopted_from_its_status_file(
     h: Harness, other_agent: Callable[..., OtherAgent]
 ) -> None:
     agent = other_agent({"train": [[]]})
@@ -315,10 +315,11 @@ def test_a_worker_no_state_entry_names_is_stopped_rather_than_run_twice(
     (h.tmp / "state.json").unlink()  # the record of it is lost
     leftover = h.tmp / "workers" / "old.0.cafe.status"
     leftover.write_text('{"shim_pid": 999999999, "state": "exited", "exit_code": 0}')
-    assert h.sup.adopt().adopted == ()
-    stopped = [f["shim_pid"] for n, f in h.events if n == "unknown-worker-stopped"]
-    assert stopped == [report["ppid"]]
-    poll(lambda: not alive(report["pid"]) and not alive(report["ppid"]), "it to be stopped")
+    assert h.sup.adopt().adopted == ("train",)
+    assert "unknown-worker-stopped" not in h.event_names()
+    assert h.pids("train") == [report["pid"]]  # the same worker, still running
+    desired = {"train": replace(job_spec(h.tmp), fingerprint="fp-train")}
+    assert plan(desired, h.sup.views(), h.clock()) == []  # kept: never started twice
     assert not leftover.exists()  # what nothing runs for any more is cleared away
 
 

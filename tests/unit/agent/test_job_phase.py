@@ -24,6 +24,7 @@ LEGAL: dict[tuple[JobPhase, JobEvent], JobPhase] = {
     (P.CRASHED, E.START): P.RUNNING,
     (P.BACKOFF, E.START): P.RUNNING,
     (P.GAVE_UP, E.START): P.RUNNING,
+    (P.WAITING, E.START): P.RUNNING,
     (P.RUNNING, E.STOP): P.STOPPING,
     (P.STOPPED, E.STOP): P.STOPPING,
     (P.CRASHED, E.STOP): P.CLEARING,
@@ -41,6 +42,7 @@ LEGAL: dict[tuple[JobPhase, JobEvent], JobPhase] = {
     (P.RUNNING, E.GIVE_UP): P.GAVE_UP,
     (P.CRASHED, E.GIVE_UP): P.GAVE_UP,
     (P.BACKOFF, E.GIVE_UP): P.GAVE_UP,
+    (P.RUNNING, E.HOLD): P.WAITING,
     (P.RUNNING, E.ACCEPT): P.RUNNING,
     (P.STOPPING, E.ACCEPT): P.STOPPING,
     (P.CLEARING, E.ACCEPT): P.CLEARING,
@@ -48,6 +50,7 @@ LEGAL: dict[tuple[JobPhase, JobEvent], JobPhase] = {
     (P.CRASHED, E.ACCEPT): P.CRASHED,
     (P.BACKOFF, E.ACCEPT): P.CRASHED,
     (P.GAVE_UP, E.ACCEPT): P.CRASHED,
+    (P.WAITING, E.ACCEPT): P.WAITING,
 }
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from allocator.agent.processes import procs
 from allocator.agent.processes.launch import SHIM, read_shim_status
-from allocator.agent.shim.main import EXIT_HANDOVER, frame
+from allocator.agent.shim.main import EXIT_HANDOVER, EXIT_NO_STATUS, frame
 from tests.support.supervision import DUMMY, alive, exists, kill_reported, poll, read_json
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
@@ -242,3 +242,19 @@ def test_a_cold_shim_handed_a_whole_frame_runs_the_worker_with_exactly_it(tmp: P
     status = read_shim_status(tmp / "worker.status")
     assert status is not None
     assert (status.state, status.job, status.boot_id) == ("exited", "train", "b1")
+
+
+def test_a_shim_that_cannot_write_its_status_file_starts_nothing(tmp: Path) -> None:
+    """No later agent could find that worker (nor learn how it ended): it must not run."""
+    out = tmp / "reports" / "train.0.json"
+    status = tmp / "no-such-directory" / "worker.status"
+    command = [sys.executable, "-I", "-S", str(SHIM), str(status), "30", "-", "-", "-", "-"]
+    done = subprocess.run(
+        [*command, "--", sys.executable, DUMMY, "--out", str(out), "--exit-after", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == EXIT_NO_STATUS
+    assert "cannot write status file" in done.stderr
+    assert not out.exists()
