@@ -289,14 +289,21 @@ class OtherAgent:
 def other_agent(tmp_path: Path) -> Iterator[Callable[..., OtherAgent]]:
     """Start jobs from a supervisor running in its own process (killed at teardown).
 
-    ``start({job: [worker args, ...]}, grace=..., cgroups=...)``; each worker
+    ``start({job: [worker args, ...]}, grace=..., cgroups=..., env=..., ready=...)``
+    (``env``: variables added to its environment; ``ready=False``: do not wait
+    for it to have started every job); each worker
     is the dummy reporting to ``reports/<job>.<index>.json``, each job's
     fingerprint is ``fp-<job>``, and the state file is the harness's.
     """
     started: list[subprocess.Popen[str]] = []
 
     def start(
-        jobs: dict[str, list[list[str]]], *, grace: float = 0.5, cgroups: bool = True
+        jobs: dict[str, list[list[str]]],
+        *,
+        grace: float = 0.5,
+        cgroups: bool = True,
+        env: dict[str, str] | None = None,
+        ready: bool = True,
     ) -> OtherAgent:
         argvs = {
             job: [
@@ -321,10 +328,12 @@ def other_agent(tmp_path: Path) -> Iterator[Callable[..., OtherAgent]]:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, **(env or {})},
         )
         started.append(proc)
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
+        if ready:  # else it is expected to stop on the way (a test's pause point)
+            assert proc.stdout.readline().strip() == "ready"
         return OtherAgent(proc)
 
     try:

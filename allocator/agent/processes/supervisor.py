@@ -67,6 +67,7 @@ from allocator.agent.processes.launch import (
     status_fields,
 )
 from allocator.agent.processes.procs import clean_base_env
+from allocator.agent.processes.shim_census import wait_for_starting_shims
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
 from allocator.agent.processes.warm_shim import WarmShims
 from allocator.util.times import format_time, utc_now
@@ -444,6 +445,11 @@ class Supervisor:
         See :func:`adoption.take_over`. A job the agent died launching is
         stopped, so that it starts again whole. Call once, before the first ``plan()``.
         """
+        ours = [self.warm.idle.pid] if self.warm.idle is not None else []
+        ours += [w.pid for job in self._jobs.values() for w in job.workers]
+        silent = wait_for_starting_shims(self.state_file.parent, self.status_dir, ours=ours)
+        if silent:  # they run a worker no file names: the sweep cannot know them either
+            self._log("shims-silent", {"pids": silent})
         jobs, report = take_over(self._load(), set(self._jobs), self._log)
         self._jobs.update(jobs)
         found = from_status_files(self.status_dir, self.boot_id, self._jobs, self._clock())
