@@ -65,7 +65,7 @@ def _mount_tmpfs(path: Path) -> str:
 
 def _fill(directory: Path) -> Path:
     filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         while True:
             os.write(fd, b"\0" * 4096)
@@ -145,6 +145,8 @@ class Records:
     def clear_train(self) -> None:
         self.release("train")
         wait_for("train to be gone", lambda: not self.workers("train") and self.check() is None)
+        # Forgotten (its record deleted) only once its files are: nothing frees room later.
+        wait_for("train's record to go", lambda: self.world.worker_record("train") is None)
         (self.world.workdir / "train.json").unlink(missing_ok=True)
 
     # --- the faults -----------------------------------------------------------------

@@ -115,6 +115,7 @@ class Supervisor:
         self._jobs: dict[str, JobRuntime] = {}
         self._pending_exits: list[WorkerExit] = []
         self._dirty = False
+        self._save_error = ""  # why the last save failed ("": it did not)
         # Adoption is per boot: a pid recorded before a reboot names someone else now.
         self.boot_id = procs.current_boot_id() if boot_id is None else boot_id
         # See the module docstring: orphans of a shim killed outright come to us.
@@ -205,9 +206,11 @@ class Supervisor:
     def _record_launch(self, job: JobRuntime) -> str:
         """Save the state, then each worker's first status file; "" if done, else why not."""
         why = self._save()
-        for worker in job.workers if not why else ():
+        for worker in job.workers:
+            if why:
+                break
             fields = status_fields(job.spec, worker, self.boot_id)
-            why = why or record_status(Path(worker.status_path), fields)
+            why = record_status(Path(worker.status_path), fields)
         return why
 
     def _hold(self, job: JobRuntime, why: str) -> None:
@@ -425,9 +428,13 @@ class Supervisor:
         try:
             write_state_file(self.state_file, self._jobs, self.boot_id)
         except OSError as exc:
-            self._log("state-write-failed", {"path": str(self.state_file), "error": str(exc)})
+            if str(exc) != self._save_error:  # once per cause: a full disk retries every tick
+                self._log("state-write-failed", {"path": str(self.state_file), "error": str(exc)})
+            self._save_error = str(exc)
             return f"cannot save the agent's state file {self.state_file}: {exc.strerror or exc}"
-        self._dirty = False
+        if self._save_error:
+            self._log("state-write-recovered", {"path": str(self.state_file)})
+        self._dirty, self._save_error = False, ""
         return ""
 
     def _load(self) -> dict[str, Any]:

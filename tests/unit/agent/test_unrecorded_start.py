@@ -114,6 +114,9 @@ def _held_then_started(w: World, free: Callable[[], None]) -> None:
     # Nothing is retried before its time, and nothing counts as a crash or a restart.
     assert plan({"train": spec}, w.sup.views(), w.clock()) == []
     assert (record["restarts"], record["crash_restarts"]) == (0, 0)
+    for _ in range(3):  # every tick retries the save; the log says it once
+        w.sup.tick()
+    assert w.names().count("state-write-failed") == 1
     free()
     w.clock.advance(RECORD_RETRY_SECONDS)
     actions = plan({"train": spec}, w.sup.views(), w.clock())
@@ -123,6 +126,7 @@ def _held_then_started(w: World, free: Callable[[], None]) -> None:
     report = poll(lambda: _read(w.tmp / "reports" / "train.0.json"), "the worker's report")
     assert processes_running(w.tmp / "reports" / "train.0.json") == [report["pid"]]
     assert w.sup.records()["train"]["state"] == "running"
+    assert "state-write-recovered" in w.names()
 
 
 def _read(path: Path) -> dict[str, Any] | None:
