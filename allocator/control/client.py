@@ -199,12 +199,23 @@ class Allocator:
 
         return self._with_retries(once, "set")
 
-    def release_across(self, job: str, *, reason: str = "") -> GroupResult:
-        """Release ``job`` on every host where it holds anything, in one transaction."""
+    def release_across(
+        self, job: str, *, reason: str = "", if_share: tuple[str, int] | None = None
+    ) -> GroupResult:
+        """Release ``job`` on every host where it holds anything, in one transaction.
+
+        ``if_share`` (host, revision): release only while that host's share is
+        still at that revision (a ``ConflictError`` if it was set again
+        meanwhile), as the agent's idle release of a job across hosts does.
+        """
         from allocator.control.across_hosts import plan_group_release
 
         def once() -> GroupResult:
             write = plan_group_release(self, job, self._generation_value(), reason)
+            if if_share is not None:
+                write.compares.append(
+                    Compare(self.layout.assignment(if_share[0], job), if_share[1])
+                )
             self._views().clear()
             self._txn(write.compares, write.ops)
             return write.result
