@@ -52,6 +52,7 @@ from allocator.agent.processes.cgroups import agent_scope, remove_cgroup, worker
 from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 from allocator.agent.processes.launch import SHIM, launch_worker, prepare_worker, shim_env
+from allocator.agent.processes.output_tail import failed_output
 from allocator.agent.processes.procs import clean_base_env
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
 from allocator.agent.processes.warm_shim import WarmShims
@@ -239,6 +240,7 @@ class Supervisor:
             return
         if self._move(job, JobEvent.GIVE_UP):
             job.give_up(action.reason)
+            job.output_tail, job.log_path = failed_output(job, self.log_dir)
             self._dirty = True
             self._log("gave-up", {"job": action.job, "reason": action.reason})
 
