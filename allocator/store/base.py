@@ -48,7 +48,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from msgspec import Struct
 
-from allocator.errors import CasConflict
+from allocator.errors import BadRecord, CasConflict
 
 __all__ = [
     "MAX_TXN_OPS",
@@ -64,6 +64,9 @@ __all__ = [
     "Store",
     "TxnOutcome",
     "Watch",
+    "bad_key_records",
+    "key_or_none",
+    "key_text",
     "read_each",
     "txn_size",
     "txn_then_read",
@@ -90,10 +93,16 @@ class KeyValue(Struct, frozen=True):
 
 
 class Listing(Struct, frozen=True):
-    """The result of a prefix read: the items and the store revision it saw."""
+    """The result of a prefix read: the items and the store revision it saw.
+
+    ``bad_keys`` names (escaped, see :func:`key_text`) the keys the read found
+    that are not UTF-8 text: they are left out of ``items``, and whoever
+    reports bad records reports them, as a bad value is reported.
+    """
 
     items: tuple[KeyValue, ...]
     revision: int
+    bad_keys: tuple[str, ...] = ()
 
 
 class Event(Struct, frozen=True):
@@ -156,6 +165,29 @@ class TxnOutcome(Struct, frozen=True):
     revision: int
     changed: tuple[str, ...] = ()
     reads: tuple[Listing, ...] = ()
+
+
+def key_or_none(raw: bytes) -> str | None:
+    """``raw`` as a key, or ``None`` when it is not UTF-8 text.
+
+    Keys are decoded strictly: such a key was written by hand (``etcdctl put``,
+    ``sqlite3``), names nothing allocator writes, and is skipped and reported
+    by its readers, never a reason for a read to fail.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def key_text(raw: bytes) -> str:
+    """``raw`` as printable text, its bytes that are not UTF-8 escaped (``\\xff``)."""
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def bad_key_records(listing: Listing) -> tuple[BadRecord, ...]:
+    """One :class:`BadRecord` per key of ``listing`` that was skipped as not UTF-8 text."""
+    return tuple(BadRecord(key, "the key is not UTF-8 text") for key in listing.bad_keys)
 
 
 def txn_size(compares: Sequence[Compare], ops: Sequence[Op]) -> int:
@@ -293,4 +325,4 @@ def _read_one(store: Store, read: Read) -> Listing:
     bare = tuple(
         KeyValue(kv.key, b"", kv.mod_revision, kv.create_revision, kv.lease) for kv in listing.items
     )
-    return Listing(bare, listing.revision)
+    return Listing(bare, listing.revision, listing.bad_keys)

@@ -58,7 +58,7 @@ from allocator.records.types import (
     encode_record,
     replace_struct,
 )
-from allocator.store import Store
+from allocator.store import Store, bad_key_records
 
 __all__ = ["LinkState", "Outbox", "StoreLink"]
 
@@ -296,6 +296,8 @@ class StoreLink:
             self.log("store-readable", {"revision": self.revision})
         for error, revision in view.bad:
             self._bad_record(error, revision)
+        for error in bad_key_records(listing):  # skipped by the store: a key that is not text
+            self._bad_record(error, 0)
         self.to_loop.put(view)
         # A host the store will not show is not watched either: a refused watch would
         # read as this agent's own permission problem and drop the connection.

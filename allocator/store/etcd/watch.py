@@ -72,7 +72,8 @@ def read_message(stream: Stream, where: str) -> tuple[list[Event], AllocatorErro
         str(result.get("cancel_reason") or ""),
         where,
     )
-    return [event_of(item) for item in result.get("events") or []], failure
+    events = (event_of(item) for item in result.get("events") or [])
+    return [event for event in events if event is not None], failure
 
 
 def open_watch_stream(endpoint: Endpoint, request: Json, until: float) -> OpenedWatch:
