@@ -33,6 +33,7 @@ __all__ = [
     "Json",
     "b64",
     "conflict_of",
+    "etcd_object",
     "event_of",
     "json_object",
     "key_value_of",
@@ -102,6 +103,19 @@ def json_object(body: bytes) -> Json:
     return data
 
 
+def etcd_object(body: bytes) -> Json:
+    """A reply's JSON object, if it is etcd's: its ``header`` names the cluster.
+
+    ``ValueError`` for anything else (a ``{}`` from a proxy, an HTML page).
+    """
+    data = json_object(body)
+    result = data.get("result")  # a streamed call's one answer (a lease keep-alive)
+    header = (result if isinstance(result, dict) else data).get("header")
+    if not isinstance(header, dict) or not header.get("cluster_id"):
+        raise ValueError("not etcd's answer (no header.cluster_id)")
+    return data
+
+
 def event_of(item: Json) -> Event | None:
     """An :class:`Event` from a watch reply's event object (no ``type``: a put).
 
@@ -156,6 +170,7 @@ class _RangeKv(msgspec.Struct):
 
 class _RangeHeader(msgspec.Struct):
     revision: int = 0
+    cluster_id: int = 0  # every etcd answer names its cluster
 
 
 class _RangeReply(msgspec.Struct):
@@ -178,6 +193,8 @@ def range_listing(body: bytes) -> Listing:
         reply = _RANGE_REPLY.decode(body)
     except msgspec.DecodeError as exc:  # also a ValidationError: a reply of another shape
         raise ValueError(f"not a range reply: {exc}") from None
+    if not reply.header.cluster_id:
+        raise ValueError("not etcd's range reply (no header.cluster_id)")
     items: list[KeyValue] = []
     bad: list[str] = []
     for kv in reply.kvs:
