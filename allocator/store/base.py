@@ -27,6 +27,11 @@ every backend):
   delete (it can replay from a listing this process made at ``start - 1``,
   or from where an earlier watch left off). Callers must be level-based:
   react to "this changed", not count events.
+* ``list`` returns keys in key order, or descending with ``descending``;
+  ``limit`` cuts it to the first ``limit`` keys in that order, read at the
+  cost of those keys (etcd: a range's ``limit`` and ``sort_order``; SQLite:
+  ``ORDER BY``/``LIMIT``; Consul: the key names only, then the values of
+  the chosen keys in one transaction).
 * A lease is a TTL: keys put with a lease are deleted (with delete events)
   when the lease expires or is revoked, unless it is refreshed in time.
 * A transaction holds at most ``max_txn_ops`` operations, compares and
@@ -229,8 +234,14 @@ class Store(Protocol):
         """Return the current version of ``key``, or ``None`` if absent."""
         ...
 
-    def list(self, prefix: str) -> Listing:
-        """Return every key starting with ``prefix`` (sorted) in one read."""
+    def list(self, prefix: str, *, limit: int | None = None, descending: bool = False) -> Listing:
+        """Return every key starting with ``prefix`` (sorted) in one read.
+
+        ``limit``: only the first ``limit`` keys; ``descending``: in
+        descending key order (the newest first, where keys sort by time, as
+        history entries do). Together they read the newest few of many keys
+        at the cost of those few.
+        """
         ...
 
     def put(

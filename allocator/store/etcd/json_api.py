@@ -132,15 +132,26 @@ def event_of(item: Json) -> Event | None:
     return Event("put", key, unb64(kv.get("value")), revision)
 
 
-def range_request(key: str, *, prefix: bool = False, values: bool = True) -> Json:
+def range_request(
+    key: str,
+    *,
+    prefix: bool = False,
+    values: bool = True,
+    limit: int | None = None,
+    descending: bool = False,
+) -> Json:
     """A range request for ``key`` (or every key under it, sorted by key, with ``prefix``).
 
-    ``values`` ``False``: keys and revisions only.
+    ``values`` ``False``: keys and revisions only; ``limit``: the first
+    ``limit`` keys, in descending key order with ``descending``.
     """
     raw = key.encode("utf-8")
     request: Json = {"key": b64(raw)}
     if prefix:
-        request.update(range_end=b64(prefix_range_end(raw)), sort_order="ASCEND", sort_target="KEY")
+        order = "DESCEND" if descending else "ASCEND"
+        request.update(range_end=b64(prefix_range_end(raw)), sort_order=order, sort_target="KEY")
+    if limit is not None:
+        request["limit"] = str(limit)
     if not values:
         request["keys_only"] = True
     return request

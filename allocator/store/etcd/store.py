@@ -86,6 +86,7 @@ from allocator.store.etcd.rules import (
 )
 from allocator.store.local import (
     check_key,
+    check_limit,
     check_prefix,
     check_reads,
     check_ttl,
@@ -143,9 +144,16 @@ class EtcdStore:
         kvs = reply.get("kvs") or []
         return key_value_of(kvs[0]) if kvs else None
 
-    def list(self, prefix: str) -> Listing:
-        """Every key under ``prefix``, sorted, with the revision read at: one range request."""
-        request = range_request(check_prefix(prefix), prefix=True)
+    def list(self, prefix: str, *, limit: int | None = None, descending: bool = False) -> Listing:
+        """Every key under ``prefix``, sorted, with the revision read at: one range request.
+
+        ``limit`` and ``descending`` go into the range itself (etcd's
+        ``limit`` and ``sort_order``): etcd reads and sends only those keys.
+        """
+        check_limit(limit)
+        request = range_request(
+            check_prefix(prefix), prefix=True, limit=limit, descending=descending
+        )
 
         def send(endpoint: Endpoint, until: float) -> Listing:
             return endpoint.post_as("/v3/kv/range", request, until, range_listing)

@@ -218,9 +218,11 @@ class SqliteStore(local.ConditionalWrites):
             ).fetchone()
         return _key_value(row) if row else None
 
-    def list(self, prefix: str) -> Listing:
-        """Return every key starting with ``prefix`` (sorted) and the store revision."""
+    def list(self, prefix: str, *, limit: int | None = None, descending: bool = False) -> Listing:
+        """Every key starting with ``prefix`` (sorted; ``limit``, ``descending``: see Store)."""
         local.check_prefix(prefix)
+        order = "DESC" if descending else "ASC"
+        cut = -1 if local.check_limit(limit) is None else limit  # -1: no limit
         low, high = local.prefix_range(prefix)
         with self._reading(f"listing {prefix}") as conn:
             if conn is None:
@@ -228,8 +230,8 @@ class SqliteStore(local.ConditionalWrites):
             with transaction(conn, "DEFERRED"):
                 rows = conn.execute(
                     f"SELECT {_COLUMNS} FROM kv WHERE kv.key >= ? AND kv.key < ?"
-                    f" AND {_VISIBLE} ORDER BY kv.key",
-                    (low, high, self._clock()),
+                    f" AND {_VISIBLE} ORDER BY kv.key {order} LIMIT ?",
+                    (low, high, self._clock(), cut),
                 ).fetchall()
                 revision = self._revisions(conn)[0]
         return _listing(rows, revision)
