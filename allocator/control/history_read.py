@@ -11,8 +11,8 @@ The fleet's history is every host's stream and the policy's, merged newest
 first (by the revision that wrote each entry, as :func:`read_history`
 sorts). The merge pulls from a stream only when its newest unread entry is
 next, so with a limit the streams are read only as far as their entries
-are shown: a fleet of ``h`` hosts costs one small read per host plus the
-pages the shown entries came from. (A fleet-wide index, one more key per
+are shown: a fleet of ``h`` hosts costs one small read per host (batched,
+64 to a request) plus the pages the shown entries came from. (A fleet-wide index, one more key per
 entry written in the same transaction, was measured against this and not
 needed: see ``bench/bench_history.py``.)
 """
@@ -36,7 +36,7 @@ from allocator.control.history import (
 )
 from allocator.errors import BadRecord, InvalidName
 from allocator.records.keys import KeyLayout, validate_name
-from allocator.store import Store
+from allocator.store import MAX_TXN_OPS, Listing, Read, Store
 from allocator.util.times import parse_time
 
 __all__ = ["MAX_PAGE", "SINCE_PAGE", "first_page", "newest_entries", "query_history"]
@@ -67,17 +67,22 @@ def newest_entries(
     *,
     page: int | None,
     since: datetime | None = None,
+    first: Listing | None = None,
 ) -> Iterator[Stored]:
     """``stream``'s entries newest first, read ``page`` at a time (each page twice the last).
 
     Pages are re-read from the newest end, so an entry appended meanwhile
     is skipped (it is newer than what was shown) rather than shown twice.
     With ``since``, reading ends at the first entry written before it.
+    ``first``: the first page, already read.
     """
     size = page
     last_key: str | None = None
     while True:
-        listing = store.list(stream.prefix, limit=size, descending=True)
+        if first is not None:
+            listing, first = first, None
+        else:
+            listing = store.list(stream.prefix, limit=size, descending=True)
         for item in listing.items:
             if last_key is not None and item.key >= last_key:
                 continue  # shown already, or appended after the reading began
@@ -115,10 +120,23 @@ def query_history(
     if job is None and gpu is None:
         streams.append(policy_stream(layout))
     page = first_page(limit, len(streams), windowed=since is not None)
-    readers = [newest_entries(store, s, on_bad, page=page, since=since) for s in streams]
+    firsts = _first_pages(store, streams, page)
+    readers = [
+        newest_entries(store, s, on_bad, page=page, since=since, first=f)
+        for s, f in zip(streams, firsts, strict=True)
+    ]
     merged: Iterable[Stored] = heapq.merge(*readers, key=_newest, reverse=True)
     matching = (s for s in merged if select([s], job=job, gpu=gpu, since=since))
     return list(itertools.islice(matching, limit))
+
+
+def _first_pages(store: Store, streams: list[Stream], page: int | None) -> list[Listing]:
+    """Every stream's first page, in batches of reads (one request each on etcd)."""
+    reads = [Read(s.prefix, prefix=True, limit=page, descending=True) for s in streams]
+    pages: list[Listing] = []
+    for start in range(0, len(reads), MAX_TXN_OPS):
+        pages += store.read_many(reads[start : start + MAX_TXN_OPS])
+    return pages
 
 
 def _hosts(store: Store, layout: KeyLayout, host: str | None, on_bad: OnBad) -> list[str]:

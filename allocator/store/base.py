@@ -151,11 +151,14 @@ class Read(Struct, frozen=True):
 
     ``values`` ``False`` asks only for the keys and their revisions (a
     caller that only needs to know whether a large value changed).
+    ``limit`` and ``descending`` (with ``prefix``) are :meth:`Store.list`'s.
     """
 
     key: str
     prefix: bool = False
     values: bool = True
+    limit: int | None = None
+    descending: bool = False
 
 
 class TxnOutcome(Struct, frozen=True):
@@ -326,7 +329,7 @@ def txn_then_read(
 
 def _read_one(store: Store, read: Read) -> Listing:
     if read.prefix:
-        listing = store.list(read.key)
+        listing = store.list(read.key, limit=read.limit, descending=read.descending)
     else:
         item = store.get(read.key)
         # A single get reports no store revision; the item's own is the best bound.

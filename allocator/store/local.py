@@ -55,6 +55,7 @@ def check_reads(reads: Sequence[Read]) -> None:
     """Validate every key of a batch of reads before it is sent."""
     for read in reads:
         check_key(read.key)
+        check_limit(read.limit)
 
 
 def check_key(key: str, what: str = "key") -> str:

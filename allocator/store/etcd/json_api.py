@@ -160,7 +160,12 @@ def range_request(
 def read_ops(reads: Sequence[Read]) -> list[Json]:
     """One range request op per read of a batch."""
     return [
-        {"request_range": range_request(r.key, prefix=r.prefix, values=r.values)} for r in reads
+        {
+            "request_range": range_request(
+                r.key, prefix=r.prefix, values=r.values, limit=r.limit, descending=r.descending
+            )
+        }
+        for r in reads
     ]
 
 

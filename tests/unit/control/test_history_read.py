@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -27,7 +28,7 @@ from allocator.errors import BadRecord
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
 from allocator.serve.history import history_json
-from allocator.store import Listing, Store, open_store
+from allocator.store import Listing, Read, Store, open_store
 from allocator.util.times import format_time
 
 LAYOUT = KeyLayout()
@@ -47,6 +48,11 @@ class CountingStore:
         self.keys_read += len(listing.items)
         self.lists += 1
         return listing
+
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        found = self.store.read_many(reads)
+        self.keys_read += sum(len(listing.items) for listing in found)
+        return found
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
