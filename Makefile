@@ -30,6 +30,7 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff check allocator tests bench
 	$(BIN)/ruff format --check allocator tests bench
 	$(BIN)/mypy --strict allocator
+	$(BIN)/lint-imports --no-cache
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict \
 		--site-dir "$$site"; status=$$?; rm -rf "$$site"; exit $$status
 

@@ -25,7 +25,6 @@ Hard rules kept here:
 from __future__ import annotations
 
 import os
-import queue
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -33,30 +32,25 @@ from typing import Any
 
 from allocator import __version__
 from allocator.agent.config import AgentConfig
-from allocator.agent.gpu_care.mps import MpsDaemons
+from allocator.agent.gpu_care.care import GpuCare
 from allocator.agent.gpu_care.observe import Observer
-from allocator.agent.gpu_care.state import GpuState
 from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
-from allocator.agent.log import DecisionLog, action_fields, action_name, as_fields
+from allocator.agent.log import DecisionLog, as_fields
 from allocator.agent.notify import notifier_from_environ
-from allocator.agent.planning.across_hosts import PeerHost
-from allocator.agent.planning.desired import desired_jobs
+from allocator.agent.planning.action_log import action_fields, action_name
+from allocator.agent.planning.desired_cache import DesiredCache
+from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
-from allocator.agent.planning.types import DesiredJob
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
 from allocator.agent.sync.history_decisions import DecisionRecorder
-from allocator.agent.sync.host_records import HostView
-from allocator.agent.sync.last_good import load_last_good, save_last_good
 from allocator.agent.sync.reports import agent_record, worker_records
-from allocator.agent.sync.store_thread import LinkState, StoreLink
-from allocator.errors import PolicyError
-from allocator.gpus.inventory import Inventory
+from allocator.agent.sync.store_sync import StoreSync
 from allocator.placement.reservations import active_reservations
-from allocator.policy import Policy, load_policy
-from allocator.records.types import HistoryEntry, PolicyRecord
+from allocator.policy import Policy
+from allocator.records.types import HistoryEntry
 from allocator.store import Store, open_store, resolve_store_url
 from allocator.util.times import format_time, utc_now
 
@@ -78,7 +72,14 @@ def busy_tick(busy_for: float) -> float:
 
 
 class Agent(Lifecycle):
-    """One host's agent. ``run()`` returns when SIGTERM/SIGINT arrives."""
+    """One host's agent. ``run()`` returns when SIGTERM/SIGINT arrives.
+
+    Its parts own their state: ``sync`` (the store link and what the store
+    said), ``care`` (the GPUs and their MPS daemons), ``supervisor`` (the
+    processes), ``wanted`` (the desired jobs), ``observer`` (usage and
+    metrics) and ``decisions`` (the history the agent writes). The agent
+    wires them in its loop and keeps only the loop's own pace and flags.
+    """
 
     def __init__(
         self,
@@ -97,54 +98,30 @@ class Agent(Lifecycle):
         # systemd's variables leave the environment here, so no worker inherits them.
         source = os.environ if environ is None else dict(environ)
         self.notifier = notifier_from_environ(source)
-        self.environ = dict(source)
+        environ = dict(source)
         self.url = resolve_store_url(config.store)
         self.log = DecisionLog(config.log_format, config.host)
         config.agent_dir.mkdir(parents=True, exist_ok=True)
         self.supervisor = Supervisor(
             config.worker_log_dir, config.agent_dir / "workers.json", clock=clock, logger=self.log
         )
-        self.inbox: queue.Queue[HostView | LinkState] = queue.Queue()
-        self.link = StoreLink(
-            config, self.url, self.log, self.inbox, open_store=store_opener, clock=clock
+        self.sync = StoreSync(config, self.url, self.log, open_store=store_opener, clock=clock)
+        self.care = GpuCare(environ, config.agent_dir, self.log, clock())
+        self.wanted = DesiredCache(
+            PortTable(config.agent_dir / "ports.json", self.log),
+            frozenset(os.sched_getaffinity(0)),
         )
-        self.policy: Policy | None = None
-        self.policy_sha = ""
-        self.refused_policy_sha = ""
-        # Until the store is read: what the last agent read intact (used only for
-        # jobs whose record the store then holds damaged).
-        self.last_good_path = config.agent_dir / "assignments.json"
-        self.assignments, self.assignment_revisions = load_last_good(
-            self.last_good_path, config.host
-        )
-        self.failed: dict[str, int] = {}
-        self.peers: Mapping[str, PeerHost] = {}  # the other hosts of jobs across hosts
-        self.desired: dict[str, DesiredJob] = {}
-        self.gpus = GpuState(self.environ, config.agent_dir / "gpus.json", self.log, clock())
-        self.ports = PortTable(config.agent_dir / "ports.json", self.log)
-        self.mps = MpsDaemons(config.agent_dir / "mps", self.log, self.environ)
-        self.cpus = frozenset(os.sched_getaffinity(0))  # what workers may be pinned within
-        self.decisions = DecisionRecorder(config.host, pinned=self.gpus.pins)
-        self.inventory: Inventory = self.gpus.inventory
-        self.health = self.gpus.monitor
-        self.unhealthy: dict[int, str] = dict(self.gpus.unhealthy)
+        self.decisions = DecisionRecorder(config.host, pinned=self.care.pins)
+        self.observer = Observer(environ, config.host, self.log, clock)
         self.started_at = format_time(wall())
-        self.observer = Observer(self.environ, config.host, self.log, clock)
-        self.connected = False
-        self.have_state = False
-        self.reconciled = False
-        self.said_no_policy = False
-        self.next_health = 0.0
-        self.stop_requested = False
-        self.reload_requested = False
-        self.busy = False
-        self.busy_since = 0.0
-        self.pending_view: HostView | None = None
-        self.last_good_due = False
-        self._desired_inputs: tuple[Any, ...] = ()
         self.guard = StepGuard(
             clock, self.log, lambda: {"keeping_workers": len(self.supervisor.views())}
         )
+        self.reconciled = False  # the agent knows what it runs (and publishes its workers)
+        self.stop_requested = False
+        self.reload_requested = False
+        self.busy = False  # stopping or starting: the loop looks more often
+        self.busy_since = 0.0
 
     # --- the loop -------------------------------------------------------------
 
@@ -156,9 +133,10 @@ class Agent(Lifecycle):
         report = self.supervisor.adopt()
         self.log("adopt", {"adopted": sorted(report.adopted), "stale": sorted(report.stale)})
         self.log(
-            "start", {"store": self.url, "version": __version__, "inventory": self.inventory.source}
+            "start",
+            {"store": self.url, "version": __version__, "inventory": self.care.inventory.source},
         )
-        self.link.start()
+        self.sync.link.start()
         self.notifier.ready(f"supervising {len(report.adopted)} adopted job(s); connecting")
         orderly = False
         try:
@@ -173,204 +151,129 @@ class Agent(Lifecycle):
         if self.reload_requested:
             self.guard.run("reload", self._reload)
         self._drain(self._sleep_for(self.clock()))
-        if self.pending_view is not None:
-            self.guard.run("read", self._take_view)
-        if self.clock() >= self.next_health:
+        if self.sync.pending is not None:
+            self.guard.run("read", lambda: self.sync.take_view(self._policy_changed))
+        if self.care.due(self.clock()):
             self.guard.run("health", lambda: self._check_health(self.clock()))
             self.guard.run("usage", lambda: self._observe(self.clock()))
         self.guard.run("reap", self._reap)
-        if self.have_state:
+        if self.sync.have_state:
             started = self.clock()
             self.guard.run("reconcile", lambda: self._reconcile(self.clock()))
             self.observer.reconcile.observe(self.clock() - started)
-        if self.last_good_due:
-            self.guard.run("save", self._save_last_good)
+        if self.sync.last_good_due:
+            self.guard.run("save", self.sync.save_last_good)
         self.guard.run("publish", self._offer)
         self.notifier.ping(self.clock())
 
     def _sleep_for(self, now: float) -> float:
-        due = [self.next_health]
+        due = [self.care.next_check]
         later = (self.guard.next_retry(), self.notifier.next_ping, self.supervisor.next_due())
         due += [t for t in later if t is not None]
         tick = busy_tick(now - self.busy_since) if self.busy else TICK_SECONDS
         return max(0.0, min(tick, *(t - now for t in due)))
 
     def _drain(self, timeout: float) -> None:
-        try:
-            messages = [self.inbox.get(timeout=timeout)]
-        except queue.Empty:
-            return
-        while True:
-            try:
-                messages.append(self.inbox.get_nowait())
-            except queue.Empty:
-                break
-        states = [m for m in messages if isinstance(m, LinkState)]
-        views = [m for m in messages if isinstance(m, HostView)]
-        if states:
-            self.connected = states[-1].connected
-            self.observer.store_state(self.connected, self.clock())
-            self.notifier.status(self._status_line(states[-1].detail))
-        if views:  # level-based: only the newest read matters
-            self.pending_view = views[-1]
+        state = self.sync.drain(timeout)
+        if state is not None:
+            self.observer.store_state(state.connected, self.clock())
+            self.notifier.status(self._status_line(state.detail))
 
     def _status_line(self, detail: str) -> str:
-        store = "store connected" if self.connected else f"store unavailable ({detail})"
+        store = "store connected" if self.sync.connected else f"store unavailable ({detail})"
         return f"{len(self.supervisor.views())} job(s); {store}"
 
     # --- what the store says ---------------------------------------------------
 
-    def _take_view(self) -> None:
-        """Adopt the newest read of the store as the state to reconcile towards."""
-        view = self.pending_view
-        assert view is not None
-        if view.policy is not None:
-            self._use_policy(view.policy)
-        elif self.policy is None and not self.said_no_policy:
-            self.said_no_policy = True
-            self.log("no-policy", {"hint": "run `allocator policy apply FILE`"})
-        assignments, revisions = dict(view.assignments), dict(view.revisions)
-        for job in view.damaged & self.assignments.keys():  # keep its last good assignment
-            assignments[job] = self.assignments[job]
-            revisions[job] = self.assignment_revisions[job]
-        if (assignments, revisions) != (self.assignments, self.assignment_revisions):
-            self.last_good_due = True  # saved after the reconcile: off the path of a move
-        self.assignments, self.assignment_revisions = assignments, revisions
-        self.peers = view.peers
-        self.have_state = self.policy is not None
-        self.pending_view = None
-
-    def _save_last_good(self) -> None:
-        self.last_good_due = False
-        try:
-            save_last_good(self.last_good_path, self.assignments, self.assignment_revisions)
-        except OSError as exc:  # only a restart during a damaged record would miss it
-            self.log("state-write-failed", {"path": str(self.last_good_path), "error": str(exc)})
-
-    def _use_policy(self, record: PolicyRecord) -> None:
-        if record.sha256 in (self.policy_sha, self.refused_policy_sha):
-            return
-        try:
-            policy = load_policy(record.yaml, source="applied policy")
-        except PolicyError as exc:  # keep the last good policy rather than stopping work
-            self.refused_policy_sha = record.sha256
-            self.log("bad-policy", {"sha256": record.sha256[:12], "error": str(exc)})
-            return
-        self.policy, self.policy_sha = policy, record.sha256
-        self._policy_changed()
-        self.next_health = 0.0  # check now, and from now on at the policy's interval
-        self.log("policy", {"sha256": record.sha256[:12], "applied_by": record.applied_by})
-
-    def _policy_changed(self) -> None:
-        assert self.policy is not None
-        if self.inventory.source in ("declared", "none"):
-            self._read_inventory()
-        self.health.ignored_xids = self.policy.health.ignored_xids
+    def _policy_changed(self, policy: Policy) -> None:
+        self.care.use_policy(policy, self.config.host, self.clock())
 
     def _read_inventory(self) -> None:
         """NVML's GPUs (the last good ones while it fails), else the count the policy declares."""
-        declared = self.policy.hosts.get(self.config.host) if self.policy else None
-        self.inventory = self.gpus.reload(declared.gpus if declared else None, self.clock())
+        self.care.read_inventory(self.sync.policy, self.config.host, self.clock())
 
     # --- health, reconcile, publish --------------------------------------------
 
     def _check_health(self, now: float) -> None:
-        interval = self.policy.health.interval_seconds if self.policy is not None else 5.0
-        self.next_health = now + interval
-        assignments = self.assignments if self.have_state else None
-        unhealthy = self.gpus.check(now, self.policy, self.config.host, assignments)
-        self.inventory = self.gpus.inventory
-        if set(unhealthy) != set(self.unhealthy):
-            self.log("health", {"unhealthy": {str(k): v for k, v in sorted(unhealthy.items())}})
-        self.unhealthy = unhealthy
+        sync = self.sync
+        self.care.check(now, sync.policy, self.config.host, sync.known_assignments())
 
     def _observe(self, now: float) -> None:
         """Sample GPU usage (unassigned processes, idle holders); hand idle releases to the link."""
         views, roots = self.supervisor.views(), self.supervisor.process_roots()
-        state = (self.assignments, self.assignment_revisions, self.unhealthy)
-        self.observer.sample(now, self.wall(), self.policy, self.desired, views, roots, *state)
-        self.link.release_idle(self.observer.releases)
+        sync, desired = self.sync, self.wanted.desired
+        state = (sync.assignments, sync.revisions, self.care.unhealthy)
+        self.observer.sample(now, self.wall(), sync.policy, desired, views, roots, *state)
+        sync.link.release_idle(self.observer.releases)
 
     def _reap(self) -> None:
         for exited in self.supervisor.tick():
             self.log("exit", as_fields(exited))
 
     def _reconcile(self, now: float) -> None:
-        assert self.policy is not None
-        wall = self.wall()  # reservations are judged by this host's clock
-        views = self.supervisor.views()
-        holders = gpu_holders(views)
-        inputs = (
-            self.policy_sha,
-            tuple(sorted(self.assignment_revisions.items())),
-            self.inventory,
-            tuple(sorted(self.unhealthy.items())),
-            tuple(sorted(self.failed.items())),
-            active_reservations(self.policy, self.config.host, wall),  # windows opening
-            tuple(sorted(holders.items())),
-            tuple(sorted(self.gpus.pins)),
-            self.config.master_addr,
-            tuple(sorted(self.peers.items())),
-        )
-        if inputs != self._desired_inputs:  # recompute only when something it reads changed
-            before = self.desired
-            self.desired = desired_jobs(
-                self.policy,
-                self.config.host,
-                self.assignments,
-                self.assignment_revisions,
-                self.inventory.gpus or None,
-                self.unhealthy,
-                self.failed,
-                wall,
-                holders=holders,
-                pinned=self.gpus.pins,
-                ports=self.ports.allocate(
-                    self.policy,
-                    self.config.host,
-                    self.assignments,
-                    running={job for job, view in views.items() if view.alive},
-                ),
-                master_addr=self.config.local_master_addr,
-                peers=self.peers,
-                address=self.config.advertised_address,
-                allowed_cpus=self.cpus,
-                mps_dir=str(self.mps.root),
-            )
-            self._desired_inputs = inputs  # only once computed: a failure is retried
-            self._history(self.decisions.desired_changed, before, self.desired, self.gpus.pins)
-        for job, want in self.desired.items():
-            if want.state == "failed" and job not in self.failed:
-                self.failed[job] = want.assignment_revision
-                self.log("job-failed", {"job": job, "reason": want.message})
-        self.failed = {
-            j: rev for j, rev in self.failed.items() if self.assignment_revisions.get(j) == rev
-        }
-        views = self.supervisor.views()
-        planned = plan(self.desired, views, now)  # starts wait for their MPS daemons:
-        actions = self.mps.gate(planned, self.desired, views, self.inventory.gpus or None, now)
+        before = self.wanted.update(self._desired_inputs())
+        if before is not None:  # recomputed: something it reads changed
+            desired = self.wanted.desired
+            self._history(self.decisions.desired_changed, before, desired, self.care.pins)
+        for want in self.wanted.note_failed(self.sync.revisions):
+            self.log("job-failed", {"job": want.job, "reason": want.message})
+        desired, views = self.wanted.desired, self.supervisor.views()
+        planned = plan(desired, views, now)
+        mps = self.care.mps
+        mps.carry_out(mps.wanted(desired, views, self.care.gpus), now)
+        actions = mps.hold_starts(planned, desired)  # starts wait for their MPS daemons
         for action in actions:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
-        self._history(self.decisions.actions, actions, self.desired)
-        busy = bool(actions) or self.mps.waiting or any(v.stopping for v in views.values())
+        self._history(self.decisions.actions, actions, desired)
+        busy = bool(actions) or mps.waiting or any(v.stopping for v in views.values())
         if busy and not self.busy:
             self.busy_since = now
         self.busy = busy
         self.reconciled = True
 
+    def _desired_inputs(self) -> DesiredInputs:
+        """Everything the desired jobs follow from, read from the agent's parts now."""
+        sync, host = self.sync, self.config.host
+        assert sync.policy is not None
+        wall = self.wall()  # reservations are judged by this host's clock
+        views = self.supervisor.views()
+        running = {job for job, view in views.items() if view.alive}
+        return DesiredInputs(
+            policy=sync.policy,
+            policy_sha=sync.policy_sha,
+            host=host,
+            assignments=sync.assignments,
+            assignment_revisions=sync.revisions,
+            inventory=self.care.gpus,
+            unhealthy=self.care.unhealthy,
+            failed=self.wanted.failed,
+            now=wall,
+            reservations=active_reservations(sync.policy, host, wall),
+            holders=gpu_holders(views),
+            pinned=self.care.pins,
+            ports=self.wanted.ports.allocate(sync.policy, host, sync.assignments, running),
+            master_addr=self.config.local_master_addr,
+            peers=sync.peers,
+            address=self.config.advertised_address,
+            allowed_cpus=self.wanted.allowed_cpus,
+            mps_dir=str(self.care.mps.root),
+        )
+
     def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:
         """Hand the link the history entries ``decide`` finds (it writes them when it can)."""
-        entries = decide(*args, self.assignments, format_time(self.wall()))
-        if entries and self.policy is not None:
-            self.link.record_history(entries, self.policy.history.entries_per_host)
+        entries = decide(*args, self.sync.assignments, format_time(self.wall()))
+        policy = self.sync.policy
+        if entries and policy is not None:
+            self.sync.link.record_history(entries, policy.history.entries_per_host)
 
     def _offer(self) -> None:
         """Hand the link what to publish; it writes only what differs from the store."""
+        care = self.care
         record = agent_record(
             self.config.host,
-            self.inventory,
-            self.unhealthy,
+            care.inventory,
+            care.unhealthy,
             started_at=self.started_at,
             version=__version__,
             address=self.config.advertised_address,
@@ -379,6 +282,7 @@ class Agent(Lifecycle):
         running, idle = self.supervisor.records(), self.observer.idle_since
         workers = None
         if self.reconciled:  # before that, the agent does not know yet what it runs
-            workers = worker_records(self.config.host, self.desired, running, idle)
-        self.link.offer(record, workers)
-        self.observer.note(self.inventory, self.unhealthy, self.assignments, running, __version__)
+            workers = worker_records(self.config.host, self.wanted.desired, running, idle)
+        self.sync.link.offer(record, workers)
+        assignments = self.sync.assignments
+        self.observer.note(care.inventory, care.unhealthy, assignments, running, __version__)

@@ -18,15 +18,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from allocator.agent.config import AgentConfig
-    from allocator.agent.gpu_care.mps import MpsDaemons
+    from allocator.agent.gpu_care.care import GpuCare
     from allocator.agent.gpu_care.observe import Observer
     from allocator.agent.log import DecisionLog
     from allocator.agent.notify import Notifier
     from allocator.agent.processes.supervisor import Supervisor
     from allocator.agent.step_guard import StepGuard
-    from allocator.agent.sync.store_thread import StoreLink
-    from allocator.gpus.health import HealthMonitor
-    from allocator.gpus.inventory import Inventory
+    from allocator.agent.sync.store_sync import StoreSync
 
 __all__ = ["WITHDRAW_SECONDS", "Lifecycle"]
 
@@ -42,13 +40,11 @@ class Lifecycle:
     config: AgentConfig
     reload_config: Callable[[], AgentConfig] | None
     log: DecisionLog
-    link: StoreLink
+    sync: StoreSync
     supervisor: Supervisor
-    mps: MpsDaemons
+    care: GpuCare
     notifier: Notifier
     observer: Observer
-    health: HealthMonitor
-    inventory: Inventory
     clock: Callable[[], float]
     stop_requested: bool
     reload_requested: bool
@@ -80,8 +76,9 @@ class Lifecycle:
         self.reload_requested = False
         self._reload_settings()
         self._read_inventory()
-        self.log("reload", {"inventory": self.inventory.source, "gpus": len(self.inventory.gpus)})
-        self.link.resync()
+        inventory = self.care.inventory
+        self.log("reload", {"inventory": inventory.source, "gpus": len(inventory.gpus)})
+        self.sync.link.resync()
 
     def _reload_settings(self) -> None:
         if self.reload_config is None:
@@ -98,7 +95,7 @@ class Lifecycle:
             new = replace(new, **{name: getattr(self.config, name) for name in ignored})
         self.config = new
         self.log.fmt = new.log_format
-        self.link.reconfigure(new)
+        self.sync.link.reconfigure(new)
         self.log("settings", {k: str(v) for k, v in asdict(new).items()})
 
     def _shutdown(self, orderly: bool) -> None:
@@ -113,10 +110,10 @@ class Lifecycle:
         else:
             self.log("stopping-workers", {"jobs": jobs})
             self.supervisor.stop_all()
-            self.mps.stop_all(self.clock())
+            self.care.mps.stop_all(self.clock())
         if keep and orderly and self.reconciled:
             self.guard.run("publish", self._offer)
-        if not self.link.close(keep_worker_records=keep, timeout=WITHDRAW_SECONDS):
+        if not self.sync.link.close(keep_worker_records=keep, timeout=WITHDRAW_SECONDS):
             self.log(
                 "withdraw-skipped",
                 {
@@ -124,7 +121,7 @@ class Lifecycle:
                     "the lease expires on its own"
                 },
             )
-        self.health.close()
+        self.care.close()
         self.observer.close()
         self.notifier.close()
         self.log("stopped", {})

@@ -14,11 +14,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, TextIO
 
-from allocator.agent.planning.types import Action, GiveUp, Start, Stop
 from allocator.store.credentials import redact
 from allocator.util.times import format_time, utc_now
 
-__all__ = ["DecisionLog", "action_fields", "action_name", "as_fields"]
+__all__ = ["DecisionLog", "as_fields"]
 
 
 def _text_value(value: Any) -> str:
@@ -83,24 +82,3 @@ def as_fields(obj: Any) -> dict[str, Any]:
     if hasattr(obj, "__dataclass_fields__"):
         return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
     return {"detail": str(obj)}
-
-
-def action_name(action: Action) -> str:
-    """The log event name of a planned action (``start``, ``stop``, ...)."""
-    return type(action).__name__.lower()
-
-
-def action_fields(action: Action) -> dict[str, Any]:
-    """What a log line says about an action: a Start names GPUs and device, not the spec."""
-    fields = as_fields(action)
-    if isinstance(action, Start):
-        spec = fields.pop("spec")
-        fields.update(
-            gpus=list(spec.gpus),
-            device=spec.device,
-            workers=len(spec.workers),
-            fallback=spec.fallback_reason,
-        )
-    if isinstance(action, Stop | GiveUp):
-        fields["reason"] = action.reason
-    return fields

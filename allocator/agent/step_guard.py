@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from allocator.agent.sync.watches import RetryTimer
+from allocator.util.retry_timer import RetryTimer
 
 __all__ = ["StepGuard"]
 

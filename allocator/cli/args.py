@@ -221,7 +221,7 @@ def parse_host_list(raw: str) -> tuple[str, ...]:
 
 
 def _parse_slots(raw: str) -> int:
-    from allocator.records.types import MAX_SLOTS
+    from allocator.records.fields import MAX_SLOTS
 
     if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= MAX_SLOTS:
         raise InvalidInput(f"slots={_shown(raw)}: expected a whole number from 1 to {MAX_SLOTS}")

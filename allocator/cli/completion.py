@@ -273,7 +273,8 @@ def _policy_names(store: Any, layout: Any, section: str) -> set[str]:
     """The names under ``section`` of the applied policy (read, not validated: only offered)."""
     import yaml
 
-    from allocator.records.types import PolicyRecord, decode_record
+    from allocator.records.codec import decode_record
+    from allocator.records.types import PolicyRecord
 
     item = store.get(layout.policy)
     if item is None:

@@ -7,9 +7,13 @@ from typing import Any
 
 from allocator.cli.common import add_common_options, warn_of_secrets_in_argv
 
-__all__ = ["DEFAULT_LISTEN", "parse_listen", "register"]
+__all__ = ["DEFAULT_LISTEN", "default_allowed_hosts", "parse_listen", "register"]
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
+#: Connections served at once (event streams included); more get 503 at once.
+DEFAULT_MAX_CONNECTIONS = 256
+#: Seconds a connection has to send a whole request head.
+DEFAULT_REQUEST_TIMEOUT = 10.0
 
 
 def register(commands: Any) -> None:
@@ -28,6 +32,31 @@ def register(commands: Any) -> None:
         default=DEFAULT_LISTEN,
         metavar="HOST:PORT",
         help=f"address to listen on (default: {DEFAULT_LISTEN}; [::1]:8080 for IPv6)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="a Host name the page is served under (repeatable; *.example.com patterns; '*' "
+        "for any). Default: the --listen address, localhost and this machine's names. Other "
+        "names get 400, so a DNS-rebinding page cannot read the API",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
+        help=f"connections served at once, open pages included; more get 503 "
+        f"(default {DEFAULT_MAX_CONNECTIONS})",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT,
+        metavar="SECONDS",
+        help="a connection that sends no whole request in this time is closed "
+        f"(default {DEFAULT_REQUEST_TIMEOUT:g})",
     )
     add_common_options(parser)
     parser.set_defaults(handler=run)
@@ -56,10 +85,15 @@ def run(args: argparse.Namespace) -> int:
     from allocator.store.credentials import redact
 
     host, port = parse_listen(args.listen)
+    if not 1 <= args.max_connections <= 100_000:
+        raise InvalidInput(f"--max-connections {args.max_connections}: expected 1 to 100000")
+    if not 0.1 <= args.request_timeout <= 3600:
+        raise InvalidInput(f"--request-timeout {args.request_timeout:g}: expected 0.1 to 3600")
     try:
         import uvicorn
 
         from allocator.serve.app import Fleet, build_app
+        from allocator.serve.guard import guarded_protocol
         from allocator.serve.mirror import FleetMirror
     except ImportError as exc:
         raise InvalidInput(
@@ -77,7 +111,13 @@ def run(args: argparse.Namespace) -> int:
     shown = f"[{host}]" if ":" in host else host
     sys.stderr.write(f"allocator serve: http://{shown}:{port}/ (store {redact(url)})\n")
     config = uvicorn.Config(
-        build_app(fleet), log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        build_app(fleet, args.allowed_host or default_allowed_hosts(host)),
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        http=guarded_protocol(args.request_timeout),
+        limit_concurrency=args.max_connections,
+        timeout_keep_alive=5,
     )
 
     class Server(uvicorn.Server):
@@ -87,6 +127,19 @@ def run(args: argparse.Namespace) -> int:
 
     Server(config).run(sockets=[sock])
     return 0
+
+
+def default_allowed_hosts(listen: str) -> list[str]:
+    """The Host names served by default: the listen address, localhost, this machine's names."""
+    import os
+
+    from allocator.util.identity import local_hostname
+
+    # The names the machine gives itself; no DNS lookup (a slow resolver would delay start-up).
+    names = {"localhost", "127.0.0.1", "[::1]", local_hostname(), os.uname().nodename}
+    if listen not in ("0.0.0.0", "::", ""):
+        names.add(f"[{listen}]" if ":" in listen else listen)
+    return sorted(name.lower() for name in names if name)
 
 
 def _bind(host: str, port: int) -> Any:

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 from allocator.control.history import change_entry, host_stream, prepare_append, release_entry
 from allocator.control.job_index import group_index_change, index_for_write
 from allocator.errors import PlacementRefused, RequestError
-from allocator.records.types import Assignment, HistoryEntry, replace_struct
+from allocator.records.codec import replace_struct
+from allocator.records.types import Assignment, HistoryEntry
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
 from allocator.util.times import format_time
 
@@ -278,7 +279,7 @@ def replace_share(
     template: Assignment, host: str, placed: Placement, nodes: tuple[str, ...], port: int
 ) -> Assignment:
     """One host's share of the job, from the template and that host's placement."""
-    from allocator.records.types import replace_struct
+    from allocator.records.codec import replace_struct
 
     return replace_struct(
         template,

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from allocator.control.job_index import index_complete
 from allocator.errors import BadRecord, PlacementRefused, RequestError
-from allocator.records.types import PolicyRecord, decode_record
+from allocator.records.codec import decode_record
+from allocator.records.types import PolicyRecord
 from allocator.status.snapshots import snapshots_by_host
 from allocator.store import Compare, KeyValue, Put
 from allocator.util.times import format_time

@@ -30,8 +30,10 @@ from allocator.errors import (
     CasConflict,
     RequestError,
 )
+from allocator.records.codec import replace_struct
+from allocator.records.fields import SCHEMA_VERSION
 from allocator.records.keys import DEFAULT_PREFIX, KeyLayout
-from allocator.records.types import SCHEMA_VERSION, Assignment, replace_struct
+from allocator.records.types import Assignment
 from allocator.status.snapshots import (
     HostSnapshot,
     PolicySnapshot,

@@ -30,16 +30,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from allocator.errors import BadRecord, InvalidInput
+from allocator.records.codec import decode_record, replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import (
-    Assignment,
-    HistoryEntry,
-    HistoryHead,
-    JobPlace,
-    PolicyRecord,
-    decode_record,
-    replace_struct,
-)
+from allocator.records.types import Assignment, HistoryEntry, HistoryHead, JobPlace, PolicyRecord
 from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
 from allocator.util.times import parse_time
 

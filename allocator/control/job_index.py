@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from allocator.errors import BadRecord, RequestError
+from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
-from allocator.records.types import Assignment, JobIndex, decode_record
+from allocator.records.types import Assignment, JobIndex
 from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
 
 __all__ = [

@@ -26,8 +26,9 @@ from typing import TypeVar
 from allocator.control.history import Head, append_plan, head_of, host_stream, recover_head
 from allocator.control.job_index import IndexEntry, complete_index, index_change, index_of
 from allocator.errors import BadRecord
+from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
-from allocator.records.types import Assignment, HistoryEntry, PolicyRecord, decode_record
+from allocator.records.types import Assignment, HistoryEntry, PolicyRecord
 from allocator.status.snapshots import HostSnapshot, PolicySnapshot, snapshots_by_host
 from allocator.store import Compare, KeyValue, Listing, Op, Put, Read, Store
 

@@ -13,8 +13,8 @@ from typing import Any, cast
 
 from allocator.errors import InvalidInput
 from allocator.gpus.topology import parse_cpu_list
-from allocator.records.fields import PcieLevel
-from allocator.records.types import PCIE_LEVELS, MigDevice
+from allocator.records.fields import PCIE_LEVELS, PcieLevel
+from allocator.records.types import MigDevice
 
 __all__ = [
     "DEFAULT_CUDA_DRIVER_VERSION",

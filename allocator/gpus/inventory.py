@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from allocator.gpus.nvml import NvmlUnavailable, load_nvml, nvml_session, read_devices, source_kind
-from allocator.records.types import GpuInfo, replace_struct
+from allocator.records.codec import replace_struct
+from allocator.records.types import GpuInfo
 
 __all__ = [
     "Inventory",

@@ -38,8 +38,9 @@ from allocator.gpus.nvml_codes import (
     ERROR_NOT_SUPPORTED,
 )
 from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
+from allocator.records.codec import replace_struct
 from allocator.records.fields import PcieLevel
-from allocator.records.types import GpuInfo, MigDevice, replace_struct
+from allocator.records.types import GpuInfo, MigDevice
 
 __all__ = [
     "MAX_TOPOLOGY_GPUS",

@@ -13,8 +13,8 @@ import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from allocator.records.fields import PcieLevel
-from allocator.records.types import PCIE_LEVELS, GpuInfo
+from allocator.records.fields import PCIE_LEVELS, PcieLevel
+from allocator.records.types import GpuInfo
 
 __all__ = [
     "GROUP_LEVELS",

@@ -14,7 +14,7 @@ from msgspec import Struct
 
 from allocator.errors import RequestError
 from allocator.policy.model import Policy, Sharing
-from allocator.records.types import MAX_SLOTS
+from allocator.records.fields import MAX_SLOTS
 
 if TYPE_CHECKING:
     from allocator.placement.ranking import Prefer

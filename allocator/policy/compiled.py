@@ -34,7 +34,8 @@ from allocator import __version__
 from allocator.errors import BadRecord
 from allocator.policy import model
 from allocator.policy.model import Policy
-from allocator.records.types import CompiledPolicyRecord, decode_record
+from allocator.records.codec import decode_record
+from allocator.records.types import CompiledPolicyRecord
 from allocator.util.digest import sha256_hex
 
 __all__ = ["COMPILED_FORMAT", "compile_policy", "compiled_format", "read_compiled"]

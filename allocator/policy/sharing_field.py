@@ -13,7 +13,7 @@ from allocator.policy.model import Sharing
 from allocator.policy.yamlspec.kinds import Enum, Int
 from allocator.policy.yamlspec.reader import INVALID, Reader, join, kind_of
 from allocator.policy.yamlspec.structures import Field, Record
-from allocator.records.types import MAX_SLOTS
+from allocator.records.fields import MAX_SLOTS
 
 if TYPE_CHECKING:
     from yaml.nodes import Node

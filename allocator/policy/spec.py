@@ -33,7 +33,7 @@ from allocator.policy.yamlspec.kinds import (
     Timestamp,
 )
 from allocator.policy.yamlspec.structures import EnvMap, Field, ListOf, NameMap, OnlyWhen, Record
-from allocator.records.types import MAX_GPU_INDEX
+from allocator.records.fields import MAX_GPU_INDEX
 
 __all__ = [
     "DAY",

@@ -18,12 +18,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from allocator.errors import BadRecord
-from allocator.records.codec import decode_record, encode_record, replace_struct
+from allocator.records.codec import decode_record, encode_record
 from allocator.records.fields import (
     MAX_GPU_INDEX,
-    MAX_SLOTS,
-    PCIE_LEVELS,
     SCHEMA_VERSION,
     Address,
     Argument,
@@ -43,13 +40,8 @@ from allocator.records.fields import (
 from allocator.util.digest import sha256_hex
 
 __all__ = [
-    "MAX_GPU_INDEX",
-    "MAX_SLOTS",
-    "PCIE_LEVELS",
-    "SCHEMA_VERSION",
     "AgentRecord",
     "Assignment",
-    "BadRecord",
     "CompiledPolicyRecord",
     "GpuInfo",
     "GpuProcess",
@@ -60,9 +52,6 @@ __all__ = [
     "MigDevice",
     "PolicyRecord",
     "WorkerRecord",
-    "decode_record",
-    "encode_record",
-    "replace_struct",
 ]
 
 

@@ -22,18 +22,21 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from importlib import resources
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from allocator.serve.fleet_metrics import fleet_families
+from allocator.serve.guard import HeaderMiddleware, page_policy
 from allocator.serve.history import history_json
 from allocator.serve.mirror import FleetMirror
 from allocator.serve.watcher import FleetWatcher
@@ -163,9 +166,14 @@ def _page() -> str:
     return resources.files("allocator.serve").joinpath("static/index.html").read_text()
 
 
-def build_app(fleet: Fleet) -> Starlette:
-    """The application: starts the watcher with the server, stops it with the server."""
+def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
+    """The application: starts the watcher with the server, stops it with the server.
+
+    ``allowed_hosts``: the ``Host`` names it answers (``*.example.com``
+    patterns; ``*`` answers any); any other gets 400.
+    """
     page = _page()
+    page_headers = {"Cache-Control": "no-cache", "Content-Security-Policy": page_policy(page)}
     state: dict[str, Broadcaster] = {}
     history_pool = ThreadPoolExecutor(HISTORY_THREADS, thread_name_prefix="serve-history")
 
@@ -195,7 +203,7 @@ def build_app(fleet: Fleet) -> Starlette:
             await asyncio.to_thread(fleet.watcher.stop)
 
     async def index(_request: Request) -> Response:
-        return HTMLResponse(page, headers={"Cache-Control": "no-cache"})
+        return HTMLResponse(page, headers=page_headers)
 
     async def status(_request: Request) -> Response:
         if not fleet.mirror.loaded:
@@ -239,7 +247,14 @@ def build_app(fleet: Fleet) -> Starlette:
         Route("/api/v1/events", events),
         Route("/metrics", metrics),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    middleware = [
+        Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts), www_redirect=False),
+        Middleware(
+            HeaderMiddleware,
+            headers={"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"},
+        ),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
 def _store_header(fleet: Fleet) -> dict[str, str]:

@@ -91,7 +91,8 @@ class FleetMirror:
         if item.value == raw:
             return parsed
         from allocator.policy import load_policy
-        from allocator.records.types import PolicyRecord, decode_record
+        from allocator.records.codec import decode_record
+        from allocator.records.types import PolicyRecord
 
         try:
             record = decode_record(item.value, PolicyRecord, item.key)

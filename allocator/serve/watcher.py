@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from allocator.agent.sync.watches import RetryTimer
 from allocator.errors import AllocatorError, Compacted
 from allocator.serve.mirror import FleetMirror
 from allocator.store import Event, Read, Store, Watch
 from allocator.store.credentials import redact
+from allocator.util.retry_timer import RetryTimer
 from allocator.util.times import format_time, utc_now
 
 __all__ = ["POLL_SECONDS", "QUIET_SECONDS", "FleetWatcher", "StoreState"]

@@ -199,7 +199,8 @@ def _first(listing: Listing) -> KeyValue | None:
 
 
 def _policy(allocator: Any, item: KeyValue | None, compiled: Listing) -> Any:
-    from allocator.records.types import PolicyRecord, decode_record
+    from allocator.records.codec import decode_record
+    from allocator.records.types import PolicyRecord
     from allocator.status.applied_policy import applied_policy
 
     if item is None:

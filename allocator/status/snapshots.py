@@ -12,14 +12,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from allocator.errors import BadRecord, NotFound
+from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout, split_host_key
-from allocator.records.types import (
-    AgentRecord,
-    Assignment,
-    PolicyRecord,
-    WorkerRecord,
-    decode_record,
-)
+from allocator.records.types import AgentRecord, Assignment, PolicyRecord, WorkerRecord
 from allocator.store import KeyValue
 
 if TYPE_CHECKING:  # the policy loader costs import time a reader of hosts need not pay

@@ -143,15 +143,17 @@ def test_the_page_renders_updates_live_and_says_when_the_store_is_down(
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 1280, "height": 520})
+            page.clock.install()  # the page's own clock, moved on below without a new document
             page.goto(world.base + "/")
             cell = 'td[data-host="node1"][data-gpu="1"] .holder'
-            page.wait_for_function(f"document.querySelector('{cell}')?.textContent === 'free'")
+            # Selectors, not string predicates: the page's CSP forbids eval, which polling uses.
+            page.wait_for_selector(f"{cell}:text-is('free')")
             assert page.locator("tr[data-host]").count() == 3  # the example's node1-3
             page.evaluate("window.notReloaded = true")
 
             assert world.cli("set", "job=train", "gpus=1", "host=node1").code == 0
             assert world.cli("set", "job=eval-nightly", "gpus=0", "host=node2").code == 0
-            page.wait_for_function(f"document.querySelector('{cell}').textContent === 'train'")
+            page.wait_for_selector(f"{cell}:text-is('train')")
             assert page.evaluate("window.notReloaded") is True  # live, not a reload
             assert page.locator('tr[data-job="train"]').count() == 1
 
@@ -162,6 +164,10 @@ def test_the_page_renders_updates_live_and_says_when_the_store_is_down(
             idle = page.inner_text('td[data-host="node1"][data-gpu="1"]')
             assert "idle 2h05m: past its idle rule" in idle
             _screenshot(page, tmp_path)
+            # Ten minutes later and no change in the store: the idle time has grown with them.
+            page.clock.run_for(10 * 60 * 1000)  # the page redraws every 5 s of its clock
+            assert "idle 2h15m" in page.inner_text('td[data-host="node1"][data-gpu="1"]')
+            assert "2h15m" in page.inner_text('tr[data-job="train"]')
 
             etcd_server_private.stop()
             page.wait_for_selector("#banner:not([hidden])")

@@ -23,13 +23,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from allocator.errors import BadRecord
-from allocator.records.types import (
-    AgentRecord,
-    Assignment,
-    PolicyRecord,
-    WorkerRecord,
-    decode_record,
-)
+from allocator.records.codec import decode_record
+from allocator.records.types import AgentRecord, Assignment, PolicyRecord, WorkerRecord
 from allocator.store import open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, pid_alive
 from tests.reliability.conftest import Figures, scale

@@ -28,9 +28,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from allocator.agent.planning.types import Pin
 from allocator.policy.model import HealthSettings
 
-__all__ = ["Damping", "Event", "FlapLimit", "GpuHoldDown", "JobGpus", "Pin", "hold_down_for"]
+__all__ = ["Damping", "Event", "FlapLimit", "GpuHoldDown", "JobGpus", "hold_down_for"]
 
 #: A log line the caller writes: event name and fields.
 Event = tuple[str, dict[str, object]]
@@ -174,14 +175,6 @@ class JobGpus:
 
     gpus: tuple[int, ...]
     action: SafeAction
-
-
-@dataclass(frozen=True, slots=True)
-class Pin:
-    """A job held in its fallback: treat ``unhealthy`` as out for it; ``note`` says why."""
-
-    unhealthy: Mapping[int, str]
-    note: str
 
 
 @dataclass(slots=True)

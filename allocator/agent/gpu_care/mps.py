@@ -5,12 +5,14 @@ GPU visible (its UUID) and a pipe and log directory of its own under the
 agent's state directory (:func:`allocator.agent.planning.gpu_shares.mps_pipe_dir`); the
 daemon writes ``nvidia-cuda-mps-control.pid`` into its pipe directory, and a
 live process under that pid is what "up" means. A worker never starts before
-its daemon is up: :meth:`MpsDaemons.gate` holds its ``Start`` back, and the
-loop asks again on its next tick. A daemon that dies while wanted is started
-again (with a growing delay if it keeps failing); when the last job using a
-GPU is gone, its daemon is told ``quit`` through ``nvidia-cuda-mps-control``
-with the same pipe directory, and killed if it is still there after
-:data:`QUIT_SECONDS`.
+its daemon is up: :meth:`MpsDaemons.wanted` says which daemons to run and
+which to stop (:class:`RunMps`, :class:`QuitMps`), the loop has
+:meth:`MpsDaemons.carry_out` do so, and :meth:`MpsDaemons.hold_starts` holds
+back a ``Start`` whose daemon is not up yet; the loop asks again on its next
+tick. A daemon that dies while wanted is started again (with a growing delay
+if it keeps failing); when the last job using a GPU is gone, its daemon is
+told ``quit`` through ``nvidia-cuda-mps-control`` with the same pipe
+directory, and killed if it is still there after :data:`QUIT_SECONDS`.
 
 Nothing here blocks: a daemon is started, or told to quit, by a short-lived
 ``nvidia-cuda-mps-control`` process that is reaped on a later call. Daemons
@@ -27,14 +29,23 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, assert_never
 
 from allocator.agent.planning.gpu_shares import daemon_device, mps_log_dir, mps_pipe_dir
 from allocator.agent.planning.types import Action, DesiredJob, JobView, Start
 from allocator.agent.processes import procs
 from allocator.records.types import GpuInfo
 
-__all__ = ["CONTROL", "PID_FILE", "QUIT_SECONDS", "MpsDaemons", "mps_clients"]
+__all__ = [
+    "CONTROL",
+    "PID_FILE",
+    "QUIT_SECONDS",
+    "MpsAction",
+    "MpsDaemons",
+    "QuitMps",
+    "RunMps",
+    "mps_clients",
+]
 
 #: The MPS control program, looked up on the agent's PATH.
 CONTROL = "nvidia-cuda-mps-control"
@@ -63,6 +74,24 @@ def mps_clients(desired: Mapping[str, DesiredJob]) -> dict[str, frozenset[int]]:
         if want.state == "run" and gpus:
             clients[name] = frozenset(gpus)
     return clients
+
+
+@dataclass(frozen=True, slots=True)
+class RunMps:
+    """Keep ``gpu``'s control daemon up (start it, or again after it died), seeing ``device``."""
+
+    gpu: int
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class QuitMps:
+    """Tell ``gpu``'s control daemon to quit (killed if it is still there after a while)."""
+
+    gpu: int
+
+
+MpsAction = RunMps | QuitMps
 
 
 @dataclass(slots=True)
@@ -108,28 +137,54 @@ class MpsDaemons:
         busy = any(d.pid is None for d in self.daemons.values())
         return bool(self.held) or busy or bool(self.leaving)
 
-    def gate(
+    def wanted(
         self,
-        actions: Sequence[Action],
         desired: Mapping[str, DesiredJob],
         views: Mapping[str, JobView],
         inventory: Sequence[GpuInfo] | None,
-        now: float,
-    ) -> list[Action]:
-        """Run the daemons what runs (or should) needs; return ``actions`` less held starts."""
-        clients = mps_clients(desired)
-        self._track_users(clients, views)
+    ) -> list[MpsAction]:
+        """The daemons what runs (or should) needs, and those nobody needs any more.
+
+        Decides only (it notes which job uses which GPU); :meth:`carry_out` acts.
+        A GPU whose daemon is still leaving gets a new one once it is gone.
+        """
+        self._track_users(mps_clients(desired), views)
         wanted = {gpu for gpus in self.users.values() for gpu in gpus}
-        for gpu in sorted(wanted - self.leaving.keys()):
-            daemon = self.daemons.setdefault(gpu, _Daemon(gpu, ""))
-            daemon.device = daemon.device or daemon_device(gpu, inventory)
-        for gpu in sorted(self.daemons.keys() - wanted):
-            self._quit(self.daemons.pop(gpu), now)
+        quit_: list[MpsAction] = [QuitMps(gpu) for gpu in sorted(self.daemons.keys() - wanted)]
+        run: list[MpsAction] = [
+            RunMps(gpu, self._device(gpu, inventory))
+            for gpu in sorted(wanted - self.leaving.keys())
+        ]
+        return run + quit_
+
+    def carry_out(self, actions: Sequence[MpsAction], now: float) -> None:
+        """Start, tend and stop daemons as ``actions`` say; never waits for one."""
+        for action in actions:
+            match action:
+                case RunMps(gpu, device):
+                    daemon = self.daemons.setdefault(gpu, _Daemon(gpu, ""))
+                    daemon.device = daemon.device or device
+                case QuitMps(gpu):
+                    if gpu in self.daemons:
+                        self._quit(self.daemons.pop(gpu), now)
+                case _:
+                    assert_never(action)
         for daemon in list(self.daemons.values()):
             self._tend(daemon, now)
         for daemon in list(self.leaving.values()):
             self._see_off(daemon, now)
+
+    def hold_starts(
+        self, actions: Sequence[Action], desired: Mapping[str, DesiredJob]
+    ) -> list[Action]:
+        """``actions`` less the starts whose GPUs' daemons are not up yet (asked again later)."""
+        clients = mps_clients(desired)
         return [a for a in actions if not self._holds(a, clients)]
+
+    def _device(self, gpu: int, inventory: Sequence[GpuInfo] | None) -> str:
+        """The device a GPU's daemon sees: the one it was started with, else the inventory's."""
+        daemon = self.daemons.get(gpu)
+        return (daemon.device if daemon is not None else "") or daemon_device(gpu, inventory)
 
     def stop_all(self, now: float) -> None:
         """Tell every daemon to quit (the agent is stopping, its workers gone)."""

@@ -29,8 +29,9 @@ from typing import TypeVar
 
 from allocator.errors import BadRecord
 from allocator.gpus.visible import NodeGroup
+from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, WorkerRecord, decode_record
+from allocator.records.types import AgentRecord, Assignment, WorkerRecord
 from allocator.store import KeyValue
 
 __all__ = [

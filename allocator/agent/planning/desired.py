@@ -7,8 +7,7 @@ exclusive host no two jobs run on one GPU (:mod:`allocator.agent.planning.exclus
 and a job held back by the flap limit (:mod:`allocator.agent.gpu_care.hold_down`)
 stays in its fallback. A share of a job across several hosts follows the
 other shares' faults (:mod:`allocator.agent.planning.across_hosts`): the job's fallback
-rule decides for every host.
-stays in its fallback. Workers on shared GPUs are told their share
+rule decides for every host. Workers on shared GPUs are told their share
 (:mod:`allocator.agent.planning.gpu_shares`) and every worker is pinned to its CPUs
 (:mod:`allocator.agent.planning.affinity`).
 """
@@ -21,9 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from allocator.agent.gpu_care.hold_down import Pin
-from allocator.agent.planning.across_hosts import PeerHost, Share, share_of
+from allocator.agent.planning.across_hosts import Share, share_of
 from allocator.agent.planning.affinity import with_affinity
+from allocator.agent.planning.desired_inputs import DEFAULT_MASTER_ADDR, DesiredInputs
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
 from allocator.agent.planning.gpu_shares import share_env
 from allocator.agent.planning.types import DesiredJob, DesiredState, Device, WorkerSpec
@@ -32,74 +31,46 @@ from allocator.gpus.visible import NodeGroup
 from allocator.placement.choose import pool_sharing, unavailable_gpus
 from allocator.placement.ports import declared_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
-from allocator.records.types import Assignment, GpuInfo, replace_struct
+from allocator.records.codec import replace_struct
+from allocator.records.types import Assignment, GpuInfo
 
-__all__ = ["DEFAULT_MASTER_ADDR", "desired_job", "desired_jobs", "fingerprint", "master_port"]
-
-#: MASTER_ADDR of a single-host per-gpu job unless the agent's config says otherwise.
-DEFAULT_MASTER_ADDR = "127.0.0.1"
+__all__ = ["DEFAULT_MASTER_ADDR", "DesiredInputs", "desired_job", "desired_jobs", "fingerprint"]
 
 
-def desired_jobs(
-    policy: Policy,
-    host: str,
-    assignments: Mapping[str, Assignment],
-    assignment_revisions: Mapping[str, int],
-    inventory: Sequence[GpuInfo] | None,
-    unhealthy: Mapping[int, str],
-    failed: Mapping[str, int],
-    now: datetime | None = None,
-    *,
-    holders: Mapping[str, tuple[int, ...]] | None = None,
-    pinned: Mapping[str, Pin] | None = None,
-    ports: Mapping[str, int] | None = None,
-    master_addr: str = DEFAULT_MASTER_ADDR,
-    peers: Mapping[str, PeerHost] | None = None,
-    address: str | None = None,
-    allowed_cpus: frozenset[int] = frozenset(),
-    mps_dir: str | None = None,
-) -> dict[str, DesiredJob]:
-    """Return the desired job for every assignment on ``host``, keyed by job name.
+def desired_jobs(inputs: DesiredInputs) -> dict[str, DesiredJob]:
+    """Return the desired job for every assignment on the inputs' host, keyed by job name.
 
-    ``failed`` maps a job to the assignment revision at which a ``fail``
-    fallback rule marked it failed; it stays failed until that revision changes.
-    Assignments naming another host are not this agent's and are left out.
-    ``now`` is the agent's clock, which judges reservation windows.
-    ``holders`` are the GPUs each job's live workers run on (who keeps a GPU
-    two assignments claim); ``pinned`` jobs are held in their fallback by the
-    flap limit; ``ports`` are the agent's MASTER_PORTs (see :mod:`allocator.placement.ports`).
-    ``peers`` are the other hosts of this host's jobs across hosts, and
-    ``address`` is the address this agent advertises (MASTER_ADDR where it runs rank 0).
-    ``allowed_cpus`` are the CPUs workers may be pinned to (none: no pinning);
-    ``mps_dir`` is where the agent runs its MPS control daemons.
+    A job ``failed`` at its assignment's revision stays failed until that
+    revision changes. Assignments naming another host are not this agent's
+    and are left out. See :class:`DesiredInputs` for what each input means.
     """
-    pins = pinned or {}
+    pins, host, inventory = inputs.pinned, inputs.host, inputs.inventory
     result = {
         name: desired_job(
-            policy,
+            inputs.policy,
             assignment,
-            assignment_revisions.get(name, 0),
+            inputs.assignment_revisions.get(name, 0),
             inventory,
-            {**unhealthy, **pins[name].unhealthy} if name in pins else unhealthy,
-            failed.get(name),
-            now,
-            master_port=(ports or {}).get(name),
-            master_addr=master_addr,
-            share=share_of(assignment, address or master_addr, peers or {}),
-            mps_dir=mps_dir,
+            {**inputs.unhealthy, **pins[name].unhealthy} if name in pins else inputs.unhealthy,
+            inputs.failed.get(name),
+            inputs.now,
+            master_port=inputs.ports.get(name),
+            master_addr=inputs.master_addr,
+            share=share_of(assignment, inputs.address or inputs.master_addr, inputs.peers),
+            mps_dir=inputs.mps_dir,
         )
-        for name, assignment in sorted(assignments.items())
+        for name, assignment in sorted(inputs.assignments.items())
         if assignment.host == host
     }
     for name, pin in pins.items():
         if name in result and result[name].state in ("run", "wait"):
             result[name] = replace(result[name], message=f"{result[name].message}; {pin.note}")
-    pool = policy.pool_of(host)
+    pool = inputs.policy.pool_of(host)
     if pool is None or not pool.sharing.shared:
         result = refuse_double_claims(
-            result, holders or {}, pool.name if pool else None, fingerprint(())
+            result, inputs.holders, pool.name if pool else None, fingerprint(())
         )
-    return with_affinity(result, policy, inventory, allowed_cpus)
+    return with_affinity(result, inputs.policy, inventory, inputs.allowed_cpus)
 
 
 def desired_job(
@@ -121,7 +92,7 @@ def desired_job(
     ``master_port`` is the port the agent allocated for a per-gpu job; a port
     the policy declares for the job wins over it. ``share`` is this host's
     place in a job across several hosts (``None`` for a job on one host).
-    ``mps_dir``: see :func:`desired_jobs`.
+    ``mps_dir``: see :class:`DesiredInputs`.
     """
     job = policy.jobs.get(assignment.job)
     if job is None:
@@ -369,12 +340,3 @@ def fingerprint(workers: Sequence[WorkerSpec]) -> str:
         for w in workers
     ]
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def master_port(job: Job) -> int | None:
-    """The policy's MASTER_PORT for the job, if it sets a valid one.
-
-    The allocator's variables override the job's env, so a port the policy
-    chose must be handed to the renderer; otherwise the agent allocates one.
-    """
-    return declared_master_port(job)

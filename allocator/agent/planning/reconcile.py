@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping
 
+from allocator.agent.planning.exit_codes import describe_exit
 from allocator.agent.planning.types import (
     Accept,
     Action,
@@ -170,17 +171,8 @@ def _crash(view: JobView) -> str | None:
     """
     for index, code in enumerate(view.exit_codes):
         if code is not None and code != 0:
-            return f"worker {index} exited with {_describe_exit(code)}"
+            return f"worker {index} exited with {describe_exit(code)}"
     finished = bool(view.exit_codes) and all(code == 0 for code in view.exit_codes)
     if view.alive == 0 and not finished:
         return "workers are gone without an exit code"
     return None
-
-
-def _describe_exit(code: int) -> str:
-    if code > 128:
-        try:
-            return f"{code} ({signal.Signals(code - 128).name})"
-        except ValueError:
-            pass
-    return str(code)

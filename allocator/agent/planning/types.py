@@ -20,6 +20,7 @@ __all__ = [
     "Forget",
     "GiveUp",
     "JobView",
+    "Pin",
     "ScheduleRestart",
     "SignalJob",
     "Start",
@@ -72,6 +73,15 @@ class DesiredJob:
     # Why this host's own GPUs cannot serve the job now (its fallback is at work
     # because of them); a job across hosts' other shares follow it.
     fault: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """A job held in its fallback by the flap limit: treat ``unhealthy`` as out for it;
+    ``note`` says why (see :mod:`allocator.agent.gpu_care.hold_down`)."""
+
+    unhealthy: Mapping[int, str]
+    note: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,15 @@ from typing import Any
 
 from allocator.agent.planning.types import DesiredJob, JobView, WorkerSpec
 from allocator.agent.processes import procs
+from allocator.agent.processes.job_phase import JobEvent, JobPhase, next_phase, published_state
 
 __all__ = ["STABLE_RUN_SECONDS", "JobRuntime", "WorkerRuntime"]
 
 
 STABLE_RUN_SECONDS = 600.0
+
+# The phases in which the current workers' first crash is what the job shows.
+_AFTER_CRASH = (JobPhase.CRASHED, JobPhase.BACKOFF, JobPhase.CLEARING, JobPhase.GAVE_UP)
 
 
 @dataclass(slots=True)
@@ -75,19 +79,15 @@ class JobRuntime:
     crash_restarts: int = 0
     change_restarts: int = 0
     restarts: int = 0
+    phase: JobPhase = JobPhase.RUNNING  # moved only by ``move`` (see job_phase)
     next_restart_at: float | None = None
-    gave_up: bool = False
-    stopping: bool = False
     stop_deadline: float | None = None
     stop_reason: str = ""
-    killed: bool = False  # SIGKILL already sent for the current stop
-    killed_at: float | None = None  # when the first SIGKILL pass went out
+    killed_at: float | None = None  # when the first SIGKILL pass of the current stop went out
     last_kill_pass: float | None = None
-    stopped: bool = False  # the last stop was ordered by the agent and finished: not a crash
-    crashed: bool = False  # a worker crashed since the current workers started
     last_exit: int | None = None
     message: str = ""
-    state: str = ""
+    state: str = ""  # the published state, kept to see when it changes (``since``)
     since: str = ""
 
     def alive(self) -> int:
@@ -111,8 +111,41 @@ class JobRuntime:
         if cause != "new":
             self.restarts += 1
 
+    def move(self, event: JobEvent) -> bool:
+        """Apply ``event`` by the transition table; False (phase kept) when it refuses it."""
+        phase = next_phase(self.phase, event)
+        if phase is None:
+            return False
+        self.phase = phase
+        return True
+
+    @property
+    def crash_noted(self) -> bool:
+        """Whether a crash of the current workers decides what is shown (its exit code stays)."""
+        return self.phase in _AFTER_CRASH
+
+    def begin_stop(self, deadline: float, reason: str) -> None:
+        """A stop starts (the move to a stopping phase is made): no exit from now is a crash."""
+        for worker in self.workers:
+            if worker.exit_code is None:
+                worker.stop_sent = True  # its exit is ours, not a crash
+        self.stop_deadline, self.stop_reason = deadline, reason
+        self.killed_at, self.last_kill_pass = None, None
+
+    def accept(self, fingerprint: str) -> None:
+        """A new spec taken on without a restart ends a crash loop's verdict: it may fix it."""
+        self.fingerprint = fingerprint
+        self.crash_restarts, self.next_restart_at = 0, None
+
+    def give_up(self, reason: str) -> None:
+        """The crash-loop limit was reached (the move to GAVE_UP is made): say why."""
+        # Keep what the workers said (a user that does not exist, a missing command):
+        # the planner's reason only knows their exit codes.
+        errors = [w.error for w in self.workers if w.error]
+        self.next_restart_at, self.message = None, "; ".join([*errors[:1], reason])
+
     def note_crash(self, code: int, message: str, ran_seconds: float) -> None:
-        """Record the first crash of the current workers.
+        """Record the first crash of the current workers (the move to CRASHED comes first).
 
         Workers that had run at least :data:`STABLE_RUN_SECONDS` before the
         crash were not in a crash loop: the loop count starts again from 0, so
@@ -120,26 +153,15 @@ class JobRuntime:
         the kubelet's ten minutes; tying it to ``backoff_max`` instead would
         reset the count on every crash of a job with a short backoff.)
         """
-        if self.crashed:
-            return
         if ran_seconds >= STABLE_RUN_SECONDS:
             self.crash_restarts = 0
-        self.crashed, self.last_exit, self.message = True, code, message
+        self.last_exit, self.message = code, message
 
     def current_state(self) -> str:
         """running, stopping, crashed, backoff, gave-up, exited or stopped."""
-        if self.gave_up:
-            return "gave-up"
-        if self.stopping:
-            return "stopping"
-        alive = self.alive() > 0
-        if self.crashed:
-            return "backoff" if self.next_restart_at is not None and not alive else "crashed"
-        if alive:
-            return "running"
-        if all(worker.exit_code == 0 for worker in self.workers):
-            return "exited"
-        return "stopped"
+        return published_state(
+            self.phase, self.alive(), [worker.exit_code for worker in self.workers]
+        )
 
     def refresh_state(self, stamp: str) -> bool:
         """Update ``state`` (and ``since`` to ``stamp`` when it changed); True if it changed."""
@@ -165,21 +187,28 @@ class JobRuntime:
             job=self.spec.job,
             fingerprint=self.fingerprint,
             alive=self.alive(),
-            stopping=self.stopping,
+            stopping=self.phase.stopping,
             exit_codes=tuple(worker.exit_code for worker in self.workers),
             crash_restarts=self.crash_restarts,
             change_restarts=self.change_restarts,
             next_restart_at=self.next_restart_at,
-            gave_up=self.gave_up,
+            gave_up=self.phase is JobPhase.GAVE_UP,
             started_at=self.started_at,
             gpus=self.spec.gpus,
             device=self.spec.device,
             grace_seconds=self.spec.grace_seconds,
-            stopped=self.stopped and not self.crashed and self.alive() == 0,
+            stopped=self.phase is JobPhase.STOPPED and self.alive() == 0,
         )
 
     def record(self) -> dict[str, Any]:
-        """What the loop publishes for this job (see ``Supervisor.records``)."""
+        """What the loop publishes for this job as its WorkerRecord.
+
+        ``restarts`` counts every restart of the job (change and crash);
+        ``crash_restarts`` counts crash restarts since the last change/new
+        start (the number the crash-loop limit applies to). ``start_times``
+        are seconds since the epoch; ``state`` is one of running, stopping,
+        crashed, backoff, gave-up, exited, stopped (see :func:`published_state`).
+        """
         running = [w for w in self.workers if w.shown_pid > 0 and w.exit_code is None]
         ticks = [w.main_ticks if w.shim else w.start_ticks for w in running]
         start_times = [procs.ticks_to_epoch(t) for t in ticks if t]

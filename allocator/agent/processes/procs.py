@@ -9,27 +9,21 @@ subreaper) instead of failing.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import functools
 import json
 import os
-import signal
-import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "UNKNOWN_EXIT",
     "ProcStat",
-    "SpawnResult",
     "become_subreaper",
     "clean_base_env",
-    "describe_exit",
     "exit_code_of",
     "group_alive",
     "parse_stat",
@@ -38,7 +32,6 @@ __all__ = [
     "same_process_alive",
     "signal_group",
     "signal_process",
-    "spawn",
     "ticks_to_epoch",
     "write_json_atomic",
 ]
@@ -46,11 +39,8 @@ __all__ = [
 # The exit status of a worker that ended while it was not our child (adopted
 # after an agent restart and reaped by someone else): nothing says it succeeded,
 # so it must read as non-zero, i.e. a crash.
-UNKNOWN_EXIT = -1
 
 _PR_SET_CHILD_SUBREAPER = 36
-_EXIT_NOT_FOUND = 127  # the shell's "command not found"
-_EXIT_CANNOT_RUN = 126  # the shell's "found but cannot run"
 _STRIPPED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
@@ -110,16 +100,6 @@ def exit_code_of(status: int) -> int:
     """A waitpid status as an exit code: the code itself, or 128+N for death by signal N."""
     code = os.waitstatus_to_exitcode(status)
     return 128 - code if code < 0 else code
-
-
-def describe_exit(code: int) -> str:
-    """Human words for an exit code: ``3``, ``143 (SIGTERM)``, ``unknown``."""
-    if code == UNKNOWN_EXIT:
-        return "unknown exit status"
-    if code > 128:
-        with contextlib.suppress(ValueError):
-            return f"{code} ({signal.Signals(code - 128).name})"
-    return str(code)
 
 
 def reap_group(pgid: int) -> list[tuple[int, int]]:
@@ -214,71 +194,6 @@ def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
 
     kept = strip_store_credentials(environ)
     return {key: value for key, value in kept.items() if key not in _STRIPPED_VARIABLES}
-
-
-@dataclass(frozen=True, slots=True)
-class SpawnResult:
-    """A started worker (``pid`` > 0) or why it could not start (``exit_code``, ``error``)."""
-
-    pid: int
-    start_ticks: int | None
-    popen: subprocess.Popen[bytes] | None
-    exit_code: int | None = None
-    error: str = ""
-
-
-def spawn(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str | None,
-    log_path: Path,
-    header: str,
-) -> SpawnResult:
-    """Start ``argv`` in its own session and process group, output appended to ``log_path``.
-
-    The environment is handed to the new process at exec time, so it holds
-    from the first instruction. A command or working directory that cannot
-    be used is returned as a failed start with a shell-like exit code (127
-    not found, 126 cannot run) and a one-line error, never raised.
-    """
-    if not argv:
-        return SpawnResult(0, None, None, _EXIT_NOT_FOUND, "empty command")
-    try:
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = log_path.open("ab")
-    except OSError as exc:
-        return SpawnResult(0, None, None, _EXIT_CANNOT_RUN, f"cannot open log {log_path}: {exc}")
-    with log:
-        log.write(header.encode(errors="replace") + b"\n")
-        log.flush()
-        try:
-            popen = subprocess.Popen(
-                list(argv),
-                env=dict(env),
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except (OSError, ValueError, subprocess.SubprocessError) as exc:
-            code, message = _spawn_error(exc, argv, cwd)
-            log.write(f"allocator: {message}\n".encode(errors="replace"))
-            return SpawnResult(0, None, None, code, message)
-    stat = read_stat(popen.pid)
-    return SpawnResult(popen.pid, stat.start_ticks if stat else None, popen)
-
-
-def _spawn_error(exc: Exception, argv: Sequence[str], cwd: str | None) -> tuple[int, str]:
-    command = argv[0] if argv else "<empty command>"
-    if isinstance(exc, OSError) and cwd is not None and exc.filename == cwd:
-        return _EXIT_CANNOT_RUN, f"cannot use working directory {cwd!r}: {exc.strerror}"
-    if isinstance(exc, FileNotFoundError):
-        return _EXIT_NOT_FOUND, f"command not found: {command!r}"
-    if isinstance(exc, OSError):
-        return _EXIT_CANNOT_RUN, f"cannot run {command!r}: {exc.strerror or exc}"
-    return _EXIT_CANNOT_RUN, f"cannot run {command!r}: {exc}"
 
 
 def write_json_atomic(path: Path, data: Any, *, durable: bool = True) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from allocator.agent.planning.types import DesiredJob, Device, WorkerSpec
 from allocator.agent.processes import procs
+from allocator.agent.processes.job_phase import JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 
 __all__ = [
@@ -36,7 +37,6 @@ __all__ = [
 STATE_SCHEMA_VERSION = 1
 
 _COUNTERS = ("crash_restarts", "change_restarts", "restarts")
-_FLAGS = ("gave_up", "crashed", "stopping", "killed", "stopped")
 
 
 class StateFileError(Exception):
@@ -62,8 +62,11 @@ def job_to_state(job: JobRuntime) -> dict[str, Any]:
             "assignment_revision": spec.assignment_revision,
         },
         "workers": [_worker_to_state(worker) for worker in job.workers],
-        **{name: getattr(job, name) for name in (*_COUNTERS, *_FLAGS)},
+        **{name: getattr(job, name) for name in _COUNTERS},
+        "phase": job.phase.value,
+        **_legacy_flags(job),
         "started_at": job.started_at,
+        "killed_at": job.killed_at,
         "next_restart_at": job.next_restart_at,
         "stop_deadline": job.stop_deadline,
         "stop_reason": job.stop_reason,
@@ -72,6 +75,30 @@ def job_to_state(job: JobRuntime) -> dict[str, Any]:
         "state": job.state,
         "since": job.since,
     }
+
+
+def _legacy_flags(job: JobRuntime) -> dict[str, bool]:
+    """The phase as the flags an agent before phases wrote (so it can still adopt the jobs)."""
+    phase = job.phase
+    return {
+        "gave_up": phase is JobPhase.GAVE_UP,
+        "crashed": job.crash_noted,
+        "stopping": phase.stopping,
+        "killed": job.killed_at is not None,
+        "stopped": phase is JobPhase.STOPPED,
+    }
+
+
+def _phase_from_flags(entry: Mapping[str, Any]) -> JobPhase:
+    """The phase of a job an agent before phases recorded as flags."""
+    crashed = bool(entry.get("crashed", False))
+    if entry.get("gave_up"):
+        return JobPhase.GAVE_UP
+    if entry.get("stopping"):
+        return JobPhase.CLEARING if crashed else JobPhase.STOPPING
+    if crashed:
+        return JobPhase.CRASHED if entry.get("next_restart_at") is None else JobPhase.BACKOFF
+    return JobPhase.STOPPED if entry.get("stopped") else JobPhase.RUNNING
 
 
 def _worker_to_state(worker: WorkerRuntime) -> dict[str, Any]:
@@ -129,10 +156,12 @@ def job_from_state(entry: dict[str, Any]) -> JobRuntime:
     )
     for counter in _COUNTERS:
         setattr(job, counter, int(entry.get(counter, 0)))
-    for flag in _FLAGS:
-        setattr(job, flag, bool(entry.get(flag, False)))
+    job.phase = JobPhase(entry["phase"]) if "phase" in entry else _phase_from_flags(entry)
     job.next_restart_at = _optional_float(entry.get("next_restart_at"))
     job.stop_deadline = _optional_float(entry.get("stop_deadline"))
+    job.killed_at = _optional_float(entry.get("killed_at"))
+    if job.killed_at is None and entry.get("killed"):  # written before killed_at was
+        job.killed_at = job.stop_deadline  # SIGKILL went out once the grace was over
     job.stop_reason = str(entry.get("stop_reason", ""))
     job.last_exit = _optional_int(entry.get("last_exit"))
     job.message = str(entry.get("message", ""))

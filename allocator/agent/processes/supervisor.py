@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from allocator.agent.planning.exit_codes import describe_exit
 from allocator.agent.planning.types import (
     Accept,
     Action,
@@ -48,6 +49,7 @@ from allocator.agent.planning.types import (
 from allocator.agent.processes import procs, tree
 from allocator.agent.processes.adoption import AdoptedWorker, AdoptReport, sweep, take_over
 from allocator.agent.processes.cgroups import agent_scope, remove_cgroup, worker_cgroup_base
+from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 from allocator.agent.processes.launch import SHIM, launch_worker, prepare_worker, shim_env
 from allocator.agent.processes.procs import clean_base_env
@@ -117,14 +119,7 @@ class Supervisor:
         return {name: job.view() for name, job in sorted(self._jobs.items())}
 
     def records(self) -> dict[str, dict[str, Any]]:
-        """Per job what the loop publishes as a WorkerRecord.
-
-        ``restarts`` counts every restart of the job (change and crash);
-        ``crash_restarts`` counts crash restarts since the last change/new
-        start (the number the crash-loop limit applies to). ``start_times``
-        are seconds since the epoch; ``state`` is one of running, stopping,
-        crashed, backoff, gave-up, exited, stopped.
-        """
+        """Per job what the loop publishes as a WorkerRecord (see :meth:`JobRuntime.record`)."""
         return {name: job.record() for name, job in sorted(self._jobs.items())}
 
     def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str], ...]]:
@@ -163,6 +158,8 @@ class Supervisor:
                 "start-refused", {"job": action.job, "reason": f"nothing to run ({spec.state})"}
             )
             return
+        if old is not None and not self._move(old, JobEvent.START):
+            return
         job = JobRuntime(spec=spec, fingerprint=spec.fingerprint, started_at=self._clock())
         if old is not None:
             job.inherit_counters(old)
@@ -197,15 +194,13 @@ class Supervisor:
         if job is None or job.alive() == 0:
             return
         deadline = self._clock() + max(grace, 0.0)
-        if job.stopping:
+        if job.phase.stopping:
             if job.stop_deadline is None or deadline < job.stop_deadline:
                 job.stop_deadline = deadline  # a shorter grace asked later wins
             return
-        for worker in job.workers:
-            if worker.exit_code is None:
-                worker.stop_sent = True  # its exit is ours, not a crash
-        job.stopping, job.stop_deadline, job.stop_reason = True, deadline, reason
-        job.killed, job.killed_at, job.last_kill_pass = False, None, None
+        if not self._move(job, JobEvent.STOP):
+            return
+        job.begin_stop(deadline, reason)
         self._save()  # recorded before the signal: a restarted agent never counts it a crash
         for worker in job.workers:
             if not worker.group_gone:
@@ -227,27 +222,23 @@ class Supervisor:
 
     def _accept(self, name: str, fingerprint: str) -> None:
         job = self._jobs.get(name)
-        if job is None or job.fingerprint == fingerprint:
+        if job is None or job.fingerprint == fingerprint or not self._move(job, JobEvent.ACCEPT):
             return
-        # A new spec ends a crash loop's verdict: it may well fix the crash.
-        job.fingerprint = fingerprint
-        job.gave_up, job.crash_restarts, job.next_restart_at = False, 0, None
+        job.accept(fingerprint)
         self._dirty = True
 
     def _schedule(self, action: ScheduleRestart) -> None:
         job = self._jobs.get(action.job)
-        if job is not None:
+        if job is not None and self._move(job, JobEvent.SCHEDULE_RESTART):
             job.next_restart_at = action.at
             self._dirty = True
 
     def _give_up(self, action: GiveUp) -> None:
         job = self._jobs.get(action.job)
-        if job is not None and not job.gave_up:
-            # Keep what the workers said (a user that does not exist, a missing command):
-            # the planner's reason only knows their exit codes.
-            errors = [w.error for w in job.workers if w.error]
-            message = "; ".join([*errors[:1], action.reason])
-            job.gave_up, job.next_restart_at, job.message = True, None, message
+        if job is None or job.phase is JobPhase.GAVE_UP:
+            return
+        if self._move(job, JobEvent.GIVE_UP):
+            job.give_up(action.reason)
             self._dirty = True
             self._log("gave-up", {"job": action.job, "reason": action.reason})
 
@@ -272,7 +263,7 @@ class Supervisor:
         self.warm.tick()
         for job in self._jobs.values():
             exits.extend(self._collect(job))
-            if job.stopping and job.stop_deadline is not None and now >= job.stop_deadline:
+            if job.phase.stopping and job.stop_deadline is not None and now >= job.stop_deadline:
                 self._kill(job, now)
         self._settle()
         return exits
@@ -296,13 +287,14 @@ class Supervisor:
 
     def _exited(self, job: JobRuntime, worker: WorkerRuntime, code: int) -> WorkerExit:
         worker.exit_code = code
-        crash = code != 0 and not worker.stop_sent and not job.stopping
+        crash = code != 0 and not worker.stop_sent and not job.phase.stopping
         index = worker.spec.index
-        message = worker.error or f"worker {index} exited with {procs.describe_exit(code)}"
+        message = worker.error or f"worker {index} exited with {describe_exit(code)}"
         if crash:
-            ran = self._clock() - job.started_at
-            job.note_crash(code, message, ran)
-        elif not job.crashed:
+            first = job.phase is JobPhase.RUNNING
+            if self._move(job, JobEvent.CRASH) and first:
+                job.note_crash(code, message, self._clock() - job.started_at)
+        elif not job.crash_noted:
             job.last_exit = code  # a crash's code stays the one shown
         self._dirty = True
         pid = worker.shown_pid
@@ -315,24 +307,34 @@ class Supervisor:
         if job.last_kill_pass is not None and now - job.last_kill_pass < _KILL_PASS_SECONDS:
             return
         job.last_kill_pass = now
+        first = job.killed_at is None
         if job.killed_at is None:
             job.killed_at = now
         stuck = now - job.killed_at >= _SHIM_STUCK_SECONDS
         for worker in job.workers:
             if not worker.group_gone:
                 tree.kill_tree(worker, shim_too=stuck)
-        if not job.killed:
-            job.killed = True
+        if first:
             self._dirty = True
             self._log("killed", {"job": job.spec.job, "reason": "grace period over"})
+
+    def _move(self, job: JobRuntime, event: JobEvent) -> bool:
+        """Move ``job`` by the transition table; a refused move is a bug: logged, not raised."""
+        before = job.phase
+        if job.move(event):
+            return True
+        fields = {"job": job.spec.job, "phase": before.value, "event": event.value}
+        self._log("illegal-transition", fields)
+        return False
 
     def _settle(self) -> None:
         """Finish stops whose groups are all gone, refresh states, save if anything changed."""
         stamp = format_time(self._wall())
         for job in self._jobs.values():
-            if job.stopping and job.alive() == 0:
-                job.stopping, job.stop_deadline = False, None
-                job.stopped = not job.crashed  # its workers went because we said so
+            if job.phase.stopping and job.alive() == 0:
+                # STOPPED (its workers went because we said so), or back to CRASHED.
+                self._move(job, JobEvent.STOP_DONE)
+                job.stop_deadline = None
                 self._dirty = True
                 self._log("stopped", {"job": job.spec.job, "reason": job.stop_reason})
             if job.refresh_state(stamp):
@@ -399,8 +401,9 @@ class Supervisor:
         for name in report.half_started:
             if jobs[name].alive() > 0:
                 self._stop(name, "the agent restarted while starting the job", 0.0)
-            else:
-                jobs[name].stopped = True
+            elif jobs[name].phase is JobPhase.RUNNING:  # as if stopped: it starts again whole
+                jobs[name].move(JobEvent.STOP)
+                jobs[name].move(JobEvent.STOP_DONE)
         self._dirty = True
         self._settle()
         for outcome in report.workers:  # the loop logs the job lists; this says why, per worker

@@ -27,6 +27,7 @@ import os
 import signal
 from pathlib import Path
 
+from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
 from allocator.agent.processes import procs
 from allocator.agent.processes.cgroups import (
     cgroup_members,
@@ -123,13 +124,13 @@ def _read_status(worker: WorkerRuntime, *, force: bool) -> int | None:
 def _zombie_code(worker: WorkerRuntime) -> int:
     stat = procs.read_stat(worker.pid)
     if stat is None or stat.state != "Z" or stat.exit_status is None:
-        return procs.UNKNOWN_EXIT
+        return UNKNOWN_EXIT
     if worker.start_ticks not in (None, stat.start_ticks):
-        return procs.UNKNOWN_EXIT
+        return UNKNOWN_EXIT
     try:  # a zombie's /proc entry still holds its wait status (Linux >= 3.5)
         return procs.exit_code_of(stat.exit_status)
     except ValueError:
-        return procs.UNKNOWN_EXIT
+        return UNKNOWN_EXIT
 
 
 def poll_leader(worker: WorkerRuntime) -> int | None:
@@ -137,7 +138,7 @@ def poll_leader(worker: WorkerRuntime) -> int | None:
     stat = procs.read_stat(worker.pid)
     same = stat is not None and worker.start_ticks in (None, stat.start_ticks)
     if stat is None or not same:
-        return procs.UNKNOWN_EXIT
+        return UNKNOWN_EXIT
     if stat.state != "Z":
         return None
     if stat.ppid == os.getpid():
@@ -240,7 +241,7 @@ def _adopt_shim(worker: WorkerRuntime) -> str:
     if worker.pid <= 0 and worker.exit_code is None:
         status = read_shim_status(Path(worker.status_path))
         if status is None:  # the shim never started: nothing ran, nothing to count
-            worker.exit_code, worker.stop_sent, worker.group_gone = procs.UNKNOWN_EXIT, True, True
+            worker.exit_code, worker.stop_sent, worker.group_gone = UNKNOWN_EXIT, True, True
             return "never-started"
         worker.pid, worker.start_ticks = status.shim_pid, status.shim_start_ticks
     if worker.pid <= 0:
@@ -260,13 +261,13 @@ def _adopt_legacy(worker: WorkerRuntime) -> str:
     same = stat is not None and worker.start_ticks in (None, stat.start_ticks)
     if stat is not None and not same:
         # The pid now names another process: leave it and its group alone.
-        worker.exit_code = procs.UNKNOWN_EXIT if worker.exit_code is None else worker.exit_code
+        worker.exit_code = UNKNOWN_EXIT if worker.exit_code is None else worker.exit_code
         worker.group_gone = True
         return "reused"
     if same and worker.exit_code is None:
         worker.adopted = True  # running (or a zombie whose status tick() collects)
         return "adopted"
-    worker.exit_code = procs.UNKNOWN_EXIT if worker.exit_code is None else worker.exit_code
+    worker.exit_code = UNKNOWN_EXIT if worker.exit_code is None else worker.exit_code
     # The main process is gone; a live group with its id can only be its orphans.
     worker.group_gone = not procs.group_alive(worker.pgid)
     return "gone" if worker.group_gone else "orphans"
@@ -279,7 +280,7 @@ def settle(worker: WorkerRuntime) -> None:
     if worker.popen is not None and worker.popen.returncode is None:
         # Reaped already (by us, or by someone who took our child): Popen must not wait on it.
         code = worker.shim_code if worker.shim_code is not None else worker.exit_code
-        worker.popen.returncode = code if code is not None else procs.UNKNOWN_EXIT
+        worker.popen.returncode = code if code is not None else UNKNOWN_EXIT
 
 
 def discard(worker: WorkerRuntime) -> None:

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from allocator.agent.gpu_care.hold_down import Pin
-from allocator.agent.planning.types import Action, DesiredJob, GiveUp
+from allocator.agent.planning.types import Action, DesiredJob, GiveUp, Pin
 from allocator.records.types import Assignment, HistoryEntry, JobPlace
 
 __all__ = ["DecisionRecorder", "agent_actor", "place_of"]

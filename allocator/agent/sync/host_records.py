@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 
 from allocator.agent.planning.across_hosts import PeerHost
 from allocator.errors import BadRecord, InvalidName
+from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout, validate_name
-from allocator.records.types import Assignment, PolicyRecord, decode_record
+from allocator.records.types import Assignment, PolicyRecord
 from allocator.store import KeyValue, Listing
 
 __all__ = ["HostView", "host_view", "own_keys"]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from allocator.agent.processes.procs import write_json_atomic
 from allocator.errors import BadRecord
-from allocator.records.types import Assignment, decode_record
+from allocator.records.codec import decode_record
+from allocator.records.types import Assignment
 
 __all__ = ["load_last_good", "save_last_good"]
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from allocator.agent.planning.types import DesiredJob
 from allocator.gpus.inventory import Inventory
-from allocator.records.types import AgentRecord, GpuProcess, WorkerRecord, replace_struct
+from allocator.records.codec import replace_struct
+from allocator.records.types import AgentRecord, GpuProcess, WorkerRecord
 
 __all__ = ["agent_record", "worker_records"]
 

@@ -32,8 +32,8 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, assert_never
 
 from allocator.agent.config import AgentConfig
 from allocator.agent.gpu_care.idle import IdleRelease
@@ -41,36 +41,26 @@ from allocator.agent.planning.across_hosts import PeerHost, peer_from_listing, p
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.sync.host_records import HostView, host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser
+from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
 from allocator.agent.sync.publisher import Publisher
-from allocator.agent.sync.watches import (
-    RetryTimer,
-    WatchError,
-    WatchEvents,
-    WatchThread,
-    start_watches,
-)
-from allocator.errors import AllocatorError, Compacted, LeaseLost, PermissionDenied, Retryable
-from allocator.records.keys import KeyLayout
-from allocator.records.types import (
-    AgentRecord,
+from allocator.agent.sync.watches import WatchError, WatchEvents, WatchThread, start_watches
+from allocator.errors import (
+    AllocatorError,
     BadRecord,
-    HistoryEntry,
-    encode_record,
-    replace_struct,
+    Compacted,
+    LeaseLost,
+    PermissionDenied,
+    Retryable,
 )
+from allocator.records.codec import encode_record, replace_struct
+from allocator.records.keys import KeyLayout
+from allocator.records.types import AgentRecord, HistoryEntry
 from allocator.store import Store, bad_key_records
+from allocator.util.retry_timer import RetryTimer
 
-__all__ = ["LinkState", "Outbox", "StoreLink"]
+__all__ = ["Outbox", "StoreLink"]
 
 Log = Callable[[str, dict[str, Any]], None]
-
-
-@dataclass(frozen=True, slots=True)
-class LinkState:
-    """The link came up or went down (the loop reports it to systemd)."""
-
-    connected: bool
-    detail: str = ""
 
 
 class Outbox:
@@ -95,23 +85,6 @@ class Outbox:
             return self._agent, self._workers
 
 
-@dataclass(frozen=True, slots=True)
-class _Wake:
-    """Something to publish, or a re-read to do."""
-
-    resync: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class _Settings:
-    config: AgentConfig
-
-
-@dataclass(frozen=True, slots=True)
-class _Close:
-    keep_worker_records: bool
-
-
 class StoreLink:
     """One agent's connection to the store, run in a daemon thread."""
 
@@ -120,7 +93,7 @@ class StoreLink:
         config: AgentConfig,
         url: str,
         log: Log,
-        to_loop: queue.Queue[HostView | LinkState],
+        to_loop: queue.Queue[ToLoop],
         *,
         open_store: Callable[[str], Store],
         clock: Callable[[], float] = time.monotonic,
@@ -134,7 +107,7 @@ class StoreLink:
         self.history = HistoryQueue(log)
         self._open_store = open_store
         self._clock = clock
-        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._inbox: queue.Queue[ToLink] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="store link", daemon=True)
         self.publisher = Publisher(self.layout, config.host, log)
         self.releaser = IdleReleaser(self.layout, config.host, log)
@@ -163,25 +136,25 @@ class StoreLink:
     def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> None:
         """Publish this content (only what differs from the store is written)."""
         if self.outbox.offer(agent, workers):
-            self._inbox.put(_Wake())
+            self._inbox.put(Wake())
 
     def release_idle(self, releases: Sequence[IdleRelease]) -> None:
         """Release these idle holders (each only while its assignment is the one judged)."""
         if self.releaser.offer(releases):
-            self._inbox.put(_Wake())
+            self._inbox.put(Wake())
 
     def record_history(self, entries: Iterable[HistoryEntry], limit: int | None) -> None:
         """Append the agent's decisions to the host's history (queued; written when connected)."""
         if self.history.add(entries, limit):
-            self._inbox.put(_Wake())
+            self._inbox.put(Wake())
 
     def resync(self) -> None:
         """Re-read everything soon (SIGHUP)."""
-        self._inbox.put(_Wake(resync=True))
+        self._inbox.put(Wake(resync=True))
 
     def reconfigure(self, config: AgentConfig) -> None:
         """Apply reloaded timing settings (the store, host and prefix stay)."""
-        self._inbox.put(_Settings(config))
+        self._inbox.put(Settings(config))
 
     def close(self, *, keep_worker_records: bool, timeout: float) -> bool:
         """Withdraw (revoke the lease, drop worker records unless kept) and stop.
@@ -189,7 +162,7 @@ class StoreLink:
         Returns ``False`` when the link did not finish within ``timeout``
         seconds (a store that does not answer): the lease then expires on its own.
         """
-        self._inbox.put(_Close(keep_worker_records))
+        self._inbox.put(Close(keep_worker_records))
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
@@ -198,7 +171,7 @@ class StoreLink:
     def _run(self) -> None:
         while True:
             messages = self._wait(self._sleep_for(self._clock()))
-            closing = next((m for m in messages if isinstance(m, _Close)), None)
+            closing = next((m for m in messages if isinstance(m, Close)), None)
             try:
                 self._handle(messages)
                 if closing is None:
@@ -209,7 +182,7 @@ class StoreLink:
                 self._finish(closing)
                 return
 
-    def _wait(self, timeout: float) -> list[Any]:
+    def _wait(self, timeout: float) -> list[ToLink]:
         try:
             messages = [self._inbox.get(timeout=timeout)]
         except queue.Empty:
@@ -225,23 +198,29 @@ class StoreLink:
         due = min(self.next_keepalive, self.next_read) if connected else self.next_connect
         return max(0.0, due - now)
 
-    def _handle(self, messages: list[Any]) -> None:
+    def _handle(self, messages: list[ToLink]) -> None:
         for message in messages:
-            if isinstance(message, _Settings):
-                self._apply_settings(message.config)
-            elif isinstance(message, _Wake):
-                self.read_due = self.read_due or message.resync
-            elif isinstance(message, WatchEvents) and message.epoch == self.epoch:
-                self.read_due = True
-            elif isinstance(message, WatchError) and message.epoch == self.epoch:
-                if not isinstance(message.error, Compacted):
-                    raise message.error
-                self.log(
-                    "watch-compacted",
-                    {"revision": self.revision, "compact": message.error.compact_revision},
-                )
-                self._stop_watches()
-                self.read_due = True
+            match message:
+                case Settings():
+                    self._apply_settings(message.config)
+                case Wake():
+                    self.read_due = self.read_due or message.resync
+                case Close():
+                    pass  # taken by _run, after the rest
+                case WatchEvents():
+                    self.read_due = self.read_due or message.epoch == self.epoch
+                case WatchError():
+                    if message.epoch == self.epoch:  # an old watch's error is ignored
+                        self._watch_failed(message.error)
+                case _:
+                    assert_never(message)
+
+    def _watch_failed(self, error: AllocatorError) -> None:
+        if not isinstance(error, Compacted):
+            raise error
+        self.log("watch-compacted", {"revision": self.revision, "compact": error.compact_revision})
+        self._stop_watches()
+        self.read_due = True
 
     def _apply_settings(self, config: AgentConfig) -> None:
         self.config = config
@@ -263,7 +242,7 @@ class StoreLink:
         self._publish(store)
         self.releaser.run(store)
         if write_pending(store, self.layout, self.config.host, self.history, self.log) == PER_TICK:
-            self._inbox.put(_Wake())  # more are waiting: write them after what else is due
+            self._inbox.put(Wake())  # more are waiting: write them after what else is due
 
     def _connect(self, now: float) -> None:
         self.store = self._open_store(self.url)
@@ -408,7 +387,7 @@ class StoreLink:
             except Exception as exc:  # closing a broken connection may fail too; it is gone
                 self.log("store-close-failed", {"error": str(exc)})
 
-    def _finish(self, closing: _Close) -> None:
+    def _finish(self, closing: Close) -> None:
         self._stop_watches()
         store = self.store
         if store is not None:

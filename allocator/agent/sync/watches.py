@@ -1,4 +1,4 @@
-"""Pieces of the agent's store link: watch threads, their messages, and retry timing.
+"""Pieces of the agent's store link: watch threads and their messages.
 
 Watches run in threads (one store handle each, since backends such as
 SQLite must not share a connection across threads) and push batches of
@@ -11,16 +11,15 @@ dropped, so a late error from an old watch cannot tear down a new connection.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from allocator.errors import AllocatorError
 from allocator.store import Event, Store
 
-__all__ = ["RetryTimer", "WatchError", "WatchEvents", "WatchThread", "start_watches"]
+__all__ = ["Message", "Sink", "WatchError", "WatchEvents", "WatchThread", "start_watches"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +43,13 @@ class WatchError:
 Message = WatchEvents | WatchError
 
 
+class Sink(Protocol):
+    """Where a watch puts its messages: the link's queue (which takes other messages too)."""
+
+    def put(self, item: Message, /) -> None:
+        """Hand over one message; never blocks (the queue is unbounded)."""
+
+
 class WatchThread:
     """Watch one prefix from a revision in a daemon thread, feeding ``inbox``."""
 
@@ -52,7 +58,7 @@ class WatchThread:
         open_store: Callable[[], Store],
         prefix: str,
         start_revision: int,
-        inbox: queue.Queue[Any],
+        inbox: Sink,
         poll_seconds: float = 1.0,
         epoch: int = 0,
     ) -> None:
@@ -101,7 +107,7 @@ def start_watches(
     open_store: Callable[[], Store],
     prefixes: Sequence[str],
     start_revision: int,
-    inbox: queue.Queue[Any],
+    inbox: Sink,
     epoch: int = 0,
 ) -> list[WatchThread]:
     """Start one :class:`WatchThread` per prefix."""
@@ -109,45 +115,3 @@ def start_watches(
     for thread in threads:
         thread.start()
     return threads
-
-
-class RetryTimer:
-    """When to try the store again: capped, jittered exponential backoff (tenacity's).
-
-    The backoff is forgiven only after the link has stayed up for
-    ``healthy_seconds`` (the cap, by default), not on every successful
-    connect: an endpoint that accepts connections and then fails every time
-    must not be hammered at the base rate forever.
-    """
-
-    def __init__(
-        self, cap_seconds: float, base_seconds: float = 0.5, healthy_seconds: float | None = None
-    ) -> None:
-        from tenacity import wait_random_exponential
-
-        self.cap_seconds = cap_seconds
-        self.healthy_seconds = cap_seconds if healthy_seconds is None else healthy_seconds
-        self._wait = wait_random_exponential(multiplier=base_seconds, max=cap_seconds)
-        self.failures = 0
-        self._up_since: float | None = None
-
-    def connected(self, now: float) -> None:
-        """The link came up at ``now``; the backoff resets once it has stayed up long enough."""
-        self._up_since = now
-
-    def failed(self, now: float) -> float:
-        """Record a failure at ``now``; return the time of the next attempt."""
-        from tenacity import RetryCallState
-
-        if self._up_since is not None and now - self._up_since >= self.healthy_seconds:
-            self.failures = 0
-        self._up_since = None
-        self.failures += 1
-        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
-        state.attempt_number = self.failures
-        return now + float(self._wait(state))
-
-    def failed_slowly(self, now: float) -> float:
-        """Record a failure that retrying soon cannot fix (a refused permission): wait the cap."""
-        self.failed(now)
-        return now + self.cap_seconds

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import ScheduleRestart, Start
 from allocator.agent.processes import procs
@@ -188,7 +189,7 @@ def test_adopt_never_touches_a_process_that_reused_a_recorded_pid(
     _save_state(h, state)
     assert [w.outcome for w in h.sup.adopt().workers] == ["ended"]
     h.until(lambda: h.sup.views()["train"].alive == 0, "the recorded worker to count as gone")
-    assert h.sup.views()["train"].exit_codes == (procs.UNKNOWN_EXIT,)
+    assert h.sup.views()["train"].exit_codes == (UNKNOWN_EXIT,)
     assert alive(report["pid"]) and alive(report["ppid"])  # someone else's now: left alone
 
 
@@ -319,3 +320,26 @@ def test_a_worker_no_state_entry_names_is_stopped_rather_than_run_twice(
     assert stopped == [report["ppid"]]
     poll(lambda: not alive(report["pid"]) and not alive(report["ppid"]), "it to be stopped")
     assert not leftover.exists()  # what nothing runs for any more is cleared away
+
+
+def test_the_state_file_records_the_phase_and_reads_an_older_agents_flags(h: Harness) -> None:
+    args = ("--exit-after", "0", "--exit-code", "3")
+    h.sup.apply(Start("train", job_spec(h.tmp, args=args), "new"))
+    h.until(lambda: h.sup.views()["train"].alive == 0, "the crash")
+    entry = _state(h)["jobs"]["train"]
+    assert (entry["phase"], entry["crashed"], entry["stopping"]) == ("crashed", True, False)
+    # What an agent before phases wrote: flags only, and a restart scheduled after the crash.
+    del entry["phase"]
+    entry["next_restart_at"] = 1000.0
+    _save_state(h, {"schema_version": 1, "jobs": {"train": entry}})
+    second = supervision.Supervisor(
+        h.tmp / "logs",
+        h.tmp / "state.json",
+        base_env=supervision.AGENT_ENV,
+        clock=h.clock,
+        logger=_quiet,
+    )
+    assert second.adopt().ended == ("train",)
+    assert second.records()["train"]["state"] == "backoff"
+    assert second.views()["train"].next_restart_at == 1000.0
+    assert _state(h)["jobs"]["train"]["phase"] == "backoff"

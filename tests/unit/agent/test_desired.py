@@ -10,9 +10,9 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-from allocator.agent.gpu_care.hold_down import Pin
 from allocator.agent.planning.desired import desired_jobs, fingerprint
-from allocator.agent.planning.types import DesiredJob, WorkerSpec
+from allocator.agent.planning.desired_inputs import DesiredInputs
+from allocator.agent.planning.types import DesiredJob, Pin, WorkerSpec
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool
 from allocator.policy.sharing_field import SHARED
 from allocator.records.types import Assignment, GpuInfo, MigDevice
@@ -75,13 +75,15 @@ def decide(
 ) -> dict[str, DesiredJob]:
     """desired_jobs over ``assignments`` with revision 5 for each unless told."""
     return desired_jobs(
-        pol,
-        HOST,
-        {a.job: a for a in assignments},
-        revisions if revisions is not None else {a.job: 5 for a in assignments},
-        inventory,
-        unhealthy or {},
-        failed or {},
+        DesiredInputs(
+            pol,
+            HOST,
+            {a.job: a for a in assignments},
+            revisions if revisions is not None else {a.job: 5 for a in assignments},
+            inventory,
+            unhealthy or {},
+            failed or {},
+        )
     )
 
 
@@ -371,14 +373,16 @@ def test_fingerprint_ignores_how_changes_are_applied() -> None:
 def test_a_second_job_on_a_gpu_another_job_runs_on_is_refused_naming_the_holder() -> None:
     infer = Job(name="infer", command=("serve",))
     result = desired_jobs(
-        policy(TRAIN, infer),
-        HOST,
-        {"train": assigned(gpus=(1,)), "infer": assigned(job="infer", gpus=(1, 3))},
-        {"train": 9, "infer": 4},  # infer was written first, but train's workers run on GPU 1
-        INVENTORY,
-        {},
-        {},
-        holders={"train": (1,)},
+        DesiredInputs(
+            policy(TRAIN, infer),
+            HOST,
+            {"train": assigned(gpus=(1,)), "infer": assigned(job="infer", gpus=(1, 3))},
+            {"train": 9, "infer": 4},  # infer was written first, but train's workers run on GPU 1
+            INVENTORY,
+            {},
+            {},
+            holders={"train": (1,)},
+        )
     )
     assert result["train"].state == "run"
     refused = result["infer"]
@@ -434,7 +438,9 @@ def test_a_pinned_job_stays_on_cpu_with_the_same_environment_and_says_why() -> N
     on_cpu = one(pol, assigned(gpus=(1,)), unhealthy={1: "XID 79"})
     pin = Pin({1: "XID 79"}, "GPU 1 flapped: 4 health-driven restarts")
     pinned = desired_jobs(
-        pol, HOST, {"train": assigned(gpus=(1,))}, {}, INVENTORY, {}, {}, pinned={"train": pin}
+        DesiredInputs(
+            pol, HOST, {"train": assigned(gpus=(1,))}, {}, INVENTORY, {}, {}, pinned={"train": pin}
+        )
     )["train"]
     assert pinned.device == "cpu"
     assert pinned.fingerprint == on_cpu.fingerprint  # no restart when the pin takes over
@@ -444,15 +450,17 @@ def test_a_pinned_job_stays_on_cpu_with_the_same_environment_and_says_why() -> N
 def test_per_gpu_workers_get_the_agents_port_and_master_addr() -> None:
     job = msgspec.structs.replace(TRAIN, workers="per-gpu")
     result = desired_jobs(
-        policy(job),
-        HOST,
-        {"train": assigned(gpus=(0, 1))},
-        {},
-        INVENTORY,
-        {},
-        {},
-        ports={"train": 23456},
-        master_addr="10.1.2.3",
+        DesiredInputs(
+            policy(job),
+            HOST,
+            {"train": assigned(gpus=(0, 1))},
+            {},
+            INVENTORY,
+            {},
+            {},
+            ports={"train": 23456},
+            master_addr="10.1.2.3",
+        )
     )
     envs = [w.env for w in result["train"].workers]
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("10.1.2.3", "23456")}
@@ -461,13 +469,15 @@ def test_per_gpu_workers_get_the_agents_port_and_master_addr() -> None:
 def test_a_declared_master_port_wins_over_the_agents() -> None:
     job = msgspec.structs.replace(TRAIN, workers="per-gpu", env={"MASTER_PORT": "29411"})
     result = desired_jobs(
-        policy(job),
-        HOST,
-        {"train": assigned(gpus=(0,))},
-        {},
-        INVENTORY,
-        {},
-        {},
-        ports={"train": 23456},
+        DesiredInputs(
+            policy(job),
+            HOST,
+            {"train": assigned(gpus=(0,))},
+            {},
+            INVENTORY,
+            {},
+            {},
+            ports={"train": 23456},
+        )
     )
     assert result["train"].workers[0].env["MASTER_PORT"] == "29411"

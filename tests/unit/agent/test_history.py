@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from allocator.agent.config import AgentConfig
-from allocator.agent.gpu_care.hold_down import Pin
-from allocator.agent.planning.types import DesiredJob, GiveUp, Stop
+from allocator.agent.planning.types import DesiredJob, GiveUp, Pin, Stop
 from allocator.agent.sync.history_decisions import DecisionRecorder
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.sync.store_thread import StoreLink
 from allocator.control.history import read_history
 from allocator.errors import PermissionDenied, StoreUnavailable
+from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import Assignment, HistoryEntry, replace_struct
+from allocator.records.types import Assignment, HistoryEntry
 from allocator.store import Compare, Op, Store, open_store
 from tests.support.waiting import wait_for
 

@@ -1,51 +1,18 @@
-"""The agent's store link: retry timing and watch threads feeding one queue."""
+"""The agent's store link: watch threads feeding one queue."""
 
 from __future__ import annotations
 
+import dataclasses
 import queue
-import random
+from typing import get_args
 
-from allocator.agent.sync.watches import Message, RetryTimer, WatchError, WatchEvents, start_watches
+import pytest
+
+from allocator.agent.sync.messages import ToLink, ToLoop
+from allocator.agent.sync.watches import Message, WatchError, WatchEvents, start_watches
 from allocator.errors import StoreUnavailable
 from allocator.store import Store, open_store
 from tests.support.waiting import wait_for
-
-
-def test_retry_delays_grow_are_jittered_and_capped() -> None:
-    random.seed(1234)  # tenacity draws the jitter from `random`: make the draw repeatable
-    timer = RetryTimer(cap_seconds=4.0, base_seconds=0.5)
-    delays = [timer.failed(100.0) - 100.0 for _ in range(200)]
-    assert all(0.0 <= d <= 4.0 for d in delays)
-    assert (
-        max(delays[:2]) <= 2.0 < max(delays[100:])
-    )  # early retries are quick, later ones back off
-    assert len(set(delays)) > 1  # with jitter, agents do not retry in lock-step
-
-
-def test_backoff_is_not_forgiven_by_a_connect_that_fails_again_soon() -> None:
-    random.seed(99)
-    timer = RetryTimer(cap_seconds=8.0, base_seconds=0.5)
-    now = 0.0
-    for _ in range(6):  # connects, then fails a moment later, again and again
-        now = timer.failed(now)
-        timer.connected(now)
-        now += 0.1
-    assert timer.failures == 6
-    assert timer.failed(now) - now <= 8.0
-
-
-def test_backoff_is_forgiven_after_a_healthy_period() -> None:
-    timer = RetryTimer(cap_seconds=8.0, base_seconds=0.5)
-    for _ in range(5):
-        timer.failed(0.0)
-    timer.connected(100.0)
-    timer.failed(100.0 + 8.0)  # up for the whole healthy period: a fresh outage
-    assert timer.failures == 1
-
-
-def test_a_refused_permission_is_retried_at_the_cap() -> None:
-    timer = RetryTimer(cap_seconds=30.0)
-    assert timer.failed_slowly(10.0) == 40.0
 
 
 def test_watches_on_two_prefixes_feed_one_queue(prefix: str) -> None:
@@ -85,3 +52,8 @@ def test_a_store_that_cannot_be_opened_is_reported_not_raised(prefix: str) -> No
     assert isinstance(message, WatchError)
     assert "unavailable" in str(message.error)
     threads[0].join(5)
+
+
+@pytest.mark.parametrize("kind", [*get_args(ToLink), *get_args(ToLoop)])
+def test_every_message_between_the_loop_and_the_link_is_frozen(kind: type) -> None:
+    assert dataclasses.is_dataclass(kind) and kind.__dataclass_params__.frozen  # type: ignore[attr-defined]

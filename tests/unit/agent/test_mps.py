@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from allocator.agent.gpu_care.mps import PID_FILE, MpsDaemons
+from allocator.agent.gpu_care.mps import PID_FILE, MpsDaemons, QuitMps, RunMps
 from allocator.agent.planning.desired import desired_jobs
+from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import DesiredJob, JobView, Start
 from allocator.policy.model import Host, Job, Policy, Pool, Sharing
 from allocator.records.types import Assignment, GpuInfo
@@ -52,14 +53,16 @@ class World:
             for job, gpu in gpus.items()
         }
         return desired_jobs(
-            POLICY, HOST, assignments, {}, INVENTORY, {}, {}, mps_dir=str(self.root)
+            DesiredInputs(POLICY, HOST, assignments, {}, INVENTORY, {}, {}, mps_dir=str(self.root))
         )
 
     def gate(
         self, desired: dict[str, DesiredJob], views: dict[str, JobView] | None = None
     ) -> list[Any]:
         starts = [Start(job, want, "new") for job, want in sorted(desired.items())]
-        return self.daemons.gate(starts, desired, views or {}, INVENTORY, time.monotonic())
+        wanted = self.daemons.wanted(desired, views or {}, INVENTORY)
+        self.daemons.carry_out(wanted, time.monotonic())
+        return self.daemons.hold_starts(starts, desired)
 
     def pid(self, gpu: int) -> int | None:
         try:
@@ -193,3 +196,13 @@ def test_stopping_the_agent_tells_every_daemon_to_quit(world: World) -> None:
     pids = [world.pid(0), world.pid(1)]
     world.daemons.stop_all(time.monotonic())
     wait_for("both gone", lambda: not any(alive(pid) for pid in pids if pid))
+
+
+def test_wanted_only_decides_and_carry_out_acts(world: World) -> None:
+    desired = world.desired(serve=0)
+    wanted = world.daemons.wanted(desired, {}, INVENTORY)
+    assert wanted == [RunMps(0, "GPU-0000")]
+    assert world.events == [] and world.pid(0) is None  # nothing started by deciding
+    wait_for("the daemon", lambda: world.gate(desired))
+    assert world.daemons.wanted({}, {}, INVENTORY) == [QuitMps(0)]  # nobody uses GPU 0
+    assert world.pid(0) is not None and not world.named("mps-daemon-quit")

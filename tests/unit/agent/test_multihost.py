@@ -12,6 +12,7 @@ import pytest
 from allocator.agent.config import AgentConfig
 from allocator.agent.planning.across_hosts import PeerHost, PeerShare, peer_from_listing, peer_jobs
 from allocator.agent.planning.desired import desired_jobs
+from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import DesiredJob
 from allocator.agent.sync.host_records import HostView
 from allocator.agent.sync.reports import worker_records
@@ -87,15 +88,17 @@ def decide(
 ) -> DesiredJob:
     """What ``host``'s agent (advertising 10.0.0.1) wants for its share."""
     return desired_jobs(
-        pol or policy(),
-        host,
-        {"train": share(host)},
-        {"train": REVISION},
-        INVENTORY,
-        unhealthy or {},
-        failed or {},
-        peers=peers,
-        address="10.0.0.1",
+        DesiredInputs(
+            pol or policy(),
+            host,
+            {"train": share(host)},
+            {"train": REVISION},
+            INVENTORY,
+            unhealthy or {},
+            failed or {},
+            peers=peers,
+            address="10.0.0.1",
+        )
     )["train"]
 
 
@@ -151,7 +154,9 @@ def test_single_host_per_gpu_jobs_keep_their_environment() -> None:
     alone = Assignment(
         job="train", host="node1", gpus=(0,), mode="gpu", updated_by="o", updated_at="t"
     )
-    want = desired_jobs(policy(), "node1", {"train": alone}, {}, INVENTORY, {}, {})["train"]
+    want = desired_jobs(DesiredInputs(policy(), "node1", {"train": alone}, {}, INVENTORY, {}, {}))[
+        "train"
+    ]
     assert "GROUP_RANK" not in want.workers[0].env  # no restart of running jobs on upgrade
     assert "ALLOCATOR_NODE_RANK" not in want.workers[0].env
 
@@ -329,7 +334,7 @@ def test_status_shows_a_job_across_hosts_as_one_line_naming_a_gone_agent() -> No
 @pytest.mark.parametrize("bad", [("node1",), ("node1", "node1"), ("node2", "node3")])
 def test_an_assignment_with_impossible_nodes_is_a_bad_record(bad: tuple[str, ...]) -> None:
     from allocator.errors import BadRecord
-    from allocator.records.types import decode_record
+    from allocator.records.codec import decode_record
 
     raw = (
         share("node1")

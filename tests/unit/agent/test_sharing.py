@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from allocator.agent.gpu_care.mps import mps_clients
 from allocator.agent.planning.desired import desired_jobs, fingerprint
+from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import DesiredJob
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool, Sharing
 from allocator.records.types import Assignment, GpuInfo
@@ -57,15 +58,17 @@ def decide(
     inventory: Sequence[GpuInfo] | None = INVENTORY,
 ) -> dict[str, DesiredJob]:
     return desired_jobs(
-        policy,
-        HOST,
-        {a.job: a for a in assignments},
-        {a.job: 3 for a in assignments},
-        inventory,
-        {},
-        {},
-        allowed_cpus=allowed,
-        mps_dir="/state/mps",
+        DesiredInputs(
+            policy,
+            HOST,
+            {a.job: a for a in assignments},
+            {a.job: 3 for a in assignments},
+            inventory,
+            {},
+            {},
+            allowed_cpus=allowed,
+            mps_dir="/state/mps",
+        )
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.planning.exit_codes import UNKNOWN_EXIT, describe_exit
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import (
     Accept,
@@ -425,8 +426,8 @@ def test_parse_stat_copes_with_parentheses_and_spaces_in_the_command_name() -> N
 def test_exit_codes_follow_the_shell_convention() -> None:
     assert procs.exit_code_of(3 << 8) == 3
     assert procs.exit_code_of(signal.SIGKILL) == 137
-    assert procs.describe_exit(143) == "143 (SIGTERM)"
-    assert procs.describe_exit(procs.UNKNOWN_EXIT) == "unknown exit status"
+    assert describe_exit(143) == "143 (SIGTERM)"
+    assert describe_exit(UNKNOWN_EXIT) == "unknown exit status"
 
 
 # --- a stop the agent ordered is never a crash --------------------------------------------
@@ -467,3 +468,18 @@ def test_a_job_stopped_and_wanted_again_within_its_grace_restarts_without_a_cras
     assert not [a for a in seen if isinstance(a, GiveUp | ScheduleRestart)]
     assert [getattr(a, "cause", None) for a in seen if isinstance(a, Start)] == ["new", "change"]
     assert [(e.exit_code, e.crash) for e in h.exits] == [(137, False)]
+
+
+# --- the job's state machine ----------------------------------------------------------
+
+
+def test_a_move_the_transition_table_refuses_is_logged_and_changes_nothing(h: Harness) -> None:
+    h.sup.apply(Start("train", job_spec(h.tmp, args=("--ignore-sigterm",)), "new"))
+    h.wait_report("train")
+    h.sup.apply(Stop("train", "assignment released", 30.0))
+    h.sup.apply(ScheduleRestart("train", 5.0))  # a planner bug: no restart while stopping
+    refused = [fields for name, fields in h.events if name == "illegal-transition"]
+    assert refused == [{"job": "train", "phase": "stopping", "event": "schedule-restart"}]
+    view = h.sup.views()["train"]
+    assert view.stopping and view.next_restart_at is None
+    assert h.sup.records()["train"]["state"] == "stopping"

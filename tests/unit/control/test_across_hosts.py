@@ -260,7 +260,7 @@ def test_an_index_rebuilt_from_the_hosts_keeps_the_jobs_nodes(alice: Allocator) 
 
 def test_an_index_naming_nodes_without_a_port_is_a_bad_record() -> None:
     from allocator.errors import BadRecord
-    from allocator.records.types import decode_record
+    from allocator.records.codec import decode_record
 
     raw = JobIndex("train", ("a", "b"), ("a", "b"), 20000).to_json()
     with pytest.raises(BadRecord, match="master_port"):

@@ -21,8 +21,9 @@ from allocator.control.history import (
 )
 from allocator.errors import BadRecord, CasConflict, InvalidInput
 from allocator.placement.choose import Request
+from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import HistoryEntry, replace_struct
+from allocator.records.types import HistoryEntry
 from allocator.store import Store, open_store
 
 EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()

@@ -13,8 +13,9 @@ from allocator.control.client import Allocator
 from allocator.control.job_index import index_complete
 from allocator.errors import BadRecord
 from allocator.placement.choose import Request
+from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
-from allocator.records.types import Assignment, JobIndex, PolicyRecord, decode_record
+from allocator.records.types import Assignment, JobIndex, PolicyRecord
 from allocator.store import (
     Compare,
     KeyValue,

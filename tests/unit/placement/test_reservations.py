@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from allocator.agent.planning.desired import desired_jobs
+from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import DesiredJob
 from allocator.placement.choose import Request, place
 from allocator.placement.reservations import active_reservations, upcoming_conflicts
@@ -69,9 +70,9 @@ def test_count_n_keeps_clear_of_gpus_a_reservation_will_take() -> None:
 
 
 def want(p: Policy, assignment: Assignment, now: datetime | None) -> DesiredJob:
-    return desired_jobs(p, "node1", {assignment.job: assignment}, {}, None, {}, {}, now)[
-        assignment.job
-    ]
+    return desired_jobs(
+        DesiredInputs(p, "node1", {assignment.job: assignment}, {}, None, {}, {}, now)
+    )[assignment.job]
 
 
 def test_at_the_window_start_a_holder_it_does_not_cover_falls_back_with_the_reason() -> None:

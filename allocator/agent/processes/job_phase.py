@@ -1,0 +1,113 @@
+"""A supervised job's life as one state machine: its phases, the events that move it, the table.
+
+The supervisor moves a job only through :func:`next_phase`, so which event
+may move which phase to which is written once, here, and a move the table
+does not list is refused (a bug, which the supervisor logs) instead of
+leaving the job in a state nobody planned for.
+
+Phases are what the supervisor decides; how far its workers got is read
+from the workers themselves. So a job whose workers all ended by themselves
+is still ``RUNNING`` (published as ``exited`` when they all exited 0, else
+``stopped``: see :func:`published_state`). There is no "starting" phase: a
+start launches every worker before the loop goes on (the shim reports the
+main pid later, but the job is running from the launch), and a job that
+waits (for a GPU, a reservation, its MPS daemon) has no workers and so no
+phase at all: the planner holds it back before the supervisor sees it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+
+__all__ = ["TRANSITIONS", "JobEvent", "JobPhase", "next_phase", "published_state"]
+
+
+class JobPhase(enum.Enum):
+    """Where a supervised job is in its life."""
+
+    RUNNING = "running"  # workers launched (or adopted); none crashed, no stop ordered
+    STOPPING = "stopping"  # the agent ordered a stop: SIGTERM sent, SIGKILL after the grace
+    CLEARING = "clearing"  # a worker crashed: the others are being stopped before a restart
+    STOPPED = "stopped"  # the agent's stop finished: every tree is gone, and no crash
+    CRASHED = "crashed"  # a worker crashed; no restart scheduled (yet)
+    BACKOFF = "backoff"  # crashed, every tree gone, a restart scheduled
+    GAVE_UP = "gave-up"  # the crash-loop limit was reached: no restart until the spec changes
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop is under way (SIGTERM sent, SIGKILL due at the deadline)."""
+        return self in (JobPhase.STOPPING, JobPhase.CLEARING)
+
+
+class JobEvent(enum.Enum):
+    """What happens to a job: the supervisor's actions and what its workers do."""
+
+    START = "start"  # new workers replace whatever is left of the old (none alive)
+    STOP = "stop"  # SIGTERM to every tree
+    STOP_DONE = "stop-done"  # every tree of a stop is gone
+    CRASH = "crash"  # a worker ended by itself with a non-zero code
+    SCHEDULE_RESTART = "schedule-restart"  # a crash restart is due at a time
+    GIVE_UP = "give-up"  # the crash-loop limit was reached
+    ACCEPT = "accept"  # a new spec was taken on without a restart (on_change none/signal)
+
+
+_P = JobPhase
+_E = JobEvent
+_ANY = tuple(JobPhase)
+_NOT_STOPPING = tuple(p for p in JobPhase if not p.stopping)
+
+#: (phase, event) -> the phase it moves to. Anything not listed is refused.
+TRANSITIONS: Mapping[tuple[JobPhase, JobEvent], JobPhase] = {
+    # A start is never made while a stop is under way (the planner waits for the trees).
+    **{(p, _E.START): _P.RUNNING for p in _NOT_STOPPING},
+    # Live processes can always be stopped; a stop after a crash remembers the crash.
+    (_P.RUNNING, _E.STOP): _P.STOPPING,
+    (_P.STOPPED, _E.STOP): _P.STOPPING,
+    (_P.CRASHED, _E.STOP): _P.CLEARING,
+    (_P.BACKOFF, _E.STOP): _P.CLEARING,
+    (_P.GAVE_UP, _E.STOP): _P.CLEARING,
+    (_P.STOPPING, _E.STOP_DONE): _P.STOPPED,
+    (_P.CLEARING, _E.STOP_DONE): _P.CRASHED,
+    # Only the first crash of a set of workers counts; an exit during a stop is never one.
+    (_P.RUNNING, _E.CRASH): _P.CRASHED,
+    (_P.CRASHED, _E.CRASH): _P.CRASHED,
+    (_P.BACKOFF, _E.CRASH): _P.BACKOFF,
+    (_P.GAVE_UP, _E.CRASH): _P.GAVE_UP,
+    (_P.CRASHED, _E.SCHEDULE_RESTART): _P.BACKOFF,
+    (_P.BACKOFF, _E.SCHEDULE_RESTART): _P.BACKOFF,
+    # Workers gone without an exit code (adopted ones are not the agent's children):
+    # the planner restarts them as after a crash, the supervisor cannot call it one.
+    (_P.RUNNING, _E.SCHEDULE_RESTART): _P.RUNNING,
+    (_P.RUNNING, _E.GIVE_UP): _P.GAVE_UP,
+    (_P.CRASHED, _E.GIVE_UP): _P.GAVE_UP,
+    (_P.BACKOFF, _E.GIVE_UP): _P.GAVE_UP,
+    # A new spec ends a crash loop's verdict (it may well fix the crash) and its backoff.
+    **{(p, _E.ACCEPT): p for p in _ANY},
+    (_P.BACKOFF, _E.ACCEPT): _P.CRASHED,
+    (_P.GAVE_UP, _E.ACCEPT): _P.CRASHED,
+}
+
+
+def next_phase(phase: JobPhase, event: JobEvent) -> JobPhase | None:
+    """The phase ``event`` moves ``phase`` to, or None when the table refuses the move."""
+    return TRANSITIONS.get((phase, event))
+
+
+def published_state(phase: JobPhase, alive: int, exit_codes: Sequence[int | None]) -> str:
+    """The worker state the agent publishes for a job in ``phase``.
+
+    One of running, stopping, crashed, backoff, gave-up, exited, stopped.
+    ``alive`` counts the workers whose trees still have processes; a job the
+    agent did not stop reads from its workers: running while any is alive,
+    exited when all of them exited 0, stopped otherwise.
+    """
+    if phase.stopping:
+        return "stopping"
+    if phase in (JobPhase.CRASHED, JobPhase.BACKOFF, JobPhase.GAVE_UP):
+        return str(phase.value)
+    if alive > 0:
+        return "running"
+    if all(code == 0 for code in exit_codes):
+        return "exited"
+    return "stopped"
