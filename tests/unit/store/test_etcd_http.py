@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -28,7 +29,7 @@ from allocator.errors import (
     StoreUnavailable,
     ValueTooLarge,
 )
-from allocator.store import Compare, open_store
+from allocator.store import Compare, Event, open_store
 from allocator.store.etcd.json_api import (
     conflict_of,
     event_of,
@@ -389,3 +390,28 @@ def test_reads_and_writes_move_past_an_endpoint_that_is_not_etcd(
                     assert [kv.key for kv in store.list(key).items] == [key]
         finally:
             store.close()
+
+
+def test_a_watch_moves_past_an_endpoint_whose_stream_is_not_etcds(
+    serve: Callable[[Handler], FakeServer], etcd_server: EtcdServer
+) -> None:
+    def impostor(conn: socket.socket, index: int) -> None:
+        read_request(conn)
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"result":{}}\n')
+
+    fake = serve(impostor).url.removeprefix("etcd://").split("?")[0]
+    key = f"/watched-{uuid.uuid4().hex}"
+    store = open_store(f"etcd://{fake},{etcd_server.endpoint}?timeout=5")
+    try:
+        watch = store.watch(key, 0)
+        try:
+            store.put(key, b"v")
+            deadline = time.monotonic() + 10
+            events: list[Event] = []
+            while not events and time.monotonic() < deadline:
+                events = watch.next(0.5)
+            assert [(e.key, e.value) for e in events] == [(key, b"v")]
+        finally:
+            watch.close()
+    finally:
+        store.close()
