@@ -9,10 +9,7 @@ works, ``serve`` keeps following the store.
 
 from __future__ import annotations
 
-import base64
 import json
-import sqlite3
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,40 +20,11 @@ from allocator.store import open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, pid_alive
 from tests.e2e.conftest import Cli
 from tests.e2e.test_serve import Served
+from tests.support.raw_store import put_raw_key
 from tests.support.waiting import wait_for
 
 #: Printed for the key: its bytes that are not UTF-8 escaped (JSON doubles the backslash).
 ESCAPED = "notes/\\\\xff"
-
-
-def put_raw_key(store_url: str, key: bytes, value: bytes) -> None:
-    """Write ``key`` as it is, bypassing every check of the store's client."""
-    if store_url.startswith("sqlite://"):
-        _sqlite_put(Path(store_url.removeprefix("sqlite://")), key, value)
-        return
-    endpoint = store_url.removeprefix("etcd://").split(",")[0]
-    body = json.dumps(
-        {"key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode()}
-    ).encode()
-    request = urllib.request.Request(f"http://{endpoint}/v3/kv/put", data=body, method="POST")
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        assert answer.status == 200
-
-
-def _sqlite_put(path: Path, key: bytes, value: bytes) -> None:
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("UPDATE meta SET revision = revision + 1")
-        (revision,) = conn.execute("SELECT revision FROM meta").fetchone()
-        conn.execute(
-            "INSERT INTO kv (key, value, mod_revision, create_revision)"
-            " VALUES (CAST(? AS TEXT), ?, ?, ?)",
-            (key, value, revision, revision),
-        )
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
 
 
 def _bad_key(prefix: str, host: str = HOST) -> bytes:
