@@ -50,6 +50,7 @@ from allocator.store import (
     Read,
     Store,
     TxnOutcome,
+    bad_key_records,
     txn_size,
 )
 from allocator.util.identity import local_hostname
@@ -113,7 +114,7 @@ class Allocator:
         listing = self.store.list(self.layout.host(host))
         found = snapshots_by_host(listing.items, self.layout, listing.revision)
         snapshot = found.get(host, HostSnapshot(host, revision=listing.revision))
-        for bad in snapshot.bad_records:
+        for bad in (*bad_key_records(listing), *snapshot.bad_records):
             self.on_bad_record(bad)
         return snapshot
 
@@ -395,6 +396,9 @@ class Allocator:
         from allocator.control.write_cache import settle_view
 
         known = self._views().policy
+        for listing in found:
+            for bad in bad_key_records(listing):
+                self.on_bad_record(bad)
         view = settle_view(self.store, self.layout, host, job, found, known, self.on_bad_record)
         self._views().keep(view)
         return view

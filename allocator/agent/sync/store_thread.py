@@ -62,7 +62,7 @@ from allocator.errors import (
 from allocator.records.codec import encode_record, replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, HistoryEntry
-from allocator.store import Store
+from allocator.store import Store, bad_key_records
 from allocator.util.retry_timer import RetryTimer
 
 __all__ = ["REFUSALS", "Outbox", "StoreLink"]
@@ -285,6 +285,8 @@ class StoreLink:
             self.log("store-readable", {"revision": self.revision})
         for error, revision in view.bad:
             self._bad_record(error, revision)
+        for error in bad_key_records(listing):  # skipped by the store: a key that is not text
+            self._bad_record(error, 0)
         self.to_loop.put(view)
         # A host the store will not show is not watched either: a refused watch would
         # read as this agent's own permission problem and drop the connection.
