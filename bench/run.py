@@ -94,6 +94,9 @@ def _run_group(group: str, args: argparse.Namespace, work: Path) -> list[Row]:
         args.agents = args.hosts
         args.place_seconds = args.place
         rows = bench_fleet.rows(args, work)
+        from bench import bench_history
+
+        rows += bench_history.rows(args, work)
     for row in rows:
         print(f"   {row.name}: {row.ours:.2f} {row.unit} ({'pass' if row.passed else 'MISS'})")
     print(f"   ({time.monotonic() - started:.0f} s)", flush=True)

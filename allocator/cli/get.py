@@ -41,24 +41,60 @@ def run(args: argparse.Namespace) -> int:
             others = list(state.assignments)
         else:
             found, others = allocator.find_job(job), []
+        failed = _gave_up(allocator, found)
     finally:
         allocator.store.close()
     if not found:
         raise job_not_found(job, host, others)
     if host is None and found[0].nodes:
-        _emit_group(args, found)
+        _emit_group(args, found, failed)
         return 0
     lines = []
     for a in found:
         where = "cpu" if a.mode == "cpu" else "gpus " + ",".join(map(str, a.gpus))
         extra = f" reason={a.reason!r}" if a.reason else ""
         lines.append(f"{a.job}@{a.host}: {where} (since {a.updated_at} by {a.updated_by}){extra}")
-    data = [json.loads(a.to_json()) for a in found]
+        lines += _gave_up_lines(failed.get(a.host))
+    data = [_with_gave_up(json.loads(a.to_json()), failed.get(a.host)) for a in found]
     emit(data if len(data) > 1 else data[0], output_format(args), "\n".join(lines))
     return 0
 
 
-def _emit_group(args: argparse.Namespace, shares: list[Any]) -> None:
+def _gave_up(allocator: Any, found: list[Any]) -> dict[str, Any]:
+    """Per host, the worker record of a share the agent gave up on with its last output."""
+    from allocator.errors import BadRecord
+    from allocator.records.types import WorkerRecord
+
+    failed: dict[str, Any] = {}
+    for a in found:
+        item = allocator.store.get(allocator.layout.workers(a.host, a.job))
+        try:
+            record = WorkerRecord.from_json(item.value) if item is not None else None
+        except BadRecord:  # a damaged record says nothing about why
+            continue
+        if record is not None and record.output_tail:
+            failed[a.host] = record
+    return failed
+
+
+def _gave_up_lines(record: Any) -> list[str]:
+    """The failed worker's last lines, under the assignment's line (text output)."""
+    from allocator.util.printable import printable
+
+    if record is None:
+        return []
+    head = f"  {record.state} on {record.host}, log {printable(record.log_path or 'unknown')}:"
+    return [head, *(f"    | {printable(line)}" for line in record.output_tail)]
+
+
+def _with_gave_up(data: dict[str, Any], record: Any) -> dict[str, Any]:
+    """The assignment's document, with ``gave_up`` when its agent gave up on the job."""
+    if record is not None:
+        data["gave_up"] = {"output_tail": list(record.output_tail), "log_path": record.log_path}
+    return data
+
+
+def _emit_group(args: argparse.Namespace, shares: list[Any], failed: dict[str, Any]) -> None:
     """A job across hosts as one: nodes, MASTER_PORT, GPUs, and any share missing."""
     from allocator.cli.output import emit
     from allocator.control.across_hosts import describe_shares
@@ -74,11 +110,12 @@ def _emit_group(args: argparse.Namespace, shares: list[Any]) -> None:
         f"MASTER_PORT {first.master_port}; since {first.updated_at} by {first.updated_by})"
         f"{extra}{lack}"
     )
+    text = "\n".join([text, *(line for s in mine for line in _gave_up_lines(failed.get(s.host)))])
     data = {
         "job": first.job,
         "nodes": list(nodes),
         "master_port": first.master_port,
         "missing": missing,
-        "assignments": [json.loads(s.to_json()) for s in shares],
+        "assignments": [_with_gave_up(json.loads(s.to_json()), failed.get(s.host)) for s in shares],
     }
     emit(data, output_format(args), text)

@@ -47,10 +47,11 @@ def register(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Read the history streams the filters need, select, print."""
+    """Read the newest entries the filters select (no more than shown), print."""
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
-    from allocator.control.history import parse_since, read_history, select
+    from allocator.control.history import parse_since
+    from allocator.control.history_read import query_history
     from allocator.records.keys import validate_name
     from allocator.status.documents import history_document
     from allocator.util.times import utc_now
@@ -63,16 +64,18 @@ def run(args: argparse.Namespace) -> int:
     limit = _limit(args.limit) if args.limit is not None else None
     allocator = open_allocator(args)
     try:
-        entries = read_history(
+        chosen = query_history(
             allocator.store,
             allocator.layout,
             allocator.on_bad_record,
             host=host,
-            with_policy=job is None and gpu is None,
+            job=job,
+            gpu=gpu,
+            since=since,
+            limit=limit,
         )
     finally:
         allocator.store.close()
-    chosen = select(entries, job=job, gpu=gpu, since=since)[:limit]
     emit(history_document(chosen), output_format(args), _table(chosen, render_table))
     return 0
 

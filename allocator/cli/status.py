@@ -153,12 +153,24 @@ def _usage_sections(hosts: Any) -> str:
     strays = [
         describe_unassigned(h.host, g.gpu, p) for h in hosts for g in h.gpus for p in g.unassigned
     ]
-    text = ""
+    text = _gave_up_section(hosts)
     if idle:
         text += "\n\nidle holders:\n" + "\n".join(idle)
     if strays:
         text += "\n\nunassigned GPU use:\n" + "\n".join(f"  {line}" for line in strays)
     return text
+
+
+def _gave_up_section(hosts: Any) -> str:
+    """Why each job the agent gave up on failed: its worker's last lines, and its log."""
+    blocks = [
+        f"  {h.host} {j.job} (log {j.log_path or 'unknown'}):\n"
+        + "\n".join(f"    | {line}" for line in j.output_tail)
+        for h in hosts
+        for j in h.jobs
+        if j.output_tail
+    ]
+    return "\n\ngave up, last output:\n" + "\n".join(blocks) if blocks else ""
 
 
 def _job_summary(host: Any) -> str:

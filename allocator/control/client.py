@@ -50,6 +50,7 @@ from allocator.store import (
     Read,
     Store,
     TxnOutcome,
+    bad_key_records,
     txn_size,
 )
 from allocator.util.identity import local_hostname
@@ -113,7 +114,7 @@ class Allocator:
         listing = self.store.list(self.layout.host(host))
         found = snapshots_by_host(listing.items, self.layout, listing.revision)
         snapshot = found.get(host, HostSnapshot(host, revision=listing.revision))
-        for bad in snapshot.bad_records:
+        for bad in (*bad_key_records(listing), *snapshot.bad_records):
             self.on_bad_record(bad)
         return snapshot
 
@@ -199,12 +200,23 @@ class Allocator:
 
         return self._with_retries(once, "set")
 
-    def release_across(self, job: str, *, reason: str = "") -> GroupResult:
-        """Release ``job`` on every host where it holds anything, in one transaction."""
+    def release_across(
+        self, job: str, *, reason: str = "", if_share: tuple[str, int] | None = None
+    ) -> GroupResult:
+        """Release ``job`` on every host where it holds anything, in one transaction.
+
+        ``if_share`` (host, revision): release only while that host's share is
+        still at that revision (a ``ConflictError`` if it was set again
+        meanwhile), as the agent's idle release of a job across hosts does.
+        """
         from allocator.control.across_hosts import plan_group_release
 
         def once() -> GroupResult:
             write = plan_group_release(self, job, self._generation_value(), reason)
+            if if_share is not None:
+                write.compares.append(
+                    Compare(self.layout.assignment(if_share[0], job), if_share[1])
+                )
             self._views().clear()
             self._txn(write.compares, write.ops)
             return write.result
@@ -384,6 +396,9 @@ class Allocator:
         from allocator.control.write_cache import settle_view
 
         known = self._views().policy
+        for listing in found:
+            for bad in bad_key_records(listing):
+                self.on_bad_record(bad)
         view = settle_view(self.store, self.layout, host, job, found, known, self.on_bad_record)
         self._views().keep(view)
         return view

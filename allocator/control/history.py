@@ -41,11 +41,13 @@ __all__ = [
     "DEFAULT_LIMIT",
     "MAX_TRIM",
     "Head",
+    "OnBad",
     "Stored",
     "Stream",
     "append_ops",
     "append_plan",
     "change_entry",
+    "decode_entry",
     "head_of",
     "host_stream",
     "parse_since",
@@ -298,7 +300,7 @@ def read_stream(store: Store, stream: Stream, on_bad: OnBad) -> list[Stored]:
     found: list[Stored] = []
     for item in store.list(stream.prefix).items:
         try:
-            found.append(Stored(_decode(item, stream), item.mod_revision))
+            found.append(Stored(decode_entry(item, stream), item.mod_revision))
         except BadRecord as exc:
             on_bad(exc)
     return found
@@ -353,7 +355,8 @@ def select(
     return chosen
 
 
-def _decode(item: KeyValue, stream: Stream) -> HistoryEntry:
+def decode_entry(item: KeyValue, stream: Stream) -> HistoryEntry:
+    """The entry stored at ``item`` of ``stream``; ``BadRecord`` if it is not one."""
     seq = _seq(item.key, stream)
     if seq is None:
         raise BadRecord(item.key, "not a history entry key (<prefix>/<12-digit sequence>)")

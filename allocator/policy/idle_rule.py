@@ -109,6 +109,13 @@ IDLE = Record(
             Number(above=0, maximum=100),
             "A GPU is idle while its NVML utilization is under this percentage.",
         ),
+        Field(
+            "busy_cpu_percent",
+            Number(above=0, maximum=100),
+            "Optional: a sample where the job's worker processes used at least this "
+            "percentage of the host's CPU time counts as busy, whatever its GPUs show "
+            "(a data-loading or checkpoint phase). Unset: only the GPUs count.",
+        ),
     ),
     description="When a job holding GPUs counts as idle, and what happens then. A job's "
     "rule overrides its host's pool's. GPUs whose utilization NVML cannot measure never "

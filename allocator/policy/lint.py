@@ -17,7 +17,12 @@ from allocator.policy.globs import glob_matches_every_name
 from allocator.policy.model import Policy, Reservation
 from allocator.policy.sharing_field import SHARED
 
-__all__ = ["PolicyWarning", "policy_warnings"]
+__all__ = ["ENTRY_BYTES", "STORE_QUOTA_BYTES", "PolicyWarning", "policy_warnings"]
+
+#: What one history entry takes in the store, key and revision bookkeeping included (measured).
+ENTRY_BYTES = 480
+#: etcd's default backend quota (``--quota-backend-bytes``): past it etcd refuses every write.
+STORE_QUOTA_BYTES = 2 * 1024**3
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,7 @@ def policy_warnings(
     found += _case_warnings("hosts", list(policy.hosts), "host", _HOST_CASE)
     found += _host_name_warnings(policy)
     found += _sharing_warnings(policy)
+    found += _history_size_warnings(policy)
     warnings = [PolicyWarning(source, lines.get(path), path, reason) for path, reason in found]
     return tuple(sorted(warnings, key=lambda w: (w.line or 0, w.field or "")))
 
@@ -149,6 +155,23 @@ def _sharing_warnings(policy: Policy) -> list[tuple[str, str]]:
         )
         for name, pool in policy.pools.items()
         if pool.sharing == SHARED
+    ]
+
+
+def _history_size_warnings(policy: Policy) -> list[tuple[str, str]]:
+    """History that would fill more than half of etcd's default quota once every host has it."""
+    streams = len(policy.hosts) + 1  # every host's, and the policy's
+    size = policy.history.entries_per_host * streams * ENTRY_BYTES
+    if size <= STORE_QUOTA_BYTES // 2:
+        return []
+    return [
+        (
+            "history.entries_per_host",
+            f"{policy.history.entries_per_host:,} entries on each of {streams - 1:,} hosts take "
+            f"about {size / 1024**3:.1f} GiB of the store (~{ENTRY_BYTES} B each), more than "
+            f"half of etcd's default {STORE_QUOTA_BYTES // 1024**3} GiB quota, past which it "
+            "refuses every write: keep fewer entries, or raise --quota-backend-bytes",
+        )
     ]
 
 

@@ -56,12 +56,15 @@ class IdleRule(Struct, frozen=True, omit_defaults=True):
     A GPU is idle while its utilization is under ``threshold_percent``; a
     job is idle once all its GPUs have been for ``after_seconds``.
     ``warn`` shows it in ``status``; ``release`` also releases it; ``none``
-    exempts a job from its pool's rule.
+    exempts a job from its pool's rule. With ``busy_cpu_percent``, a sample
+    where the job's processes used at least that share of the host's CPU
+    counts as busy (a data-loading or checkpoint phase).
     """
 
     after_seconds: float | None = None
     action: IdleAction = "warn"
     threshold_percent: float = 5.0
+    busy_cpu_percent: float | None = None
 
 
 class Host(Struct, frozen=True, omit_defaults=True):

@@ -252,6 +252,10 @@ class AgentRecord(msgspec.Struct, frozen=True):
         return decode_record(raw, cls)
 
 
+#: A failed worker's last lines: at most 10 (the agent keeps 2 KiB of them in all).
+OutputTail = Annotated[tuple[Text, ...], msgspec.Meta(max_length=10)]
+
+
 class WorkerRecord(msgspec.Struct, frozen=True):
     """What the agent actually runs for one job.
 
@@ -262,7 +266,10 @@ class WorkerRecord(msgspec.Struct, frozen=True):
     several hosts follow it, since a collective cannot run with a missing rank.
     ``idle_since`` is when every GPU of the job last went under the idle
     utilization threshold (RFC 3339, the agent's clock), ``None`` while any
-    of them is busy or cannot be measured.
+    of them is busy or cannot be measured. ``output_tail`` is the last lines the
+    failed worker wrote (bounded, control characters escaped, secrets masked)
+    once the agent gave up on the job, and ``log_path`` the log they are from:
+    why it gave up. Records written before these fields read as without them.
     """
 
     job: Name
@@ -283,6 +290,8 @@ class WorkerRecord(msgspec.Struct, frozen=True):
     master_port: Port | None = None
     fault: Text | None = None
     idle_since: Text | None = None
+    output_tail: OutputTail = ()
+    log_path: Text | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from importlib import resources
 from typing import Any
@@ -43,7 +45,14 @@ from allocator.status.metrics import CONTENT_TYPE, exposition
 from allocator.store import Store
 from allocator.util.times import format_time, utc_now
 
-__all__ = ["KEEPALIVE_SECONDS", "REFRESH_SECONDS", "Broadcaster", "Fleet", "build_app"]
+__all__ = [
+    "HISTORY_THREADS",
+    "KEEPALIVE_SECONDS",
+    "REFRESH_SECONDS",
+    "Broadcaster",
+    "Fleet",
+    "build_app",
+]
 
 #: A comment line on idle event streams, so proxies do not close them.
 KEEPALIVE_SECONDS = 15.0
@@ -51,6 +60,10 @@ KEEPALIVE_SECONDS = 15.0
 REFRESH_SECONDS = 30.0
 #: Changes arriving this close together are shown once.
 _DEBOUNCE_SECONDS = 0.05
+#: History requests read the store (status and metrics read the mirror): they get
+#: threads of their own, so a burst of them queues behind itself, never in front
+#: of a Prometheus scrape or the page's data.
+HISTORY_THREADS = 4
 
 
 class Fleet:
@@ -162,6 +175,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
     page = _page()
     page_headers = {"Cache-Control": "no-cache", "Content-Security-Policy": page_policy(page)}
     state: dict[str, Broadcaster] = {}
+    history_pool = ThreadPoolExecutor(HISTORY_THREADS, thread_name_prefix="serve-history")
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -185,6 +199,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
             yield
         finally:
             task.cancel()
+            history_pool.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(fleet.watcher.stop)
 
     async def index(_request: Request) -> Response:
@@ -197,9 +212,10 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         return JSONResponse(document, headers=_store_header(fleet))
 
     async def history(request: Request) -> Response:
-        code, document = await asyncio.to_thread(
+        read = functools.partial(
             history_json, fleet.open_store, fleet.mirror.layout, dict(request.query_params)
         )
+        code, document = await asyncio.get_running_loop().run_in_executor(history_pool, read)
         return JSONResponse(document, status_code=code)
 
     async def events(request: Request) -> Response:

@@ -31,12 +31,13 @@ def history_json(
     """(HTTP status, document) for a history request with ``query``'s filters."""
     try:
         history = importlib.import_module("allocator.control.history")
+        reading = importlib.import_module("allocator.control.history_read")
         documents = importlib.import_module("allocator.status.documents")
         render = documents.history_document
     except (ImportError, AttributeError):
         return 501, _error(1, "this allocator has no history")
     try:
-        return 200, _read(history, render, open_store, layout, query)
+        return 200, _read(history, reading, render, open_store, layout, query)
     except AllocatorError as exc:
         status = {2: 400, 4: 503, 5: 403, 6: 404}.get(exc.exit_code, 500)
         return status, _error(exc.exit_code, str(exc))
@@ -44,6 +45,7 @@ def history_json(
 
 def _read(
     history: Any,
+    reading: Any,
     render: Callable[[Any], dict[str, Any]],
     open_store: Callable[[], Store],
     layout: KeyLayout,
@@ -58,12 +60,18 @@ def _read(
     since = history.parse_since(query["since"], utc_now()) if "since" in query else None
     store = open_store()
     try:
-        entries = history.read_history(
-            store, layout, lambda _bad: None, host=host, with_policy=job is None and gpu is None
+        chosen = reading.query_history(
+            store,
+            layout,
+            lambda _bad: None,
+            host=host,
+            job=job,
+            gpu=gpu,
+            since=since,
+            limit=limit,
         )
     finally:
         store.close()
-    chosen = history.select(entries, job=job, gpu=gpu, since=since)[:limit]
     return render(chosen)
 
 

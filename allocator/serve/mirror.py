@@ -21,7 +21,7 @@ from typing import Any
 from allocator.errors import BadRecord, PolicyError
 from allocator.policy import Policy
 from allocator.records.keys import KeyLayout
-from allocator.store import Event, KeyValue, Listing
+from allocator.store import Event, KeyValue, Listing, bad_key_records
 
 __all__ = ["FleetMirror"]
 
@@ -36,6 +36,7 @@ class FleetMirror:
         self.revision = 0
         self.loaded = False  # read at least once
         self._policy: tuple[bytes, Policy | None] = (b"", None)
+        self._bad_keys: tuple[BadRecord, ...] = ()  # the last read's keys that are not text
 
     def keeps(self, key: str) -> bool:
         """Whether ``key`` is one the mirror holds."""
@@ -46,6 +47,7 @@ class FleetMirror:
         items = {item.key: item for item in listing.items if self.keeps(item.key)}
         with self._lock:
             self._items, self.revision, self.loaded = items, listing.revision, True
+            self._bad_keys = bad_key_records(listing)
 
     def apply(self, events: Sequence[Event], leases: Mapping[str, int | None]) -> bool:
         """Apply a batch of watch events; return whether anything the mirror keeps changed.
@@ -106,5 +108,7 @@ class FleetMirror:
         from allocator.status.join import build_status
 
         items, policy_item, revision = self.snapshot()
+        for bad in self._bad_keys:
+            on_bad(str(bad))
         policy = self.policy(policy_item, on_bad)
         return build_status(policy, items, self.layout, now), revision

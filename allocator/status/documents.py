@@ -29,7 +29,7 @@ __all__ = [
 
 #: Status fields whose empty value ("" or the table's "-") means "none".
 _GPU_OPTIONAL = ("holder", "since", "reason", "reserved", "outside_reservation", "slots", "idle")
-_JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule")
+_JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log_path")
 
 
 def status_document(
@@ -82,9 +82,14 @@ def status_json(
 
 def _host(data: dict[str, Any]) -> dict[str, Any]:
     data["gpus"] = [_nulls(row, _GPU_OPTIONAL) for row in data["gpus"]]
-    data["jobs"] = [_nulls(row, _JOB_OPTIONAL) for row in data["jobs"]]
+    data["jobs"] = [_nulls(_listed(row), _JOB_OPTIONAL) for row in data["jobs"]]
     data["bad_records"] = list(data["bad_records"])
     return data
+
+
+def _listed(row: dict[str, Any]) -> dict[str, Any]:
+    row["output_tail"] = list(row["output_tail"])
+    return row
 
 
 def _nulls(row: dict[str, Any], optional: Sequence[str]) -> dict[str, Any]:

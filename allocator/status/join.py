@@ -37,6 +37,7 @@ from allocator.records.keys import KeyLayout
 from allocator.status.gpu_use import IdleInfo, idle_info, unassigned_by_gpu
 from allocator.status.snapshots import HostSnapshot, snapshots_by_host
 from allocator.store import KeyValue
+from allocator.util.printable import printable
 
 __all__ = [
     "GpuRow",
@@ -100,6 +101,9 @@ class JobRow(msgspec.Struct, frozen=True):
     idle_seconds: float | None = None
     idle_rule: str = ""
     idle_holder: bool = False
+    #: Why the agent gave up on the job: the failed worker's last lines, and its log.
+    output_tail: tuple[str, ...] = ()
+    log_path: str = ""
 
 
 class GroupShare(msgspec.Struct, frozen=True):
@@ -329,6 +333,8 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
         idle_seconds=idle.seconds,
         idle_rule=idle.rule,
         idle_holder=idle.holder,
+        output_tail=tuple(printable(line) for line in worker.output_tail) if worker else (),
+        log_path=printable(worker.log_path or "") if worker else "",
     )
 
 

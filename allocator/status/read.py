@@ -24,7 +24,7 @@ import msgspec
 
 from allocator.errors import BadRecord, Compacted, InvalidName, PermissionDenied
 from allocator.records.keys import KeyLayout
-from allocator.store import KeyValue, Listing, Read
+from allocator.store import KeyValue, Listing, Read, bad_key_records
 
 __all__ = [
     "HOSTS_PER_PART",
@@ -33,6 +33,7 @@ __all__ = [
     "declared_by_part",
     "host_names",
     "read_status",
+    "report_bad_keys",
     "split_points",
 ]
 
@@ -123,7 +124,8 @@ def read_status(
         while_reading()
         policy = _policy(allocator, _first(policy_read), compiled_read)
         try:
-            return policy, policy_read.revision, _join_parts(policy, parts, splits, layout, join)
+            rows = _join_parts(allocator, policy, parts, splits, join)
+            return policy, policy_read.revision, rows
         except Compacted:  # the revision read at is gone already: read the present, whole
             pass
         listing = store.list(prefix)
@@ -137,19 +139,28 @@ def read_status(
             reader.join()
         listing = reader.result()
     declared = () if policy is None or only_host is not None else policy.hosts
+    report_bad_keys(allocator, listing)
     return policy, listing.revision, join(policy, listing.items, declared)
 
 
+def report_bad_keys(allocator: Any, listing: Listing) -> None:
+    """Report each key of ``listing`` that is not UTF-8 text as a bad record (it was skipped)."""
+    for bad in bad_key_records(listing):
+        allocator.on_bad_record(bad)
+
+
 def _join_parts(
+    allocator: Any,
     policy: Any,
     parts: Iterable[Listing],
     splits: list[str],
-    layout: KeyLayout,
     join: JoinPart[_Row],
 ) -> list[_Row]:
+    layout: KeyLayout = allocator.layout
     declared = declared_by_part(layout, policy.hosts if policy is not None else (), splits)
     rows: list[_Row] = []
     for part, hosts in zip(parts, declared, strict=True):
+        report_bad_keys(allocator, part)
         rows.extend(join(policy, part.items, hosts))
     return rows
 

@@ -27,6 +27,9 @@ from allocator.store.base import (
     Store,
     TxnOutcome,
     Watch,
+    bad_key_records,
+    key_or_none,
+    key_text,
     txn_size,
 )
 from allocator.store.urls import redact_url, scheme_of
@@ -45,7 +48,10 @@ __all__ = [
     "Store",
     "TxnOutcome",
     "Watch",
+    "bad_key_records",
     "default_store_url",
+    "key_or_none",
+    "key_text",
     "open_store",
     "redact_url",
     "resolve_store_url",

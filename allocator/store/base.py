@@ -27,6 +27,11 @@ every backend):
   delete (it can replay from a listing this process made at ``start - 1``,
   or from where an earlier watch left off). Callers must be level-based:
   react to "this changed", not count events.
+* ``list`` returns keys in key order, or descending with ``descending``;
+  ``limit`` cuts it to the first ``limit`` keys in that order, read at the
+  cost of those keys (etcd: a range's ``limit`` and ``sort_order``; SQLite:
+  ``ORDER BY``/``LIMIT``; Consul: the key names only, then the values of
+  the chosen keys in one transaction).
 * A lease is a TTL: keys put with a lease are deleted (with delete events)
   when the lease expires or is revoked, unless it is refreshed in time.
 * A transaction holds at most ``max_txn_ops`` operations, compares and
@@ -48,7 +53,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from msgspec import Struct
 
-from allocator.errors import CasConflict
+from allocator.errors import BadRecord, CasConflict
 
 __all__ = [
     "MAX_TXN_OPS",
@@ -64,6 +69,9 @@ __all__ = [
     "Store",
     "TxnOutcome",
     "Watch",
+    "bad_key_records",
+    "key_or_none",
+    "key_text",
     "read_each",
     "txn_size",
     "txn_then_read",
@@ -90,10 +98,16 @@ class KeyValue(Struct, frozen=True):
 
 
 class Listing(Struct, frozen=True):
-    """The result of a prefix read: the items and the store revision it saw."""
+    """The result of a prefix read: the items and the store revision it saw.
+
+    ``bad_keys`` names (escaped, see :func:`key_text`) the keys the read found
+    that are not UTF-8 text: they are left out of ``items``, and whoever
+    reports bad records reports them, as a bad value is reported.
+    """
 
     items: tuple[KeyValue, ...]
     revision: int
+    bad_keys: tuple[str, ...] = ()
 
 
 class Event(Struct, frozen=True):
@@ -137,11 +151,14 @@ class Read(Struct, frozen=True):
 
     ``values`` ``False`` asks only for the keys and their revisions (a
     caller that only needs to know whether a large value changed).
+    ``limit`` and ``descending`` (with ``prefix``) are :meth:`Store.list`'s.
     """
 
     key: str
     prefix: bool = False
     values: bool = True
+    limit: int | None = None
+    descending: bool = False
 
 
 class TxnOutcome(Struct, frozen=True):
@@ -156,6 +173,29 @@ class TxnOutcome(Struct, frozen=True):
     revision: int
     changed: tuple[str, ...] = ()
     reads: tuple[Listing, ...] = ()
+
+
+def key_or_none(raw: bytes) -> str | None:
+    """``raw`` as a key, or ``None`` when it is not UTF-8 text.
+
+    Keys are decoded strictly: such a key was written by hand (``etcdctl put``,
+    ``sqlite3``), names nothing allocator writes, and is skipped and reported
+    by its readers, never a reason for a read to fail.
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def key_text(raw: bytes) -> str:
+    """``raw`` as printable text, its bytes that are not UTF-8 escaped (``\\xff``)."""
+    return raw.decode("utf-8", "backslashreplace")
+
+
+def bad_key_records(listing: Listing) -> tuple[BadRecord, ...]:
+    """One :class:`BadRecord` per key of ``listing`` that was skipped as not UTF-8 text."""
+    return tuple(BadRecord(key, "the key is not UTF-8 text") for key in listing.bad_keys)
 
 
 def txn_size(compares: Sequence[Compare], ops: Sequence[Op]) -> int:
@@ -197,8 +237,14 @@ class Store(Protocol):
         """Return the current version of ``key``, or ``None`` if absent."""
         ...
 
-    def list(self, prefix: str) -> Listing:
-        """Return every key starting with ``prefix`` (sorted) in one read."""
+    def list(self, prefix: str, *, limit: int | None = None, descending: bool = False) -> Listing:
+        """Return every key starting with ``prefix`` (sorted) in one read.
+
+        ``limit``: only the first ``limit`` keys; ``descending``: in
+        descending key order (the newest first, where keys sort by time, as
+        history entries do). Together they read the newest few of many keys
+        at the cost of those few.
+        """
         ...
 
     def put(
@@ -283,7 +329,7 @@ def txn_then_read(
 
 def _read_one(store: Store, read: Read) -> Listing:
     if read.prefix:
-        listing = store.list(read.key)
+        listing = store.list(read.key, limit=read.limit, descending=read.descending)
     else:
         item = store.get(read.key)
         # A single get reports no store revision; the item's own is the best bound.
@@ -293,4 +339,4 @@ def _read_one(store: Store, read: Read) -> Listing:
     bare = tuple(
         KeyValue(kv.key, b"", kv.mod_revision, kv.create_revision, kv.lease) for kv in listing.items
     )
-    return Listing(bare, listing.revision)
+    return Listing(bare, listing.revision, listing.bad_keys)

@@ -27,6 +27,7 @@ __all__ = [
     "ConditionalWrites",
     "cas_conflict",
     "check_key",
+    "check_limit",
     "check_not_compacted",
     "check_prefix",
     "check_reads",
@@ -43,10 +44,18 @@ __all__ = [
 DEFAULT_HISTORY = 10_000
 
 
+def check_limit(limit: int | None) -> int | None:
+    """Return ``limit`` if it is ``None`` or a positive ``int``, else raise ``InvalidInput``."""
+    if limit is not None and (type(limit) is not int or limit < 1):
+        raise InvalidInput(f"list limit {limit!r} must be a whole number of at least 1")
+    return limit
+
+
 def check_reads(reads: Sequence[Read]) -> None:
     """Validate every key of a batch of reads before it is sent."""
     for read in reads:
         check_key(read.key)
+        check_limit(read.limit)
 
 
 def check_key(key: str, what: str = "key") -> str:

@@ -190,14 +190,15 @@ class MemoryStore(local.ConditionalWrites):
             state.reap()
             return state.kv.get(key)
 
-    def list(self, prefix: str) -> Listing:
-        """Return every key starting with ``prefix`` (sorted) and the store revision."""
+    def list(self, prefix: str, *, limit: int | None = None, descending: bool = False) -> Listing:
+        """Every key starting with ``prefix`` (sorted; ``limit``, ``descending``: see Store)."""
         local.check_prefix(prefix)
+        local.check_limit(limit)
         state = self._live()
         with state.cond:
             state.reap()
-            items = tuple(state.kv[k] for k in sorted(state.kv) if k.startswith(prefix))
-            return Listing(items, state.revision)
+            keys = sorted((k for k in state.kv if k.startswith(prefix)), reverse=descending)
+            return Listing(tuple(state.kv[k] for k in keys[:limit]), state.revision)
 
     def _apply(self, compares: Sequence[Compare], ops: Sequence[Op]) -> tuple[int, int]:
         """Check and apply a write; return (store revision, number of keys changed)."""

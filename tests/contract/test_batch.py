@@ -62,3 +62,23 @@ def test_txn_or_read_returns_fresh_state_when_a_compare_fails(store: Store, pref
     assert [(kv.value, kv.mod_revision) for kv in guard.items] == [(b"new", fresh)]
     assert [kv.key for kv in listing.items] == [f"{prefix}/dir/x"]
     assert store.get(f"{prefix}/w") is None
+
+
+def test_read_many_reads_the_newest_few_of_each_prefix(store: Store, prefix: str) -> None:
+    for stream in ("a", "b"):
+        for seq in range(5):
+            store.put(f"{prefix}/{stream}/{seq:03d}", f"{stream}{seq}".encode())
+
+    found = store.read_many(
+        [
+            Read(f"{prefix}/a/", prefix=True, limit=2, descending=True),
+            Read(f"{prefix}/b/", prefix=True, limit=1),
+            Read(f"{prefix}/c/", prefix=True, limit=3, descending=True),
+        ]
+    )
+
+    assert [[kv.value for kv in listing.items] for listing in found] == [
+        [b"a4", b"a3"],
+        [b"b0"],
+        [],
+    ]

@@ -196,3 +196,27 @@ def test_a_rejected_key_writes_nothing(store: Store, prefix: str) -> None:
 
     assert store.get(f"{prefix}/good") is None
     assert store.list(f"{prefix}/").revision == before
+
+
+def test_list_reads_the_first_or_the_last_few_keys_of_a_prefix(store: Store, prefix: str) -> None:
+    keys = [f"{prefix}/h/{seq:012d}" for seq in range(7)]
+    for key in keys:
+        last = store.put(key, key.encode())
+    store.put(f"{prefix}/i", b"after the prefix")
+
+    newest = store.list(f"{prefix}/h/", limit=3, descending=True)
+    assert [kv.key for kv in newest.items] == keys[:-4:-1]
+    assert [kv.value for kv in newest.items] == [k.encode() for k in keys[:-4:-1]]
+    assert newest.revision >= last
+    assert [kv.key for kv in store.list(f"{prefix}/h/", limit=2).items] == keys[:2]
+    assert [kv.key for kv in store.list(f"{prefix}/h/", descending=True).items] == keys[::-1]
+    assert [kv.key for kv in store.list(f"{prefix}/h/", limit=100).items] == keys
+    assert store.list(f"{prefix}/none/", limit=1, descending=True).items == ()
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, "3"])
+def test_a_list_limit_below_one_or_not_a_whole_number_is_invalid_input(
+    store: Store, prefix: str, limit: object
+) -> None:
+    with pytest.raises(InvalidInput):
+        store.list(f"{prefix}/", limit=limit)  # type: ignore[arg-type]

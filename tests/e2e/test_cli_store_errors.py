@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
 from pathlib import Path
 
@@ -129,3 +131,56 @@ def test_a_viewer_sees_every_host_with_or_without_the_compiled_policy(
         host_name(n) for n in range(300)
     ]
     assert ranges == (3 if compiled else 1)
+
+
+class _Impostor:
+    """A loopback server that answers every request with ``answer`` (not etcd)."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in (data := conn.recv(65536)) and data:
+                pass
+            conn.sendall(self.answer)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+_IMPOSTORS = {
+    "empty json": b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+    "proxy 502": b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\nBad Gateway",
+}
+
+
+@pytest.mark.parametrize("answer", _IMPOSTORS.values(), ids=_IMPOSTORS.keys())
+def test_commands_move_past_a_first_endpoint_that_is_not_etcd(
+    etcd_server: EtcdServer, prefix: str, answer: bytes
+) -> None:
+    impostor = _Impostor(answer)
+    try:
+        url = f"etcd://{impostor.endpoint},{etcd_server.endpoint}"
+        env = clean_env(ALLOCATOR_STORE=url, ALLOCATOR_PREFIX=prefix)
+        for args in (
+            ["policy", "apply", str(EXAMPLE_POLICY)],
+            ["set", "job=train", "gpus=1", "host=node1"],
+            ["get", "job=train"],
+            ["status"],
+        ):
+            result = run_cli(args, env)
+            assert result.code == 0, (args, result.err)
+    finally:
+        impostor.close()

@@ -187,3 +187,29 @@ def test_the_cli_treats_a_job_across_hosts_as_one(tmp_path: Path, prefix: str) -
     released = cli("release", "job=ring", "-o", "json")
     assert released.code == 0 and json.loads(released.out)["released"] == ["node1", "node2"]
     assert cli("get", "job=ring").code == 6
+
+
+def test_an_idle_job_across_hosts_is_released_whole_without_an_outage(
+    hosts: list[AgentHarness],
+) -> None:
+    node1 = hosts[0]
+    policy = two_host_policy(node1.workdir.parent)
+    policy["jobs"]["ring"]["idle"] = {"after": "1s", "action": "release"}
+    node1.apply_policy(policy)
+    _start(hosts)
+    assert node1.cli("set", "job=ring", "host=node1,node2", "gpus=1").code == 0
+    shares = [wait_for(f"ring on {a.host}", lambda a=a: _ring(a)) for a in hosts]
+
+    # Both shares read 0 %: both agents judge theirs idle, at about the same moment.
+    wait_for("ring to be released", lambda: node1.cli("get", "job=ring").code == 6)
+    for report in shares:
+        wait_for("every share to stop", lambda r=report: not pid_alive(r["pid"]))
+    released = [e for a in hosts for e in a.events("idle-released", job="ring")]
+    assert len(released) == 1, [a.log_text() for a in hosts]
+    history = json.loads(node1.cli("history", "job=ring", "-o", "json").out)["entries"]
+    releases = [e for e in history if e["action"] == "release"]
+    assert sorted(e["host"] for e in releases) == ["node1", "node2"]
+    assert all(e["reason"].startswith("idle for") for e in releases)
+    for agent in hosts:  # a refusal is no outage: one connection, never dropped
+        assert len(agent.events("store-connected")) == 1, agent.log_text()
+        assert not agent.events("store-error") and not agent.events("store-unavailable")

@@ -8,7 +8,8 @@ each write the test writes a sentinel assignment and waits until the agent
 has published what it made of it, so every example is really seen. Then:
 the agent is up, both workers have the pids they started with, the agent's
 own records are its own again, and at the end the agent still acts on a
-real change.
+real change. Key names that are not UTF-8 at all (written with the sqlite3
+module, as ``etcdctl put`` could write them to etcd) are among them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from allocator.records.types import AgentRecord, Assignment, PolicyRecord, Worke
 from allocator.store import open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, pid_alive
 from tests.reliability.conftest import Figures, scale
+from tests.support.raw_store import put_raw_key
 from tests.support.waiting import wait_for
 
 _TEXT = st.text(st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), max_size=12)
@@ -63,6 +65,21 @@ KEYS = st.one_of(
     _TEXT.map(lambda s: f"workers/{s}"),
     _TEXT,
 )
+
+
+def _not_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+# Key names no UTF-8 decoder accepts, under the same places.
+RAW_KEYS = st.tuples(
+    st.sampled_from((b"jobs/", b"workers/", b"notes/", b"")),
+    st.binary(min_size=1, max_size=12).filter(_not_utf8),
+).map(lambda parts: parts[0] + parts[1])
 
 
 @pytest.fixture
@@ -117,18 +134,22 @@ def test_no_written_record_stops_a_well_formed_job_or_the_agent(
     assert world.cli("set", "job=train", "gpus=0").code == 0
     assert world.cli("set", "job=waiter", "gpus=1").code == 0
     train, waiter = world.new_report("train"), world.new_report("waiter")
-    examples = [0]
+    examples, raw_keys = [0], [0]
 
     @settings(
         max_examples=scale(30, 1000),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
-    @given(key=KEYS, value=VALUES)
-    def write_one(key: str, value: bytes) -> None:
-        assume(not _usable(world, key, value))
+    @given(key=st.one_of(KEYS, RAW_KEYS), value=VALUES)
+    def write_one(key: str | bytes, value: bytes) -> None:
+        if isinstance(key, bytes):
+            raw_keys[0] += 1
+            put_raw_key(world.store_url, world.layout.host(HOST).encode() + key, value)
+        else:
+            assume(not _usable(world, key, value))
+            world.put_raw(_full_key(world, key), value)
         examples[0] += 1
-        world.put_raw(_full_key(world, key), value)
         revision = _sentinel(world, examples[0])
 
         def seen() -> bool:
@@ -156,4 +177,5 @@ def test_no_written_record_stops_a_well_formed_job_or_the_agent(
     assert not any(world.events(e) for e in ("internal-error", "link-error", "store-error"))
     assert not world.events("store-unavailable")
     figures.add("records written", examples[0])
+    figures.add("of them under key names that are not UTF-8", raw_keys[0])
     figures.add("bad records logged", len(world.events("bad-record")))

@@ -30,6 +30,8 @@ ROWS = (
     "placement throughput",
     "fleet fan-out",
     "etcd write rate",
+    "history --limit 20, etcd",
+    "history --limit 20, keys read",
 )
 
 

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from allocator.agent.gpu_care.idle import IdleRelease, IdleTracker, idle_actions
+from allocator.agent.gpu_care.tree_cpu import TreeCpu
 from allocator.agent.gpu_care.unassigned_use import (
     TreeRoot,
     describe_process,
@@ -36,13 +37,36 @@ from allocator.policy.model import IdleRule, Policy
 from allocator.records.types import Assignment, GpuProcess
 from allocator.status.metrics import Family, Histogram, start_metrics_server
 
-__all__ = ["RECONCILE_BUCKETS", "Observer"]
+__all__ = ["RECONCILE_BUCKETS", "Observer", "working"]
 
 Log = Callable[[str, dict[str, Any]], None]
 Roots = Mapping[str, Sequence[tuple[int, int | None, str]]]
 
 #: Reconcile duration buckets, seconds: a reconcile is normally well under a millisecond.
 RECONCILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def working(view: JobView | None, gpus: Sequence[int]) -> bool:
+    """Whether the job's workers all run now, on ``gpus``: the only time idleness counts.
+
+    A job in crash backoff, given up, stopping, waiting (no workers: no
+    view), or whose workers partly ended, reads 0 % without being idle.
+    """
+    return (
+        view is not None
+        and not view.stopping
+        and not view.gave_up
+        and view.next_restart_at is None
+        and bool(view.exit_codes)
+        and all(code is None for code in view.exit_codes)
+        and view.alive == len(view.exit_codes)
+        and view.device == "cuda"
+        and tuple(view.gpus) == tuple(gpus)
+    )
+
+
+def _at_least(measured: float | None, limit: float) -> bool:
+    return measured is None or measured >= limit
 
 
 class Observer:
@@ -57,6 +81,7 @@ class Observer:
         self.clock = clock
         self.sampler = UsageSampler(environ, clock)
         self.idle = IdleTracker()
+        self.tree_cpu = TreeCpu()
         self.warned: set[str] = set()
         self.usage: tuple[GpuUsage, ...] | None = None
         self.unassigned: tuple[GpuProcess, ...] = ()
@@ -125,8 +150,13 @@ class Observer:
         running = {
             job: want.gpus
             for job, want in desired.items()
-            if want.state == "run" and want.device == "cuda" and not set(want.gpus) & set(unhealthy)
+            if want.state == "run"
+            and want.device == "cuda"
+            and not set(want.gpus) & set(unhealthy)
+            and working(views.get(job), want.gpus)
         }
+        for job in self._cpu_busy(rules, running, roots, now):
+            running.pop(job)  # busy on the CPU: its GPUs' 0 % is no idleness
         thresholds = {job: rule.threshold_percent for job, (rule, _) in rules.items()}
         self.idle.update(running, usage, thresholds, now, wall)
         after = {job: rule.after_seconds or math.inf for job, (rule, _) in rules.items()}
@@ -137,6 +167,27 @@ class Observer:
         self.releases = actions.release
         if usage is not None:
             self._find_unassigned(usage, views, roots, assignments)
+
+    def _cpu_busy(
+        self,
+        rules: Mapping[str, tuple[IdleRule, str]],
+        running: Mapping[str, Sequence[int]],
+        roots: Roots,
+        now: float,
+    ) -> list[str]:
+        """Jobs whose rule has ``busy_cpu_percent`` and that used that much CPU, or unknown yet.
+
+        Only those jobs' trees are read. The first sample of a job measures
+        nothing yet, and an unmeasured job is not judged idle.
+        """
+        limits = {
+            job: rule.busy_cpu_percent
+            for job, (rule, _) in rules.items()
+            if rule.busy_cpu_percent is not None and job in running
+        }
+        shims = {job: [root[0] for root in roots.get(job, ())] for job in limits}
+        used = self.tree_cpu.sample(shims, now)
+        return [job for job, limit in limits.items() if _at_least(used.get(job), limit)]
 
     def _rules(
         self, policy: Policy | None, desired: Mapping[str, DesiredJob]

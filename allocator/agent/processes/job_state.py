@@ -88,6 +88,8 @@ class JobRuntime:
     last_kill_pass: float | None = None
     last_exit: int | None = None
     message: str = ""
+    output_tail: tuple[str, ...] = ()  # the failed worker's last lines, once given up on
+    log_path: str = ""  # the log they come from
     state: str = ""  # the published state, kept to see when it changes (``since``)
     since: str = ""
 
@@ -236,4 +238,6 @@ class JobRuntime:
             "message": self.message,
             "fingerprint": self.fingerprint,
             "assignment_revision": self.spec.assignment_revision,
+            "output_tail": list(self.output_tail),
+            "log_path": self.log_path,
         }

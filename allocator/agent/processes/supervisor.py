@@ -66,6 +66,7 @@ from allocator.agent.processes.launch import (
     shim_env,
     status_fields,
 )
+from allocator.agent.processes.output_tail import failed_output
 from allocator.agent.processes.procs import clean_base_env
 from allocator.agent.processes.shim_census import wait_for_starting_shims
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
@@ -285,6 +286,7 @@ class Supervisor:
             return
         if self._move(job, JobEvent.GIVE_UP):
             job.give_up(action.reason)
+            job.output_tail, job.log_path = failed_output(job, self.log_dir)
             self._dirty = True
             self._log("gave-up", {"job": action.job, "reason": action.reason})
 

@@ -11,7 +11,15 @@ The loop offers the same release on every sample while the job stays idle;
 each (job, revision) is tried until it is done or overtaken, never twice.
 A refused permission is logged and not retried for that revision: the
 agent's credential may legitimately be read-mostly, and the link must not
-treat it as an outage.
+treat it as an outage. Any other refusal (the store or the control layer
+saying no to the request) is the same: logged, not retried, never an outage.
+
+A job across hosts is changed and released only as a whole, so its idle
+share is released with ``Allocator.release_across``: the whole job, in one
+transaction that also compares this host's share's revision. Whichever
+host's agent judges its share idle first does it; a second agent doing the
+same at the same moment finds the job gone (or loses the compare and then
+finds it gone), which is an ordinary "overtaken".
 """
 
 from __future__ import annotations
@@ -21,8 +29,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from allocator.agent.gpu_care.idle import IdleRelease
-from allocator.errors import ConflictError, NotFound, PermissionDenied
+from allocator.errors import (
+    AllocatorError,
+    BadRecord,
+    ConflictError,
+    NotFound,
+    Retryable,
+)
+from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
+from allocator.records.types import Assignment
 from allocator.store import Store
 
 __all__ = ["IdleReleaser"]
@@ -81,13 +97,29 @@ class IdleReleaser:
             return "release-overtaken", "the assignment changed since it was judged idle"
         allocator = Allocator(store, prefix=self.layout.prefix, actor=f"agent@{self.host}")
         try:
-            allocator.release(
-                self.host, release.job, reason=release.reason, if_revision=release.revision
-            )
+            if _across_hosts(item.value, key, release.job, self.host):
+                allocator.release_across(
+                    release.job, reason=release.reason, if_share=(self.host, release.revision)
+                )
+            else:
+                allocator.release(
+                    self.host, release.job, reason=release.reason, if_revision=release.revision
+                )
         except NotFound:
             return "release-overtaken", "the job no longer holds GPUs here"
         except ConflictError as exc:
             return "release-conflict", str(exc)
-        except PermissionDenied as exc:
-            return "release-refused", str(exc)
+        except Retryable:
+            raise  # the store is away: the link's outage handling, and the release stays pending
+        except AllocatorError as exc:  # a refusal (permission, policy, request): not an outage
+            return "release-refused", f"{type(exc).__name__}: {exc}"
         return "released", ""
+
+
+def _across_hosts(value: bytes, key: str, job: str, host: str) -> bool:
+    """Whether the stored share belongs to a job across hosts (a damaged one: no)."""
+    try:
+        share = decode_record(value, Assignment, key, job=job, host=host)
+    except BadRecord:
+        return False
+    return len(share.nodes) > 1

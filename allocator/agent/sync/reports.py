@@ -111,4 +111,6 @@ def _from_runtime(
         start_times=tuple(float(t) for t in have.get("start_times", ())),
         assignment_revision=want.assignment_revision if want is not None else 0,
         fault=want.fault if want is not None else None,
+        output_tail=tuple(str(line) for line in have.get("output_tail", ())),
+        log_path=str(have.get("log_path") or "") or None,
     )

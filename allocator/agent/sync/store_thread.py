@@ -20,8 +20,11 @@ What counts as what:
 * another host of a job across hosts is read (one prefix read) and watched
   with this host's keys (:mod:`allocator.agent.planning.across_hosts`); a refusal to read
   it is logged once and leaves that host unknown, never stale;
-* another refusal (a setting, a request the store will not take) is logged
-  and retried with backoff;
+* a refused request (:data:`REFUSALS`: the policy, a validation, a
+  conflict, a missing record, a value too large) is logged and leaves the
+  connection, watches and lease as they are: the store answered, so it is
+  no outage, and tearing the link down would stall everything else it writes;
+* another failure of a setting is logged and retried with backoff;
 * anything else is a bug: logged with its traceback, retried with backoff.
 """
 
@@ -48,19 +51,26 @@ from allocator.errors import (
     AllocatorError,
     BadRecord,
     Compacted,
+    ConflictError,
+    InvalidInput,
     LeaseLost,
+    NotFound,
     PermissionDenied,
     Retryable,
+    ValueTooLarge,
 )
 from allocator.records.codec import encode_record, replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, HistoryEntry
-from allocator.store import Store
+from allocator.store import Store, bad_key_records
 from allocator.util.retry_timer import RetryTimer
 
-__all__ = ["Outbox", "StoreLink"]
+__all__ = ["REFUSALS", "Outbox", "StoreLink"]
 
 Log = Callable[[str, dict[str, Any]], None]
+
+#: Errors that refuse one request while the store itself works: never an outage.
+REFUSALS: tuple[type[AllocatorError], ...] = (InvalidInput, ConflictError, NotFound, ValueTooLarge)
 
 
 class Outbox:
@@ -275,6 +285,8 @@ class StoreLink:
             self.log("store-readable", {"revision": self.revision})
         for error, revision in view.bad:
             self._bad_record(error, revision)
+        for error in bad_key_records(listing):  # skipped by the store: a key that is not text
+            self._bad_record(error, 0)
         self.to_loop.put(view)
         # A host the store will not show is not watched either: a refused watch would
         # read as this agent's own permission problem and drop the connection.
@@ -351,6 +363,11 @@ class StoreLink:
             self.log("lease-lost", {"lease": self.publisher.lease, "error": str(error)})
             self.publisher.lease_lost()
             self.next_keepalive = self._clock()
+            return
+        if isinstance(error, REFUSALS) and not isinstance(error, Retryable) and self.up:
+            # The store answered "no" to one request: keep the link; the next tick goes on.
+            text = " ".join(str(error).split())
+            self.log("request-refused", {"error": f"{type(error).__name__}: {text}"})
             return
         was_connected = self.up
         self._drop()

@@ -42,6 +42,7 @@ plain write); a failed write still uses up a raft index.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -172,6 +173,10 @@ def _translated(address: str, what: str, *, write: bool = False) -> Iterator[Non
         ) from exc
 
 
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
 def _txn_reply(response: Any) -> tuple[int, Any]:
     """py-consul callback keeping a 409's body (its own raises without the errors)."""
     if response.code in (200, 409):
@@ -291,7 +296,7 @@ class ConsulStore:
             _, item = client.kv.get(name, consistency="consistent")
         return key_value(item) if item else None
 
-    def list(self, prefix: str) -> Listing:
+    def list(self, prefix: str, *, limit: int | None = None, descending: bool = False) -> Listing:
         """Every key under ``prefix``, sorted, in one consistent read, and the revision.
 
         A prefix read's ``X-Consul-Index`` only covers that prefix, so the
@@ -299,7 +304,43 @@ class ConsulStore:
         then answers with its KV index), and the larger of the two returned.
         Read first, it can only be older than the listing: a watch from it
         + 1 may replay a key the listing already showed, never miss one.
+        ``limit`` (up to one transaction's operations): Consul's reads have
+        none, so the key names are listed and the chosen keys' values read
+        in one transaction (:meth:`_list_some`).
         """
+        if limit is not None and local.check_limit(limit) and limit <= MAX_TXN_OPS:
+            found = self._list_some(prefix, limit, descending)
+            if found is not None:
+                return found
+        listing = self._list_all(prefix)
+        items = listing.items[::-1] if descending else listing.items
+        return Listing(items[:limit], listing.revision)
+
+    def _list_some(self, prefix: str, limit: int, descending: bool) -> Listing | None:
+        """The first ``limit`` keys under ``prefix``: names, then their values, both consistent.
+
+        ``None`` when a chosen key went in between (its ``get`` failed the
+        transaction): the caller reads the whole prefix instead.
+        """
+        name = consul_key(prefix, "prefix")
+        client = self._live()
+        with self._call(f"list {prefix}"):
+            index, names = client.kv.get(name, keys=True, consistency="consistent")
+        chosen = sorted(names or (), reverse=descending)[:limit]
+        if not chosen:
+            return Listing((), int(index))
+        payload = [{"KV": {"Verb": "get", "Key": key}} for key in chosen]
+        with self._call(f"list {prefix}"):
+            code, reply = client.http.put(
+                _txn_reply, "/v1/txn", data=json.dumps(payload), headers=client.prepare_headers()
+            )
+        if code != 200:
+            return None
+        items = [dict(r["KV"], Value=_unb64(r["KV"].get("Value"))) for r in reply["Results"]]
+        revision = max([int(index), *(int(item["ModifyIndex"]) for item in items)])
+        return Listing(tuple(key_value(item) for item in items), revision)
+
+    def _list_all(self, prefix: str) -> Listing:
         name = consul_key(prefix, "prefix")
         client = self._live()
         with self._call(f"list {prefix}"):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TypeVar
 from allocator.errors import StoreConfigError
 from allocator.store.etcd.config import EtcdConfig, format_endpoint, read_pem
 from allocator.store.etcd.http_wire import HttpConnection, NoAnswer, NotHttp, NotSent
-from allocator.store.etcd.json_api import Json, json_object
+from allocator.store.etcd.json_api import Json, etcd_object
 from allocator.store.etcd.rules import Code, EtcdStatus
 
 if TYPE_CHECKING:
@@ -43,21 +43,20 @@ def tls_context(config: EtcdConfig) -> ssl.SSLContext | None:
     return context
 
 
-def status_of_answer(status: int, body: bytes, path: str) -> EtcdStatus:
+def status_of_answer(status: int, body: bytes, path: str) -> EtcdStatus | NotHttp:
     """The etcd status an HTTP error answer carries (JSON ``code`` and ``message``).
 
-    An answer that is not etcd's JSON means something else listens there
-    (or the gateway is off), reported as a code etcd never sends.
+    An answer that is not etcd's JSON error (a proxy's 502 page, a web
+    server's 404, etcd with its gateway off) is :class:`NotHttp`: something
+    else answers there, and a read moves on to the next endpoint.
     """
     try:
         data = json.loads(body)
-        code = int(data.get("code", Code.UNKNOWN))
+        code = int(data["code"])
         message = str(data.get("message") or data.get("error") or f"HTTP {status}")
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError, KeyError):
         text = body[:80].decode("utf-8", "replace").strip()
-        return EtcdStatus(
-            Code.UNIMPLEMENTED, f"HTTP {status} for {path} ({text!r}; is its JSON gateway on?)"
-        )
+        return NotHttp(f"HTTP {status} for {path} ({text!r}; is its JSON gateway on?)")
     return EtcdStatus(code, message)
 
 
@@ -71,20 +70,31 @@ class Endpoint:
         self.host, self.port, self.tls = host, port, tls
         self.http = HttpConnection(host, port, tls)
         self.token: str | None = None
+        #: An answer of this endpoint carried etcd's cluster id: etcd listens there.
+        self.is_etcd = False
 
     def headers(self) -> dict[str, str]:
         """What every request carries: the token, when logged in."""
         return {"Authorization": self.token} if self.token else {}
 
-    def ready(self, until: float) -> None:
+    def ready(self, until: float, *, check_etcd: bool = False) -> None:
         """Connect (again, if the server closed an idle connection) and log in if needed.
 
-        Nothing of the caller's request has been sent when this fails.
+        ``check_etcd``: before a write, make sure etcd is what answers here
+        (one status call, unless an answer already showed it): a write that
+        got something else's answer could not be told apart from one etcd
+        took, so a write goes only where etcd has answered. Nothing of the
+        caller's request has been sent when this fails.
         """
         if not self.http.connected or self.http.dropped():
             self.http.connect(until - time.monotonic())
         if self.token is None and self.config.username is not None:
             self.login(until)
+        if check_etcd and not self.is_etcd:
+            try:
+                self.post("/v3/maintenance/status", {}, until)
+            except NoAnswer as exc:  # the caller's request is still unsent
+                raise NotSent(str(exc), exc.cause) from exc
 
     def login(self, until: float) -> None:
         """Get a fresh token for the configured user."""
@@ -98,22 +108,26 @@ class Endpoint:
             raise EtcdStatus(Code.UNKNOWN, "etcd's login answer holds no token") from None
 
     def post(self, path: str, body: Json, until: float) -> Json:
-        """Send one request on the open connection; its decoded JSON answer."""
-        return self.post_as(path, body, until, json_object)
+        """Send one request on the open connection; its decoded JSON answer (etcd's)."""
+        return self.post_as(path, body, until, etcd_object)
 
     def post_as(self, path: str, body: Json, until: float, decode: Callable[[bytes], _T]) -> _T:
         """Send one request on the open connection; its answer as ``decode`` reads it.
 
-        ``decode`` raises ``ValueError`` for an answer that is not what it reads.
+        ``decode`` raises ``ValueError`` for an answer that is not what it
+        reads, or not etcd's (every etcd answer names its cluster): that is
+        :class:`NotHttp`, as is an error answer that is not etcd's.
         """
         payload = json.dumps(body, separators=(",", ":")).encode("utf-8")
         answer = self.http.request(path, payload, self.headers(), until - time.monotonic())
         if answer.status != 200:
             raise status_of_answer(answer.status, answer.body, path)
         try:
-            return decode(answer.body)
+            decoded = decode(answer.body)
         except ValueError as exc:
             raise NotHttp(f"{path} answered {answer.body[:80]!r}: {exc}") from None
+        self.is_etcd = True
+        return decoded
 
     def close(self) -> None:
         """Close the connection."""

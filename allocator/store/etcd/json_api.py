@@ -16,16 +16,28 @@ from typing import Any
 import msgspec
 
 from allocator.errors import CasConflict
-from allocator.store.base import Compare, Event, KeyValue, Listing, Op, Put, Read
+from allocator.store.base import (
+    Compare,
+    Event,
+    KeyValue,
+    Listing,
+    Op,
+    Put,
+    Read,
+    key_or_none,
+    key_text,
+)
 from allocator.store.etcd.rules import conflict, prefix_range_end
 
 __all__ = [
     "Json",
     "b64",
     "conflict_of",
+    "etcd_object",
     "event_of",
     "json_object",
     "key_value_of",
+    "listing_of",
     "listings_of",
     "range_listing",
     "range_request",
@@ -53,15 +65,31 @@ def _int(value: Any) -> int:
     return int(value) if value else 0
 
 
-def key_value_of(kv: Json) -> KeyValue:
-    """A :class:`KeyValue` from a reply's ``kv`` object."""
+def key_value_of(kv: Json) -> KeyValue | None:
+    """A :class:`KeyValue` from a reply's ``kv`` object; ``None`` if its key is not UTF-8."""
+    key = key_or_none(unb64(kv.get("key")))
+    if key is None:
+        return None
     return KeyValue(
-        key=unb64(kv.get("key")).decode("utf-8"),
+        key=key,
         value=unb64(kv.get("value")),
         mod_revision=_int(kv.get("mod_revision")),
         create_revision=_int(kv.get("create_revision")),
         lease=_int(kv.get("lease")) or None,
     )
+
+
+def listing_of(kvs: Sequence[Json], revision: int) -> Listing:
+    """The keys of a range response's ``kvs``; keys that are not UTF-8 in ``bad_keys``."""
+    items: list[KeyValue] = []
+    bad: list[str] = []
+    for kv in kvs:
+        item = key_value_of(kv)
+        if item is None:
+            bad.append(key_text(unb64(kv.get("key"))))
+        else:
+            items.append(item)
+    return Listing(tuple(items), revision, tuple(bad))
 
 
 def json_object(body: bytes) -> Json:
@@ -75,25 +103,55 @@ def json_object(body: bytes) -> Json:
     return data
 
 
-def event_of(item: Json) -> Event:
-    """An :class:`Event` from a watch reply's event object (no ``type``: a put)."""
+def etcd_object(body: bytes) -> Json:
+    """A reply's JSON object, if it is etcd's: its ``header`` names the cluster.
+
+    ``ValueError`` for anything else (a ``{}`` from a proxy, an HTML page).
+    """
+    data = json_object(body)
+    result = data.get("result")  # a streamed call's one answer (a lease keep-alive)
+    header = (result if isinstance(result, dict) else data).get("header")
+    if not isinstance(header, dict) or not header.get("cluster_id"):
+        raise ValueError("not etcd's answer (no header.cluster_id)")
+    return data
+
+
+def event_of(item: Json) -> Event | None:
+    """An :class:`Event` from a watch reply's event object (no ``type``: a put).
+
+    ``None`` for a key that is not UTF-8: it names nothing a reader knows,
+    and the next listing reports it.
+    """
     kv = item.get("kv") or {}
-    key = unb64(kv.get("key")).decode("utf-8")
+    key = key_or_none(unb64(kv.get("key")))
+    if key is None:
+        return None
     revision = _int(kv.get("mod_revision"))
     if item.get("type", "PUT") == "DELETE":
         return Event("delete", key, None, revision)
     return Event("put", key, unb64(kv.get("value")), revision)
 
 
-def range_request(key: str, *, prefix: bool = False, values: bool = True) -> Json:
+def range_request(
+    key: str,
+    *,
+    prefix: bool = False,
+    values: bool = True,
+    limit: int | None = None,
+    descending: bool = False,
+) -> Json:
     """A range request for ``key`` (or every key under it, sorted by key, with ``prefix``).
 
-    ``values`` ``False``: keys and revisions only.
+    ``values`` ``False``: keys and revisions only; ``limit``: the first
+    ``limit`` keys, in descending key order with ``descending``.
     """
     raw = key.encode("utf-8")
     request: Json = {"key": b64(raw)}
     if prefix:
-        request.update(range_end=b64(prefix_range_end(raw)), sort_order="ASCEND", sort_target="KEY")
+        order = "DESCEND" if descending else "ASCEND"
+        request.update(range_end=b64(prefix_range_end(raw)), sort_order=order, sort_target="KEY")
+    if limit is not None:
+        request["limit"] = str(limit)
     if not values:
         request["keys_only"] = True
     return request
@@ -102,18 +160,19 @@ def range_request(key: str, *, prefix: bool = False, values: bool = True) -> Jso
 def read_ops(reads: Sequence[Read]) -> list[Json]:
     """One range request op per read of a batch."""
     return [
-        {"request_range": range_request(r.key, prefix=r.prefix, values=r.values)} for r in reads
+        {
+            "request_range": range_request(
+                r.key, prefix=r.prefix, values=r.values, limit=r.limit, descending=r.descending
+            )
+        }
+        for r in reads
     ]
 
 
 def listings_of(responses: Sequence[Json], revision: int) -> tuple[Listing, ...]:
     """The listings a transaction's range responses hold, all read at ``revision``."""
     return tuple(
-        Listing(
-            tuple(key_value_of(kv) for kv in (r.get("response_range") or {}).get("kvs") or []),
-            revision,
-        )
-        for r in responses
+        listing_of((r.get("response_range") or {}).get("kvs") or [], revision) for r in responses
     )
 
 
@@ -127,6 +186,7 @@ class _RangeKv(msgspec.Struct):
 
 class _RangeHeader(msgspec.Struct):
     revision: int = 0
+    cluster_id: int = 0  # every etcd answer names its cluster
 
 
 class _RangeReply(msgspec.Struct):
@@ -149,13 +209,17 @@ def range_listing(body: bytes) -> Listing:
         reply = _RANGE_REPLY.decode(body)
     except msgspec.DecodeError as exc:  # also a ValidationError: a reply of another shape
         raise ValueError(f"not a range reply: {exc}") from None
-    items = tuple(
-        KeyValue(
-            kv.key.decode("utf-8"), kv.value, kv.mod_revision, kv.create_revision, kv.lease or None
-        )
-        for kv in reply.kvs
-    )
-    return Listing(items=items, revision=reply.header.revision)
+    if not reply.header.cluster_id:
+        raise ValueError("not etcd's range reply (no header.cluster_id)")
+    items: list[KeyValue] = []
+    bad: list[str] = []
+    for kv in reply.kvs:
+        key = key_or_none(kv.key)
+        if key is None:
+            bad.append(key_text(kv.key))
+            continue
+        items.append(KeyValue(key, kv.value, kv.mod_revision, kv.create_revision, kv.lease or None))
+    return Listing(tuple(items), reply.header.revision, tuple(bad))
 
 
 def watch_request(prefix: str, start_revision: int) -> Json:

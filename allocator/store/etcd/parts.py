@@ -95,7 +95,8 @@ def _in_order(store: EtcdStore, parts: list[_Part], revision: int) -> Iterator[L
         for part in parts:
             part.join()  # started: every part before it has ended
             # etcd's header names its newest revision; these keys are as at ``revision``
-            yield Listing(part.listing(store).items, revision)
+            found = part.listing(store)
+            yield Listing(found.items, revision, found.bad_keys)
     finally:
         for part in parts:
             part.close()

@@ -16,6 +16,11 @@ What it guarantees:
   any read, and a write only when it cannot have been applied (no
   connection, no leader); a write sent but not confirmed raises
   :class:`~allocator.errors.AmbiguousWrite` ("may have been applied");
+* every answer must be etcd's (its ``header.cluster_id``, or etcd's JSON
+  error): anything else (an HTML page, a proxy's 502, an SSH banner, a
+  ``{}``) is another server, which a read moves past; a write goes only
+  to an endpoint etcd has answered on (one status call first otherwise),
+  so it too moves past one that is not etcd;
 * TLS with a CA, client certificate and key (``etcds://``); user and
   password, logging in again once when etcd says the token is stale;
 * etcd's answers are translated by :mod:`allocator.store.etcd.rules`;
@@ -81,6 +86,7 @@ from allocator.store.etcd.rules import (
 )
 from allocator.store.local import (
     check_key,
+    check_limit,
     check_prefix,
     check_reads,
     check_ttl,
@@ -138,9 +144,16 @@ class EtcdStore:
         kvs = reply.get("kvs") or []
         return key_value_of(kvs[0]) if kvs else None
 
-    def list(self, prefix: str) -> Listing:
-        """Every key under ``prefix``, sorted, with the revision read at: one range request."""
-        request = range_request(check_prefix(prefix), prefix=True)
+    def list(self, prefix: str, *, limit: int | None = None, descending: bool = False) -> Listing:
+        """Every key under ``prefix``, sorted, with the revision read at: one range request.
+
+        ``limit`` and ``descending`` go into the range itself (etcd's
+        ``limit`` and ``sort_order``): etcd reads and sends only those keys.
+        """
+        check_limit(limit)
+        request = range_request(
+            check_prefix(prefix), prefix=True, limit=limit, descending=descending
+        )
 
         def send(endpoint: Endpoint, until: float) -> Listing:
             return endpoint.post_as("/v3/kv/range", request, until, range_listing)
@@ -342,7 +355,7 @@ class EtcdStore:
                 where = endpoint.name if tried == 1 else self.endpoints
                 sent = False
                 try:
-                    endpoint.ready(until)
+                    endpoint.ready(until, check_etcd=not idempotent)
                     sent = True
                     return self._with_fresh_token(endpoint, send, until)
                 except (HttpError, EtcdStatus) as exc:
@@ -366,8 +379,12 @@ class EtcdStore:
         self, exc: Exception, where: str, sent: bool, idempotent: bool, *, last: bool
     ) -> AllocatorError | None:
         """The error to raise for a failed attempt, or ``None`` to try the next endpoint."""
-        if isinstance(exc, NotHttp):
-            return StoreUnavailable(f"etcd at {where}: {exc} (is it an etcd v3 server?)")
+        if isinstance(exc, NotHttp):  # not etcd's answer: another endpoint may be etcd
+            if sent and not idempotent:  # etcd answered here before: it may have taken it
+                return ambiguous_write(where, self.config.timeout)
+            if last:
+                return StoreUnavailable(f"etcd at {where}: {exc} (is it an etcd v3 server?)")
+            return None
         if isinstance(exc, EtcdStatus):
             code, details = exc.code, exc.details
         elif isinstance(exc, NotSent) or not sent:

@@ -46,11 +46,14 @@ class OpenedWatch:
     error: AllocatorError | None = None
 
 
-def read_message(stream: Stream, where: str) -> tuple[list[Event], AllocatorError | None] | None:
+def read_message(
+    stream: Stream, where: str, *, first: bool = False
+) -> tuple[list[Event], AllocatorError | None] | None:
     """The next message of a watch stream: its events and the error it carries, if any.
 
     ``None`` when the stream ended. Raises ``NoAnswer`` if the connection
-    broke or timed out, ``NotHttp`` if a line is not JSON.
+    broke or timed out, ``NotHttp`` if a line is not JSON, or (``first``) if
+    the stream's first message is not etcd's (it names the cluster).
     """
     line = stream.next_line()
     if line is None:
@@ -66,13 +69,17 @@ def read_message(stream: Stream, where: str) -> tuple[list[Event], AllocatorErro
         code = int(error.get("grpc_code") or error.get("code") or Code.UNKNOWN)
         raise EtcdStatus(code, str(error.get("message") or message["error"]))
     result: Json = message.get("result") or {}
+    header = result.get("header")
+    if first and not (isinstance(header, dict) and header.get("cluster_id")):
+        raise NotHttp(f"the watch stream began {line[:80]!r}, not etcd's answer")
     failure = watch_error(
         int(result.get("compact_revision") or 0),
         bool(result.get("canceled")),
         str(result.get("cancel_reason") or ""),
         where,
     )
-    return [event_of(item) for item in result.get("events") or []], failure
+    events = (event_of(item) for item in result.get("events") or [])
+    return [event for event in events if event is not None], failure
 
 
 def open_watch_stream(endpoint: Endpoint, request: Json, until: float) -> OpenedWatch:
@@ -91,7 +98,7 @@ def open_watch_stream(endpoint: Endpoint, request: Json, until: float) -> Opened
             from allocator.store.etcd.connection import status_of_answer
 
             raise status_of_answer(stream.status, stream.read_all(), "/v3/watch")
-        first = read_message(stream, endpoint.name)
+        first = read_message(stream, endpoint.name, first=True)
         if first is None:
             raise StoreUnavailable(f"etcd at {endpoint.name} ended the watch before creating it")
         events, error = first

@@ -59,6 +59,8 @@ from allocator.store.base import (
     Store,
     TxnOutcome,
     Watch,
+    key_or_none,
+    key_text,
     read_each,
     txn_then_read,
 )
@@ -76,7 +78,9 @@ _VISIBLE = (
     "(kv.lease IS NULL OR EXISTS (SELECT 1 FROM leases WHERE leases.id = kv.lease"
     " AND leases.expires_at > ?))"
 )
-_COLUMNS = "kv.key, kv.value, kv.mod_revision, kv.create_revision, kv.lease"
+# The key as bytes: a key written by hand (``sqlite3``) may not be UTF-8 text, and
+# sqlite3 would fail the whole read decoding it; such a key is skipped and reported.
+_COLUMNS = "CAST(kv.key AS BLOB), kv.value, kv.mod_revision, kv.create_revision, kv.lease"
 
 
 def path_of_url(url: str) -> Path:
@@ -214,9 +218,11 @@ class SqliteStore(local.ConditionalWrites):
             ).fetchone()
         return _key_value(row) if row else None
 
-    def list(self, prefix: str) -> Listing:
-        """Return every key starting with ``prefix`` (sorted) and the store revision."""
+    def list(self, prefix: str, *, limit: int | None = None, descending: bool = False) -> Listing:
+        """Every key starting with ``prefix`` (sorted; ``limit``, ``descending``: see Store)."""
         local.check_prefix(prefix)
+        order = "DESC" if descending else "ASC"
+        cut = -1 if local.check_limit(limit) is None else limit  # -1: no limit
         low, high = local.prefix_range(prefix)
         with self._reading(f"listing {prefix}") as conn:
             if conn is None:
@@ -224,11 +230,11 @@ class SqliteStore(local.ConditionalWrites):
             with transaction(conn, "DEFERRED"):
                 rows = conn.execute(
                     f"SELECT {_COLUMNS} FROM kv WHERE kv.key >= ? AND kv.key < ?"
-                    f" AND {_VISIBLE} ORDER BY kv.key",
-                    (low, high, self._clock()),
+                    f" AND {_VISIBLE} ORDER BY kv.key {order} LIMIT ?",
+                    (low, high, self._clock(), cut),
                 ).fetchall()
                 revision = self._revisions(conn)[0]
-        return Listing(tuple(_key_value(r) for r in rows), revision)
+        return _listing(rows, revision)
 
     def changes_since(self, prefix: str, cursor: int) -> tuple[_Events, int]:
         """Return events under ``prefix`` from revision ``cursor`` on, and the next cursor.
@@ -247,13 +253,14 @@ class SqliteStore(local.ConditionalWrites):
                 if revision < cursor:
                     return [], cursor
                 rows = conn.execute(
-                    "SELECT type, key, value, revision FROM changes WHERE revision >= ?"
-                    " AND revision <= ? AND key >= ? AND key < ? ORDER BY id",
+                    "SELECT type, CAST(key AS BLOB), value, revision FROM changes"
+                    " WHERE revision >= ? AND revision <= ? AND key >= ? AND key < ? ORDER BY id",
                     (cursor, revision, low, high),
                 ).fetchall()
         events = [
-            Event("put" if t == "put" else "delete", k, None if v is None else bytes(v), r)
+            Event("put" if t == "put" else "delete", key, None if v is None else bytes(v), r)
             for t, k, v, r in rows
+            if (key := key_or_none(bytes(k))) is not None  # the next listing reports it
         ]
         return events, revision + 1
 
@@ -368,7 +375,20 @@ class SqliteStore(local.ConditionalWrites):
 
 def _key_value(row: tuple[Any, ...]) -> KeyValue:
     key, value, mod_revision, create_revision, lease = row
-    return KeyValue(str(key), bytes(value), int(mod_revision), int(create_revision), lease)
+    text = bytes(key).decode("utf-8")  # a get finds only the (valid) key it asked for
+    return KeyValue(text, bytes(value), int(mod_revision), int(create_revision), lease)
+
+
+def _listing(rows: list[tuple[Any, ...]], revision: int) -> Listing:
+    """The listing of ``rows``; keys that are not UTF-8 in ``bad_keys``."""
+    items: list[KeyValue] = []
+    bad: list[str] = []
+    for row in rows:
+        if key_or_none(bytes(row[0])) is None:
+            bad.append(key_text(bytes(row[0])))
+        else:
+            items.append(_key_value(row))
+    return Listing(tuple(items), revision, tuple(bad))
 
 
 def open_sqlite(url: str, *, create: bool = False) -> Store:

@@ -16,7 +16,7 @@ from allocator.agent.sync.history_decisions import DecisionRecorder
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.sync.store_thread import StoreLink
 from allocator.control.history import read_history
-from allocator.errors import PermissionDenied, StoreUnavailable
+from allocator.errors import PermissionDenied, StoreUnavailable, ValueTooLarge
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, HistoryEntry
@@ -261,3 +261,37 @@ def test_entries_the_store_never_took_are_named_when_the_agent_stops(prefix: str
     assert link.close(keep_worker_records=False, timeout=5)
     unwritten = [fields for event, fields in log.lines if event == "history-unwritten"]
     assert [f["entries"] for f in unwritten] == [2]
+
+
+class RefusesOnce(Flaky):
+    """The store answers its first history transaction with a refusal, then takes them."""
+
+    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
+        if self.failing and any(LAYOUT.history in op.key for op in ops):
+            self.failing = False
+            raise self.error
+        return self._store.txn(compares, ops)
+
+
+def test_a_refused_request_leaves_the_link_connected() -> None:
+    url = f"memory://{uuid.uuid4().hex}"
+    store, log = open_store(url), Log()
+    refusing = RefusesOnce(store, ValueTooLarge("value too large for the store"))
+    link = StoreLink(
+        AgentConfig(host=HOST),
+        url,
+        log,
+        queue.Queue(),
+        open_store=lambda u: refusing,  # type: ignore[arg-type,return-value]
+    )
+    link.start()
+    try:
+        link.record_history([_entry("a")], limit=5)
+        wait_for("the refusal", lambda: any(e == "request-refused" for e, _ in log.lines))
+        link.record_history([_entry("b")], limit=5)
+        wait_for("both entries written", lambda: _written(store) == ["a", "b"])
+    finally:
+        assert link.close(keep_worker_records=False, timeout=5)
+    events = [event for event, _ in log.lines]
+    assert events.count("store-connected") == 1, log.lines  # never dropped, never reconnected
+    assert "store-error" not in events

@@ -9,7 +9,10 @@ is, and the clock moves by hand.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,13 +22,14 @@ import pytest
 
 from allocator.agent.gpu_care.idle import IdleRelease
 from allocator.agent.gpu_care.observe import Observer
+from allocator.agent.gpu_care.tree_cpu import TreeCpu
 from allocator.agent.planning.types import Start
 from allocator.policy import load_policy
 from allocator.records.types import Assignment
 from tests.support import supervision
 from tests.support.clock import FakeClock
 from tests.support.fake_gpus import FakeGpus
-from tests.support.supervision import Harness, job_spec
+from tests.support.supervision import Harness, job_spec, poll
 
 make_harness = supervision.make_harness
 START = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)
@@ -126,6 +130,16 @@ def test_an_idle_holder_is_released_after_its_rule_and_a_busy_sample_clears_it(
     assert busy.releases == () and busy.idle_since == {}
 
 
+def test_a_job_whose_workers_do_not_run_is_never_idle(world: World) -> None:
+    world.gpus.update(0, utilization_gpu=0)
+    os.kill(world.main, signal.SIGKILL)  # crashed: the job's GPU reads 0 % while nothing runs
+    world.h.until(lambda: world.h.sup.views()["train"].exit_codes != (None,), "the crash")
+    world.sample()
+    after = world.sample(after=7200.0)
+    assert after.releases == () and after.idle_since == {}
+    assert after.idle.idle_seconds(world.clock.now) == {}
+
+
 def test_no_sample_from_nvml_judges_no_one_idle(world: World) -> None:
     world.gpus.update(0, utilization_gpu=0)
     world.sample()
@@ -151,3 +165,53 @@ def test_a_metrics_port_in_use_is_refused_with_one_clear_error(tmp_path: Path) -
         with pytest.raises(InvalidInput, match=f"--metrics-port {port}: cannot listen"):
             observer.serve_metrics("127.0.0.1", port)
     observer.close()
+
+
+def _busy_rule_policy(limit: float) -> Any:
+    rule = {"after": "1s", "action": "release", "busy_cpu_percent": limit}
+    jobs = {name: {"command": ["x"], "idle": rule} for name in ("loader", "quiet")}
+    return load_policy(
+        json.dumps({"version": 1, "hosts": {"node1": {"gpus": 2}}, "jobs": jobs}), source="p.yaml"
+    )
+
+
+def test_a_job_busy_on_the_cpu_is_not_idle_when_its_rule_says_so(
+    make_harness: Any, tmp_path: Path
+) -> None:
+    import psutil
+
+    h = make_harness()
+    spin = (sys.executable, "-c", "while True: pass")  # a data-loading phase: GPUs at 0 %
+    specs = {
+        "loader": job_spec(tmp_path, "loader", argv=spin, gpus=(0,)),
+        "quiet": job_spec(tmp_path, "quiet", gpus=(1,)),
+    }
+    for name, spec in specs.items():
+        h.sup.apply(Start(name, spec, "new"))
+    h.wait_report("quiet")
+    gpus, clock = FakeGpus(tmp_path / "nvml.json", 2), FakeClock()
+    observer = Observer(gpus.environ, "node1", lambda e, f: None, clock)
+    observer.tree_cpu = TreeCpu(cpus=1)
+    policy, revisions = _busy_rule_policy(20), {"loader": 3, "quiet": 4}
+    spinner = psutil.Process(h.sup.process_roots()["loader"][0][0])
+
+    def sample() -> Observer:
+        clock.advance(1.0)
+        wall = START + timedelta(seconds=clock.now)
+        views, roots = h.sup.views(), h.sup.process_roots()
+        observer.sample(clock.now, wall, policy, specs, views, roots, {}, revisions, {})
+        return observer
+
+    def tree_seconds() -> float:
+        tree = [spinner, *spinner.children(recursive=True)]
+        return sum(p.cpu_times().user + p.cpu_times().system for p in tree)
+
+    try:
+        assert sample().idle.idle_seconds(clock.now) == {}  # nothing measured yet: not idle
+        spent = tree_seconds()
+        poll(lambda: tree_seconds() - spent >= 0.5, "the loader to use half a CPU second")
+        judged = sample()  # >= 50 % of one CPU over the last second
+        assert set(judged.idle.idle_seconds(clock.now)) == {"quiet"}
+        assert [r.job for r in sample().releases] == ["quiet"]
+    finally:
+        observer.close()

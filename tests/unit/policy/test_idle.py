@@ -93,5 +93,6 @@ def test_a_written_back_policy_keeps_the_rule_as_text() -> None:
         "after": "2h",
         "action": "release",
         "threshold_percent": 5.0,
+        "busy_cpu_percent": None,
     }
     assert data["jobs"]["train"]["idle"] is None

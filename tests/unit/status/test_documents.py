@@ -41,7 +41,7 @@ POLICY = Policy(
 )
 #: The document's fields that say "none" with null, not the table's "" or "-".
 GPU_OPTIONAL = ("holder", "since", "reason", "reserved", "outside_reservation", "slots", "idle")
-JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule")
+JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log_path")
 
 
 def _kv(key: str, record: Any, lease: int | None = None) -> KeyValue:

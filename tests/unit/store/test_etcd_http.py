@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -27,7 +29,7 @@ from allocator.errors import (
     StoreUnavailable,
     ValueTooLarge,
 )
-from allocator.store import Compare, open_store
+from allocator.store import Compare, Event, open_store
 from allocator.store.etcd.json_api import (
     conflict_of,
     event_of,
@@ -161,17 +163,20 @@ def test_a_connection_the_server_closed_while_idle_is_reopened_not_ambiguous(
 
     def one_answer_per_connection(conn: socket.socket, index: int) -> None:
         read_request(conn)
-        conn.sendall(json_answer({"header": {"revision": str(index)}}))
+        conn.sendall(json_answer({"header": {"cluster_id": "7", "revision": str(index)}}))
         conn.close()  # without saying "Connection: close"
         closed.set()
 
     server = serve(one_answer_per_connection)
     store = open_store(server.url)
     try:
-        assert store.put("/k", b"1") == 1
+        assert store.get("/k") is None  # etcd answered: the writes need no check first
         assert closed.wait(10)  # idle, and closed by the server
-        assert store.put("/k", b"2") == 2
-        assert server.connections == 2
+        closed.clear()
+        assert store.put("/k", b"1") == 2
+        assert closed.wait(10)
+        assert store.put("/k", b"2") == 3
+        assert server.connections == 3
     finally:
         store.close()
 
@@ -180,6 +185,9 @@ def test_a_write_whose_answer_never_comes_may_have_been_applied(
     serve: Callable[[Handler], FakeServer],
 ) -> None:
     def swallow(conn: socket.socket, index: int) -> None:
+        if index == 1:  # the check that etcd answers here
+            read_request(conn)
+            conn.sendall(json_answer({"header": {"cluster_id": "7", "revision": "1"}}))
         read_request(conn)
         conn.recv(1)  # hold the connection open, never answer
 
@@ -269,7 +277,7 @@ def test_a_range_reply_is_read_in_one_pass_as_each_key_value_would_be() -> None:
         {"key": "L2M=", "value": "dg==", "mod_revision": 12, "create_revision": 2, "lease": 7},
         {"key": "L2Q=", "value": "", "version": "1", "unknown_field": [1, 2]},
     ]
-    body = {"header": {"revision": "41", "raft_term": "2"}, "kvs": kvs, "count": "4"}
+    body = {"header": {"cluster_id": "7", "revision": "41"}, "kvs": kvs, "count": "4"}
     listing = range_listing(json.dumps(body).encode())
     assert listing.revision == 41
     assert listing.items == tuple(key_value_of(kv) for kv in kvs)
@@ -282,7 +290,7 @@ def test_a_range_reply_is_read_in_one_pass_as_each_key_value_would_be() -> None:
 
 
 def test_an_empty_range_reply_leaves_out_its_kvs_and_is_read_as_none() -> None:
-    listing = range_listing(b'{"header": {"revision": "8"}}')
+    listing = range_listing(b'{"header": {"cluster_id": "7", "revision": "8"}}')
     assert (listing.items, listing.revision) == ((), 8)
 
 
@@ -342,3 +350,68 @@ def test_an_etcd_without_its_json_gateway_is_unavailable_saying_so(tmp_path: Pat
             store.close()
     finally:
         server.stop()
+
+
+# --- failover past an endpoint that is not etcd ----------------------------------------
+
+_HTML = b"<html><body>It works!</body></html>"
+NOT_ETCD = {
+    "html page": b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s"
+    % (len(_HTML), _HTML),
+    "proxy 502": b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: %d\r\n\r\n%s" % (len(_HTML), _HTML),
+    "ssh banner": b"SSH-2.0-OpenSSH_9.2\r\n",
+    "http/1.0 read to close": b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{}",
+    "100 continue": b"HTTP/1.1 100 Continue\r\n\r\n"
+    + b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    "empty json": json_answer({}),
+}
+
+
+@pytest.mark.parametrize("answer", NOT_ETCD.values(), ids=NOT_ETCD.keys())
+def test_reads_and_writes_move_past_an_endpoint_that_is_not_etcd(
+    serve: Callable[[Handler], FakeServer], etcd_server: EtcdServer, answer: bytes
+) -> None:
+    def impostor(conn: socket.socket, index: int) -> None:
+        read_request(conn)
+        conn.sendall(answer)
+
+    fake = serve(impostor).url.removeprefix("etcd://").split("?")[0]
+    key = f"/failover-{uuid.uuid4().hex}"
+    for calls in (["put", "get"], ["get", "put"], ["list"]):
+        store = open_store(f"etcd://{fake},{etcd_server.endpoint}?timeout=5")
+        try:
+            for call in calls:
+                if call == "put":
+                    assert store.put(key, b"v") > 0
+                elif call == "get":
+                    found = store.get(key)
+                    assert found is None or found.value == b"v"
+                else:
+                    assert [kv.key for kv in store.list(key).items] == [key]
+        finally:
+            store.close()
+
+
+def test_a_watch_moves_past_an_endpoint_whose_stream_is_not_etcds(
+    serve: Callable[[Handler], FakeServer], etcd_server: EtcdServer
+) -> None:
+    def impostor(conn: socket.socket, index: int) -> None:
+        read_request(conn)
+        conn.sendall(b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{"result":{}}\n')
+
+    fake = serve(impostor).url.removeprefix("etcd://").split("?")[0]
+    key = f"/watched-{uuid.uuid4().hex}"
+    store = open_store(f"etcd://{fake},{etcd_server.endpoint}?timeout=5")
+    try:
+        watch = store.watch(key, 0)
+        try:
+            store.put(key, b"v")
+            deadline = time.monotonic() + 10
+            events: list[Event] = []
+            while not events and time.monotonic() < deadline:
+                events = watch.next(0.5)
+            assert [(e.key, e.value) for e in events] == [(key, b"v")]
+        finally:
+            watch.close()
+    finally:
+        store.close()
