@@ -14,11 +14,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from allocator.agent.planning.reconcile import plan
-from allocator.agent.processes.launch import read_shim_status
+from allocator.agent.processes.launch import SHIM, read_shim_status
 from allocator.agent.processes.pause_points import PAUSE_VARIABLE
 from allocator.agent.shim.main import EXIT_HANDOVER
 from tests.support import supervision
@@ -36,13 +37,19 @@ def test_a_shim_whose_agent_died_mid_hand_over_starts_nothing_and_the_job_starts
     agent = other_agent({"train": [[]]}, env={PAUSE_VARIABLE: "handover"}, ready=False)
     status_dir = h.tmp / "workers"
 
-    def shim_waiting() -> bool:  # the shim runs and its agent is frozen half-way
+    def shim_state() -> str | None:
         found = [read_shim_status(p) for p in status_dir.glob("train.*.status")]
-        return bool(found) and found[0] is not None and found[0].state == "prepared"
+        return found[0].state if found and found[0] is not None else None
 
-    poll(shim_waiting, "the agent to freeze in the middle of the hand-over")
+    def shim_waiting() -> bool:
+        # "prepared" is the agent's own status file, written before the shim exists; the
+        # shim writes nothing until its frame is whole, so look for the shim process itself.
+        return shim_state() == "prepared" and _shim_running(status_dir)
+
+    poll(shim_waiting, "the shim to wait for its hand-over")
     out = h.tmp / "reports" / "train.0.json"
     agent.kill_9()
+    poll(lambda: shim_state() == "failed", "the cut-off shim to say it started nothing")
     report = h.sup.adopt()
     assert report.adopted == ()  # no worker runs: nothing is adopted as healthy
     h.until(lambda: h.exits, "the shim's exit")
@@ -59,3 +66,18 @@ def test_a_shim_whose_agent_died_mid_hand_over_starts_nothing_and_the_job_starts
     env = h.wait_report("train")["env"]
     assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the whole environment this time
     assert len(processes_running(out)) == 1
+
+
+def _shim_running(status_dir: Path) -> bool:
+    """Whether a shim whose command line names a status file in ``status_dir`` is alive."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if str(SHIM).encode() in cmdline and str(status_dir).encode() in cmdline:
+            return stat[stat.rindex(")") + 2] != "Z"
+    return False
