@@ -24,9 +24,9 @@ COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
 
 def _walkthrough() -> list[list[str]]:
-    """The `docker compose exec agent allocator ...` lines of the file's header."""
+    """The `docker compose exec|run --rm agent allocator ...` lines of the file's header."""
     header = (REPO / "docker-compose.yml").read_text().split("services:")[0]
-    line = r"^#[ \t]+docker compose exec agent (allocator [^#\n]+?)[ \t]*(?:#[^\n]*)?$"
+    line = r"^#[ \t]+docker compose (?:exec|run --rm) agent (allocator [^#\n]+?)[ \t]*(?:#[^\n]*)?$"
     found = re.findall(line, header, re.M)
     return [line.split() for line in found]
 
