@@ -14,14 +14,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from allocator.agent.planning.reconcile import plan
-from allocator.agent.processes.launch import SHIM, read_shim_status
+from allocator.agent.processes.launch import read_shim_status
 from allocator.agent.processes.pause_points import PAUSE_VARIABLE
 from allocator.agent.shim.main import EXIT_HANDOVER
+from tests.e2e.agent_harness import processes_running as shims_running
 from tests.support import supervision
 from tests.support.supervision import Harness, OtherAgent, job_spec, poll, processes_running
 
@@ -44,7 +44,7 @@ def test_a_shim_whose_agent_died_mid_hand_over_starts_nothing_and_the_job_starts
     def shim_waiting() -> bool:
         # "prepared" is the agent's own status file, written before the shim exists; the
         # shim writes nothing until its frame is whole, so look for the shim process itself.
-        return shim_state() == "prepared" and _shim_running(status_dir)
+        return shim_state() == "prepared" and any(shims_running(str(status_dir), shims=True))
 
     poll(shim_waiting, "the shim to wait for its hand-over")
     out = h.tmp / "reports" / "train.0.json"
@@ -66,18 +66,3 @@ def test_a_shim_whose_agent_died_mid_hand_over_starts_nothing_and_the_job_starts
     env = h.wait_report("train")["env"]
     assert env["CUDA_VISIBLE_DEVICES"] == "0"  # the whole environment this time
     assert len(processes_running(out)) == 1
-
-
-def _shim_running(status_dir: Path) -> bool:
-    """Whether a shim whose command line names a status file in ``status_dir`` is alive."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if str(SHIM).encode() in cmdline and str(status_dir).encode() in cmdline:
-            return stat[stat.rindex(")") + 2] != "Z"
-    return False
