@@ -188,6 +188,8 @@ class FakeNvml:
     def nvmlInit(self) -> None:
         """Start a session; fails like NVML when the file says ``init_error``."""
         system = self._load()
+        if system.vendor != "nvidia":  # another vendor's host has no NVML library at all
+            raise FakeNvmlError(ERROR_LIBRARY_NOT_FOUND)
         if system.init_error is not None:
             raise FakeNvmlError(_NAMED_ERRORS[system.init_error])
         self._inits += 1
