@@ -258,6 +258,7 @@ class Agent(Lifecycle):
             address=self.config.advertised_address,
             allowed_cpus=self.wanted.allowed_cpus,
             mps_dir=str(self.care.mps.root),
+            vendor=self.care.inventory.vendor,
         )
 
     def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:

@@ -73,6 +73,7 @@ class Host(Struct, frozen=True, omit_defaults=True):
     name: str
     gpus: int
     pool: str | None = None
+    vendor: str | None = None  # nvidia, amd, intel, apple; None: the pool's, or any
 
 
 class Sharing(Struct, frozen=True, omit_defaults=True):
@@ -107,6 +108,7 @@ class Pool(Struct, frozen=True, omit_defaults=True):
     sharing: Sharing = Sharing()
     max_gpus_per_job: int | None = None
     idle: IdleRule | None = None
+    vendor: str | None = None  # the vendor of every host of the pool
 
 
 class Reservation(Struct, frozen=True, omit_defaults=True):
@@ -158,6 +160,7 @@ class Job(Struct, frozen=True, omit_defaults=True):
     exclusive: bool = False  # whole GPUs even in a shared pool
     cpu_affinity: CpuAffinity = "local"  # pin workers to their GPUs' CPUs; "none": don't
     idle: IdleRule | None = None  # overrides the pool's rule
+    mix_vendors: bool = False  # may one job across hosts hold GPUs of several vendors
 
 
 class HealthSettings(Struct, frozen=True, omit_defaults=True):
@@ -190,6 +193,14 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     visible_devices: VisibleDevices = "uuid"
     health: HealthSettings = field(default_factory=HealthSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
+
+    def vendor_of(self, host: str) -> str | None:
+        """The GPU vendor the policy says ``host`` has (its own, else its pool's)."""
+        declared = self.hosts.get(host)
+        if declared is not None and declared.vendor is not None:
+            return declared.vendor
+        pool = self.pool_of(host)
+        return pool.vendor if pool is not None else None
 
     def pool_of(self, host: str) -> Pool | None:
         """Return the pool ``host`` belongs to, if any."""

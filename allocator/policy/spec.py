@@ -94,8 +94,20 @@ HOUR = 3600.0
 DAY = 86_400.0
 _ARGUMENT = Str(max_length=MAX_ARGUMENT_LENGTH)
 
-#: Set by the agent from the assignment; a job's ``env`` may not override them.
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+#: Set by the agent from the assignment; a job's ``env`` may not override them
+#: (every vendor's device filters: a second filter would hide the wrong devices).
+RESERVED_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "ZE_AFFINITY_MASK",
+    "ONEAPI_DEVICE_SELECTOR",
+)
+#: The GPU vendors a host or pool may name (those of allocator.gpus.vendors).
+_VENDOR = Enum("nvidia", "amd", "intel", "apple")
 RESERVED_ENV_PREFIX = "ALLOCATOR_"
 
 HOST = Record(
@@ -112,6 +124,12 @@ HOST = Record(
             "pool",
             Name("pool"),
             "Pool the host belongs to (the same as listing it in the pool's hosts).",
+        ),
+        Field(
+            "vendor",
+            _VENDOR,
+            "Whose GPUs the host has (nvidia, amd, intel, apple; the pool's when absent). "
+            "The agent detects its vendor; status and doctor report a mismatch.",
         ),
     ),
     description="A host and its declared GPU inventory.",
@@ -139,6 +157,7 @@ POOL = Record(
             "Most GPUs one job may hold on one host of this pool (unlimited when absent).",
         ),
         Field("idle", IDLE, "Idle-holder rule for jobs on this pool's hosts."),
+        Field("vendor", _VENDOR, "Whose GPUs this pool's hosts have (a host may say its own)."),
     ),
     description="A group of hosts sharing placement rules.",
 )
@@ -277,6 +296,12 @@ JOB = Record(
             "CPUs as its rule's threads. none: leave workers unpinned.",
         ),
         Field("idle", IDLE, "Idle-holder rule for this job (overrides its pool's)."),
+        Field(
+            "mix_vendors",
+            Bool(),
+            "Whether one placement across several hosts may take GPUs of different vendors "
+            "(false: never; its ranks would run different device runtimes).",
+        ),
     ),
     description="A job the agent may run; its command comes from here, never from a request.",
 )

@@ -58,6 +58,7 @@ def desired_jobs(inputs: DesiredInputs) -> dict[str, DesiredJob]:
             master_addr=inputs.master_addr,
             share=share_of(assignment, inputs.address or inputs.master_addr, inputs.peers),
             mps_dir=inputs.mps_dir,
+            vendor=inputs.vendor,
         )
         for name, assignment in sorted(inputs.assignments.items())
         if assignment.host == host
@@ -86,13 +87,14 @@ def desired_job(
     master_addr: str = DEFAULT_MASTER_ADDR,
     share: Share | None = None,
     mps_dir: str | None = None,
+    vendor: str | None = None,
 ) -> DesiredJob:
     """Decide what one assigned job should do: run (and how), wait, fail or be refused.
 
     ``master_port`` is the port the agent allocated for a per-gpu job; a port
     the policy declares for the job wins over it. ``share`` is this host's
     place in a job across several hosts (``None`` for a job on one host).
-    ``mps_dir``: see :class:`DesiredInputs`.
+    ``mps_dir`` and ``vendor``: see :class:`DesiredInputs`.
     """
     job = policy.jobs.get(assignment.job)
     if job is None:
@@ -114,7 +116,7 @@ def desired_job(
     if share is not None and share.failed:
         message = f"{share.failed}, so this share fails too (a collective needs every rank)"
         return _not_running(job, assignment, revision, "failed", message)
-    rank = _Rendezvous(master_addr, _port_for(job, master_port), share, mps_dir)
+    rank = _Rendezvous(master_addr, _port_for(job, master_port), share, mps_dir, vendor)
     if assignment.mode == "cpu":
         reason = assignment.fallback_reason or "assigned gpus=cpu"
         on_cpu = _on_cpu(assignment, reason)
@@ -131,6 +133,7 @@ class _Rendezvous:
     port: int | None
     share: Share | None = None
     mps_dir: str | None = None
+    vendor: str | None = None  # whose GPUs the host has, which says how to show them
 
     @property
     def group(self) -> NodeGroup | None:
@@ -235,6 +238,7 @@ def _running(
             master_addr=rank.addr,
             master_port=rank.port,
             group=rank.group,
+            vendor=rank.vendor,
         )
     except RequestError as exc:
         return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
