@@ -15,9 +15,9 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from allocator.gpus.findings import Finding, Status, TorchReport
 from allocator.gpus.inventory import Inventory, cuda_version_text
 from allocator.gpus.probe import run_deep_probe
 from allocator.policy.model import Policy
@@ -35,7 +35,6 @@ __all__ = [
     "torch_findings",
 ]
 
-Status = Literal["ok", "warn", "fail"]
 _RANK: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
 _REPORT_MARK = "ALLOCATOR-TORCH-REPORT "
 _TORCH_SCRIPT = (
@@ -50,38 +49,6 @@ _NVML_HINT = (
     "install the NVIDIA driver and nvidia-ml-py (pip install 'gpu-allocator[nvml]'), "
     "or declare this host's GPUs in the policy"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One line of the doctor's report."""
-
-    status: Status
-    check: str
-    message: str
-    hint: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        """A JSON-ready dict."""
-        return {
-            "status": self.status,
-            "check": self.check,
-            "message": self.message,
-            "hint": self.hint,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class TorchReport:
-    """What PyTorch said about itself in a subprocess."""
-
-    version: str
-    cuda: str | None
-    available: bool
-    device_count: int
-    hip: str | None = None  # torch.version.hip: a ROCm build
-    xpu: bool = False  # built with Intel XPU support
-    mps: bool = False  # built with Apple's MPS backend
 
 
 def overall(findings: Sequence[Finding]) -> Status:

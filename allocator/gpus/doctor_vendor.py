@@ -10,14 +10,10 @@ available": one clear line, a failure).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from allocator.gpus.findings import Finding, TorchReport
 from allocator.gpus.inventory import Inventory, from_nvml
 from allocator.gpus.vendors import TorchBuild, vendor_named
 from allocator.policy.model import Policy
-
-if TYPE_CHECKING:
-    from allocator.gpus.doctor import Finding, TorchReport
 
 __all__ = ["LIBRARY", "device_library_findings", "vendor_findings", "vendor_torch_findings"]
 
@@ -31,8 +27,6 @@ def vendor_findings(inventory: Inventory, policy: Policy | None, host: str) -> l
     Nothing for an NVIDIA host the policy names no vendor for: the NVML
     finding says it all, as before vendors.
     """
-    from allocator.gpus.doctor import Finding
-
     said = policy.vendor_of(host) if policy is not None else None
     if said is None and inventory.vendor == "nvidia":
         return []
@@ -56,8 +50,6 @@ def vendor_findings(inventory: Inventory, policy: Policy | None, host: str) -> l
 def device_library_findings(inventory: Inventory) -> list[Finding]:
     """A non-NVIDIA host's device library and what it answered (its GPUs' errors are
     :func:`~allocator.gpus.doctor.gpu_count_findings`'s)."""
-    from allocator.gpus.doctor import Finding
-
     library = (
         "fake " + inventory.vendor
         if inventory.source == "fake"
@@ -72,8 +64,6 @@ def device_library_findings(inventory: Inventory) -> list[Finding]:
 
 def vendor_torch_findings(report: TorchReport, inventory: Inventory) -> list[Finding]:
     """PyTorch's build against a non-NVIDIA host's vendor."""
-    from allocator.gpus.doctor import Finding
-
     build = TorchBuild(report.version, report.cuda, report.hip, report.xpu, report.mps)
     vendor = vendor_named(inventory.vendor)
     kind = f"ROCm {report.hip}" if report.hip else f"CUDA {report.cuda}" if report.cuda else "CPU"
