@@ -98,10 +98,10 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
     assignment = state.assignments.get(job)
     if assignment is None:
         raise job_not_found(job, host, list(state.assignments))
-    inventory, unhealthy = _inventory(state, policy, host)
+    inventory, unhealthy, vendor = _inventory(state, policy, host)
     share = _share(allocator, assignment) if assignment.nodes else None
     if job not in policy.jobs:  # no agent runs it: whoever does gets the same rendezvous
-        return _undeclared_environments(assignment, inventory, policy, share)
+        return _undeclared_environments(assignment, inventory, policy, share, vendor)
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
         policy,
@@ -114,13 +114,14 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
         master_port=port,
         master_addr=addr,
         share=share,
+        vendor=vendor,
     )
     envs = [dict(w.env) for w in want.workers]
     return envs, want.message or (want.fallback_reason or "")
 
 
 def _undeclared_environments(
-    assignment: Any, inventory: Any, policy: Any, share: Any
+    assignment: Any, inventory: Any, policy: Any, share: Any, vendor: str | None
 ) -> tuple[list[dict[str, str]], str]:
     """Environments of a job the policy does not declare: its share's rendezvous included.
 
@@ -130,7 +131,7 @@ def _undeclared_environments(
     from allocator.gpus.visible import NodeGroup, worker_environments
 
     if share is None:
-        return worker_environments(assignment, inventory, policy), ""
+        return worker_environments(assignment, inventory, policy, vendor=vendor), ""
     group, remark = share.group, ""
     if group is None:
         first = assignment.nodes[0]
@@ -138,7 +139,7 @@ def _undeclared_environments(
             assignment.node_rank, len(assignment.nodes), first, assignment.master_port
         )
         remark = f"MASTER_ADDR is the host name {first!r}: its agent has published no address"
-    return worker_environments(assignment, inventory, policy, group=group), remark
+    return worker_environments(assignment, inventory, policy, group=group, vendor=vendor), remark
 
 
 def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int | None]:
@@ -169,18 +170,20 @@ def _share(allocator: Any, assignment: Any) -> Any:
     return share_of(assignment, address, peers)
 
 
-def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str]]:
-    """The host agent's inventory and health, else this machine's NVML (or the declared count)."""
+def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str], str | None]:
+    """The host agent's inventory, health and GPU vendor, else this machine's (or the
+    policy's declared count and vendor)."""
     import os
 
     from allocator.util.identity import local_hostname
 
     agent = state.agent
     if agent is not None and agent.gpus:
-        return agent.gpus, dict(agent.unhealthy)
+        return agent.gpus, dict(agent.unhealthy), agent.vendor or policy.vendor_of(host)
     if host == local_hostname() or os.environ.get("ALLOCATOR_NVML"):
-        from allocator.gpus.inventory import read_inventory
+        from allocator.gpus.vendors import read_host_inventory
 
         declared = policy.hosts.get(host)
-        return read_inventory(declared.gpus if declared else None).gpus or None, {}
-    return None, {}
+        here = read_host_inventory(declared.gpus if declared else None, environ=os.environ)
+        return here.gpus or None, {}, here.vendor
+    return None, {}, policy.vendor_of(host)

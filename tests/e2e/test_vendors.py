@@ -123,6 +123,12 @@ def test_three_vendors_each_worker_sees_exactly_its_gpu(
     assert (intel["ALLOCATOR_VENDOR"], intel["ALLOCATOR_DEVICE"]) == ("intel", "xpu")
     assert not any(name in intel for name in filters)
 
+    for name, env in envs.items():  # `allocator env` shows what each agent gave
+        shown_env = nv1.cli("env", f"job=probe-{name}", f"host={name}", "-o", "json")
+        assert shown_env.code == 0, shown_env.err
+        (listed,) = json.loads(shown_env.out)
+        assert {key: env.get(key) for key in listed} == listed
+
     status = nv1.cli("status", "-o", "json")
     assert status.code == 0, status.err
     shown = {
