@@ -38,6 +38,7 @@ def vendor_policy(workdir: Path, intel_says: str = "intel") -> dict[str, Any]:
                 str(workdir / f"{name}-{{host}}.json"),
             ],
             "grace_seconds": 1,
+            "fallback": "cpu",
         }
 
     hosts = {name: {"gpus": 2, "vendor": vendor} for name, vendor in VENDOR_OF.items()}
@@ -50,7 +51,8 @@ def vendor_policy(workdir: Path, intel_says: str = "intel") -> dict[str, Any]:
             **{f"probe-{name}": job(f"probe-{name}") for name in VENDOR_OF},
             "dist": job("dist"),
         },
-        "health": {"interval_seconds": 0.2},
+        "fallback": {"cpu": {"action": "cpu", "threads": 2}},
+        "health": {"interval_seconds": 0.2, "hold_down_seconds": 0.5},
     }
 
 
@@ -152,3 +154,27 @@ def test_a_vendor_the_policy_does_not_expect_is_reported(
     assert status.code == 0, status.err
     mismatch = "the policy says amd GPUs, the agent found intel"
     assert f"intel1: agent alive, intel GPUs (MISMATCH: {mismatch})" in status.out
+
+
+def test_an_amd_gpu_amdsmi_cannot_read_moves_its_job_to_the_cpu_and_back(
+    hosts: dict[str, AgentHarness], tmp_path: Path
+) -> None:
+    amd1 = hosts["amd1"]
+    amd1.start_agent()
+    assert amd1.cli("set", "job=probe-amd1", "host=amd1", "gpus=1").code == 0
+
+    def env_on(device: str) -> dict[str, str] | None:
+        report = _report(tmp_path, "probe-amd1", "amd1")
+        env: dict[str, str] | None = report["env"] if report else None
+        return env if env is not None and env["ALLOCATOR_DEVICE"] == device else None
+
+    assert wait_for("the worker on GPU 1", lambda: env_on("cuda"))["ROCR_VISIBLE_DEVICES"] == (
+        UUID_OF_GPU_1
+    )
+    amd1.gpus.update(1, lost=True)  # every amdsmi call on it fails now
+    on_cpu = wait_for("the worker on the CPU", lambda: env_on("cpu"))
+    assert on_cpu["ROCR_VISIBLE_DEVICES"] == "-1" and on_cpu["OMP_NUM_THREADS"] == "2"
+    assert "amdsmi failed" in on_cpu["ALLOCATOR_FALLBACK_REASON"]
+    amd1.gpus.update(1, lost=None)
+    back = wait_for("the worker back on GPU 1", lambda: env_on("cuda"))
+    assert back["ROCR_VISIBLE_DEVICES"] == UUID_OF_GPU_1

@@ -161,12 +161,16 @@ class GpuState:
         """
         settings = policy.health if policy is not None else HealthSettings()
         damping = Damping.from_policy(settings)
-        if self._retry_at is not None and now >= self._retry_at:
-            self.read_inventory(_declared(policy, host), now)
-        state = self.monitor.check(now)
-        self._note_health_error()
+        if self.inventory.vendor != "nvidia":
+            verdicts = self._vendor_verdicts(_declared(policy, host), now)
+        else:
+            if self._retry_at is not None and now >= self._retry_at:
+                self.read_inventory(_declared(policy, host), now)
+            state = self.monitor.check(now)
+            self._note_health_error()
+            verdicts = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
         self._probe_out = self.recovery.out_of_service(
-            {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy},
+            verdicts,
             self._probe_out,
             settings.recovery_probe,
             settings.recovery_probe_timeout_seconds,
@@ -183,6 +187,13 @@ class GpuState:
         self.unhealthy = out
         self._save()
         return out
+
+    def _vendor_verdicts(self, declared_gpus: int | None, now: float) -> dict[int, str]:
+        """Another vendor's health: its library read afresh, each GPU it could not read
+        (or that reports uncorrectable errors) out of service. NVML's signals (XIDs,
+        counters rising) are NVIDIA's; a failed read keeps the last verdicts' GPUs."""
+        inventory = self.read_inventory(declared_gpus, now)
+        return {gpu.index: gpu.error for gpu in inventory.gpus if gpu.error}
 
     def _note_health_error(self) -> None:
         error = self.monitor.error
