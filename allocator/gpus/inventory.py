@@ -27,6 +27,7 @@ __all__ = [
     "cuda_version_text",
     "declared_inventory",
     "from_nvml",
+    "keep_addresses",
     "keep_last_good",
     "read_inventory",
 ]
@@ -148,6 +149,30 @@ def keep_last_good(last_good: Inventory | None, fresh: Inventory) -> Inventory:
     if last_good is not None:
         return replace(last_good, error=fresh.error)
     return fresh
+
+
+def keep_addresses(last_good: Inventory | None, fresh: Inventory) -> Inventory:
+    """:func:`keep_last_good` for libraries that list only the GPUs present (sysfs, amdsmi).
+
+    Such a library renumbers the GPUs left when one disappears, so each GPU
+    keeps the index it had at its PCI address, and a GPU gone from the bus
+    stays listed, with an error saying so (it is out of service, not
+    forgotten); a GPU that appears takes the next free index.
+    """
+    if last_good is None or not from_nvml(fresh) or not last_good.gpus:
+        return keep_last_good(last_good, fresh)
+    found: dict[str | None, GpuInfo] = {gpu.pci_bus_id: gpu for gpu in fresh.gpus}
+    gpus = [_at_address(last, found.get(last.pci_bus_id)) for last in last_good.gpus]
+    known = {gpu.pci_bus_id for gpu in last_good.gpus}
+    added = [gpu for gpu in fresh.gpus if gpu.pci_bus_id not in known]
+    gpus += [replace_struct(gpu, index=len(gpus) + n) for n, gpu in enumerate(added)]
+    return replace(fresh, gpus=tuple(gpus))
+
+
+def _at_address(last: GpuInfo, now: GpuInfo | None) -> GpuInfo:
+    if now is None:
+        return replace_struct(last, error=f"gone from the bus (no GPU at {last.pci_bus_id} now)")
+    return _kept(replace_struct(now, index=last.index), last)
 
 
 def _kept(gpu: GpuInfo, last: GpuInfo | None) -> GpuInfo:

@@ -156,25 +156,35 @@ def test_a_vendor_the_policy_does_not_expect_is_reported(
     assert f"intel1: agent alive, intel GPUs (MISMATCH: {mismatch})" in status.out
 
 
-def test_an_amd_gpu_amdsmi_cannot_read_moves_its_job_to_the_cpu_and_back(
-    hosts: dict[str, AgentHarness], tmp_path: Path
+# Per vendor: the variable showing GPU 1, the one hiding every GPU, and why GPU 1 went.
+LOSS = {
+    "amd1": (("ROCR_VISIBLE_DEVICES", UUID_OF_GPU_1), ("ROCR_VISIBLE_DEVICES", "-1"), "amdsmi"),
+    "intel1": (("ZE_AFFINITY_MASK", "1"), ("ONEAPI_DEVICE_SELECTOR", "opencl:cpu"), "gone"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LOSS))
+def test_a_gpu_its_library_loses_moves_the_job_to_the_cpu_and_back(
+    hosts: dict[str, AgentHarness], tmp_path: Path, name: str
 ) -> None:
-    amd1 = hosts["amd1"]
-    amd1.start_agent()
-    assert amd1.cli("set", "job=probe-amd1", "host=amd1", "gpus=1").code == 0
+    (shown, value), (hidden, none), why = LOSS[name]
+    agent = hosts[name]
+    agent.start_agent()
+    assert agent.cli("set", f"job=probe-{name}", f"host={name}", "gpus=1").code == 0
 
     def env_on(device: str) -> dict[str, str] | None:
-        report = _report(tmp_path, "probe-amd1", "amd1")
+        report = _report(tmp_path, f"probe-{name}", name)
         env: dict[str, str] | None = report["env"] if report else None
         return env if env is not None and env["ALLOCATOR_DEVICE"] == device else None
 
-    assert wait_for("the worker on GPU 1", lambda: env_on("cuda"))["ROCR_VISIBLE_DEVICES"] == (
-        UUID_OF_GPU_1
-    )
-    amd1.gpus.update(1, lost=True)  # every amdsmi call on it fails now
+    assert wait_for("the worker on GPU 1", lambda: env_on(VENDOR_DEVICE[name]))[shown] == value
+    agent.gpus.update(1, lost=True)  # amdsmi fails on it; its card leaves sysfs
     on_cpu = wait_for("the worker on the CPU", lambda: env_on("cpu"))
-    assert on_cpu["ROCR_VISIBLE_DEVICES"] == "-1" and on_cpu["OMP_NUM_THREADS"] == "2"
-    assert "amdsmi failed" in on_cpu["ALLOCATOR_FALLBACK_REASON"]
-    amd1.gpus.update(1, lost=None)
-    back = wait_for("the worker back on GPU 1", lambda: env_on("cuda"))
-    assert back["ROCR_VISIBLE_DEVICES"] == UUID_OF_GPU_1
+    assert on_cpu[hidden] == none and on_cpu["OMP_NUM_THREADS"] == "2"
+    assert why in on_cpu["ALLOCATOR_FALLBACK_REASON"] and on_cpu.get(shown) != value
+    agent.gpus.update(1, lost=None)
+    back = wait_for("the worker back on GPU 1", lambda: env_on(VENDOR_DEVICE[name]))
+    assert back[shown] == value
+
+
+VENDOR_DEVICE = {"amd1": "cuda", "intel1": "xpu"}

@@ -33,7 +33,7 @@ from allocator.agent.gpu_care.recovery import RecoveryProbes
 from allocator.agent.planning.types import Pin
 from allocator.agent.processes.procs import clean_base_env
 from allocator.gpus.health import GpuHealth, HealthMonitor, HealthState
-from allocator.gpus.inventory import Inventory, from_nvml, keep_last_good
+from allocator.gpus.inventory import Inventory, from_nvml, keep_addresses, keep_last_good
 from allocator.gpus.vendors import read_host_inventory
 from allocator.policy.model import HealthSettings, Policy
 from allocator.records.types import Assignment
@@ -122,7 +122,9 @@ class GpuState:
 
     def _read(self, declared_gpus: int | None, now: float) -> Inventory:
         fresh = read_host_inventory(declared_gpus, environ=self._environ)
-        chosen = keep_last_good(self._last_good, fresh)
+        # NVML keeps its indices when a GPU fails; sysfs and amdsmi renumber.
+        keep = keep_last_good if fresh.vendor == "nvidia" else keep_addresses
+        chosen = keep(self._last_good, fresh)
         if from_nvml(fresh):
             self._last_good, self._retry_at, self._retries = chosen, None, 0
             if self._inventory_error is not None:

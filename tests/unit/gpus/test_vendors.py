@@ -10,6 +10,7 @@ import pytest
 from allocator.errors import RequestError
 from allocator.gpus.fake import FakeNvml
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
+from allocator.gpus.inventory import keep_addresses
 from allocator.gpus.vendors import VENDORS, TorchBuild, read_host_inventory, vendor_named
 from allocator.gpus.vendors.intel import RealSysfs, read_intel_gpus
 from allocator.gpus.visible import worker_environments
@@ -204,3 +205,27 @@ def test_torch_build_against_vendor() -> None:
 def test_unknown_vendor_name() -> None:
     with pytest.raises(ValueError, match="unknown GPU vendor 'matrox'"):
         vendor_named("matrox")
+
+
+def test_a_card_gone_from_sysfs_keeps_its_index_and_is_marked(tmp_path: Path) -> None:
+    devices = [fake_device(i, pci_bus_id=f"00000000:{0x30 + i:02X}:00.0") for i in range(3)]
+    path = write_fake_nvml(tmp_path / "intel.json", devices, vendor="intel")
+    before = read_host_inventory(environ=fake_environ(path))
+    devices[0]["lost"] = True  # card0 leaves sysfs: the reader alone would renumber the rest
+    write_fake_nvml(path, devices, vendor="intel")
+    after = keep_addresses(before, read_host_inventory(environ=fake_environ(path)))
+    assert [(g.index, g.pci_bus_id) for g in after.gpus] == [
+        (0, "0000:30:00.0"),
+        (1, "0000:31:00.0"),
+        (2, "0000:32:00.0"),
+    ]
+    assert after.gpus[0].error == "gone from the bus (no GPU at 0000:30:00.0 now)"
+    assert not after.gpus[1].error and not after.gpus[2].error
+    devices.append(fake_device(3, pci_bus_id="00000000:20:00.0"))  # a new card, lowest address
+    devices[0]["lost"] = False
+    write_fake_nvml(path, devices, vendor="intel")
+    again = keep_addresses(after, read_host_inventory(environ=fake_environ(path)))
+    assert [(g.index, g.pci_bus_id, g.error) for g in again.gpus][::3] == [
+        (0, "0000:30:00.0", ""),
+        (3, "0000:20:00.0", ""),
+    ]
