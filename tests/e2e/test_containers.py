@@ -52,7 +52,9 @@ def world(tmp_path: Path, prefix: str, podman: Podman) -> Iterator[AgentHarness]
             podman.run("rm", "-f", str(found["Id"]), check=False)
 
 
-def _policy(world: AgentHarness, podman: Podman, job: str) -> dict[str, Any]:
+def _policy(
+    world: AgentHarness, podman: Podman, job: str, args: tuple[str, ...] = ()
+) -> dict[str, Any]:
     return {
         "version": 1,
         "hosts": {HOST: {"gpus": 4}},
@@ -66,6 +68,7 @@ def _policy(world: AgentHarness, podman: Podman, job: str) -> dict[str, Any]:
                     "image": podman.image,
                     "engine": "podman",
                     "mounts": [f"{world.workdir / 'out'}:/out"],
+                    "args": list(args),
                 },
             }
         },
@@ -155,5 +158,33 @@ def test_a_container_sees_its_cdi_device_is_adopted_falls_back_to_cpu_and_stops(
     assert world.cli("release", f"job={job}").code == 0
     wait_for("no container left", lambda: not podman.containers(f"label=allocator.job={job}"))
     assert _reports(world)[second]["term"]
-    exits = world.events("worker-exited", job=job)
-    assert [e["exit_code"] for e in exits][-2:] == [3, 3]
+    exits = wait_for("both exits recorded", lambda: world.events("worker-exited", job=job)[1:])
+    assert [e["exit_code"] for e in world.events("worker-exited", job=job)] == [3, 3]
+    assert exits
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
+def test_a_container_whose_shim_is_killed_is_removed_before_the_worker_starts_again(
+    world: AgentHarness, podman: Podman, prefix: str
+) -> None:
+    """The engine's monitor outlives a shim killed outright: the container must not run on."""
+    job = f"box-{prefix.strip('/')[-8:]}"
+    # As under systemd's cgroup manager, the container lives outside the worker's cgroup.
+    world.apply_policy(_policy(world, podman, job, ("--cgroup-parent=/allocator-test",)))
+    world.start_agent(env=podman.environ)
+    assert world.cli("set", f"job={job}", "gpus=2").code == 0
+    seen: set[str] = set()
+    first, _ = _new_report(world, seen)
+    [box] = _running(podman, job)
+    record = wait_for("the worker's pid", lambda: (r := world.worker_record(job)) and r.pids and r)
+    os.kill(_parent(record.pids[0]), signal.SIGKILL)  # the shim; its engine `run` goes with it
+    _, report = _new_report(world, seen)
+    assert _fake_gpus_seen(report) == (["ALLOCATOR_TEST_GPU_2"], ["allocator-test-gpu2"])
+    # The first container was removed (not stopped: no SIGTERM) before the second started.
+    assert box["Id"] not in [c["Id"] for c in podman.containers(f"label=allocator.job={job}")]
+    assert not _reports(world)[first]["term"]
+    assert len(_running(podman, job)) == 1

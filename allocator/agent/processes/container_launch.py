@@ -21,7 +21,9 @@ subreaper), as for a host worker.
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +33,22 @@ from allocator.agent.planning.types import DesiredJob
 from allocator.agent.processes.job_state import WorkerRuntime
 from allocator.agent.processes.users import RunAs
 
-__all__ = ["STOP_SEPARATOR", "STOP_SETTING", "ContainerLaunch", "EngineMissing", "container_launch"]
+__all__ = [
+    "STOP_SEPARATOR",
+    "STOP_SETTING",
+    "ContainerLaunch",
+    "EngineMissing",
+    "container_launch",
+    "remove_orphaned_container",
+]
 
 #: The shim's setting holding the stop command (its words joined by STOP_SEPARATOR).
 STOP_SETTING = "stop"
 STOP_SEPARATOR = "\x1f"
+#: How long the engine may take to remove a container left without its shim.
+_REMOVE_TIMEOUT_SECONDS = 30.0
+#: Containers removed by this agent after their shim was gone (names are unique per launch).
+_REMOVED: set[str] = set()
 
 
 class EngineMissing(Exception):
@@ -87,3 +100,36 @@ def container_launch(
         status={"container": name, "engine": engine},
         name=name,
     )
+
+
+def remove_orphaned_container(name: str, engine: str, recorded_exit: int | None) -> bool:
+    """Remove the container ``name`` whose shim is gone; True once it surely is.
+
+    A shim killed outright takes the engine's ``run`` process with it, but
+    not the container (the engine's monitor re-parents): it would keep its
+    GPUs while the agent starts the worker again. So, unless the shim saw
+    the engine's ``run`` return (``recorded_exit``: it removed the container,
+    ``--rm``; unless it was killed, 137), the
+    container is removed here (SIGKILL, no grace: its supervisor is gone).
+    Called only for a worker whose shim ended; it blocks for the engine's
+    answer, which is rare enough (a shim that died) to be worth the wait.
+    """
+    if not name or name in _REMOVED or (recorded_exit is not None and recorded_exit != 128 + 9):
+        return True
+    # The engine's own settings (CONTAINERS_CONF...) but no store credential.
+    from allocator.agent.processes.procs import clean_base_env
+
+    quick = ["-t", "0"] if os.path.basename(engine) == "podman" else []
+    try:
+        subprocess.run(
+            [engine, "rm", "-f", *quick, name],
+            env=clean_base_env(os.environ),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=_REMOVE_TIMEOUT_SECONDS,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False  # tried again on the next tick
+    _REMOVED.add(name)
+    return True

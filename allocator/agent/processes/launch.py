@@ -103,6 +103,8 @@ class ShimStatus(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     grace: str = ""
     cgroup: str = ""
     boot_id: str = ""
+    container: str = ""  # the worker's container, when it runs in one
+    engine: str = ""  # and the engine's path
 
 
 def status_fields(job: DesiredJob, worker: WorkerRuntime, boot_id: str) -> dict[str, str]:
