@@ -6,7 +6,8 @@ in the foreground, under the worker's shim: the shim's supervision, exit
 status and log are the container's (see docs/containers.md).
 
 * Devices: exactly the worker's GPUs, by their CDI names
-  (``nvidia.com/gpu=<UUID>``, a MIG GPU's instance as ``nvidia.com/mig=<UUID>``,
+  (``nvidia.com/gpu=<UUID>``; a MIG GPU's instance ``nvidia.com/gpu=<MIG UUID>``,
+  as NVIDIA's generated spec names instances under the one kind;
   ``amd.com/gpu=...``), or docker's ``--gpus '"device=UUID,UUID"'`` (NVIDIA's
   toolkit without CDI). On the CPU no device option at all: ``--gpus ""``
   is read differently by different engines.
@@ -37,11 +38,11 @@ __all__ = [
     "container_run",
 ]
 
-#: The CDI kind of a vendor's whole GPUs and, where there is one, of its partitions.
-CDI_KINDS: Mapping[str, tuple[str, str | None]] = {
-    "nvidia": ("nvidia.com/gpu", "nvidia.com/mig"),
-    "amd": ("amd.com/gpu", None),
-    "intel": ("intel.com/gpu", None),
+#: The CDI kind of each vendor's devices (a GPU's partitions, MIG instances, included).
+CDI_KINDS: Mapping[str, str] = {
+    "nvidia": "nvidia.com/gpu",
+    "amd": "amd.com/gpu",
+    "intel": "intel.com/gpu",
 }
 LABEL_PREFIX = "allocator."
 _NAME_PREFIX = "allocator-"
@@ -68,8 +69,12 @@ def container_run(
     revision: int,
     gpus: Sequence[int],
     inventory: Sequence[GpuInfo] | None,
+    vendor: str = "nvidia",
 ) -> ContainerRun:
-    """The container of worker ``index`` of ``job`` on ``host``, seeing exactly ``gpus``."""
+    """The container of worker ``index`` of ``job`` on ``host``, seeing exactly ``gpus``.
+
+    ``vendor``: whose GPUs the host has (its CDI kind, see :data:`CDI_KINDS`).
+    """
     labels = (
         (f"{LABEL_PREFIX}job", job),
         (f"{LABEL_PREFIX}host", host),
@@ -81,13 +86,13 @@ def container_run(
         image=container.image,
         args=container.args,
         mounts=container.mounts,
-        device_options=_device_options(container, gpus, inventory),
+        device_options=_device_options(container, gpus, inventory, vendor),
         labels=labels,
     )
 
 
 def _device_options(
-    container: Container, gpus: Sequence[int], inventory: Sequence[GpuInfo] | None
+    container: Container, gpus: Sequence[int], inventory: Sequence[GpuInfo] | None, vendor: str
 ) -> tuple[str, ...]:
     if not gpus:
         return ()  # the CPU: no device option at all
@@ -95,22 +100,15 @@ def _device_options(
     if container.device_naming == "gpus":
         ids = ",".join(_plain_id(known.get(index), index) for index in gpus)
         return ("--gpus", f'"device={ids}"')  # quoted: docker reads the value as CSV
+    kind = CDI_KINDS.get(vendor, CDI_KINDS["nvidia"])
     options: list[str] = []
     for index in gpus:
-        options += ["--device", _cdi_name(known.get(index), index)]
+        options += ["--device", f"{kind}={_plain_id(known.get(index), index)}"]
     return tuple(options)
 
 
-def _cdi_name(gpu: GpuInfo | None, index: int) -> str:
-    """The CDI name of a GPU: by UUID where known (a MIG GPU: its first instance), else index."""
-    vendor = str(getattr(gpu, "vendor", None) or "nvidia")
-    whole, part = CDI_KINDS.get(vendor, CDI_KINDS["nvidia"])
-    if gpu is not None and gpu.mig_enabled and gpu.mig_devices and part is not None:
-        return f"{part}={gpu.mig_devices[0].uuid}"
-    return f"{whole}={_plain_id(gpu, index)}"
-
-
 def _plain_id(gpu: GpuInfo | None, index: int) -> str:
+    """A GPU's id: its UUID where known (a MIG GPU: its first instance's), else its index."""
     if gpu is not None and gpu.mig_enabled and gpu.mig_devices:
         return gpu.mig_devices[0].uuid
     return gpu.uuid if gpu is not None and gpu.uuid else str(index)

@@ -41,7 +41,7 @@ def test_podman_names_each_gpu_by_its_cdi_name_and_a_mig_gpu_by_its_instance() -
     assert argv[:5] == ("podman", "run", "--rm", "--name", "allocator-train.0.ab")
     assert _options(argv, "--device") == [
         "nvidia.com/gpu=GPU-0001",
-        "nvidia.com/mig=MIG-2a",
+        "nvidia.com/gpu=MIG-2a",  # NVIDIA's generated spec: instances under the one kind
         "nvidia.com/gpu=3",  # no UUID known: the index, as NVIDIA's CDI spec also names it
     ]
     assert "--gpus" not in argv
@@ -123,3 +123,17 @@ def test_a_new_image_restarts_the_job_a_host_job_keeps_its_fingerprint() -> None
     # A host job's fingerprint is what it was before containers existed (no restart on upgrade).
     plain = [replace(w, container=None) for w in boxed.workers]
     assert fingerprint(plain) == host.fingerprint
+
+
+def test_another_vendors_gpus_are_named_by_its_cdi_kind() -> None:
+    run = container_run(
+        PODMAN,
+        host=HOST,
+        job="t",
+        index=0,
+        revision=1,
+        gpus=(0,),
+        inventory=INVENTORY,
+        vendor="amd",
+    )
+    assert run.device_options == ("--device", "amd.com/gpu=GPU-0000")
