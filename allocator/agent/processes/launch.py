@@ -364,7 +364,7 @@ def launch_worker(
         return _failed(worker, cause, str(exc), _EXIT_CANNOT_RUN)
     Path(worker.status_path).parent.mkdir(parents=True, exist_ok=True)
     fields = status_fields(job, worker, boot_id)
-    argv, env, cwd = _membound(ws.argv, ws.mems, base_env.get("PATH")), {}, ws.cwd
+    argv, cwd = _membound(ws.argv, ws.mems, base_env.get("PATH")), ws.cwd
     env, settings = {**base_env, **identity_env(run_as), **ws.env}, {}
     if ws.container is not None:
         try:
