@@ -127,6 +127,10 @@ def test_a_container_sees_its_cdi_device_is_adopted_falls_back_to_cpu_and_stops(
     assert report["env"]["CUDA_VISIBLE_DEVICES"] == fake_uuid(1)
     assert report["env"]["TRAINING_RUN"] == "seven"
     assert not any(k.startswith(("ALLOCATOR_STORE", "ALLOCATOR_PREFIX")) for k in report["env"])
+    # The engine's command line names the variables, never their values (ps shows it).
+    record = wait_for("the worker's pid", lambda: (r := world.worker_record(job)) and r.pids and r)
+    argv = Path(f"/proc/{record.pids[0]}/cmdline").read_bytes().split(b"\0")
+    assert b"run" in argv and b"TRAINING_RUN" in argv and b"seven" not in b" ".join(argv)
     [box] = _running(podman, job)
     labels = box["Labels"]
     assert (labels["allocator.host"], labels["allocator.worker"]) == (HOST, "0")
