@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import msgspec
 
@@ -137,3 +138,29 @@ def test_another_vendors_gpus_are_named_by_its_cdi_kind() -> None:
         vendor="amd",
     )
     assert run.device_options == ("--device", "amd.com/gpu=GPU-0000")
+
+
+def test_an_engine_missing_from_the_agents_path_is_one_clear_error(tmp_path: Path) -> None:
+    import pytest
+
+    from allocator.agent.processes.container_launch import EngineMissing, container_launch
+    from allocator.agent.processes.job_state import WorkerRuntime
+
+    job = _desired(_policy(DOCKER))
+    worker = WorkerRuntime(
+        spec=job.workers[0], pid=0, start_ticks=None, status_path=str(tmp_path / "t.0.ab.status")
+    )
+    with pytest.raises(EngineMissing, match="'docker' is not on the agent's PATH"):
+        container_launch(job, worker, {"PATH": str(tmp_path)}, None)
+    (tmp_path / "docker").write_text("#!/bin/sh\n")
+    (tmp_path / "docker").chmod(0o755)
+    launch = container_launch(job, worker, {"PATH": str(tmp_path), "SECRET_OF_AGENT": "x"}, None)
+    assert launch.argv[0] == str(tmp_path / "docker") and launch.name == "allocator-t.0.ab"
+    assert launch.settings["stop"].split("\x1f") == [
+        str(tmp_path / "docker"),
+        "stop",
+        "-t",
+        "10",
+        "allocator-t.0.ab",
+    ]
+    assert "SECRET_OF_AGENT" not in launch.argv  # only the worker's own variables go in
