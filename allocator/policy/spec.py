@@ -8,6 +8,7 @@ dataclasses of :mod:`allocator.policy.model`.
 
 from __future__ import annotations
 
+from allocator.policy.container_field import CONTAINER
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import (
     FallbackRule,
@@ -301,6 +302,12 @@ JOB = Record(
             Bool(),
             "Whether one placement across several hosts may take GPUs of different vendors "
             "(false: never; its ranks would run different device runtimes).",
+        ),
+        Field(
+            "container",
+            CONTAINER,
+            "Run each worker as a container (podman or docker) that sees exactly its GPUs; "
+            "see the Containers page.",
         ),
     ),
     description="A job the agent may run; its command comes from here, never from a request.",
