@@ -45,6 +45,13 @@ _TORCH_SCRIPT = (
     " 'count': torch.cuda.device_count(), 'hip': getattr(torch.version, 'hip', None),"
     " 'xpu': xpu, 'mps': torch.backends.mps.is_built()}))\n"
 )
+_DEVICE_FILTERS = (
+    "CUDA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+    "ONEAPI_DEVICE_SELECTOR",
+)
 _NVML_HINT = (
     "install the NVIDIA driver and nvidia-ml-py (pip install 'gpu-allocator[nvml]'), "
     "or declare this host's GPUs in the policy"
@@ -191,8 +198,9 @@ def _broken_gpus(inventory: Inventory) -> list[Finding]:
 def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
     """Variables already set here that would fight the ones the agent sets per worker."""
     conflicts: list[str] = []
-    if "CUDA_VISIBLE_DEVICES" in environ:
-        conflicts.append(f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r}")
+    for name in _DEVICE_FILTERS:  # every vendor's: the agent strips and sets them per worker
+        if name in environ:
+            conflicts.append(f"{name}={environ[name]!r}")
     order = environ.get("CUDA_DEVICE_ORDER")
     if order is not None and order != "PCI_BUS_ID":
         conflicts.append(f"CUDA_DEVICE_ORDER={order!r} (the agent uses PCI_BUS_ID)")

@@ -117,7 +117,10 @@ def worker_environments(
         _checked_port(group.master_port)
         master_addr, master_port = group.master_addr, group.master_port
     port = _checked_port(master_port) if master_port is not None else None
-    devices = vendor_named(vendor)
+    try:
+        devices = vendor_named(vendor)
+    except ValueError as exc:  # a vendor from a newer agent's record, say
+        raise RequestError(f"host {assignment.host}: {exc}") from None
     base = {
         "ALLOCATOR_JOB": assignment.job,
         "ALLOCATOR_HOST": assignment.host,

@@ -62,3 +62,10 @@ def test_a_cuda_wheel_on_an_amd_host_is_an_error(tmp_path: Path) -> None:
     )
     rocm_wheel = TorchReport("2.5.1+rocm6.2", None, True, 2, hip="6.2.41133")
     assert [f.status for f in vendor_torch_findings(rocm_wheel, inventory)] == ["ok", "ok"]
+
+
+def test_another_vendors_device_filter_set_here_is_a_warning() -> None:
+    from allocator.gpus.doctor import environment_findings
+
+    (finding,) = environment_findings({"ROCR_VISIBLE_DEVICES": "0", "PATH": "/bin"})
+    assert finding.status == "warn" and "ROCR_VISIBLE_DEVICES='0'" in finding.message

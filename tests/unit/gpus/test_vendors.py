@@ -229,3 +229,8 @@ def test_a_card_gone_from_sysfs_keeps_its_index_and_is_marked(tmp_path: Path) ->
         (0, "0000:30:00.0", ""),
         (3, "0000:20:00.0", ""),
     ]
+
+
+def test_an_unknown_vendor_is_a_request_error() -> None:
+    with pytest.raises(RequestError, match="host node1: unknown GPU vendor 'qualcomm'"):
+        worker_environments(assign((0,)), None, policy(), vendor="qualcomm")
