@@ -33,6 +33,7 @@ from typing import Any
 from allocator import __version__
 from allocator.agent.config import AgentConfig
 from allocator.agent.gpu_care.care import GpuCare
+from allocator.agent.gpu_care.idle import IdleRelease
 from allocator.agent.gpu_care.observe import Observer
 from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
 from allocator.agent.log import DecisionLog, as_fields
@@ -43,6 +44,7 @@ from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
+from allocator.agent.planning.types import Finish
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
 from allocator.agent.sync.history_decisions import DecisionRecorder
@@ -204,7 +206,19 @@ class Agent(Lifecycle):
         sync, desired = self.sync, self.wanted.desired
         state = (sync.assignments, sync.revisions, self.care.unhealthy)
         self.observer.sample(now, self.wall(), sync.policy, desired, views, roots, *state)
-        sync.link.release_idle(self.observer.releases)
+        self._hand_releases()
+
+    def _hand_releases(self) -> None:
+        """Offer the link every release due: idle holders and finished ``release_on_exit`` jobs.
+
+        One list (the link forgets a release no longer offered); a job across
+        hosts is released whole, a later assignment is never touched.
+        """
+        finished = [
+            IdleRelease(job, revision, reason, kind="exit")
+            for job, (revision, reason) in self.supervisor.exit_releases().items()
+        ]
+        self.sync.link.release_idle([*self.observer.releases, *finished])
 
     def _reap(self) -> None:
         for exited in self.supervisor.tick():
@@ -226,6 +240,8 @@ class Agent(Lifecycle):
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
         self._history(self.decisions.actions, actions, desired)
+        if any(isinstance(action, Finish) for action in actions):
+            self._hand_releases()
         busy = bool(actions) or mps.waiting or any(v.stopping for v in views.values())
         if busy and not self.busy:
             self.busy_since = now

@@ -8,12 +8,15 @@ agent has not started yet, the port is the one the agent's allocation would
 choose given the ports its other jobs hold. A share of a job across several
 hosts gets its node rank, the job's MASTER_PORT and the MASTER_ADDR its first
 host's agent advertises, and follows the other shares' faults, as its agent
-would (``host=`` says which share).
+would (``host=`` says which share). When the agent builds the command line
+(``workers: torchrun``, or ``$(VAR)`` references), it is shown after the
+exports as a ``# command:`` comment.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 from typing import Any
 
 from allocator.cli.common import add_words_command, note, open_allocator, output_format
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     worker = _worker_index(kv.get("worker", "0"))
     allocator = open_allocator(args)
     try:
-        envs, message = _environments(allocator, job, kv.get("host"))
+        envs, message, command = _environments(allocator, job, kv.get("host"))
     finally:
         allocator.store.close()
     if not envs:
@@ -64,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if len(envs) > 1:
         note(f"job {job!r} has {len(envs)} workers; showing worker {worker} (worker=N for others)")
     print(render_exports(envs[worker]), end="")
+    if command:  # a comment, so `eval` ignores it: what the agent would run
+        print(f"# command: {shlex.join(command)}")
     return 0
 
 
@@ -75,8 +80,11 @@ def _worker_index(raw: str) -> int:
     return int(raw)
 
 
-def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict[str, str]], str]:
-    """The job's worker environments, and a remark (why none, or a fallback)."""
+def _environments(
+    allocator: Any, job: str, host: str | None
+) -> tuple[list[dict[str, str]], str, tuple[str, ...]]:
+    """The job's worker environments, a remark (why none, or a fallback), and the command
+    its first worker runs when the agent builds it (torchrun, ``$(VAR)``), else ()."""
     from allocator.agent.planning.desired import desired_job
     from allocator.errors import RequestError
     from allocator.records.keys import validate_name
@@ -101,7 +109,7 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
     inventory, unhealthy = _inventory(state, policy, host)
     share = _share(allocator, assignment) if assignment.nodes else None
     if job not in policy.jobs:  # no agent runs it: whoever does gets the same rendezvous
-        return _undeclared_environments(assignment, inventory, policy, share)
+        return (*_undeclared_environments(assignment, inventory, policy, share), ())
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
         policy,
@@ -116,7 +124,9 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
         share=share,
     )
     envs = [dict(w.env) for w in want.workers]
-    return envs, want.message or (want.fallback_reason or "")
+    built = want.workers[0].argv if want.workers else ()
+    command = built if built != (assignment.command or policy.jobs[job].command) else ()
+    return envs, want.message or (want.fallback_reason or ""), command
 
 
 def _undeclared_environments(

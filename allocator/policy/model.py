@@ -45,7 +45,8 @@ DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 SharingMode = Literal["exclusive", "time-slice", "mps"]
 CpuAffinity = Literal["local", "none"]
 FallbackAction = Literal["cpu", "wait", "fail"]
-WorkerMode = Literal["single", "per-gpu"]
+WorkerMode = Literal["single", "per-gpu", "torchrun"]
+RestartRule = Literal["always", "on-failure", "never"]
 VisibleDevices = Literal["uuid", "index"]
 IdleAction = Literal["warn", "release", "none"]
 
@@ -158,6 +159,11 @@ class Job(Struct, frozen=True, omit_defaults=True):
     exclusive: bool = False  # whole GPUs even in a shared pool
     cpu_affinity: CpuAffinity = "local"  # pin workers to their GPUs' CPUs; "none": don't
     idle: IdleRule | None = None  # overrides the pool's rule
+    # When workers that ended by themselves start again: "on-failure" (the
+    # default, what the agent always did) restarts only a non-zero exit.
+    restart: RestartRule = "on-failure"
+    # Exit statuses at which the agent releases the job's GPUs (): never.
+    release_on_exit: tuple[int, ...] = ()
 
 
 class HealthSettings(Struct, frozen=True, omit_defaults=True):

@@ -22,12 +22,13 @@ from datetime import datetime
 
 from allocator.agent.planning.across_hosts import Share, share_of
 from allocator.agent.planning.affinity import with_affinity
+from allocator.agent.planning.command_line import expand_command, torchrun_argv
 from allocator.agent.planning.desired_inputs import DEFAULT_MASTER_ADDR, DesiredInputs
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
 from allocator.agent.planning.gpu_shares import share_env
 from allocator.agent.planning.types import DesiredJob, DesiredState, Device, WorkerSpec
 from allocator.errors import RequestError
-from allocator.gpus.visible import NodeGroup
+from allocator.gpus.visible import NodeGroup, default_master_port
 from allocator.placement.choose import pool_sharing, unavailable_gpus
 from allocator.placement.ports import declared_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
@@ -248,25 +249,64 @@ def _running(
         return _not_running(job, assignment, revision, "refused", message)
     device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
     gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
+    # A torchrun job's rendezvous is in its environment too (as per-gpu ranks have it),
+    # so the agent publishes its MASTER_PORT and `allocator env` shows it.
+    meet = _torchrun_group(job, rank).env() if job.workers == "torchrun" else {}
+    full = [
+        {
+            **job.env,
+            **meet,
+            **env,
+            **share_env(sharing, assignment, gpus[i], inventory, rank.mps_dir),
+        }
+        for i, env in enumerate(envs)
+    ]
     workers = tuple(
         WorkerSpec(
             job=job.name,
             index=index,
-            argv=argv,
-            env={
-                **job.env,
-                **env,
-                **share_env(sharing, assignment, gpus[index], inventory, rank.mps_dir),
-            },
+            argv=_worker_argv(job, argv, env, rank, len(gpus[index]) or 1),
+            env=env,
             cwd=job.cwd,
             gpus=gpus[index],
             device=device,
             user=job.user,
             group=job.group,
         )
-        for index, env in enumerate(envs)
+        for index, env in enumerate(full)
     )
     return _desired(job, assignment, revision, "run", message, workers, device, fault)
+
+
+def _worker_argv(
+    job: Job, argv: tuple[str, ...], env: Mapping[str, str], rank: _Rendezvous, nproc: int
+) -> tuple[str, ...]:
+    """The command with its ``$(VAR)`` references expanded; under torchrun when the job says.
+
+    torchrun gets the rendezvous every rank of the job shares: the share's
+    node rank and MASTER_ADDR/MASTER_PORT across hosts, else one node meeting
+    at the agent's address and the job's port; one process per GPU.
+    """
+    command = expand_command(argv, env)
+    if job.workers != "torchrun":
+        return command
+    group = _torchrun_group(job, rank)
+    launcher = torchrun_argv(
+        nnodes=group.nnodes,
+        node_rank=group.node_rank,
+        master_addr=group.master_addr,
+        master_port=group.master_port,
+        nproc_per_node=nproc,
+    )
+    return (*launcher, *command)
+
+
+def _torchrun_group(job: Job, rank: _Rendezvous) -> NodeGroup:
+    """Where a torchrun job's nodes meet: its share across hosts, or this host alone."""
+    if rank.group is not None:
+        return rank.group
+    port = rank.port if rank.port is not None else default_master_port(job.name)
+    return NodeGroup(0, 1, rank.addr, port)
 
 
 def _naming(job: Job, message: str) -> str:
@@ -321,7 +361,12 @@ def _desired(
         message=message,
         assignment_revision=revision,
         fault=fault,
+        restart=job.restart,
+        release_on_exit=job.release_on_exit,
     )
+
+
+_NOT_FINGERPRINTED = frozenset({"ALLOCATOR_GPU_COUNT"})
 
 
 def fingerprint(workers: Sequence[WorkerSpec]) -> str:
@@ -333,7 +378,9 @@ def fingerprint(workers: Sequence[WorkerSpec]) -> str:
     body = [
         {
             "argv": list(w.argv),
-            "env": dict(w.env),
+            # ALLOCATOR_GPU_COUNT only repeats ALLOCATOR_GPUS: leaving it out keeps the
+            # fingerprints workers had before it existed (no restart on upgrade).
+            "env": {k: v for k, v in w.env.items() if k not in _NOT_FINGERPRINTED},
             "cwd": w.cwd,
             **({"user": w.user, "group": w.group} if w.user or w.group else {}),
         }

@@ -1,0 +1,72 @@
+"""A worker's command line: ``$(VAR)`` references expanded, torchrun put in front (pure).
+
+The policy's ``command`` is an argv, never given to a shell, so ``$VAR``
+stays literal. What a command may refer to is expanded here, by the agent,
+the way Kubernetes expands a container's ``command`` and ``args``:
+
+* ``$(NAME)`` is replaced by the worker's variable ``NAME`` (the job's
+  ``env``, then the allocator's: ``ALLOCATOR_GPU_COUNT``,
+  ``ALLOCATOR_NODE_RANK``, ``MASTER_PORT`` ...);
+* ``$$`` is one ``$``, so ``$$(NAME)`` is the text ``$(NAME)``;
+* a name the worker's environment does not have is left as it is
+  (``$(NOPE)`` stays ``$(NOPE)``), as Kubernetes does; so is a ``$`` not
+  followed by ``(`` and a ``$(`` with no closing ``)``.
+
+``workers: torchrun`` runs one worker, ``torchrun``, with the rendezvous
+the agent computes for the job (the same as its per-gpu ranks get) and one
+process per GPU (one on the CPU fallback), then the expanded command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+__all__ = ["TORCHRUN", "expand_command", "expand_references", "torchrun_argv"]
+
+#: The launcher's program, found on the worker's PATH like any command.
+TORCHRUN = "torchrun"
+
+
+def expand_references(argument: str, env: Mapping[str, str]) -> str:
+    """``argument`` with every ``$(NAME)`` that ``env`` defines replaced (``$$`` is ``$``)."""
+    if "$" not in argument:
+        return argument
+    out: list[str] = []
+    index, end = 0, len(argument)
+    while index < end:
+        char = argument[index]
+        nxt = argument[index + 1] if index + 1 < end else ""
+        if char != "$" or nxt not in ("$", "("):
+            out.append(char)
+            index += 1
+        elif nxt == "$":
+            out.append("$")
+            index += 2
+        else:
+            close = argument.find(")", index + 2)
+            if close < 0:  # no closing parenthesis: the rest is text
+                out.append(argument[index:])
+                break
+            name = argument[index + 2 : close]
+            out.append(env.get(name, argument[index : close + 1]))
+            index = close + 1
+    return "".join(out)
+
+
+def expand_command(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+    """Every argument of ``argv`` expanded against ``env``."""
+    return tuple(expand_references(argument, env) for argument in argv)
+
+
+def torchrun_argv(
+    *, nnodes: int, node_rank: int, master_addr: str, master_port: int, nproc_per_node: int
+) -> tuple[str, ...]:
+    """torchrun and its rendezvous options, to be followed by the script and its arguments."""
+    return (
+        TORCHRUN,
+        f"--nnodes={nnodes}",
+        f"--node-rank={node_rank}",
+        f"--master-addr={master_addr}",
+        f"--master-port={master_port}",
+        f"--nproc-per-node={nproc_per_node}",
+    )
