@@ -38,13 +38,13 @@ from allocator.agent.gpu_care.observe import Observer
 from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
 from allocator.agent.log import DecisionLog, as_fields
 from allocator.agent.notify import notifier_from_environ
+from allocator.agent.planning.across_hosts import shares_still_running
 from allocator.agent.planning.action_log import action_fields, action_name
 from allocator.agent.planning.desired_cache import DesiredCache
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
-from allocator.agent.planning.types import Finish
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
 from allocator.agent.sync.history_decisions import DecisionRecorder
@@ -212,11 +212,14 @@ class Agent(Lifecycle):
         """Offer the link every release due: idle holders and finished ``release_on_exit`` jobs.
 
         One list (the link forgets a release no longer offered); a job across
-        hosts is released whole, a later assignment is never touched.
+        hosts is released whole, once no other share of it still runs, and a
+        later assignment is never touched.
         """
+        held, peers = self.sync.assignments, self.sync.peers
         finished = [
             IdleRelease(job, revision, reason, kind="exit")
             for job, (revision, reason) in self.supervisor.exit_releases().items()
+            if job not in held or not shares_still_running(held[job], peers)
         ]
         self.sync.link.release_idle([*self.observer.releases, *finished])
 
@@ -240,8 +243,7 @@ class Agent(Lifecycle):
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
         self._history(self.decisions.actions, actions, desired)
-        if any(isinstance(action, Finish) for action in actions):
-            self._hand_releases()
+        self._hand_releases()  # cheap: the link hears only of releases new to it
         busy = bool(actions) or mps.waiting or any(v.stopping for v in views.values())
         if busy and not self.busy:
             self.busy_since = now
