@@ -21,36 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from allocator.policy.references import expand_references
+
 __all__ = ["TORCHRUN", "expand_command", "expand_references", "torchrun_argv"]
 
 #: The launcher's program, found on the worker's PATH like any command.
 TORCHRUN = "torchrun"
-
-
-def expand_references(argument: str, env: Mapping[str, str]) -> str:
-    """``argument`` with every ``$(NAME)`` that ``env`` defines replaced (``$$`` is ``$``)."""
-    if "$" not in argument:
-        return argument
-    out: list[str] = []
-    index, end = 0, len(argument)
-    while index < end:
-        char = argument[index]
-        nxt = argument[index + 1] if index + 1 < end else ""
-        if char != "$" or nxt not in ("$", "("):
-            out.append(char)
-            index += 1
-        elif nxt == "$":
-            out.append("$")
-            index += 2
-        else:
-            close = argument.find(")", index + 2)
-            if close < 0:  # no closing parenthesis: the rest is text
-                out.append(argument[index:])
-                break
-            name = argument[index + 2 : close]
-            out.append(env.get(name, argument[index : close + 1]))
-            index = close + 1
-    return "".join(out)
 
 
 def expand_command(argv: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:

@@ -52,3 +52,15 @@ def test_a_bad_end_rule_is_one_clear_error(written: str, error: str) -> None:
     with pytest.raises(PolicyError) as caught:
         load_policy(job_policy(written))
     assert error in str(caught.value)
+
+
+def test_validate_warns_about_a_reference_no_worker_gets() -> None:
+    from datetime import UTC, datetime
+
+    from allocator.policy import lint_policy
+
+    command = '    command: [x, "$(ALLOCATOR_GPU_COUNT)", "$(DATA)", "$$(TEXT)", "$(NOPE)"]\n'
+    text = job_policy("    env: {DATA: /d}\n").replace("    command: [x]\n", command)
+    _, warnings = lint_policy(text, "p.yaml", datetime(2026, 1, 1, tzinfo=UTC))
+    assert [(w.field, w.line) for w in warnings] == [("jobs.j.command[4]", 5)]
+    assert "$(NOPE) names no variable of the job's workers" in warnings[0].reason
