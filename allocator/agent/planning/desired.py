@@ -240,7 +240,8 @@ def _running(
     except RequestError as exc:
         return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
     sharing = pool_sharing(policy, assignment.host)
-    mps_single = sharing.mode == "mps" and job.workers == "single" and not assignment.exclusive
+    one_worker = job.workers in ("single", "torchrun")
+    mps_single = sharing.mode == "mps" and one_worker and not assignment.exclusive
     if mps_single and len(assignment.gpus) > 1 and assignment.mode == "gpu":
         message = (
             f"job {job.name!r} runs one worker on GPUs {','.join(map(str, assignment.gpus))}, "

@@ -121,3 +121,13 @@ def test_the_gpu_count_does_not_change_a_workers_fingerprint() -> None:
         "cuda",
     )
     assert fingerprint([spec]) == fingerprint([counted])
+
+
+def test_under_mps_a_torchrun_job_on_several_gpus_is_refused_like_a_single_worker() -> None:
+    from allocator.policy.model import Pool, Sharing
+
+    job = _job(workers="torchrun")
+    pool = Pool(name="p", hosts=("node1",), sharing=Sharing("mps", 2))
+    pol = Policy(version=1, jobs={"ddp": job}, pools={"p": pool})
+    want = desired_job(pol, _assigned(), 3, INVENTORY, {}, None)
+    assert want.state == "refused" and "under MPS a worker uses one GPU" in want.message
