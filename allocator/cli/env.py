@@ -8,15 +8,17 @@ agent has not started yet, the port is the one the agent's allocation would
 choose given the ports its other jobs hold. A share of a job across several
 hosts gets its node rank, the job's MASTER_PORT and the MASTER_ADDR its first
 host's agent advertises, and follows the other shares' faults, as its agent
-would (``host=`` says which share). When the agent builds the command line
-(``workers: torchrun``, or ``$(VAR)`` references), it is shown after the
-exports as a ``# command:`` comment.
+would (``host=`` says which share). A job with ``container:`` in the policy
+also gets, after the exports, the engine command line its agent would run
+(a ``#`` comment, so the output still evaluates; the name's last part is
+chosen at each launch). When the agent builds a host worker's command line
+(``workers: torchrun``, or ``$(VAR)`` references), it is shown the same way,
+as a ``# command:`` comment.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 from typing import Any
 
 from allocator.cli.common import add_words_command, note, open_allocator, output_format
@@ -51,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     worker = _worker_index(kv.get("worker", "0"))
     allocator = open_allocator(args)
     try:
-        envs, message, command = _environments(allocator, job, kv.get("host"))
+        envs, message, commands = _environments(allocator, job, kv.get("host"))
     finally:
         allocator.store.close()
     if not envs:
@@ -67,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if len(envs) > 1:
         note(f"job {job!r} has {len(envs)} workers; showing worker {worker} (worker=N for others)")
     print(render_exports(envs[worker]), end="")
-    if command:  # a comment, so `eval` ignores it: what the agent would run
-        print(f"# command: {shlex.join(command)}")
+    if commands[worker]:  # a comment, so `eval` ignores it: what the agent would run
+        print(commands[worker])
     return 0
 
 
@@ -82,9 +84,8 @@ def _worker_index(raw: str) -> int:
 
 def _environments(
     allocator: Any, job: str, host: str | None
-) -> tuple[list[dict[str, str]], str, tuple[str, ...]]:
-    """The job's worker environments, a remark (why none, or a fallback), and the command
-    its first worker runs when the agent builds it (torchrun, ``$(VAR)``), else ()."""
+) -> tuple[list[dict[str, str]], str, list[str]]:
+    """The job's worker environments, a remark (why none, or a fallback), container commands."""
     from allocator.agent.planning.desired import desired_job
     from allocator.errors import RequestError
     from allocator.records.keys import validate_name
@@ -109,7 +110,8 @@ def _environments(
     inventory, unhealthy = _inventory(state, policy, host)
     share = _share(allocator, assignment) if assignment.nodes else None
     if job not in policy.jobs:  # no agent runs it: whoever does gets the same rendezvous
-        return (*_undeclared_environments(assignment, inventory, policy, share), ())
+        envs, remark = _undeclared_environments(assignment, inventory, policy, share)
+        return envs, remark, [""] * len(envs)
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
         policy,
@@ -124,9 +126,31 @@ def _environments(
         share=share,
     )
     envs = [dict(w.env) for w in want.workers]
-    built = want.workers[0].argv if want.workers else ()
-    command = built if built != (assignment.command or policy.jobs[job].command) else ()
-    return envs, want.message or (want.fallback_reason or ""), command
+    written = assignment.command or policy.jobs[job].command
+    return envs, want.message or (want.fallback_reason or ""), _commands(want.workers, written)
+
+
+def _commands(workers: Any, written: tuple[str, ...]) -> list[str]:
+    """Each worker's command as its agent builds it, as a comment line: its container's
+    engine command line, or the command when it is not the one ``written`` (torchrun in
+    front, ``$(VAR)`` expanded); "" for a host process that runs ``written`` as it is."""
+    import shlex
+
+    from allocator.agent.planning.containers import container_argv, container_name
+
+    commands = []
+    for w in workers:
+        if w.container is not None:
+            name = container_name(f"{w.job}.{w.index}.LAUNCH")
+            argv = container_argv(
+                w.container, name=name, env_names=tuple(w.env), argv=w.argv, cwd=w.cwd
+            )
+            commands.append(f"# container: {shlex.join(argv)}")
+        elif tuple(w.argv) != tuple(written):
+            commands.append(f"# command: {shlex.join(w.argv)}")
+        else:
+            commands.append("")
+    return commands
 
 
 def _undeclared_environments(

@@ -21,9 +21,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from allocator.gpus.visible import NodeGroup, default_master_port
+from allocator.policy.model import Job
 from allocator.policy.references import expand_references
 
-__all__ = ["TORCHRUN", "expand_command", "expand_references", "torchrun_argv"]
+__all__ = [
+    "TORCHRUN",
+    "expand_command",
+    "expand_references",
+    "torchrun_argv",
+    "torchrun_group",
+    "worker_argv",
+]
 
 #: The launcher's program, found on the worker's PATH like any command.
 TORCHRUN = "torchrun"
@@ -46,3 +55,32 @@ def torchrun_argv(
         f"--master-port={master_port}",
         f"--nproc-per-node={nproc_per_node}",
     )
+
+
+def torchrun_group(job: str, group: NodeGroup | None, addr: str, port: int | None) -> NodeGroup:
+    """Where a torchrun job's nodes meet: its share across hosts (``group``), or this host
+    alone at the agent's address and the job's port (derived from its name when unknown)."""
+    if group is not None:
+        return group
+    return NodeGroup(0, 1, addr, port if port is not None else default_master_port(job))
+
+
+def worker_argv(
+    job: Job, argv: Sequence[str], env: Mapping[str, str], group: NodeGroup, nproc: int
+) -> tuple[str, ...]:
+    """The command with its ``$(VAR)`` references expanded; under torchrun when the job says.
+
+    torchrun gets the rendezvous every rank of the job shares (``group``,
+    from :func:`torchrun_group`) and ``nproc`` processes: one per GPU.
+    """
+    command = expand_command(argv, env)
+    if job.workers != "torchrun":
+        return command
+    launcher = torchrun_argv(
+        nnodes=group.nnodes,
+        node_rank=group.node_rank,
+        master_addr=group.master_addr,
+        master_port=group.master_port,
+        nproc_per_node=nproc,
+    )
+    return (*launcher, *command)

@@ -22,13 +22,14 @@ from datetime import datetime
 
 from allocator.agent.planning.across_hosts import Share, share_of
 from allocator.agent.planning.affinity import with_affinity
-from allocator.agent.planning.command_line import expand_command, torchrun_argv
+from allocator.agent.planning.command_line import torchrun_group, worker_argv
+from allocator.agent.planning.containers import ContainerRun, container_run
 from allocator.agent.planning.desired_inputs import DEFAULT_MASTER_ADDR, DesiredInputs
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
 from allocator.agent.planning.gpu_shares import share_env
 from allocator.agent.planning.types import DesiredJob, DesiredState, Device, WorkerSpec
 from allocator.errors import RequestError
-from allocator.gpus.visible import NodeGroup, default_master_port
+from allocator.gpus.visible import NodeGroup
 from allocator.placement.choose import pool_sharing, unavailable_gpus
 from allocator.placement.ports import declared_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
@@ -252,7 +253,8 @@ def _running(
     gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
     # A torchrun job's rendezvous is in its environment too (as per-gpu ranks have it),
     # so the agent publishes its MASTER_PORT and `allocator env` shows it.
-    meet = _torchrun_group(job, rank).env() if job.workers == "torchrun" else {}
+    torchrun = torchrun_group(job.name, rank.group, rank.addr, rank.port)
+    meet = torchrun.env() if job.workers == "torchrun" else {}
     full = [
         {
             **job.env,
@@ -266,48 +268,40 @@ def _running(
         WorkerSpec(
             job=job.name,
             index=index,
-            argv=_worker_argv(job, argv, env, rank, len(gpus[index]) or 1),
+            argv=worker_argv(job, argv, env, torchrun, len(gpus[index]) or 1),
             env=env,
             cwd=job.cwd,
             gpus=gpus[index],
             device=device,
             user=job.user,
             group=job.group,
+            container=_container(job, assignment, index, revision, gpus[index], inventory),
         )
         for index, env in enumerate(full)
     )
     return _desired(job, assignment, revision, "run", message, workers, device, fault)
 
 
-def _worker_argv(
-    job: Job, argv: tuple[str, ...], env: Mapping[str, str], rank: _Rendezvous, nproc: int
-) -> tuple[str, ...]:
-    """The command with its ``$(VAR)`` references expanded; under torchrun when the job says.
-
-    torchrun gets the rendezvous every rank of the job shares: the share's
-    node rank and MASTER_ADDR/MASTER_PORT across hosts, else one node meeting
-    at the agent's address and the job's port; one process per GPU.
-    """
-    command = expand_command(argv, env)
-    if job.workers != "torchrun":
-        return command
-    group = _torchrun_group(job, rank)
-    launcher = torchrun_argv(
-        nnodes=group.nnodes,
-        node_rank=group.node_rank,
-        master_addr=group.master_addr,
-        master_port=group.master_port,
-        nproc_per_node=nproc,
+def _container(
+    job: Job,
+    assignment: Assignment,
+    index: int,
+    revision: int,
+    gpus: tuple[int, ...],
+    inventory: Sequence[GpuInfo] | None,
+) -> ContainerRun | None:
+    """Worker ``index``'s container, seeing exactly ``gpus``; None for a host process."""
+    if job.container is None:
+        return None
+    return container_run(
+        job.container,
+        host=assignment.host,
+        job=job.name,
+        index=index,
+        revision=revision,
+        gpus=gpus,
+        inventory=inventory,
     )
-    return (*launcher, *command)
-
-
-def _torchrun_group(job: Job, rank: _Rendezvous) -> NodeGroup:
-    """Where a torchrun job's nodes meet: its share across hosts, or this host alone."""
-    if rank.group is not None:
-        return rank.group
-    port = rank.port if rank.port is not None else default_master_port(job.name)
-    return NodeGroup(0, 1, rank.addr, port)
 
 
 def _naming(job: Job, message: str) -> str:
@@ -384,7 +378,16 @@ def fingerprint(workers: Sequence[WorkerSpec]) -> str:
             "env": {k: v for k, v in w.env.items() if k not in _NOT_FINGERPRINTED},
             "cwd": w.cwd,
             **({"user": w.user, "group": w.group} if w.user or w.group else {}),
+            **({"container": _container_words(w)} if w.container is not None else {}),
         }
         for w in workers
     ]
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _container_words(worker: WorkerSpec) -> list[str]:
+    """What of a worker's container a restart must follow (not its labels: the revision)."""
+    run = worker.container
+    if run is None:
+        return []
+    return [run.engine, run.image, *run.args, "--", *run.mounts, "--", *run.device_options]
