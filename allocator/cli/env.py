@@ -11,7 +11,9 @@ host's agent advertises, and follows the other shares' faults, as its agent
 would (``host=`` says which share). A job with ``container:`` in the policy
 also gets, after the exports, the engine command line its agent would run
 (a ``#`` comment, so the output still evaluates; the name's last part is
-chosen at each launch).
+chosen at each launch). When the agent builds a host worker's command line
+(``workers: torchrun``, or ``$(VAR)`` references), it is shown the same way,
+as a ``# command:`` comment.
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if len(envs) > 1:
         note(f"job {job!r} has {len(envs)} workers; showing worker {worker} (worker=N for others)")
     print(render_exports(envs[worker]), end="")
-    if commands[worker]:
-        print(f"# container: {commands[worker]}")
+    if commands[worker]:  # a comment, so `eval` ignores it: what the agent would run
+        print(commands[worker])
     return 0
 
 
@@ -125,25 +127,30 @@ def _environments(
         vendor=vendor,
     )
     envs = [dict(w.env) for w in want.workers]
-    return envs, want.message or (want.fallback_reason or ""), _commands(want.workers)
+    written = assignment.command or policy.jobs[job].command
+    return envs, want.message or (want.fallback_reason or ""), _commands(want.workers, written)
 
 
-def _commands(workers: Any) -> list[str]:
-    """Each worker's container command line ("" for a host process), as its agent builds it."""
+def _commands(workers: Any, written: tuple[str, ...]) -> list[str]:
+    """Each worker's command as its agent builds it, as a comment line: its container's
+    engine command line, or the command when it is not the one ``written`` (torchrun in
+    front, ``$(VAR)`` expanded); "" for a host process that runs ``written`` as it is."""
     import shlex
 
     from allocator.agent.planning.containers import container_argv, container_name
 
     commands = []
     for w in workers:
-        if w.container is None:
+        if w.container is not None:
+            name = container_name(f"{w.job}.{w.index}.LAUNCH")
+            argv = container_argv(
+                w.container, name=name, env_names=tuple(w.env), argv=w.argv, cwd=w.cwd
+            )
+            commands.append(f"# container: {shlex.join(argv)}")
+        elif tuple(w.argv) != tuple(written):
+            commands.append(f"# command: {shlex.join(w.argv)}")
+        else:
             commands.append("")
-            continue
-        name = container_name(f"{w.job}.{w.index}.LAUNCH")
-        argv = container_argv(
-            w.container, name=name, env_names=tuple(w.env), argv=w.argv, cwd=w.cwd
-        )
-        commands.append(shlex.join(argv))
     return commands
 
 

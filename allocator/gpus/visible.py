@@ -25,6 +25,9 @@ the rules, from how CUDA reads its environment:
   is the empty string (never unset, never ``-1``), ``NVIDIA_VISIBLE_DEVICES=void``,
   ``ALLOCATOR_DEVICE=cpu``, ``ALLOCATOR_FALLBACK_REASON``, and
   ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` from the job's fallback rule.
+* ``ALLOCATOR_GPU_COUNT``: how many GPUs the worker sees (0 on CPU), in
+  every mode. ``workers: torchrun`` is one worker like ``single`` (the agent
+  puts torchrun in front of its command).
 * ``workers: per-gpu``: one worker per GPU, each seeing only its GPU, with
   torchrun's single-node variables (``RANK`` = ``LOCAL_RANK``, ``WORLD_SIZE`` =
   ``LOCAL_WORLD_SIZE`` = number of GPUs, ``MASTER_ADDR``, ``MASTER_PORT``).
@@ -199,6 +202,7 @@ def _gpu_env(gpus: Sequence[int], ids: Sequence[str], devices: DeviceVendor) -> 
         **devices.visible_env(ids),
         "ALLOCATOR_DEVICE": devices.torch_device_type,
         "ALLOCATOR_GPUS": _join(gpus),
+        "ALLOCATOR_GPU_COUNT": str(len(gpus)),
     }
 
 
@@ -210,6 +214,7 @@ def _cpu_env(
         **devices.no_device_env(),
         "ALLOCATOR_DEVICE": "cpu",
         "ALLOCATOR_GPUS": "",
+        "ALLOCATOR_GPU_COUNT": "0",
         "ALLOCATOR_FALLBACK_REASON": why.replace("\x00", ""),
     }
     rule = policy.fallback_for(assignment.job)

@@ -46,7 +46,8 @@ DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 SharingMode = Literal["exclusive", "time-slice", "mps"]
 CpuAffinity = Literal["local", "none"]
 FallbackAction = Literal["cpu", "wait", "fail"]
-WorkerMode = Literal["single", "per-gpu"]
+WorkerMode = Literal["single", "per-gpu", "torchrun"]
+RestartRule = Literal["always", "on-failure", "never"]
 VisibleDevices = Literal["uuid", "index"]
 IdleAction = Literal["warn", "release", "none"]
 ContainerEngine = Literal["podman", "docker"]
@@ -186,6 +187,11 @@ class Job(Struct, frozen=True, omit_defaults=True):
     cpu_affinity: CpuAffinity = "local"  # pin workers to their GPUs' CPUs; "none": don't
     idle: IdleRule | None = None  # overrides the pool's rule
     mix_vendors: bool = False  # may one job across hosts hold GPUs of several vendors
+    # When workers that ended by themselves start again: "on-failure" (the
+    # default, what the agent always did) restarts only a non-zero exit.
+    restart: RestartRule = "on-failure"
+    # Exit statuses at which the agent releases the job's GPUs (): never.
+    release_on_exit: tuple[int, ...] = ()
     container: Container | None = None  # run each worker as a container of this image
 
 

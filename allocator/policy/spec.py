@@ -21,6 +21,7 @@ from allocator.policy.model import (
     Reservation,
 )
 from allocator.policy.on_change import OnChange
+from allocator.policy.release_on_exit import ReleaseOnExit
 from allocator.policy.sharing_field import SharingKind
 from allocator.policy.yamlspec.kinds import (
     Bool,
@@ -227,13 +228,15 @@ JOB = Record(
         Field("cwd", Str(), "Working directory of the workers."),
         Field(
             "workers",
-            Enum("single", "per-gpu"),
+            Enum("single", "per-gpu", "torchrun"),
             "single: one worker sees all assigned GPUs; per-gpu: one worker per GPU, with "
             "torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and "
-            "MASTER_PORT. A job set across several hosts (allocator set host=a,b) gets "
-            "ALLOCATOR_NODE_RANK, ALLOCATOR_NNODES, MASTER_ADDR (the first host's) and one "
-            "MASTER_PORT on every host in either mode; per-gpu ranks are then global and "
-            "GROUP_RANK is the node rank.",
+            "MASTER_PORT; torchrun: one worker, torchrun, started by the agent with --nnodes, "
+            "--node-rank, --master-addr, --master-port and --nproc-per-node (the GPU count, 1 "
+            "on the CPU fallback) before the command. A job set across several hosts "
+            "(allocator set host=a,b) gets ALLOCATOR_NODE_RANK, ALLOCATOR_NNODES, MASTER_ADDR "
+            "(the first host's) and one MASTER_PORT on every host in every mode; per-gpu ranks "
+            "are then global and GROUP_RANK is the node rank.",
         ),
         Field(
             "on_change",
@@ -260,6 +263,19 @@ JOB = Record(
             "max_restarts",
             Int(minimum=0, maximum=MAX_RESTARTS),
             "Crash restarts allowed before the worker is left stopped.",
+        ),
+        Field(
+            "restart",
+            Enum("always", "on-failure", "never"),
+            "When workers that ended by themselves start again: on-failure (default) after a "
+            "non-zero exit, always after any exit, never (the job stays finished).",
+        ),
+        Field(
+            "release_on_exit",
+            ReleaseOnExit(),
+            "Release the job's GPUs when its workers have all ended with one of these exit "
+            "statuses (true: [0], the job finished; false: never, the default); such an "
+            "end is never restarted.",
         ),
         Field(
             "restart_backoff_seconds",

@@ -327,7 +327,9 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
             matches = True
         else:
             matches = tuple(worker.gpus) == tuple(held.gpus) and on_cpu == (held.mode == "cpu")
-        if not worker.pids and worker.message:
+        if worker.state == "finished" and worker.message.startswith("finished"):
+            workers = worker.message  # finished (exit 0)[; its GPUs released ...]
+        elif not worker.pids and worker.message:
             workers += f": {worker.message}"
     gpus = "cpu" if held.mode == "cpu" else ",".join(map(str, held.gpus))
     return JobRow(

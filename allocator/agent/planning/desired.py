@@ -22,6 +22,7 @@ from datetime import datetime
 
 from allocator.agent.planning.across_hosts import Share, share_of
 from allocator.agent.planning.affinity import with_affinity
+from allocator.agent.planning.command_line import torchrun_group, worker_argv
 from allocator.agent.planning.containers import ContainerRun, container_run
 from allocator.agent.planning.desired_inputs import DEFAULT_MASTER_ADDR, DesiredInputs
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
@@ -244,7 +245,8 @@ def _running(
     except RequestError as exc:
         return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
     sharing = pool_sharing(policy, assignment.host)
-    mps_single = sharing.mode == "mps" and job.workers == "single" and not assignment.exclusive
+    one_worker = job.workers in ("single", "torchrun")
+    mps_single = sharing.mode == "mps" and one_worker and not assignment.exclusive
     if mps_single and len(assignment.gpus) > 1 and assignment.mode == "gpu":
         message = (
             f"job {job.name!r} runs one worker on GPUs {','.join(map(str, assignment.gpus))}, "
@@ -253,16 +255,25 @@ def _running(
         return _not_running(job, assignment, revision, "refused", message)
     device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
     gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
+    # A torchrun job's rendezvous is in its environment too (as per-gpu ranks have it),
+    # so the agent publishes its MASTER_PORT and `allocator env` shows it.
+    torchrun = torchrun_group(job.name, rank.group, rank.addr, rank.port)
+    meet = torchrun.env() if job.workers == "torchrun" else {}
+    full = [
+        {
+            **job.env,
+            **meet,
+            **env,
+            **share_env(sharing, assignment, gpus[i], inventory, rank.mps_dir),
+        }
+        for i, env in enumerate(envs)
+    ]
     workers = tuple(
         WorkerSpec(
             job=job.name,
             index=index,
-            argv=argv,
-            env={
-                **job.env,
-                **env,
-                **share_env(sharing, assignment, gpus[index], inventory, rank.mps_dir),
-            },
+            argv=worker_argv(job, argv, env, torchrun, len(gpus[index]) or 1),
+            env=env,
             cwd=job.cwd,
             gpus=gpus[index],
             device=device,
@@ -272,7 +283,7 @@ def _running(
                 job, assignment, index, revision, gpus[index], inventory, rank.vendor
             ),
         )
-        for index, env in enumerate(envs)
+        for index, env in enumerate(full)
     )
     return _desired(job, assignment, revision, "run", message, workers, device, fault)
 
@@ -354,7 +365,12 @@ def _desired(
         message=message,
         assignment_revision=revision,
         fault=fault,
+        restart=job.restart,
+        release_on_exit=job.release_on_exit,
     )
+
+
+_NOT_FINGERPRINTED = frozenset({"ALLOCATOR_GPU_COUNT"})
 
 
 def fingerprint(workers: Sequence[WorkerSpec]) -> str:
@@ -366,7 +382,9 @@ def fingerprint(workers: Sequence[WorkerSpec]) -> str:
     body = [
         {
             "argv": list(w.argv),
-            "env": dict(w.env),
+            # ALLOCATOR_GPU_COUNT only repeats ALLOCATOR_GPUS: leaving it out keeps the
+            # fingerprints workers had before it existed (no restart on upgrade).
+            "env": {k: v for k, v in w.env.items() if k not in _NOT_FINGERPRINTED},
             "cwd": w.cwd,
             **({"user": w.user, "group": w.group} if w.user or w.group else {}),
             **({"container": _container_words(w)} if w.container is not None else {}),

@@ -727,9 +727,9 @@ def test_many_problems_are_all_reported_first_one_in_the_message() -> None:
         "file": "policy.yaml",
         "line": 6,
         "field": "jobs.eval.workers",
-        "message": "expected one of single, per-gpu, got a string ('many')",
+        "message": "expected one of single, per-gpu, torchrun, got a string ('many')",
         "error": "policy.yaml:6: jobs.eval.workers: "
-        "expected one of single, per-gpu, got a string ('many')",
+        "expected one of single, per-gpu, torchrun, got a string ('many')",
     }
 
 
