@@ -18,7 +18,7 @@ from typing import Any
 
 from allocator.cli.common import add_words_command, note, open_allocator, output_format
 
-__all__ = ["register"]
+__all__ = ["register", "worker_envs"]
 
 
 def register(commands: Any) -> None:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     worker = _worker_index(kv.get("worker", "0"))
     allocator = open_allocator(args)
     try:
-        envs, message = _environments(allocator, job, kv.get("host"))
+        envs, message = worker_envs(allocator, job, kv.get("host"))
     finally:
         allocator.store.close()
     if not envs:
@@ -75,8 +75,14 @@ def _worker_index(raw: str) -> int:
     return int(raw)
 
 
-def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict[str, str]], str]:
-    """The job's worker environments, and a remark (why none, or a fallback)."""
+def worker_envs(
+    allocator: Any, job: str, host: str | None, *, per_gpu: bool = False
+) -> tuple[list[dict[str, str]], str]:
+    """The job's worker environments, and a remark (why none, or a fallback).
+
+    The agent's own function decides them; ``allocator run`` calls this too.
+    ``per_gpu``: a job the policy does not declare runs one worker per GPU.
+    """
     from allocator.agent.planning.desired import desired_job
     from allocator.errors import RequestError
     from allocator.records.keys import validate_name
@@ -101,7 +107,7 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
     inventory, unhealthy = _inventory(state, policy, host)
     share = _share(allocator, assignment) if assignment.nodes else None
     if job not in policy.jobs:  # no agent runs it: whoever does gets the same rendezvous
-        return _undeclared_environments(assignment, inventory, policy, share)
+        return _undeclared_environments(assignment, inventory, policy, share, per_gpu)
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
         policy,
@@ -120,7 +126,7 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
 
 
 def _undeclared_environments(
-    assignment: Any, inventory: Any, policy: Any, share: Any
+    assignment: Any, inventory: Any, policy: Any, share: Any, per_gpu: bool = False
 ) -> tuple[list[dict[str, str]], str]:
     """Environments of a job the policy does not declare: its share's rendezvous included.
 
@@ -130,7 +136,7 @@ def _undeclared_environments(
     from allocator.gpus.visible import NodeGroup, worker_environments
 
     if share is None:
-        return worker_environments(assignment, inventory, policy), ""
+        return worker_environments(assignment, inventory, policy, per_gpu=per_gpu), ""
     group, remark = share.group, ""
     if group is None:
         first = assignment.nodes[0]
