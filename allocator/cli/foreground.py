@@ -26,6 +26,19 @@ __all__ = ["FORWARDED", "Children", "exit_status"]
 #: The signals ``run`` passes on to its command's process groups.
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _POLL_SECONDS = 0.05
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child: be killed if ``run`` dies (SIGKILL), so no command outlives its GPUs.
+
+    Linux ``prctl(PR_SET_PDEATHSIG, SIGKILL)``; elsewhere nothing (the lease still
+    frees the GPUs, and the command is left running).
+    """
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def exit_status(returncode: int) -> int:
@@ -47,7 +60,10 @@ class Children:
         for env in self._envs:
             try:
                 child = subprocess.Popen(
-                    self._argv, env={**os.environ, **env}, start_new_session=True
+                    self._argv,
+                    env={**os.environ, **env},
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
                 )
             except OSError as exc:
                 self.signal(signal.SIGKILL)

@@ -282,7 +282,15 @@ class Allocator:
         while True:
             # replace() would validate the request again; it was when it was made.
             request = asked if asked.host == host else replace_struct(asked, host=host)
-            placed, planned = self._plan_assign(view, request, reason, extra)
+            try:
+                placed, planned = self._plan_assign(view, request, reason, extra)
+            except ConflictError:
+                if fresh:
+                    raise
+                # A refusal decided from a kept view is only a guess too: the holder it
+                # names may be gone (released by another client, or its lease expired).
+                view, fresh = self._read_view(host, asked.job), True
+                continue
             outcome = self._write(planned, view_reads_for(self.layout, host, asked.job))
             if outcome.succeeded:
                 self._views().keep(planned.after(outcome.revision))
