@@ -226,3 +226,41 @@ def test_bad_input_is_one_line_and_exit_2_with_nothing_held(applied: Cli) -> Non
     missing = applied("run", "host=node1", "count=1", "--", "/nonexistent/cmd")
     assert missing.code == 2 and "cannot run" in missing.err
     assert applied("status", "-o", "json").out.count('"job": "run-') == 0
+
+
+LEASE_SCRIPT = """
+import json, os, signal, sys
+import allocator
+assert "allocator.leasing" not in sys.modules  # `import allocator` stays cheap
+before = os.environ.get("CUDA_VISIBLE_DEVICES")
+with allocator.lease(count=2, host="node1", job="notebook", ttl=2) as grant:
+    print(json.dumps({"gpus": grant.gpus, "seen": os.environ["CUDA_VISIBLE_DEVICES"],
+                      "device": str(grant.device())}), flush=True)
+    if sys.argv[1] == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+print(json.dumps({"after": os.environ.get("CUDA_VISIBLE_DEVICES") == before}))
+"""
+
+
+def test_lease_sets_this_processes_environment_and_releases_on_exit(
+    applied: Cli, cli_env: dict[str, str]
+) -> None:
+    done = subprocess.run([sys.executable, "-c", LEASE_SCRIPT, "exit"], env=cli_env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    inside, after = (json.loads(line) for line in done.stdout.splitlines())
+    assert inside == {"gpus": [0, 1], "seen": "0,1", "device": "cuda:0"}
+    assert after == {"after": True}
+    assert applied("get", "job=notebook").code == 6
+
+
+def test_an_interpreter_that_dies_inside_a_lease_frees_its_gpus_within_the_ttl(
+    applied: Cli, cli_env: dict[str, str]
+) -> None:
+    died = subprocess.run([sys.executable, "-c", LEASE_SCRIPT, "die"], env=cli_env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert died.returncode == -signal.SIGKILL and '"seen": "0,1"' in died.stdout
+    killed = time.monotonic()
+    assert applied("get", "job=notebook").code == 0  # held until the lease runs out
+    wait_for("the lease to expire", lambda: applied("get", "job=notebook").code == 6, timeout=10)
+    assert time.monotonic() - killed < 2 + 3
