@@ -15,7 +15,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
@@ -98,7 +97,13 @@ class Children:
                     self.signal(signal.SIGTERM)  # one rank down: the rest cannot finish
             if not running:
                 return failed or 0
-            time.sleep(_POLL_SECONDS)
+            self._wait_a_little()
+
+    def _wait_a_little(self) -> None:
+        """Block until the first running child exits, or :data:`_POLL_SECONDS` pass."""
+        first = next(child for child in self._procs if child.returncode is None)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            first.wait(_POLL_SECONDS)
 
     def install_forwarding(self) -> dict[int, object]:
         """Forward :data:`FORWARDED` signals to the children; the handlers they replaced."""
