@@ -170,12 +170,21 @@ def hold(
         if on_lost is not None:
             on_lost(why)
 
-    keeper = LeaseKeeper(lambda: store.refresh_lease(lease), ttl, lost_it)
     try:
         assignment, _ = allocator.assign(request, reason=reason, held_by=(holder, lease))
     except BaseException:
         _revoke_quietly(store, lease)
         raise
+    key = allocator.layout.assignment(assignment.host, assignment.job)
+
+    def refresh() -> None:
+        store.refresh_lease(lease)
+        # An operator's `release` (or a `set` over it) takes the GPUs back: stop too.
+        current = store.get(key)
+        if current is None or current.lease != lease:
+            raise LeaseLost(f"job {assignment.job!r} was released or changed by someone else")
+
+    keeper = LeaseKeeper(refresh, ttl, lost_it)
     keeper.start()
     return Holding(assignment, lease, keeper, time.monotonic(), lost)
 

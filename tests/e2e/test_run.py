@@ -264,3 +264,13 @@ def test_an_interpreter_that_dies_inside_a_lease_frees_its_gpus_within_the_ttl(
     assert applied("get", "job=notebook").code == 0  # held until the lease runs out
     wait_for("the lease to expire", lambda: applied("get", "job=notebook").code == 6, timeout=10)
     assert time.monotonic() - killed < 2 + 3
+
+
+def test_an_operators_release_takes_the_gpus_back_and_stops_the_command(
+    applied: Cli, cli_env: dict[str, str], popen: list[subprocess.Popen[bytes]]
+) -> None:
+    proc = _start(cli_env, popen, "job=taken", "ttl=1s", *TAKE_ALL, "--", "sleep", "60")
+    wait_for("run to hold the GPUs", lambda: _holds(applied, "taken"))
+    assert applied("release", "job=taken", "reason=needed elsewhere").code == 0
+    assert proc.wait(15) == 128 + signal.SIGTERM
+    assert proc.stderr is not None and b"released or changed by someone else" in proc.stderr.read()
