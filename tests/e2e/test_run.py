@@ -274,3 +274,21 @@ def test_an_operators_release_takes_the_gpus_back_and_stops_the_command(
     assert applied("release", "job=taken", "reason=needed elsewhere").code == 0
     assert proc.wait(15) == 128 + signal.SIGTERM
     assert proc.stderr is not None and b"released or changed by someone else" in proc.stderr.read()
+
+
+def test_a_second_run_waiting_for_the_same_gpus_starts_the_moment_the_first_exits(
+    applied: Cli, cli_env: dict[str, str], popen: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    go, second = tmp_path / "go", tmp_path / "second"
+    until_go = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)"
+    first = _start(cli_env, popen, "job=first", *TAKE_ALL, "--", sys.executable, "-c", until_go)
+    wait_for("the first run to hold the GPUs", lambda: _holds(applied, "first"))
+    waiter = _start(cli_env, popen, "job=second", *TAKE_ALL, "--wait=60s", "--", sys.executable,
+                    "-c", f"open({str(second)!r}, 'w').write('x')")  # fmt: skip
+    time.sleep(0.5)  # let it be refused (nothing to poll for: refusing writes nothing)
+    assert waiter.poll() is None and not _holds(applied, "second") and not second.exists()
+    go.write_text("")
+    assert first.wait(15) == 0
+    ended = time.monotonic()
+    assert waiter.wait(15) == 0
+    assert second.exists() and time.monotonic() - ended < 5
