@@ -49,6 +49,7 @@ from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
 from allocator.agent.sync.history_decisions import DecisionRecorder
 from allocator.agent.sync.reports import agent_record, worker_records
+from allocator.agent.sync.run_expiry import expiry_entry
 from allocator.agent.sync.store_sync import StoreSync
 from allocator.placement.reservations import active_reservations
 from allocator.policy import Policy
@@ -154,7 +155,7 @@ class Agent(Lifecycle):
             self.guard.run("reload", self._reload)
         self._drain(self._sleep_for(self.clock()))
         if self.sync.pending is not None:
-            self.guard.run("read", lambda: self.sync.take_view(self._policy_changed))
+            self.guard.run("read", self._take_view)
         if self.care.due(self.clock()):
             self.guard.run("health", lambda: self._check_health(self.clock()))
             self.guard.run("usage", lambda: self._observe(self.clock()))
@@ -278,6 +279,15 @@ class Agent(Lifecycle):
             mps_dir=str(self.care.mps.root),
             vendor=self.care.inventory.vendor,
         )
+
+    def _take_view(self) -> None:
+        """Take the newest read; record the end of run-held assignments it no longer has."""
+        self.sync.take_view(self._policy_changed)
+        policy, seen_gone = self.sync.policy, self.wall()
+        limit = policy.history.entries_per_host if policy is not None else None
+        for held, revision in self.sync.vanished_runs:
+            entry = expiry_entry(held, self.config.host, seen_gone)
+            self.sync.link.record_history([entry], limit, unless_ended_after=revision)
 
     def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:
         """Hand the link the history entries ``decide`` finds (it writes them when it can)."""

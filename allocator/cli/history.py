@@ -115,6 +115,8 @@ def _row(stored: Stored) -> list[str]:
     ended = ""
     if entry.exit_status is not None:
         ended = f"exit {entry.exit_status}, {entry.gpu_seconds or 0:.0f} GPU-seconds"
+    elif entry.gpu_seconds is not None:  # an expired run's: its exit status is unknown
+        ended = f"{entry.gpu_seconds:.0f} GPU-seconds"
     why = "; ".join(part for part in (entry.reason, entry.detail, ended) if part) or "-"
     return [entry.at, entry.host or "-", entry.job or "-", entry.action, old, new, entry.by, why]
 

@@ -73,6 +73,7 @@ ACTIONS = {
     "set": "a job was given GPUs (or the CPU) where it held nothing, or set again as it was",
     "move": "a job's GPUs changed",
     "release": "a job's assignment was removed",
+    "expired": "the agent saw a job held by `allocator run` lose its GPUs by lease expiry",
     "fallback": "the agent moved a job off an unavailable GPU (to the CPU, or stopped it)",
     "recover": "the agent returned a job to its GPUs",
     "gave-up": "the agent stopped restarting a job (crash loop, or a `fail` fallback rule)",

@@ -2,11 +2,12 @@
 
 A holding begins with a ``set`` entry (or a ``move``: the old one ends, a new
 one begins) and ends with the job's next ``move`` or ``release`` on that
-host. A holding still open is counted up to now while its assignment still
-exists; one whose assignment is gone without a release entry (an
-``allocator run`` killed with SIGKILL: its lease expired, and nobody was
-left to write the end) is not counted past its start, and the report says
-how many there were. Only the time inside the window (``--since`` .. now)
+host, or the ``expired`` entry the host's agent writes when an ``allocator
+run`` killed with SIGKILL lost its assignment by lease expiry. A holding
+still open is counted up to now while its assignment still exists; one
+whose assignment is gone without an end entry (no agent was watching when
+its lease expired) is not counted past its start, and the report says how
+many there were. Only the time inside the window (``--since`` .. now)
 counts.
 
 Who held it: the assignment's ``holder`` where the entry records one, else
@@ -25,6 +26,8 @@ from allocator.util.times import parse_time
 
 __all__ = ["BY", "Holding", "UsageRow", "holder_of", "holdings", "summarize"]
 
+#: Entries that end a job's holding on a host (``expired``: the agent saw a killed run's go).
+_ENDS = ("set", "move", "release", "expired")
 #: What ``--by`` may group by.
 BY = ("user", "team", "job", "pool", "host")
 
@@ -84,7 +87,7 @@ def holdings(entries: Iterable[Stored], current: Mapping[tuple[str, str], object
         if entry.host is None or entry.job is None or at is None:
             continue
         key = (entry.host, entry.job)
-        if entry.action in ("set", "move", "release") and key in open_:
+        if entry.action in _ENDS and key in open_:
             done.append(_ended(open_.pop(key), at))
         if entry.action in ("set", "move") and entry.to_mode == "gpu" and entry.to_gpus:
             open_[key] = Holding(

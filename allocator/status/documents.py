@@ -123,7 +123,8 @@ def history_entry_document(stored: Stored) -> dict[str, Any]:
         "policy_sha256": entry.policy_sha256,
         "previous_sha256": entry.previous_sha256,
     }
-    if entry.exit_status is not None:  # the end of a command `allocator run` held GPUs for
+    # The end of a command `allocator run` held GPUs for (expired: exit status unknown).
+    if entry.exit_status is not None or entry.gpu_seconds is not None:
         document["ended"] = {"exit_status": entry.exit_status, "gpu_seconds": entry.gpu_seconds}
     return document
 

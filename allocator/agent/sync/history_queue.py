@@ -4,6 +4,11 @@ The loop decides (a job falls back to the CPU, returns to its GPUs, is given
 up on) and must never wait for the store, so it only queues the entry; the
 link writes queued entries whenever it is connected, oldest first, each in a
 transaction that compares the host's history head (see :mod:`allocator.control.history`).
+An entry may carry a guard (:meth:`HistoryQueue.add` ``unless_ended_after``):
+it is written only if the host's history does not already end that job's
+holding (see :mod:`allocator.agent.sync.run_expiry`), checked after the
+head is read, so a concurrent end makes the append's compare fail and the
+check run again.
 Nothing is lost silently: an entry stays queued through a store outage, and
 only a queue full past :data:`MAX_PENDING` (a store away for very long while
 GPUs flap) drops the oldest, with a log line saying how many.
@@ -16,7 +21,16 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from allocator.control.history import Stream, host_stream, prepare_append
+from allocator.agent.sync.run_expiry import ended_after
+from allocator.control.history import (
+    OnBad,
+    Stored,
+    Stream,
+    append_ops,
+    decode_entry,
+    host_stream,
+    read_head,
+)
 from allocator.errors import BadRecord, CasConflict, PermissionDenied
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
@@ -28,10 +42,14 @@ __all__ = ["MAX_PENDING", "PER_TICK", "HistoryQueue", "write_pending"]
 MAX_PENDING = 1000
 #: Entries written per link tick, so a backlog never delays reads and keep-alives long.
 PER_TICK = 16
+#: Newest entries read to look for a holding's end before the whole stream is.
+_NEWEST = 64
 #: Tries per entry when another writer took the head meanwhile (each re-reads it).
 _ATTEMPTS = 3
 
 Log = Callable[[str, dict[str, Any]], None]
+#: An entry, the history limit to keep, and its guard (the revision of the holding it ends).
+Item = tuple[HistoryEntry, int | None, int | None]
 
 
 class HistoryQueue:
@@ -41,15 +59,24 @@ class HistoryQueue:
         self._log = log
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._items: deque[tuple[HistoryEntry, int | None]] = deque()
+        self._items: deque[Item] = deque()
         self.dropped = 0
 
-    def add(self, entries: Iterable[HistoryEntry], limit: int | None) -> bool:
-        """Queue ``entries``; return whether any was queued. Past capacity the oldest go."""
+    def add(
+        self,
+        entries: Iterable[HistoryEntry],
+        limit: int | None,
+        unless_ended_after: int | None = None,
+    ) -> bool:
+        """Queue ``entries``; return whether any was queued. Past capacity the oldest go.
+
+        ``unless_ended_after``: an assignment's revision; each entry is then
+        skipped if the history holds an end of its job written after it.
+        """
         dropped: list[HistoryEntry] = []
         with self._lock:
             for entry in entries:
-                self._items.append((entry, limit))
+                self._items.append((entry, limit, unless_ended_after))
                 if len(self._items) > self._capacity:
                     dropped.append(self._items.popleft()[0])
             queued = bool(self._items)
@@ -65,7 +92,7 @@ class HistoryQueue:
             )
         return queued
 
-    def peek(self) -> tuple[HistoryEntry, int | None] | None:
+    def peek(self) -> Item | None:
         """The oldest entry waiting, or ``None``."""
         with self._lock:
             return self._items[0] if self._items else None
@@ -94,9 +121,9 @@ def write_pending(
     stream = host_stream(layout, host)
     written = 0
     while written < PER_TICK and (item := pending.peek()) is not None:
-        entry, limit = item
+        entry, limit, guard = item
         try:
-            if not _append(store, stream, entry, limit, log):
+            if not _append(store, stream, entry, limit, guard, log):
                 return written  # the head kept moving: try again on the next tick
         except PermissionDenied as exc:
             log(
@@ -112,15 +139,49 @@ def write_pending(
     return written
 
 
-def _append(store: Store, stream: Stream, entry: HistoryEntry, limit: int | None, log: Log) -> bool:
+def _append(
+    store: Store,
+    stream: Stream,
+    entry: HistoryEntry,
+    limit: int | None,
+    guard: int | None,
+    log: Log,
+) -> bool:
+    """Append ``entry`` (``True`` also when its guard says it is not needed)."""
+
     def bad(error: BadRecord) -> None:
         log("bad-record", {"key": error.key, "error": error.reason})
 
     for _ in range(_ATTEMPTS):
-        compare, ops = prepare_append(store, stream, entry, limit, bad)
+        head = read_head(store, stream, bad)  # before the check: an end after it moves the head
+        if guard is not None and _ended(store, stream, entry, guard, bad):
+            return True  # its end is recorded already: nothing to append
+        compare, ops = append_ops(stream, head, entry, limit)
         try:
             store.txn([compare], ops)
             return True
         except CasConflict:
             continue
     return False
+
+
+def _ended(store: Store, stream: Stream, entry: HistoryEntry, revision: int, on_bad: OnBad) -> bool:
+    """Whether the stream ends ``entry``'s job's holding written at ``revision`` already."""
+    return entry.job is not None and ended_after(
+        _newest(store, stream, revision, on_bad), entry.job, revision
+    )
+
+
+def _newest(store: Store, stream: Stream, revision: int, on_bad: OnBad) -> list[Stored]:
+    """The stream's entries written after ``revision``: its newest, or all if they all are."""
+    listing = store.list(stream.prefix, limit=_NEWEST, descending=True)
+    if len(listing.items) == _NEWEST and min(kv.mod_revision for kv in listing.items) > revision:
+        listing = store.list(stream.prefix)
+    found = []
+    for item in listing.items:
+        if item.mod_revision > revision:
+            try:
+                found.append(Stored(decode_entry(item, stream), item.mod_revision))
+            except BadRecord as exc:
+                on_bad(exc)
+    return found

@@ -19,6 +19,7 @@ from allocator.agent.planning.across_hosts import PeerHost
 from allocator.agent.sync.host_records import HostView
 from allocator.agent.sync.last_good import load_last_good, save_last_good
 from allocator.agent.sync.messages import LinkState, ToLoop
+from allocator.agent.sync.run_expiry import vanished_runs
 from allocator.agent.sync.store_thread import StoreLink
 from allocator.errors import PolicyError
 from allocator.policy import Policy, load_policy
@@ -55,6 +56,11 @@ class StoreSync:
         self.assignments, self.revisions = load_last_good(self._last_good_path, config.host)
         self.peers: Mapping[str, PeerHost] = {}  # the other hosts of jobs across hosts
         self.have_state = False  # a policy and a read of the store: reconciling can begin
+        # The assignments come from a read of the current connection: a run-held one
+        # gone from the next read vanished just now (see run_expiry), not at some
+        # unknown time while the agent was down or cut off.
+        self._read_on_this_link = False
+        self.vanished_runs: list[tuple[Assignment, int]] = []
         self.last_good_due = False
 
     def drain(self, timeout: float) -> LinkState | None:
@@ -74,6 +80,7 @@ class StoreSync:
                 case LinkState():
                     state = message
                     self.connected = message.connected
+                    self._read_on_this_link = self._read_on_this_link and message.connected
                 case HostView():  # level-based: only the newest read matters
                     self.pending = message
                 case _:
@@ -98,6 +105,9 @@ class StoreSync:
             revisions[job] = self.revisions[job]
         if (assignments, revisions) != (self.assignments, self.revisions):
             self.last_good_due = True  # saved after the reconcile: off the path of a move
+        if self._read_on_this_link:
+            self.vanished_runs = vanished_runs(self.assignments, self.revisions, assignments)
+        self._read_on_this_link = True
         self.assignments, self.revisions = assignments, revisions
         self.peers = view.peers
         self.have_state = self.policy is not None

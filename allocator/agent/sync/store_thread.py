@@ -65,10 +65,12 @@ from allocator.records.types import AgentRecord, HistoryEntry
 from allocator.store import Store, bad_key_records
 from allocator.util.retry_timer import RetryTimer
 
-__all__ = ["REFUSALS", "Outbox", "StoreLink"]
+__all__ = ["REFUSALS", "RUN_READ_SECONDS", "Outbox", "StoreLink"]
 
 Log = Callable[[str, dict[str, Any]], None]
 
+#: How often the host is re-read while ``allocator run`` holds GPUs on it.
+RUN_READ_SECONDS = 1.0
 #: Errors that refuse one request while the store itself works: never an outage.
 REFUSALS: tuple[type[AllocatorError], ...] = (InvalidInput, ConflictError, NotFound, ValueTooLarge)
 
@@ -153,9 +155,17 @@ class StoreLink:
         if self.releaser.offer(releases):
             self._inbox.put(Wake())
 
-    def record_history(self, entries: Iterable[HistoryEntry], limit: int | None) -> None:
-        """Append the agent's decisions to the host's history (queued; written when connected)."""
-        if self.history.add(entries, limit):
+    def record_history(
+        self,
+        entries: Iterable[HistoryEntry],
+        limit: int | None,
+        unless_ended_after: int | None = None,
+    ) -> None:
+        """Append the agent's decisions to the host's history (queued; written when connected).
+
+        ``unless_ended_after``: see :meth:`HistoryQueue.add`.
+        """
+        if self.history.add(entries, limit, unless_ended_after):
             self._inbox.put(Wake())
 
     def resync(self) -> None:
@@ -288,6 +298,11 @@ class StoreLink:
         for error in bad_key_records(listing):  # skipped by the store: a key that is not text
             self._bad_record(error, 0)
         self.to_loop.put(view)
+        if any(held.run is not None for held in view.assignments.values()):
+            # A run-held assignment ends when its lease expires, and a store may delete
+            # an expired lease's keys only at its next write (SQLite): read again soon,
+            # so a killed run's end is seen, and recorded, when its lease runs out.
+            self.next_read = min(self.next_read, now + RUN_READ_SECONDS)
         # A host the store will not show is not watched either: a refused watch would
         # read as this agent's own permission problem and drop the connection.
         watched = tuple(host for host, peer in peers.items() if peer.readable)

@@ -70,3 +70,11 @@ def test_the_holder_is_the_recorded_holder_else_the_writers_user() -> None:
         "bob": 1.0,
         "carol": 2.0,
     }
+
+
+def test_the_agents_expired_entry_ends_a_killed_runs_holding() -> None:
+    entries = [_entry("set", "killed", 0, (0, 1)),
+               _entry("expired", "killed", 2, by="agent@node1")]  # fmt: skip
+    found = holdings(entries, {})
+    assert _by(found, "job", T0, T0 + timedelta(hours=5)) == {"killed": 4.0}
+    assert not any(h.ended_unrecorded for h in found)
