@@ -63,6 +63,9 @@ if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
 
+    #: The wait queue's turn: (host state, placement) -> (compares, writes) to add.
+    Gate = Callable[[HostSnapshot, Placement], tuple[list[Compare], list[Op]]]
+
 __all__ = ["Allocator", "view_reads_for"]
 
 DEFAULT_ATTEMPTS = 5
@@ -81,6 +84,7 @@ class Allocator:
         actor: str | None = None,
         attempts: int = DEFAULT_ATTEMPTS,
         on_bad_record: Callable[[BadRecord], None] | None = None,
+        holder: str | None = None,
     ) -> None:
         self.store = store
         self.on_bad_record = on_bad_record or (lambda _bad: None)
@@ -88,6 +92,8 @@ class Allocator:
         self.clock = clock
         self.actor = actor or default_actor(store.url)
         self.attempts = attempts
+        self._holder = holder
+        self._groups: tuple[str, ...] | None = None
         self._cache: ViewCache | None = None  # what the last writes saw; made on first use
 
     # --- reads ------------------------------------------------------------
@@ -142,18 +148,48 @@ class Allocator:
         found = locate_job(self.store, self.layout, job, self.on_bad_record)
         return found.assignments, found.damaged
 
+    @property
+    def holder(self) -> str:
+        """Who this client's assignments are held by (:mod:`allocator.control.holder`)."""
+        if self._holder is None:
+            from allocator.control.holder import holder_name
+
+            self._holder = holder_name(self.store.url)
+        return self._holder
+
+    def holder_groups(self, policy: Policy) -> tuple[str, ...]:
+        """The holder's unix groups, looked up only when ``policy`` names one."""
+        from allocator.control.holder import needs_groups, unix_groups
+
+        if not needs_groups(policy):
+            return ()
+        if self._groups is None:
+            self._groups = unix_groups(self.holder)
+        return self._groups
+
     # --- writes -----------------------------------------------------------
 
     def assign(
-        self, request: Request, *, reason: str = "", command: tuple[str, ...] | None = None
+        self,
+        request: Request,
+        *,
+        reason: str = "",
+        command: tuple[str, ...] | None = None,
+        gate: Gate | None = None,
     ) -> tuple[Assignment, Placement]:
         """Check ``request`` against policy and current state, then write it atomically.
 
         ``request.host`` may be empty: the default host is used then.
+        ``gate`` (the wait queue's turn): called with the host's state and the
+        placement decided; it returns what else the transaction compares and
+        writes, or raises to refuse.
         """
         attempts = itertools.count()
         return self._with_retries(
-            lambda: self._assign_once(request, reason, command, first=next(attempts) == 0), "set"
+            lambda: self._assign_once(
+                request, reason, command, first=next(attempts) == 0, gate=gate
+            ),
+            "set",
         )
 
     def release(
@@ -246,7 +282,13 @@ class Allocator:
         return with_retries(operation, what, self.attempts)
 
     def _assign_once(
-        self, asked: Request, reason: str, command: tuple[str, ...] | None, *, first: bool
+        self,
+        asked: Request,
+        reason: str,
+        command: tuple[str, ...] | None,
+        *,
+        first: bool,
+        gate: Gate | None = None,
     ) -> tuple[Assignment, Placement]:
         """One attempt: decided from the kept view if there is one, else from one fresh read.
 
@@ -263,7 +305,7 @@ class Allocator:
         while True:
             # replace() would validate the request again; it was when it was made.
             request = asked if asked.host == host else replace_struct(asked, host=host)
-            placed, planned = self._plan_assign(view, request, reason, command)
+            placed, planned = self._plan_assign(view, request, reason, command, gate)
             outcome = self._write(planned, view_reads_for(self.layout, host, asked.job))
             if outcome.succeeded:
                 self._views().keep(planned.after(outcome.revision))
@@ -274,7 +316,12 @@ class Allocator:
             fresh = True
 
     def _plan_assign(
-        self, view: WriteView, request: Request, reason: str, command: tuple[str, ...] | None
+        self,
+        view: WriteView,
+        request: Request,
+        reason: str,
+        command: tuple[str, ...] | None,
+        gate: Gate | None = None,
     ) -> tuple[tuple[Assignment, Placement], Planned]:
         from allocator.control.history import change_entry
         from allocator.control.write_cache import plan_change
@@ -311,6 +358,8 @@ class Allocator:
             slots=decision.slots,
             exclusive=decision.exclusive,
             picked=decision.picked,
+            holder=self.holder,
+            charged=self.charged(snapshot.policy),
         )
         before = state.assignments.get(request.job)
         key = self.layout.assignment(state.host, request.job)
@@ -328,7 +377,11 @@ class Allocator:
             history_limit=snapshot.policy.history.entries_per_host,
             generation=self._generation_value(stamp),
         )
-        return (assignment, decision), planned
+        extra = self.charge(snapshot.policy, [before] if before else [], [assignment])
+        if gate is not None:
+            gated = gate(state, decision)
+            extra = (extra[0] + gated[0], extra[1] + gated[1])
+        return (assignment, decision), _with_extra(planned, *extra)
 
     def _release_once(
         self, host: str, job: str, reason: str, if_revision: int | None = None
@@ -357,6 +410,8 @@ class Allocator:
             compares=compares,
             generation=self._generation_value(stamp),
         )
+        if held is not None and held.charged and view.policy is not None:
+            planned = _with_extra(planned, *self.charge(view.policy.policy, [held], []))
         # A release is decided from fresh state, so a plain transaction: a lost
         # compare is a lost race, and the retry reads again.
         revision = self._txn(planned.compares, planned.ops)
@@ -364,6 +419,15 @@ class Allocator:
         return current
 
     # --- kept views ---------------------------------------------------------
+
+    def forget_views(self) -> None:
+        """Decide the next write from a fresh read (a waiter's state moved since its last try).
+
+        A kept view is only checked by the write it leads to; a request
+        refused from a stale one (GPUs held that were released since) never
+        gets that far.
+        """
+        self._views().clear()
 
     def _views(self) -> ViewCache:
         if self._cache is None:
@@ -426,10 +490,43 @@ class Allocator:
 
         return violations(self, policy)
 
+    def charged(self, policy: Policy) -> tuple[str, ...]:
+        from allocator.control.holder import quota_subjects
+
+        if not policy.quotas:
+            return ()
+        return quota_subjects(policy, self.holder, self.holder_groups(policy))
+
+    def charge(
+        self, policy: Policy, before: Sequence[Assignment], after: Sequence[Assignment]
+    ) -> tuple[list[Compare], list[Op]]:
+        """The quota counters' compares and writes of replacing ``before`` with ``after``.
+
+        Reads the counters of the subjects they charge (nothing when none
+        does); raises ``OverQuota`` (exit 3) when a quota would be exceeded.
+        """
+        subjects = {s for a in (*before, *after) for s in a.charged}
+        if not subjects:
+            return [], []
+        from allocator.control.quotas import plan_charge, read_counters
+
+        counters = read_counters(self.store, self.layout, subjects)
+        found = plan_charge(policy, self.layout, counters, before, after, self.on_bad_record)
+        return found.compares, found.ops
+
     def _generation_value(self, stamp: str | None = None) -> bytes:
         at = stamp if stamp is not None else format_time(self.clock())
         body = {"schema_version": SCHEMA_VERSION, "by": self.actor, "at": at}
         return json.dumps(body, sort_keys=True).encode()
+
+
+def _with_extra(planned: Planned, compares: list[Compare], ops: list[Op]) -> Planned:
+    """``planned`` with more compares and writes in the same transaction."""
+    if not compares and not ops:
+        return planned
+    from allocator.control.write_cache import Planned
+
+    return Planned([*planned.compares, *compares], [*planned.ops, *ops], planned.after)
 
 
 def view_reads_for(layout: KeyLayout, host: str, job: str) -> list[Read]:

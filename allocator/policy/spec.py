@@ -20,6 +20,7 @@ from allocator.policy.model import (
     Reservation,
 )
 from allocator.policy.on_change import OnChange
+from allocator.policy.quotas_spec import PRIORITY, QUOTA, TEAM
 from allocator.policy.sharing_field import SharingKind
 from allocator.policy.yamlspec.kinds import (
     Bool,
@@ -413,6 +414,24 @@ POLICY = Record(
         ),
         Field("health", HEALTH, "GPU health monitoring settings."),
         Field("history", HISTORY, "How much assignment history the store keeps."),
+        Field(
+            "teams",
+            NameMap(TEAM, "team", max_entries=MAX_SMALL_SECTION),
+            "Teams by name (team:NAME in quotas and priorities).",
+            nullable=True,
+        ),
+        Field(
+            "quotas",
+            ListOf(QUOTA, label="quota", max_items=MAX_SMALL_SECTION),
+            "The most each user, team or unix group may hold at once.",
+            nullable=True,
+        ),
+        Field(
+            "priorities",
+            ListOf(PRIORITY, label="priority rule", max_items=MAX_SMALL_SECTION),
+            "Wait-queue priorities (allocator set --wait).",
+            nullable=True,
+        ),
     ),
     description="Which hosts, GPU pools, reservations, jobs and fallback rules exist.",
 )

@@ -129,6 +129,11 @@ class Assignment(msgspec.Struct, frozen=True):
     slots: Slots = 1
     exclusive: bool = False
     picked: Text = ""
+    #: Who holds it (:mod:`allocator.control.holder`): the store's user, else the OS user.
+    holder: Text = ""
+    #: The quota counters (``user/alice``, ``team/a``) this assignment was counted in;
+    #: its release gives back to exactly these (:mod:`allocator.control.quotas`).
+    charged: Annotated[tuple[Text, ...], msgspec.Meta(max_length=64)] = ()
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
