@@ -218,6 +218,13 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         code, document = await asyncio.get_running_loop().run_in_executor(history_pool, read)
         return JSONResponse(document, status_code=code)
 
+    async def queue(_request: Request) -> Response:
+        from allocator.serve.queue import queue_json
+
+        read = functools.partial(queue_json, fleet.open_store, fleet.mirror.layout)
+        code, document = await asyncio.get_running_loop().run_in_executor(history_pool, read)
+        return JSONResponse(document, status_code=code)
+
     async def events(request: Request) -> Response:
         broadcaster = state["broadcaster"]
 
@@ -244,6 +251,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         Route("/", index),
         Route("/api/v1/status", status),
         Route("/api/v1/history", history),
+        Route("/api/v1/queue", queue),
         Route("/api/v1/events", events),
         Route("/metrics", metrics),
     ]

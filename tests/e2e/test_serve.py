@@ -267,3 +267,29 @@ def _screenshot(page: Any, tmp_path: Path) -> None:
 
 def _lower(headers: Any) -> dict[str, str]:
     return {key.lower(): value for key, value in headers.items()}
+
+
+def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
+    assert served.cli("set", "job=train", "gpus=1", "host=node1").code == 0
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "allocator", "set", "job=late", "gpus=1", "host=node1", "--wait"],
+        env=served.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def listed() -> list[Any] | None:
+            code, body, _ = served.get("/api/v1/queue")
+            queue: list[Any] = json.loads(body)["queue"] if code == 200 else []
+            return queue or None
+
+        (entry,) = wait_for("the API to list the waiter", listed)
+        assert entry["job"] == "late" and entry["position"] == 1
+        assert "held by job 'train'" in entry["why"]
+        assert json.loads(served.cli("queue", "-o", "json").out)["queue"] == [entry]
+        assert json.loads(served.cli("status", "-o", "json").out)["queue"] == [entry]
+        assert "waiting #1 late" in served.cli("status").out
+    finally:
+        waiter.kill()
+        waiter.wait()
