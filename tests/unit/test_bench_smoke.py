@@ -23,6 +23,8 @@ ROWS = (
     "propagation, SQLite, worst",
     "propagation, etcd, median",
     "propagation, etcd, worst",
+    "queue hand-off, SQLite, median",
+    "queue hand-off, etcd, median",
     "agent footprint",
     "agent idle CPU, SQLite",
     "agent idle CPU, etcd",
