@@ -508,10 +508,13 @@ class Allocator:
         subjects = {s for a in (*before, *after) for s in a.charged}
         if not subjects:
             return [], []
-        from allocator.control.quotas import plan_charge, read_counters
+        from allocator.control.quotas import OverQuota, heal_and_plan, plan_charge, read_counters
 
         counters = read_counters(self.store, self.layout, subjects)
-        found = plan_charge(policy, self.layout, counters, before, after, self.on_bad_record)
+        try:
+            found = plan_charge(policy, self.layout, counters, before, after, self.on_bad_record)
+        except OverQuota:  # maybe charges of assignments that vanished: drop them, try again
+            found = heal_and_plan(self, policy, counters, before, after)
         return found.compares, found.ops
 
     def _generation_value(self, stamp: str | None = None) -> bytes:

@@ -3,8 +3,9 @@
 Every assignment records the quota subjects it was counted in
 (``Assignment.charged``: ``user:alice``, ``team:a``, ``unix:gpu``, those of
 its holder that had a quota when it was written). Each subject has one
-counter key (``holders/<kind>/<name>``) holding what it holds now, per pool:
-GPUs held whole and slots held of shared GPUs. A write that changes
+counter key (``holders/<kind>/<name>``) listing what each of its
+assignments counts (pool, GPUs held whole, slots of shared GPUs); the
+subject's totals are their sums. A write that changes
 assignments reads those counters, checks the new totals against the
 policy's quotas, and in the same transaction compares each counter's
 revision and writes its new value; a release gives back to exactly the
@@ -12,34 +13,54 @@ subjects the assignment names. Two racing writes cannot both pass a quota:
 the second one's compare fails and it decides again from the new count.
 Nothing ever counts by reading the fleet.
 
+An assignment can vanish without a release: one bound to a lease (``run``)
+goes when its lease expires, and no one is there to give back its charge.
+So a write that a quota would refuse first reads the assignment keys the
+subject's counter lists (what that subject holds, never the fleet), drops
+the charges of those that are gone, and compares their absence in its
+transaction.
+
 A counter is only as good as its writers: a client with write access to
 the store can rewrite it (see the manual's trust model).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from allocator.errors import BadRecord, ConflictError
 from allocator.policy.model import Policy, Quota
+from allocator.records.holders import Charge as HeldCharge
 from allocator.records.holders import HolderCount
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment
 from allocator.store import Compare, KeyValue, Op, Put, Read, Store
 
+if TYPE_CHECKING:
+    from allocator.control.client import Allocator
+
 __all__ = [
+    "MAX_HEALED",
     "Charge",
     "OverQuota",
     "ask_of_entry",
+    "charge_name",
+    "charged_assignments",
     "counter_key",
     "describe_quota",
+    "heal_and_plan",
     "held_under",
     "plan_charge",
     "quota_refusal",
     "read_counters",
     "usage_of",
 ]
+
+
+#: The most vanished charges one write drops (each one's absence is compared).
+MAX_HEALED = 16
 
 
 class OverQuota(ConflictError):
@@ -93,6 +114,11 @@ def _decode(item: KeyValue | None, on_bad: Callable[[BadRecord], None]) -> Holde
         return HolderCount()
 
 
+def charge_name(assignment: Assignment) -> str:
+    """The name an assignment's charge goes by in a counter: ``host/job``."""
+    return f"{assignment.host}/{assignment.job}"
+
+
 def plan_charge(
     policy: Policy,
     layout: KeyLayout,
@@ -100,46 +126,51 @@ def plan_charge(
     before: Sequence[Assignment],
     after: Sequence[Assignment],
     on_bad: Callable[[BadRecord], None] = lambda _bad: None,
+    gone: Collection[str] = (),
 ) -> Charge:
     """The counter updates of replacing ``before`` with ``after`` (pure; counters given).
 
-    Raises :class:`OverQuota` when a subject that ``after`` charges would
-    hold more than a quota allows and holds more than before.
+    ``gone``: charges (``host/job``) whose assignment key was found absent
+    (a lease expired): dropped from every counter; the caller compares their
+    absence. Raises :class:`OverQuota` when a subject that ``after`` charges
+    would hold more than a quota allows and more than before.
     """
-    deltas: dict[str, dict[tuple[str, str], int]] = {}
-    for sign, group in ((-1, before), (1, after)):
-        for assignment in group:
-            pool, gpus, slots = usage_of(policy, assignment)
-            for subject in assignment.charged:
-                delta = deltas.setdefault(subject, {})
-                delta[("gpus", pool)] = delta.get(("gpus", pool), 0) + sign * gpus
-                delta[("slots", pool)] = delta.get(("slots", pool), 0) + sign * slots
+    touched = sorted({s for a in (*before, *after) for s in a.charged})
     compares: list[Compare] = []
     ops: list[Op] = []
-    for subject, delta in sorted(deltas.items()):
-        if not any(delta.values()):
-            continue
+    for subject in touched:
         item = counters.get(subject)
         old = _decode(item, on_bad)
-        new = _apply(old, delta)
+        charges = {n: c for n, c in old.charges.items() if n not in gone}
+        base = HolderCount(charges=dict(charges))
+        for assignment in before:
+            if subject in assignment.charged:
+                charges.pop(charge_name(assignment), None)
+        for assignment in after:
+            if subject in assignment.charged:
+                pool, gpus, slots = usage_of(policy, assignment)
+                if gpus or slots:
+                    charges[charge_name(assignment)] = HeldCharge(pool, gpus, slots)
+        new = HolderCount(charges=dict(sorted(charges.items())))
+        if new == old:
+            continue
         for quota in policy.quotas:
             if quota.who == subject:
-                _check_quota(quota, old, new)
+                _check_quota(quota, base, new)
         key = counter_key(layout, subject)
         compares.append(Compare(key, item.mod_revision if item is not None else 0))
         ops.append(Put(key, new.to_json()))
     return Charge(compares, ops)
 
 
-def _apply(old: HolderCount, delta: Mapping[tuple[str, str], int]) -> HolderCount:
-    gpus, slots = dict(old.gpus), dict(old.slots)
-    for (unit, pool), change in delta.items():
-        table = gpus if unit == "gpus" else slots
-        table[pool] = max(0, table.get(pool, 0) + change)
-    return HolderCount(
-        gpus={p: n for p, n in sorted(gpus.items()) if n},
-        slots={p: n for p, n in sorted(slots.items()) if n},
-    )
+def charged_assignments(
+    counters: Mapping[str, KeyValue | None], subjects: Iterable[str]
+) -> list[str]:
+    """Every charge (``host/job``) the counters of ``subjects`` list."""
+    names: set[str] = set()
+    for subject in subjects:
+        names.update(_decode(counters.get(subject), lambda _bad: None).charges)
+    return sorted(names)
 
 
 def held_under(quota: Quota, count: HolderCount) -> tuple[int, int]:
@@ -148,7 +179,8 @@ def held_under(quota: Quota, count: HolderCount) -> tuple[int, int]:
     def covered(table: Mapping[str, int]) -> int:
         return sum(n for pool, n in table.items() if not quota.pools or pool in quota.pools)
 
-    return covered(count.gpus), covered(count.slots)
+    gpus, slots = count.totals()
+    return covered(gpus), covered(slots)
 
 
 def describe_quota(quota: Quota) -> str:
@@ -199,3 +231,45 @@ def quota_refusal(
             if limit is not None and more and have + more > limit:
                 return f"over quota {describe_quota(quota)} {have}/{limit} {unit}"
     return None
+
+
+def heal_and_plan(
+    allocator: Allocator,
+    policy: Policy,
+    counters: Mapping[str, KeyValue | None],
+    before: Sequence[Assignment],
+    after: Sequence[Assignment],
+) -> Charge:
+    """:func:`plan_charge` after dropping the charges whose assignment is gone.
+
+    Reads the assignment keys the counters list (one request), and compares
+    the absence of each one dropped; still over a quota: ``OverQuota``.
+    """
+    layout, store = allocator.layout, allocator.store
+    changing = {charge_name(a) for a in (*before, *after)}
+    subjects = sorted({s for a in after for s in a.charged})
+    listed = [n for n in charged_assignments(counters, subjects) if n not in changing]
+    keys = [_assignment_key(layout, name) for name in listed]
+    found = store.read_many([Read(key) for key in keys if key]) if any(keys) else ()
+    present = {item.key for listing in found for item in listing.items}
+    gone = [n for n, k in zip(listed, keys, strict=True) if k is None or k not in present]
+    gone = gone[:MAX_HEALED]  # each costs a compare: enough to make room, within one transaction
+    charge = plan_charge(
+        policy, layout, counters, before, after, allocator.on_bad_record, gone=set(gone)
+    )
+    dropped = set(gone)
+    absent = [
+        Compare(k, 0) for n, k in zip(listed, keys, strict=True) if n in dropped and k is not None
+    ]
+    return Charge([*charge.compares, *absent], charge.ops)
+
+
+def _assignment_key(layout: KeyLayout, name: str) -> str | None:
+    """The assignment key of a charge ``host/job`` (``None``: a damaged name, dropped)."""
+    from allocator.errors import InvalidName
+
+    host, _, job = name.partition("/")
+    try:
+        return layout.assignment(host, job)
+    except InvalidName:
+        return None

@@ -14,22 +14,39 @@ import msgspec
 from allocator.records.codec import decode_record, encode_record
 from allocator.records.fields import SCHEMA_VERSION, Count, GpuIndex, Name, Slots, Text
 
-__all__ = ["HolderCount", "QueueEntry"]
+__all__ = ["Charge", "HolderCount", "QueueEntry"]
 
-_Pools = Annotated[dict[Text, Count], msgspec.Meta(max_length=1024)]
+
+class Charge(msgspec.Struct, frozen=True):
+    """What one assignment counts against a subject: its pool, GPUs held whole, slots."""
+
+    pool: Text = ""
+    gpus: Count = 0
+    slots: Count = 0
 
 
 class HolderCount(msgspec.Struct, frozen=True):
-    """What one quota subject (a user, team or unix group) holds now, per pool.
+    """What one quota subject (a user, team or unix group) holds now.
 
-    ``gpus``: GPUs held whole; ``slots``: slots held of shared GPUs. The pool
-    ``""`` is a host in no pool. Kept up to date by every assignment write
-    that charges the subject, in the same transaction.
+    ``charges``: per assignment (``host/job``), what it counts. The totals
+    are their sums; each assignment is listed so that one whose key vanished
+    without a release (its lease expired) can be found and dropped by the
+    next write that needs the room. The pool ``""`` is a host in no pool.
     """
 
-    gpus: _Pools = msgspec.field(default_factory=dict)
-    slots: _Pools = msgspec.field(default_factory=dict)
+    charges: Annotated[dict[Text, Charge], msgspec.Meta(max_length=100_000)] = msgspec.field(
+        default_factory=dict
+    )
     schema_version: int = SCHEMA_VERSION
+
+    def totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(GPUs, slots) held per pool."""
+        gpus: dict[str, int] = {}
+        slots: dict[str, int] = {}
+        for charge in self.charges.values():
+            gpus[charge.pool] = gpus.get(charge.pool, 0) + charge.gpus
+            slots[charge.pool] = slots.get(charge.pool, 0) + charge.slots
+        return {p: n for p, n in gpus.items() if n}, {p: n for p, n in slots.items() if n}
 
     def to_json(self) -> bytes:
         """Encode for the store."""

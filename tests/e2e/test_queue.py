@@ -146,7 +146,7 @@ def test_a_higher_priority_waiter_is_served_first_and_quotas_hold_under_a_race(
     assert sorted(code for code, _ in results) == [0, 0, 0, 3, 3, 3], results
     assert all("over quota team-a 3/3 GPUs" in err for code, err in results if code == 3)
     raw = client.store.get(f"{prefix}/v1/holders/team/team-a")
-    assert raw is not None and HolderCount.from_json(raw.value).gpus == {"main": 3}
+    assert raw is not None and HolderCount.from_json(raw.value).totals() == ({"main": 3}, {})
     # Over quota, a waiter waits: first a plain one, then an urgent one behind it.
     plain = waiter("job=late", "count=1", "--wait=120s")
     wait_for("late in the queue", lambda: _queued(client) == ["late"], 60)
@@ -163,7 +163,7 @@ def test_a_higher_priority_waiter_is_served_first_and_quotas_hold_under_a_race(
     for job in (holding[2], "urgent-1", "late"):
         assert cli("release", f"job={job}").code == 0
     raw = client.store.get(f"{prefix}/v1/holders/team/team-a")
-    assert raw is not None and HolderCount.from_json(raw.value).gpus == {}
+    assert raw is not None and HolderCount.from_json(raw.value).totals() == ({}, {})
 
 
 def test_a_killed_waiter_leaves_the_queue_within_its_lease(
@@ -210,3 +210,21 @@ def test_a_waiter_takes_the_gpus_the_moment_the_holder_releases(
     handed_over = time.monotonic() - released_at
     assert _finished(second)[0] == 0
     assert handed_over < 1.5, handed_over
+
+
+def test_a_quota_is_given_back_when_a_leased_assignment_expires_without_a_release(
+    cli: Cli, tmp_path: Path, client: Allocator, prefix: str
+) -> None:
+    _apply(cli, tmp_path, gpus=4, quota=2)
+    assert cli("set", "job=leased", "count=2").code == 0
+    # Bind the assignment to a lease nobody keeps alive, as `run` does: it goes with it.
+    key = client.layout.assignment("node1", "leased")
+    held = client.store.get(key)
+    assert held is not None
+    client.store.put(key, held.value, lease=client.store.grant_lease(1))
+    wait_for("the lease to expire", lambda: client.store.get(key) is None, 15)
+    taken = cli("set", "job=next", "count=2")
+    assert taken.code == 0, taken.err
+    raw = client.store.get(f"{prefix}/v1/holders/team/team-a")
+    assert raw is not None
+    assert list(HolderCount.from_json(raw.value).charges) == ["node1/next"]
