@@ -228,3 +228,25 @@ def test_a_quota_is_given_back_when_a_leased_assignment_expires_without_a_releas
     raw = client.store.get(f"{prefix}/v1/holders/team/team-a")
     assert raw is not None
     assert list(HolderCount.from_json(raw.value).charges) == ["node1/next"]
+
+
+def test_a_job_across_hosts_is_held_to_the_quota_as_a_whole(
+    cli: Cli, tmp_path: Path, client: Allocator, prefix: str
+) -> None:
+    from allocator.util.identity import os_user
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "version: 1\nhosts:\n  node1: {gpus: 4}\n  node2: {gpus: 4}\n"
+        f"quotas:\n  - {{who: 'user:{os_user()}', gpus: 6}}\n"
+    )
+    assert cli("policy", "apply", str(path)).code == 0
+    refused = cli("set", "job=ddp", "count=4", "host=node1,node2")
+    assert refused.code == 3 and f"over quota {os_user()} 0/6 GPUs" in refused.err
+    assert cli("set", "job=ddp", "count=3", "host=node1,node2").code == 0
+    counter = f"{prefix}/v1/holders/user/{os_user()}"
+    raw = client.store.get(counter)
+    assert raw is not None and HolderCount.from_json(raw.value).totals() == ({"": 6}, {})
+    assert cli("release", "job=ddp").code == 0
+    raw = client.store.get(counter)
+    assert raw is not None and HolderCount.from_json(raw.value).charges == {}
