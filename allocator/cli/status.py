@@ -64,6 +64,9 @@ def _show(args: argparse.Namespace) -> int:
             written.update((host.host, status_host_json(host)) for host in hosts)
         return hosts
 
+    from allocator.control.queue_view import queue_lines, queue_prefix
+
+    queue_read: list[Any] = []  # read with the policy (none where the user may not read it)
     try:
         prefix = layout.host(only_host) if only_host else layout.hosts
         _policy, revision, hosts = read_status(
@@ -72,10 +75,9 @@ def _show(args: argparse.Namespace) -> int:
             only_host=only_host,
             while_reading=_load_joining_and_printing,
             join=join,
+            queue=(queue_prefix(layout, only_host), queue_read.append),
         )
-        from allocator.control.queue_view import queue_lines
-
-        waiting = queue_lines(allocator, now, only_host)
+        waiting = queue_lines(allocator, now, only_host, queue_read[0]) if queue_read else []
     finally:
         allocator.store.close()
     # Loaded by now (see read_status): these cost nothing here.

@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Any
 from allocator.control.holder import quota_subjects, unix_groups
 from allocator.control.queue_order import Waiting, blockers, decode_queue
 from allocator.control.quotas import ask_of_entry, counter_key, quota_refusal, read_counters
-from allocator.errors import AllocatorError
-from allocator.store import Compare, KeyValue
+from allocator.errors import AllocatorError, PermissionDenied
+from allocator.records.keys import KeyLayout
+from allocator.store import Compare, KeyValue, Listing
 
 if TYPE_CHECKING:
     from allocator.control.client import Allocator
     from allocator.policy.model import Policy
     from allocator.status.snapshots import HostSnapshot
 
-__all__ = ["QueueLine", "QuotaLook", "queue_lines", "usable_gpus"]
+__all__ = ["QueueLine", "QuotaLook", "queue_lines", "queue_prefix", "usable_gpus"]
 
 
 class QuotaLook:
@@ -50,7 +51,10 @@ class QuotaLook:
         missing = [s for s in subjects if s not in self._seen]
         if missing:
             store, layout = self.allocator.store, self.allocator.layout
-            self._seen.update(read_counters(store, layout, missing))
+            try:
+                self._seen.update(read_counters(store, layout, missing))
+            except PermissionDenied:  # a viewer who may not read the counters: not known
+                return None
         pool = self.policy.pool_of(entry.host)
         n = entry.count if entry.count is not None else len(entry.gpus or ())
         ask = ask_of_entry(self.policy, entry.host, n, entry.slots, entry.job)
@@ -98,11 +102,16 @@ class QueueLine:
         }
 
 
-def queue_lines(allocator: Allocator, now: datetime, host: str | None = None) -> list[QueueLine]:
-    """Every waiting request (of ``host``, or of all hosts), in each host's order, with why."""
+def queue_lines(
+    allocator: Allocator, now: datetime, host: str | None = None, listing: Listing | None = None
+) -> list[QueueLine]:
+    """Every waiting request (of ``host``, or of all hosts), in each host's order, with why.
+
+    ``listing``: the queue (of :func:`queue_prefix`) already read; else it is read here.
+    """
     layout = allocator.layout
-    prefix = layout.host_queue(host) if host else layout.queue
-    listing = allocator.store.list(prefix)
+    if listing is None:
+        listing = allocator.store.list(queue_prefix(layout, host))
     by_host: dict[str, list[KeyValue]] = {}
     for item in listing.items:
         parts = item.key[len(layout.queue) :].split("/")
@@ -133,6 +142,11 @@ def queue_lines(allocator: Allocator, now: datetime, host: str | None = None) ->
                 )
             )
     return lines
+
+
+def queue_prefix(layout: KeyLayout, host: str | None) -> str:
+    """Where the queue of ``host`` (of every host: ``None``) is."""
+    return layout.host_queue(host) if host else layout.queue
 
 
 def _why(

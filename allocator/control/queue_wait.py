@@ -38,10 +38,13 @@ from allocator.store import Compare, Delete, Op, Put, Read, Watch
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
+    from allocator.control.client import Allocator, Gate
     from allocator.placement.choose import Placement, Request
     from allocator.records.types import Assignment
     from allocator.status.snapshots import HostSnapshot
+
+    #: Writes the assignment with the queue's gate (``Allocator.assign(..., gate=gate)``).
+    Take = Callable[[Gate], tuple[Assignment, Placement]]
 
 __all__ = ["QUEUE_TTL_S", "NotYourTurn", "WaitTimedOut", "wait_and_assign"]
 
@@ -116,6 +119,7 @@ def wait_and_assign(
     on_wait: Callable[[str], None] = lambda _why: None,
     ttl: float = QUEUE_TTL_S,
     clock: Callable[[], float] = time.monotonic,
+    take: Take | None = None,
 ) -> tuple[Assignment, Placement]:
     """Take ``request``'s GPUs now if it may, else wait in the queue until it may.
 
@@ -123,14 +127,24 @@ def wait_and_assign(
     :class:`WaitTimedOut`; ``on_wait`` hears why it waits whenever that
     changes. The entry is removed however this returns or raises (Ctrl-C
     included); a process killed outright leaves it to its lease.
+    ``take``: how to write the assignment given the queue's gate (default:
+    ``allocator.assign(request, reason=..., command=..., gate=gate)``); a
+    caller with more to say (a lease) passes its own, which must hand the
+    gate to :meth:`Allocator.assign`.
     """
     host = request.host or allocator.default_host(allocator.require_policy().policy)
     from allocator.records.codec import replace_struct
 
     request = replace_struct(request, host=host)
     turn = _Turn(allocator, host, not request.cpu)
+    if take is None:
+        asked = request
+
+        def take(gate: Gate) -> tuple[Assignment, Placement]:
+            return allocator.assign(asked, reason=reason, command=command, gate=gate)
+
     deadline = None if timeout is None else clock() + timeout
-    why = _try(allocator, request, reason, command, turn)
+    why = _try(allocator, take, turn)
     if not isinstance(why, str):
         return why
     entry = _Entry(allocator, request, ttl)
@@ -145,7 +159,7 @@ def wait_and_assign(
             entry.changes(min(RECHECK_S, left) if left is not None else RECHECK_S)
             if entry.lost:
                 turn.me = entry.join()
-            found = _try(allocator, request, reason, command, turn)
+            found = _try(allocator, take, turn)
             if not isinstance(found, str):
                 return found
             why = found
@@ -153,17 +167,11 @@ def wait_and_assign(
         entry.leave()
 
 
-def _try(
-    allocator: Allocator,
-    request: Request,
-    reason: str,
-    command: tuple[str, ...] | None,
-    turn: _Turn,
-) -> tuple[Assignment, Placement] | str:
+def _try(allocator: Allocator, take: Take, turn: _Turn) -> tuple[Assignment, Placement] | str:
     """The assignment if the take succeeded, else why not (one line)."""
     allocator.forget_views()
     try:
-        return allocator.assign(request, reason=reason, command=command, gate=turn)
+        return take(turn)
     except (PlacementRefused, NotYourTurn, CasConflict) as refused:
         return str(refused)
     except LeaseLost as lost:
