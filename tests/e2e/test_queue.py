@@ -250,3 +250,23 @@ def test_a_job_across_hosts_is_held_to_the_quota_as_a_whole(
     assert cli("release", "job=ddp").code == 0
     raw = client.store.get(counter)
     assert raw is not None and HolderCount.from_json(raw.value).charges == {}
+
+
+def test_a_quota_holds_when_racers_write_to_different_hosts(
+    cli: Cli, tmp_path: Path, client: Allocator, waiter: Waiters, prefix: str
+) -> None:
+    # Writes to different hosts compare no common host key: only the counter stops them.
+    from allocator.util.identity import os_user
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(
+        "version: 1\nhosts:\n"
+        + "".join(f"  node{n}: {{gpus: 2}}\n" for n in range(6))
+        + f"quotas:\n  - {{who: 'user:{os_user()}', gpus: 3}}\n"
+    )
+    assert cli("policy", "apply", str(path)).code == 0
+    racers = [waiter(f"job=r{n}", "count=1", f"host=node{n}") for n in range(6)]
+    results = [_finished(proc) for proc in racers]
+    assert sorted(code for code, _ in results) == [0, 0, 0, 3, 3, 3], results
+    raw = client.store.get(f"{prefix}/v1/holders/user/{os_user()}")
+    assert raw is not None and HolderCount.from_json(raw.value).totals() == ({"": 3}, {})
