@@ -23,7 +23,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from allocator.control.queue_order import blockers, decode_queue
 from allocator.errors import (
@@ -43,10 +43,9 @@ if TYPE_CHECKING:
     from allocator.records.types import Assignment
     from allocator.status.snapshots import HostSnapshot
 
-    #: Writes the assignment with the queue's gate (``Allocator.assign(..., gate=gate)``).
-    Take = Callable[[Gate], tuple[Assignment, Placement]]
+T = TypeVar("T")
 
-__all__ = ["QUEUE_TTL_S", "NotYourTurn", "WaitTimedOut", "wait_and_assign"]
+__all__ = ["QUEUE_TTL_S", "NotYourTurn", "WaitTimedOut", "wait_and_assign", "wait_in_queue"]
 
 #: The lease of a queue entry: a dead waiter leaves the queue within this.
 QUEUE_TTL_S = 10.0
@@ -60,6 +59,10 @@ class NotYourTurn(ConflictError):
 
 class WaitTimedOut(ConflictError):
     """``--wait=DURATION`` passed without the GPUs (exit 3, naming what it waited for)."""
+
+    def __init__(self, message: str, why: str) -> None:
+        super().__init__(message)
+        self.why = why
 
 
 class _Turn:
@@ -119,34 +122,47 @@ def wait_and_assign(
     on_wait: Callable[[str], None] = lambda _why: None,
     ttl: float = QUEUE_TTL_S,
     clock: Callable[[], float] = time.monotonic,
-    take: Take | None = None,
 ) -> tuple[Assignment, Placement]:
+    """``set --wait``: :func:`wait_in_queue` with ``Allocator.assign`` as the take."""
+
+    def take(gate: Gate) -> tuple[Assignment, Placement]:
+        return allocator.assign(request, reason=reason, command=command, gate=gate)
+
+    return wait_in_queue(
+        allocator, request, take, timeout=timeout, on_wait=on_wait, ttl=ttl, clock=clock
+    )
+
+
+def wait_in_queue(
+    allocator: Allocator,
+    request: Request,
+    take: Callable[[Gate], T],
+    *,
+    timeout: float | None = None,
+    on_wait: Callable[[str], None] = lambda _why: None,
+    ttl: float = QUEUE_TTL_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
     """Take ``request``'s GPUs now if it may, else wait in the queue until it may.
 
     ``timeout`` (seconds; ``None``: forever) ends the wait with
     :class:`WaitTimedOut`; ``on_wait`` hears why it waits whenever that
     changes. The entry is removed however this returns or raises (Ctrl-C
     included); a process killed outright leaves it to its lease.
-    ``take``: how to write the assignment given the queue's gate (default:
-    ``allocator.assign(request, reason=..., command=..., gate=gate)``); a
-    caller with more to say (a lease) passes its own, which must hand the
-    gate to :meth:`Allocator.assign`.
+    ``take(gate)`` writes the assignment, handing ``gate`` to
+    :meth:`Allocator.assign` (``set``: a plain assign; ``run``: its leased
+    holding); a refusal it raises (``ConflictError``) means: wait.
     """
     host = request.host or allocator.default_host(allocator.require_policy().policy)
     from allocator.records.codec import replace_struct
 
     request = replace_struct(request, host=host)
     turn = _Turn(allocator, host, not request.cpu)
-    if take is None:
-        asked = request
-
-        def take(gate: Gate) -> tuple[Assignment, Placement]:
-            return allocator.assign(asked, reason=reason, command=command, gate=gate)
-
     deadline = None if timeout is None else clock() + timeout
-    why = _try(allocator, take, turn)
-    if not isinstance(why, str):
-        return why
+    first = _try(allocator, take, turn)
+    if not isinstance(first, str):
+        return first
+    why = first
     entry = _Entry(allocator, request, ttl)
     try:
         turn.me = entry.join()
@@ -155,7 +171,9 @@ def wait_and_assign(
                 on_wait(why)
             left = None if deadline is None else deadline - clock()
             if left is not None and left <= 0:
-                raise WaitTimedOut(f"timed out waiting for {request.describe()} on {host}: {why}")
+                raise WaitTimedOut(
+                    f"timed out waiting for {request.describe()} on {host}: {why}", why
+                )
             entry.changes(min(RECHECK_S, left) if left is not None else RECHECK_S)
             if entry.lost:
                 turn.me = entry.join()
@@ -167,8 +185,8 @@ def wait_and_assign(
         entry.leave()
 
 
-def _try(allocator: Allocator, take: Take, turn: _Turn) -> tuple[Assignment, Placement] | str:
-    """The assignment if the take succeeded, else why not (one line)."""
+def _try(allocator: Allocator, take: Callable[[Gate], T], turn: _Turn) -> T | str:
+    """What the take returned if it succeeded, else why not (one line)."""
     allocator.forget_views()
     try:
         return take(turn)

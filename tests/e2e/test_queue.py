@@ -270,3 +270,35 @@ def test_a_quota_holds_when_racers_write_to_different_hosts(
     assert sorted(code for code, _ in results) == [0, 0, 0, 3, 3, 3], results
     raw = client.store.get(f"{prefix}/v1/holders/user/{os_user()}")
     assert raw is not None and HolderCount.from_json(raw.value).totals() == ({"": 3}, {})
+
+
+def test_run_and_set_wait_in_one_queue_in_arrival_order(
+    cli: Cli, tmp_path: Path, client: Allocator, waiter: Waiters, cli_env: dict[str, str]
+) -> None:
+    _apply(cli, tmp_path, gpus=1, quota=100)
+    assert cli("set", "job=blocker", "count=1").code == 0
+    go = tmp_path / "go"
+    script = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)"
+    words = ["job=r1", "count=1", "host=node1", "--wait", "--", sys.executable, "-c", script]
+    ran = subprocess.Popen(
+        [sys.executable, "-m", "allocator", "run", *words],
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for("run in the queue", lambda: _queued(client) == ["r1"], 60)
+        second = waiter("job=s2", "count=1", "--wait=120s")
+        wait_for("set behind run", lambda: _queued(client) == ["r1", "s2"], 60)
+        assert cli("release", "job=blocker").code == 0
+        wait_for("run to hold GPU 0", lambda: _holders(client).get(0) == ["r1"], 30)
+        assert second.poll() is None and _queued(client) == ["s2"]
+        go.touch()  # the command ends: run releases, the next waiter takes the GPU
+        assert _finished(ran)[0] == 0
+        assert _finished(second)[0] == 0
+        assert _holders(client).get(0) == ["s2"]
+    finally:
+        if ran.poll() is None:
+            ran.kill()
+        ran.communicate()
