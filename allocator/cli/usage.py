@@ -100,10 +100,10 @@ def _pool(policy: Any, host: str) -> str:
 
 def _team(policy: Any, user: str) -> str:
     """The policy's team of ``user`` (a ``teams:`` table of members, where the policy has one)."""
-    teams = getattr(policy, "teams", None) or {}
-    for name, team in sorted(teams.items()):
-        members = getattr(team, "members", team)
-        if user in members:
+    if policy is None:
+        return _NO_TEAM
+    for name, team in sorted(policy.teams.items()):
+        if user in team.members:
             return str(name)
     return _NO_TEAM
 

@@ -395,6 +395,8 @@ class HistoryEntry(msgspec.Struct, frozen=True):
     #: (128+N for death by signal N) and the GPU-seconds it held.
     exit_status: Annotated[int, msgspec.Meta(ge=0, le=255)] | None = None
     gpu_seconds: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    #: Who held the job's GPUs (the assignment's ``holder``; "" in older entries).
+    holder: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:
