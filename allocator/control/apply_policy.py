@@ -16,7 +16,7 @@ from allocator.errors import BadRecord, PlacementRefused, RequestError
 from allocator.records.codec import decode_record
 from allocator.records.types import PolicyRecord
 from allocator.status.snapshots import snapshots_by_host
-from allocator.store import Compare, KeyValue, Put
+from allocator.store import Compare, KeyValue, Op, Put
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
@@ -41,7 +41,7 @@ def apply_once(
     allocator: Allocator, policy: Policy, text: str, source: str, force: bool, reason: str
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
-    from allocator.control.compiled_policy import compiled_op, refresh_compiled, write_with_compiled
+    from allocator.control.compiled_policy import refresh_compiled
     from allocator.control.history import policy_entry, policy_stream, prepare_append
     from allocator.policy import policy_sha256
 
@@ -96,14 +96,37 @@ def apply_once(
         allocator.on_bad_record,
     )
     stored = record.to_json()
-    compiled = compiled_op(allocator.layout, policy, digest, len(stored))
-    revision, with_compiled = write_with_compiled(
-        allocator._txn,
-        [*compares, head_compare],
-        [Put(allocator.layout.policy, stored), *history_ops],
-        compiled,
+    revision, with_compiled = _store(
+        allocator, policy, digest, stored, [*compares, head_compare], history_ops
     )
     return ApplyResult(True, record, revision, tuple(refused), compiled=with_compiled)
+
+
+def _store(
+    allocator: Allocator,
+    policy: Policy,
+    digest: str,
+    stored: bytes,
+    compares: list[Compare],
+    history_ops: list[Op],
+) -> tuple[int, bool]:
+    """The apply's transaction with the compiled form (parts written before, stale ones after)."""
+    from allocator.control.compiled_policy import (
+        compiled_op,
+        drop_stale_parts,
+        previous_parts,
+        write_with_compiled,
+    )
+
+    store, layout = allocator.store, allocator.layout
+    before = previous_parts(store, layout)
+    compiled, parts = compiled_op(store, layout, policy, digest, len(stored))
+    revision, with_compiled = write_with_compiled(
+        allocator._txn, compares, [Put(layout.policy, stored), *history_ops], compiled
+    )
+    if before is not None or parts is not None:
+        drop_stale_parts(store, layout, {name for name in (before, parts) if name})
+    return revision, with_compiled
 
 
 def violations(
