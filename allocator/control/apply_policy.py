@@ -7,16 +7,17 @@ check again instead of landing over it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from allocator.control.job_index import index_complete
-from allocator.errors import BadRecord, PlacementRefused, RequestError
+from allocator.control.job_index import holders, index_covers
+from allocator.errors import BadRecord, PlacementRefused, PolicyError, RequestError
 from allocator.records.codec import decode_record
 from allocator.records.types import PolicyRecord
 from allocator.status.snapshots import snapshots_by_host
-from allocator.store import Compare, KeyValue, Op, Put
+from allocator.store import Compare, KeyValue, Op, Put, Read
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
@@ -62,12 +63,9 @@ def apply_once(
                 return ApplyResult(False, old, revision, compiled=fresh)
     # Read before the assignments are checked: any assignment change after this
     # read moves it, and the compare below then sends apply round to check again.
-    fleet = allocator.store.get(allocator.layout.fleet_generation)
-    hosts = allocator.store.list(allocator.layout.hosts)
-    refused = violations(allocator, policy, hosts.items)
-    indexed = index_complete(
-        hosts.items, allocator.store.list(allocator.layout.jobs).items, allocator.layout
-    )
+    (fleet_read,) = allocator.store.read_many([Read(allocator.layout.fleet_generation)])
+    fleet = fleet_read.items[0] if fleet_read.items else None
+    refused, indexed = _check(allocator, policy, old, fleet_read.revision)
     if refused and not force:
         raise PlacementRefused(
             f"the new policy conflicts with {len(refused)} current assignment(s): "
@@ -127,6 +125,60 @@ def _store(
     if before is not None or parts is not None:
         drop_stale_parts(store, layout, {name for name in (before, parts) if name})
     return revision, with_compiled
+
+
+def _check(
+    allocator: Allocator, policy: Policy, old: PolicyRecord | None, revision: int
+) -> tuple[list[str], bool]:
+    """The assignments ``policy`` refuses where it changes anything, and whether the index is whole.
+
+    Only the hosts the change can affect are read (see
+    :mod:`allocator.control.apply_scope`); the job index's completeness is
+    then the old record's, which every write since has kept. A first apply,
+    a change that can affect every host, or one over a policy applied before
+    the index was whole (a store from before there was one) reads every host
+    in ranges.
+    """
+    from allocator.control.apply_scope import affected_hosts, read_hosts
+
+    before = _old_policy(allocator, old)
+    scope = affected_hosts(before, policy)
+    if scope is None or old is None or not old.job_index:
+        return _check_every_host(allocator, policy, before, revision)
+    refused: list[str] = []
+    for items in read_hosts(allocator.store, allocator.layout, scope):
+        refused += violations(allocator, policy, items)
+    return refused, old.job_index
+
+
+def _old_policy(allocator: Allocator, old: PolicyRecord | None) -> Policy | None:
+    """The applied policy ``old`` holds; ``None`` if it no longer loads (every host is checked)."""
+    from allocator.status.applied_policy import applied_policy
+
+    if old is None:
+        return None
+    try:
+        return applied_policy(allocator.store, allocator.layout, old, allocator.on_bad_record)
+    except PolicyError:
+        return None
+
+
+def _check_every_host(
+    allocator: Allocator, policy: Policy, before: Policy | None, revision: int
+) -> tuple[list[str], bool]:
+    """Every host's assignments checked, read in ranges; and whether every one is indexed."""
+    from allocator.control.apply_scope import read_every_host, read_index_entries
+
+    store, layout = allocator.store, allocator.layout
+    declared = set(policy.hosts).union(before.hosts if before is not None else ())
+    refused: list[str] = []
+    held: dict[str, set[str]] = {}
+    for items in read_every_host(store, layout, declared, revision):
+        refused += violations(allocator, policy, items)
+        for job, hosts in holders(items, layout).items():
+            held.setdefault(job, set()).update(hosts)
+    entries = itertools.chain.from_iterable(read_index_entries(store, layout, held, revision))
+    return refused, index_covers(held, entries, layout)
 
 
 def violations(
