@@ -242,16 +242,21 @@ def run_diff(args: argparse.Namespace) -> int:
 
 
 def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
-    """Held GPUs that ``policy``'s reservations take from their holders later (one read)."""
+    """Held GPUs that ``policy``'s reservations take from their holders later.
+
+    Only the reserved hosts are read: a fleet's other hosts cannot conflict.
+    """
+    from allocator.control.apply_scope import read_hosts
     from allocator.placement.reservations import upcoming_conflicts
     from allocator.status.snapshots import snapshots_by_host
 
-    listing = allocator.store.list(allocator.layout.hosts)
+    reserved = {reservation.host for reservation in policy.reservations}
     now = allocator.clock()
     found: list[str] = []
-    for host, state in sorted(snapshots_by_host(listing.items, allocator.layout, 0).items()):
-        held = {job: a.gpus for job, a in state.assignments.items() if a.mode == "gpu"}
-        found += upcoming_conflicts(policy, host, held, now)
+    for items in read_hosts(allocator.store, allocator.layout, reserved):
+        for host, state in sorted(snapshots_by_host(items, allocator.layout, 0).items()):
+            held = {job: a.gpus for job, a in state.assignments.items() if a.mode == "gpu"}
+            found += upcoming_conflicts(policy, host, held, now)
     return found
 
 

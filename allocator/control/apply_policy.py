@@ -147,7 +147,7 @@ def _check(
         return _check_every_host(allocator, policy, before, revision)
     refused: list[str] = []
     for items in read_hosts(allocator.store, allocator.layout, scope):
-        refused += violations(allocator, policy, items)
+        refused += _refused(allocator, policy, items)
     return refused, old.job_index
 
 
@@ -174,7 +174,7 @@ def _check_every_host(
     refused: list[str] = []
     held: dict[str, set[str]] = {}
     for items in read_every_host(store, layout, declared, revision):
-        refused += violations(allocator, policy, items)
+        refused += _refused(allocator, policy, items)
         for job, hosts in holders(items, layout).items():
             held.setdefault(job, set()).update(hosts)
     entries = itertools.chain.from_iterable(read_index_entries(store, layout, held, revision))
@@ -186,12 +186,24 @@ def violations(
 ) -> list[str]:
     """Current assignments that ``policy`` would refuse, one line each.
 
-    ``host_items``: every host's keys, if the caller read them already.
+    ``host_items``: the hosts' keys to check, if the caller read them
+    already; else every host's are read, in ranges (see
+    :func:`allocator.control.apply_scope.read_every_host`).
     """
+    if host_items is not None:
+        return _refused(allocator, policy, host_items)
+    from allocator.control.apply_scope import read_every_host
+
+    (head,) = allocator.store.read_many([Read(allocator.layout.fleet_generation)])
+    found: list[str] = []
+    for items in read_every_host(allocator.store, allocator.layout, policy.hosts, head.revision):
+        found += _refused(allocator, policy, items)
+    return found
+
+
+def _refused(allocator: Allocator, policy: Policy, host_items: Sequence[KeyValue]) -> list[str]:
     from allocator.placement.choose import Request, place
 
-    if host_items is None:
-        host_items = allocator.store.list(allocator.layout.hosts).items
     found: list[str] = []
     now = allocator.clock()
     for host, state in sorted(snapshots_by_host(host_items, allocator.layout, 0).items()):

@@ -133,3 +133,43 @@ def test_every_host_is_read_in_calls_of_bounded_size_on_etcd(
         assert max(counting.calls) <= 11 * per_host, counting.calls
     finally:
         store.close()
+
+
+def test_the_cli_apply_and_reapply_never_read_every_host_in_one_call(
+    etcd_server: Any, prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The apply also reports standing and upcoming conflicts: those reads are bounded too."""
+    from allocator.cli import main
+    from allocator.store.etcd.store import EtcdStore
+
+    monkeypatch.setattr(apply_scope, "HOSTS_PER_CALL", 10)
+    store = open_store(etcd_server.url)
+    try:
+        load_fleet(store, prefix, hosts=60, jobs_per_host=2)
+        per_host = _host_keys(store, KeyLayout(prefix), "node0000")
+    finally:
+        store.close()
+    calls: list[int] = []
+    hosts = f"{prefix}/v1/hosts/"
+    for name in ("list", "read_many", "read_range"):
+        real = getattr(EtcdStore, name)
+
+        def counted(self: Any, *args: Any, _real: Any = real, **kw: Any) -> Any:
+            found = _real(self, *args, **kw)
+            listings = found if isinstance(found, tuple) else (found,)
+            keys = sum(1 for one in listings for kv in one.items if kv.key.startswith(hosts))
+            if keys:
+                calls.append(keys)
+            return found
+
+        monkeypatch.setattr(EtcdStore, name, counted)
+    policy = tmp_path / "p.yaml"
+    policy.write_text(
+        fleet_policy(60).replace("fallback: wait", "fallback: wait\n    exclusive: true")
+        + "reservations: [{name: r, host: node0003, gpus: [7], for: [eval],"
+        " start: 2099-01-01T00:00:00Z}]\n"
+    )
+    monkeypatch.setenv("ALLOCATOR_PREFIX", prefix)
+    for _ in range(2):  # applied, then unchanged (which checks every host again)
+        assert main(["--store", etcd_server.url, "policy", "apply", str(policy)]) == 0
+    assert calls and max(calls) <= 11 * per_host, calls
