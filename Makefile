@@ -8,7 +8,7 @@ TORCH  ?= torch==2.13.0
 # so three share two cores well (PYTEST_WORKERS=0 runs them one after another).
 PYTEST_WORKERS ?= 3
 
-.PHONY: demo test lint unit contract e2e reliability soak bench schema screenshot servers clean
+.PHONY: demo test lint unit contract e2e containers reliability soak bench schema screenshot servers clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +34,8 @@ lint: $(VENV)/.dev
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict \
 		--site-dir "$$site"; status=$$?; rm -rf "$$site"; exit $$status
 
-# Debian's etcd, docker-compose, openssl and chromium, installed with apt-get when missing.
+# Debian's etcd, docker-compose, openssl, chromium, zsh, podman and busybox-static,
+# installed with apt-get when missing.
 servers:
 	tools/install-test-servers
 
@@ -49,6 +50,10 @@ contract: servers $(VENV)/.dev
 
 e2e: servers $(VENV)/.dev
 	$(BIN)/pytest -q tests/e2e
+
+# Workers in containers under a real podman (also part of `make test`).
+containers: servers $(VENV)/.dev
+	$(BIN)/pytest -q -m container tests
 
 reliability: servers $(VENV)/.dev
 	$(BIN)/pytest -q tests/reliability

@@ -8,7 +8,10 @@ agent has not started yet, the port is the one the agent's allocation would
 choose given the ports its other jobs hold. A share of a job across several
 hosts gets its node rank, the job's MASTER_PORT and the MASTER_ADDR its first
 host's agent advertises, and follows the other shares' faults, as its agent
-would (``host=`` says which share).
+would (``host=`` says which share). A job with ``container:`` in the policy
+also gets, after the exports, the engine command line its agent would run
+(a ``#`` comment, so the output still evaluates; the name's last part is
+chosen at each launch).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     worker = _worker_index(kv.get("worker", "0"))
     allocator = open_allocator(args)
     try:
-        envs, message = _environments(allocator, job, kv.get("host"))
+        envs, message, commands = _environments(allocator, job, kv.get("host"))
     finally:
         allocator.store.close()
     if not envs:
@@ -64,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
     if len(envs) > 1:
         note(f"job {job!r} has {len(envs)} workers; showing worker {worker} (worker=N for others)")
     print(render_exports(envs[worker]), end="")
+    if commands[worker]:
+        print(f"# container: {commands[worker]}")
     return 0
 
 
@@ -75,8 +80,10 @@ def _worker_index(raw: str) -> int:
     return int(raw)
 
 
-def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict[str, str]], str]:
-    """The job's worker environments, and a remark (why none, or a fallback)."""
+def _environments(
+    allocator: Any, job: str, host: str | None
+) -> tuple[list[dict[str, str]], str, list[str]]:
+    """The job's worker environments, a remark (why none, or a fallback), container commands."""
     from allocator.agent.planning.desired import desired_job
     from allocator.errors import RequestError
     from allocator.records.keys import validate_name
@@ -101,7 +108,8 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
     inventory, unhealthy = _inventory(state, policy, host)
     share = _share(allocator, assignment) if assignment.nodes else None
     if job not in policy.jobs:  # no agent runs it: whoever does gets the same rendezvous
-        return _undeclared_environments(assignment, inventory, policy, share)
+        envs, remark = _undeclared_environments(assignment, inventory, policy, share)
+        return envs, remark, [""] * len(envs)
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
         policy,
@@ -116,7 +124,26 @@ def _environments(allocator: Any, job: str, host: str | None) -> tuple[list[dict
         share=share,
     )
     envs = [dict(w.env) for w in want.workers]
-    return envs, want.message or (want.fallback_reason or "")
+    return envs, want.message or (want.fallback_reason or ""), _commands(want.workers)
+
+
+def _commands(workers: Any) -> list[str]:
+    """Each worker's container command line ("" for a host process), as its agent builds it."""
+    import shlex
+
+    from allocator.agent.planning.containers import container_argv, container_name
+
+    commands = []
+    for w in workers:
+        if w.container is None:
+            commands.append("")
+            continue
+        name = container_name(f"{w.job}.{w.index}.LAUNCH")
+        argv = container_argv(
+            w.container, name=name, env_names=tuple(w.env), argv=w.argv, cwd=w.cwd
+        )
+        commands.append(shlex.join(argv))
+    return commands
 
 
 def _undeclared_environments(

@@ -24,6 +24,7 @@ from msgspec import Struct, field
 
 __all__ = [
     "DEFAULT_IGNORED_XIDS",
+    "Container",
     "FallbackRule",
     "HealthSettings",
     "HistorySettings",
@@ -48,6 +49,8 @@ FallbackAction = Literal["cpu", "wait", "fail"]
 WorkerMode = Literal["single", "per-gpu"]
 VisibleDevices = Literal["uuid", "index"]
 IdleAction = Literal["warn", "release", "none"]
+ContainerEngine = Literal["podman", "docker"]
+ContainerDevices = Literal["cdi", "gpus"]
 
 
 class IdleRule(Struct, frozen=True, omit_defaults=True):
@@ -138,6 +141,28 @@ class FallbackRule(Struct, frozen=True, omit_defaults=True):
     threads: int | None = None
 
 
+class Container(Struct, frozen=True, omit_defaults=True):
+    """A job's workers run as containers of ``image`` (see docs/containers.md).
+
+    ``devices``: ``cdi`` names each GPU by its CDI name (``nvidia.com/gpu=UUID``);
+    ``gpus`` uses docker's ``--gpus`` (NVIDIA's container toolkit, no CDI).
+    ``None``: ``cdi`` under podman, ``gpus`` under docker.
+    """
+
+    image: str
+    engine: ContainerEngine = "podman"
+    args: tuple[str, ...] = ()
+    mounts: tuple[str, ...] = ()
+    devices: ContainerDevices | None = None
+
+    @property
+    def device_naming(self) -> ContainerDevices:
+        """How the engine is told the devices: the field, else the engine's usual way."""
+        if self.devices is not None:
+            return self.devices
+        return "gpus" if self.engine == "docker" else "cdi"
+
+
 class Job(Struct, frozen=True, omit_defaults=True):
     """A job the agent may run: its command comes from here, never from a request."""
 
@@ -158,6 +183,7 @@ class Job(Struct, frozen=True, omit_defaults=True):
     exclusive: bool = False  # whole GPUs even in a shared pool
     cpu_affinity: CpuAffinity = "local"  # pin workers to their GPUs' CPUs; "none": don't
     idle: IdleRule | None = None  # overrides the pool's rule
+    container: Container | None = None  # run each worker as a container of this image
 
 
 class HealthSettings(Struct, frozen=True, omit_defaults=True):

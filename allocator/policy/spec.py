@@ -8,6 +8,7 @@ dataclasses of :mod:`allocator.policy.model`.
 
 from __future__ import annotations
 
+from allocator.policy.container_field import CONTAINER
 from allocator.policy.host_fields import HostList, HostMap
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import (
@@ -279,6 +280,12 @@ JOB = Record(
             "CPUs as its rule's threads. none: leave workers unpinned.",
         ),
         Field("idle", IDLE, "Idle-holder rule for this job (overrides its pool's)."),
+        Field(
+            "container",
+            CONTAINER,
+            "Run each worker as a container (podman or docker) that sees exactly its GPUs; "
+            "see the Containers page.",
+        ),
     ),
     description="A job the agent may run; its command comes from here, never from a request.",
 )

@@ -84,3 +84,30 @@ def test_doctor_reports_each_finding_and_fails_without_an_agent(env_for: dict[st
     assert status["nvml"] == "ok" and status["gpus"] == "ok" and status["store"] == "ok"
     assert status["environment"] == "warn"  # CUDA_VISIBLE_DEVICES set where the agent runs
     assert status["agent"] == "fail" and result.code == 3
+
+
+def test_env_shows_the_container_command_its_agent_would_run(tmp_path: Path) -> None:
+    gpus = write_fake_nvml(tmp_path / "gpus.json", 4)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALLOCATOR_", "CUDA_"))}
+    env.update(ALLOCATOR_STORE=f"sqlite://{tmp_path / 's.db'}", ALLOCATOR_NVML=f"fake:{gpus}")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "version: 1\n"
+        "hosts: {node1: {gpus: 4}}\n"
+        "jobs:\n"
+        "  boxed: {command: [train], container: {image: 'train:1', mounts: ['/d:/d:ro']}}\n"
+        "  docked: {command: [train], container: {image: 'train:1', engine: docker}}\n"
+    )
+    _cli(env, "policy", "apply", str(policy))
+    _cli(env, "set", "job=boxed", "gpus=2", "host=node1")
+    _cli(env, "set", "job=docked", "gpus=0,1", "host=node1")
+    boxed = _cli(env, "env", "job=boxed").out.splitlines()
+    assert boxed[-1].startswith("# container: podman run --rm --name allocator-boxed.0.")
+    assert "--device nvidia.com/gpu=GPU-00000000-0000-4000-8000-000000000002 " in boxed[-1]
+    assert "--env CUDA_VISIBLE_DEVICES " in boxed[-1] and "--volume /d:/d:ro" in boxed[-1]
+    assert boxed[-1].endswith(" train:1 train")
+    # Docker has no CDI here: one --gpus option, its value quoted for docker's CSV reader.
+    docked = _cli(env, "env", "job=docked").out.splitlines()[-1]
+    uuids = ",".join(f"GPU-00000000-0000-4000-8000-00000000000{i}" for i in (0, 1))
+    assert f"--gpus '\"device={uuids}\"' " in docked and "--device" not in docked
+    assert docked.startswith("# container: docker run --rm")

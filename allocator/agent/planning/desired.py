@@ -22,6 +22,7 @@ from datetime import datetime
 
 from allocator.agent.planning.across_hosts import Share, share_of
 from allocator.agent.planning.affinity import with_affinity
+from allocator.agent.planning.containers import ContainerRun, container_run
 from allocator.agent.planning.desired_inputs import DEFAULT_MASTER_ADDR, DesiredInputs
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
 from allocator.agent.planning.gpu_shares import share_env
@@ -263,10 +264,33 @@ def _running(
             device=device,
             user=job.user,
             group=job.group,
+            container=_container(job, assignment, index, revision, gpus[index], inventory),
         )
         for index, env in enumerate(envs)
     )
     return _desired(job, assignment, revision, "run", message, workers, device, fault)
+
+
+def _container(
+    job: Job,
+    assignment: Assignment,
+    index: int,
+    revision: int,
+    gpus: tuple[int, ...],
+    inventory: Sequence[GpuInfo] | None,
+) -> ContainerRun | None:
+    """Worker ``index``'s container, seeing exactly ``gpus``; None for a host process."""
+    if job.container is None:
+        return None
+    return container_run(
+        job.container,
+        host=assignment.host,
+        job=job.name,
+        index=index,
+        revision=revision,
+        gpus=gpus,
+        inventory=inventory,
+    )
 
 
 def _naming(job: Job, message: str) -> str:
@@ -336,7 +360,16 @@ def fingerprint(workers: Sequence[WorkerSpec]) -> str:
             "env": dict(w.env),
             "cwd": w.cwd,
             **({"user": w.user, "group": w.group} if w.user or w.group else {}),
+            **({"container": _container_words(w)} if w.container is not None else {}),
         }
         for w in workers
     ]
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _container_words(worker: WorkerSpec) -> list[str]:
+    """What of a worker's container a restart must follow (not its labels: the revision)."""
+    run = worker.container
+    if run is None:
+        return []
+    return [run.engine, run.image, *run.args, "--", *run.mounts, "--", *run.device_options]

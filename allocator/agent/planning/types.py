@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from allocator.agent.planning.containers import ContainerRun
+
 __all__ = [
     "Accept",
     "Action",
@@ -50,6 +52,7 @@ class WorkerSpec:
     group: str | None = None  # the policy's job.group (None: the user's primary group)
     cpus: tuple[int, ...] = ()  # pin the worker to these CPUs (): unpinned; not fingerprinted
     mems: tuple[int, ...] = ()  # bind its memory to these NUMA nodes (where numactl is)
+    container: ContainerRun | None = None  # run as this container (None: a host process)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,7 @@ import msgspec
 from allocator.agent.planning.types import DesiredJob, WorkerSpec
 from allocator.agent.processes import procs
 from allocator.agent.processes.cgroups import create_worker_cgroup
+from allocator.agent.processes.container_launch import EngineMissing, container_launch
 from allocator.agent.processes.job_state import WorkerRuntime
 from allocator.agent.processes.pause_points import pause_point
 from allocator.agent.processes.users import RunAs, RunAsError, identity_env, resolve_run_as
@@ -102,6 +103,8 @@ class ShimStatus(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     grace: str = ""
     cgroup: str = ""
     boot_id: str = ""
+    container: str = ""  # the worker's container, when it runs in one
+    engine: str = ""  # and the engine's path
 
 
 def status_fields(job: DesiredJob, worker: WorkerRuntime, boot_id: str) -> dict[str, str]:
@@ -194,6 +197,7 @@ def start_under_shim(
     cpus: Sequence[int] = (),
     warm: IdleShim | None = None,
     status: Mapping[str, str] | None = None,
+    settings: Mapping[str, str] | None = None,
 ) -> Launch:
     """Start ``argv`` under a shim in a new session, output appended to ``log_path``.
 
@@ -224,7 +228,7 @@ def start_under_shim(
         run_as.shim_argument() if run_as is not None else NO_VALUE,
         _cwd_argument(cwd),
     ]
-    payload = _env_payload(env, cpus, status or {})
+    payload = _env_payload(env, cpus, status or {}, settings or {})
     if warm is not None:
         handed = warm.hand_over([*arguments, HANDED, "--", *argv], payload, log)
         if handed:
@@ -277,11 +281,15 @@ def shim_env() -> dict[str, str]:
 
 
 def _env_payload(
-    env: Mapping[str, str], cpus: Sequence[int] = (), status: Mapping[str, str] | None = None
+    env: Mapping[str, str],
+    cpus: Sequence[int] = (),
+    status: Mapping[str, str] | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> bytes:
     """The worker's environment, then the shim's settings; an empty entry ends the environment."""
     payload = b"\0".join(os.fsencode(f"{key}={value}") for key, value in env.items())
     settings = [f"status.{key}={value}" for key, value in (status or {}).items()]
+    settings += [f"{key}={value}" for key, value in (extra or {}).items()]
     if cpus:
         settings.append(f"cpus={cpu_list(cpus)}")
     if settings:
@@ -355,10 +363,21 @@ def launch_worker(
     except RunAsError as exc:
         return _failed(worker, cause, str(exc), _EXIT_CANNOT_RUN)
     Path(worker.status_path).parent.mkdir(parents=True, exist_ok=True)
+    fields = status_fields(job, worker, boot_id)
+    argv, cwd = _membound(ws.argv, ws.mems, base_env.get("PATH")), ws.cwd
+    env, settings = {**base_env, **identity_env(run_as), **ws.env}, {}
+    if ws.container is not None:
+        try:
+            box = container_launch(job, worker, base_env, run_as)
+        except EngineMissing as exc:
+            return _failed(worker, cause, str(exc), _EXIT_NOT_FOUND)
+        # The engine runs as the agent: the job's user and cwd are the container's.
+        argv, env, cwd, settings, run_as = box.argv, box.env, None, box.settings, None
+        fields.update(box.status)
     result = start_under_shim(
-        _membound(ws.argv, ws.mems, base_env.get("PATH")),
-        {**base_env, **identity_env(run_as), **ws.env},
-        cwd=ws.cwd,
+        argv,
+        env,
+        cwd=cwd,
         log_path=log_dir / name,
         header=header,
         status_path=Path(worker.status_path),
@@ -367,7 +386,8 @@ def launch_worker(
         run_as=run_as,
         cpus=ws.cpus,
         warm=warm,
-        status=status_fields(job, worker, boot_id),
+        status=fields,
+        settings=settings,
     )
     if result.pid == 0:
         return _failed(worker, cause, result.error, result.exit_code or _EXIT_CANNOT_RUN)
@@ -382,6 +402,7 @@ def launch_worker(
         "user": run_as.user if run_as is not None else None,
         "cpus": cpu_list(ws.cpus) or None,
         "mems": cpu_list(ws.mems) or None,
+        "container": fields.get("container"),
     }
 
 

@@ -36,6 +36,7 @@ from allocator.agent.processes.cgroups import (
     remove_cgroup,
     signal_cgroup,
 )
+from allocator.agent.processes.container_launch import remove_orphaned_container
 from allocator.agent.processes.job_state import WorkerRuntime
 from allocator.agent.processes.launch import read_shim_status, status_signature
 
@@ -159,9 +160,20 @@ def finished(worker: WorkerRuntime) -> bool:
         return True
     if worker.shim and shim_running(worker):
         return False
+    if worker.shim and not _container_gone(worker):
+        return False
     if worker.strays or (worker.cgroup and cgroup_populated(Path(worker.cgroup))):
         return False
     return not (_group_is_ours(worker) and procs.group_alive(worker.pgid))
+
+
+def _container_gone(worker: WorkerRuntime) -> bool:
+    """Whether the worker's container, if it ran in one, is gone now that its shim is."""
+    status = read_shim_status(Path(worker.status_path)) if worker.status_path else None
+    if status is None or not status.container:
+        return True
+    recorded = status.exit_code if status.state == "exited" else None
+    return remove_orphaned_container(status.container, status.engine, recorded)
 
 
 def _group_is_ours(worker: WorkerRuntime) -> bool:

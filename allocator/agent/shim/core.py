@@ -309,6 +309,9 @@ class Supervision:
         self.deadline: float | None = None
         self.backstop = False  # the deadline is the agent's to act on while it lives
         self.killing = False
+        # A command to run on a stop instead of signalling the tree (a container's
+        # engine stops it), with its environment.
+        self.stop_command: tuple[list[str], dict[str, str]] | None = None
 
     def run(self, waited: set[signal.Signals]) -> int:
         while True:
@@ -338,7 +341,12 @@ class Supervision:
         return max(0.0, self.deadline - time.monotonic())
 
     def _forward(self, signum: int) -> None:
-        if signum in _STOP_SIGNALS:
+        if signum in _STOP_SIGNALS and self.stop_command is not None and self.code is None:
+            if not self.stopping:
+                _spawn_stop(*self.stop_command)
+                self.stopping, self.backstop = True, True
+                self._due(self.grace + _BACKSTOP_SECONDS)
+        elif signum in _STOP_SIGNALS:
             _signal_tree(signum, None if self.code is not None else self.worker)
             if not self.stopping:
                 self.stopping, self.backstop = True, True
@@ -373,6 +381,15 @@ class Supervision:
             self.stopping = True  # and the shim sees to it itself: no agent orders this
             _signal_tree(signal.SIGTERM)
             self._due(self.grace)
+
+
+def _spawn_stop(argv: list[str], env: dict[str, str]) -> None:
+    """Start ``argv`` (the engine's stop) as a child; its output, but errors, is dropped."""
+    quiet = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+    try:
+        os.posix_spawn(argv[0], argv, env, file_actions=quiet)
+    except OSError as exc:
+        say(f"cannot run {argv[0]} to stop the container: {exc.strerror or exc}")
 
 
 def join_cgroup(path: str) -> None:

@@ -6,7 +6,9 @@ comes through the pipe ENVFD (``KEY=VALUE`` entries, NUL-separated; ``-``:
 the shim's own), so nothing in it (``LD_PRELOAD``, ``LD_LIBRARY_PATH``) ever
 reaches the shim, which may run as root for a worker that does not. After
 the environment and one empty entry, the pipe may carry the shim's own
-settings: ``cpus=0-3,8`` pins the worker to those CPUs, ``status.NAME=VALUE``
+settings: ``cpus=0-3,8`` pins the worker to those CPUs, ``stop=WORD\x1fWORD...``
+is a command the shim runs on a stop instead of signalling the tree (a
+container's ``ENGINE stop -t GRACE NAME``), ``status.NAME=VALUE``
 adds a field to the status file (the agent's job, worker index, spec
 fingerprint, GPUs and boot id, so that a later agent can adopt the worker
 from the status file alone). The pipe carries one *frame*: the payload's
@@ -193,7 +195,10 @@ def _run(argv: list[str], handed: bytes | None = None) -> int:
         status.write(state="failed", exit_code=code, error=error)
         return code
     status.write(state="running", pid=pid, start_ticks=core.start_ticks(pid))
-    return core.Supervision(pid, grace, status, agent).run(waited)
+    supervision = core.Supervision(pid, grace, status, agent)
+    if settings.get("stop"):
+        supervision.stop_command = (settings["stop"].split("\x1f"), env)
+    return supervision.run(waited)
 
 
 class _Incomplete(Exception):

@@ -258,3 +258,35 @@ def test_a_shim_that_cannot_write_its_status_file_starts_nothing(tmp: Path) -> N
     assert done.returncode == EXIT_NO_STATUS
     assert "cannot write status file" in done.stderr
     assert not out.exists()
+
+
+def test_a_shim_with_a_stop_command_runs_it_on_a_stop_instead_of_signalling(tmp: Path) -> None:
+    """A container's stop is its engine's (``ENGINE stop -t GRACE NAME``), not a SIGTERM."""
+    from allocator.agent.processes.container_launch import STOP_SEPARATOR, STOP_SETTING
+    from allocator.agent.processes.launch import start_under_shim
+
+    pidfile, marker = tmp / "worker.pid", tmp / "stopped"
+    worker = (
+        "trap 'exit 3' TERM; trap 'exit 5' USR1; echo $$ > worker.pid.tmp; "
+        "mv worker.pid.tmp worker.pid; while :; do sleep 0.05; done"
+    )
+    stop = ["/bin/sh", "-c", f'echo "$0 $1" > {marker}; kill -USR1 $(cat {pidfile})', "-t", "7"]
+    launch = start_under_shim(
+        ["/bin/sh", "-c", worker],
+        {"PATH": os.environ["PATH"]},
+        cwd=str(tmp),
+        log_path=tmp / "worker.log",
+        header="test",
+        status_path=tmp / "worker.status",
+        grace=7.0,
+        cgroup=None,
+        run_as=None,
+        settings={STOP_SETTING: STOP_SEPARATOR.join(stop)},
+    )
+    assert launch.popen is not None
+    poll(lambda: pidfile.exists(), "the worker's pid file")
+    os.kill(launch.pid, signal.SIGTERM)
+    assert launch.popen.wait(timeout=30) == 5  # the stop command ended it, not a SIGTERM
+    assert marker.read_text() == "-t 7\n"
+    status = read_shim_status(tmp / "worker.status")
+    assert status is not None and (status.state, status.exit_code) == ("exited", 5)

@@ -1,0 +1,149 @@
+"""A containerised worker's engine command line (pure).
+
+A job with ``container:`` in the policy runs each worker as
+``ENGINE run --rm --name NAME --label ... --env NAME ... [devices] IMAGE ARGV``,
+in the foreground, under the worker's shim: the shim's supervision, exit
+status and log are the container's (see docs/containers.md).
+
+* Devices: exactly the worker's GPUs, by their CDI names
+  (``nvidia.com/gpu=<UUID>``; a MIG GPU's instance ``nvidia.com/gpu=<MIG UUID>``,
+  as NVIDIA's generated spec names instances under the one kind;
+  ``amd.com/gpu=...``), or docker's ``--gpus '"device=UUID,UUID"'`` (NVIDIA's
+  toolkit without CDI). On the CPU no device option at all: ``--gpus ""``
+  is read differently by different engines.
+* Environment: ``--env NAME`` for each of the worker's variables, never
+  ``NAME=VALUE``: the engine takes the value from its own environment (the
+  shim's hand-over), so no value is in any argv or ``ps``. Only the worker's
+  variables go in (the agent's PATH or engine settings stay outside), and the
+  worker's variables never hold a store credential.
+* Labels: ``allocator.job``, ``allocator.host``, ``allocator.worker`` and
+  ``allocator.revision`` (the assignment's), so that an operator, or an
+  agent after a restart, can tell whose a container is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from allocator.policy.model import Container
+from allocator.records.types import GpuInfo
+
+__all__ = [
+    "CDI_KINDS",
+    "LABEL_PREFIX",
+    "ContainerRun",
+    "container_argv",
+    "container_name",
+    "container_run",
+]
+
+#: The CDI kind of each vendor's devices (a GPU's partitions, MIG instances, included).
+CDI_KINDS: Mapping[str, str] = {
+    "nvidia": "nvidia.com/gpu",
+    "amd": "amd.com/gpu",
+    "intel": "intel.com/gpu",
+}
+LABEL_PREFIX = "allocator."
+_NAME_PREFIX = "allocator-"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRun:
+    """What a worker's container is: the policy's part, its devices and its labels."""
+
+    engine: str
+    image: str
+    args: tuple[str, ...]
+    mounts: tuple[str, ...]
+    device_options: tuple[str, ...]  # ("--device", "nvidia.com/gpu=GPU-1", ...) or ()
+    labels: tuple[tuple[str, str], ...]
+
+
+def container_run(
+    container: Container,
+    *,
+    host: str,
+    job: str,
+    index: int,
+    revision: int,
+    gpus: Sequence[int],
+    inventory: Sequence[GpuInfo] | None,
+    vendor: str = "nvidia",
+) -> ContainerRun:
+    """The container of worker ``index`` of ``job`` on ``host``, seeing exactly ``gpus``.
+
+    ``vendor``: whose GPUs the host has (its CDI kind, see :data:`CDI_KINDS`).
+    """
+    labels = (
+        (f"{LABEL_PREFIX}job", job),
+        (f"{LABEL_PREFIX}host", host),
+        (f"{LABEL_PREFIX}worker", str(index)),
+        (f"{LABEL_PREFIX}revision", str(revision)),
+    )
+    return ContainerRun(
+        engine=container.engine,
+        image=container.image,
+        args=container.args,
+        mounts=container.mounts,
+        device_options=_device_options(container, gpus, inventory, vendor),
+        labels=labels,
+    )
+
+
+def _device_options(
+    container: Container, gpus: Sequence[int], inventory: Sequence[GpuInfo] | None, vendor: str
+) -> tuple[str, ...]:
+    if not gpus:
+        return ()  # the CPU: no device option at all
+    known = {gpu.index: gpu for gpu in inventory or ()}
+    if container.device_naming == "gpus":
+        ids = ",".join(_plain_id(known.get(index), index) for index in gpus)
+        return ("--gpus", f'"device={ids}"')  # quoted: docker reads the value as CSV
+    kind = CDI_KINDS.get(vendor, CDI_KINDS["nvidia"])
+    options: list[str] = []
+    for index in gpus:
+        options += ["--device", f"{kind}={_plain_id(known.get(index), index)}"]
+    return tuple(options)
+
+
+def _plain_id(gpu: GpuInfo | None, index: int) -> str:
+    """A GPU's id: its UUID where known (a MIG GPU: its first instance's), else its index."""
+    if gpu is not None and gpu.mig_enabled and gpu.mig_devices:
+        return gpu.mig_devices[0].uuid
+    return gpu.uuid if gpu is not None and gpu.uuid else str(index)
+
+
+def container_name(worker_key: str) -> str:
+    """The container's name: the worker's status file name, unique per launch."""
+    return _NAME_PREFIX + worker_key
+
+
+def container_argv(
+    run: ContainerRun,
+    *,
+    name: str,
+    env_names: Sequence[str],
+    argv: Sequence[str],
+    cwd: str | None = None,
+    user: str | None = None,
+    engine_path: str | None = None,
+) -> tuple[str, ...]:
+    """The engine command line that runs ``argv`` in the container, in the foreground.
+
+    ``user`` (``UID:GID``) and ``cwd`` apply inside the container: the engine
+    itself runs as the agent. ``engine_path``: the engine's resolved path.
+    """
+    words = [engine_path or run.engine, "run", "--rm", "--name", name]
+    for key, value in run.labels:
+        words += ["--label", f"{key}={value}"]
+    for key in sorted(env_names):
+        words += ["--env", key]
+    for mount in run.mounts:
+        words += ["--volume", mount]
+    if user is not None:
+        words += ["--user", user]
+    if cwd is not None:
+        words += ["--workdir", cwd]
+    words += [*run.device_options, *run.args, run.image, *argv]
+    return tuple(words)
