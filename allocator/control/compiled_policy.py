@@ -104,8 +104,8 @@ def drop_stale_parts(store: Store, layout: KeyLayout, keep: set[str]) -> None:
     space, never a wrong read).
     """
     root = layout.compiled_parts_root
-    (listing,) = store.read_many([Read(root, prefix=True, values=False)])
     try:
+        (listing,) = store.read_many([Read(root, prefix=True, values=False)])
         for item in listing.items:
             if item.key[len(root) :].split("/", 1)[0] not in keep:
                 store.delete(item.key)

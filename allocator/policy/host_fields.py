@@ -52,6 +52,7 @@ class HostMap:
         declared = r.declared.setdefault(path, [])
         ranged: dict[str, tuple[Any, str]] = {}  # host -> (its range's Host, the range's path)
         explicit: dict[str, Any] = {}
+        named = 0  # names made so far: ranges that repeat each other must not cost unbounded memory
         for key, key_node, value_node in r.pairs(node, path):
             child = join(path, key)
             r.lines[child] = line_of(key_node) or 0
@@ -59,6 +60,10 @@ class HostMap:
             if isinstance(names, str):
                 r.error_at(key_node, child, names)
                 continue
+            named += len(names)
+            if named > 2 * self.max_entries:  # exceptions count twice; more is no fleet
+                r.error_at(key_node, child, f"declares more than {self.max_entries:,} hosts")
+                return INVALID
             declared.extend(names)
             value = self.record.read(value_node, child, r, name=names[0])
             if value is INVALID:

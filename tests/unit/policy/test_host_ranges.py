@@ -158,3 +158,16 @@ def test_a_ranged_fleet_of_12500_hosts_loads_without_a_quadratic_step() -> None:
     assert time.perf_counter() - start < 5.0
     assert len(policy.hosts) == 12_500
     assert len(policy.pools["a100"].hosts) == 12_500
+
+
+def test_ranges_naming_more_hosts_than_a_policy_may_have_stop_being_expanded() -> None:
+    errors = errors_of(
+        """
+        version: 1
+        hosts:
+          a[00000-19999]: {gpus: 1}
+          b[00000-19999]: {gpus: 1}
+          c[00000-19999]: {gpus: 1}
+        """
+    )
+    assert [(e.line, e.reason) for e in errors] == [(5, "declares more than 20,000 hosts")]
