@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from allocator.control.job_index import holders, index_covers
-from allocator.errors import BadRecord, PlacementRefused, PolicyError, RequestError
+from allocator.errors import (
+    BadRecord,
+    CasConflict,
+    Compacted,
+    PlacementRefused,
+    PolicyError,
+    RequestError,
+)
 from allocator.records.codec import decode_record
 from allocator.records.types import PolicyRecord
 from allocator.status.snapshots import snapshots_by_host
@@ -144,7 +151,11 @@ def _check(
     before = _old_policy(allocator, old)
     scope = affected_hosts(before, policy)
     if scope is None or old is None or not old.job_index:
-        return _check_every_host(allocator, policy, before, revision)
+        try:
+            return _check_every_host(allocator, policy, before, revision)
+        except Compacted as exc:  # the revision read at is gone: an attempt lost, like a race
+            key = allocator.layout.fleet_generation
+            raise CasConflict(f"revision {revision} was compacted", keys=(key,)) from exc
     refused: list[str] = []
     for items in read_hosts(allocator.store, allocator.layout, scope):
         refused += _refused(allocator, policy, items)

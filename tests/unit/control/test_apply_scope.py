@@ -173,3 +173,37 @@ def test_the_cli_apply_and_reapply_never_read_every_host_in_one_call(
     for _ in range(2):  # applied, then unchanged (which checks every host again)
         assert main(["--store", etcd_server.url, "policy", "apply", str(policy)]) == 0
     assert calls and max(calls) <= 11 * per_host, calls
+
+
+def test_an_apply_whose_revision_is_compacted_while_it_reads_tries_again(
+    etcd_server_private: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from allocator.store.etcd.config import parse_etcd_url
+    from allocator.store.etcd.store import EtcdStore
+
+    class CompactsOnce(EtcdStore):
+        reads = 0
+
+        def list_parts(
+            self, prefix: str, revision: int, splits: Sequence[str] = ()
+        ) -> Iterator[Listing]:
+            self.reads += 1
+            if self.reads == 1:  # etcd's auto-compaction passing the revision apply reads at
+                now = self.put("/elsewhere", b"x")
+                etcd_server_private.etcdctl("compact", str(now))
+            return super().list_parts(prefix, revision, splits)
+
+    monkeypatch.setattr(apply_scope, "HOSTS_PER_CALL", 10)
+    url = etcd_server_private.url
+    plain = open_store(url)
+    try:
+        load_fleet(plain, "/f", hosts=30, jobs_per_host=2)
+        plain.delete(KeyLayout("/f").policy)  # the next apply checks every host
+    finally:
+        plain.close()
+    store = CompactsOnce(parse_etcd_url(url), url)
+    try:
+        result = Allocator(store, prefix="/f", actor="ops@h").apply_policy(fleet_policy(30), "f")
+    finally:
+        store.close()
+    assert result.changed and store.reads >= 2
