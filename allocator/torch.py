@@ -4,22 +4,27 @@
 
     from allocator.torch import autocast, configure, grad_scaler
 
-    dev = configure()          # cuda:0 on a GPU, cpu (threads set) on fallback
+    dev = configure()          # cuda:0 / xpu:0 / mps on a GPU, cpu (threads set) on fallback
     model = Model().to(dev)
-    scaler = grad_scaler()     # enabled only for float16 on CUDA
-    with autocast():           # float16 on CUDA, bfloat16 on CPU
+    scaler = grad_scaler()     # enabled only for float16 on a GPU
+    with autocast():           # float16 on CUDA/ROCm and MPS, bfloat16 on XPU and CPU
         loss = model(x.to(dev)).sum()
     scaler.scale(loss).backward()
 
-Visible devices are renumbered from 0 in the order the agent listed them,
-so a worker's first GPU is always ``cuda:0``, never ``cuda:<physical id>``.
-Mixed precision uses the device-generic ``torch.amp`` API only.
+The device type is the one the agent assigned (``ALLOCATOR_DEVICE``, from the
+host's vendor): ``cuda`` on NVIDIA and on AMD (PyTorch's ROCm build drives
+HIP devices as ``cuda``), ``xpu`` on Intel, ``mps`` on Apple silicon, ``cpu``
+on a CPU fallback. Visible devices are renumbered from 0 in the order the
+agent listed them, so a worker's first GPU is always ``cuda:0`` (``xpu:0``),
+never ``cuda:<physical id>``. Mixed precision uses the device-generic
+``torch.amp`` API only.
 
-A worker assigned a GPU never trains on CPU by accident: when CUDA does not
-work, :func:`device` (and everything built on it) raises
+A worker assigned a GPU never trains on CPU by accident: when its device type
+does not work, :func:`device` (and everything built on it) raises
 :class:`GpuUnavailableError` naming the GPUs and the likely cause. CPU is used
 only when the assignment says so (``ALLOCATOR_DEVICE=cpu``, a CPU fallback),
-or when nothing was assigned at all (a script run by hand).
+or when nothing was assigned at all (a script run by hand, which gets the
+first of cuda, xpu, mps that works, else cpu).
 """
 
 from __future__ import annotations
@@ -57,18 +62,61 @@ class GpuUnavailableError(RuntimeError):
 
 
 def device() -> _torch.device:
-    """``cuda:0`` for a worker given a GPU, ``cpu`` for one given CPU.
+    """This worker's device: ``cuda:0``, ``xpu:0``, ``mps`` or ``cpu``, as assigned.
 
     Raises :class:`GpuUnavailableError` when the worker was given a GPU but
-    CUDA does not work, rather than training on CPU by accident.
+    its device type does not work, rather than training on CPU by accident.
     """
-    if worker.device_kind() == "cpu":
+    kind = worker.device_kind()
+    if kind == "cpu":
         return _torch.device("cpu")
-    if _torch.cuda.is_available():
-        return _torch.device("cuda", 0)
-    if not worker.gpu_assigned():
-        return _torch.device("cpu")  # nothing assigned: a script run by hand without a GPU
-    raise GpuUnavailableError(_no_cuda_message())
+    if not worker.gpu_assigned():  # a script run by hand: wherever it can
+        return next((_first(k) for k in ("cuda", "xpu", "mps") if _works(k)), _torch.device("cpu"))
+    if _works(kind):
+        return _first(kind)
+    if kind == "cuda":
+        raise GpuUnavailableError(_no_cuda_message())
+    raise GpuUnavailableError(_not_working_message(kind))
+
+
+def _works(kind: str) -> bool:
+    """Whether PyTorch can use devices of type ``kind`` here."""
+    if kind == "cuda":
+        return bool(_torch.cuda.is_available())
+    if kind == "xpu":
+        return hasattr(_torch, "xpu") and bool(_torch.xpu.is_available())
+    return bool(_torch.backends.mps.is_available())
+
+
+def _first(kind: str) -> _torch.device:
+    return _torch.device("mps") if kind == "mps" else _torch.device(kind, 0)
+
+
+def _not_working_message(kind: str) -> str:
+    """Which GPUs this xpu or mps worker was given, and why PyTorch cannot use them."""
+    gpus = os.environ.get("ALLOCATOR_GPUS", "").strip()
+    given = f"GPU {gpus}" if gpus else "a GPU"
+    if kind == "xpu":
+        mask = os.environ.get("ZE_AFFINITY_MASK", "")
+        built = hasattr(_torch, "xpu") and _torch.xpu._is_compiled()
+        cause = (
+            "no Intel GPU is visible to Level Zero (is the driver loaded, and the device in "
+            "this container?)"
+            if built
+            else f"this PyTorch ({_torch.__version__}) was built without XPU support; install "
+            "PyTorch's XPU build"
+        )
+        where = f"an Intel {given} (ZE_AFFINITY_MASK={mask!r})"
+    else:
+        cause = (
+            "the MPS backend is unavailable (macOS 12.3 or newer on Apple silicon, and a "
+            "PyTorch built with MPS, are needed)"
+        )
+        where = f"the Apple {given}"
+    return (
+        f"this worker was assigned {where} but torch.{kind} cannot use it: {cause}. Refusing "
+        "to fall back to CPU silently; fix that, or assign the job gpus=cpu"
+    )
 
 
 def _no_cuda_message() -> str:
@@ -76,6 +124,13 @@ def _no_cuda_message() -> str:
     gpus = os.environ.get("ALLOCATOR_GPUS", "").strip()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     given = f"GPU {gpus}" if gpus else "a GPU"
+    if worker.vendor() == "amd":
+        given = f"AMD {given} (ROCR_VISIBLE_DEVICES={os.environ.get('ROCR_VISIBLE_DEVICES', '')!r})"
+        return (
+            f"this worker was assigned {given} but PyTorch's ROCm (cuda) device cannot use "
+            f"it: {_likely_rocm_cause()}. Refusing to fall back to CPU silently; fix that, or "
+            "assign the job gpus=cpu"
+        )
     return (
         f"this worker was assigned {given} (CUDA_VISIBLE_DEVICES={visible!r}) but CUDA cannot "
         f"use it: {_likely_cause()}. Refusing to fall back to CPU silently; fix that, or "
@@ -103,15 +158,31 @@ def _likely_cause() -> str:
     )
 
 
+def _likely_rocm_cause() -> str:
+    hip = getattr(_torch.version, "hip", None)
+    if hip is None:
+        kind = f"a CUDA build (CUDA {_torch.version.cuda})" if _torch.version.cuda else "CPU-only"
+        return (
+            f"this PyTorch ({_torch.__version__}) is {kind}, not a ROCm build; install PyTorch's "
+            "ROCm build (https://pytorch.org/get-started/locally/)"
+        )
+    return (
+        f"no ROCm device is visible (is the amdgpu driver loaded, /dev/kfd reachable, and the "
+        f"GPU supported by HIP {hip}?)"
+    )
+
+
 def configure() -> _torch.device:
     """Prepare this process for its device and return it.
 
-    On CPU: ``torch.set_num_threads`` from the fallback rule's threads
-    (``ALLOCATOR_THREADS``/``OMP_NUM_THREADS``), oneDNN left on. On CUDA:
-    ``torch.cuda.set_device(cuda:0)``, and on a shared GPU
-    ``torch.cuda.set_per_process_memory_fraction`` with the worker's share
-    (``ALLOCATOR_GPU_MEMORY_FRACTION``), so its caching allocator stops at its
-    slots' part of the memory instead of taking what the other jobs need.
+    On CPU: oneDNN on (``torch.backends.mkldnn``: PyTorch's fast CPU kernels)
+    and ``torch.set_num_threads`` from the fallback rule's threads
+    (``ALLOCATOR_THREADS``/``OMP_NUM_THREADS``), else the CPUs this process
+    may run on. On CUDA (NVIDIA or ROCm): ``torch.cuda.set_device(cuda:0)``,
+    and on a shared GPU ``torch.cuda.set_per_process_memory_fraction`` with the
+    worker's share (``ALLOCATOR_GPU_MEMORY_FRACTION``), so its caching
+    allocator stops at its slots' part of the memory. On XPU:
+    ``torch.xpu.set_device(xpu:0)``. On MPS there is nothing to set.
     """
     dev = device()
     if dev.type == "cuda":
@@ -120,21 +191,34 @@ def configure() -> _torch.device:
         if fraction is not None:
             _torch.cuda.set_per_process_memory_fraction(fraction, dev)
         return dev
-    count = worker.threads()
-    if count is not None:
-        _torch.set_num_threads(count)
+    if dev.type == "xpu":
+        _torch.xpu.set_device(dev)
+        return dev
+    if dev.type == "cpu":
+        # A module-level property: plain assignment is what sets it (typed as the descriptor).
+        setattr(_torch.backends.mkldnn, "enabled", True)  # noqa: B010
+        _torch.set_num_threads(worker.threads() or _usable_cpus())
     return dev
 
 
-def autocast_dtype(dtype: _torch.dtype | None = None) -> _torch.dtype:
-    """The autocast dtype: ``dtype`` if given, else float16 on CUDA, bfloat16 on CPU.
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, e.g. the agent's pinning)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # macOS has no sched_getaffinity
+        return max(1, os.cpu_count() or 1)
 
-    Raises ``ValueError`` for bfloat16 on a GPU that does not support it.
+
+def autocast_dtype(dtype: _torch.dtype | None = None) -> _torch.dtype:
+    """The autocast dtype: ``dtype`` if given, else float16 on CUDA/ROCm and MPS, bfloat16
+    on XPU (Intel GPUs run it natively) and CPU.
+
+    Raises ``ValueError`` for bfloat16 on a CUDA GPU that does not support it.
     """
     dev = device()
-    if dev.type == "cpu":
+    if dev.type in ("cpu", "xpu"):
         return dtype if dtype is not None else _torch.bfloat16
-    if dtype == _torch.bfloat16 and not _torch.cuda.is_bf16_supported():
+    if dev.type == "cuda" and dtype == _torch.bfloat16 and not _torch.cuda.is_bf16_supported():
         raise ValueError("this GPU does not support bfloat16 autocast; use torch.float16")
     return dtype if dtype is not None else _torch.float16
 
@@ -147,13 +231,13 @@ def autocast(dtype: _torch.dtype | None = None, *, enabled: bool = True) -> _tor
 
 
 def grad_scaler(dtype: _torch.dtype | None = None) -> _torch.amp.GradScaler:
-    """A ``torch.amp.GradScaler``, enabled only for float16 autocast on CUDA.
+    """A ``torch.amp.GradScaler`` for this worker's device, enabled only for float16 on a GPU.
 
     bfloat16 has float32's range, so it needs no loss scaling; on CPU the
     scaler is a disabled pass-through.
     """
     dev = device()
-    enabled = dev.type == "cuda" and autocast_dtype(dtype) == _torch.float16
+    enabled = dev.type != "cpu" and autocast_dtype(dtype) == _torch.float16
     return _torch.amp.GradScaler(dev.type, enabled=enabled)
 
 

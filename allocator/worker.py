@@ -30,7 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 from allocator.errors import InvalidInput
 
@@ -46,11 +46,12 @@ __all__ = [
     "parse_visible_devices",
     "rank",
     "threads",
+    "vendor",
     "world_size",
 ]
 
 VisibleKind = Literal["all", "none", "index", "uuid", "mig"]
-DeviceKind = Literal["cuda", "cpu"]
+DeviceKind = Literal["cuda", "xpu", "mps", "cpu"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,28 +205,39 @@ def memory_fraction(environ: Mapping[str, str] | None = None) -> float | None:
 
 
 def device_kind(environ: Mapping[str, str] | None = None) -> DeviceKind:
-    """``cuda`` or ``cpu``: ``ALLOCATOR_DEVICE``, but ``cpu`` whenever no device is visible."""
+    """The PyTorch device type of this worker's assignment: ``ALLOCATOR_DEVICE``.
+
+    ``cuda`` (NVIDIA, and AMD under ROCm), ``xpu`` (Intel), ``mps`` (Apple) or
+    ``cpu``; ``cpu`` also whenever ``CUDA_VISIBLE_DEVICES`` leaves no CUDA
+    device visible (a variable that says nothing about xpu or mps).
+    """
     env = _env(environ)
-    visible = parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES"))
     declared = env.get("ALLOCATOR_DEVICE", "").strip()
-    if declared not in ("", "cuda", "cpu"):
-        raise InvalidInput(f"ALLOCATOR_DEVICE={declared!r}: expected cuda or cpu")
-    if declared == "cpu" or visible.kind == "none":
+    if declared not in ("", "cuda", "xpu", "mps", "cpu"):
+        raise InvalidInput(f"ALLOCATOR_DEVICE={declared!r}: expected cuda, xpu, mps or cpu")
+    if declared in ("xpu", "mps", "cpu"):
+        return cast(DeviceKind, declared)
+    if parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES")).kind == "none":
         return "cpu"
     return "cuda"
+
+
+def vendor(environ: Mapping[str, str] | None = None) -> str:
+    """Whose GPUs this worker was given (``ALLOCATOR_VENDOR``; "" when the agent did not say)."""
+    return _env(environ).get("ALLOCATOR_VENDOR", "").strip()
 
 
 def gpu_assigned(environ: Mapping[str, str] | None = None) -> bool:
     """Whether this process was given GPUs: it must then never quietly run on CPU.
 
-    ``ALLOCATOR_DEVICE=cuda`` (the agent's word) or, without it, a
+    ``ALLOCATOR_DEVICE`` naming a GPU type (the agent's word) or, without it, a
     ``CUDA_VISIBLE_DEVICES`` naming devices (set by hand, or by another
     scheduler). Nothing set at all is no assignment: a script run by hand.
     """
     env = _env(environ)
     if device_kind(env) == "cpu":
         return False
-    if env.get("ALLOCATOR_DEVICE", "").strip() == "cuda":
+    if env.get("ALLOCATOR_DEVICE", "").strip() in ("cuda", "xpu", "mps"):
         return True
     return parse_visible_devices(env.get("CUDA_VISIBLE_DEVICES")).kind not in ("all", "none")
 

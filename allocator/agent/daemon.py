@@ -33,10 +33,12 @@ from typing import Any
 from allocator import __version__
 from allocator.agent.config import AgentConfig
 from allocator.agent.gpu_care.care import GpuCare
+from allocator.agent.gpu_care.idle import IdleRelease
 from allocator.agent.gpu_care.observe import Observer
 from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
 from allocator.agent.log import DecisionLog, as_fields
 from allocator.agent.notify import notifier_from_environ
+from allocator.agent.planning.across_hosts import shares_still_running
 from allocator.agent.planning.action_log import action_fields, action_name
 from allocator.agent.planning.desired_cache import DesiredCache
 from allocator.agent.planning.desired_inputs import DesiredInputs
@@ -204,7 +206,22 @@ class Agent(Lifecycle):
         sync, desired = self.sync, self.wanted.desired
         state = (sync.assignments, sync.revisions, self.care.unhealthy)
         self.observer.sample(now, self.wall(), sync.policy, desired, views, roots, *state)
-        sync.link.release_idle(self.observer.releases)
+        self._hand_releases()
+
+    def _hand_releases(self) -> None:
+        """Offer the link every release due: idle holders and finished ``release_on_exit`` jobs.
+
+        One list (the link forgets a release no longer offered); a job across
+        hosts is released whole, once no other share of it still runs, and a
+        later assignment is never touched.
+        """
+        held, peers = self.sync.assignments, self.sync.peers
+        finished = [
+            IdleRelease(job, revision, reason, kind="exit")
+            for job, (revision, reason) in self.supervisor.exit_releases().items()
+            if job not in held or not shares_still_running(held[job], peers)
+        ]
+        self.sync.link.release_idle([*self.observer.releases, *finished])
 
     def _reap(self) -> None:
         for exited in self.supervisor.tick():
@@ -226,6 +243,7 @@ class Agent(Lifecycle):
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
         self._history(self.decisions.actions, actions, desired)
+        self._hand_releases()  # cheap: the link hears only of releases new to it
         busy = bool(actions) or mps.waiting or any(v.stopping for v in views.values())
         if busy and not self.busy:
             self.busy_since = now
@@ -258,6 +276,7 @@ class Agent(Lifecycle):
             address=self.config.advertised_address,
             allowed_cpus=self.wanted.allowed_cpus,
             mps_dir=str(self.care.mps.root),
+            vendor=self.care.inventory.vendor,
         )
 
     def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:

@@ -11,7 +11,9 @@ host's agent advertises, and follows the other shares' faults, as its agent
 would (``host=`` says which share). A job with ``container:`` in the policy
 also gets, after the exports, the engine command line its agent would run
 (a ``#`` comment, so the output still evaluates; the name's last part is
-chosen at each launch).
+chosen at each launch). When the agent builds a host worker's command line
+(``workers: torchrun``, or ``$(VAR)`` references), it is shown the same way,
+as a ``# command:`` comment.
 """
 
 from __future__ import annotations
@@ -67,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if len(envs) > 1:
         note(f"job {job!r} has {len(envs)} workers; showing worker {worker} (worker=N for others)")
     print(render_exports(envs[worker]), end="")
-    if commands[worker]:
-        print(f"# container: {commands[worker]}")
+    if commands[worker]:  # a comment, so `eval` ignores it: what the agent would run
+        print(commands[worker])
     return 0
 
 
@@ -105,10 +107,10 @@ def _environments(
     assignment = state.assignments.get(job)
     if assignment is None:
         raise job_not_found(job, host, list(state.assignments))
-    inventory, unhealthy = _inventory(state, policy, host)
+    inventory, unhealthy, vendor = _inventory(state, policy, host)
     share = _share(allocator, assignment) if assignment.nodes else None
     if job not in policy.jobs:  # no agent runs it: whoever does gets the same rendezvous
-        envs, remark = _undeclared_environments(assignment, inventory, policy, share)
+        envs, remark = _undeclared_environments(assignment, inventory, policy, share, vendor)
         return envs, remark, [""] * len(envs)
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
@@ -122,32 +124,38 @@ def _environments(
         master_port=port,
         master_addr=addr,
         share=share,
+        vendor=vendor,
     )
     envs = [dict(w.env) for w in want.workers]
-    return envs, want.message or (want.fallback_reason or ""), _commands(want.workers)
+    written = assignment.command or policy.jobs[job].command
+    return envs, want.message or (want.fallback_reason or ""), _commands(want.workers, written)
 
 
-def _commands(workers: Any) -> list[str]:
-    """Each worker's container command line ("" for a host process), as its agent builds it."""
+def _commands(workers: Any, written: tuple[str, ...]) -> list[str]:
+    """Each worker's command as its agent builds it, as a comment line: its container's
+    engine command line, or the command when it is not the one ``written`` (torchrun in
+    front, ``$(VAR)`` expanded); "" for a host process that runs ``written`` as it is."""
     import shlex
 
     from allocator.agent.planning.containers import container_argv, container_name
 
     commands = []
     for w in workers:
-        if w.container is None:
+        if w.container is not None:
+            name = container_name(f"{w.job}.{w.index}.LAUNCH")
+            argv = container_argv(
+                w.container, name=name, env_names=tuple(w.env), argv=w.argv, cwd=w.cwd
+            )
+            commands.append(f"# container: {shlex.join(argv)}")
+        elif tuple(w.argv) != tuple(written):
+            commands.append(f"# command: {shlex.join(w.argv)}")
+        else:
             commands.append("")
-            continue
-        name = container_name(f"{w.job}.{w.index}.LAUNCH")
-        argv = container_argv(
-            w.container, name=name, env_names=tuple(w.env), argv=w.argv, cwd=w.cwd
-        )
-        commands.append(shlex.join(argv))
     return commands
 
 
 def _undeclared_environments(
-    assignment: Any, inventory: Any, policy: Any, share: Any
+    assignment: Any, inventory: Any, policy: Any, share: Any, vendor: str | None
 ) -> tuple[list[dict[str, str]], str]:
     """Environments of a job the policy does not declare: its share's rendezvous included.
 
@@ -157,7 +165,7 @@ def _undeclared_environments(
     from allocator.gpus.visible import NodeGroup, worker_environments
 
     if share is None:
-        return worker_environments(assignment, inventory, policy), ""
+        return worker_environments(assignment, inventory, policy, vendor=vendor), ""
     group, remark = share.group, ""
     if group is None:
         first = assignment.nodes[0]
@@ -165,7 +173,7 @@ def _undeclared_environments(
             assignment.node_rank, len(assignment.nodes), first, assignment.master_port
         )
         remark = f"MASTER_ADDR is the host name {first!r}: its agent has published no address"
-    return worker_environments(assignment, inventory, policy, group=group), remark
+    return worker_environments(assignment, inventory, policy, group=group, vendor=vendor), remark
 
 
 def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int | None]:
@@ -196,18 +204,20 @@ def _share(allocator: Any, assignment: Any) -> Any:
     return share_of(assignment, address, peers)
 
 
-def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str]]:
-    """The host agent's inventory and health, else this machine's NVML (or the declared count)."""
+def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str], str | None]:
+    """The host agent's inventory, health and GPU vendor, else this machine's (or the
+    policy's declared count and vendor)."""
     import os
 
     from allocator.util.identity import local_hostname
 
     agent = state.agent
     if agent is not None and agent.gpus:
-        return agent.gpus, dict(agent.unhealthy)
+        return agent.gpus, dict(agent.unhealthy), agent.vendor or policy.vendor_of(host)
     if host == local_hostname() or os.environ.get("ALLOCATOR_NVML"):
-        from allocator.gpus.inventory import read_inventory
+        from allocator.gpus.vendors import read_host_inventory
 
         declared = policy.hosts.get(host)
-        return read_inventory(declared.gpus if declared else None).gpus or None, {}
-    return None, {}
+        here = read_host_inventory(declared.gpus if declared else None, environ=os.environ)
+        return here.gpus or None, {}, here.vendor
+    return None, {}, policy.vendor_of(host)

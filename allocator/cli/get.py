@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _gave_up(allocator: Any, found: list[Any]) -> dict[str, Any]:
-    """Per host, the worker record of a share the agent gave up on with its last output."""
+    """Per host, the worker record of a share that finished, or that the agent gave up on
+    with its last output."""
     from allocator.errors import BadRecord
     from allocator.records.types import WorkerRecord
 
@@ -72,7 +73,7 @@ def _gave_up(allocator: Any, found: list[Any]) -> dict[str, Any]:
             record = WorkerRecord.from_json(item.value) if item is not None else None
         except BadRecord:  # a damaged record says nothing about why
             continue
-        if record is not None and record.output_tail:
+        if record is not None and (record.output_tail or record.state == "finished"):
             failed[a.host] = record
     return failed
 
@@ -83,13 +84,15 @@ def _gave_up_lines(record: Any) -> list[str]:
 
     if record is None:
         return []
+    if record.state == "finished":  # ended by itself: finished (exit 0)
+        return [f"  {printable(record.message or 'finished')} on {record.host}"]
     head = f"  {record.state} on {record.host}, log {printable(record.log_path or 'unknown')}:"
     return [head, *(f"    | {printable(line)}" for line in record.output_tail)]
 
 
 def _with_gave_up(data: dict[str, Any], record: Any) -> dict[str, Any]:
     """The assignment's document, with ``gave_up`` when its agent gave up on the job."""
-    if record is not None:
+    if record is not None and record.output_tail:
         data["gave_up"] = {"output_tail": list(record.output_tail), "log_path": record.log_path}
     return data
 

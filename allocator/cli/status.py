@@ -121,7 +121,7 @@ def _text(hosts: Any, render_table: Any, groups: Any = ()) -> str:
     rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
     headers = ["HOST", "GPU", "HOLDER", "SLOTS", "SINCE", "REASON", "HEALTH", "RESERVED", "IDLE"]
     table = render_table(headers, rows)
-    agents = "\n".join(f"{h.host}: agent {h.agent}" + _job_summary(h) for h in hosts)
+    agents = "\n".join(f"{h.host}: agent {h.agent}{_vendor(h)}" + _job_summary(h) for h in hosts)
     picked = "".join(
         f"\n{h.host}: {j.job} picked {j.gpus}: {j.picked}"
         for h in hosts
@@ -131,6 +131,12 @@ def _text(hosts: Any, render_table: Any, groups: Any = ()) -> str:
     bad = "".join(f"\n{h.host}: {line}" for h in hosts for line in h.bad_records)
     across = "\n\n" + "\n".join(g.summary() for g in groups) if groups else ""
     return f"{table}\n\n{agents}{picked}{bad}{_usage_sections(hosts)}{across}"
+
+
+def _vendor(host: Any) -> str:
+    if host.vendor_mismatch:
+        return f", {host.vendor} GPUs (MISMATCH: {host.vendor_mismatch})"
+    return f", {host.vendor} GPUs" if host.vendor else ""
 
 
 def _gpu_cells(g: Any) -> list[str]:

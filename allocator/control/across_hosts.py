@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from allocator.control.history import change_entry, host_stream, prepare_append, release_entry
 from allocator.control.job_index import group_index_change, index_for_write
 from allocator.errors import PlacementRefused, RequestError
+from allocator.placement.vendors import check_one_vendor
 from allocator.records.codec import replace_struct
 from allocator.records.types import Assignment, HistoryEntry
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
@@ -193,6 +194,8 @@ def plan_group_set(
     now = allocator.clock()
     template = _template(allocator, snapshot, request, nodes[0], why)
     states = {host: allocator.host(host) for host in nodes}
+    detected = {h: s.agent.vendor if s.agent is not None else None for h, s in states.items()}
+    check_one_vendor(snapshot.policy, job, detected)
     placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
     held_here = any(job in state.assignments for state in states.values())
     indexed = snapshot.record.job_index and not held_here  # see writeview.settle_view

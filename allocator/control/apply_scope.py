@@ -3,8 +3,9 @@
 A policy change can refuse an assignment only where it changes what
 placement sees for the assignment's host: the host's own entry, the rules
 of its pool (old or new), a reservation on it. Placement reads nothing else
-of the policy but which jobs take their GPUs whole (``exclusive``): a change
-there, or a first apply, checks every host. So a one-host change in a
+of the policy but which jobs exist, take their GPUs whole (``exclusive``)
+and how many workers they run (``workers``, under MPS): a change there, or
+a first apply, checks every host. So a one-host change in a
 12,500-host fleet reads that host's keys, not the fleet's.
 
 Every read here is bounded: hosts named are read :data:`HOSTS_PER_CALL`
@@ -40,7 +41,7 @@ JOBS_PER_CALL = 5_000
 
 def affected_hosts(old: Policy | None, new: Policy) -> frozenset[str] | None:
     """The hosts whose assignments going from ``old`` to ``new`` may refuse; ``None``: all."""
-    if old is None or _whole_gpu_jobs(old) != _whole_gpu_jobs(new):
+    if old is None or _placed_jobs(old) != _placed_jobs(new):
         return None
     changed = {
         name
@@ -55,8 +56,9 @@ def affected_hosts(old: Policy | None, new: Policy) -> frozenset[str] | None:
     return frozenset(changed)
 
 
-def _whole_gpu_jobs(policy: Policy) -> set[str]:
-    return {name for name, job in policy.jobs.items() if job.exclusive}
+def _placed_jobs(policy: Policy) -> dict[str, tuple[object, ...]]:
+    """What placement reads of the jobs: which exist, which take GPUs whole, their workers."""
+    return {name: (job.exclusive, job.workers) for name, job in policy.jobs.items()}
 
 
 def _rules(pool: Pool | None) -> tuple[object, ...] | None:

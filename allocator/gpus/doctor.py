@@ -15,10 +15,10 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from allocator.gpus.inventory import Inventory, cuda_version_text, read_inventory
+from allocator.gpus.findings import Finding, Status, TorchReport
+from allocator.gpus.inventory import Inventory, cuda_version_text
 from allocator.gpus.probe import run_deep_probe
 from allocator.policy.model import Policy
 
@@ -35,48 +35,27 @@ __all__ = [
     "torch_findings",
 ]
 
-Status = Literal["ok", "warn", "fail"]
 _RANK: dict[Status, int] = {"ok": 0, "warn": 1, "fail": 2}
 _REPORT_MARK = "ALLOCATOR-TORCH-REPORT "
 _TORCH_SCRIPT = (
     "import json, torch\n"
+    "xpu = hasattr(torch, 'xpu') and torch.xpu._is_compiled()\n"
     "print(" + repr(_REPORT_MARK) + " + json.dumps({'version': torch.__version__,"
     " 'cuda': torch.version.cuda, 'available': torch.cuda.is_available(),"
-    " 'count': torch.cuda.device_count()}))\n"
+    " 'count': torch.cuda.device_count(), 'hip': getattr(torch.version, 'hip', None),"
+    " 'xpu': xpu, 'mps': torch.backends.mps.is_built()}))\n"
+)
+_DEVICE_FILTERS = (
+    "CUDA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "ZE_AFFINITY_MASK",
+    "ONEAPI_DEVICE_SELECTOR",
 )
 _NVML_HINT = (
     "install the NVIDIA driver and nvidia-ml-py (pip install 'gpu-allocator[nvml]'), "
     "or declare this host's GPUs in the policy"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One line of the doctor's report."""
-
-    status: Status
-    check: str
-    message: str
-    hint: str = ""
-
-    def to_dict(self) -> dict[str, str]:
-        """A JSON-ready dict."""
-        return {
-            "status": self.status,
-            "check": self.check,
-            "message": self.message,
-            "hint": self.hint,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class TorchReport:
-    """What PyTorch said about itself in a subprocess."""
-
-    version: str
-    cuda: str | None
-    available: bool
-    device_count: int
 
 
 def overall(findings: Sequence[Finding]) -> Status:
@@ -95,15 +74,29 @@ def run_checks(
     torch_timeout: float = 60.0,
 ) -> list[Finding]:
     """Run every check for ``host`` and return the findings in report order."""
+    from allocator.gpus.doctor_vendor import (
+        device_library_findings,
+        vendor_findings,
+        vendor_torch_findings,
+    )
+    from allocator.gpus.vendors import read_host_inventory
+
     declared = _declared_count(policy, host)
-    inventory = read_inventory(declared, environ=environ)
+    inventory = read_host_inventory(declared, environ=environ)
+    nvidia = inventory.vendor == "nvidia"
+    library = nvml_findings(inventory, declared, environ) if nvidia else []
     findings = [
-        *nvml_findings(inventory, declared, environ),
+        *vendor_findings(inventory, policy, host),
+        *(library or device_library_findings(inventory)),
         *gpu_count_findings(inventory, policy, host),
         *environment_findings(environ),
     ]
     if check_torch:
-        findings.extend(torch_findings(probe_torch(environ, torch_timeout), inventory))
+        report = probe_torch(environ, torch_timeout)
+        if nvidia or report is None or isinstance(report, str):
+            findings.extend(torch_findings(report, inventory))
+        else:
+            findings.extend(vendor_torch_findings(report, inventory))
     for name, check in (("store", store_check), ("agent", agent_check)):
         if check is not None:
             findings.append(_run_passed_check(name, check))
@@ -124,7 +117,8 @@ def _run_passed_check(name: str, check: Callable[[], Finding]) -> Finding:
 
 
 def _nvml_working(inventory: Inventory) -> bool:
-    return inventory.source in ("nvml", "fake")
+    """Whether a device library answered (NVML on NVIDIA hosts; amdsmi, sysfs... elsewhere)."""
+    return inventory.source in ("nvml", "fake", "amdsmi", "sysfs", "system")
 
 
 def nvml_findings(
@@ -204,8 +198,9 @@ def _broken_gpus(inventory: Inventory) -> list[Finding]:
 def environment_findings(environ: Mapping[str, str]) -> list[Finding]:
     """Variables already set here that would fight the ones the agent sets per worker."""
     conflicts: list[str] = []
-    if "CUDA_VISIBLE_DEVICES" in environ:
-        conflicts.append(f"CUDA_VISIBLE_DEVICES={environ['CUDA_VISIBLE_DEVICES']!r}")
+    for name in _DEVICE_FILTERS:  # every vendor's: the agent strips and sets them per worker
+        if name in environ:
+            conflicts.append(f"{name}={environ[name]!r}")
     order = environ.get("CUDA_DEVICE_ORDER")
     if order is not None and order != "PCI_BUS_ID":
         conflicts.append(f"CUDA_DEVICE_ORDER={order!r} (the agent uses PCI_BUS_ID)")
@@ -252,6 +247,9 @@ def _parse_report(output: str) -> TorchReport | str:
                     cuda=str(data["cuda"]) if data["cuda"] else None,
                     available=bool(data["available"]),
                     device_count=int(data["count"]),
+                    hip=str(data["hip"]) if data.get("hip") else None,
+                    xpu=bool(data.get("xpu")),
+                    mps=bool(data.get("mps")),
                 )
             except (ValueError, KeyError, TypeError) as exc:
                 return f"unreadable PyTorch report: {exc}"

@@ -18,7 +18,12 @@ File shape (every device field but ``index`` is optional)::
                   "utilization_gpu": 37, "memory_used_mib": 20480,
                   "processes": [{"pid": 4242, "used_memory_mib": 20000}]}],
      "driver_version": "550.54.15", "cuda_driver_version": 12040,
-     "init_error": "driver_not_loaded", "nvml_error": "unknown"}
+     "init_error": "driver_not_loaded", "nvml_error": "unknown", "vendor": "nvidia"}
+
+``vendor`` (``nvidia`` by default) says whose library the file stands in
+for: any other vendor's host has no NVML, so ``nvmlInit`` fails with
+"library not found", and :mod:`allocator.gpus.vendors` reads the same
+devices through that vendor's fake (``amdsmi``'s, Intel's sysfs, Apple's).
 
 The file is re-read whenever its bytes change, so editing it changes what the
 next health read sees. ``lost`` makes every call on the GPU fail with "GPU is
@@ -188,6 +193,8 @@ class FakeNvml:
     def nvmlInit(self) -> None:
         """Start a session; fails like NVML when the file says ``init_error``."""
         system = self._load()
+        if system.vendor != "nvidia":  # another vendor's host has no NVML library at all
+            raise FakeNvmlError(ERROR_LIBRARY_NOT_FOUND)
         if system.init_error is not None:
             raise FakeNvmlError(_NAMED_ERRORS[system.init_error])
         self._inits += 1

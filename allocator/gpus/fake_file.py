@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_DRIVER_VERSION",
     "DEFAULT_MEMORY_MIB",
     "DEFAULT_NAME",
+    "FAKE_VENDORS",
     "INIT_ERRORS",
     "NVML_ERRORS",
     "FakeDevice",
@@ -42,7 +43,16 @@ INIT_ERRORS = ("driver_not_loaded", "library_not_found", "no_permission", "unkno
 #: Values of ``nvml_error``: how every call after nvmlInit fails while it is set.
 NVML_ERRORS = ("unknown", "driver_not_loaded", "timeout", "uninitialized", "gpu_is_lost")
 
-_SYSTEM_KEYS = {"devices", "driver_version", "cuda_driver_version", "init_error", "nvml_error"}
+_SYSTEM_KEYS = {
+    "devices",
+    "driver_version",
+    "cuda_driver_version",
+    "init_error",
+    "nvml_error",
+    "vendor",
+}
+#: Values of ``vendor``: whose library the file stands in for (NVML by default).
+FAKE_VENDORS = ("nvidia", "amd", "intel", "apple")
 _DEVICE_KEYS = {
     "index",
     "uuid",
@@ -128,6 +138,8 @@ class FakeSystem:
     cuda_driver_version: int = DEFAULT_CUDA_DRIVER_VERSION
     init_error: str | None = None
     nvml_error: str | None = None
+    #: Whose device library the file stands in for (see :mod:`allocator.gpus.vendors`).
+    vendor: str = "nvidia"
 
 
 def default_uuid(index: int) -> str:
@@ -215,6 +227,7 @@ def _system(data: Any) -> FakeSystem:
         ),
         init_error=init_error,
         nvml_error=nvml_error,
+        vendor=_one_of(top, "vendor", FAKE_VENDORS) or "nvidia",
     )
 
 

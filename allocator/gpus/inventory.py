@@ -27,11 +27,14 @@ __all__ = [
     "cuda_version_text",
     "declared_inventory",
     "from_nvml",
+    "keep_addresses",
     "keep_last_good",
     "read_inventory",
 ]
 
-InventorySource = Literal["nvml", "fake", "declared", "none"]
+InventorySource = Literal["nvml", "fake", "declared", "none", "amdsmi", "sysfs", "system"]
+#: The sources that are a device library (or its fake) answering, not a stand-in.
+_READ_SOURCES = ("nvml", "fake", "amdsmi", "sysfs", "system")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +44,7 @@ class Inventory:
     ``cuda_driver_version`` is NVML's ``nvmlSystemGetCudaDriverVersion``:
     the newest CUDA the driver supports, as ``1000*major + 10*minor``.
     ``error`` says why NVML was not used (``None`` when it was).
+    ``vendor`` is whose devices these are (:mod:`allocator.gpus.vendors`).
     """
 
     gpus: tuple[GpuInfo, ...]
@@ -48,6 +52,7 @@ class Inventory:
     driver_version: str | None = None
     cuda_driver_version: int | None = None
     error: str | None = None
+    vendor: str = "nvidia"
 
     @property
     def indices(self) -> tuple[int, ...]:
@@ -58,21 +63,23 @@ class Inventory:
     def from_dict(cls, data: Mapping[str, Any]) -> Inventory:
         """Rebuild from :meth:`to_dict` output; ``ValueError`` if it is not one."""
         source = data.get("source")
-        if source not in ("nvml", "fake", "declared", "none"):
+        if source not in (*_READ_SOURCES, "declared", "none"):
             raise ValueError(f"unknown inventory source {source!r}")
         driver, cuda = data.get("driver_version"), data.get("cuda_driver_version")
-        error = data.get("error")
+        error, vendor = data.get("error"), data.get("vendor")
         return cls(
             gpus=tuple(GpuInfo.from_dict(gpu) for gpu in data.get("gpus", ())),
             source=source,
             driver_version=driver if isinstance(driver, str) else None,
             cuda_driver_version=cuda if isinstance(cuda, int) else None,
             error=error if isinstance(error, str) else None,
+            vendor=vendor if isinstance(vendor, str) else "nvidia",
         )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (for ``allocator doctor --json`` and agent records)."""
         return {
+            "vendor": self.vendor,
             "source": self.source,
             "driver_version": self.driver_version,
             "cuda_driver_version": self.cuda_driver_version,
@@ -120,8 +127,8 @@ def read_inventory(
 
 
 def from_nvml(inventory: Inventory) -> bool:
-    """Whether NVML (or its fake) answered the read that made ``inventory``."""
-    return inventory.source in ("nvml", "fake") and inventory.error is None
+    """Whether the device library (NVML, amdsmi, sysfs, or a fake) answered the read."""
+    return inventory.source in _READ_SOURCES and inventory.error is None
 
 
 def keep_last_good(last_good: Inventory | None, fresh: Inventory) -> Inventory:
@@ -142,6 +149,30 @@ def keep_last_good(last_good: Inventory | None, fresh: Inventory) -> Inventory:
     if last_good is not None:
         return replace(last_good, error=fresh.error)
     return fresh
+
+
+def keep_addresses(last_good: Inventory | None, fresh: Inventory) -> Inventory:
+    """:func:`keep_last_good` for libraries that list only the GPUs present (sysfs, amdsmi).
+
+    Such a library renumbers the GPUs left when one disappears, so each GPU
+    keeps the index it had at its PCI address, and a GPU gone from the bus
+    stays listed, with an error saying so (it is out of service, not
+    forgotten); a GPU that appears takes the next free index.
+    """
+    if last_good is None or not from_nvml(fresh) or not last_good.gpus:
+        return keep_last_good(last_good, fresh)
+    found: dict[str | None, GpuInfo] = {gpu.pci_bus_id: gpu for gpu in fresh.gpus}
+    gpus = [_at_address(last, found.get(last.pci_bus_id)) for last in last_good.gpus]
+    known = {gpu.pci_bus_id for gpu in last_good.gpus}
+    added = [gpu for gpu in fresh.gpus if gpu.pci_bus_id not in known]
+    gpus += [replace_struct(gpu, index=len(gpus) + n) for n, gpu in enumerate(added)]
+    return replace(fresh, gpus=tuple(gpus))
+
+
+def _at_address(last: GpuInfo, now: GpuInfo | None) -> GpuInfo:
+    if now is None:
+        return replace_struct(last, error=f"gone from the bus (no GPU at {last.pci_bus_id} now)")
+    return _kept(replace_struct(now, index=last.index), last)
 
 
 def _kept(gpu: GpuInfo, last: GpuInfo | None) -> GpuInfo:

@@ -1,6 +1,11 @@
 """The environment each worker of a job starts with (pure).
 
-Rules, from how CUDA reads its environment:
+Which variables make a worker's devices visible is the vendor's business
+(:mod:`allocator.gpus.vendors`: ``CUDA_VISIBLE_DEVICES`` on NVIDIA,
+``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel, nothing on
+Apple); every worker also gets ``ALLOCATOR_VENDOR`` and ``ALLOCATOR_DEVICE``
+(the PyTorch device type: ``cuda``, ``xpu``, ``mps``, or ``cpu``). On NVIDIA,
+the rules, from how CUDA reads its environment:
 
 * ``CUDA_VISIBLE_DEVICES`` lists the job's GPUs in the assignment's order
   (CUDA renumbers visible devices from 0 in listed order, so the first
@@ -20,6 +25,9 @@ Rules, from how CUDA reads its environment:
   is the empty string (never unset, never ``-1``), ``NVIDIA_VISIBLE_DEVICES=void``,
   ``ALLOCATOR_DEVICE=cpu``, ``ALLOCATOR_FALLBACK_REASON``, and
   ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` from the job's fallback rule.
+* ``ALLOCATOR_GPU_COUNT``: how many GPUs the worker sees (0 on CPU), in
+  every mode. ``workers: torchrun`` is one worker like ``single`` (the agent
+  puts torchrun in front of its command).
 * ``workers: per-gpu``: one worker per GPU, each seeing only its GPU, with
   torchrun's single-node variables (``RANK`` = ``LOCAL_RANK``, ``WORLD_SIZE`` =
   ``LOCAL_WORLD_SIZE`` = number of GPUs, ``MASTER_ADDR``, ``MASTER_PORT``).
@@ -43,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from allocator.errors import RequestError
+from allocator.gpus.vendors import DeviceVendor, vendor_named
 from allocator.policy.model import Policy
 from allocator.records.types import Assignment, GpuInfo
 
@@ -59,8 +68,6 @@ __all__ = [
 MASTER_PORT_RANGE = (20000, 30000)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# An index, a GPU-/MIG- UUID, or MIG-GPU-<uuid>/<gi>/<ci>: nothing CUDA would split or trim.
-_DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_-]*\Z")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +104,12 @@ def worker_environments(
     master_addr: str = "127.0.0.1",
     master_port: int | None = None,
     group: NodeGroup | None = None,
+    vendor: str | None = None,
 ) -> list[dict[str, str]]:
     """One dict per worker: the variables to add to (override in) the job's env.
 
-    ``inventory`` is the host's GPUs (``None`` if unknown: indices are used).
+    ``inventory`` is the host's GPUs (``None`` if unknown: indices are used),
+    ``vendor`` whose they are (``None``: NVIDIA).
     ``group`` places a share of a job across several hosts (its rendezvous
     then replaces ``master_addr``/``master_port``).
     Raises :class:`RequestError` for an assignment no environment can express.
@@ -111,25 +120,31 @@ def worker_environments(
         _checked_port(group.master_port)
         master_addr, master_port = group.master_addr, group.master_port
     port = _checked_port(master_port) if master_port is not None else None
+    try:
+        devices = vendor_named(vendor)
+    except ValueError as exc:  # a vendor from a newer agent's record, say
+        raise RequestError(f"host {assignment.host}: {exc}") from None
     base = {
         "ALLOCATOR_JOB": assignment.job,
         "ALLOCATOR_HOST": assignment.host,
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "ALLOCATOR_VENDOR": devices.name,
+        # NVIDIA only: NVML's indices are PCI-ordered, CUDA's by default are not.
+        **({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if devices.name == "nvidia" else {}),
         **(group.env() if group is not None else {}),
     }
     if assignment.mode == "cpu" or fallback_reason is not None:
-        env = {**base, **_cpu_env(assignment, policy, fallback_reason)}
+        env = {**base, **_cpu_env(assignment, policy, fallback_reason, devices)}
         if per_gpu:
             env.update(_rank_env(0, 1, master_addr, port, assignment.job, group))
         return [env]
     gpus = _checked_gpus(assignment)
     known = _known(inventory, gpus)
-    ids = _device_ids(gpus, known, policy)
+    ids = devices.device_ids(gpus, known, policy.visible_devices == "uuid")
     if per_gpu:
         return [
             {
                 **base,
-                **_gpu_env((gpu,), (ids[rank],)),
+                **_gpu_env((gpu,), (ids[rank],), devices),
                 **_rank_env(rank, len(gpus), master_addr, port, assignment.job, group),
             }
             for rank, gpu in enumerate(gpus)
@@ -139,7 +154,7 @@ def worker_environments(
             f"job {assignment.job}: GPUs {_join(gpus)} in one worker include a MIG-enabled "
             "GPU; a process sees only one MIG device (assign it alone, or use workers: per-gpu)"
         )
-    return [{**base, **_gpu_env(gpus, tuple(ids))}]
+    return [{**base, **_gpu_env(gpus, tuple(ids), devices)}]
 
 
 def render_exports(env: Mapping[str, str]) -> str:
@@ -182,53 +197,24 @@ def _known(inventory: Sequence[GpuInfo] | None, gpus: tuple[int, ...]) -> dict[i
     return {gpu: by_index[gpu] for gpu in gpus}
 
 
-def _device_ids(gpus: tuple[int, ...], known: dict[int, GpuInfo], policy: Policy) -> list[str]:
-    """The ``CUDA_VISIBLE_DEVICES`` entry of each GPU, in assignment order."""
-    plain = [gpu for gpu in gpus if gpu not in known or not known[gpu].mig_enabled]
-    use_uuid = policy.visible_devices == "uuid" and all(
-        gpu in known and known[gpu].uuid for gpu in plain
-    )
-    ids: list[str] = []
-    for gpu in gpus:
-        info = known.get(gpu)
-        if info is not None and info.mig_enabled:
-            if not info.mig_devices:
-                raise RequestError(f"GPU {gpu} is in MIG mode but has no MIG instance")
-            ids.append(info.mig_devices[0].uuid)
-        elif use_uuid and info is not None and info.uuid:
-            ids.append(info.uuid)
-        else:
-            ids.append(str(gpu))
-    _check_ids(gpus, ids)
-    return ids
-
-
-def _check_ids(gpus: tuple[int, ...], ids: list[str]) -> None:
-    """Refuse ids CUDA would misparse: a space, a comma, or the same device twice."""
-    for gpu, device_id in zip(gpus, ids, strict=True):
-        if not _DEVICE_ID.match(device_id):
-            raise RequestError(f"GPU {gpu} has an unusable device id {device_id!r}")
-    if len(set(ids)) != len(ids):
-        raise RequestError(f"GPUs {_join(gpus)} resolve to a repeated device id: {ids}")
-
-
-def _gpu_env(gpus: Sequence[int], ids: Sequence[str]) -> dict[str, str]:
-    visible = ",".join(ids)
+def _gpu_env(gpus: Sequence[int], ids: Sequence[str], devices: DeviceVendor) -> dict[str, str]:
     return {
-        "CUDA_VISIBLE_DEVICES": visible,
-        "NVIDIA_VISIBLE_DEVICES": visible,
-        "ALLOCATOR_DEVICE": "cuda",
+        **devices.visible_env(ids),
+        "ALLOCATOR_DEVICE": devices.torch_device_type,
         "ALLOCATOR_GPUS": _join(gpus),
+        "ALLOCATOR_GPU_COUNT": str(len(gpus)),
     }
 
 
-def _cpu_env(assignment: Assignment, policy: Policy, reason: str | None) -> dict[str, str]:
+def _cpu_env(
+    assignment: Assignment, policy: Policy, reason: str | None, devices: DeviceVendor
+) -> dict[str, str]:
     why = reason or assignment.fallback_reason or assignment.reason or "assigned to CPU"
     env = {
-        "CUDA_VISIBLE_DEVICES": "",
-        "NVIDIA_VISIBLE_DEVICES": "void",
+        **devices.no_device_env(),
         "ALLOCATOR_DEVICE": "cpu",
         "ALLOCATOR_GPUS": "",
+        "ALLOCATOR_GPU_COUNT": "0",
         "ALLOCATOR_FALLBACK_REASON": why.replace("\x00", ""),
     }
     rule = policy.fallback_for(assignment.job)

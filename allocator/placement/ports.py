@@ -50,7 +50,7 @@ def declared_master_port(job: Job) -> int | None:
 def _needs_port(job: Job | None, assignment: Assignment) -> bool:
     return (
         job is not None
-        and job.workers == "per-gpu"
+        and job.workers in ("per-gpu", "torchrun")
         and declared_master_port(job) is None
         and not assignment.nodes  # a job across hosts brings its own
     )

@@ -114,7 +114,8 @@ def ask_of(policy: Policy, request: Request, gpus: int) -> Ask:
             f"job '{request.job}' asks for {slots} slots; "
             f"the {where} has {sharing.capacity} per GPU"
         )
-    single = job is not None and job.workers == "single"
+    # A torchrun worker is one process tree given every GPU, with one MPS pipe: like single.
+    single = job is not None and job.workers in ("single", "torchrun")
     if sharing.mode == "mps" and not exclusive and single and gpus > 1:
         raise RequestError(
             f"job '{request.job}' runs one worker, and under MPS a worker uses one GPU (one "

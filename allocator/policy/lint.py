@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from allocator.policy.globs import glob_matches_every_name
 from allocator.policy.model import Policy, Reservation
+from allocator.policy.references import referenced_names
 from allocator.policy.sharing_field import SHARED
 
 __all__ = ["ENTRY_BYTES", "STORE_QUOTA_BYTES", "PolicyWarning", "policy_warnings"]
@@ -64,6 +65,7 @@ def policy_warnings(
     found += _host_name_warnings(policy)
     found += _sharing_warnings(policy)
     found += _history_size_warnings(policy)
+    found += _reference_warnings(policy)
     warnings = [PolicyWarning(source, lines.get(path), path, reason) for path, reason in found]
     return tuple(sorted(warnings, key=lambda w: (w.line or 0, w.field or "")))
 
@@ -173,6 +175,44 @@ def _history_size_warnings(policy: Policy) -> list[tuple[str, str]]:
             "refuses every write: keep fewer entries, or raise --quota-backend-bytes",
         )
     ]
+
+
+#: What the agent sets in a worker's environment (besides the job's env), for ``$(NAME)``.
+_WORKER_NAMES = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+    }
+)
+_WORKER_PREFIXES = ("ALLOCATOR_", "CUDA_MPS_")
+
+
+def _reference_warnings(policy: Policy) -> list[tuple[str, str]]:
+    """``$(NAME)`` in a command where no worker of the job gets NAME: left as written."""
+    found: list[tuple[str, str]] = []
+    for job in policy.jobs.values():
+        for index, argument in enumerate(job.command):
+            for name in referenced_names(argument):
+                if name in job.env or name in _WORKER_NAMES or name.startswith(_WORKER_PREFIXES):
+                    continue
+                found.append(
+                    (
+                        f"jobs.{job.name}.command[{index}]",
+                        f"$({name}) names no variable of the job's workers, so it is left as "
+                        f"written (set it in env:, or write $$({name}) for the text)",
+                    )
+                )
+    return found
 
 
 def _iso(moment: datetime) -> str:

@@ -46,7 +46,8 @@ DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 SharingMode = Literal["exclusive", "time-slice", "mps"]
 CpuAffinity = Literal["local", "none"]
 FallbackAction = Literal["cpu", "wait", "fail"]
-WorkerMode = Literal["single", "per-gpu"]
+WorkerMode = Literal["single", "per-gpu", "torchrun"]
+RestartRule = Literal["always", "on-failure", "never"]
 VisibleDevices = Literal["uuid", "index"]
 IdleAction = Literal["warn", "release", "none"]
 ContainerEngine = Literal["podman", "docker"]
@@ -76,6 +77,7 @@ class Host(Struct, frozen=True, omit_defaults=True):
     name: str
     gpus: int
     pool: str | None = None
+    vendor: str | None = None  # nvidia, amd, intel, apple; None: the pool's, or any
 
 
 class Sharing(Struct, frozen=True, omit_defaults=True):
@@ -110,6 +112,7 @@ class Pool(Struct, frozen=True, omit_defaults=True):
     sharing: Sharing = Sharing()
     max_gpus_per_job: int | None = None
     idle: IdleRule | None = None
+    vendor: str | None = None  # the vendor of every host of the pool
 
 
 class Reservation(Struct, frozen=True, omit_defaults=True):
@@ -183,6 +186,12 @@ class Job(Struct, frozen=True, omit_defaults=True):
     exclusive: bool = False  # whole GPUs even in a shared pool
     cpu_affinity: CpuAffinity = "local"  # pin workers to their GPUs' CPUs; "none": don't
     idle: IdleRule | None = None  # overrides the pool's rule
+    mix_vendors: bool = False  # may one job across hosts hold GPUs of several vendors
+    # When workers that ended by themselves start again: "on-failure" (the
+    # default, what the agent always did) restarts only a non-zero exit.
+    restart: RestartRule = "on-failure"
+    # Exit statuses at which the agent releases the job's GPUs (): never.
+    release_on_exit: tuple[int, ...] = ()
     container: Container | None = None  # run each worker as a container of this image
 
 
@@ -216,6 +225,14 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     visible_devices: VisibleDevices = "uuid"
     health: HealthSettings = field(default_factory=HealthSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
+
+    def vendor_of(self, host: str) -> str | None:
+        """The GPU vendor the policy says ``host`` has (its own, else its pool's)."""
+        declared = self.hosts.get(host)
+        if declared is not None and declared.vendor is not None:
+            return declared.vendor
+        pool = self.pool_of(host)
+        return pool.vendor if pool is not None else None
 
     def pool_of(self, host: str) -> Pool | None:
         """Return the pool ``host`` belongs to, if any."""

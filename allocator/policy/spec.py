@@ -22,6 +22,7 @@ from allocator.policy.model import (
     Reservation,
 )
 from allocator.policy.on_change import OnChange
+from allocator.policy.release_on_exit import ReleaseOnExit
 from allocator.policy.sharing_field import SharingKind
 from allocator.policy.yamlspec.kinds import (
     Bool,
@@ -96,8 +97,20 @@ HOUR = 3600.0
 DAY = 86_400.0
 _ARGUMENT = Str(max_length=MAX_ARGUMENT_LENGTH)
 
-#: Set by the agent from the assignment; a job's ``env`` may not override them.
-RESERVED_ENV = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+#: Set by the agent from the assignment; a job's ``env`` may not override them
+#: (every vendor's device filters: a second filter would hide the wrong devices).
+RESERVED_ENV = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "ZE_AFFINITY_MASK",
+    "ONEAPI_DEVICE_SELECTOR",
+)
+#: The GPU vendors a host or pool may name (those of allocator.gpus.vendors).
+_VENDOR = Enum("nvidia", "amd", "intel", "apple")
 RESERVED_ENV_PREFIX = "ALLOCATOR_"
 
 HOST = Record(
@@ -114,6 +127,12 @@ HOST = Record(
             "pool",
             Name("pool"),
             "Pool the host belongs to (the same as listing it in the pool's hosts).",
+        ),
+        Field(
+            "vendor",
+            _VENDOR,
+            "Whose GPUs the host has (nvidia, amd, intel, apple; the pool's when absent). "
+            "The agent detects its vendor; status and doctor report a mismatch.",
         ),
     ),
     description="A host and its declared GPU inventory.",
@@ -142,6 +161,7 @@ POOL = Record(
             "Most GPUs one job may hold on one host of this pool (unlimited when absent).",
         ),
         Field("idle", IDLE, "Idle-holder rule for jobs on this pool's hosts."),
+        Field("vendor", _VENDOR, "Whose GPUs this pool's hosts have (a host may say its own)."),
     ),
     description="A group of hosts sharing placement rules.",
 )
@@ -210,13 +230,15 @@ JOB = Record(
         Field("cwd", Str(), "Working directory of the workers."),
         Field(
             "workers",
-            Enum("single", "per-gpu"),
+            Enum("single", "per-gpu", "torchrun"),
             "single: one worker sees all assigned GPUs; per-gpu: one worker per GPU, with "
             "torchrun's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and "
-            "MASTER_PORT. A job set across several hosts (allocator set host=a,b) gets "
-            "ALLOCATOR_NODE_RANK, ALLOCATOR_NNODES, MASTER_ADDR (the first host's) and one "
-            "MASTER_PORT on every host in either mode; per-gpu ranks are then global and "
-            "GROUP_RANK is the node rank.",
+            "MASTER_PORT; torchrun: one worker, torchrun, started by the agent with --nnodes, "
+            "--node-rank, --master-addr, --master-port and --nproc-per-node (the GPU count, 1 "
+            "on the CPU fallback) before the command. A job set across several hosts "
+            "(allocator set host=a,b) gets ALLOCATOR_NODE_RANK, ALLOCATOR_NNODES, MASTER_ADDR "
+            "(the first host's) and one MASTER_PORT on every host in every mode; per-gpu ranks "
+            "are then global and GROUP_RANK is the node rank.",
         ),
         Field(
             "on_change",
@@ -243,6 +265,19 @@ JOB = Record(
             "max_restarts",
             Int(minimum=0, maximum=MAX_RESTARTS),
             "Crash restarts allowed before the worker is left stopped.",
+        ),
+        Field(
+            "restart",
+            Enum("always", "on-failure", "never"),
+            "When workers that ended by themselves start again: on-failure (default) after a "
+            "non-zero exit, always after any exit, never (the job stays finished).",
+        ),
+        Field(
+            "release_on_exit",
+            ReleaseOnExit(),
+            "Release the job's GPUs when its workers have all ended with one of these exit "
+            "statuses (true: [0], the job finished; false: never, the default); such an "
+            "end is never restarted.",
         ),
         Field(
             "restart_backoff_seconds",
@@ -280,6 +315,12 @@ JOB = Record(
             "CPUs as its rule's threads. none: leave workers unpinned.",
         ),
         Field("idle", IDLE, "Idle-holder rule for this job (overrides its pool's)."),
+        Field(
+            "mix_vendors",
+            Bool(),
+            "Whether one placement across several hosts may take GPUs of different vendors "
+            "(false: never; its ranks would run different device runtimes).",
+        ),
         Field(
             "container",
             CONTAINER,

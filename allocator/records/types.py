@@ -245,6 +245,8 @@ class AgentRecord(msgspec.Struct, frozen=True):
     inventory_source: Text = "nvml"
     address: Address | None = None
     unassigned: Annotated[tuple[GpuProcess, ...], msgspec.Meta(max_length=4096)] = ()
+    #: Whose GPUs the agent found (nvidia, amd, intel, apple); "" from agents before vendors.
+    vendor: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

@@ -153,6 +153,10 @@ class HostStatus(msgspec.Struct, frozen=True):
     gpus: tuple[GpuRow, ...]
     jobs: tuple[JobRow, ...]
     bad_records: tuple[str, ...] = ()
+    #: Whose GPUs the host has: its agent's finding, else the policy's ("" unknown).
+    vendor: str = ""
+    #: The policy's vendor for the host against the agent's finding, when they differ.
+    vendor_mismatch: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON/YAML-ready form: every field, rows as dicts (copies: the caller may edit them)."""
@@ -292,7 +296,17 @@ def _host_status(
             rows.append(GpuRow(snapshot.host, "cpu", job, held.updated_at, held.reason, "-", ""))
     job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
-    return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad)
+    vendor, mismatch = _vendor(policy, snapshot)
+    return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad, vendor, mismatch)
+
+
+def _vendor(policy: Policy | None, snapshot: HostSnapshot) -> tuple[str, str]:
+    """The host's vendor, and what is wrong when the policy says another one."""
+    found = snapshot.agent.vendor if snapshot.agent is not None else ""
+    said = policy.vendor_of(snapshot.host) if policy is not None else None
+    if found and said and found != said:
+        return found, f"the policy says {said} GPUs, the agent found {found}"
+    return found or said or "", ""
 
 
 #: A GPU nobody holds: no idle time to show.
@@ -313,7 +327,9 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
             matches = True
         else:
             matches = tuple(worker.gpus) == tuple(held.gpus) and on_cpu == (held.mode == "cpu")
-        if not worker.pids and worker.message:
+        if worker.state == "finished" and worker.message.startswith("finished"):
+            workers = worker.message  # finished (exit 0)[; its GPUs released ...]
+        elif not worker.pids and worker.message:
             workers += f": {worker.message}"
     gpus = "cpu" if held.mode == "cpu" else ",".join(map(str, held.gpus))
     return JobRow(

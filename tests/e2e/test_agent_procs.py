@@ -107,7 +107,7 @@ def test_workers_that_end_while_the_agent_is_dead_keep_their_exit_codes(
     _reap_like_init([done["pid"], done["ppid"], bad["pid"], bad["ppid"]])
     world.start_agent()
     restarted = world.new_report("bad", not_pid=bad["pid"])  # a crash: restarted by the rules
-    record = wait_for("done's record", lambda: _state(world, "done", "exited"))
+    record = wait_for("done's record", lambda: _state(world, "done", "finished"))
     assert record.last_exit == 0
     assert world.report("done") == done  # finished: never run again
     assert [e["cause"] for e in world.events("start", job="done")] == ["new"]

@@ -182,7 +182,7 @@ class Faults:
         return all(self.recorded_as_assigned(job) for job in JOBS)
 
     def recorded_as_assigned(self, job: str) -> bool:
-        """A released job has no record; ``ok`` has exited; any other runs one live worker.
+        """A released job has no record; ``ok`` has finished; any other runs one live worker.
 
         Every pid recorded must live: a record not yet rewritten after a
         restart or a crash names a dead worker, and is not the agent's last word.
@@ -192,7 +192,7 @@ class Faults:
             return record is None
         if record is None or not all(pid_alive(pid) for pid in record.pids):
             return False
-        done = ("exited", 0) if job == "ok" else ("running", 1)  # ok ends by exit 0 only
+        done = ("finished", 0) if job == "ok" else ("running", 1)  # ok ends by exit 0 only
         return (record.state, len(record.pids)) == done
 
     def untracked(self) -> dict[str, list[int]]:

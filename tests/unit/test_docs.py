@@ -39,7 +39,7 @@ def test_the_manual_lists_every_page_and_the_readme_links_each() -> None:
     config = yaml.safe_load((REPO / "mkdocs.yml").read_text())
     assert config["strict"] is True and config["docs_dir"] == "docs"
     pages = _nav_pages(config["nav"])
-    assert sorted(pages) == sorted(p.name for p in DOCS.glob("*.md"))
+    assert sorted(pages) == sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
     readme = (REPO / "README.md").read_text()
     for page in pages:
         if page != "index.md":

@@ -116,11 +116,16 @@ def _idle(usage: GpuUsage | None, threshold: float) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class IdleRelease:
-    """Release ``job`` from this host if its assignment is still at ``revision``."""
+    """Release ``job`` from this host if its assignment is still at ``revision``.
+
+    ``kind`` says what decided it (``idle``, or ``exit`` for a job whose
+    ``release_on_exit`` status ended it); it names the release's log events.
+    """
 
     job: str
     revision: int
     reason: str
+    kind: str = "idle"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,8 @@ from allocator.agent.gpu_care.recovery import RecoveryProbes
 from allocator.agent.planning.types import Pin
 from allocator.agent.processes.procs import clean_base_env
 from allocator.gpus.health import GpuHealth, HealthMonitor, HealthState
-from allocator.gpus.inventory import Inventory, from_nvml, keep_last_good, read_inventory
+from allocator.gpus.inventory import Inventory, from_nvml, keep_addresses, keep_last_good
+from allocator.gpus.vendors import read_host_inventory
 from allocator.policy.model import HealthSettings, Policy
 from allocator.records.types import Assignment
 
@@ -120,8 +121,10 @@ class GpuState:
         return self.inventory
 
     def _read(self, declared_gpus: int | None, now: float) -> Inventory:
-        fresh = read_inventory(declared_gpus, environ=self._environ)
-        chosen = keep_last_good(self._last_good, fresh)
+        fresh = read_host_inventory(declared_gpus, environ=self._environ)
+        # NVML keeps its indices when a GPU fails; sysfs and amdsmi renumber.
+        keep = keep_last_good if fresh.vendor == "nvidia" else keep_addresses
+        chosen = keep(self._last_good, fresh)
         if from_nvml(fresh):
             self._last_good, self._retry_at, self._retries = chosen, None, 0
             if self._inventory_error is not None:
@@ -160,12 +163,16 @@ class GpuState:
         """
         settings = policy.health if policy is not None else HealthSettings()
         damping = Damping.from_policy(settings)
-        if self._retry_at is not None and now >= self._retry_at:
-            self.read_inventory(_declared(policy, host), now)
-        state = self.monitor.check(now)
-        self._note_health_error()
+        if self.inventory.vendor != "nvidia":
+            verdicts = self._vendor_verdicts(_declared(policy, host), now)
+        else:
+            if self._retry_at is not None and now >= self._retry_at:
+                self.read_inventory(_declared(policy, host), now)
+            state = self.monitor.check(now)
+            self._note_health_error()
+            verdicts = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
         self._probe_out = self.recovery.out_of_service(
-            {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy},
+            verdicts,
             self._probe_out,
             settings.recovery_probe,
             settings.recovery_probe_timeout_seconds,
@@ -182,6 +189,13 @@ class GpuState:
         self.unhealthy = out
         self._save()
         return out
+
+    def _vendor_verdicts(self, declared_gpus: int | None, now: float) -> dict[int, str]:
+        """Another vendor's health: its library read afresh, each GPU it could not read
+        (or that reports uncorrectable errors) out of service. NVML's signals (XIDs,
+        counters rising) are NVIDIA's; a failed read keeps the last verdicts' GPUs."""
+        inventory = self.read_inventory(declared_gpus, now)
+        return {gpu.index: gpu.error for gpu in inventory.gpus if gpu.error}
 
     def _note_health_error(self) -> None:
         error = self.monitor.error

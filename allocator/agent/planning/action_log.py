@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from allocator.agent.log import as_fields
-from allocator.agent.planning.types import Action, GiveUp, Start, Stop
+from allocator.agent.planning.types import Action, Finish, GiveUp, Start, Stop
 
 __all__ = ["action_fields", "action_name"]
 
@@ -26,6 +26,6 @@ def action_fields(action: Action) -> dict[str, Any]:
             workers=len(spec.workers),
             fallback=spec.fallback_reason,
         )
-    if isinstance(action, Stop | GiveUp):
+    if isinstance(action, Stop | GiveUp | Finish):
         fields["reason"] = action.reason
     return fields

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from allocator.gpus.vendors import VENDORS
 from allocator.policy.model import Container
 from allocator.records.types import GpuInfo
 
@@ -38,12 +39,9 @@ __all__ = [
     "container_run",
 ]
 
-#: The CDI kind of each vendor's devices (a GPU's partitions, MIG instances, included).
-CDI_KINDS: Mapping[str, str] = {
-    "nvidia": "nvidia.com/gpu",
-    "amd": "amd.com/gpu",
-    "intel": "intel.com/gpu",
-}
+#: The CDI kind of each vendor's devices (a GPU's partitions, MIG instances, included),
+#: as each vendor module says it (Apple has none: no engine passes a Mac's GPU through).
+CDI_KINDS: Mapping[str, str] = {name: v.cdi_kind for name, v in VENDORS.items() if v.cdi_kind}
 LABEL_PREFIX = "allocator."
 _NAME_PREFIX = "allocator-"
 

@@ -22,6 +22,7 @@ from datetime import datetime
 
 from allocator.agent.planning.across_hosts import Share, share_of
 from allocator.agent.planning.affinity import with_affinity
+from allocator.agent.planning.command_line import torchrun_group, worker_argv
 from allocator.agent.planning.containers import ContainerRun, container_run
 from allocator.agent.planning.desired_inputs import DEFAULT_MASTER_ADDR, DesiredInputs
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
@@ -59,6 +60,7 @@ def desired_jobs(inputs: DesiredInputs) -> dict[str, DesiredJob]:
             master_addr=inputs.master_addr,
             share=share_of(assignment, inputs.address or inputs.master_addr, inputs.peers),
             mps_dir=inputs.mps_dir,
+            vendor=inputs.vendor,
         )
         for name, assignment in sorted(inputs.assignments.items())
         if assignment.host == host
@@ -87,13 +89,14 @@ def desired_job(
     master_addr: str = DEFAULT_MASTER_ADDR,
     share: Share | None = None,
     mps_dir: str | None = None,
+    vendor: str | None = None,
 ) -> DesiredJob:
     """Decide what one assigned job should do: run (and how), wait, fail or be refused.
 
     ``master_port`` is the port the agent allocated for a per-gpu job; a port
     the policy declares for the job wins over it. ``share`` is this host's
     place in a job across several hosts (``None`` for a job on one host).
-    ``mps_dir``: see :class:`DesiredInputs`.
+    ``mps_dir`` and ``vendor``: see :class:`DesiredInputs`.
     """
     job = policy.jobs.get(assignment.job)
     if job is None:
@@ -115,7 +118,7 @@ def desired_job(
     if share is not None and share.failed:
         message = f"{share.failed}, so this share fails too (a collective needs every rank)"
         return _not_running(job, assignment, revision, "failed", message)
-    rank = _Rendezvous(master_addr, _port_for(job, master_port), share, mps_dir)
+    rank = _Rendezvous(master_addr, _port_for(job, master_port), share, mps_dir, vendor)
     if assignment.mode == "cpu":
         reason = assignment.fallback_reason or "assigned gpus=cpu"
         on_cpu = _on_cpu(assignment, reason)
@@ -132,6 +135,7 @@ class _Rendezvous:
     port: int | None
     share: Share | None = None
     mps_dir: str | None = None
+    vendor: str | None = None  # whose GPUs the host has, which says how to show them
 
     @property
     def group(self) -> NodeGroup | None:
@@ -236,11 +240,13 @@ def _running(
             master_addr=rank.addr,
             master_port=rank.port,
             group=rank.group,
+            vendor=rank.vendor,
         )
     except RequestError as exc:
         return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
     sharing = pool_sharing(policy, assignment.host)
-    mps_single = sharing.mode == "mps" and job.workers == "single" and not assignment.exclusive
+    one_worker = job.workers in ("single", "torchrun")
+    mps_single = sharing.mode == "mps" and one_worker and not assignment.exclusive
     if mps_single and len(assignment.gpus) > 1 and assignment.mode == "gpu":
         message = (
             f"job {job.name!r} runs one worker on GPUs {','.join(map(str, assignment.gpus))}, "
@@ -249,24 +255,35 @@ def _running(
         return _not_running(job, assignment, revision, "refused", message)
     device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
     gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
+    # A torchrun job's rendezvous is in its environment too (as per-gpu ranks have it),
+    # so the agent publishes its MASTER_PORT and `allocator env` shows it.
+    torchrun = torchrun_group(job.name, rank.group, rank.addr, rank.port)
+    meet = torchrun.env() if job.workers == "torchrun" else {}
+    full = [
+        {
+            **job.env,
+            **meet,
+            **env,
+            **share_env(sharing, assignment, gpus[i], inventory, rank.mps_dir),
+        }
+        for i, env in enumerate(envs)
+    ]
     workers = tuple(
         WorkerSpec(
             job=job.name,
             index=index,
-            argv=argv,
-            env={
-                **job.env,
-                **env,
-                **share_env(sharing, assignment, gpus[index], inventory, rank.mps_dir),
-            },
+            argv=worker_argv(job, argv, env, torchrun, len(gpus[index]) or 1),
+            env=env,
             cwd=job.cwd,
             gpus=gpus[index],
             device=device,
             user=job.user,
             group=job.group,
-            container=_container(job, assignment, index, revision, gpus[index], inventory),
+            container=_container(
+                job, assignment, index, revision, gpus[index], inventory, rank.vendor
+            ),
         )
-        for index, env in enumerate(envs)
+        for index, env in enumerate(full)
     )
     return _desired(job, assignment, revision, "run", message, workers, device, fault)
 
@@ -278,8 +295,10 @@ def _container(
     revision: int,
     gpus: tuple[int, ...],
     inventory: Sequence[GpuInfo] | None,
+    vendor: str | None,
 ) -> ContainerRun | None:
-    """Worker ``index``'s container, seeing exactly ``gpus``; None for a host process."""
+    """Worker ``index``'s container, seeing exactly ``gpus`` (by its vendor's CDI kind);
+    None for a host process."""
     if job.container is None:
         return None
     return container_run(
@@ -290,6 +309,7 @@ def _container(
         revision=revision,
         gpus=gpus,
         inventory=inventory,
+        vendor=vendor or "nvidia",
     )
 
 
@@ -345,7 +365,12 @@ def _desired(
         message=message,
         assignment_revision=revision,
         fault=fault,
+        restart=job.restart,
+        release_on_exit=job.release_on_exit,
     )
+
+
+_NOT_FINGERPRINTED = frozenset({"ALLOCATOR_GPU_COUNT"})
 
 
 def fingerprint(workers: Sequence[WorkerSpec]) -> str:
@@ -357,7 +382,9 @@ def fingerprint(workers: Sequence[WorkerSpec]) -> str:
     body = [
         {
             "argv": list(w.argv),
-            "env": dict(w.env),
+            # ALLOCATOR_GPU_COUNT only repeats ALLOCATOR_GPUS: leaving it out keeps the
+            # fingerprints workers had before it existed (no restart on upgrade).
+            "env": {k: v for k, v in w.env.items() if k not in _NOT_FINGERPRINTED},
             "cwd": w.cwd,
             **({"user": w.user, "group": w.group} if w.user or w.group else {}),
             **({"container": _container_words(w)} if w.container is not None else {}),

@@ -42,7 +42,8 @@ class DesiredInputs:
     MASTER_PORTs. ``peers`` are the other hosts of this host's jobs across
     hosts and ``address`` the address this agent advertises. ``allowed_cpus``
     are the CPUs workers may be pinned to (none: no pinning); ``mps_dir`` is
-    where the agent runs its MPS control daemons.
+    where the agent runs its MPS control daemons. ``vendor`` is whose GPUs the
+    host has (:mod:`allocator.gpus.vendors`), which says how a worker is shown its own.
     """
 
     policy: Policy = field(compare=False)  # in the key as policy_sha
@@ -63,6 +64,7 @@ class DesiredInputs:
     address: str | None = None
     allowed_cpus: frozenset[int] = frozenset()
     mps_dir: str | None = None
+    vendor: str = "nvidia"
 
     def __post_init__(self) -> None:
         """Freeze every mapping (a copy) and the inventory, so the value never changes."""
@@ -93,5 +95,6 @@ class DesiredInputs:
                 self.address,
                 self.allowed_cpus,
                 self.mps_dir,
+                self.vendor,
             )
         )

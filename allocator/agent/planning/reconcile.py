@@ -12,11 +12,12 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping
 
-from allocator.agent.planning.exit_codes import describe_exit
+from allocator.agent.planning.exit_codes import UNKNOWN_EXIT, describe_exit
 from allocator.agent.planning.types import (
     Accept,
     Action,
     DesiredJob,
+    Finish,
     Forget,
     GiveUp,
     JobView,
@@ -26,7 +27,7 @@ from allocator.agent.planning.types import (
     Stop,
 )
 
-__all__ = ["change_signal", "crash_backoff", "plan"]
+__all__ = ["change_signal", "crash_backoff", "job_status", "plan", "restarts_after"]
 
 
 def plan(
@@ -139,17 +140,63 @@ def _same_spec(want: DesiredJob, view: JobView, now: float) -> list[Action]:
     """Rule 4: the workers run the desired spec; handle crashes and finished jobs."""
     if view.waiting_until is not None:  # nothing ran: no crash, no restart to count
         return [Start(want.job, want, "new")] if now >= view.waiting_until else []
-    if view.stopping or view.gave_up:
+    if view.finished and want.assignment_revision != view.assignment_revision:
+        return [Start(want.job, want, "new")]  # set again after it finished: a new run
+    if view.stopping or view.gave_up or view.finished:
         return []
     if view.stopped:
         # The agent stopped them (released and set again, a "wait" GPU back, ...)
         # and they are gone: that was no crash, so start them again at once.
         return [Start(want.job, want, "change")]
     crash = _crash(view)
-    if crash is None:
-        return []
     if view.alive > 0:
-        return [Stop(want.job, f"worker crashed: {crash}", want.grace_seconds)]
+        # One worker's crash ends the set (a collective misses a rank); one that
+        # finished waits for the others.
+        return (
+            []
+            if crash is None
+            else [Stop(want.job, f"worker crashed: {crash}", want.grace_seconds)]
+        )
+    status = job_status(view)
+    end = _end(want, status)
+    if end is not None:
+        return [end]
+    return _restart(want, view, crash or f"workers exited with {describe_exit(status)}", now)
+
+
+def job_status(view: JobView) -> int:
+    """The exit status of a job whose workers all ended: its first crash's code, else 0.
+
+    Workers gone without a known code (adopted ones whose shims died) end it
+    with :data:`UNKNOWN_EXIT`.
+    """
+    if view.exit_status is not None and view.exit_status != 0:
+        return view.exit_status
+    codes = [code for code in view.exit_codes if code is not None]
+    if len(codes) < len(view.exit_codes) or not codes:
+        return UNKNOWN_EXIT
+    return next((code for code in codes if code != 0), 0)
+
+
+def restarts_after(rule: str, status: int) -> bool:
+    """Whether ``restart: rule`` starts workers again after the job ended with ``status``."""
+    if rule == "always":
+        return True
+    return rule == "on-failure" and status != 0
+
+
+def _end(want: DesiredJob, status: int) -> Finish | None:
+    """The job's end when its rules say it is done (released or kept), else None (restart)."""
+    words = f"finished (exit {describe_exit(status)})"
+    if status in want.release_on_exit:
+        return Finish(want.job, status, True, f"{words}; its GPUs released (release_on_exit)")
+    if restarts_after(want.restart, status):
+        return None
+    return Finish(want.job, status, False, words if status == 0 else f"{words}; restart: never")
+
+
+def _restart(want: DesiredJob, view: JobView, crash: str, now: float) -> list[Action]:
+    """Restart ended workers after the crash backoff, or give up at ``max_restarts``."""
     if view.crash_restarts >= want.max_restarts:
         reason = (
             f"{crash}; gave up after {view.crash_restarts} crash restarts "

@@ -19,6 +19,7 @@ __all__ = [
     "DesiredJob",
     "DesiredState",
     "Device",
+    "Finish",
     "Forget",
     "GiveUp",
     "JobView",
@@ -35,6 +36,7 @@ __all__ = [
 Device = Literal["cuda", "cpu"]
 DesiredState = Literal["run", "wait", "failed", "refused", "undeclared"]
 StartCause = Literal["new", "change", "crash"]
+RestartRule = Literal["always", "on-failure", "never"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,8 @@ class DesiredJob:
     # Why this host's own GPUs cannot serve the job now (its fallback is at work
     # because of them); a job across hosts' other shares follow it.
     fault: str | None = None
+    restart: RestartRule = "on-failure"  # when workers that ended by themselves start again
+    release_on_exit: tuple[int, ...] = ()  # the exit statuses at which its GPUs are released
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +110,9 @@ class JobView:
     grace_seconds: float = 10.0  # of the spec they were started with; stops an undeclared job
     stopped: bool = False  # the agent stopped them (not a crash) and none is left
     waiting_until: float | None = None  # a start could not be recorded: try again from then
+    finished: bool = False  # its workers ended and the job is done: never started again as is
+    exit_status: int | None = None  # the first crash's code, when one is noted
+    assignment_revision: int = 0  # of the assignment its workers were started under
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,13 +167,23 @@ class GiveUp:
 
 
 @dataclass(frozen=True, slots=True)
+class Finish:
+    """The job's workers all ended and it is done: no restart; ``release`` its GPUs or not."""
+
+    job: str
+    status: int  # the job's exit status (a crash's code, else 0)
+    release: bool  # the status is one of the job's release_on_exit statuses
+    reason: str  # what the history and the worker record say: ``finished (exit 0)``
+
+
+@dataclass(frozen=True, slots=True)
 class Forget:
     """Drop the job's runtime: nothing is left to track."""
 
     job: str
 
 
-Action = Start | Stop | SignalJob | Accept | ScheduleRestart | GiveUp | Forget
+Action = Start | Stop | SignalJob | Accept | ScheduleRestart | GiveUp | Finish | Forget
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,12 @@ leaving the job in a state nobody planned for.
 Phases are what the supervisor decides; how far its workers got is read
 from the workers themselves. So a job whose workers all ended by themselves
 is still ``RUNNING`` (published as ``exited`` when they all exited 0, else
-``stopped``: see :func:`published_state`). There is no "starting" phase: a
+``stopped``: see :func:`published_state`) until the planner judges the end
+by the job's ``restart`` and ``release_on_exit`` rules: ``FINISHED`` (done,
+never started again as it is) or a crash (restarted, or ``GAVE_UP`` once the
+crash loop reaches its limit). Finished and gave up are different ends: the
+first is the job's own (exit 0, or any exit under ``restart: never``), the
+second the agent's verdict on a crash loop. There is no "starting" phase: a
 start launches every worker before the loop goes on (the shim reports the
 main pid later, but the job is running from the launch), and a job that
 waits for a GPU, a reservation or its MPS daemon has no workers and so no
@@ -37,6 +42,7 @@ class JobPhase(enum.Enum):
     BACKOFF = "backoff"  # crashed, every tree gone, a restart scheduled
     GAVE_UP = "gave-up"  # the crash-loop limit was reached: no restart until the spec changes
     WAITING = "waiting"  # a start could not be recorded: nothing launched, tried again later
+    FINISHED = "finished"  # the workers ended and the job's rules say it is done: no restart
 
     @property
     def stopping(self) -> bool:
@@ -55,6 +61,7 @@ class JobEvent(enum.Enum):
     GIVE_UP = "give-up"  # the crash-loop limit was reached
     ACCEPT = "accept"  # a new spec was taken on without a restart (on_change none/signal)
     HOLD = "hold"  # a start could not be recorded before any launch: nothing was started
+    FINISH = "finish"  # every worker ended and the job's rules say it is done
 
 
 _P = JobPhase
@@ -88,6 +95,11 @@ TRANSITIONS: Mapping[tuple[JobPhase, JobEvent], JobPhase] = {
     # A start whose workers cannot be recorded launches none of them.
     (_P.RUNNING, _E.HOLD): _P.WAITING,
     (_P.CRASHED, _E.GIVE_UP): _P.GAVE_UP,
+    # Every worker ended by itself (or, after a crash, was cleared) and the job's
+    # restart/release_on_exit rules say it is done; only a new start moves it on.
+    (_P.RUNNING, _E.FINISH): _P.FINISHED,
+    (_P.CRASHED, _E.FINISH): _P.FINISHED,
+    (_P.BACKOFF, _E.FINISH): _P.FINISHED,  # the policy's restart rule changed meanwhile
     (_P.BACKOFF, _E.GIVE_UP): _P.GAVE_UP,
     # A new spec ends a crash loop's verdict (it may well fix the crash) and its backoff.
     **{(p, _E.ACCEPT): p for p in _ANY},
@@ -104,14 +116,20 @@ def next_phase(phase: JobPhase, event: JobEvent) -> JobPhase | None:
 def published_state(phase: JobPhase, alive: int, exit_codes: Sequence[int | None]) -> str:
     """The worker state the agent publishes for a job in ``phase``.
 
-    One of running, stopping, crashed, backoff, gave-up, waiting, exited, stopped.
+    One of running, stopping, crashed, backoff, gave-up, waiting, finished, exited, stopped.
     ``alive`` counts the workers whose trees still have processes; a job the
     agent did not stop reads from its workers: running while any is alive,
     exited when all of them exited 0, stopped otherwise.
     """
     if phase.stopping:
         return "stopping"
-    if phase in (JobPhase.CRASHED, JobPhase.BACKOFF, JobPhase.GAVE_UP, JobPhase.WAITING):
+    if phase in (
+        JobPhase.CRASHED,
+        JobPhase.BACKOFF,
+        JobPhase.GAVE_UP,
+        JobPhase.WAITING,
+        JobPhase.FINISHED,
+    ):
         return str(phase.value)
     if alive > 0:
         return "running"

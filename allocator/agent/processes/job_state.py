@@ -90,6 +90,7 @@ class JobRuntime:
     message: str = ""
     output_tail: tuple[str, ...] = ()  # the failed worker's last lines, once given up on
     log_path: str = ""  # the log they come from
+    release_on_exit: bool = False  # FINISHED with a status its rule releases the GPUs at
     state: str = ""  # the published state, kept to see when it changes (``since``)
     since: str = ""
 
@@ -146,6 +147,11 @@ class JobRuntime:
         # the planner's reason only knows their exit codes.
         errors = [w.error for w in self.workers if w.error]
         self.next_restart_at, self.message = None, "; ".join([*errors[:1], reason])
+
+    def finish(self, status: int, reason: str, release: bool) -> None:
+        """The job is done (the move to FINISHED is made): say how it ended, and what follows."""
+        self.next_restart_at, self.last_exit, self.message = None, status, reason
+        self.release_on_exit = release
 
     def hold(self, why: str, retry_at: float) -> None:
         """Nothing was launched (the move to WAITING is made): say why, and when it is retried."""
@@ -208,6 +214,9 @@ class JobRuntime:
             grace_seconds=self.spec.grace_seconds,
             stopped=self.phase is JobPhase.STOPPED and self.alive() == 0,
             waiting_until=self.retry_at if self.phase is JobPhase.WAITING else None,
+            finished=self.phase is JobPhase.FINISHED,
+            exit_status=self.last_exit if self.crash_noted else None,
+            assignment_revision=self.spec.assignment_revision,
         )
 
     def record(self) -> dict[str, Any]:

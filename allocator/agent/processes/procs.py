@@ -42,7 +42,19 @@ __all__ = [
 # so it must read as non-zero, i.e. a crash.
 
 _PR_SET_CHILD_SUBREAPER = 36
-_STRIPPED_VARIABLES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+# Every vendor's device filters: a worker sees only what its own environment names.
+_STRIPPED_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "ZE_AFFINITY_MASK",
+    "ZE_ENABLE_PCI_ID_DEVICE_ORDER",
+    "ZE_FLAT_DEVICE_HIERARCHY",
+    "ONEAPI_DEVICE_SELECTOR",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,6 +80,7 @@ def job_to_state(job: JobRuntime) -> dict[str, Any]:
         "stop_deadline": job.stop_deadline,
         "stop_reason": job.stop_reason,
         "last_exit": job.last_exit,
+        "release_on_exit": job.release_on_exit,
         "message": job.message,
         "state": job.state,
         "since": job.since,
@@ -174,6 +175,7 @@ def job_from_state(entry: dict[str, Any]) -> JobRuntime:
         job.killed_at = job.stop_deadline  # SIGKILL went out once the grace was over
     job.stop_reason = str(entry.get("stop_reason", ""))
     job.last_exit = _optional_int(entry.get("last_exit"))
+    job.release_on_exit = entry.get("release_on_exit") is True  # its GPUs still to release
     job.message = str(entry.get("message", ""))
     job.state, job.since = str(entry.get("state", "")), str(entry.get("since", ""))
     return job

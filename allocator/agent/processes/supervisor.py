@@ -37,6 +37,7 @@ from allocator.agent.planning.types import (
     Accept,
     Action,
     DesiredJob,
+    Finish,
     Forget,
     GiveUp,
     JobView,
@@ -164,6 +165,8 @@ class Supervisor:
             self._schedule(action)
         elif isinstance(action, GiveUp):
             self._give_up(action)
+        elif isinstance(action, Finish):
+            self._finish(action)
         elif isinstance(action, Forget):
             self._forget(action.job)
         self._settle()
@@ -289,6 +292,22 @@ class Supervisor:
             job.output_tail, job.log_path = failed_output(job, self.log_dir)
             self._dirty = True
             self._log("gave-up", {"job": action.job, "reason": action.reason})
+
+    def _finish(self, action: Finish) -> None:
+        job = self._jobs.get(action.job)
+        if job is not None and self._move(job, JobEvent.FINISH):
+            job.finish(action.status, action.reason, action.release)
+            self._dirty = True
+            self._log("finished", {"job": action.job, "reason": action.reason})
+
+    def exit_releases(self) -> dict[str, tuple[int, str]]:
+        """Finished jobs whose GPUs their ``release_on_exit`` frees: job -> (assignment
+        revision, why); the store link releases each only while that revision holds."""
+        return {
+            name: (job.spec.assignment_revision, job.message)
+            for name, job in sorted(self._jobs.items())
+            if job.phase is JobPhase.FINISHED and job.release_on_exit
+        }
 
     def _forget(self, name: str) -> None:
         job = self._jobs.get(name)

@@ -1,5 +1,8 @@
 """Idle releases, carried out by the store link (the loop only decides them).
 
+The releases of finished jobs (``release_on_exit``) take the same path: one
+list holds both, offered together, each judged at its assignment's revision.
+
 A release the loop asked for is done with ``Allocator.release``'s semantics
 (one transaction comparing the host's generation and the job index) and
 only if the assignment is still the one judged idle: it compares the
@@ -82,7 +85,9 @@ class IdleReleaser:
         for release in pending:
             outcome, detail = self._release(store, release)
             fields = {"job": release.job, "reason": release.reason}
-            self.log(f"idle-{outcome}", {**fields, "detail": detail} if detail else fields)
+            self.log(
+                f"{release.kind}-{outcome}", {**fields, "detail": detail} if detail else fields
+            )
             with self._lock:
                 self._pending.pop((release.job, release.revision), None)
                 if outcome != "release-conflict":  # a conflict may clear: offered again later

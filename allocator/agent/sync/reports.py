@@ -40,6 +40,7 @@ def agent_record(
         inventory_source=inventory.source,
         address=address,
         unassigned=unassigned,
+        vendor=inventory.vendor,
     )
 
 

@@ -24,7 +24,7 @@ import pytest
 
 from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
 from allocator.agent.planning.reconcile import plan
-from allocator.agent.planning.types import ScheduleRestart, Start
+from allocator.agent.planning.types import Finish, ScheduleRestart, Start
 from allocator.agent.processes import procs
 from tests.support import supervision
 from tests.support.supervision import (
@@ -127,8 +127,12 @@ def test_exit_codes_of_workers_that_end_while_no_agent_runs_are_not_lost(
     desired = {job: replace(job_spec(h.tmp, job), fingerprint=f"fp-{job}") for job in ("ok", "bad")}
     actions = plan(desired, h.sup.views(), h.clock())
     # The clean exit is finished, never run again; the crash follows the crash rules.
-    assert [(type(a), a.job) for a in actions] == [(ScheduleRestart, "bad")]
+    assert [(type(a), a.job) for a in actions] == [(ScheduleRestart, "bad"), (Finish, "ok")]
     assert h.sup.records()["ok"]["state"] == "exited"
+    for action in actions:
+        h.sup.apply(action)
+    assert h.sup.records()["ok"]["state"] == "finished"
+    assert h.sup.records()["ok"]["message"] == "finished (exit 0)"
     assert h.sup.records()["bad"]["last_exit"] == 3
 
 
@@ -229,7 +233,8 @@ def test_adopt_survives_a_bad_state_file_and_keeps_finished_jobs(h: Harness) -> 
     report = second.adopt()
     assert (report.adopted, report.stale, report.ended) == ((), ("broken",), ("train",))
     assert second.records()["train"]["state"] == "exited"  # kept: an exit 0 is never re-run
-    assert plan({"train": job_spec(h.tmp, args=("--exit-after", "0"))}, second.views(), 0) == []
+    actions = plan({"train": job_spec(h.tmp, args=("--exit-after", "0"))}, second.views(), 0)
+    assert [type(a) for a in actions] == [Finish]  # finished: no Start
 
 
 def _quiet(name: str, fields: dict[str, Any]) -> None:

@@ -60,6 +60,7 @@ CHANGED: dict[str, Any] = {
     "address": "10.0.0.9",
     "allowed_cpus": frozenset({0}),
     "mps_dir": "/elsewhere",
+    "vendor": "amd",
 }
 # Stand-ins: the key compares the policy by its sha and the clock by the reservations.
 STOOD_IN = {"policy": "policy_sha", "now": "reservations"}

@@ -17,6 +17,7 @@ from allocator.agent.planning.types import (
     Action,
     DesiredJob,
     DesiredState,
+    Finish,
     Forget,
     GiveUp,
     JobView,
@@ -243,7 +244,13 @@ RULES: list[tuple[str, DesiredJob | None, JobView | None, float, list[Action]]] 
         T0,
         [],
     ),
-    ("every worker exited 0: done", want(), view(exit_codes=(0, 0)), T0, []),
+    (
+        "every worker exited 0: finished",
+        want(),
+        view(exit_codes=(0, 0), alive=0),
+        T0,
+        [Finish("train", 0, False, "finished (exit 0)")],
+    ),
     ("one rank finished early: nothing", want(), view(exit_codes=(0, None)), T0, []),
     (
         "workers gone without exit codes: a crash",

@@ -50,11 +50,15 @@ def test_a_change_affects_the_hosts_whose_placement_it_changes(
     assert affected_hosts(before, after) == hosts
 
 
-def test_a_first_apply_or_a_jobs_exclusivity_change_affects_every_host() -> None:
+def test_a_first_apply_or_a_change_of_what_placement_reads_of_jobs_affects_every_host() -> None:
     policy = load_policy(BASE)
     assert affected_hosts(None, policy) is None
     whole = load_policy(BASE.replace("command: [x]}", "command: [x], exclusive: true}"))
     assert affected_hosts(policy, whole) is None
+    workers = load_policy(BASE.replace("command: [x]}", "command: [x], workers: per-gpu}"))
+    assert affected_hosts(policy, workers) is None
+    added = load_policy(BASE + "  eval: {command: [y]}\n")
+    assert affected_hosts(policy, added) is None
 
 
 class Counting:

@@ -78,7 +78,7 @@ def test_unknown_key_without_a_close_match_lists_the_allowed_keys() -> None:
         """
     )
     assert (error.line, error.field) == (3, "hosts.node1.colour")
-    assert error.reason == "unknown key 'colour' (allowed: gpus, pool)"
+    assert error.reason == "unknown key 'colour' (allowed: gpus, pool, vendor)"
 
 
 def test_unknown_top_level_section() -> None:
@@ -727,9 +727,9 @@ def test_many_problems_are_all_reported_first_one_in_the_message() -> None:
         "file": "policy.yaml",
         "line": 6,
         "field": "jobs.eval.workers",
-        "message": "expected one of single, per-gpu, got a string ('many')",
+        "message": "expected one of single, per-gpu, torchrun, got a string ('many')",
         "error": "policy.yaml:6: jobs.eval.workers: "
-        "expected one of single, per-gpu, got a string ('many')",
+        "expected one of single, per-gpu, torchrun, got a string ('many')",
     }
 
 

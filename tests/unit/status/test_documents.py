@@ -125,6 +125,8 @@ def _document_the_old_way(hosts: list[HostStatus], groups: list[Any]) -> dict[st
                 "gpus": [row(g, GPU_OPTIONAL) for g in h.gpus],
                 "jobs": [row(j, JOB_OPTIONAL) for j in h.jobs],
                 "bad_records": list(h.bad_records),
+                "vendor": h.vendor,
+                "vendor_mismatch": h.vendor_mismatch,
             }
             for h in hosts
         ],

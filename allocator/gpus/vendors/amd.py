@@ -1,0 +1,191 @@
+"""AMD GPUs: ``amdsmi`` for inventory and health, ``ROCR_VISIBLE_DEVICES`` for visibility.
+
+``amdsmi`` (AMD's own Python library, the ``amd`` extra) is imported here
+and nowhere else, and only when an AMD host is being read; the fake
+(:mod:`allocator.gpus.vendors.fake_amdsmi`) answers with the same function
+names from the fake-GPU file when it says ``"vendor": "amd"``.
+
+Visibility: ROCm has three filters that stack. ROCr (the runtime under HIP
+and OpenCL) applies ``ROCR_VISIBLE_DEVICES`` first and takes GPU UUIDs;
+HIP then applies ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) as
+*indices into what ROCr left*. Filtering twice with physical numbers hides
+the wrong GPUs, so a worker gets only ``ROCR_VISIBLE_DEVICES``, with UUIDs
+(ROCr's device order is not promised to be PCI order; a UUID names one GPU
+whatever the order), and the agent never passes its own HIP or CUDA
+variables on. PyTorch's ROCm build then numbers the listed GPUs ``cuda:0``,
+``cuda:1``... in listed order.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from allocator.errors import AllocatorError
+from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
+from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
+from allocator.records.types import GpuInfo
+
+__all__ = ["AMD", "Amd", "AmdSmiUnavailable", "load_amdsmi", "read_amd_gpus"]
+
+# An index or a GPU- UUID: nothing ROCr would split or trim.
+_DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+
+
+class AmdSmiUnavailable(AllocatorError):
+    """amdsmi cannot be used here (not installed, no driver, disabled)."""
+
+
+def load_amdsmi(environ: Mapping[str, str]) -> Any:
+    """The amdsmi module, or its fake for ``ALLOCATOR_NVML=fake:PATH``."""
+    mode = environ.get("ALLOCATOR_NVML", "")
+    if mode.startswith("fake:"):
+        from allocator.gpus.vendors.fake_amdsmi import FakeAmdSmi
+
+        return FakeAmdSmi(mode.removeprefix("fake:"))
+    if mode == "off":
+        raise AmdSmiUnavailable("device libraries disabled (ALLOCATOR_NVML=off)")
+    try:
+        import amdsmi
+    except ImportError as exc:
+        raise AmdSmiUnavailable(
+            "amdsmi is not installed (pip install 'gpu-allocator[amd]')"
+        ) from exc
+    except Exception as exc:  # its import loads libamd_smi.so, which may be missing
+        raise AmdSmiUnavailable(f"amdsmi cannot be loaded: {exc}") from exc
+    return amdsmi
+
+
+@contextmanager
+def _session(lib: Any) -> Iterator[Any]:
+    try:
+        lib.amdsmi_init()
+    except lib.AmdSmiException as exc:
+        raise AmdSmiUnavailable(f"amdsmi_init failed: {exc}") from exc
+    try:
+        yield lib
+    finally:
+        with suppress(lib.AmdSmiException):  # nothing left to release
+            lib.amdsmi_shut_down()
+
+
+def read_amd_gpus(lib: Any) -> tuple[tuple[GpuInfo, ...], str | None]:
+    """Every AMD GPU, indexed in PCI order, and the driver version (inside a session)."""
+    handles = list(lib.amdsmi_get_processor_handles())
+    read = [_read_gpu(lib, handle) for handle in handles]
+    read.sort(key=lambda pair: pair[0])
+    gpus = tuple(
+        GpuInfo(
+            index=index,
+            uuid=info["uuid"],
+            pci_bus_id=bdf,
+            name=info["name"],
+            memory_total_mib=info["memory"],
+            numa_node=info["numa"],
+            error=info["error"],
+        )
+        for index, (bdf, info) in enumerate(read)
+    )
+    return gpus, _driver_version(lib, handles)
+
+
+def _read_gpu(lib: Any, handle: Any) -> tuple[str, dict[str, Any]]:
+    bdf = str(lib.amdsmi_get_gpu_device_bdf(handle))
+    info: dict[str, Any] = {"uuid": None, "name": None, "memory": None, "numa": None, "error": ""}
+    try:
+        raw_uuid = str(lib.amdsmi_get_gpu_device_uuid(handle))
+        # ROCr takes UUIDs as GPU-<uuid>; amdsmi answers without the prefix.
+        info["uuid"] = raw_uuid if raw_uuid.startswith("GPU-") else f"GPU-{raw_uuid}"
+        info["name"] = str(lib.amdsmi_get_gpu_asic_info(handle).get("market_name") or "AMD GPU")
+        info["memory"] = int(lib.amdsmi_get_gpu_vram_usage(handle)["vram_total"])
+        info["numa"] = _optional(lib, "amdsmi_topo_get_numa_node_number", handle)
+        uncorrectable = int(lib.amdsmi_get_gpu_total_ecc_count(handle)["uncorrectable_count"])
+        if uncorrectable:
+            info["error"] = f"{uncorrectable} uncorrectable ECC errors"
+    except lib.AmdSmiException as exc:
+        info["error"] = f"amdsmi failed: {exc}"
+    return bdf, info
+
+
+def _optional(lib: Any, name: str, *args: Any) -> Any:
+    try:
+        return getattr(lib, name)(*args)
+    except (lib.AmdSmiException, AttributeError):
+        return None
+
+
+def _driver_version(lib: Any, handles: list[Any]) -> str | None:
+    if not handles:
+        return None
+    info = _optional(lib, "amdsmi_get_gpu_driver_info", handles[0])
+    return str(info.get("driver_version")) if isinstance(info, dict) else None
+
+
+class Amd:
+    """AMD's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
+
+    name: VendorName = "amd"
+    cdi_kind = "amd.com/gpu"
+    torch_device_type = "cuda"  # PyTorch's ROCm build drives HIP devices as "cuda"
+    visibility_variables: tuple[str, ...] = (
+        "ROCR_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "CUDA_VISIBLE_DEVICES",
+    )
+
+    def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
+        """amdsmi's (or the fake's) inventory; the declared count when it fails."""
+        try:
+            lib = load_amdsmi(environ)
+            with _session(lib):
+                gpus, driver = read_amd_gpus(lib)
+        except AmdSmiUnavailable as exc:
+            return _declared(declared_gpus, str(exc))
+        except Exception as exc:  # amdsmi's own exception class, or the fake's
+            return _declared(declared_gpus, f"amdsmi failed: {exc}")
+        faked = environ.get("ALLOCATOR_NVML", "").startswith("fake:")
+        source: InventorySource = "fake" if faked else "amdsmi"
+        return Inventory(gpus=gpus, source=source, driver_version=driver, vendor="amd")
+
+    def device_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """UUIDs whenever every one is known (ROCr's order may differ from PCI order)."""
+        del prefer_uuid  # an index means ROCr's order, which only a UUID pins down
+        use_uuid = all(gpu in known and known[gpu].uuid for gpu in gpus)
+        ids = [str(known[gpu].uuid) if use_uuid else str(gpu) for gpu in gpus]
+        check_device_ids(gpus, ids, _DEVICE_ID)
+        return ids
+
+    def visible_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """``ROCR_VISIBLE_DEVICES`` only: HIP's filters would index what ROCr left."""
+        return {"ROCR_VISIBLE_DEVICES": ",".join(ids)}
+
+    def no_device_env(self) -> dict[str, str]:
+        """``-1`` is no device's index or UUID: ROCr exposes nothing."""
+        return {"ROCR_VISIBLE_DEVICES": "-1"}
+
+    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
+        """``amd.com/gpu=<id>``, as AMD's container toolkit names GPUs in its CDI spec."""
+        return [f"{self.cdi_kind}={device_id}" for device_id in ids]
+
+    def torch_build_problem(self, build: TorchBuild) -> str | None:
+        """A CUDA or CPU-only PyTorch cannot drive AMD GPUs."""
+        if build.hip is not None:
+            return None
+        kind = f"a CUDA build (CUDA {build.cuda})" if build.cuda else "a CPU-only build"
+        return (
+            f"PyTorch {build.version} is {kind} on an AMD host; install PyTorch's ROCm "
+            "build (https://pytorch.org/get-started/locally/)"
+        )
+
+
+def _declared(declared_gpus: int | None, reason: str) -> Inventory:
+    inventory = declared_inventory(declared_gpus, reason)
+    return Inventory(inventory.gpus, inventory.source, error=inventory.error, vendor="amd")
+
+
+AMD = Amd()

@@ -1,0 +1,91 @@
+"""Apple silicon: one ``mps`` device, nothing to mask.
+
+A Mac's GPU is one device shared by every process (Metal has no per-process
+device filter), so an Apple host offers one GPU, index 0, and a worker given
+it simply uses ``mps``. No library is needed: the host is Apple silicon when
+Python runs on macOS on arm64. The fake-GPU file with ``"vendor": "apple"``
+stands in for that.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from allocator.errors import RequestError
+from allocator.gpus.fake_file import FakeFileError, parse_fake_file
+from allocator.gpus.inventory import Inventory, declared_inventory
+from allocator.gpus.vendors.base import TorchBuild, VendorName
+from allocator.records.types import GpuInfo
+
+__all__ = ["APPLE", "Apple", "is_apple_silicon"]
+
+
+def is_apple_silicon(system: str | None = None, machine: str | None = None) -> bool:
+    """Whether this is macOS on arm64 (arguments: ``platform.system()``/``machine()``)."""
+    system = platform.system() if system is None else system
+    machine = platform.machine() if machine is None else machine
+    return system == "Darwin" and machine == "arm64"
+
+
+class Apple:
+    """Apple's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
+
+    name: VendorName = "apple"
+    cdi_kind = ""  # containers on macOS run in a Linux VM with no GPU passed through
+    torch_device_type = "mps"
+    visibility_variables: tuple[str, ...] = ()
+
+    def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
+        """One GPU on Apple silicon (or in the fake file); the declared count elsewhere."""
+        mode = environ.get("ALLOCATOR_NVML", "")
+        if mode.startswith("fake:"):
+            path = mode.removeprefix("fake:")
+            try:
+                system = parse_fake_file(Path(path).read_bytes(), path)
+            except (OSError, FakeFileError) as exc:
+                return _declared(declared_gpus, str(exc))
+            name = system.devices[0].name if system.devices else "Apple GPU"
+            return Inventory(gpus=(GpuInfo(index=0, name=name),), source="fake", vendor="apple")
+        if mode == "off" or not is_apple_silicon():
+            return _declared(declared_gpus, "not Apple silicon")
+        gpu = GpuInfo(index=0, name=f"Apple {platform.processor() or 'silicon'} GPU")
+        return Inventory(gpus=(gpu,), source="system", vendor="apple")
+
+    def device_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """``0``: the one GPU."""
+        del known, prefer_uuid
+        if list(gpus) != [0]:
+            raise RequestError(f"an Apple host has one GPU, 0; not {list(gpus)}")
+        return ["0"]
+
+    def visible_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """Nothing: Metal has no device filter, and there is one device."""
+        del ids
+        return {}
+
+    def no_device_env(self) -> dict[str, str]:
+        """Nothing to hide with: ``ALLOCATOR_DEVICE=cpu`` keeps the torch helpers off mps."""
+        return {}
+
+    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
+        """None: no container engine on macOS passes the GPU through."""
+        del ids
+        return []
+
+    def torch_build_problem(self, build: TorchBuild) -> str | None:
+        """A PyTorch without MPS cannot use the GPU."""
+        if build.mps:
+            return None
+        return f"PyTorch {build.version} was built without MPS; install the macOS arm64 wheel"
+
+
+def _declared(declared_gpus: int | None, reason: str) -> Inventory:
+    inventory = declared_inventory(declared_gpus, reason)
+    return Inventory(inventory.gpus, inventory.source, error=inventory.error, vendor="apple")
+
+
+APPLE = Apple()

@@ -1,0 +1,101 @@
+"""NVIDIA GPUs: NVML for inventory and health, ``CUDA_VISIBLE_DEVICES`` for visibility.
+
+NVML itself stays in :mod:`allocator.gpus.nvml` (the one module importing
+``pynvml``), with inventory, health, topology and usage built on it; this
+module is NVIDIA's face in the vendor layer.
+
+Visibility rules (from how CUDA reads its environment):
+
+* ``CUDA_VISIBLE_DEVICES`` lists the GPUs in the assignment's order (CUDA
+  renumbers visible devices from 0 in listed order): GPU UUIDs when the
+  policy says ``visible_devices: uuid`` and every assigned GPU's UUID is
+  known, else NVML indices; never both, never a duplicate, never a space;
+  ``NVIDIA_VISIBLE_DEVICES`` repeats the list for containers.
+* A GPU in MIG mode is handed out as its first MIG instance's UUID
+  (``MIG-...``), under ``index`` too, since an index cannot name a MIG instance.
+* No device: ``CUDA_VISIBLE_DEVICES=""`` (never unset, never ``-1``) and
+  ``NVIDIA_VISIBLE_DEVICES=void``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from allocator.errors import RequestError
+from allocator.gpus.inventory import Inventory, read_inventory
+from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
+from allocator.records.types import GpuInfo
+
+__all__ = ["NVIDIA", "Nvidia"]
+
+# An index, a GPU-/MIG- UUID, or MIG-GPU-<uuid>/<gi>/<ci>: nothing CUDA would split or trim.
+_DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_-]*\Z")
+
+
+class Nvidia:
+    """NVIDIA's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
+
+    name: VendorName = "nvidia"
+    cdi_kind = "nvidia.com/gpu"
+    torch_device_type = "cuda"
+    visibility_variables: tuple[str, ...] = (
+        "CUDA_VISIBLE_DEVICES",
+        "NVIDIA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+    )
+
+    def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
+        """NVML's (or the fake NVML's) inventory; the declared count when NVML fails."""
+        return read_inventory(declared_gpus, environ=environ)
+
+    def device_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """``CUDA_VISIBLE_DEVICES`` entries: UUIDs, MIG UUIDs or NVML indices."""
+        plain = [gpu for gpu in gpus if gpu not in known or not known[gpu].mig_enabled]
+        use_uuid = prefer_uuid and all(gpu in known and known[gpu].uuid for gpu in plain)
+        ids: list[str] = []
+        for gpu in gpus:
+            info = known.get(gpu)
+            if info is not None and info.mig_enabled:
+                if not info.mig_devices:
+                    raise RequestError(f"GPU {gpu} is in MIG mode but has no MIG instance")
+                ids.append(info.mig_devices[0].uuid)
+            elif use_uuid and info is not None and info.uuid:
+                ids.append(info.uuid)
+            else:
+                ids.append(str(gpu))
+        check_device_ids(gpus, ids, _DEVICE_ID)
+        return ids
+
+    def visible_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """``CUDA_VISIBLE_DEVICES`` and, for containers, ``NVIDIA_VISIBLE_DEVICES``."""
+        visible = ",".join(ids)
+        return {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
+
+    def no_device_env(self) -> dict[str, str]:
+        """Empty (not unset: unset means every GPU), and ``void`` for the container runtime."""
+        return {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+
+    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
+        """``nvidia.com/gpu=<id>``: NVIDIA's generated CDI spec names GPUs and MIG
+        instances by index and by UUID under the one kind."""
+        return [f"{self.cdi_kind}={device_id}" for device_id in ids]
+
+    def torch_build_problem(self, build: TorchBuild) -> str | None:
+        """A ROCm or CPU-only PyTorch cannot drive NVIDIA GPUs."""
+        if build.hip is not None:
+            return (
+                f"PyTorch {build.version} is a ROCm build (HIP {build.hip}) on an NVIDIA host; "
+                "install a CUDA build of PyTorch"
+            )
+        if build.cuda is None:
+            return (
+                f"PyTorch {build.version} is a CPU-only build on an NVIDIA host; "
+                "install a CUDA build of PyTorch"
+            )
+        return None
+
+
+NVIDIA = Nvidia()

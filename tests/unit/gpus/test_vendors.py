@@ -1,0 +1,236 @@
+"""The vendor layer: each vendor's inventory (through its fake) and worker environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from allocator.errors import RequestError
+from allocator.gpus.fake import FakeNvml
+from allocator.gpus.fake_file import FakeFileError, parse_fake_file
+from allocator.gpus.inventory import keep_addresses
+from allocator.gpus.vendors import VENDORS, TorchBuild, read_host_inventory, vendor_named
+from allocator.gpus.vendors.intel import RealSysfs, read_intel_gpus
+from allocator.gpus.visible import worker_environments
+from allocator.policy.model import FallbackRule, Host, Job, Policy
+from allocator.records.types import Assignment
+from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml
+
+AMD_UUID = "GPU-7a3e0c1d-0000-1000-8000-00000000000{}".format
+
+
+def policy() -> Policy:
+    return Policy(
+        version=1,
+        hosts={"node1": Host("node1", 4)},
+        jobs={"train": Job("train", ("python", "train.py"), fallback="cpu")},
+        fallback={"cpu": FallbackRule("cpu", "cpu", threads=4)},
+    )
+
+
+def assign(gpus: tuple[int, ...], mode: str = "gpu") -> Assignment:
+    return Assignment(
+        job="train",
+        host="node1",
+        gpus=gpus,
+        mode=mode,  # type: ignore[arg-type]
+        updated_by="ops",
+        updated_at="2026-01-01T00:00:00Z",
+    )
+
+
+def amd_file(tmp_path: Path, **system: Any) -> Path:
+    # File order is not PCI order: the reader must index GPUs by PCI address.
+    devices = [
+        fake_device(0, uuid=AMD_UUID(0), pci_bus_id="00000000:C1:00.0", name="AMD Instinct MI300X"),
+        fake_device(1, uuid=AMD_UUID(1), pci_bus_id="00000000:03:00.0", name="AMD Instinct MI300X"),
+    ]
+    return write_fake_nvml(tmp_path / "amd.json", devices, vendor="amd", **system)
+
+
+def test_amd_inventory_through_fake_amdsmi_in_pci_order(tmp_path: Path) -> None:
+    inventory = read_host_inventory(environ=fake_environ(amd_file(tmp_path)))
+    assert (inventory.vendor, inventory.source, inventory.error) == ("amd", "fake", None)
+    assert [gpu.pci_bus_id for gpu in inventory.gpus] == ["0000:03:00.0", "0000:c1:00.0"]
+    assert [gpu.uuid for gpu in inventory.gpus] == [AMD_UUID(1), AMD_UUID(0)]
+    assert inventory.gpus[0].name == "AMD Instinct MI300X"
+
+
+def test_amd_file_means_no_nvml(tmp_path: Path) -> None:
+    lib = FakeNvml(amd_file(tmp_path))
+    with pytest.raises(lib.NVMLError):
+        lib.nvmlInit()
+
+
+def test_amd_gpu_with_uncorrectable_ecc_or_lost_is_reported(tmp_path: Path) -> None:
+    path = amd_file(tmp_path)
+    write_fake_nvml(
+        path,
+        [fake_device(0, ecc_uncorrected=3), fake_device(1, lost=True)],
+        vendor="amd",
+    )
+    gpus = read_host_inventory(environ=fake_environ(path)).gpus
+    assert gpus[0].error == "3 uncorrectable ECC errors"
+    assert gpus[1].error.startswith("amdsmi failed") and gpus[1].uuid is None
+
+
+def test_amd_init_failure_falls_back_to_declared(tmp_path: Path) -> None:
+    path = amd_file(tmp_path, init_error="driver_not_loaded")
+    inventory = read_host_inventory(2, environ=fake_environ(path))
+    assert (inventory.vendor, inventory.source) == ("amd", "declared")
+    assert inventory.error is not None and "amdsmi_init failed" in inventory.error
+
+
+def test_intel_inventory_from_fake_sysfs(tmp_path: Path) -> None:
+    devices = [
+        fake_device(0, pci_bus_id="00000000:9A:00.0", numa_node=1),
+        fake_device(1, pci_bus_id="00000000:3A:00.0"),
+        fake_device(2, lost=True),
+    ]
+    path = write_fake_nvml(tmp_path / "intel.json", devices, vendor="intel")
+    inventory = read_host_inventory(environ=fake_environ(path))
+    assert (inventory.vendor, inventory.source) == ("intel", "fake")
+    assert [g.pci_bus_id for g in inventory.gpus] == ["0000:3a:00.0", "0000:9a:00.0"]
+    assert [g.numa_node for g in inventory.gpus] == [None, 1]
+
+
+def test_intel_reads_only_intel_cards_from_a_sysfs_tree(tmp_path: Path) -> None:
+    def card(name: str, vendor: str, slot: str) -> None:
+        device = tmp_path / "class" / "drm" / name / "device"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text(f"{vendor}\n")
+        (device / "device").write_text("0x0bd5\n")
+        (device / "uevent").write_text(f"DRIVER=xe\nPCI_SLOT_NAME={slot}\n")
+
+    card("card0", "0x10de", "0000:01:00.0")  # an NVIDIA card
+    card("card1", "0x8086", "0000:29:00.0")
+    (tmp_path / "class" / "drm" / "card1-DP-1").mkdir()
+    (tmp_path / "class" / "drm" / "renderD129").mkdir()
+    gpus = read_intel_gpus(RealSysfs(tmp_path))
+    assert [(g.index, g.pci_bus_id, g.name) for g in gpus] == [
+        (0, "0000:29:00.0", "Intel GPU 0x0bd5")
+    ]
+
+
+def test_apple_has_one_gpu(tmp_path: Path) -> None:
+    path = write_fake_nvml(
+        tmp_path / "mac.json", [fake_device(0, name="Apple M3 Max")], vendor="apple"
+    )
+    inventory = read_host_inventory(environ=fake_environ(path))
+    assert inventory.vendor == "apple"
+    assert [(g.index, g.name) for g in inventory.gpus] == [(0, "Apple M3 Max")]
+
+
+def test_nvidia_file_reads_as_before(tmp_path: Path) -> None:
+    path = write_fake_nvml(tmp_path / "nv.json", 2)
+    inventory = read_host_inventory(environ=fake_environ(path))
+    assert (inventory.vendor, inventory.source, len(inventory.gpus)) == ("nvidia", "fake", 2)
+
+
+def test_unknown_vendor_in_fake_file_is_refused() -> None:
+    with pytest.raises(FakeFileError, match="vendor"):
+        parse_fake_file(b'{"vendor": "matrox", "devices": []}', "f.json")
+
+
+def test_amd_worker_sees_only_rocr_uuids(tmp_path: Path) -> None:
+    inventory = read_host_inventory(environ=fake_environ(amd_file(tmp_path))).gpus
+    (env,) = worker_environments(assign((1, 0)), inventory, policy(), vendor="amd")
+    assert env["ROCR_VISIBLE_DEVICES"] == f"{AMD_UUID(0)},{AMD_UUID(1)}"
+    # Nothing filters a second time: HIP's variables would index what ROCr left.
+    for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+        assert name not in env
+    assert (env["ALLOCATOR_DEVICE"], env["ALLOCATOR_VENDOR"]) == ("cuda", "amd")
+    assert "CUDA_DEVICE_ORDER" not in env
+
+
+def test_amd_cpu_fallback_hides_every_gpu() -> None:
+    (env,) = worker_environments(assign((), mode="cpu"), None, policy(), vendor="amd")
+    assert env["ROCR_VISIBLE_DEVICES"] == "-1"
+    assert (env["ALLOCATOR_DEVICE"], env["OMP_NUM_THREADS"]) == ("cpu", "4")
+
+
+def test_intel_worker_gets_the_level_zero_mask() -> None:
+    (env,) = worker_environments(assign((2, 0)), None, policy(), vendor="intel")
+    assert env["ZE_AFFINITY_MASK"] == "2,0"
+    assert env["ZE_ENABLE_PCI_ID_DEVICE_ORDER"] == "1"
+    assert env["ONEAPI_DEVICE_SELECTOR"] == "level_zero:*"
+    assert (env["ALLOCATOR_DEVICE"], env["ALLOCATOR_VENDOR"]) == ("xpu", "intel")
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    (cpu,) = worker_environments(assign((), mode="cpu"), None, policy(), vendor="intel")
+    assert cpu["ONEAPI_DEVICE_SELECTOR"] == "opencl:cpu" and "ZE_AFFINITY_MASK" not in cpu
+
+
+def test_apple_worker_uses_mps_with_nothing_to_mask() -> None:
+    (env,) = worker_environments(assign((0,)), None, policy(), vendor="apple")
+    assert env["ALLOCATOR_DEVICE"] == "mps"
+    assert not any(name.endswith("VISIBLE_DEVICES") for name in env)
+    with pytest.raises(RequestError, match="one GPU"):
+        worker_environments(assign((0, 1)), None, policy(), vendor="apple")
+
+
+def test_nvidia_is_the_default_vendor() -> None:
+    (env,) = worker_environments(assign((1,)), None, policy())
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["ALLOCATOR_VENDOR"] == "nvidia"
+
+
+@pytest.mark.parametrize(
+    ("vendor", "ids", "names"),
+    [
+        ("nvidia", ["GPU-a", "MIG-b"], ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=MIG-b"]),
+        ("amd", ["GPU-c"], ["amd.com/gpu=GPU-c"]),
+        ("intel", ["1"], ["intel.com/gpu=1"]),
+        ("apple", ["0"], []),
+    ],
+)
+def test_cdi_device_names(vendor: str, ids: list[str], names: list[str]) -> None:
+    assert vendor_named(vendor).cdi_devices(ids) == names
+
+
+CUDA_WHEEL = TorchBuild("2.5.1+cu124", cuda="12.4", hip=None, xpu=False, mps=False)
+ROCM_WHEEL = TorchBuild("2.5.1+rocm6.2", cuda=None, hip="6.2.41133", xpu=False, mps=False)
+CPU_WHEEL = TorchBuild("2.5.1+cpu", cuda=None, hip=None, xpu=False, mps=False)
+
+
+def test_torch_build_against_vendor() -> None:
+    problem = VENDORS["amd"].torch_build_problem(CUDA_WHEEL)
+    assert problem is not None and "CUDA build" in problem and "ROCm" in problem
+    assert VENDORS["amd"].torch_build_problem(ROCM_WHEEL) is None
+    assert VENDORS["nvidia"].torch_build_problem(CUDA_WHEEL) is None
+    assert "ROCm build" in (VENDORS["nvidia"].torch_build_problem(ROCM_WHEEL) or "")
+    assert "XPU" in (VENDORS["intel"].torch_build_problem(CPU_WHEEL) or "")
+
+
+def test_unknown_vendor_name() -> None:
+    with pytest.raises(ValueError, match="unknown GPU vendor 'matrox'"):
+        vendor_named("matrox")
+
+
+def test_a_card_gone_from_sysfs_keeps_its_index_and_is_marked(tmp_path: Path) -> None:
+    devices = [fake_device(i, pci_bus_id=f"00000000:{0x30 + i:02X}:00.0") for i in range(3)]
+    path = write_fake_nvml(tmp_path / "intel.json", devices, vendor="intel")
+    before = read_host_inventory(environ=fake_environ(path))
+    devices[0]["lost"] = True  # card0 leaves sysfs: the reader alone would renumber the rest
+    write_fake_nvml(path, devices, vendor="intel")
+    after = keep_addresses(before, read_host_inventory(environ=fake_environ(path)))
+    assert [(g.index, g.pci_bus_id) for g in after.gpus] == [
+        (0, "0000:30:00.0"),
+        (1, "0000:31:00.0"),
+        (2, "0000:32:00.0"),
+    ]
+    assert after.gpus[0].error == "gone from the bus (no GPU at 0000:30:00.0 now)"
+    assert not after.gpus[1].error and not after.gpus[2].error
+    devices.append(fake_device(3, pci_bus_id="00000000:20:00.0"))  # a new card, lowest address
+    devices[0]["lost"] = False
+    write_fake_nvml(path, devices, vendor="intel")
+    again = keep_addresses(after, read_host_inventory(environ=fake_environ(path)))
+    assert [(g.index, g.pci_bus_id, g.error) for g in again.gpus][::3] == [
+        (0, "0000:30:00.0", ""),
+        (3, "0000:20:00.0", ""),
+    ]
+
+
+def test_an_unknown_vendor_is_a_request_error() -> None:
+    with pytest.raises(RequestError, match="host node1: unknown GPU vendor 'qualcomm'"):
+        worker_environments(assign((0,)), None, policy(), vendor="qualcomm")
