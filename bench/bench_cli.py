@@ -5,7 +5,9 @@ Rows: ``allocator set`` on etcd vs ``etcdctl put``; ``allocator get job=J``
 ``allocator set`` on SQLite vs ``python -c pass``; ``allocator status -o
 json`` of 1,000 hosts x 8 GPUs vs ``etcdctl get --prefix -w json`` of the
 same keys; ``allocator policy validate`` of a 1,000-host policy vs PyYAML
-loading the same file. Each pair runs interleaved, ``rounds`` times.
+loading the same file; ``allocator run count=1 -- python -c pass`` on SQLite
+(take the GPUs, run the command, release them) vs ``python -c pass`` itself.
+Each pair runs interleaved, ``rounds`` times.
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
             "get etcd": lambda: timed_run(allocator_cli("get", f"job={job}"), fleet),
             "python -c pass": lambda: timed_run([sys.executable, "-c", "pass"], base),
             "set sqlite": _moves(sqlite),
+            "run sqlite": lambda: timed_run(
+                allocator_cli("run", "host=node1", "count=1", "--", sys.executable, "-c", "pass"),
+                sqlite,
+            ),
         },
         rounds,
         warmup,
@@ -115,6 +121,13 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
             most=6,
         ),
         ratio_row("CLI set, SQLite", samples["set sqlite"], samples["python -c pass"], most=4),
+        ratio_row(
+            "run -- python -c pass, SQLite",
+            samples["run sqlite"],
+            samples["python -c pass"],
+            most=8,
+            note="take, run the command, release: against starting the command directly",
+        ),
         ratio_row(
             f"fleet status, {hosts} hosts x 8 GPUs",
             heavy["status"],

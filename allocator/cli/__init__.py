@@ -46,6 +46,8 @@ COMMANDS = {
     "history": "allocator.cli.history",
     "policy": "allocator.cli.policy",
     "env": "allocator.cli.env",
+    "run": "allocator.cli.run",
+    "usage": "allocator.cli.usage",
     "doctor": "allocator.cli.doctor",
     "agent": "allocator.cli.agent",
     "serve": "allocator.cli.serve",
@@ -155,7 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_command(words: list[str]) -> int:
-    args = build_parser(only=command_word(words)).parse_args(words)
+    chosen = command_word(words)
+    command_argv = None
+    if chosen == "run":  # its command follows `--`, options and all
+        from allocator.cli.run import split_command
+
+        words, command_argv = split_command(words)
+    args = build_parser(only=chosen).parse_args(words)
+    if command_argv is not None:
+        args.command_argv = command_argv
     code: int = args.handler(args)
     if code == 0 and getattr(args, "command", None) not in _WARN_THEMSELVES:
         warn_of_secrets_in_argv(args)  # after the one line a failure would print

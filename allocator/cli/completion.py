@@ -30,6 +30,7 @@ WORD_KEYS = {
     "status": ("host",),
     "history": ("job", "host", "gpu"),
     "env": ("job", "host", "worker"),
+    "run": ("job", "count", "gpus", "host", "slots", "ttl"),
     "doctor": ("host",),
 }
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from allocator.cli.common import add_words_command, note, open_allocator, output_format
 
-__all__ = ["register"]
+__all__ = ["register", "worker_envs"]
 
 
 def register(commands: Any) -> None:
@@ -82,8 +82,21 @@ def _worker_index(raw: str) -> int:
     return int(raw)
 
 
+def worker_envs(
+    allocator: Any, job: str, host: str | None, *, per_gpu: bool = False
+) -> tuple[list[dict[str, str]], str]:
+    """The job's worker environments, and a remark (why none, or a fallback).
+
+    The agent's own function decides them; ``allocator run`` and
+    ``allocator.lease()`` call this too. ``per_gpu``: a job the policy does
+    not declare runs one worker per GPU.
+    """
+    envs, remark, _ = _environments(allocator, job, host, per_gpu=per_gpu)
+    return envs, remark
+
+
 def _environments(
-    allocator: Any, job: str, host: str | None
+    allocator: Any, job: str, host: str | None, *, per_gpu: bool = False
 ) -> tuple[list[dict[str, str]], str, list[str]]:
     """The job's worker environments, a remark (why none, or a fallback), container commands."""
     from allocator.agent.planning.desired import desired_job
@@ -110,7 +123,9 @@ def _environments(
     inventory, unhealthy, vendor = _inventory(state, policy, host)
     share = _share(allocator, assignment) if assignment.nodes else None
     if job not in policy.jobs:  # no agent runs it: whoever does gets the same rendezvous
-        envs, remark = _undeclared_environments(assignment, inventory, policy, share, vendor)
+        envs, remark = _undeclared_environments(
+            assignment, inventory, policy, share, vendor, per_gpu
+        )
         return envs, remark, [""] * len(envs)
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
@@ -155,7 +170,12 @@ def _commands(workers: Any, written: tuple[str, ...]) -> list[str]:
 
 
 def _undeclared_environments(
-    assignment: Any, inventory: Any, policy: Any, share: Any, vendor: str | None
+    assignment: Any,
+    inventory: Any,
+    policy: Any,
+    share: Any,
+    vendor: str | None,
+    per_gpu: bool = False,
 ) -> tuple[list[dict[str, str]], str]:
     """Environments of a job the policy does not declare: its share's rendezvous included.
 
@@ -165,7 +185,8 @@ def _undeclared_environments(
     from allocator.gpus.visible import NodeGroup, worker_environments
 
     if share is None:
-        return worker_environments(assignment, inventory, policy, vendor=vendor), ""
+        envs = worker_environments(assignment, inventory, policy, vendor=vendor, per_gpu=per_gpu)
+        return envs, ""
     group, remark = share.group, ""
     if group is None:
         first = assignment.nodes[0]

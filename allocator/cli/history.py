@@ -112,7 +112,10 @@ def _row(stored: Stored) -> list[str]:
         new = f"sha256 {entry.policy_sha256[:12]}" if entry.policy_sha256 else "-"
     else:
         old, new = _where(entry.from_mode, entry.from_gpus), _where(entry.to_mode, entry.to_gpus)
-    why = "; ".join(part for part in (entry.reason, entry.detail) if part) or "-"
+    ended = ""
+    if entry.exit_status is not None:
+        ended = f"exit {entry.exit_status}, {entry.gpu_seconds or 0:.0f} GPU-seconds"
+    why = "; ".join(part for part in (entry.reason, entry.detail, ended) if part) or "-"
     return [entry.at, entry.host or "-", entry.job or "-", entry.action, old, new, entry.by, why]
 
 

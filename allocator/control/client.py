@@ -28,12 +28,13 @@ from allocator.control.actor import actor as default_actor
 from allocator.errors import (
     BadRecord,
     CasConflict,
+    ConflictError,
     RequestError,
 )
 from allocator.records.codec import replace_struct
 from allocator.records.fields import SCHEMA_VERSION
 from allocator.records.keys import DEFAULT_PREFIX, KeyLayout
-from allocator.records.types import Assignment
+from allocator.records.types import Assignment, RunHolder
 from allocator.status.snapshots import (
     HostSnapshot,
     PolicySnapshot,
@@ -67,6 +68,8 @@ __all__ = ["Allocator", "view_reads_for"]
 
 DEFAULT_ATTEMPTS = 5
 T = TypeVar("T")
+#: What a ``set`` may carry besides the request: an ad-hoc command, the holding process.
+_Extra = tuple[tuple[str, ...] | None, tuple[RunHolder, int] | None]
 
 
 class Allocator:
@@ -145,19 +148,34 @@ class Allocator:
     # --- writes -----------------------------------------------------------
 
     def assign(
-        self, request: Request, *, reason: str = "", command: tuple[str, ...] | None = None
+        self,
+        request: Request,
+        *,
+        reason: str = "",
+        command: tuple[str, ...] | None = None,
+        held_by: tuple[RunHolder, int] | None = None,
     ) -> tuple[Assignment, Placement]:
         """Check ``request`` against policy and current state, then write it atomically.
 
         ``request.host`` may be empty: the default host is used then.
+        ``held_by`` (the holding process, a store lease): the assignment and its
+        job index entry are written under that lease, so they disappear when the
+        lease does (see :mod:`allocator.control.leased`); the job must hold nothing yet.
         """
         attempts = itertools.count()
+        extra = (command, held_by)
         return self._with_retries(
-            lambda: self._assign_once(request, reason, command, first=next(attempts) == 0), "set"
+            lambda: self._assign_once(request, reason, extra, first=next(attempts) == 0), "set"
         )
 
     def release(
-        self, host: str, job: str, *, reason: str = "", if_revision: int | None = None
+        self,
+        host: str,
+        job: str,
+        *,
+        reason: str = "",
+        if_revision: int | None = None,
+        ended: tuple[int, float] | None = None,
     ) -> Assignment | BadRecord:
         """Remove ``job``'s assignment on ``host``; return what was removed.
 
@@ -166,10 +184,11 @@ class Allocator:
         one. ``NotFound`` if the job holds nothing there. ``reason`` goes into
         the history entry written with the release. ``if_revision``: remove it only while the
         assignment key is still at that revision (a ``ConflictError`` if it
-        was set again meanwhile), as the agent's idle release does.
+        was set again meanwhile), as the agent's idle release does. ``ended``
+        (exit status, GPU-seconds): how the command that held it ended, for history.
         """
         return self._with_retries(
-            lambda: self._release_once(host, job, reason, if_revision), "release"
+            lambda: self._release_once(host, job, reason, if_revision, ended), "release"
         )
 
     def assign_across(
@@ -246,7 +265,7 @@ class Allocator:
         return with_retries(operation, what, self.attempts)
 
     def _assign_once(
-        self, asked: Request, reason: str, command: tuple[str, ...] | None, *, first: bool
+        self, asked: Request, reason: str, extra: _Extra, *, first: bool
     ) -> tuple[Assignment, Placement]:
         """One attempt: decided from the kept view if there is one, else from one fresh read.
 
@@ -263,7 +282,15 @@ class Allocator:
         while True:
             # replace() would validate the request again; it was when it was made.
             request = asked if asked.host == host else replace_struct(asked, host=host)
-            placed, planned = self._plan_assign(view, request, reason, command)
+            try:
+                placed, planned = self._plan_assign(view, request, reason, extra)
+            except ConflictError:
+                if fresh:
+                    raise
+                # A refusal decided from a kept view is only a guess too: the holder it
+                # names may be gone (released by another client, or its lease expired).
+                view, fresh = self._read_view(host, asked.job), True
+                continue
             outcome = self._write(planned, view_reads_for(self.layout, host, asked.job))
             if outcome.succeeded:
                 self._views().keep(planned.after(outcome.revision))
@@ -274,16 +301,22 @@ class Allocator:
             fresh = True
 
     def _plan_assign(
-        self, view: WriteView, request: Request, reason: str, command: tuple[str, ...] | None
+        self, view: WriteView, request: Request, reason: str, extra: _Extra
     ) -> tuple[tuple[Assignment, Placement], Planned]:
         from allocator.control.history import change_entry
         from allocator.control.write_cache import plan_change
         from allocator.placement.choose import place
 
+        command, held_by = extra
         snapshot = view.policy or self._no_policy()
         if command is not None:
             _check_adhoc_command(snapshot.policy, request.job)
         state, now = view.host, self.clock()
+        if held_by is not None and (request.job in state.assignments or view.index.hosts):
+            raise ConflictError(
+                f"job {request.job!r} already holds an assignment: "
+                "`allocator run` takes GPUs for a job that holds none (pick another job=)"
+            )
         agent = state.agent
         decision = place(
             snapshot.policy,
@@ -311,13 +344,15 @@ class Allocator:
             slots=decision.slots,
             exclusive=decision.exclusive,
             picked=decision.picked,
+            run=held_by[0] if held_by is not None else None,
         )
+        lease = held_by[1] if held_by is not None else None
         before = state.assignments.get(request.job)
         key = self.layout.assignment(state.host, request.job)
         planned = plan_change(
             self.layout,
             view,
-            Put(key, assignment.to_json()),
+            Put(key, assignment.to_json(), lease),
             change_entry(before, assignment, self.actor, stamp, reason),
             assignment,
             # The agent's record (inventory, health) was checked too: compare it.
@@ -327,11 +362,17 @@ class Allocator:
             ],
             history_limit=snapshot.policy.history.entries_per_host,
             generation=self._generation_value(stamp),
+            lease=lease,
         )
         return (assignment, decision), planned
 
     def _release_once(
-        self, host: str, job: str, reason: str, if_revision: int | None = None
+        self,
+        host: str,
+        job: str,
+        reason: str,
+        if_revision: int | None = None,
+        ended: tuple[int, float] | None = None,
     ) -> Assignment | BadRecord:
         from allocator.control.history import release_entry
         from allocator.control.write_cache import plan_change
@@ -347,7 +388,7 @@ class Allocator:
         compares = [] if if_revision is None else [Compare(key, if_revision)]
         held = current if isinstance(current, Assignment) else None
         stamp = format_time(self.clock())
-        entry = release_entry(host, job, held, self.actor, stamp, reason)
+        entry = release_entry(host, job, held, self.actor, stamp, reason, ended)
         planned = plan_change(
             self.layout,
             view,

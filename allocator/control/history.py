@@ -245,13 +245,23 @@ def change_entry(
         to_gpus=new_gpus,
         reason=reason,
         detail=detail,
+        slots=after.slots if after.mode == "gpu" and after.slots != 1 else None,
     )
 
 
 def release_entry(
-    host: str, job: str, before: Assignment | None, by: str, at: str, reason: str
+    host: str,
+    job: str,
+    before: Assignment | None,
+    by: str,
+    at: str,
+    reason: str,
+    ended: tuple[int, float] | None = None,
 ) -> HistoryEntry:
-    """The entry of a ``release`` (``before`` ``None``: the record was damaged)."""
+    """The entry of a ``release`` (``before`` ``None``: the record was damaged).
+
+    ``ended``: the exit status and GPU-seconds of the command that held it.
+    """
     mode, gpus = _place(before)
     return HistoryEntry(
         seq=0,
@@ -264,6 +274,8 @@ def release_entry(
         from_gpus=gpus,
         reason=reason,
         detail="" if before is not None else "its record was damaged",
+        exit_status=ended[0] if ended is not None else None,
+        gpu_seconds=round(ended[1], 3) if ended is not None else None,
     )
 
 

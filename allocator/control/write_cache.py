@@ -166,17 +166,21 @@ def plan_change(
     compares: Sequence[Compare] = (),
     history_limit: int | None = None,
     generation: bytes,
+    lease: int | None = None,
 ) -> Planned:
     """The transaction that writes ``change`` (the job's key) from ``view`` (pure).
 
     ``written`` is the assignment ``change`` puts (``None``: it deletes it).
     Compares the host's generation, the job's index entry and the host's
     history head besides ``compares``; bumps the host's and the fleet's
-    generations; writes the index and the history entry.
+    generations; writes the index and the history entry. ``lease``: the job's
+    index entry is written under it, as ``change`` is, so both go when it does.
     """
     state, job = view.host, view.index.job
     host = state.host
     index_compare, index_op = index_change(layout, view.index, host, holds=written is not None)
+    if lease is not None and isinstance(index_op, Put):
+        index_op = Put(index_op.key, index_op.value, lease)
     head_compare, history_ops, head = append_plan(
         host_stream(layout, host), view.head, entry, history_limit
     )
@@ -235,6 +239,11 @@ class ViewCache:
         with self._lock:
             kept, index, policy = self._hosts.get(host), self._jobs.get(job), self.policy
         if kept is None or index is None or policy is None:
+            return None
+        if any(held.run is not None for held in kept[0].assignments.values()):
+            # A leased assignment vanishes at its lease's expiry without bumping the
+            # host's generation (no client writes then): a kept view could still show
+            # it held. Such a host is read afresh for every change.
             return None
         return WriteView(policy, kept[0], index, kept[1])
 

@@ -105,17 +105,19 @@ def worker_environments(
     master_port: int | None = None,
     group: NodeGroup | None = None,
     vendor: str | None = None,
+    per_gpu: bool = False,
 ) -> list[dict[str, str]]:
     """One dict per worker: the variables to add to (override in) the job's env.
 
     ``inventory`` is the host's GPUs (``None`` if unknown: indices are used),
     ``vendor`` whose they are (``None``: NVIDIA).
     ``group`` places a share of a job across several hosts (its rendezvous
-    then replaces ``master_addr``/``master_port``).
+    then replaces ``master_addr``/``master_port``). ``per_gpu``: one worker
+    per GPU even for a job the policy does not declare (``allocator run --per-gpu``).
     Raises :class:`RequestError` for an assignment no environment can express.
     """
     job = policy.jobs.get(assignment.job)
-    per_gpu = job is not None and job.workers == "per-gpu"
+    per_gpu = job.workers == "per-gpu" if job is not None else per_gpu
     if group is not None:
         _checked_port(group.master_port)
         master_addr, master_port = group.master_addr, group.master_port

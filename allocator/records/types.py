@@ -51,6 +51,7 @@ __all__ = [
     "JobPlace",
     "MigDevice",
     "PolicyRecord",
+    "RunHolder",
     "WorkerRecord",
 ]
 
@@ -102,6 +103,21 @@ class GpuInfo(msgspec.Struct, frozen=True):
             raise ValueError(str(exc)) from None
 
 
+class RunHolder(msgspec.Struct, frozen=True):
+    """The ``allocator run`` process (or ``allocator.lease()``) that holds an assignment.
+
+    Such an assignment lives by its store lease: it disappears when the
+    process stops refreshing it. The agent counts its GPUs as held and the
+    process tree below ``pid`` (started at ``start_ticks``, ``/proc``'s
+    field 22) as their legitimate user, but never starts or stops it.
+    """
+
+    pid: Count
+    start_ticks: Count | None = None
+    ttl: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 15.0
+    launched_by: Literal["run", "lease"] = "run"
+
+
 class Assignment(msgspec.Struct, frozen=True):
     """Which GPUs a job holds on a host (``mode="cpu"``: it holds none, runs on CPU).
 
@@ -129,6 +145,7 @@ class Assignment(msgspec.Struct, frozen=True):
     slots: Slots = 1
     exclusive: bool = False
     picked: Text = ""
+    run: RunHolder | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:
@@ -372,6 +389,12 @@ class HistoryEntry(msgspec.Struct, frozen=True):
     detail: Text = ""
     policy_sha256: Sha256 | None = None
     previous_sha256: Sha256 | None = None
+    #: Slots of each GPU the job holds after a set or move (``None``: 1, or an older entry).
+    slots: Slots | None = None
+    #: How a command held by ``allocator run`` ended (a release entry): its exit status
+    #: (128+N for death by signal N) and the GPU-seconds it held.
+    exit_status: Annotated[int, msgspec.Meta(ge=0, le=255)] | None = None
+    gpu_seconds: Annotated[float, msgspec.Meta(ge=0)] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

@@ -108,7 +108,7 @@ def history_document(entries: Iterable[Stored]) -> dict[str, Any]:
 def history_entry_document(stored: Stored) -> dict[str, Any]:
     """One history entry: when, who, what, from where to where, why."""
     entry = stored.entry
-    return {
+    document: dict[str, Any] = {
         "seq": entry.seq,
         "revision": stored.revision,
         "at": entry.at,
@@ -123,6 +123,9 @@ def history_entry_document(stored: Stored) -> dict[str, Any]:
         "policy_sha256": entry.policy_sha256,
         "previous_sha256": entry.previous_sha256,
     }
+    if entry.exit_status is not None:  # the end of a command `allocator run` held GPUs for
+        document["ended"] = {"exit_status": entry.exit_status, "gpu_seconds": entry.gpu_seconds}
+    return document
 
 
 def _place(mode: str | None, gpus: Sequence[int]) -> dict[str, Any] | None:

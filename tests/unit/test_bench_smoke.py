@@ -17,6 +17,7 @@ ROWS = (
     "CLI set, etcd",
     "CLI get, etcd, no host=",
     "CLI set, SQLite",
+    "run -- python -c pass, SQLite",
     "fleet status",
     "policy validate",
     "propagation, SQLite, median",

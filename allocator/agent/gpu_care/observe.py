@@ -206,6 +206,10 @@ class Observer:
     ) -> None:
         pids = {process.pid for gpu in usage for process in gpu.processes}
         tree_roots = {job: [TreeRoot(*root) for root in found] for job, found in roots.items()}
+        for job, held in assignments.items():
+            if held.host == self.host and held.run is not None:
+                # `allocator run`'s process tree uses the GPUs it holds: not unassigned use.
+                tree_roots.setdefault(job, []).append(TreeRoot(held.run.pid, held.run.start_ticks))
         owners = find_owners(pids, tree_roots) if pids else {}
         given: dict[str, set[int]] = {}
         for job, view in views.items():

@@ -48,7 +48,9 @@ def desired_jobs(inputs: DesiredInputs) -> dict[str, DesiredJob]:
     """
     pins, host, inventory = inputs.pinned, inputs.host, inputs.inventory
     result = {
-        name: desired_job(
+        name: held_by_process(assignment, inputs.assignment_revisions.get(name, 0))
+        if assignment.run is not None
+        else desired_job(
             inputs.policy,
             assignment,
             inputs.assignment_revisions.get(name, 0),
@@ -74,6 +76,22 @@ def desired_jobs(inputs: DesiredInputs) -> dict[str, DesiredJob]:
             result, inputs.holders, pool.name if pool else None, fingerprint(())
         )
     return with_affinity(result, inputs.policy, inventory, inputs.allowed_cpus)
+
+
+def held_by_process(assignment: Assignment, revision: int) -> DesiredJob:
+    """A job ``allocator run`` (or ``lease()``) holds: its GPUs are held, its process is not ours.
+
+    The agent never starts or stops it; the holding process runs it and
+    releases it (or its lease expires).
+    """
+    holder = assignment.run
+    pid = f" (pid {holder.pid})" if holder is not None else ""
+    message = (
+        f"held by `allocator {holder.launched_by if holder else 'run'}`{pid}; not run by the agent"
+    )
+    return _not_running(
+        Job(name=assignment.job, command=()), assignment, revision, "undeclared", message
+    )
 
 
 def desired_job(

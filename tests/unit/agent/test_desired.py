@@ -481,3 +481,12 @@ def test_a_declared_master_port_wins_over_the_agents() -> None:
         )
     )
     assert result["train"].workers[0].env["MASTER_PORT"] == "29411"
+
+
+def test_a_job_held_by_allocator_run_is_counted_held_but_never_run_by_the_agent() -> None:
+    from allocator.records.types import RunHolder
+
+    held = msgspec.structs.replace(assigned(), run=RunHolder(pid=4242, start_ticks=9))
+    want = one(policy(), held)  # train is declared: the agent would run it otherwise
+    assert (want.state, want.workers, want.gpus) == ("undeclared", (), (2, 1))
+    assert want.message == "held by `allocator run` (pid 4242); not run by the agent"

@@ -1,0 +1,215 @@
+"""``allocator run``: take GPUs on this machine for one command, run it, give them back.
+
+The GPUs are taken by the same transaction as a ``set`` (policy,
+reservations, health, the holders of each GPU), bound to a store lease this
+process keeps alive: if ``run`` is killed (even with SIGKILL) or the machine
+stops, the GPUs are free again within the lease's TTL (``ttl=``, default
+15s). The command gets exactly the environment the agent would give a
+worker of the job (``allocator env``'s), on top of this shell's; Ctrl-C and
+SIGTERM are passed on to its process tree; its exit status is passed
+through (death by signal N: 128+N); history records its start and its end,
+with the exit status and the GPU-seconds it held. The host's agent counts
+these GPUs as held and never starts or stops the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from allocator.cli.common import add_words_command, note, open_allocator
+from allocator.errors import InvalidInput
+
+__all__ = ["default_job_name", "register", "split_command"]
+
+USAGE = (
+    "allocator run [job=NAME] (count=N | gpus=LIST) [host=H] [slots=K] [ttl=DURATION]"
+    " [--wait[=DURATION]] [--per-gpu] -- CMD [ARGS...]"
+)
+#: The key=value words ``run`` takes.
+RUN_KEYS = ("job", "count", "gpus", "host", "slots", "ttl")
+
+
+def register(commands: Any) -> None:
+    """Add the ``run`` command."""
+    parser = add_words_command(
+        commands,
+        "run",
+        run,
+        help="take GPUs for one command, run it in the foreground, release them when it ends",
+        usage=USAGE,
+        description=__doc__,
+    )
+    parser.add_argument(
+        "--wait",
+        metavar="DURATION",
+        default=None,
+        help="when the GPUs are busy, wait for them (at most DURATION, like 30m); exit 3 "
+        "naming what it waited for if they stay busy",
+    )
+    parser.add_argument(
+        "--per-gpu",
+        action="store_true",
+        help="one process per GPU, with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
+        "MASTER_PORT (as the agent's workers: per-gpu)",
+    )
+
+
+def split_command(words: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``run``'s own words and the command after ``--`` (pure).
+
+    A bare ``--wait`` becomes ``--wait=forever``, so the word after it is
+    never taken for its duration.
+    """
+    words = list(words)
+    if "--" not in words:
+        return ["--wait=forever" if w == "--wait" else w for w in words], []
+    cut = words.index("--")
+    own = ["--wait=forever" if w == "--wait" else w for w in words[:cut]]
+    return own, words[cut + 1 :]
+
+
+def default_job_name(user: str, token: bytes) -> str:
+    """``run-<user>-<4 hex>``: says who ran it; the hex tells two runs apart (pure)."""
+    import re
+
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", user.lower()).strip("-")[:32] or "user"
+    return f"run-{cleaned}-{token.hex()[:4]}"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Take the GPUs, run the command, release them; the command's exit status."""
+    from allocator.cli.args import parse_key_values
+    from allocator.control.leased import DEFAULT_TTL
+
+    kv = parse_key_values(args.words, RUN_KEYS)
+    ttl = _ttl(kv.pop("ttl", None))
+    request = _request(kv)
+    wait = _wait_seconds(args.wait)
+    argv = list(getattr(args, "command_argv", None) or [])
+    if not argv:
+        raise InvalidInput("give the command to run after `--` (allocator run count=1 -- CMD)")
+    allocator = open_allocator(args)
+    try:
+        envs, holding = _take(allocator, request, argv, wait, ttl or DEFAULT_TTL, args.per_gpu)
+        return _run_held(allocator, holding, argv, envs)
+    finally:
+        allocator.store.close()
+
+
+def _ttl(raw: str | None) -> float | None:
+    """``ttl=DURATION`` in seconds."""
+    from allocator.util.durations import parse_duration
+
+    if raw is None:
+        return None
+    try:
+        seconds = parse_duration(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"ttl=: {exc}") from None
+    if not 1 <= seconds <= 3600:
+        raise InvalidInput("ttl= must be from 1s to 1h")
+    return seconds
+
+
+def _request(kv: dict[str, str]) -> Any:
+    """The placement request the words ask for (a job name made up if none is given)."""
+    from allocator.cli.args import parse_set_args
+    from allocator.placement.choose import Request
+    from allocator.util.identity import local_hostname, os_user
+
+    kv.setdefault("job", default_job_name(os_user(), os.urandom(2)))
+    parsed = parse_set_args(f"{key}={value}" for key, value in kv.items())
+    if parsed.hosts:
+        raise InvalidInput("host= names one host for `run`: its command runs here")
+    return Request(
+        job=parsed.job,
+        host=parsed.host or local_hostname(),
+        gpus=parsed.gpus,
+        count=parsed.count,
+        cpu=parsed.cpu,
+        slots=parsed.slots,
+    )
+
+
+def _wait_seconds(raw: str | None) -> float | None:
+    from allocator.util.durations import parse_duration
+
+    if raw is None:
+        return None
+    if raw == "forever":
+        return float("inf")
+    try:
+        return parse_duration(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"--wait: {exc}") from None
+
+
+def _take(
+    allocator: Any, request: Any, argv: list[str], wait: float | None, ttl: float, per_gpu: bool
+) -> tuple[list[dict[str, str]], Any]:
+    """Hold the GPUs (waiting if asked) and compute the command's environments."""
+    from allocator.cli.env import worker_envs
+    from allocator.control.leased import let_go
+    from allocator.control.waiting import take_waiting
+
+    reason = "allocator run: " + " ".join(argv)[:200]
+    _check_workers(allocator, request.job, per_gpu)
+    holding = take_waiting(allocator, request, wait=wait, ttl=ttl, reason=reason, on_lost=_lost)
+    try:
+        envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)
+    except BaseException:
+        let_go(allocator, holding, 1, "allocator run: no environment for the command")
+        raise
+    if remark:
+        note(remark)
+    gpus = holding.assignment.gpus
+    where = "cpu" if holding.assignment.mode == "cpu" else "gpus " + ",".join(map(str, gpus))
+    note(f"{request.job}@{request.host}: {where} (released when the command ends)")
+    return envs, holding
+
+
+def _check_workers(allocator: Any, job: str, per_gpu: bool) -> None:
+    """A job the policy declares keeps its own ``workers:``; ``--per-gpu`` must agree."""
+    snapshot = allocator.require_policy()
+    spec = snapshot.policy.jobs.get(job)
+    if spec is not None and (spec.workers == "per-gpu") != per_gpu:
+        raise InvalidInput(
+            f"job {job!r} is declared with workers: {spec.workers}; "
+            + ("drop --per-gpu" if per_gpu else "add --per-gpu")
+        )
+
+
+def _lost(why: str) -> None:
+    """The lease is gone: the GPUs may be someone else's now; stop the command."""
+    import signal
+
+    note(f"lost the hold on the GPUs ({why}); stopping the command")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _run_held(allocator: Any, holding: Any, argv: list[str], envs: list[dict[str, str]]) -> int:
+    """Run the command's processes under the holding; release it however they end."""
+    import signal
+
+    from allocator.cli.foreground import Children
+    from allocator.control.leased import let_go
+
+    children = Children(argv, envs)
+    status = 1
+    previous = children.install_forwarding()
+    try:
+        children.start()
+        status = children.wait()
+        return status
+    except KeyboardInterrupt:
+        status = 130
+        return status
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        let_go(allocator, holding, status, f"allocator run ended (exit {status})")
+        sys.stdout.flush()
