@@ -105,7 +105,8 @@ def _normalise_pools(
     }
     new_pools: dict[str, Pool] = {}
     for name, pool in pools.items():
-        joined = [h.name for h in new_hosts.values() if h.pool == name and h.name not in pool.hosts]
+        listed = set(pool.hosts)  # a set: a pool may list 12,500 hosts
+        joined = [h.name for h in new_hosts.values() if h.pool == name and h.name not in listed]
         new_pools[name] = msgspec.structs.replace(pool, hosts=(*pool.hosts, *joined))
     return new_hosts, new_pools
 

@@ -9,6 +9,7 @@ dataclasses of :mod:`allocator.policy.model`.
 from __future__ import annotations
 
 from allocator.policy.container_field import CONTAINER
+from allocator.policy.host_fields import HostList, HostMap
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import (
     FallbackRule,
@@ -143,8 +144,9 @@ POOL = Record(
     (
         Field(
             "hosts",
-            ListOf(Name("host"), unique=True, label="host", max_items=MAX_HOSTS),
-            "Hosts in this pool; each must be declared under hosts and belong to one pool only.",
+            HostList(max_items=MAX_HOSTS),
+            "Hosts in this pool, by name or range pattern (node[0000-12499]); each must be "
+            "declared under hosts and belong to one pool only.",
         ),
         Field(
             "sharing",
@@ -432,8 +434,10 @@ POLICY = Record(
         ),
         Field(
             "hosts",
-            NameMap(HOST, "host", max_entries=MAX_HOSTS),
-            "Hosts by name, with their GPU inventory.",
+            HostMap(HOST, max_entries=MAX_HOSTS),
+            "Hosts by name, with their GPU inventory. A key may be a range pattern "
+            "(node[0000-12499], gpu-[1-8], rack[1-2]-n[01-16]) declaring every host it names; "
+            "a host written out on its own wins over a range that also covers it.",
             nullable=True,
         ),
         Field(

@@ -215,6 +215,11 @@ class CompiledPolicyRecord(msgspec.Struct, frozen=True):
     format: Text
     policy: msgspec.Raw
     schema_version: int = SCHEMA_VERSION
+    #: When ``parts`` > 0 the policy is too large for this record: ``policy`` is
+    #: ``null`` and its JSON is in that many part keys under ``body_sha256``
+    #: (the SHA-256 of the whole JSON, checked when the parts are joined).
+    parts: int = 0
+    body_sha256: Sha256 | None = None
 
     def to_json(self) -> bytes:
         """Encode for the store."""
