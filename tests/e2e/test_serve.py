@@ -301,3 +301,36 @@ def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
     finally:
         waiter.kill()
         waiter.wait()
+
+
+def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_holders(
+    served: Served,
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    assert served.cli("set", "job=train", "gpus=1,2", "host=node1").code == 0
+    held_from = time.time()
+    # History says when to the second: hold past the next whole second so it counts.
+    wait_for("the clock to pass a second", lambda: time.time() >= int(held_from) + 2)
+    assert served.cli("release", "job=train").code == 0
+    assert served.cli("set", "job=eval", "gpus=0", "host=node2").code == 0
+    printed = json.loads(served.cli("usage", "--by", "job", "-o", "json").out)
+    code, body, _ = served.get("/api/v1/usage?by=job&since=30d")
+    answered = json.loads(body)
+    assert code == 200 and {r["key"] for r in answered["rows"]} == {"train", "eval"}
+    # Both read the same history: the ended holding is the same; the open one has grown.
+    api_rows = {r["key"]: r for r in answered["rows"]}
+    cli_rows = {r["key"]: r for r in printed["rows"]}
+    assert api_rows["train"] == cli_rows["train"] and api_rows["train"]["gpu_hours"] > 0
+    assert api_rows["eval"]["holdings"] == cli_rows["eval"]["holdings"] == 1
+    assert served.get("/api/v1/usage?by=colour")[0] == 400
+    assert served.get("/api/v1/usage?limit=0")[0] == 400
+
+    user = json.loads(served.get("/api/v1/usage?by=user&since=7d")[1])["rows"][0]["key"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(served.base + "/")
+        row = page.wait_for_selector(f'#usage tr[data-holder="{user}"]')
+        assert row is not None and "eval, train" in row.inner_text()
+        browser.close()
