@@ -10,6 +10,8 @@ For SQLite and a real etcd (started here), with a fake-NVML host:
   store's watch, which has no other) seeing a write, then a bare
   ``subprocess`` spawn of the same worker command, to the same report file.
   Judged on the median and on the worst move;
+* queue hand-off (:mod:`bench.bench_queue`): a release to the next waiter's
+  worker running, against the same floor;
 * footprint: the agent's resident memory while it supervises 8 workers;
 * CPU: the agent's CPU use over ``idle`` seconds with nothing happening
   (SQLite and etcd), and as long with etcd stopped.
@@ -189,9 +191,13 @@ def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
             elapsed, pid = _move(world, i % 2, pid)
             ours.append(elapsed)
             floor.append(bare_move())
+        from bench.bench_queue import handoff
+
+        queued = handoff(world, max(2, moves // 2), backend, bare_move, _wait_new_worker)
     return [
         ratio_row(f"propagation, {backend}, median", ours, floor, most=2),
         ratio_row(f"propagation, {backend}, worst", ours, floor, most=4, stat=max),
+        queued,
     ]
 
 
@@ -215,6 +221,9 @@ def _policy(workdir: Path) -> dict[str, Any]:
         out = workdir / f"w{gpu}.json"
         command = [sys.executable, str(DUMMY), "--out", str(out)]
         policy["jobs"][f"w{gpu}"] = {"command": command, "grace_seconds": 1}
+    from bench.bench_queue import queue_jobs
+
+    policy["jobs"].update(queue_jobs(workdir))
     return policy
 
 

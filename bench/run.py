@@ -7,7 +7,7 @@ spread, 10th to 90th percentile, of ours and of the baseline, the number
 of samples and a note). A missed target is ``"pass": false``; the run still
 completes and exits 0, so the table always gets written.
 
-Usage: ``python -m bench.run [--smoke] [--quick] [--only cli,agent,fleet] [--out FILE]``.
+Usage: ``python -m bench.run [--smoke] [--quick] [--only cli,agent,fleet,scale] [--out FILE]``.
 ``--smoke`` runs every row at a tiny size in seconds (what the test suite
 checks); ``--quick`` shortens the idle windows and rounds;
 ``--markdown FILE`` prints the table of an earlier results file in Markdown
@@ -32,7 +32,7 @@ from bench.common import Row
 __all__ = ["SIZES", "format_markdown", "format_table", "main"]
 
 HERE = Path(__file__).resolve().parent
-GROUPS = ("cli", "agent", "fleet")
+GROUPS = ("cli", "agent", "fleet", "scale")
 
 #: Sizes per mode: CLI rounds, simulated hosts/agents, moves, idle seconds, applies.
 SIZES = {
@@ -40,6 +40,8 @@ SIZES = {
     "quick": {"rounds": 10, "hosts": 1000, "moves": 20, "idle": 15.0, "applies": 3, "place": 3.0},
     "smoke": {"rounds": 1, "hosts": 10, "moves": 1, "idle": 0.3, "applies": 1, "place": 0.2},
 }
+#: The large fleet of the scale rows, per mode (the small one is ``hosts``).
+LARGE = {"full": 12_500, "quick": 12_500, "smoke": 30}
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -88,6 +90,10 @@ def _run_group(group: str, args: argparse.Namespace, work: Path) -> list[Row]:
         from bench import bench_agent
 
         rows = bench_agent.rows(args, work)
+    elif group == "scale":
+        from bench import bench_scale
+
+        rows = bench_scale.rows(args, work)
     else:
         from bench import bench_fleet
 
@@ -109,7 +115,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--smoke", action="store_true", help="every row at a tiny size")
     mode.add_argument("--quick", action="store_true", help="shorter windows and fewer rounds")
-    parser.add_argument("--only", default=",".join(GROUPS), help="comma-separated: cli,agent,fleet")
+    parser.add_argument(
+        "--only", default=",".join(GROUPS), help="comma-separated: cli,agent,fleet,scale"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
     parser.add_argument("--markdown", type=Path, help="print FILE's table in Markdown and stop")
     args = parser.parse_args(argv)
@@ -119,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
     for name, value in sizes.items():
         setattr(args, name, value)
+    args.large = LARGE["smoke" if args.smoke else "quick" if args.quick else "full"]
     groups = [g for g in args.only.split(",") if g]
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:

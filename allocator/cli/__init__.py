@@ -44,6 +44,7 @@ COMMANDS = {
     "release": "allocator.cli.release",
     "status": "allocator.cli.status",
     "history": "allocator.cli.history",
+    "queue": "allocator.cli.queue",
     "policy": "allocator.cli.policy",
     "env": "allocator.cli.env",
     "run": "allocator.cli.run",

@@ -227,6 +227,9 @@ def run_diff(args: argparse.Namespace) -> int:
     )
     changed = bool(lines)
     body = "".join(lines) if changed else f"{args.file}: same as the applied policy\n"
+    hosts = _hosts_changed(snapshot.policy if snapshot else None, policy)
+    if changed:
+        body += _hosts_line(hosts)
     if violations:
         body += "\n".join(f"would conflict: {v}" for v in violations) + "\n"
     if upcoming:
@@ -236,22 +239,46 @@ def run_diff(args: argparse.Namespace) -> int:
         "diff": "".join(lines),
         "conflicts": violations,
         "upcoming_conflicts": upcoming,
+        "hosts_changed": hosts,
     }
     emit(data, output_format(args), body.rstrip("\n"))
     return 3 if changed and args.exit_code else 0
 
 
+def _hosts_changed(applied: Policy | None, policy: Policy) -> list[str] | None:
+    """The hosts whose placement ``policy`` changes (sorted); ``None``: every host."""
+    from allocator.control.apply_scope import affected_hosts
+
+    hosts = affected_hosts(applied, policy)
+    return None if hosts is None else sorted(hosts)
+
+
+def _hosts_line(hosts: list[str] | None, shown: int = 10) -> str:
+    """One line naming the hosts a change affects (a range edit can name thousands)."""
+    if hosts is None:
+        return "hosts changed: every host (apply checks them all)\n"
+    if not hosts:
+        return "hosts changed: none\n"
+    more = f" and {len(hosts) - shown:,} more" if len(hosts) > shown else ""
+    return f"hosts changed: {', '.join(hosts[:shown])}{more}\n"
+
+
 def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
-    """Held GPUs that ``policy``'s reservations take from their holders later (one read)."""
+    """Held GPUs that ``policy``'s reservations take from their holders later.
+
+    Only the reserved hosts are read: a fleet's other hosts cannot conflict.
+    """
+    from allocator.control.apply_scope import read_hosts
     from allocator.placement.reservations import upcoming_conflicts
     from allocator.status.snapshots import snapshots_by_host
 
-    listing = allocator.store.list(allocator.layout.hosts)
+    reserved = {reservation.host for reservation in policy.reservations}
     now = allocator.clock()
     found: list[str] = []
-    for host, state in sorted(snapshots_by_host(listing.items, allocator.layout, 0).items()):
-        held = {job: a.gpus for job, a in state.assignments.items() if a.mode == "gpu"}
-        found += upcoming_conflicts(policy, host, held, now)
+    for items in read_hosts(allocator.store, allocator.layout, reserved):
+        for host, state in sorted(snapshots_by_host(items, allocator.layout, 0).items()):
+            held = {job: a.gpus for job, a in state.assignments.items() if a.mode == "gpu"}
+            found += upcoming_conflicts(policy, host, held, now)
     return found
 
 

@@ -6,18 +6,19 @@ import argparse
 from typing import Any
 
 from allocator.cli.common import add_words_command, note, open_allocator, output_format
+from allocator.errors import RequestError
 
 __all__ = ["register"]
 
 USAGE = (
     "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [slots=K]"
-    " [prefer=links] [host=H[,H2...]] [reason=TEXT] [command='ARGV']"
+    " [prefer=links] [host=H[,H2...]] [reason=TEXT] [command='ARGV'] [--wait[=DURATION]]"
 )
 
 
 def register(commands: Any) -> None:
     """Add the ``set`` command."""
-    add_words_command(
+    parser = add_words_command(
         commands,
         "set",
         run,
@@ -30,7 +31,17 @@ def register(commands: Any) -> None:
         "node ranks in the order given), written on all of them or on none. In a shared pool "
         "the job takes one slot of each GPU (slots=K: K of them); count=N there prefers GPUs "
         "with free slots to better links unless prefer=links. count=N says why it picked its "
-        "GPUs.",
+        "GPUs. --wait: when the GPUs are not free (held, reserved, unhealthy or over a quota), "
+        "wait in the host's queue and take them the moment it is this request's turn "
+        "(--wait=30m: give up after that, exit 3); see `allocator queue`.",
+    )
+    parser.add_argument(
+        "--wait",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="DURATION",
+        help="wait in the queue for the GPUs (forever, or at most DURATION: 90s, 30m, 2h)",
     )
 
 
@@ -40,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from allocator.cli.output import emit
     from allocator.placement.choose import Request
 
+    wait = _wait_seconds(args)
     parsed = parse_set_args(args.words)
+    if wait is not None and parsed.hosts:
+        raise RequestError("--wait takes GPUs of one host; a job across hosts cannot wait yet")
     if parsed.hosts:
         return _run_across(args, parsed)
     allocator = open_allocator(args)
@@ -54,9 +68,21 @@ def run(args: argparse.Namespace) -> int:
             slots=parsed.slots,
             prefer=parsed.prefer,
         )
-        assignment, placement = allocator.assign(
-            request, reason=parsed.reason, command=parsed.command
-        )
+        if wait is None:
+            assignment, placement = allocator.assign(
+                request, reason=parsed.reason, command=parsed.command
+            )
+        else:
+            from allocator.control.queue_wait import wait_and_assign
+
+            assignment, placement = wait_and_assign(
+                allocator,
+                request,
+                reason=parsed.reason,
+                command=parsed.command,
+                timeout=wait if wait > 0 else None,
+                on_wait=_waiting_noter(),
+            )
     finally:
         allocator.store.close()
     if placement.picked:
@@ -68,6 +94,42 @@ def run(args: argparse.Namespace) -> int:
     where = "cpu" if assignment.mode == "cpu" else "gpus " + ",".join(map(str, assignment.gpus))
     emit(_as_dict(assignment), output_format(args), f"{assignment.job}@{assignment.host}: {where}")
     return 0
+
+
+def _wait_seconds(args: argparse.Namespace) -> float | None:
+    """``--wait``: 0 for forever, else the seconds of its duration; ``None`` when absent.
+
+    ``--wait job=x`` (no ``=``) reads ``job=x`` as the next word, not as a duration.
+    """
+    from allocator.util.durations import parse_duration
+
+    raw = getattr(args, "wait", None)
+    if raw is None:
+        return None
+    if "=" in raw:
+        args.words.insert(0, raw)
+        return 0.0
+    if not raw:
+        return 0.0
+    try:
+        seconds = parse_duration(raw)
+    except ValueError as exc:
+        raise RequestError(f"--wait: {exc}") from None
+    if seconds <= 0:
+        raise RequestError("--wait: give a duration above zero (or none, to wait forever)")
+    return seconds
+
+
+def _waiting_noter() -> Any:
+    """Say on stderr why the request waits, each time that changes."""
+    said: list[str] = []
+
+    def noter(why: str) -> None:
+        if not said or said[-1] != why:
+            said.append(why)
+            note(f"waiting: {why}")
+
+    return noter
 
 
 def _run_across(args: argparse.Namespace, parsed: Any) -> int:

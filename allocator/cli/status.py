@@ -64,6 +64,9 @@ def _show(args: argparse.Namespace) -> int:
             written.update((host.host, status_host_json(host)) for host in hosts)
         return hosts
 
+    from allocator.control.queue_view import queue_lines, queue_prefix
+
+    queue_read: list[Any] = []  # read with the policy (none where the user may not read it)
     try:
         prefix = layout.host(only_host) if only_host else layout.hosts
         _policy, revision, hosts = read_status(
@@ -72,7 +75,9 @@ def _show(args: argparse.Namespace) -> int:
             only_host=only_host,
             while_reading=_load_joining_and_printing,
             join=join,
+            queue=(queue_prefix(layout, only_host), queue_read.append),
         )
+        waiting = queue_lines(allocator, now, only_host, queue_read[0]) if queue_read else []
     finally:
         allocator.store.close()
     # Loaded by now (see read_status): these cost nothing here.
@@ -83,13 +88,16 @@ def _show(args: argparse.Namespace) -> int:
     hosts.sort(key=_host_name)  # parts are cut by key, rows go by host name
     # With host= only that host was read: the other shares are unknown, not missing.
     groups = group_status(hosts) if only_host is None else []
-    pieces = status_json([written[h.host] for h in hosts], revision, groups) if written else None
+    queue = [q.to_dict() for q in waiting]
+    pieces = (
+        status_json([written[h.host] for h in hosts], revision, groups, queue) if written else None
+    )
     if pieces is not None:
         _write_ascii(pieces)
     elif fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
-        emit(status_document(hosts, revision, groups), fmt)
+        emit(status_document(hosts, revision, groups, queue), fmt)
     else:
-        emit(None, fmt, _text(hosts, render_table, groups))
+        emit(None, fmt, _text(hosts, render_table, groups) + _queue_section(waiting))
     return 0
 
 
@@ -99,6 +107,18 @@ def _load_joining_and_printing() -> None:
 
     for name in ("allocator.status.join", "allocator.status.documents", "allocator.cli.output"):
         importlib.import_module(name)
+
+
+def _queue_section(waiting: Any) -> str:
+    """The requests waiting for GPUs, one line each (nothing when none waits)."""
+    if not waiting:
+        return ""
+    lines = [
+        f"{q.host}: waiting #{q.position} {q.job} ({q.holder}, {q.requested}) since {q.since}: "
+        f"{q.why}"
+        for q in waiting
+    ]
+    return "\n\n" + "\n".join(lines)
 
 
 def _write_ascii(pieces: list[bytes]) -> None:

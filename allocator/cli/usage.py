@@ -19,7 +19,6 @@ from allocator.cli.common import add_common_options, note, open_allocator, outpu
 __all__ = ["register"]
 
 USAGE = "allocator usage [--since 30d|RFC3339] [--by user|team|job|pool|host] [-o json]"
-_NO_TEAM = "(no team)"
 
 
 def register(commands: Any) -> None:
@@ -39,83 +38,22 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Read every host's history and the current assignments; print the totals."""
     from allocator.cli.output import emit
-    from allocator.control.history import parse_since, read_history
-    from allocator.control.usage import holdings, summarize
-    from allocator.util.times import format_time, utc_now
+    from allocator.control.history import parse_since
+    from allocator.control.usage_report import usage_report
+    from allocator.util.times import utc_now
 
     now = utc_now()
     since = parse_since(args.since, now)
     allocator = open_allocator(args)
     try:
-        entries = read_history(
-            allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
-        )
-        current = _current(allocator)
-        snapshot = allocator.policy()
+        document, rows = usage_report(allocator, since, args.by, now)
     finally:
         allocator.store.close()
-    found = holdings(entries, current)
-    policy = snapshot.policy if snapshot is not None else None
-    rows = summarize(found, args.by, since, now, _grouper(args.by, policy))
-    unended = sum(1 for h in found if h.ended_unrecorded and h.start >= since)
+    unended = document["unended"]
     if unended and output_format(args) == "table":
-        note(f"{unended} holding(s) ended without a release entry (a killed run): counted as 0")
-    document = {
-        "since": format_time(since),
-        "until": format_time(now),
-        "by": args.by,
-        "rows": [_row_document(row) for row in rows],
-        "unended": unended,
-    }
+        note(f"{unended} holding(s) ended unrecorded (a killed run no agent saw end): counted as 0")
     emit(document, output_format(args), _table(args.by, rows))
     return 0
-
-
-def _current(allocator: Any) -> dict[tuple[str, str], Any]:
-    """Every assignment that exists now, keyed (host, job): one read of the hosts' keys."""
-    from allocator.status.snapshots import snapshots_by_host
-
-    listing = allocator.store.list(allocator.layout.hosts)
-    hosts = snapshots_by_host(listing.items, allocator.layout, listing.revision)
-    return {(h, job): a for h, snap in hosts.items() for job, a in snap.assignments.items()}
-
-
-def _grouper(by: str, policy: Any) -> Any:
-    """The function naming a holding's group for ``--by``."""
-    if by == "user":
-        return lambda h: h.holder
-    if by == "job":
-        return lambda h: h.job
-    if by == "host":
-        return lambda h: h.host
-    if by == "pool":
-        return lambda h: _pool(policy, h.host)
-    return lambda h: _team(policy, h.holder)
-
-
-def _pool(policy: Any, host: str) -> str:
-    pool = policy.pool_of(host) if policy is not None else None
-    return pool.name if pool is not None else "(no pool)"
-
-
-def _team(policy: Any, user: str) -> str:
-    """The policy's team of ``user`` (a ``teams:`` table of members, where the policy has one)."""
-    teams = getattr(policy, "teams", None) or {}
-    for name, team in sorted(teams.items()):
-        members = getattr(team, "members", team)
-        if user in members:
-            return str(name)
-    return _NO_TEAM
-
-
-def _row_document(row: Any) -> dict[str, Any]:
-    return {
-        "key": row.key,
-        "gpu_hours": round(row.gpu_hours, 6),
-        "slot_hours": round(row.slot_hours, 6),
-        "holdings": row.holdings,
-        "jobs": sorted(row.jobs),
-    }
 
 
 def _table(by: str, rows: list[Any]) -> str:

@@ -230,6 +230,8 @@ def plan_group_set(
         for host in released
     ]
     _with_history(allocator, entries, limit, compares, ops)
+    before = [a for a in (states[h].assignments.get(job) for h in touched) if a is not None]
+    _with_charge(allocator, snapshot.policy, before, shares, compares, ops)
     notes = tuple(n for host in nodes for n in placed[host].notes)
     notes += tuple(f"job {job!r} no longer holds anything on {host}" for host in released)
     return GroupWrite(compares, ops, GroupResult(job, nodes, port, shares, released, (), notes))
@@ -256,6 +258,8 @@ def _template(
         requested=describe_request(request),
         policy_revision=snapshot.revision,
         command=why[1],
+        holder=allocator.holder,
+        charged=allocator.charged(snapshot.policy),
     )
 
 
@@ -333,6 +337,9 @@ def plan_group_release(
         release_entry(host, job, held.get(host), allocator.actor, at, reason) for host in touched
     ]
     _with_history(allocator, entries, None, compares, ops)
+    if any(a.charged for a in held.values()):
+        policy = allocator.require_policy().policy
+        _with_charge(allocator, policy, list(held.values()), [], compares, ops)
     order = entry.nodes or tuple(touched)
     shares = tuple(held[h] for h in order if h in held)
     result = GroupResult(
@@ -357,6 +364,25 @@ def _with_history(
         )
         compares.append(compare)
         ops += appended
+
+
+def _with_charge(
+    allocator: Allocator,
+    policy: Policy,
+    before: Sequence[Assignment],
+    after: Sequence[Assignment],
+    compares: list[Compare],
+    ops: list[Op],
+) -> None:
+    """Add the quota counters' compares and writes; refuse a transaction grown too large."""
+    more_compares, more_ops = allocator.charge(policy, before, after)
+    if len(compares) + len(ops) + len(more_compares) + len(more_ops) > MAX_TXN_OPS:
+        raise RequestError(
+            f"job {before[0].job if before else after[0].job!r} spans too many hosts for its "
+            f"holder's {len(more_ops)} quota counters in one transaction; use fewer hosts"
+        )
+    compares += more_compares
+    ops += more_ops
 
 
 def _bumps(allocator: Allocator, hosts: Sequence[str], generation: bytes) -> list[Op]:

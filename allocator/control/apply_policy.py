@@ -7,16 +7,24 @@ check again instead of landing over it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from allocator.control.job_index import index_complete
-from allocator.errors import BadRecord, PlacementRefused, RequestError
+from allocator.control.job_index import holders, index_covers
+from allocator.errors import (
+    BadRecord,
+    CasConflict,
+    Compacted,
+    PlacementRefused,
+    PolicyError,
+    RequestError,
+)
 from allocator.records.codec import decode_record
 from allocator.records.types import PolicyRecord
 from allocator.status.snapshots import snapshots_by_host
-from allocator.store import Compare, KeyValue, Put
+from allocator.store import Compare, KeyValue, Op, Put, Read
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
@@ -41,7 +49,7 @@ def apply_once(
     allocator: Allocator, policy: Policy, text: str, source: str, force: bool, reason: str
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
-    from allocator.control.compiled_policy import compiled_op, refresh_compiled, write_with_compiled
+    from allocator.control.compiled_policy import refresh_compiled
     from allocator.control.history import policy_entry, policy_stream, prepare_append
     from allocator.policy import policy_sha256
 
@@ -62,12 +70,9 @@ def apply_once(
                 return ApplyResult(False, old, revision, compiled=fresh)
     # Read before the assignments are checked: any assignment change after this
     # read moves it, and the compare below then sends apply round to check again.
-    fleet = allocator.store.get(allocator.layout.fleet_generation)
-    hosts = allocator.store.list(allocator.layout.hosts)
-    refused = violations(allocator, policy, hosts.items)
-    indexed = index_complete(
-        hosts.items, allocator.store.list(allocator.layout.jobs).items, allocator.layout
-    )
+    (fleet_read,) = allocator.store.read_many([Read(allocator.layout.fleet_generation)])
+    fleet = fleet_read.items[0] if fleet_read.items else None
+    refused, indexed = _check(allocator, policy, old, fleet_read.revision)
     if refused and not force:
         raise PlacementRefused(
             f"the new policy conflicts with {len(refused)} current assignment(s): "
@@ -96,14 +101,95 @@ def apply_once(
         allocator.on_bad_record,
     )
     stored = record.to_json()
-    compiled = compiled_op(allocator.layout, policy, digest, len(stored))
-    revision, with_compiled = write_with_compiled(
-        allocator._txn,
-        [*compares, head_compare],
-        [Put(allocator.layout.policy, stored), *history_ops],
-        compiled,
+    revision, with_compiled = _store(
+        allocator, policy, digest, stored, [*compares, head_compare], history_ops
     )
     return ApplyResult(True, record, revision, tuple(refused), compiled=with_compiled)
+
+
+def _store(
+    allocator: Allocator,
+    policy: Policy,
+    digest: str,
+    stored: bytes,
+    compares: list[Compare],
+    history_ops: list[Op],
+) -> tuple[int, bool]:
+    """The apply's transaction with the compiled form (parts written before, stale ones after)."""
+    from allocator.control.compiled_policy import (
+        compiled_op,
+        drop_stale_parts,
+        previous_parts,
+        write_with_compiled,
+    )
+
+    store, layout = allocator.store, allocator.layout
+    before = previous_parts(store, layout)
+    compiled, parts = compiled_op(store, layout, policy, digest, len(stored))
+    revision, with_compiled = write_with_compiled(
+        allocator._txn, compares, [Put(layout.policy, stored), *history_ops], compiled
+    )
+    if before is not None or parts is not None:
+        drop_stale_parts(store, layout, {name for name in (before, parts) if name})
+    return revision, with_compiled
+
+
+def _check(
+    allocator: Allocator, policy: Policy, old: PolicyRecord | None, revision: int
+) -> tuple[list[str], bool]:
+    """The assignments ``policy`` refuses where it changes anything, and whether the index is whole.
+
+    Only the hosts the change can affect are read (see
+    :mod:`allocator.control.apply_scope`); the job index's completeness is
+    then the old record's, which every write since has kept. A first apply,
+    a change that can affect every host, or one over a policy applied before
+    the index was whole (a store from before there was one) reads every host
+    in ranges.
+    """
+    from allocator.control.apply_scope import affected_hosts, read_hosts
+
+    before = _old_policy(allocator, old)
+    scope = affected_hosts(before, policy)
+    if scope is None or old is None or not old.job_index:
+        try:
+            return _check_every_host(allocator, policy, before, revision)
+        except Compacted as exc:  # the revision read at is gone: an attempt lost, like a race
+            key = allocator.layout.fleet_generation
+            raise CasConflict(f"revision {revision} was compacted", keys=(key,)) from exc
+    refused: list[str] = []
+    for items in read_hosts(allocator.store, allocator.layout, scope):
+        refused += _refused(allocator, policy, items)
+    return refused, old.job_index
+
+
+def _old_policy(allocator: Allocator, old: PolicyRecord | None) -> Policy | None:
+    """The applied policy ``old`` holds; ``None`` if it no longer loads (every host is checked)."""
+    from allocator.status.applied_policy import applied_policy
+
+    if old is None:
+        return None
+    try:
+        return applied_policy(allocator.store, allocator.layout, old, allocator.on_bad_record)
+    except PolicyError:
+        return None
+
+
+def _check_every_host(
+    allocator: Allocator, policy: Policy, before: Policy | None, revision: int
+) -> tuple[list[str], bool]:
+    """Every host's assignments checked, read in ranges; and whether every one is indexed."""
+    from allocator.control.apply_scope import read_every_host, read_index_entries
+
+    store, layout = allocator.store, allocator.layout
+    declared = set(policy.hosts).union(before.hosts if before is not None else ())
+    refused: list[str] = []
+    held: dict[str, set[str]] = {}
+    for items in read_every_host(store, layout, declared, revision):
+        refused += _refused(allocator, policy, items)
+        for job, hosts in holders(items, layout).items():
+            held.setdefault(job, set()).update(hosts)
+    entries = itertools.chain.from_iterable(read_index_entries(store, layout, held, revision))
+    return refused, index_covers(held, entries, layout)
 
 
 def violations(
@@ -111,12 +197,24 @@ def violations(
 ) -> list[str]:
     """Current assignments that ``policy`` would refuse, one line each.
 
-    ``host_items``: every host's keys, if the caller read them already.
+    ``host_items``: the hosts' keys to check, if the caller read them
+    already; else every host's are read, in ranges (see
+    :func:`allocator.control.apply_scope.read_every_host`).
     """
+    if host_items is not None:
+        return _refused(allocator, policy, host_items)
+    from allocator.control.apply_scope import read_every_host
+
+    (head,) = allocator.store.read_many([Read(allocator.layout.fleet_generation)])
+    found: list[str] = []
+    for items in read_every_host(allocator.store, allocator.layout, policy.hosts, head.revision):
+        found += _refused(allocator, policy, items)
+    return found
+
+
+def _refused(allocator: Allocator, policy: Policy, host_items: Sequence[KeyValue]) -> list[str]:
     from allocator.placement.choose import Request, place
 
-    if host_items is None:
-        host_items = allocator.store.list(allocator.layout.hosts).items
     found: list[str] = []
     now = allocator.clock()
     for host, state in sorted(snapshots_by_host(host_items, allocator.layout, 0).items()):

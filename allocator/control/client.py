@@ -64,12 +64,15 @@ if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
 
+    #: The wait queue's turn: (host state, placement) -> (compares, writes) to add.
+    Gate = Callable[[HostSnapshot, Placement], tuple[list[Compare], list[Op]]]
+
 __all__ = ["Allocator", "view_reads_for"]
 
 DEFAULT_ATTEMPTS = 5
 T = TypeVar("T")
 #: What a ``set`` may carry besides the request: an ad-hoc command, the holding process.
-_Extra = tuple[tuple[str, ...] | None, tuple[RunHolder, int] | None]
+_Extra = tuple[tuple[str, ...] | None, tuple[RunHolder, int] | None, "Gate | None"]
 
 
 class Allocator:
@@ -84,6 +87,7 @@ class Allocator:
         actor: str | None = None,
         attempts: int = DEFAULT_ATTEMPTS,
         on_bad_record: Callable[[BadRecord], None] | None = None,
+        holder: str | None = None,
     ) -> None:
         self.store = store
         self.on_bad_record = on_bad_record or (lambda _bad: None)
@@ -91,6 +95,8 @@ class Allocator:
         self.clock = clock
         self.actor = actor or default_actor(store.url)
         self.attempts = attempts
+        self._holder = holder
+        self._groups: tuple[str, ...] | None = None
         self._cache: ViewCache | None = None  # what the last writes saw; made on first use
 
     # --- reads ------------------------------------------------------------
@@ -145,6 +151,25 @@ class Allocator:
         found = locate_job(self.store, self.layout, job, self.on_bad_record)
         return found.assignments, found.damaged
 
+    @property
+    def holder(self) -> str:
+        """Who this client's assignments are held by (:mod:`allocator.control.holder`)."""
+        if self._holder is None:
+            from allocator.control.holder import holder_name
+
+            self._holder = holder_name(self.store.url)
+        return self._holder
+
+    def holder_groups(self, policy: Policy) -> tuple[str, ...]:
+        """The holder's unix groups, looked up only when ``policy`` names one."""
+        from allocator.control.holder import needs_groups, unix_groups
+
+        if not needs_groups(policy):
+            return ()
+        if self._groups is None:
+            self._groups = unix_groups(self.holder)
+        return self._groups
+
     # --- writes -----------------------------------------------------------
 
     def assign(
@@ -154,6 +179,7 @@ class Allocator:
         reason: str = "",
         command: tuple[str, ...] | None = None,
         held_by: tuple[RunHolder, int] | None = None,
+        gate: Gate | None = None,
     ) -> tuple[Assignment, Placement]:
         """Check ``request`` against policy and current state, then write it atomically.
 
@@ -161,9 +187,12 @@ class Allocator:
         ``held_by`` (the holding process, a store lease): the assignment and its
         job index entry are written under that lease, so they disappear when the
         lease does (see :mod:`allocator.control.leased`); the job must hold nothing yet.
+        ``gate`` (the wait queue's turn): called with the host's state and the
+        placement decided; it returns what else the transaction compares and
+        writes, or raises to refuse.
         """
         attempts = itertools.count()
-        extra = (command, held_by)
+        extra = (command, held_by, gate)
         return self._with_retries(
             lambda: self._assign_once(request, reason, extra, first=next(attempts) == 0), "set"
         )
@@ -307,7 +336,7 @@ class Allocator:
         from allocator.control.write_cache import plan_change
         from allocator.placement.choose import place
 
-        command, held_by = extra
+        command, held_by, gate = extra
         snapshot = view.policy or self._no_policy()
         if command is not None:
             _check_adhoc_command(snapshot.policy, request.job)
@@ -345,6 +374,8 @@ class Allocator:
             exclusive=decision.exclusive,
             picked=decision.picked,
             run=held_by[0] if held_by is not None else None,
+            holder=self.holder,
+            charged=self.charged(snapshot.policy),
         )
         lease = held_by[1] if held_by is not None else None
         before = state.assignments.get(request.job)
@@ -364,7 +395,11 @@ class Allocator:
             generation=self._generation_value(stamp),
             lease=lease,
         )
-        return (assignment, decision), planned
+        more = self.charge(snapshot.policy, [before] if before else [], [assignment])
+        if gate is not None:
+            gated = gate(state, decision)
+            more = (more[0] + gated[0], more[1] + gated[1])
+        return (assignment, decision), _with_extra(planned, *more)
 
     def _release_once(
         self,
@@ -398,6 +433,8 @@ class Allocator:
             compares=compares,
             generation=self._generation_value(stamp),
         )
+        if held is not None and held.charged and view.policy is not None:
+            planned = _with_extra(planned, *self.charge(view.policy.policy, [held], []))
         # A release is decided from fresh state, so a plain transaction: a lost
         # compare is a lost race, and the retry reads again.
         revision = self._txn(planned.compares, planned.ops)
@@ -405,6 +442,15 @@ class Allocator:
         return current
 
     # --- kept views ---------------------------------------------------------
+
+    def forget_views(self) -> None:
+        """Decide the next write from a fresh read (a waiter's state moved since its last try).
+
+        A kept view is only checked by the write it leads to; a request
+        refused from a stale one (GPUs held that were released since) never
+        gets that far.
+        """
+        self._views().clear()
 
     def _views(self) -> ViewCache:
         if self._cache is None:
@@ -467,10 +513,46 @@ class Allocator:
 
         return violations(self, policy)
 
+    def charged(self, policy: Policy) -> tuple[str, ...]:
+        from allocator.control.holder import quota_subjects
+
+        if not policy.quotas:
+            return ()
+        return quota_subjects(policy, self.holder, self.holder_groups(policy))
+
+    def charge(
+        self, policy: Policy, before: Sequence[Assignment], after: Sequence[Assignment]
+    ) -> tuple[list[Compare], list[Op]]:
+        """The quota counters' compares and writes of replacing ``before`` with ``after``.
+
+        Reads the counters of the subjects they charge (nothing when none
+        does); raises ``OverQuota`` (exit 3) when a quota would be exceeded.
+        """
+        subjects = {s for a in (*before, *after) for s in a.charged}
+        if not subjects:
+            return [], []
+        from allocator.control.quotas import OverQuota, heal_and_plan, plan_charge, read_counters
+
+        counters = read_counters(self.store, self.layout, subjects)
+        try:
+            found = plan_charge(policy, self.layout, counters, before, after, self.on_bad_record)
+        except OverQuota:  # maybe charges of assignments that vanished: drop them, try again
+            found = heal_and_plan(self, policy, counters, before, after)
+        return found.compares, found.ops
+
     def _generation_value(self, stamp: str | None = None) -> bytes:
         at = stamp if stamp is not None else format_time(self.clock())
         body = {"schema_version": SCHEMA_VERSION, "by": self.actor, "at": at}
         return json.dumps(body, sort_keys=True).encode()
+
+
+def _with_extra(planned: Planned, compares: list[Compare], ops: list[Op]) -> Planned:
+    """``planned`` with more compares and writes in the same transaction."""
+    if not compares and not ops:
+        return planned
+    from allocator.control.write_cache import Planned
+
+    return Planned([*planned.compares, *compares], [*planned.ops, *ops], planned.after)
 
 
 def view_reads_for(layout: KeyLayout, host: str, job: str) -> list[Read]:

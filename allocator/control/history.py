@@ -247,6 +247,7 @@ def change_entry(
         reason=reason,
         detail=detail,
         slots=after.slots if after.mode == "gpu" and after.slots != 1 else None,
+        holder=after.holder,
     )
 
 
@@ -277,6 +278,7 @@ def release_entry(
         detail="" if before is not None else "its record was damaged",
         exit_status=ended[0] if ended is not None else None,
         gpu_seconds=round(ended[1], 3) if ended is not None else None,
+        holder=before.holder if before is not None else "",
     )
 
 

@@ -34,8 +34,10 @@ __all__ = [
     "JobLocation",
     "complete_index",
     "group_index_change",
+    "holders",
     "index_change",
     "index_complete",
+    "index_covers",
     "index_for_write",
     "index_of",
     "locate_job",
@@ -115,6 +117,23 @@ def index_complete(
     index entry, at the same moment. A damaged entry or assignment is not
     complete: finding its job then keeps searching every host.
     """
+    return index_covers(holders(host_items, layout), index_items, layout)
+
+
+def holders(host_items: Iterable[KeyValue], layout: KeyLayout) -> dict[str, set[str]]:
+    """Job -> the hosts it has an assignment key on, in ``host_items`` (pure)."""
+    held: dict[str, set[str]] = {}
+    for item in host_items:
+        parsed = layout.parse_host_key(item.key)
+        if parsed is not None and parsed[1] == "jobs" and parsed[2]:
+            held.setdefault(parsed[2], set()).add(parsed[0])
+    return held
+
+
+def index_covers(
+    held: dict[str, set[str]], index_items: Iterable[KeyValue], layout: KeyLayout
+) -> bool:
+    """Whether the index entries name every host of ``held`` (see :func:`holders`) (pure)."""
     named: dict[str, frozenset[str]] = {}
     for item in index_items:
         job = item.key[len(layout.jobs) :]
@@ -123,14 +142,7 @@ def index_complete(
         except BadRecord:
             return False
         named[job] = frozenset(index.hosts)
-    for item in host_items:
-        parsed = layout.parse_host_key(item.key)
-        if parsed is None or parsed[1] != "jobs" or not parsed[2]:
-            continue
-        host, _, job = parsed
-        if host not in named.get(job, ()):
-            return False
-    return True
+    return all(hosts <= named.get(job, frozenset()) for job, hosts in held.items())
 
 
 def complete_index(

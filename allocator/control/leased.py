@@ -37,7 +37,7 @@ from allocator.errors import AllocatorError, LeaseLost, StoreError
 from allocator.records.types import Assignment, RunHolder
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
+    from allocator.control.client import Allocator, Gate
     from allocator.placement.choose import Request
     from allocator.store import Store
 
@@ -148,8 +148,12 @@ def hold(
     reason: str = "",
     launched_by: str = "run",
     on_lost: Callable[[str], None] | None = None,
+    gate: Gate | None = None,
 ) -> Holding:
     """Take ``request``'s GPUs for this process under a new lease; keep the lease alive.
+
+    ``gate``: the wait queue's turn (:mod:`allocator.control.queue_wait`), handed to
+    ``Allocator.assign``.
 
     ``allocator`` is an :class:`~allocator.control.client.Allocator`, ``request``
     a placement :class:`~allocator.placement.choose.Request`. Refused exactly as
@@ -171,7 +175,7 @@ def hold(
             on_lost(why)
 
     try:
-        assignment, _ = allocator.assign(request, reason=reason, held_by=(holder, lease))
+        assignment, _ = allocator.assign(request, reason=reason, held_by=(holder, lease), gate=gate)
     except BaseException:
         _revoke_quietly(store, lease)
         raise

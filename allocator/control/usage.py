@@ -66,9 +66,8 @@ class UsageRow:
 
 def holder_of(entry: HistoryEntry) -> str:
     """Who held what ``entry`` set: its ``holder``, else its writer's user part."""
-    holder = getattr(entry, "holder", None)
-    if isinstance(holder, str) and holder:
-        return holder
+    if entry.holder:
+        return entry.holder
     return entry.by.split("@", 1)[0] or entry.by
 
 

@@ -2,12 +2,11 @@
 
 :func:`take_waiting` is the one entry point ``run`` and ``lease()`` call. It
 tries the holding's transaction; while the GPUs are refused (held, reserved,
-unhealthy) it waits for a change under the host's keys (a watch, so a
-release wakes it at once; at most :data:`RECHECK_SECONDS` between tries,
-which also covers a change made before the watch began) and tries again,
-until the deadline. Running out of time is a ``ConflictError`` (exit 3)
-naming what it waited for and why it never got it. A wait queue with a
-fair order would replace the loop here and nothing else.
+unhealthy, over a quota) it waits in the host's fair queue
+(:func:`allocator.control.queue_wait.wait_in_queue`: a leased entry, a watch,
+its turn taken in the holding's own transaction) until the deadline. Running
+out of time is a ``ConflictError`` (exit 3) naming what it waited for and
+why it never got it.
 """
 
 from __future__ import annotations
@@ -17,17 +16,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from allocator.errors import ConflictError, StoreError
+from allocator.errors import ConflictError
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
+    from allocator.control.client import Allocator, Gate
     from allocator.control.leased import Holding
     from allocator.placement.choose import Request
 
-__all__ = ["RECHECK_SECONDS", "take_waiting", "waited_for"]
-
-#: The longest a waiter sleeps between two tries when it sees no change.
-RECHECK_SECONDS = 1.0
+__all__ = ["take_waiting", "waited_for"]
 
 
 def waited_for(request: Request, seconds: float, why: str) -> str:
@@ -62,32 +58,22 @@ def take_waiting(
 
     if wait is None:
         return attempt()
-    deadline = monotonic() + wait
+    from allocator.control.queue_wait import WaitTimedOut, wait_in_queue
+
+    def take(gate: Gate) -> Holding:
+        return hold(
+            allocator,
+            request,
+            ttl=ttl,
+            reason=reason,
+            launched_by=launched_by,
+            on_lost=on_lost,
+            gate=gate,
+        )
+
     started = monotonic()
-    while True:
-        try:
-            return attempt()
-        except ConflictError as exc:
-            left = deadline - monotonic()
-            if left <= 0:
-                raise ConflictError(waited_for(request, monotonic() - started, str(exc))) from None
-            _await_change(allocator, request.host, min(left, RECHECK_SECONDS))
-
-
-def _await_change(allocator: Allocator, host: str, timeout: float) -> None:
-    """Return when something under ``host``'s keys changed, or after ``timeout`` seconds."""
-    if not math.isfinite(timeout) or timeout <= 0:
-        return
-    store = allocator.store
+    timeout = wait if math.isfinite(wait) else None
     try:
-        revision = store.list(allocator.layout.host_generation(host)).revision
-        watch = store.watch(allocator.layout.host(host), revision + 1)
-    except StoreError:
-        time.sleep(timeout)  # a backend that cannot watch now: the next try says why
-        return
-    try:
-        watch.next(timeout)
-    except StoreError:
-        pass
-    finally:
-        watch.close()
+        return wait_in_queue(allocator, request, take, timeout=timeout, clock=monotonic)
+    except WaitTimedOut as exc:
+        raise ConflictError(waited_for(request, monotonic() - started, exc.why)) from None

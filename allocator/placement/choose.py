@@ -100,7 +100,9 @@ def host_gpu_indices(
         return tuple(sorted({gpu.index for gpu in inventory}))
     declared = policy.hosts.get(host)
     if declared is None:
-        known = ", ".join(sorted(policy.hosts)) or "none"
+        names = sorted(policy.hosts)
+        known = ", ".join(names[:10]) or "none"  # a fleet's policy names thousands
+        known += f" and {len(names) - 10:,} more" if len(names) > 10 else ""
         raise RequestError(f"host '{host}' is not in the policy (hosts: {known})")
     return tuple(range(declared.gpus))
 

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from allocator.policy.model import Host, Job, Pool, Reservation
+from allocator.policy.quotas_spec import check_quotas
 from allocator.policy.yamlspec.reader import Reader
 
 __all__ = ["MAX_FLEET_GPUS", "check_policy"]
@@ -28,6 +29,7 @@ def check_policy(values: dict[str, Any], r: Reader) -> dict[str, Any]:
     _check_fleet_size(hosts, r)
     _check_reservations(values.get("reservations", ()), hosts, r)
     _check_jobs(values.get("jobs", {}), r)
+    check_quotas(values, r)
     if hosts or pools:
         values["hosts"], values["pools"] = _normalise_pools(hosts, pools, members)
     return values
@@ -103,7 +105,8 @@ def _normalise_pools(
     }
     new_pools: dict[str, Pool] = {}
     for name, pool in pools.items():
-        joined = [h.name for h in new_hosts.values() if h.pool == name and h.name not in pool.hosts]
+        listed = set(pool.hosts)  # a set: a pool may list 12,500 hosts
+        joined = [h.name for h in new_hosts.values() if h.pool == name and h.name not in listed]
         new_pools[name] = msgspec.structs.replace(pool, hosts=(*pool.hosts, *joined))
     return new_hosts, new_pools
 

@@ -19,9 +19,13 @@ are written by whoever may write the policy key. The agent, which runs the
 commands a policy names, keeps reading the YAML.
 
 Both records travel in one transaction, whose body Consul limits to 512
-KiB with values base64-encoded; when they would not fit together the
-compiled record is left out (and an old one deleted), so a large policy
-applies as before and its readers parse the YAML.
+KiB with values base64-encoded. A compiled policy too large to travel
+beside the YAML (a fleet of thousands of hosts) is stored in parts: the
+record then holds no policy but the number of parts and the SHA-256 of
+their joined JSON, and the parts, written before the transaction, live
+under keys named by that SHA-256. A reader joins them and checks the hash,
+so it never combines parts of two different compiled policies; parts it
+cannot find or join are as if there were no compiled record.
 """
 
 from __future__ import annotations
@@ -38,11 +42,26 @@ from allocator.records.codec import decode_record
 from allocator.records.types import CompiledPolicyRecord
 from allocator.util.digest import sha256_hex
 
-__all__ = ["COMPILED_FORMAT", "compile_policy", "compiled_format", "read_compiled"]
+__all__ = [
+    "COMPILED_FORMAT",
+    "PART_BYTES",
+    "Compiled",
+    "compile_policy",
+    "compiled_format",
+    "decode_compiled",
+    "join_parts",
+    "read_compiled",
+    "read_compiled_head",
+    "split_compiled",
+]
 
 #: Bumped when the loader builds a different policy from the same YAML with the
-#: same types (the model's types are fingerprinted on their own).
-COMPILED_FORMAT = 1
+#: same types (the model's types are fingerprinted on their own). 2: in parts.
+COMPILED_FORMAT = 2
+#: The most bytes of compiled JSON one part holds: the store's value limit
+#: (Consul's 512 KiB; a part is one put, never inside a transaction).
+PART_BYTES = 512 * 1024
+_NULL = msgspec.Raw(b"null")
 
 
 @cache
@@ -73,22 +92,82 @@ def _model_fingerprint() -> str:
 
 
 def compile_policy(policy: Policy, sha256: str) -> bytes:
-    """The compiled record of ``policy``, built from the YAML whose hash is ``sha256``."""
+    """The compiled record of ``policy`` in one value, from the YAML whose hash is ``sha256``."""
     body = msgspec.json.encode(policy)
     record = CompiledPolicyRecord(sha256=sha256, format=compiled_format(), policy=msgspec.Raw(body))
     return record.to_json()
 
 
-def read_compiled(raw: bytes, key: str, sha256: str) -> Policy | None:
-    """The policy a compiled record holds, if it was built from ``sha256`` by this loader.
+class Compiled(msgspec.Struct, frozen=True):
+    """A compiled policy ready to store: its record, and its parts when it needs them.
+
+    ``parts`` are the JSON's pieces, in order; empty when ``record`` holds the policy.
+    """
+
+    record: bytes
+    body_sha256: str
+    parts: tuple[bytes, ...] = ()
+
+
+def split_compiled(policy: Policy, sha256: str, inline_budget: int, part_bytes: int) -> Compiled:
+    """``policy`` compiled: in its record if at most ``inline_budget`` bytes, else in parts.
+
+    Parts hold at most ``part_bytes`` each.
+    """
+    body = msgspec.json.encode(policy)
+    digest = sha256_hex(body)
+    inline = CompiledPolicyRecord(sha256, compiled_format(), msgspec.Raw(body)).to_json()
+    if len(inline) <= inline_budget:
+        return Compiled(inline, digest)
+    parts = tuple(body[start : start + part_bytes] for start in range(0, len(body), part_bytes))
+    head = CompiledPolicyRecord(
+        sha256, compiled_format(), _NULL, parts=len(parts), body_sha256=digest
+    )
+    return Compiled(head.to_json(), digest, parts)
+
+
+def read_compiled_head(raw: bytes, key: str, sha256: str) -> CompiledPolicyRecord | None:
+    """The compiled record, if it was built from ``sha256`` by this loader.
 
     ``None`` for a record of another policy or another format; ``BadRecord``
-    for one that does not decode strictly.
+    for one that does not decode strictly, or says it has parts but no hash.
     """
     record = decode_record(raw, CompiledPolicyRecord, key)
     if record.sha256 != sha256 or record.format != compiled_format():
         return None
+    if record.parts < 0 or (record.parts > 0 and record.body_sha256 is None):
+        raise BadRecord(key, "a compiled policy in parts needs their count and hash")
+    return record
+
+
+def join_parts(head: CompiledPolicyRecord, values: list[bytes]) -> bytes | None:
+    """The compiled JSON ``values`` (the parts, in key order) make, if they are ``head``'s.
+
+    ``None`` when parts are missing or extra, or the joined bytes are not the
+    ones ``head`` names (parts of another compiled policy cannot pass).
+    """
+    if len(values) != head.parts:
+        return None
+    body = b"".join(values)
+    return body if sha256_hex(body) == head.body_sha256 else None
+
+
+def decode_compiled(body: bytes, key: str) -> Policy:
+    """The policy of compiled JSON; ``BadRecord`` when it does not decode strictly."""
     try:
-        return msgspec.json.decode(record.policy, type=Policy)
+        return msgspec.json.decode(body, type=Policy)
     except msgspec.MsgspecError as exc:
         raise BadRecord(key, f"not a valid compiled policy: {exc}") from None
+
+
+def read_compiled(raw: bytes, key: str, sha256: str) -> Policy | None:
+    """The policy a compiled record holds in itself, if it was built from ``sha256`` by this loader.
+
+    ``None`` for a record of another policy or another format, or one in
+    parts (see :func:`join_parts`); ``BadRecord`` for one that does not
+    decode strictly.
+    """
+    record = read_compiled_head(raw, key, sha256)
+    if record is None or record.parts:
+        return None
+    return decode_compiled(record.policy, key)

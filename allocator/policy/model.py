@@ -33,8 +33,11 @@ __all__ = [
     "Job",
     "Policy",
     "Pool",
+    "PriorityRule",
+    "Quota",
     "Reservation",
     "Sharing",
+    "Team",
 ]
 
 #: Application-caused XIDs that say nothing about the GPU's health (NVIDIA's
@@ -213,6 +216,35 @@ class HistorySettings(Struct, frozen=True, omit_defaults=True):
     entries_per_host: int = 1000
 
 
+class Team(Struct, frozen=True, omit_defaults=True):
+    """A named group of users, for quotas and priorities (``team:NAME``)."""
+
+    name: str
+    members: tuple[str, ...] = ()
+
+
+class Quota(Struct, frozen=True, omit_defaults=True):
+    """The most a subject may hold at once: ``user:NAME``, ``team:NAME`` or ``unix:GROUP``.
+
+    ``gpus``: GPUs held whole; ``slots``: slots held of shared GPUs; each
+    ``None`` when unlimited. ``pools``: count only GPUs of these pools (all
+    when empty).
+    """
+
+    who: str
+    gpus: int | None = None
+    slots: int | None = None
+    pools: tuple[str, ...] = ()
+
+
+class PriorityRule(Struct, frozen=True, omit_defaults=True):
+    """The wait-queue priority of the requests of ``who`` (subjects) or of ``jobs`` (globs)."""
+
+    priority: int
+    who: tuple[str, ...] = ()
+    jobs: tuple[str, ...] = ()
+
+
 class Policy(Struct, frozen=True, omit_defaults=True):
     """A validated policy file."""
 
@@ -225,6 +257,9 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     visible_devices: VisibleDevices = "uuid"
     health: HealthSettings = field(default_factory=HealthSettings)
     history: HistorySettings = field(default_factory=HistorySettings)
+    teams: Mapping[str, Team] = field(default_factory=dict)
+    quotas: tuple[Quota, ...] = ()
+    priorities: tuple[PriorityRule, ...] = ()
 
     def vendor_of(self, host: str) -> str | None:
         """The GPU vendor the policy says ``host`` has (its own, else its pool's)."""

@@ -9,6 +9,7 @@ dataclasses of :mod:`allocator.policy.model`.
 from __future__ import annotations
 
 from allocator.policy.container_field import CONTAINER
+from allocator.policy.host_fields import HostList, HostMap
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import (
     FallbackRule,
@@ -21,6 +22,7 @@ from allocator.policy.model import (
     Reservation,
 )
 from allocator.policy.on_change import OnChange
+from allocator.policy.quotas_spec import PRIORITY, QUOTA, TEAM
 from allocator.policy.release_on_exit import ReleaseOnExit
 from allocator.policy.sharing_field import SharingKind
 from allocator.policy.yamlspec.kinds import (
@@ -142,8 +144,9 @@ POOL = Record(
     (
         Field(
             "hosts",
-            ListOf(Name("host"), unique=True, label="host", max_items=MAX_HOSTS),
-            "Hosts in this pool; each must be declared under hosts and belong to one pool only.",
+            HostList(max_items=MAX_HOSTS),
+            "Hosts in this pool, by name or range pattern (node[0000-12499]); each must be "
+            "declared under hosts and belong to one pool only.",
         ),
         Field(
             "sharing",
@@ -431,8 +434,10 @@ POLICY = Record(
         ),
         Field(
             "hosts",
-            NameMap(HOST, "host", max_entries=MAX_HOSTS),
-            "Hosts by name, with their GPU inventory.",
+            HostMap(HOST, max_entries=MAX_HOSTS),
+            "Hosts by name, with their GPU inventory. A key may be a range pattern "
+            "(node[0000-12499], gpu-[1-8], rack[1-2]-n[01-16]) declaring every host it names; "
+            "a host written out on its own wins over a range that also covers it.",
             nullable=True,
         ),
         Field(
@@ -461,6 +466,24 @@ POLICY = Record(
         ),
         Field("health", HEALTH, "GPU health monitoring settings."),
         Field("history", HISTORY, "How much assignment history the store keeps."),
+        Field(
+            "teams",
+            NameMap(TEAM, "team", max_entries=MAX_SMALL_SECTION),
+            "Teams by name (team:NAME in quotas and priorities).",
+            nullable=True,
+        ),
+        Field(
+            "quotas",
+            ListOf(QUOTA, label="quota", max_items=MAX_SMALL_SECTION),
+            "The most each user, team or unix group may hold at once.",
+            nullable=True,
+        ),
+        Field(
+            "priorities",
+            ListOf(PRIORITY, label="priority rule", max_items=MAX_SMALL_SECTION),
+            "Wait-queue priorities (allocator set --wait).",
+            nullable=True,
+        ),
     ),
     description="Which hosts, GPU pools, reservations, jobs and fallback rules exist.",
 )

@@ -85,6 +85,19 @@ class KeyLayout(Struct, frozen=True):
         return f"{self.root}/compiled/policy"
 
     @property
+    def compiled_parts_root(self) -> str:
+        """Prefix of every compiled policy's parts (trailing slash included)."""
+        return f"{self.root}/compiled/parts/"
+
+    def compiled_parts(self, body_sha256: str) -> str:
+        """Prefix of the parts of one compiled policy, named by its JSON's SHA-256."""
+        return f"{self.compiled_parts_root}{body_sha256}/"
+
+    def compiled_part(self, body_sha256: str, index: int) -> str:
+        """One part of a compiled policy too large for one value (parts sort by index)."""
+        return f"{self.compiled_parts(body_sha256)}{index:06d}"
+
+    @property
     def hosts(self) -> str:
         """Prefix of every host's keys (trailing slash included)."""
         return f"{self.root}/hosts/"
@@ -171,6 +184,36 @@ class KeyLayout(Struct, frozen=True):
     def workers(self, host: str, job: str) -> str:
         """Key of what the agent actually runs for ``job``."""
         return f"{self.host_workers(host)}{validate_name(job, 'job')}"
+
+    @property
+    def holders(self) -> str:
+        """Prefix of the per-holder quota counters (trailing slash included)."""
+        return f"{self.root}/holders/"
+
+    def holder_count(self, kind: str, name: str) -> str:
+        """Key counting what ``kind`` (user, team, unix) ``name`` holds, for its quotas."""
+        return f"{self.holders}{validate_name(kind, 'holder kind')}/{validate_name(name, kind)}"
+
+    @property
+    def queue(self) -> str:
+        """Prefix of every host's wait queue (trailing slash included)."""
+        return f"{self.root}/queue/hosts/"
+
+    def host_queue(self, host: str) -> str:
+        """Prefix of the requests waiting for GPUs of ``host`` (trailing slash included)."""
+        return f"{self.queue}{validate_name(host, 'host')}/"
+
+    def queue_entry(self, host: str, entry: str) -> str:
+        """Key of one waiting request (leased: a dead waiter's entry goes with its lease)."""
+        return f"{self.host_queue(host)}{validate_name(entry, 'queue entry')}"
+
+    def queue_arrivals(self, host: str) -> str:
+        """Key bumped by every request that joins ``host``'s queue.
+
+        A waiter's take compares it: a request that arrived meanwhile (maybe
+        of a higher priority, so ahead of it) makes the take decide again.
+        """
+        return f"{self.root}/queue/arrivals/{validate_name(host, 'host')}"
 
     def parse_host_key(self, key: str) -> tuple[str, str, str] | None:
         """Split ``<hosts>/<host>/<kind>[/<name>]`` into (host, kind, name).

@@ -145,6 +145,11 @@ class Assignment(msgspec.Struct, frozen=True):
     slots: Slots = 1
     exclusive: bool = False
     picked: Text = ""
+    #: Who holds it (:mod:`allocator.control.holder`): the store's user, else the OS user.
+    holder: Text = ""
+    #: The quota counters (``user/alice``, ``team/a``) this assignment was counted in;
+    #: its release gives back to exactly these (:mod:`allocator.control.quotas`).
+    charged: Annotated[tuple[Text, ...], msgspec.Meta(max_length=64)] = ()
     run: RunHolder | None = None
     schema_version: int = SCHEMA_VERSION
 
@@ -210,6 +215,11 @@ class CompiledPolicyRecord(msgspec.Struct, frozen=True):
     format: Text
     policy: msgspec.Raw
     schema_version: int = SCHEMA_VERSION
+    #: When ``parts`` > 0 the policy is too large for this record: ``policy`` is
+    #: ``null`` and its JSON is in that many part keys under ``body_sha256``
+    #: (the SHA-256 of the whole JSON, checked when the parts are joined).
+    parts: int = 0
+    body_sha256: Sha256 | None = None
 
     def to_json(self) -> bytes:
         """Encode for the store."""
@@ -390,6 +400,8 @@ class HistoryEntry(msgspec.Struct, frozen=True):
     #: (128+N for death by signal N) and the GPU-seconds it held.
     exit_status: Annotated[int, msgspec.Meta(ge=0, le=255)] | None = None
     gpu_seconds: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    #: Who held the job's GPUs (the assignment's ``holder``; "" in older entries).
+    holder: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

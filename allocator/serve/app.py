@@ -6,6 +6,9 @@ Routes (all read-only):
 * ``/api/v1/status``: the same JSON as ``allocator status -o json``;
 * ``/api/v1/history``: the same JSON as ``allocator history -o json``
   (``job``, ``host``, ``gpu``, ``since``, ``limit`` query parameters);
+* ``/api/v1/queue``: the same JSON as ``allocator queue -o json``;
+* ``/api/v1/usage``: the same JSON as ``allocator usage -o json``
+  (``since``, ``by``, ``limit``; an answer is kept 30 s);
 * ``/api/v1/events``: server-sent events, one ``fleet`` event per change;
 * ``/metrics``: fleet-level Prometheus series.
 
@@ -39,6 +42,7 @@ from allocator.serve.fleet_metrics import fleet_families
 from allocator.serve.guard import HeaderMiddleware, page_policy
 from allocator.serve.history import history_json
 from allocator.serve.mirror import FleetMirror
+from allocator.serve.usage import UsageAnswers
 from allocator.serve.watcher import FleetWatcher
 from allocator.status.documents import status_document
 from allocator.status.metrics import CONTENT_TYPE, exposition
@@ -176,6 +180,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
     page_headers = {"Cache-Control": "no-cache", "Content-Security-Policy": page_policy(page)}
     state: dict[str, Broadcaster] = {}
     history_pool = ThreadPoolExecutor(HISTORY_THREADS, thread_name_prefix="serve-history")
+    usage_answers = UsageAnswers(fleet.open_store, fleet.mirror.layout)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -218,6 +223,18 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         code, document = await asyncio.get_running_loop().run_in_executor(history_pool, read)
         return JSONResponse(document, status_code=code)
 
+    async def queue(_request: Request) -> Response:
+        from allocator.serve.queue import queue_json
+
+        read = functools.partial(queue_json, fleet.open_store, fleet.mirror.layout)
+        code, document = await asyncio.get_running_loop().run_in_executor(history_pool, read)
+        return JSONResponse(document, status_code=code)
+
+    async def usage(request: Request) -> Response:
+        read = functools.partial(usage_answers.answer, dict(request.query_params))
+        code, document = await asyncio.get_running_loop().run_in_executor(history_pool, read)
+        return JSONResponse(document, status_code=code)
+
     async def events(request: Request) -> Response:
         broadcaster = state["broadcaster"]
 
@@ -244,6 +261,8 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         Route("/", index),
         Route("/api/v1/status", status),
         Route("/api/v1/history", history),
+        Route("/api/v1/queue", queue),
+        Route("/api/v1/usage", usage),
         Route("/api/v1/events", events),
         Route("/metrics", metrics),
     ]

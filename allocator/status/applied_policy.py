@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from allocator.errors import BadRecord
-from allocator.policy.compiled import read_compiled
+from allocator.errors import BadRecord, PermissionDenied
+from allocator.policy.compiled import decode_compiled, join_parts, read_compiled_head
 from allocator.policy.model import Policy
 from allocator.records.keys import KeyLayout
 from allocator.records.types import PolicyRecord
@@ -35,7 +35,8 @@ def applied_policy(
     if compiled is None:
         policy = current_compiled(store, layout, record.sha256, on_bad)
     else:
-        policy = _compiled_in(compiled.items[0] if compiled.items else None, record.sha256, on_bad)
+        item = compiled.items[0] if compiled.items else None
+        policy = _compiled_in(store, layout, item, record.sha256, on_bad)
     if policy is not None:
         return policy
     from allocator.policy.loader import load_policy  # PyYAML only when there is no other way
@@ -45,14 +46,32 @@ def applied_policy(
 
 def current_compiled(store: Store, layout: KeyLayout, sha256: str, on_bad: OnBad) -> Policy | None:
     """The compiled policy stored for the YAML whose hash is ``sha256``, if current."""
-    return _compiled_in(store.get(layout.compiled_policy), sha256, on_bad)
+    return _compiled_in(store, layout, store.get(layout.compiled_policy), sha256, on_bad)
 
 
-def _compiled_in(item: KeyValue | None, sha256: str, on_bad: OnBad) -> Policy | None:
+def _compiled_in(
+    store: Store, layout: KeyLayout, item: KeyValue | None, sha256: str, on_bad: OnBad
+) -> Policy | None:
+    """The policy of the compiled record ``item``, its parts read when it has them."""
     if item is None:
         return None
     try:
-        return read_compiled(item.value, item.key, sha256)
+        head = read_compiled_head(item.value, item.key, sha256)
+        if head is None:
+            return None
+        if not head.parts:
+            return decode_compiled(head.policy, item.key)
+        assert head.body_sha256 is not None  # read_compiled_head checked it
+        # One range read; the parts are named by their hash, so whatever it
+        # returns is this record's or is refused by join_parts.
+        listing = store.list(layout.compiled_parts(head.body_sha256))
+        body = join_parts(head, [part.value for part in listing.items])
+        if body is None:
+            on_bad(BadRecord(item.key, f"its {head.parts} part(s) are missing or damaged"))
+            return None
+        return decode_compiled(body, item.key)
     except BadRecord as exc:
         on_bad(exc)
+        return None
+    except PermissionDenied:  # a role granted the record but not its parts: the YAML
         return None

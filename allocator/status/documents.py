@@ -33,15 +33,22 @@ _JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log
 
 
 def status_document(
-    hosts: Iterable[HostStatus], revision: int, groups: Iterable[GroupStatus] = ()
+    hosts: Iterable[HostStatus],
+    revision: int,
+    groups: Iterable[GroupStatus] = (),
+    queue: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """``allocator status -o json``: every host, its GPUs and holders, its jobs, and
-    every job across several hosts shown as one."""
-    return {
+    every job across several hosts shown as one; ``queue`` (the waiting requests, as
+    ``allocator queue -o json`` lists them) only when some wait."""
+    document = {
         "hosts": [_host(h.to_dict()) for h in hosts],
         "jobs_across_hosts": [g.to_dict() for g in groups],
         "revision": revision,
     }
+    if queue:
+        document["queue"] = list(queue)
+    return document
 
 
 def status_host_json(host: HostStatus) -> bytes:
@@ -57,7 +64,10 @@ def status_host_json(host: HostStatus) -> bytes:
 
 
 def status_json(
-    hosts: Sequence[bytes], revision: int, groups: Iterable[GroupStatus] = ()
+    hosts: Sequence[bytes],
+    revision: int,
+    groups: Iterable[GroupStatus] = (),
+    queue: Sequence[dict[str, Any]] = (),
 ) -> list[bytes] | None:
     """``status -o json`` from its hosts as :func:`status_host_json` wrote them, in pieces.
 
@@ -68,7 +78,13 @@ def status_json(
     """
     import msgspec
 
-    empty = {"hosts": [], "jobs_across_hosts": [g.to_dict() for g in groups], "revision": revision}
+    empty: dict[str, Any] = {
+        "hosts": [],
+        "jobs_across_hosts": [g.to_dict() for g in groups],
+        "revision": revision,
+    }
+    if queue:
+        empty["queue"] = list(queue)
     frame = msgspec.json.format(msgspec.json.encode(empty, order="sorted"), indent=2)
     if not hosts or not all(p.isascii() and b"\x7f" not in p for p in (frame, *hosts)):
         return None

@@ -103,6 +103,7 @@ def read_status(
     only_host: str | None,
     while_reading: Callable[[], None],
     join: JoinPart[_Row],
+    queue: tuple[str, Callable[[Listing], None]] | None = None,
 ) -> tuple[Any, int, list[_Row]]:
     """The applied policy, the revision read at and ``join``'s rows of every key under ``prefix``.
 
@@ -111,11 +112,14 @@ def read_status(
     so it must not be the command that stops working when something is).
     ``only_host``: ``prefix`` is that host's, not every host's.
     ``while_reading`` runs on this thread while the hosts are read; ``join``
-    is called per part, in key order, as each part is in.
+    is called per part, in key order, as each part is in. ``queue`` (a
+    prefix, a callback): the wait queue under that prefix is read in the
+    policy's batch and handed to the callback (not at all where the user may
+    not read it).
     """
     layout: KeyLayout = allocator.layout
     store = allocator.store
-    policy_read, compiled_read = _policy_records(store, layout)
+    policy_read, compiled_read = _policy_records(store, layout, queue)
     compiled = _first(compiled_read)
     list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
@@ -178,12 +182,25 @@ def declared_by_part(
     return groups
 
 
-def _policy_records(store: Any, layout: KeyLayout) -> tuple[Listing, Listing]:
+def _policy_records(
+    store: Any, layout: KeyLayout, queue: tuple[str, Callable[[Listing], None]] | None = None
+) -> tuple[Listing, Listing]:
     """The policy record and its compiled form, read in one batch (at one revision).
 
     A user who may read the policy but not its compiled form (a role
     granted before there was one) still gets status, from the YAML.
+    ``queue``: the wait queue under its prefix is read in the same batch
+    (and left out for a user who may not read it).
     """
+    if queue is not None:
+        reads = [Read(layout.policy), Read(layout.compiled_policy), Read(queue[0], prefix=True)]
+        try:
+            policy_read, compiled_read, queue_read = store.read_many(reads)
+        except PermissionDenied:
+            pass
+        else:
+            queue[1](queue_read)
+            return policy_read, compiled_read
     try:
         policy_read, compiled_read = store.read_many(
             [Read(layout.policy), Read(layout.compiled_policy)]

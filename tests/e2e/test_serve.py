@@ -275,3 +275,62 @@ def _screenshot(page: Any, tmp_path: Path) -> None:
 
 def _lower(headers: Any) -> dict[str, str]:
     return {key.lower(): value for key, value in headers.items()}
+
+
+def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
+    assert served.cli("set", "job=train", "gpus=1", "host=node1").code == 0
+    waiter = subprocess.Popen(
+        [sys.executable, "-m", "allocator", "set", "job=late", "gpus=1", "host=node1", "--wait"],
+        env=served.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def listed() -> list[Any] | None:
+            code, body, _ = served.get("/api/v1/queue")
+            queue: list[Any] = json.loads(body)["queue"] if code == 200 else []
+            return queue or None
+
+        (entry,) = wait_for("the API to list the waiter", listed)
+        assert entry["job"] == "late" and entry["position"] == 1
+        assert "held by job 'train'" in entry["why"]
+        assert json.loads(served.cli("queue", "-o", "json").out)["queue"] == [entry]
+        assert json.loads(served.cli("status", "-o", "json").out)["queue"] == [entry]
+        assert "waiting #1 late" in served.cli("status").out
+    finally:
+        waiter.kill()
+        waiter.wait()
+
+
+def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_holders(
+    served: Served,
+) -> None:
+    from playwright.sync_api import sync_playwright
+
+    assert served.cli("set", "job=train", "gpus=1,2", "host=node1").code == 0
+    held_from = time.time()
+    # History says when to the second: hold past the next whole second so it counts.
+    wait_for("the clock to pass a second", lambda: time.time() >= int(held_from) + 2)
+    assert served.cli("release", "job=train").code == 0
+    assert served.cli("set", "job=eval", "gpus=0", "host=node2").code == 0
+    printed = json.loads(served.cli("usage", "--by", "job", "-o", "json").out)
+    code, body, _ = served.get("/api/v1/usage?by=job&since=30d")
+    answered = json.loads(body)
+    assert code == 200 and {r["key"] for r in answered["rows"]} == {"train", "eval"}
+    # Both read the same history: the ended holding is the same; the open one has grown.
+    api_rows = {r["key"]: r for r in answered["rows"]}
+    cli_rows = {r["key"]: r for r in printed["rows"]}
+    assert api_rows["train"] == cli_rows["train"] and api_rows["train"]["gpu_hours"] > 0
+    assert api_rows["eval"]["holdings"] == cli_rows["eval"]["holdings"] == 1
+    assert served.get("/api/v1/usage?by=colour")[0] == 400
+    assert served.get("/api/v1/usage?limit=0")[0] == 400
+
+    user = json.loads(served.get("/api/v1/usage?by=user&since=7d")[1])["rows"][0]["key"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.goto(served.base + "/")
+        row = page.wait_for_selector(f'#usage tr[data-holder="{user}"]')
+        assert row is not None and "eval, train" in row.inner_text()
+        browser.close()

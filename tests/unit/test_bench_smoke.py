@@ -24,6 +24,8 @@ ROWS = (
     "propagation, SQLite, worst",
     "propagation, etcd, median",
     "propagation, etcd, worst",
+    "queue hand-off, SQLite, median",
+    "queue hand-off, etcd, median",
     "agent footprint",
     "agent idle CPU, SQLite",
     "agent idle CPU, etcd",
@@ -33,6 +35,11 @@ ROWS = (
     "etcd write rate",
     "history --limit 20, etcd",
     "history --limit 20, keys read",
+    "CLI set, 30 vs 10 hosts",
+    "CLI get, 30 vs 10 hosts",
+    "CLI status host=, 30 vs 10 hosts",
+    "policy apply of a one-host change, 30 vs 10 hosts",
+    "first policy apply, 30 hosts",
 )
 
 

@@ -65,6 +65,7 @@ def expiry_entry(held: Assignment, host: str, seen_gone: datetime) -> HistoryEnt
         detail=f"held by allocator {held.run.launched_by} (pid {held.run.pid})",
         slots=held.slots if held.mode == "gpu" and held.slots != 1 else None,
         gpu_seconds=round(gpus * seconds, 3),
+        holder=held.holder,
     )
 
 

@@ -26,6 +26,7 @@ RUN = Assignment(
     updated_at="2026-06-01T12:00:00Z",
     slots=2,
     run=RunHolder(pid=4242),
+    holder="alice",
 )
 OPERATORS = Assignment(
     job="train", host=HOST, gpus=(2,), mode="gpu", updated_by="bob@h", updated_at=RUN.updated_at
@@ -74,7 +75,7 @@ def test_the_expiry_entry_ends_the_holding_when_the_agent_saw_it_gone() -> None:
     assert (entry.action, entry.by, entry.job) == ("expired", "agent@node1", RUN.job)
     assert entry.at == "2026-06-01T12:00:10Z" and entry.reason == EXPIRED_REASON
     assert entry.from_gpus == (0, 1) and entry.slots == 2
-    assert entry.gpu_seconds == 20.0 and entry.exit_status is None
+    assert entry.gpu_seconds == 20.0 and entry.exit_status is None and entry.holder == "alice"
 
 
 def test_it_is_written_when_nothing_ended_the_holding() -> None:

@@ -119,3 +119,21 @@ def test_reapplying_the_applied_file_still_reports_what_breaks_it_now(
         "2099-01-01T00:00:00Z\n"
     )
     assert dump(url) == before
+
+
+def test_diff_names_the_hosts_a_range_edit_changes(
+    tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ranged = "version: 1\nhosts:\n  node[000-199]: {gpus: 8}\n"
+    assert main(["policy", "apply", write(tmp_path, "a.yaml", ranged), "--store", url]) == 0
+    exception = ranged + "  node042: {gpus: 4}\n"
+    capsys.readouterr()
+    assert main(["policy", "diff", write(tmp_path, "b.yaml", exception), "--store", url]) == 0
+    assert "hosts changed: node042\n" in capsys.readouterr().out
+    wider = ranged.replace("199", "249")
+    assert (
+        main(["policy", "diff", write(tmp_path, "c.yaml", wider), "-o", "json", "--store", url])
+        == 0
+    )
+    data = json.loads(capsys.readouterr().out)
+    assert data["hosts_changed"] == [f"node{n}" for n in range(200, 250)]

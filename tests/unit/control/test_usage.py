@@ -70,6 +70,20 @@ def test_the_holder_is_the_recorded_holder_else_the_writers_user() -> None:
         "bob": 1.0,
         "carol": 2.0,
     }
+    # An operator's set for alice: the recorded holder wins over who wrote it.
+    assert holder_of(_entry("set", "a", 0, (0,), by="ops@node2", holder="alice").entry) == "alice"
+
+
+def test_set_and_release_entries_record_the_assignments_holder() -> None:
+    from allocator.control.history import change_entry, release_entry
+    from allocator.records.types import Assignment
+
+    held = Assignment(
+        job="a", host="node1", gpus=(0,), mode="gpu", updated_by="ops@x", updated_at="t",
+        holder="alice",
+    )  # fmt: skip
+    assert change_entry(None, held, "ops@x", "t", "").holder == "alice"
+    assert release_entry("node1", "a", held, "ops@x", "t", "").holder == "alice"
 
 
 def test_the_agents_expired_entry_ends_a_killed_runs_holding() -> None:

@@ -206,28 +206,82 @@ def test_a_current_compiled_policy_is_not_rewritten_by_a_reapply(store: Store) -
     assert store.get(KEY) == before
 
 
-def test_a_policy_too_large_to_share_the_transaction_is_applied_without_its_compiled_form(
+def _parts(store: Store) -> set[str]:
+    """The hashes of the compiled policies whose parts are stored."""
+    root = LAYOUT.compiled_parts_root
+    return {kv.key[len(root) :].split("/")[0] for kv in store.list(root).items}
+
+
+def _no_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_yaml(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the YAML was parsed")
+
+    monkeypatch.setattr("allocator.policy.loader.load_policy", no_yaml)
+
+
+def test_a_policy_too_large_to_share_the_transaction_is_stored_in_parts(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _allocator(store).apply_policy(EXAMPLE, "p.yaml")
-    assert store.get(KEY) is not None
     monkeypatch.setattr(compiled_policy, "TXN_VALUE_BUDGET", 1000)
-    changed = EXAMPLE.replace("gpus: 4", "gpus: 16", 1)
-    assert not _allocator(store).apply_policy(changed, "p.yaml").compiled
-    assert store.get(KEY) is None  # the old one is gone with it
-    snapshot = _allocator(store).require_policy()
-    assert snapshot.policy == load_policy(changed)
+    monkeypatch.setattr(compiled_policy, "PART_BYTES", 700)
+    assert _allocator(store).apply_policy(EXAMPLE, "p.yaml").compiled
+    item = store.get(KEY)
+    assert item is not None
+    head = msgspec.json.decode(item.value, type=CompiledPolicyRecord)
+    assert head.parts > 1 and head.body_sha256 is not None
+    assert _parts(store) == {head.body_sha256}
+    with monkeypatch.context() as patch:
+        _no_yaml(patch)
+        assert _allocator(store).require_policy().policy == load_policy(EXAMPLE)
 
 
-def test_a_large_policy_still_applies_on_consul(consul_url: str) -> None:
+def test_stale_parts_are_dropped_but_the_previous_policys_are_kept_for_its_readers(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compiled_policy, "TXN_VALUE_BUDGET", 1000)
+    monkeypatch.setattr(compiled_policy, "PART_BYTES", 700)
+    texts = [EXAMPLE.replace("gpus: 4", f"gpus: {n}", 1) for n in (5, 6, 7)]
+    seen = []
+    for text in texts:
+        _allocator(store).apply_policy(text, "p.yaml")
+        head = msgspec.json.decode(store.get(KEY).value, type=CompiledPolicyRecord)  # type: ignore[union-attr]
+        seen.append(head.body_sha256)
+    assert _parts(store) == {seen[1], seen[2]}
+
+
+@pytest.mark.parametrize("damage", ["missing", "altered", "foreign"])
+def test_parts_that_do_not_join_to_the_named_policy_are_never_used(
+    store: Store, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    monkeypatch.setattr(compiled_policy, "TXN_VALUE_BUDGET", 1000)
+    monkeypatch.setattr(compiled_policy, "PART_BYTES", 700)
+    other = EXAMPLE.replace("gpus: 4", "gpus: 16", 1)
+    _allocator(store).apply_policy(other, "p.yaml")
+    foreign = sorted(kv.key for kv in store.list(LAYOUT.compiled_parts_root).items)
+    _allocator(store).apply_policy(EXAMPLE, "p.yaml")
+    head = msgspec.json.decode(store.get(KEY).value, type=CompiledPolicyRecord)  # type: ignore[union-attr]
+    assert head.body_sha256 is not None
+    first = LAYOUT.compiled_part(head.body_sha256, 0)
+    if damage == "missing":
+        store.delete(first)
+    elif damage == "altered":
+        store.put(first, b" " * 700)
+    else:  # the first part of another compiled policy, put in place of this one's
+        store.put(first, store.get(foreign[0]).value)  # type: ignore[union-attr]
+    bad: list[BadRecord] = []
+    assert _allocator(store, bad).require_policy().policy == load_policy(EXAMPLE)
+    assert [b.key for b in bad] == [KEY]
+    assert "part(s) are missing or damaged" in str(bad[0])
+
+
+def test_a_large_policy_applies_with_its_compiled_form_on_consul(consul_url: str) -> None:
     prefix = f"/t{uuid.uuid4().hex[:8]}"
     store = open_store(consul_url)
     try:
         allocator = Allocator(store, prefix=prefix, clock=lambda: NOW, actor="alice@h")
         # Alone its record fits Consul's 512 KiB transaction; with its compiled form it would not.
         text = fleet_policy(8000)
-        allocator.apply_policy(text, "big.yaml")
-        assert store.get(KeyLayout(prefix).compiled_policy) is None
+        assert allocator.apply_policy(text, "big.yaml").compiled
         assert allocator.require_policy().policy == load_policy(text)
     finally:
         store.close()
@@ -238,13 +292,18 @@ def test_sha256_hex_is_the_sha256_hashlib_computes(data: bytes) -> None:
     assert sha256_hex(data) == hashlib.sha256(data).hexdigest()
 
 
-def test_set_does_not_load_yaml_or_the_policy_loader(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("text", "host"),
+    [(EXAMPLE, "node1"), (fleet_policy(12_000), "node0042")],
+    ids=["example", "12000-hosts"],
+)
+def test_set_does_not_load_yaml_or_the_policy_loader(tmp_path: Path, text: str, host: str) -> None:
     url = f"sqlite://{tmp_path / 's.db'}"
-    _allocator(open_store(url, create=True)).apply_policy(EXAMPLE, "p.yaml")
+    _allocator(open_store(url, create=True)).apply_policy(text, "p.yaml")
     probe = (
         "import json, sys\n"
         "from allocator.cli import main\n"
-        "code = main(['set', 'job=train', 'gpus=1', 'host=node1'])\n"
+        f"code = main(['set', 'job=train', 'gpus=1', 'host={host}'])\n"
         "print(json.dumps({'code': code, 'modules': sorted(sys.modules)}), file=sys.stderr)\n"
     )
     env = {"ALLOCATOR_STORE": url, "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}

@@ -75,6 +75,7 @@ def _json(capsys: pytest.CaptureFixture[str], *words: str, code: int = 0) -> Any
         ("get", ["get", "job=notebook"]),  # on the CPU
         ("get", ["get", "job=group"]),  # set across hosts at once: the group
         ("env", ["env", "job=group", "host=node3"]),
+        ("queue", ["queue"]),
     ],
 )
 def test_read_commands_print_json_their_schema_describes(

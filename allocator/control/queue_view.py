@@ -1,0 +1,203 @@
+"""The queue as people see it (``allocator queue``, ``status``, the API), and quota looks.
+
+Each entry's ``why`` is decided as its own take would decide it, from one
+read of its host: the GPUs it asks for held (``GPU 3 held by job
+'train'``), reserved or unhealthy, its holder over a quota (``over quota
+team-a 8/8 GPUs``), or a request ahead of it that could use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from allocator.control.holder import quota_subjects, unix_groups
+from allocator.control.queue_order import Waiting, blockers, decode_queue
+from allocator.control.quotas import ask_of_entry, counter_key, quota_refusal, read_counters
+from allocator.errors import AllocatorError, PermissionDenied
+from allocator.records.keys import KeyLayout
+from allocator.store import Compare, KeyValue, Listing
+
+if TYPE_CHECKING:
+    from allocator.control.client import Allocator
+    from allocator.policy.model import Policy
+    from allocator.status.snapshots import HostSnapshot
+
+__all__ = ["QueueLine", "QuotaLook", "queue_lines", "queue_prefix", "usable_gpus"]
+
+
+class QuotaLook:
+    """Whether a waiting request's holder is over a quota now; the counters it looked at."""
+
+    def __init__(self, allocator: Allocator, policy: Policy) -> None:
+        self.allocator, self.policy = allocator, policy
+        self._seen: dict[str, KeyValue | None] = {}
+        self._groups: dict[str, tuple[str, ...]] = {}
+
+    def subjects(self, holder: str) -> tuple[str, ...]:
+        """The quota subjects of ``holder`` (its unix groups as this machine knows them)."""
+        if holder not in self._groups:
+            named = any(q.who.startswith("unix:") for q in self.policy.quotas)
+            self._groups[holder] = unix_groups(holder) if named else ()
+        return quota_subjects(self.policy, holder, self._groups[holder])
+
+    def refusal(self, waiting: Waiting) -> str | None:
+        """``over quota ...`` when ``waiting``'s request would take its holder over a quota."""
+        if not self.policy.quotas:
+            return None
+        entry = waiting.entry
+        subjects = self.subjects(entry.holder)
+        missing = [s for s in subjects if s not in self._seen]
+        if missing:
+            store, layout = self.allocator.store, self.allocator.layout
+            try:
+                self._seen.update(read_counters(store, layout, missing))
+            except PermissionDenied:  # a viewer who may not read the counters: not known
+                return None
+        pool = self.policy.pool_of(entry.host)
+        n = entry.count if entry.count is not None else len(entry.gpus or ())
+        ask = ask_of_entry(self.policy, entry.host, n, entry.slots, entry.job)
+        return quota_refusal(self.policy, subjects, self._seen, pool.name if pool else "", ask)
+
+    def over_quota(self, waiting: Waiting) -> bool:
+        """Whether ``waiting`` is skipped by the turn rule as over quota."""
+        return self.refusal(waiting) is not None
+
+    def compares(self) -> list[Compare]:
+        """Compares of every counter looked at: a skip holds only while they do not move."""
+        layout = self.allocator.layout
+        return [
+            Compare(counter_key(layout, s), kv.mod_revision if kv is not None else 0)
+            for s, kv in sorted(self._seen.items())
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLine:
+    """One waiting request as ``allocator queue`` shows it."""
+
+    position: int
+    host: str
+    holder: str
+    job: str
+    requested: str
+    since: str
+    priority: int
+    why: str
+    entry: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {
+            "position": self.position,
+            "host": self.host,
+            "holder": self.holder,
+            "job": self.job,
+            "requested": self.requested,
+            "since": self.since,
+            "priority": self.priority,
+            "why": self.why,
+            "entry": self.entry,
+        }
+
+
+def queue_lines(
+    allocator: Allocator, now: datetime, host: str | None = None, listing: Listing | None = None
+) -> list[QueueLine]:
+    """Every waiting request (of ``host``, or of all hosts), in each host's order, with why.
+
+    ``listing``: the queue (of :func:`queue_prefix`) already read; else it is read here.
+    """
+    layout = allocator.layout
+    if listing is None:
+        listing = allocator.store.list(queue_prefix(layout, host))
+    by_host: dict[str, list[KeyValue]] = {}
+    for item in listing.items:
+        parts = item.key[len(layout.queue) :].split("/")
+        if len(parts) == 2:
+            by_host.setdefault(parts[0], []).append(item)
+    snapshot = allocator.policy() if by_host else None
+    lines: list[QueueLine] = []
+    for name, items in sorted(by_host.items()):
+        order = decode_queue(items, allocator.on_bad_record)
+        state = allocator.host(name)
+        look = QuotaLook(allocator, snapshot.policy) if snapshot else None
+        for position, waiting in enumerate(order, 1):
+            why = _why(
+                allocator, snapshot.policy if snapshot else None, state, order, waiting, look, now
+            )
+            entry = waiting.entry
+            lines.append(
+                QueueLine(
+                    position,
+                    name,
+                    entry.holder,
+                    entry.job,
+                    entry.requested,
+                    entry.since,
+                    entry.priority,
+                    why,
+                    waiting.name,
+                )
+            )
+    return lines
+
+
+def queue_prefix(layout: KeyLayout, host: str | None) -> str:
+    """Where the queue of ``host`` (of every host: ``None``) is."""
+    return layout.host_queue(host) if host else layout.queue
+
+
+def _why(
+    allocator: Allocator,
+    policy: Policy | None,
+    state: HostSnapshot,
+    order: list[Waiting],
+    waiting: Waiting,
+    look: QuotaLook | None,
+    now: datetime,
+) -> str:
+    from allocator.placement.choose import Request, place
+
+    if policy is None or look is None:
+        return "no policy applied"
+    over = look.refusal(waiting)
+    if over is not None:
+        return over
+    entry = waiting.entry
+    agent = state.agent
+    try:
+        request = Request(
+            job=entry.job, host=entry.host, gpus=entry.gpus, count=entry.count, slots=entry.slots
+        )
+        placed = place(
+            policy,
+            request,
+            state.assignments,
+            now,
+            inventory=agent.gpus if agent and agent.gpus else None,
+            unhealthy=agent.unhealthy if agent else None,
+        )
+    except AllocatorError as refused:
+        return str(refused)
+    if placed.mode == "cpu":
+        return placed.fallback_reason or "no GPUs now"
+    ahead = blockers(order, waiting.key, placed.gpus, usable_gpus(policy, state), look.over_quota)
+    if ahead:
+        first = ahead[0].entry
+        return f"behind {first.job} ({first.holder}, {first.requested})"
+    return "its turn: taking the GPUs"
+
+
+def usable_gpus(policy: Policy, state: HostSnapshot) -> int:
+    """How many GPUs ``state``'s host has that are healthy (what a count=N can ever use)."""
+    from allocator.placement.choose import host_gpu_indices
+
+    agent = state.agent
+    inventory = agent.gpus if agent and agent.gpus else None
+    try:
+        count = len(host_gpu_indices(policy, state.host, inventory))
+    except AllocatorError:
+        return 0
+    return count - (len(agent.unhealthy) if agent else 0)

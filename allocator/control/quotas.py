@@ -1,0 +1,275 @@
+"""Quotas: per-subject counters, compared and updated in the assignment's own transaction.
+
+Every assignment records the quota subjects it was counted in
+(``Assignment.charged``: ``user:alice``, ``team:a``, ``unix:gpu``, those of
+its holder that had a quota when it was written). Each subject has one
+counter key (``holders/<kind>/<name>``) listing what each of its
+assignments counts (pool, GPUs held whole, slots of shared GPUs); the
+subject's totals are their sums. A write that changes
+assignments reads those counters, checks the new totals against the
+policy's quotas, and in the same transaction compares each counter's
+revision and writes its new value; a release gives back to exactly the
+subjects the assignment names. Two racing writes cannot both pass a quota:
+the second one's compare fails and it decides again from the new count.
+Nothing ever counts by reading the fleet.
+
+An assignment can vanish without a release: one bound to a lease (``run``)
+goes when its lease expires, and no one is there to give back its charge.
+So a write that a quota would refuse first reads the assignment keys the
+subject's counter lists (what that subject holds, never the fleet), drops
+the charges of those that are gone, and compares their absence in its
+transaction.
+
+A counter is only as good as its writers: a client with write access to
+the store can rewrite it (see the manual's trust model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from allocator.errors import BadRecord, ConflictError
+from allocator.policy.model import Policy, Quota
+from allocator.records.holders import Charge as HeldCharge
+from allocator.records.holders import HolderCount
+from allocator.records.keys import KeyLayout
+from allocator.records.types import Assignment
+from allocator.store import Compare, KeyValue, Op, Put, Read, Store
+
+if TYPE_CHECKING:
+    from allocator.control.client import Allocator
+
+__all__ = [
+    "MAX_HEALED",
+    "Charge",
+    "OverQuota",
+    "ask_of_entry",
+    "charge_name",
+    "charged_assignments",
+    "counter_key",
+    "describe_quota",
+    "heal_and_plan",
+    "held_under",
+    "plan_charge",
+    "quota_refusal",
+    "read_counters",
+    "usage_of",
+]
+
+
+#: The most vanished charges one write drops (each one's absence is compared).
+MAX_HEALED = 16
+
+
+class OverQuota(ConflictError):
+    """The write would take a subject over one of its quotas (exit 3, naming it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """The compares and writes that keep the counters of one change in step."""
+
+    compares: list[Compare]
+    ops: list[Op]
+
+
+def counter_key(layout: KeyLayout, subject: str) -> str:
+    """The counter key of ``subject`` (``team:a`` -> ``.../holders/team/a``)."""
+    kind, _, name = subject.partition(":")
+    return layout.holder_count(kind, name)
+
+
+def usage_of(policy: Policy, assignment: Assignment) -> tuple[str, int, int]:
+    """(pool, GPUs held whole, slots held of shared GPUs) of ``assignment``."""
+    if assignment.mode != "gpu":
+        return "", 0, 0
+    pool = policy.pool_of(assignment.host)
+    name = pool.name if pool is not None else ""
+    shared = pool is not None and pool.sharing.shared and not assignment.exclusive
+    if shared:
+        return name, 0, assignment.slots * len(assignment.gpus)
+    return name, len(assignment.gpus), 0
+
+
+def read_counters(
+    store: Store, layout: KeyLayout, subjects: Iterable[str]
+) -> dict[str, KeyValue | None]:
+    """The counter of each subject, in one request."""
+    names = sorted(set(subjects))
+    if not names:
+        return {}
+    found = store.read_many([Read(counter_key(layout, s)) for s in names])
+    return {s: (f.items[0] if f.items else None) for s, f in zip(names, found, strict=True)}
+
+
+def _decode(item: KeyValue | None, on_bad: Callable[[BadRecord], None]) -> HolderCount:
+    if item is None:
+        return HolderCount()
+    try:
+        return HolderCount.from_json(item.value)
+    except BadRecord as bad:  # damaged by hand: reported, then rewritten from zero
+        on_bad(bad)
+        return HolderCount()
+
+
+def charge_name(assignment: Assignment) -> str:
+    """The name an assignment's charge goes by in a counter: ``host/job``."""
+    return f"{assignment.host}/{assignment.job}"
+
+
+def plan_charge(
+    policy: Policy,
+    layout: KeyLayout,
+    counters: Mapping[str, KeyValue | None],
+    before: Sequence[Assignment],
+    after: Sequence[Assignment],
+    on_bad: Callable[[BadRecord], None] = lambda _bad: None,
+    gone: Collection[str] = (),
+) -> Charge:
+    """The counter updates of replacing ``before`` with ``after`` (pure; counters given).
+
+    ``gone``: charges (``host/job``) whose assignment key was found absent
+    (a lease expired): dropped from every counter; the caller compares their
+    absence. Raises :class:`OverQuota` when a subject that ``after`` charges
+    would hold more than a quota allows and more than before.
+    """
+    touched = sorted({s for a in (*before, *after) for s in a.charged})
+    compares: list[Compare] = []
+    ops: list[Op] = []
+    for subject in touched:
+        item = counters.get(subject)
+        old = _decode(item, on_bad)
+        charges = {n: c for n, c in old.charges.items() if n not in gone}
+        base = HolderCount(charges=dict(charges))
+        for assignment in before:
+            if subject in assignment.charged:
+                charges.pop(charge_name(assignment), None)
+        for assignment in after:
+            if subject in assignment.charged:
+                pool, gpus, slots = usage_of(policy, assignment)
+                if gpus or slots:
+                    charges[charge_name(assignment)] = HeldCharge(pool, gpus, slots)
+        new = HolderCount(charges=dict(sorted(charges.items())))
+        if new == old:
+            continue
+        for quota in policy.quotas:
+            if quota.who == subject:
+                _check_quota(quota, base, new)
+        key = counter_key(layout, subject)
+        compares.append(Compare(key, item.mod_revision if item is not None else 0))
+        ops.append(Put(key, new.to_json()))
+    return Charge(compares, ops)
+
+
+def charged_assignments(
+    counters: Mapping[str, KeyValue | None], subjects: Iterable[str]
+) -> list[str]:
+    """Every charge (``host/job``) the counters of ``subjects`` list."""
+    names: set[str] = set()
+    for subject in subjects:
+        names.update(_decode(counters.get(subject), lambda _bad: None).charges)
+    return sorted(names)
+
+
+def held_under(quota: Quota, count: HolderCount) -> tuple[int, int]:
+    """(GPUs, slots) ``count`` holds in the pools ``quota`` covers."""
+
+    def covered(table: Mapping[str, int]) -> int:
+        return sum(n for pool, n in table.items() if not quota.pools or pool in quota.pools)
+
+    gpus, slots = count.totals()
+    return covered(gpus), covered(slots)
+
+
+def describe_quota(quota: Quota) -> str:
+    """``team-a`` or ``team-a in pools a100`` (the name a user knows the quota by)."""
+    name = quota.who.partition(":")[2]
+    return name + (f" in pools {','.join(quota.pools)}" if quota.pools else "")
+
+
+def _check_quota(quota: Quota, old: HolderCount, new: HolderCount) -> None:
+    old_held, new_held = held_under(quota, old), held_under(quota, new)
+    limits = (quota.gpus, quota.slots)
+    for unit, before, after, limit in zip(
+        ("GPUs", "slots"), old_held, new_held, limits, strict=True
+    ):
+        if limit is not None and after > limit and after > before:
+            raise OverQuota(
+                f"over quota {describe_quota(quota)} {before}/{limit} {unit} "
+                f"(this asks {after - before} more)"
+            )
+
+
+def ask_of_entry(policy: Policy, host: str, n: int, slots: int | None, job: str) -> tuple[int, int]:
+    """(GPUs, slots) a request for ``n`` GPUs of ``host`` would count against quotas."""
+    pool = policy.pool_of(host)
+    spec = policy.jobs.get(job)
+    exclusive = spec is not None and spec.exclusive
+    if pool is not None and pool.sharing.shared and not exclusive:
+        return 0, n * (slots or 1)
+    return n, 0
+
+
+def quota_refusal(
+    policy: Policy,
+    subjects: Iterable[str],
+    counters: Mapping[str, KeyValue | None],
+    pool: str,
+    ask: tuple[int, int],
+) -> str | None:
+    """Why asking ``ask`` (GPUs, slots) more in ``pool`` is over a quota now, or ``None``."""
+    mine = set(subjects)
+    for quota in policy.quotas:
+        if quota.who not in mine or (quota.pools and pool not in quota.pools):
+            continue
+        held = held_under(quota, _decode(counters.get(quota.who), lambda _bad: None))
+        for unit, have, more, limit in zip(
+            ("GPUs", "slots"), held, ask, (quota.gpus, quota.slots), strict=True
+        ):
+            if limit is not None and more and have + more > limit:
+                return f"over quota {describe_quota(quota)} {have}/{limit} {unit}"
+    return None
+
+
+def heal_and_plan(
+    allocator: Allocator,
+    policy: Policy,
+    counters: Mapping[str, KeyValue | None],
+    before: Sequence[Assignment],
+    after: Sequence[Assignment],
+) -> Charge:
+    """:func:`plan_charge` after dropping the charges whose assignment is gone.
+
+    Reads the assignment keys the counters list (one request), and compares
+    the absence of each one dropped; still over a quota: ``OverQuota``.
+    """
+    layout, store = allocator.layout, allocator.store
+    changing = {charge_name(a) for a in (*before, *after)}
+    subjects = sorted({s for a in after for s in a.charged})
+    listed = [n for n in charged_assignments(counters, subjects) if n not in changing]
+    keys = [_assignment_key(layout, name) for name in listed]
+    found = store.read_many([Read(key) for key in keys if key]) if any(keys) else ()
+    present = {item.key for listing in found for item in listing.items}
+    gone = [n for n, k in zip(listed, keys, strict=True) if k is None or k not in present]
+    gone = gone[:MAX_HEALED]  # each costs a compare: enough to make room, within one transaction
+    charge = plan_charge(
+        policy, layout, counters, before, after, allocator.on_bad_record, gone=set(gone)
+    )
+    dropped = set(gone)
+    absent = [
+        Compare(k, 0) for n, k in zip(listed, keys, strict=True) if n in dropped and k is not None
+    ]
+    return Charge([*charge.compares, *absent], charge.ops)
+
+
+def _assignment_key(layout: KeyLayout, name: str) -> str | None:
+    """The assignment key of a charge ``host/job`` (``None``: a damaged name, dropped)."""
+    from allocator.errors import InvalidName
+
+    host, _, job = name.partition("/")
+    try:
+        return layout.assignment(host, job)
+    except InvalidName:
+        return None

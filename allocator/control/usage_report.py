@@ -1,0 +1,101 @@
+"""The usage report (``allocator usage``, serve's ``/api/v1/usage``): one read, one document.
+
+History is read whole (every host's stream), the current assignments once;
+the pure parts in :mod:`allocator.control.usage` then count the holdings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from allocator.control.usage import Holding, UsageRow, holdings, summarize
+from allocator.util.times import format_time
+
+if TYPE_CHECKING:
+    from allocator.control.client import Allocator
+    from allocator.policy import Policy
+
+__all__ = ["NO_POOL", "NO_TEAM", "usage_report"]
+
+NO_TEAM = "(no team)"
+NO_POOL = "(no pool)"
+
+
+def usage_report(
+    allocator: Allocator, since: datetime, by: str, now: datetime, limit: int | None = None
+) -> tuple[dict[str, Any], list[UsageRow]]:
+    """The JSON document of the usage since ``since`` grouped ``by``, and its rows.
+
+    ``limit``: keep only the first (largest) rows; ``rows_total`` says how many there were.
+    """
+    from allocator.control.history import read_history
+
+    entries = read_history(
+        allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
+    )
+    current = _current(allocator)
+    snapshot = allocator.policy()
+    found = holdings(entries, current)
+    policy = snapshot.policy if snapshot is not None else None
+    rows = summarize(found, by, since, now, group_of(by, policy))
+    unended = sum(1 for h in found if h.ended_unrecorded and h.start >= since)
+    shown = rows if limit is None else rows[:limit]
+    document = {
+        "since": format_time(since),
+        "until": format_time(now),
+        "by": by,
+        "rows": [_row_document(row) for row in shown],
+        "unended": unended,
+    }
+    if limit is not None:
+        document["rows_total"] = len(rows)
+    return document, shown
+
+
+def group_of(by: str, policy: Policy | None) -> Callable[[Holding], str]:
+    """The function naming a holding's group for ``--by``."""
+    if by == "user":
+        return lambda h: h.holder
+    if by == "job":
+        return lambda h: h.job
+    if by == "host":
+        return lambda h: h.host
+    if by == "pool":
+        return lambda h: _pool(policy, h.host)
+    return lambda h: _team(policy, h.holder)
+
+
+def _current(allocator: Allocator) -> dict[tuple[str, str], Any]:
+    """Every assignment that exists now, keyed (host, job): one read of the hosts' keys."""
+    from allocator.status.snapshots import snapshots_by_host
+
+    listing = allocator.store.list(allocator.layout.hosts)
+    hosts = snapshots_by_host(listing.items, allocator.layout, listing.revision)
+    return {(h, job): a for h, snap in hosts.items() for job, a in snap.assignments.items()}
+
+
+def _pool(policy: Policy | None, host: str) -> str:
+    pool = policy.pool_of(host) if policy is not None else None
+    return pool.name if pool is not None else NO_POOL
+
+
+def _team(policy: Policy | None, user: str) -> str:
+    """The policy's team of ``user`` (its ``teams:`` members)."""
+    if policy is None:
+        return NO_TEAM
+    for name, team in sorted(policy.teams.items()):
+        if user in team.members:
+            return str(name)
+    return NO_TEAM
+
+
+def _row_document(row: UsageRow) -> dict[str, Any]:
+    return {
+        "key": row.key,
+        "gpu_hours": round(row.gpu_hours, 6),
+        "slot_hours": round(row.slot_hours, 6),
+        "holdings": row.holdings,
+        "jobs": sorted(row.jobs),
+    }

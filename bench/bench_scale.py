@@ -1,0 +1,132 @@
+"""The fleet at full size: quick commands and ``policy apply`` at 12,500 hosts next to 1,000.
+
+Two simulated fleets (:mod:`bench.fleet`: 8 GPUs and 6 assignments a host,
+agents and workers) on one etcd, each under its own prefix, with the same
+policy written as a range (``node[0000-12499]: {gpus: 8}``), so the YAML is
+the same size at both and its compiled form, at 12,500 hosts, is stored in
+parts. Rows (each a ratio of the large fleet to the small, interleaved):
+
+* ``set`` (a job moved between two free GPUs of one host), ``get job=J``
+  and ``status host=H``: within 1.2x;
+* ``policy apply`` changing one host's entry (an exception written under
+  the range, its GPU count flipped between 8 and 7): within 3x;
+* a first apply of the whole large fleet (no policy applied, every
+  assignment checked) with default settings: it must succeed; its seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from allocator.records.keys import KeyLayout
+from allocator.store import open_store
+from bench.common import (
+    Row,
+    allocator_cli,
+    byte_compile,
+    clean_env,
+    interleaved,
+    ratio_row,
+    value_row,
+)
+from bench.common import timed_run as run_timed
+from bench.fleet import host_name, job_name, load_fleet
+from tests.support.etcd_server import EtcdServer
+
+__all__ = ["ranged_policy", "rows"]
+
+_JOBS = "jobs:\n  train:\n    command: [python, -m, train]\n"
+
+
+def ranged_policy(hosts: int, exception_gpus: int | None = None) -> str:
+    """The fleet's policy as one range, with host 42's entry written out when asked."""
+    lines = ["version: 1", "hosts:", f"  node[0000-{hosts - 1:04d}]: {{gpus: 8}}"]
+    if exception_gpus is not None:
+        lines.append(f"  {host_name(min(42, hosts - 1))}: {{gpus: {exception_gpus}}}")
+    return "\n".join(lines) + "\n" + _JOBS
+
+
+def rows(args: argparse.Namespace, work: Path) -> list[Row]:
+    """Measure the scale rows (``args.hosts`` small, ``args.large`` large, ``args.rounds``)."""
+    byte_compile()
+    server = EtcdServer(work / "etcd-scale")
+    server.start()
+    try:
+        return _measure(server, args.hosts, args.large, max(2, args.rounds // 2), work)
+    finally:
+        server.stop()
+
+
+def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path) -> list[Row]:
+    store = open_store(server.url)
+    try:
+        for size in (small, large):
+            load_fleet(store, f"/s{size}", hosts=size)
+        store.delete(KeyLayout(f"/s{large}").policy)  # the large fleet's first apply, below
+    finally:
+        store.close()
+    env = {
+        size: clean_env(ALLOCATOR_STORE=server.url, ALLOCATOR_PREFIX=f"/s{size}")
+        for size in (small, large)
+    }
+    files = {}
+    for size in (small, large):
+        for gpus in (None, 7):
+            path = work / f"policy-{size}-{gpus}.yaml"
+            path.write_text(ranged_policy(size, gpus))
+            files[size, gpus] = path
+    first = run_timed(allocator_cli("policy", "apply", str(files[large, None])), env[large])
+    run_timed(allocator_cli("policy", "apply", str(files[small, None])), env[small])
+    runs: dict[str, Callable[[], float]] = {}
+    for size in (small, large):
+        runs |= _commands(size, env[size], files)
+    samples = interleaved(runs, rounds)
+    return [
+        *(
+            ratio_row(
+                f"{what}, {large:,} vs {small:,} hosts",
+                samples[f"{what} {large}"],
+                samples[f"{what} {small}"],
+                most=most,
+            )
+            for what, most in (
+                ("CLI set", 1.2),
+                ("CLI get", 1.2),
+                ("CLI status host=", 1.2),
+                ("policy apply of a one-host change", 3.0),
+            )
+        ),
+        value_row(f"first policy apply, {large:,} hosts", first, 60.0, "s"),
+    ]
+
+
+def _commands(
+    size: int, env: dict[str, str], files: dict[tuple[int, int | None], Path]
+) -> dict[str, Callable[[], float]]:
+    host = host_name(size // 2)
+    moves, applies = [0], [0]
+
+    def move() -> float:
+        moves[0] += 1
+        gpu = 6 + moves[0] % 2  # GPUs 6 and 7 are free on every host of the fleet
+        return run_timed(allocator_cli("set", "job=bench", f"gpus={gpu}", f"host={host}"), env)
+
+    def apply() -> float:
+        applies[0] += 1  # host 42's entry: 7 GPUs, then the range's 8 again
+        path = files[size, 7 if applies[0] % 2 else None]
+        return run_timed(allocator_cli("policy", "apply", str(path)), env)
+
+    def get() -> float:
+        return run_timed(allocator_cli("get", f"job={job_name(size // 2, 3)}"), env)
+
+    def status() -> float:
+        return run_timed(allocator_cli("status", f"host={host}", "-o", "json"), env)
+
+    return {
+        f"CLI set {size}": move,
+        f"CLI get {size}": get,
+        f"CLI status host= {size}": status,
+        f"policy apply of a one-host change {size}": apply,
+    }
