@@ -16,13 +16,19 @@ from allocator.errors import AllocatorError
 from allocator.records.keys import KeyLayout, validate_name
 from allocator.store import Store
 
-__all__ = ["history_json"]
+__all__ = ["error_answer", "history_json"]
 
 _LABELS = {2: "error", 4: "store unavailable", 5: "permission denied", 6: "not found"}
 
 
 def _error(code: int, message: str) -> dict[str, Any]:
     return {"error": _LABELS.get(code, "internal error"), "exit_code": code, "message": message}
+
+
+def error_answer(exc: AllocatorError) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, error document) of a failed read: the CLI's exit code, translated."""
+    status = {2: 400, 4: 503, 5: 403, 6: 404}.get(exc.exit_code, 500)
+    return status, _error(exc.exit_code, str(exc))
 
 
 def history_json(
@@ -39,8 +45,7 @@ def history_json(
     try:
         return 200, _read(history, reading, render, open_store, layout, query)
     except AllocatorError as exc:
-        status = {2: 400, 4: 503, 5: 403, 6: 404}.get(exc.exit_code, 500)
-        return status, _error(exc.exit_code, str(exc))
+        return error_answer(exc)
 
 
 def _read(

@@ -14,6 +14,7 @@ from typing import Any
 
 from allocator.errors import AllocatorError, InvalidInput
 from allocator.records.keys import KeyLayout
+from allocator.serve.history import error_answer
 from allocator.store import Store
 
 __all__ = ["KEEP_SECONDS", "UsageAnswers"]
@@ -22,7 +23,6 @@ __all__ = ["KEEP_SECONDS", "UsageAnswers"]
 KEEP_SECONDS = 30.0
 #: Most rows one answer carries (``limit=``; the report says how many there were).
 MAX_ROWS = 1000
-_LABELS = {2: "error", 4: "store unavailable", 5: "permission denied", 6: "not found"}
 
 
 class UsageAnswers:
@@ -45,7 +45,7 @@ class UsageAnswers:
         try:
             key = _parsed(query)
         except InvalidInput as exc:
-            return 400, _error(exc.exit_code, str(exc))
+            return error_answer(exc)
         now = self._clock()
         with self._lock:
             kept = self._kept.get(key)
@@ -54,8 +54,7 @@ class UsageAnswers:
         try:
             document = self._read(*key)
         except AllocatorError as exc:
-            status = {2: 400, 4: 503, 5: 403, 6: 404}.get(exc.exit_code, 500)
-            return status, _error(exc.exit_code, str(exc))
+            return error_answer(exc)
         with self._lock:
             self._kept = {k: v for k, v in self._kept.items() if now - v[0] < KEEP_SECONDS}
             self._kept[key] = (now, document)
@@ -89,7 +88,3 @@ def _parsed(query: Mapping[str, str]) -> tuple[str, str, int]:
     if not raw.isdigit() or not 1 <= int(raw) <= MAX_ROWS:
         raise InvalidInput(f"limit={raw!r}: expected a whole number from 1 to {MAX_ROWS}")
     return since, by, int(raw)
-
-
-def _error(code: int, message: str) -> dict[str, Any]:
-    return {"error": _LABELS.get(code, "internal error"), "exit_code": code, "message": message}
