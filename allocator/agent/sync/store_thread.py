@@ -46,7 +46,13 @@ from allocator.agent.sync.host_records import HostView, host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
 from allocator.agent.sync.publisher import Publisher
-from allocator.agent.sync.watches import WatchError, WatchEvents, WatchThread, start_watches
+from allocator.agent.sync.watches import (
+    WatchError,
+    WatchEvents,
+    WatchThread,
+    agent_watch_keys,
+    start_watches,
+)
 from allocator.errors import (
     AllocatorError,
     BadRecord,
@@ -358,7 +364,7 @@ class StoreLink:
     def _start_watches(self, peers: tuple[str, ...] = ()) -> None:
         self._stop_watches()
         self.watched_peers = peers
-        prefixes = [self.layout.host_jobs(self.config.host), self.layout.policy]
+        prefixes = list(agent_watch_keys(self.layout, self.config.host, whole_policy=True))
         prefixes += [self.layout.host(peer) for peer in peers]
         self.watches = start_watches(
             lambda: self._open_store(self.url), prefixes, self.revision + 1, self._inbox, self.epoch
