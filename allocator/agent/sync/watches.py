@@ -31,7 +31,9 @@ __all__ = [
 ]
 
 
-def agent_watch_keys(layout: KeyLayout, host: str, *, whole_policy: bool = False) -> tuple[str, ...]:
+def agent_watch_keys(
+    layout: KeyLayout, host: str, *, whole_policy: bool = False
+) -> tuple[str, ...]:
     """The keys and prefixes the agent of ``host`` watches (other hosts of its jobs aside).
 
     Its assignments, its share of the policy and the common share; the
