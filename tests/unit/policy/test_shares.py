@@ -11,7 +11,6 @@ from allocator.policy.shares import (
     assemble,
     decode_common,
     decode_host_part,
-    host_parts,
     share_record,
     shares_agree,
     split_policy,
