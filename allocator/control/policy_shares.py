@@ -71,12 +71,14 @@ def plan_shares(
     head = Put(layout.shares_head, SharesHead(sha256).to_json())
     deletes: list[Op] = [Delete(layout.host_share(h)) for h in sorted(gone)]
     common = Put(layout.common_share, share_record(new.common, sha256, in_txn=True))
-    txn_puts: list[Op] = [
-        Put(layout.host_share(h), share_record(b, sha256, in_txn=True)) for h, b in changed.items()
-    ]
-    ops = [*([common] if common_changed else []), *txn_puts, *deletes, head]
-    if len(ops) <= room[0] and _size(ops) <= room[1]:
-        return SharesPlan(ops)
+    if len(changed) + len(deletes) + 2 <= room[0]:  # else they cannot fit: not built
+        txn_puts: list[Op] = [
+            Put(layout.host_share(h), share_record(b, sha256, in_txn=True))
+            for h, b in changed.items()
+        ]
+        ops = [*([common] if common_changed else []), *txn_puts, *deletes, head]
+        if len(ops) <= room[0] and _size(ops) <= room[1]:
+            return SharesPlan(ops)
     puts = [Put(layout.host_share(h), share_record(b, sha256)) for h, b in changed.items()]
     return SharesPlan(
         [common, head],
