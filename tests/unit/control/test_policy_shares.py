@@ -139,7 +139,7 @@ def test_set_and_status_on_one_host_read_its_share_not_the_compiled_policy(
     allocator.apply_policy(_policy(200), "p.yaml")
     assert store.list(LAYOUT.compiled_parts_root).items  # the fleet's compiled policy is in parts
     reads = _Reads(store)
-    client = Allocator(reads, prefix=PREFIX, actor="ops@h")  # type: ignore[arg-type]
+    client = Allocator(reads, prefix=PREFIX, actor="ops@h")
     client.assign(Request(job="train", host="n007", gpus=(1,)))
     status, _, _ = read_status(
         client,
