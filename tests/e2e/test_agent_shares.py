@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from allocator.agent.sync.watches import agent_watch_keys
+from allocator.policy import load_policy, policy_sha256
+from allocator.policy.shares import share_record, split_policy
 from allocator.store import open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy
 from tests.support.waiting import wait_for
@@ -114,3 +116,18 @@ def test_an_agent_reads_the_whole_policy_when_no_shares_are_stored(
         assert harness.new_report("train")["env"]["CUDA_VISIBLE_DEVICES"]
     finally:
         harness.cleanup()
+
+
+def test_a_host_share_of_an_apply_still_writing_waits_for_its_common_share(
+    world: AgentHarness,
+) -> None:
+    """Shares written before the apply's transaction are taken only once it wrote the common one."""
+    text = json.dumps(_policy(world, hosts={HOST: {"gpus": 3}, OTHER: {"gpus": 2}}))
+    shares = split_policy(load_policy(text))
+    sha = policy_sha256(text)
+    world.put_raw(world.layout.host_share(HOST), share_record(shares.hosts[HOST], sha))
+    wait_for("the share seen and waited on", lambda: world.events("policy-pending"))
+    assert len(world.events("policy")) == 1  # the last good policy stays
+
+    world.put_raw(world.layout.common_share, share_record(shares.common, sha, in_txn=True))
+    wait_for("both shares taken", lambda: len(world.events("policy")) == 2)

@@ -138,13 +138,15 @@ class StoreSync:
     def _use_shares(self, shared: SharedPolicy, on_policy: Callable[[Policy], None]) -> None:
         """Adopt the host's share of the policy once it agrees with the common share."""
         identity = shared.identity
-        if identity in (self.policy_sha, self._refused_sha, self._pending):
+        if identity in (self.policy_sha, self._refused_sha):
             return
         host = shared.host
         if not shares_agree(shared.common, shared.common_revision, host, shared.host_revision):
-            self._pending = identity  # an apply still writing: keep the last good policy
-            fields = {"common": shared.common.policy_sha256[:12]}
-            self._log("policy-pending", {**fields, "host": host.policy_sha256[:12] if host else ""})
+            if self._pending != identity:  # an apply still writing: keep the last good policy
+                self._pending = identity
+                fields = {"common": shared.common.policy_sha256[:12]}
+                host_sha = host.policy_sha256[:12] if host else ""
+                self._log("policy-pending", {**fields, "host": host_sha})
             return
         try:
             policy = assemble(shared.common_policy, shared.part, self._host)
