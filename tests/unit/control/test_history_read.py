@@ -25,6 +25,7 @@ from allocator.control.history_read import (
     query_history,
 )
 from allocator.errors import BadRecord
+from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
 from allocator.serve.history import history_json
@@ -77,7 +78,7 @@ def _append(store: Store, stream: Stream, minute: int, job: str | None, gpu: int
             to_mode="gpu",
             to_gpus=(gpu,),
         )
-    compare, ops = prepare_append(store, stream, entry, 10_000, _no_bad)
+    compare, ops = prepare_append(store, stream, entry, HistorySettings(10_000), _no_bad)
     store.txn([compare], ops)
 
 
