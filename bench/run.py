@@ -94,6 +94,9 @@ def _run_group(group: str, args: argparse.Namespace, work: Path) -> list[Row]:
         from bench import bench_scale
 
         rows = bench_scale.rows(args, work)
+        from bench import bench_history
+
+        rows += bench_history.scale_rows(args, work)
     else:
         from bench import bench_fleet
 

@@ -49,7 +49,7 @@ _ATTEMPTS = 5
 
 @dataclass(frozen=True, slots=True)
 class PruneResult:
-    """What a prune dropped: entries, from how many streams, and the streams removed."""
+    """What a prune dropped: entries, from how many streams, and the hosts whose stream went."""
 
     max_age_seconds: float
     streams: int = 0
@@ -80,8 +80,8 @@ def prune_history(
             )
             entries += dropped
             pruned += dropped > 0
-            if emptied:
-                removed.append(stream.name)
+            if emptied and stream.host is not None:
+                removed.append(stream.host)
     return PruneResult(max_age, len(streams), entries, pruned, tuple(removed))
 
 

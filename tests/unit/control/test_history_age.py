@@ -159,7 +159,7 @@ def test_prune_drops_old_entries_everywhere_and_removes_streams_of_hosts_that_le
     done = prune_history(store, LAYOUT, frozenset({"node2"}), 7 * 86_400, clock.now, _no_bad)
 
     # node1's 3, node2's older one, and the policy's (applied 10 days ago).
-    assert (done.entries, done.pruned_streams, done.removed) == (5, 3, ("hosts/node1",))
+    assert (done.entries, done.pruned_streams, done.removed) == (5, 3, ("node1",))
     assert _times(store, "node1") == []
     assert store.get(host_stream(LAYOUT, "node1").head_key) is None
     assert _times(store, "node2") == ["2026-06-06T12:00:00Z"]
