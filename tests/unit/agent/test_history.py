@@ -201,6 +201,19 @@ def test_entries_stay_queued_through_an_outage_and_are_written_in_order_after() 
     assert _written(store) == ["a", "b"] and len(pending) == 0
 
 
+def test_the_agents_append_drops_entries_past_the_policys_max_age() -> None:
+    store, log = open_store(f"memory://{uuid.uuid4().hex}"), Log()
+    pending = HistoryQueue(log)
+    old = replace_struct(_entry("old"), at="2026-01-01T00:00:00Z")  # months before AT
+    pending.add([old, _entry("kept")], HistorySettings(10))
+    assert write_pending(store, LAYOUT, HOST, pending, log) == 2
+
+    pending.add([_entry("new")], HistorySettings(10, max_age_seconds=30 * 86_400))
+    write_pending(store, LAYOUT, HOST, pending, log)
+
+    assert _written(store) == ["kept", "new"]
+
+
 def test_a_full_queue_drops_the_oldest_and_says_so() -> None:
     log = Log()
     pending = HistoryQueue(log, capacity=3)
