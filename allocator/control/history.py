@@ -246,7 +246,9 @@ def append_plan(
     """:func:`append_ops`, and the head the stream has once they are written (pure).
 
     The returned head's ``revision`` is 0: the caller knows it once the
-    transaction is applied.
+    transaction is applied. Its ``oldest`` are the times still known: a
+    kept view (:mod:`allocator.control.write_cache`) cuts by age only as far
+    as the oldest it read, and the next read (any lost race) brings more.
     """
     limit = head.limit if keep is None else keep.entries_per_host
     max_age = head.max_age if keep is None else keep.max_age_seconds
