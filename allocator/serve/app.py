@@ -3,6 +3,7 @@
 Routes (all read-only):
 
 * ``/``: the status page (one small HTML file, no build step);
+* ``/static/{path}``: its scripts and the vendored uPlot (:mod:`allocator.serve.static_files`);
 * ``/api/v1/status``: the same JSON as ``allocator status -o json``;
 * ``/api/v1/history``: the same JSON as ``allocator history -o json``
   (``job``, ``host``, ``gpu``, ``since``, ``limit`` query parameters);
@@ -42,6 +43,7 @@ from allocator.serve.fleet_metrics import fleet_families
 from allocator.serve.guard import HeaderMiddleware, page_policy
 from allocator.serve.history import history_json
 from allocator.serve.mirror import FleetMirror
+from allocator.serve.static_files import static_route
 from allocator.serve.usage import UsageAnswers
 from allocator.serve.watcher import FleetWatcher
 from allocator.status.documents import status_document
@@ -259,6 +261,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
 
     routes = [
         Route("/", index),
+        static_route(),
         Route("/api/v1/status", status),
         Route("/api/v1/history", history),
         Route("/api/v1/queue", queue),
