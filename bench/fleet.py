@@ -100,11 +100,22 @@ def _batches(ops: Iterator[Op], size: int) -> Iterator[Sequence[Op]]:
 
 
 def load_fleet(
-    store: Store, prefix: str, hosts: int = 1000, gpus: int = 8, jobs_per_host: int = 6
+    store: Store,
+    prefix: str,
+    hosts: int = 1000,
+    gpus: int = 8,
+    jobs_per_host: int = 6,
+    policy: str | None = None,
+    batch: int = MAX_TXN_OPS,
 ) -> Fleet:
-    """Apply the fleet's policy and write every host's records (see the module doc)."""
+    """Apply the fleet's policy and write every host's records (see the module doc).
+
+    ``policy``: its YAML, when not :func:`fleet_policy`'s (a range, say);
+    ``batch``: writes per transaction (SQLite takes any number: a few large
+    transactions write 100,000 keys in a few seconds, 64 at a time about four times as long).
+    """
     allocator = Allocator(store, prefix=prefix, actor="bench@fleet")
-    applied = allocator.apply_policy(fleet_policy(hosts, gpus), "fleet.yaml")
+    applied = allocator.apply_policy(policy or fleet_policy(hosts, gpus), "fleet.yaml")
     revision = applied.revision
     lease = store.grant_lease(3600)
     layout = allocator.layout
@@ -114,7 +125,7 @@ def load_fleet(
         for op in _host_records(layout, host, gpus, jobs_per_host, revision, lease)
     )
     keys = 0
-    for batch in _batches(ops, MAX_TXN_OPS):
-        store.txn([], batch)
-        keys += len(batch)
+    for writes in _batches(ops, batch):
+        store.txn([], writes)
+        keys += len(writes)
     return Fleet(hosts, gpus, jobs_per_host, prefix, revision, keys)
