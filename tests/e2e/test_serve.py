@@ -40,7 +40,7 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 class Served:
     """A store with the example policy applied, and ``allocator serve`` reading it."""
 
-    def __init__(self, store_url: str, prefix: str, tmp: Path) -> None:
+    def __init__(self, store_url: str, prefix: str, tmp: Path, *extra: str) -> None:
         self.env = clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
         assert self.cli("policy", "apply", str(EXAMPLE_POLICY)).code == 0
         self.port = free_port()
@@ -48,7 +48,15 @@ class Served:
         self.log_path = tmp / "serve.log"
         self.log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "allocator", "serve", "--listen", f"127.0.0.1:{self.port}"],
+            [
+                sys.executable,
+                "-m",
+                "allocator",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                *extra,
+            ],
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
