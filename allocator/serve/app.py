@@ -4,7 +4,13 @@ Routes (all read-only):
 
 * ``/``: the status page (one small HTML file, no build step);
 * ``/static/{path}``: its scripts and the vendored uPlot (:mod:`allocator.serve.static_files`);
-* ``/api/v1/status``: the same JSON as ``allocator status -o json``;
+* ``/api/v1/status``: the same JSON as ``allocator status -o json``; with
+  ``host``, ``pool``, ``job``, ``state`` filters and ``page``/``per_page``,
+  one page of the hosts they select;
+* ``/api/v1/hosts/{host}``: ``allocator status host=H -o json``;
+* ``/api/v1/fleet``: the whole fleet as a grid, one character per GPU;
+* ``/api/v1/summary``: ``allocator status --summary -o json``;
+* ``/api/v1/series``: GPUs by state per pool and the queue over time;
 * ``/api/v1/history``: the same JSON as ``allocator history -o json``
   (``job``, ``host``, ``gpu``, ``since``, ``limit`` query parameters);
 * ``/api/v1/queue``: the same JSON as ``allocator queue -o json``;
@@ -13,7 +19,8 @@ Routes (all read-only):
 * ``/api/v1/events``: server-sent events, one ``fleet`` event per change;
 * ``/metrics``: fleet-level Prometheus series.
 
-Viewers never cause store reads: one watcher keeps the mirror current, and
+Viewers never cause store reads: one watcher keeps the mirror current, the
+view rebuilds the hosts that changed (:mod:`allocator.serve.fleet_view`), and
 on each change :class:`Broadcaster` builds the page's document once and
 hands the same bytes to every open event stream. While the store is down
 everything is answered from the last state, and says since when.
@@ -30,7 +37,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from importlib import resources
-from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -39,15 +45,25 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from allocator.serve.fleet_metrics import fleet_families
+from allocator.errors import AllocatorError
+from allocator.serve.fleet_api import (
+    StatusQuery,
+    fleet_json,
+    host_json,
+    metrics_text,
+    parse_status_query,
+    status_json,
+)
+from allocator.serve.fleet_view import FleetView
 from allocator.serve.guard import HeaderMiddleware, page_policy
-from allocator.serve.history import history_json
+from allocator.serve.history import error_answer, history_json
 from allocator.serve.mirror import FleetMirror
+from allocator.serve.select import select_hosts, summary_json
+from allocator.serve.series import DEFAULT_POINTS, DEFAULT_SAMPLE_SECONDS, Sample, Series
 from allocator.serve.static_files import static_route
 from allocator.serve.usage import UsageAnswers
 from allocator.serve.watcher import FleetWatcher
-from allocator.status.documents import status_document
-from allocator.status.metrics import CONTENT_TYPE, exposition
+from allocator.status.metrics import CONTENT_TYPE
 from allocator.store import Store
 from allocator.util.times import format_time, utc_now
 
@@ -73,7 +89,7 @@ HISTORY_THREADS = 4
 
 
 class Fleet:
-    """The mirror, its watcher, and the documents built from them."""
+    """The mirror, its watcher, the view built from them, and the series sampled from it."""
 
     def __init__(
         self,
@@ -81,12 +97,15 @@ class Fleet:
         mirror: FleetMirror,
         url: str,
         wall: Callable[[], datetime] = utc_now,
+        series: Series | None = None,
     ) -> None:
         self.open_store = open_store
         self.mirror = mirror
         self.url = url
         self.wall = wall
         self.bad: dict[str, None] = {}
+        self.view = FleetView(mirror, self._note_bad)
+        self.series = series or Series(DEFAULT_SAMPLE_SECONDS, DEFAULT_POINTS)
         self.watcher = FleetWatcher(open_store, mirror, self._changed, wall=wall)
         self.on_change: Callable[[], None] = lambda: None
         #: Ends every open event stream (the server is stopping); set while serving.
@@ -98,29 +117,35 @@ class Fleet:
     def _note_bad(self, text: str) -> None:
         self.bad[text] = None
 
-    def status(self) -> dict[str, Any]:
-        """``status -o json`` of the mirrored fleet, now."""
-        from allocator.status.join import group_status
+    def current(self) -> FleetView:
+        """The view, with the hosts changed since the last call rebuilt."""
+        self.view.update(self.wall(), time.monotonic())
+        return self.view
 
-        hosts, revision = self.mirror.status(self.wall(), self._note_bad)
-        return status_document(hosts, revision, group_status(hosts))
+    def status(self, query: StatusQuery | None = None) -> bytes:
+        """``status -o json`` of the mirrored fleet (or of a page of it), now."""
+        return status_json(self.current(), query or StatusQuery({}), select_hosts)
 
     def page_document(self) -> bytes:
         """What every viewer's page gets on each change: status, store state, time."""
-        document = {
-            "status": self.status(),
+        rest = {
             "store": {"url": self.url, **self.watcher.state.to_dict()},
             "loaded": self.mirror.loaded,
             "at": format_time(self.wall()),
         }
-        return json.dumps(document, separators=(",", ":")).encode()
+        return b'{"status":' + self.status() + b"," + json.dumps(rest)[1:].encode()
 
     def metrics(self) -> bytes:
         """The fleet's Prometheus exposition."""
-        hosts, _ = self.mirror.status(self.wall(), self._note_bad)
         down = self.watcher.down_since_monotonic
         seconds = time.monotonic() - down if down is not None else 0.0
-        return exposition(lambda: fleet_families(hosts, self.watcher.state.up, seconds))
+        return metrics_text(self.current(), self.watcher.state.up, seconds)
+
+    def sample(self, now: float) -> Sample:
+        """The fleet's counts at epoch ``now``, for the series."""
+        totals = self.current().totals
+        pools = {pool: dict(c) for pool, c in totals.pools.items() if pool is not None}
+        return Sample(now, pools, totals.total(), None, self.mirror.queued)
 
 
 class Broadcaster:
@@ -200,23 +225,47 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
 
         fleet.end_streams = end_streams
         task = asyncio.create_task(broadcaster.run())
+        sampler = asyncio.create_task(_sample(fleet))
         fleet.watcher.start()
         broadcaster.poke()
         try:
             yield
         finally:
             task.cancel()
+            sampler.cancel()
             history_pool.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(fleet.watcher.stop)
 
     async def index(_request: Request) -> Response:
         return HTMLResponse(page, headers=page_headers)
 
-    async def status(_request: Request) -> Response:
+    async def answer(build: Callable[[], bytes]) -> Response:
+        """``build()``'s JSON from the mirror (in a thread), or its error answer."""
         if not fleet.mirror.loaded:
             return _unavailable(fleet)
-        document = await asyncio.to_thread(fleet.status)
-        return JSONResponse(document, headers=_store_header(fleet))
+        try:
+            body = await asyncio.to_thread(build)
+        except AllocatorError as exc:
+            code, document = error_answer(exc)
+            return JSONResponse(document, status_code=code)
+        return Response(body, media_type="application/json", headers=_store_header(fleet))
+
+    async def status(request: Request) -> Response:
+        query = dict(request.query_params)
+        return await answer(lambda: fleet.status(parse_status_query(query)))
+
+    async def fleet_grid(_request: Request) -> Response:
+        return await answer(lambda: fleet_json(fleet.current(), format_time(fleet.wall())))
+
+    async def host(request: Request) -> Response:
+        name = request.path_params["host"]
+        return await answer(lambda: host_json(fleet.current(), name))
+
+    async def summary(_request: Request) -> Response:
+        return await answer(lambda: summary_json(fleet.current()))
+
+    async def series(_request: Request) -> Response:
+        return JSONResponse(fleet.series.document())
 
     async def history(request: Request) -> Response:
         read = functools.partial(
@@ -263,6 +312,10 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         Route("/", index),
         static_route(),
         Route("/api/v1/status", status),
+        Route("/api/v1/fleet", fleet_grid),
+        Route("/api/v1/hosts/{host}", host),
+        Route("/api/v1/summary", summary),
+        Route("/api/v1/series", series),
         Route("/api/v1/history", history),
         Route("/api/v1/queue", queue),
         Route("/api/v1/usage", usage),
@@ -277,6 +330,16 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         ),
     ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+async def _sample(fleet: Fleet) -> None:
+    """Add a sample to the series whenever one is due (from serve's own counts)."""
+    while True:
+        await asyncio.sleep(fleet.series.due_in(time.time()))
+        if fleet.mirror.loaded:
+            await asyncio.to_thread(fleet.series.tick, time.time(), fleet.sample)
+        else:
+            await asyncio.sleep(fleet.series.interval)
 
 
 def _store_header(fleet: Fleet) -> dict[str, str]:

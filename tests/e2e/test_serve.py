@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +45,11 @@ class Served:
         store_url: str,
         prefix: str,
         tmp: Path,
+        *extra: str,
         policy: Path | None = EXAMPLE_POLICY,
-        serve_args: Sequence[str] = (),
         ready: str = "/api/v1/status",
     ) -> None:
-        """``policy`` is applied first (``None``: the store is written already)."""
+        """``extra``: serve's options; ``policy`` is applied first (``None``: already written)."""
         self.env = clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
         if policy is not None:
             assert self.cli("policy", "apply", str(policy)).code == 0
@@ -58,8 +58,15 @@ class Served:
         self.log_path = tmp / "serve.log"
         self.log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "allocator", "serve", "--listen", f"127.0.0.1:{self.port}"]
-            + list(serve_args),
+            [
+                sys.executable,
+                "-m",
+                "allocator",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                *extra,
+            ],
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -179,7 +186,7 @@ def test_the_page_renders_updates_live_and_says_when_the_store_is_down(
             assert page.locator('#host-panel tr[data-job="train"]').count() == 1
 
             _publish_as_agent(etcd_server_private.url, prefix)
-            page.wait_for_selector('#host-panel .agent-alive')
+            page.wait_for_selector("#host-panel .agent-alive")
             page.wait_for_selector('td[data-host="node1"][data-gpu="3"] .stray')
             gpu3 = page.inner_text('td[data-host="node1"][data-gpu="3"]')
             assert "unassigned: bob pid 4242" in gpu3

@@ -69,7 +69,7 @@ def browser() -> Iterator[Any]:
 def two_hosts(etcd_server: Any, prefix: str, tmp_path: Path) -> Iterator[Served]:
     policy = tmp_path / "policy.yaml"
     policy.write_text(TWO_HOSTS)
-    world = Served(str(etcd_server.url), prefix, tmp_path, policy, ["--sample-seconds", "1"])
+    world = Served(str(etcd_server.url), prefix, tmp_path, "--sample-seconds", "1", policy=policy)
     try:
         yield world
     finally:
@@ -265,9 +265,9 @@ def urllib_request(url: str, etag: str) -> int:
 def test_the_page_draws_a_12500_host_fleet_quickly_with_a_small_dom(
     browser: Any, prefix: str, tmp_path: Path
 ) -> None:
+    from allocator.store import open_store
     from bench.bench_scale import ranged_policy
     from bench.fleet import load_fleet
-    from allocator.store import open_store
 
     url = f"sqlite://{tmp_path / 'fleet.db'}"
     store = open_store(url, create=True)
