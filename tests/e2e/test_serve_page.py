@@ -149,34 +149,28 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
             cell = shown.nth(n)
             pool = cell.locator("xpath=..").get_attribute("data-pool")
             column = cell.get_attribute("data-column")
-            row = summary["total"] if pool == "total" else _pool_row(summary, pool)
+            row = summary["total"] if pool == "total" else summary["pools"][pool]
             assert cell.inner_text() == f"{row[column]:,}", (pool, column)
-        assert "12" in page.inner_text('#summary-table tr[data-pool="total"]')
 
         # A filter dims every cell but those it matches: here, the held ones.
-        page.select_option("#f-state", "held")
-        page.wait_for_selector('#heatmap[data-matching="2"]')
+        _filter(page, "#f-state", "held", "state=held", matching=2)
         assert _pixel(page, "node2", 0) == _colour(page, "held")
         assert _pixel(page, "node2", 2) == _colour(page, "free", dim=True)
         assert _pixel(page, "node1", 1) == _colour(page, "idle", dim=True)
         assert "2 of 12 GPUs match" in page.inner_text("#matching")
-        page.select_option("#f-state", "")
-        page.fill("#f-job", "train")  # by the status API's job= filter
-        page.wait_for_selector('#heatmap[data-matching="1"]')
+        _filter(page, "#f-state", "", "", matching=12)
+        _filter(page, "#f-job", "train", "job=train", matching=1)  # the status API's job=
         assert _pixel(page, "node1", 1) == _colour(page, "idle")
         assert _pixel(page, "node2", 0) == _colour(page, "held", dim=True)
-        page.fill("#f-job", "")
-        page.fill("#f-user", "bob")  # his process on node1's GPU 3
-        page.wait_for_selector('#heatmap[data-matching="1"]')
+        _filter(page, "#f-job", "", "", matching=12)
+        _filter(page, "#f-user", "bob", "user=bob", matching=1)  # his process on node1's GPU 3
         assert _pixel(page, "node1", 3) == _colour(page, "unassigned")
-        page.fill("#f-user", "")
-        page.select_option("#f-pool", "a100")
-        page.wait_for_selector('#heatmap[data-matching="8"]')
-        page.select_option("#f-pool", "")
-        page.fill("#f-host", "node[1-1]")
-        page.wait_for_selector('#heatmap[data-matching="4"]')
-        page.fill("#f-host", "")
-        page.wait_for_selector('#heatmap[data-matching="12"]')
+        _filter(page, "#f-user", "nobody", "user=nobody", matching=0)
+        _filter(page, "#f-user", "", "", matching=12)
+        _filter(page, "#f-pool", "a100", "pool=a100", matching=8)
+        _filter(page, "#f-pool", "", "", matching=12)
+        _filter(page, "#f-host", "node[1-1]", "host=node[1-1]", matching=4)
+        _filter(page, "#f-host", "", "", matching=12)
 
         # Drill-down: a click on node1's GPU 1 opens the host, its GPUs and holder.
         box = page.evaluate("() => heatmap.cellBox(heatmap.byName.get('node1'), 1)")
@@ -213,16 +207,19 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         waiter.wait()
 
 
+def _filter(page: Any, field: str, value: str, applied: str, matching: int) -> None:
+    """Set one filter field and wait until the heatmap is drawn with it; check the count."""
+    if field in ("#f-state", "#f-pool"):
+        page.select_option(field, value)
+    else:
+        page.fill(field, value)
+    page.wait_for_selector(f"#heatmap[data-filter='{applied}']")
+    assert page.get_attribute("#heatmap", "data-matching") == str(matching), applied
+
+
 def _queued(world: Served) -> bool:
     code, body, _ = world.get("/api/v1/queue")
     return code == 200 and bool(json.loads(body)["queue"])
-
-
-def _pool_row(summary: dict[str, Any], pool: str | None) -> dict[str, Any]:
-    pools = summary["pools"]
-    if isinstance(pools, dict):
-        return pools[pool]  # type: ignore[no-any-return]
-    return next(p for p in pools if p.get("pool", p.get("name")) == pool)  # type: ignore[no-any-return]
 
 
 def _last_plotted(page: Any, plot: str) -> dict[str, Any] | None:

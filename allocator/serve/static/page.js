@@ -154,7 +154,7 @@ setInterval(() => {
 // GPUs held by job `job` and/or by user `user`: Map(host -> Set(GPU position)), read from
 // the status document's pages (job= filtered by serve; a user's jobs by who set them).
 async function holderCells(job, user) {
-  const query = job ? "job=" + encodeURIComponent(job) : "state=held";
+  const query = job ? "job=" + encodeURIComponent(job) : "host=*";  // a user's: any host
   const cells = new Map();
   for (let page = 1, pages = 1; page <= pages; page++) {
     const answer = await getJSON("/api/v1/status?" + query + "&per_page=" + STATUS_PAGE + "&page=" + page);
@@ -199,6 +199,9 @@ async function applyFilters() {
     cells,
   });
   showMatching();
+  // What is applied, for whoever reads the canvas: "state=held&job=train" ("" for none).
+  const applied = {host: $("f-host").value.trim(), pool, state, job, user};
+  $("heatmap").dataset.filter = Object.entries(applied).filter(([, v]) => v).map(([k, v]) => k + "=" + v).join("&");
   if (lastSeries) plots.update(lastSeries, pool);
 }
 

@@ -8,7 +8,7 @@ const SUMMARY_SKIP = new Set(["pool", "name"]);
 function renderSummary(doc) {
   const pools = Array.isArray(doc.pools) ? doc.pools
     : Object.entries(doc.pools || {}).map(([pool, row]) => ({pool, ...row}));
-  const rows = [...pools.map((p) => [p.pool ?? p.name ?? "no pool", p]), ["total", doc.total || {}]];
+  const rows = [...pools.map((p) => [p.pool || p.name || "no pool", p]), ["total", doc.total || {}]];
   const columns = [];
   for (const [, row] of rows) for (const [k, v] of Object.entries(row)) {
     if (!SUMMARY_SKIP.has(k) && typeof v === "number" && !columns.includes(k)) columns.push(k);
