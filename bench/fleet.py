@@ -18,7 +18,7 @@ from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, Assignment, GpuInfo, JobIndex, WorkerRecord
 from allocator.store import MAX_TXN_OPS, Op, Put, Store
 
-__all__ = ["Fleet", "fleet_policy", "host_name", "job_name", "load_fleet"]
+__all__ = ["Fleet", "fleet_policy", "host_name", "host_records", "job_name", "load_fleet"]
 
 _WHEN = "2026-11-30T00:00:00Z"
 
@@ -60,9 +60,10 @@ class Fleet:
     keys: int
 
 
-def _host_records(
+def host_records(
     layout: KeyLayout, host: int, gpus: int, jobs: int, revision: int, lease: int
 ) -> Iterator[Op]:
+    """Host number ``host``'s records: its agent (under ``lease``) and ``jobs`` one-GPU jobs."""
     name = host_name(host)
     inventory = tuple(GpuInfo(index=g, uuid=f"GPU-{host:08x}-{g:04x}") for g in range(gpus))
     agent = AgentRecord(host=name, gpus=inventory, started_at=_WHEN, pid=1000 + host)
@@ -122,7 +123,7 @@ def load_fleet(
     ops = (
         op
         for host in range(hosts)
-        for op in _host_records(layout, host, gpus, jobs_per_host, revision, lease)
+        for op in host_records(layout, host, gpus, jobs_per_host, revision, lease)
     )
     keys = 0
     for writes in _batches(ops, batch):

@@ -131,7 +131,8 @@ class Heatmap {
     ctx.fillStyle = "#1f2328"; ctx.font = "600 12px system-ui, sans-serif";
     for (const section of this.sections) {
       const name = section.pool < 0 ? "no pool" : pools[section.pool];
-      ctx.fillText(name + " · " + section.hosts.length.toLocaleString("en-US") + " hosts", 0, section.label + 13);
+      const count = section.hosts.length;
+      ctx.fillText(name + " · " + count.toLocaleString("en-US") + (count === 1 ? " host" : " hosts"), 0, section.label + 13);
     }
     const byName = (list) => JSON.stringify(Object.fromEntries(names.map((s, n) => [s, list[n]])));
     Object.assign(canvas.dataset, {cells, matching, hosts: hosts.length, states: byName(counts), matched: byName(matched),

@@ -104,7 +104,7 @@ const loadSummary = () => panel("summary", "/api/v1/summary", (a) => renderSumma
 const loadQueue = () => panel("queue", "/api/v1/queue", (a) => renderQueue(a.doc));
 const loadGroups = () => panel("groups", "/api/v1/status?per_page=1",
   (a) => renderGroups(a.doc.jobs_across_hosts || [], openHost));
-const loadIdle = () => panel("idle", "/api/v1/status?state=idle&per_page=50",
+const loadIdle = () => panel("idle", "/api/v1/status?state=idle&per_page=10",
   (a) => { lastIdle = a; return renderIdle(a.doc, a.served, openHost); });
 const loadUsage = () => panel("usage", "/api/v1/usage?since=7d&by=user&limit=10", (a) => renderUsage(a.doc));
 

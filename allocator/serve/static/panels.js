@@ -127,7 +127,8 @@ function renderIdle(doc, served, pick) {
       el("td", {}, g.gpu), el("td", {}, g.holder || ""), el("td", {}, idle + (g.idle_holder ? ": past its idle rule" : ""))));
   }
   if (!rows.length) return muted("No held GPU is idle.");
-  const more = doc.page && doc.page.pages > 1 ? muted("First " + doc.hosts.length + " of " + doc.page.hosts + " hosts.") : null;
+  const more = doc.page && doc.page.pages > 1
+    ? muted("First " + doc.hosts.length + " of " + doc.page.hosts.toLocaleString("en-US") + " hosts (the state filter shows them all).") : null;
   return el("div", {}, table(["host", "GPU", "holder", "idle"], rows), more);
 }
 
@@ -136,9 +137,9 @@ function renderUnassigned(fleet, pick) {
   const code = String(fleet.states.indexOf("unassigned"));
   const hosts = fleet.hosts.filter((h) => h[3].includes(code));
   if (!hosts.length) return muted("No process runs on a GPU it was not given.");
-  const rows = hosts.slice(0, 20).map((h) => el("tr", {"data-host": h[0]}, el("td", {}, hostLinks([h[0]], pick)),
+  const rows = hosts.slice(0, 10).map((h) => el("tr", {"data-host": h[0]}, el("td", {}, hostLinks([h[0]], pick)),
     el("td", {}, [...h[3]].flatMap((c, g) => (c === code ? [g] : [])).join(","))));
-  const more = hosts.length > 20 ? muted("and " + (hosts.length - 20) + " more hosts") : null;
+  const more = hosts.length > 10 ? muted("and " + (hosts.length - 10).toLocaleString("en-US") + " more hosts (the state filter shows them all)") : null;
   return el("div", {}, table(["host", "GPUs"], rows), more);
 }
 

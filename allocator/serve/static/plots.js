@@ -47,6 +47,7 @@ class Plots {
       const options = {
         width, height: 170, legend: {show: true}, cursor: {drag: {x: false, y: false}},
         scales: {x: {time: true}, y: {range: (u, low, high) => [0, Math.max(1, high)]}},
+        axes: [{}, {size: 56, values: (u, ticks) => ticks.map((v) => v.toLocaleString("en-US"))}],
         series: [{}, ...labels.map((label, i) => ({label, stroke: colours[i], width: 1.5, spanGaps: false}))],
       };
       const chart = new uPlot(options, [[], ...labels.map(() => [])], figure);
