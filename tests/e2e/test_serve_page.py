@@ -191,6 +191,14 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         page.wait_for_selector('#host-panel td[data-host="node2"][data-gpu="0"]')
         assert page.inner_text('td[data-host="node2"][data-gpu="0"] .holder') == "eval"
         _filter(page, "#f-host", "", "", matching=12)
+        page.focus("#heatmap")  # the keyboard: arrows move over the cells, Enter opens one
+        page.keyboard.press("ArrowRight")
+        assert page.inner_text("#tooltip") == "node2 · GPU 1 · held · a100 · agent none"
+        page.keyboard.press("ArrowLeft")
+        page.keyboard.press("Enter")
+        page.wait_for_selector('#host-panel td[data-host="node2"][data-gpu="0"]')
+        page.keyboard.press("/")
+        assert page.evaluate("document.activeElement.id") == "f-host"
         box = page.evaluate("() => heatmap.cellBox(heatmap.byName.get('node1'), 1)")
         page.click("#heatmap", position={"x": box["x"] + 1, "y": box["y"] + 1})
         page.wait_for_selector('#host-panel td[data-host="node1"][data-gpu="1"] .holder')
