@@ -3,7 +3,7 @@
 The server is a real ``allocator serve`` process on a free loopback port,
 reading a real etcd (or SQLite) that the CLI writes to. The browser is
 Debian's chromium driven by playwright (``tools/install-test-servers``
-installs it): the grid renders, a ``set`` shows up without a reload, and
+installs it): a host's drill-down shows a ``set`` without a reload, and
 with etcd stopped the page says the store is unavailable and keeps the last
 state. The fleet page's own tests (heatmap, filters, plots, 12,500 hosts) are
 in ``test_serve_page.py``.

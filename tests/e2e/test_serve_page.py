@@ -209,6 +209,9 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         )
         assert "unassigned: bob pid 4242" in page.inner_text('td[data-host="node1"][data-gpu="3"]')
         assert page.locator("#host-panel td.gpu").count() == 4
+        page.click("#host-history")  # the host's history, read from the store
+        page.wait_for_selector("#history td:text-is('node1')")
+        assert page.inner_text("#history-of") == "of node1"
 
         # Idle holders, unassigned use, the queue.
         page.wait_for_selector('#idle tr[data-host="node1"]')

@@ -6,11 +6,12 @@ const POLL_MS = 2000;            // the fleet grid (a few hundred kB at 12,500 h
 const DETAILS_MS = 15000;        // summary, idle holders, jobs across hosts, even without a change
 const REDRAW_MS = 5000;          // times move on between answers: idle times redrawn
 const STATUS_PAGE = 1000;        // hosts per status page read for the job and user filters
+const FILTER_REREAD_MS = 15000;  // a job or user filter's hosts are read again at most this often
 
 const heatmap = new Heatmap($("heatmap"), $("tooltip"), $("cursor"), (name, gpu) => openHost(name, gpu));
 const plots = new Plots($("plots"));
 let fleet = null, openName = null, lastHost = null, lastIdle = null, filterCells = null;
-let detailsTimer = null, filterRun = 0;
+let detailsTimer = null, filterRun = 0, filteredAt = 0;
 
 function sameFleet(a, b) {
   if (!a || a.revision !== b.revision || a.hosts.length !== b.hosts.length) return false;
@@ -43,7 +44,7 @@ async function loadFleet() {
     $("unassigned").replaceChildren(renderUnassigned(doc, openHost));
     $("grid-note").textContent = doc.hosts.length ? "" : "No hosts (apply a policy).";
     scheduleDetails(0);
-    if (filterCells) applyFilters();
+    if (filterCells && Date.now() - filteredAt > FILTER_REREAD_MS) applyFilters();
   } catch (err) {
     $("store").textContent = "connection to allocator serve lost; retrying…";
   } finally {
@@ -191,7 +192,7 @@ async function applyFilters() {
     return;
   }
   if (run !== filterRun) return;  // a newer filter is on its way
-  filterCells = cells;
+  filterCells = cells; filteredAt = Date.now();
   heatmap.setFilter({
     host: hostMatcher($("f-host").value),
     pool: pool ? fleet.pools.indexOf(pool) : null,
