@@ -18,7 +18,16 @@ from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, Assignment, GpuInfo, JobIndex, WorkerRecord
 from allocator.store import MAX_TXN_OPS, Op, Put, Store
 
-__all__ = ["Fleet", "fleet_policy", "host_name", "host_records", "job_name", "load_fleet"]
+__all__ = [
+    "Fleet",
+    "busy_policy",
+    "fleet_policy",
+    "host_name",
+    "host_records",
+    "job_name",
+    "load_fleet",
+    "write_busy_fleet",
+]
 
 _WHEN = "2026-11-30T00:00:00Z"
 
@@ -130,3 +139,63 @@ def load_fleet(
         store.txn([], writes)
         keys += len(writes)
     return Fleet(hosts, gpus, jobs_per_host, prefix, revision, keys)
+
+
+def busy_policy(hosts: int) -> str:
+    """Two pools of host ranges (the first three fifths ``a100``, with an idle rule), 8 GPUs."""
+    split = hosts * 3 // 5
+    return (
+        "version: 1\nhosts:\n"
+        f"  node[0000-{split - 1:04d}]: {{gpus: 8, pool: a100}}\n"
+        f"  node[{split:04d}-{hosts - 1:04d}]: {{gpus: 8, pool: h100}}\n"
+        "pools:\n  a100: {idle: {after: 2h, action: warn}}\n  h100: {}\n"
+        "jobs:\n  train: {command: [python, -m, train]}\n"
+    )
+
+
+#: Writes per transaction of :func:`write_busy_fleet` (SQLite takes any number).
+_SQLITE_BATCH = 5000
+
+
+def write_busy_fleet(url: str, prefix: str, hosts: int) -> None:
+    """A SQLite store (``url``) of ``hosts`` hosts as a status page sees a busy fleet.
+
+    Every host has 2 one-GPU jobs (:func:`host_records`); a scattered,
+    repeatable few have 7, an unhealthy GPU, a process nobody was given, or an
+    idle job. Written a few large transactions at a time: 12,500 hosts (about
+    113,000 keys) take a few seconds.
+    """
+    from datetime import timedelta
+
+    from allocator.records.types import GpuProcess
+    from allocator.store import open_store
+    from allocator.util.times import format_time, utc_now
+
+    store = open_store(url, create=True)
+    try:
+        fleet = load_fleet(store, prefix, hosts, 8, 2, busy_policy(hosts), _SQLITE_BATCH)
+        layout, lease = KeyLayout(prefix), store.grant_lease(3600)
+        idle_since = format_time(utc_now() - timedelta(hours=3))
+        ops: list[Op] = []
+        for host in range(hosts):
+            kind, name = (host * 2654435761 % 2**32 >> 16) % 23, host_name(host)  # scattered
+            gpus = tuple(GpuInfo(index=g, uuid=f"GPU-{host:08x}-{g:04x}") for g in range(8))
+            if kind < 6:
+                ops += host_records(layout, host, 8, 7, fleet.policy_revision, lease)
+            elif kind == 6:
+                agent = AgentRecord(host=name, gpus=gpus, unhealthy={5: "Xid 79"})
+                ops.append(Put(layout.agent(name), agent.to_json(), lease))
+            elif kind == 7:
+                stray = GpuProcess(gpu=6, pid=4242, user="bob", command="python notebook.py")
+                agent = AgentRecord(host=name, gpus=gpus, unassigned=(stray,))
+                ops.append(Put(layout.agent(name), agent.to_json(), lease))
+            elif kind == 8:
+                job = job_name(host, 0)
+                worker = WorkerRecord(
+                    job=job, host=name, state="running", pids=(1,), gpus=(0,), idle_since=idle_since
+                )
+                ops.append(Put(layout.workers(name, job), worker.to_json()))
+        for writes in _batches(iter(ops), _SQLITE_BATCH):
+            store.txn([], writes)
+    finally:
+        store.close()

@@ -44,19 +44,7 @@ jobs:
 fallback:
   wait: {action: wait}
 """
-#: The fleet of the 12,500-host test: two pools, an idle rule in one.
 FLEET_HOSTS = 12_500
-FLEET_POLICY = """\
-version: 1
-hosts:
-  node[0000-7999]: {gpus: 8, pool: a100}
-  node[8000-12499]: {gpus: 8, pool: h100}
-pools:
-  a100: {idle: {after: 2h, action: warn}}
-  h100: {}
-jobs:
-  train: {command: [python, -m, train]}
-"""
 #: The page's first heatmap of 12,500 hosts must come within this (the figure is printed;
 #: the goal is 2 s, a bound this loose only catches a page that stopped coping).
 FLEET_DRAW_BOUND_MS = 10_000
@@ -287,8 +275,10 @@ def urllib_request(url: str, etag: str) -> int:
 def test_the_page_draws_a_12500_host_fleet_quickly_with_a_small_dom(
     browser: Any, prefix: str, tmp_path: Path
 ) -> None:
+    from bench.fleet import write_busy_fleet
+
     url = f"sqlite://{tmp_path / 'fleet.db'}"
-    _write_fleet(url, prefix)
+    write_busy_fleet(url, prefix, FLEET_HOSTS)  # about 113,000 keys in a few seconds
     world = Served(
         url, prefix, tmp_path, "--sample-seconds", "1", policy=None, ready="/api/v1/fleet"
     )
@@ -322,50 +312,6 @@ def test_the_page_draws_a_12500_host_fleet_quickly_with_a_small_dom(
         _keep(page, tmp_path, "status-page-fleet.png")
     finally:
         world.close()
-
-
-def _write_fleet(url: str, prefix: str) -> None:
-    """12,500 hosts x 8 GPUs in SQLite, a few large transactions at a time (a few seconds).
-
-    Every host has 2 one-GPU jobs (the bench's records); a scattered, repeatable
-    few have 7, an unhealthy GPU, a process nobody was given, or an idle job.
-    """
-    from datetime import timedelta
-
-    from allocator.records.keys import KeyLayout
-    from allocator.records.types import AgentRecord, GpuInfo, GpuProcess, WorkerRecord
-    from allocator.store import Op, Put, open_store
-    from allocator.util.times import format_time, utc_now
-    from bench.fleet import host_name, host_records, job_name, load_fleet
-
-    store = open_store(url, create=True)
-    try:
-        fleet = load_fleet(store, prefix, FLEET_HOSTS, 8, 2, policy=FLEET_POLICY, batch=5000)
-        layout, lease = KeyLayout(prefix), store.grant_lease(3600)
-        idle_since = format_time(utc_now() - timedelta(hours=3))
-        ops: list[Op] = []
-        for host in range(FLEET_HOSTS):
-            kind, name = (host * 2654435761 % 2**32 >> 16) % 23, host_name(host)  # scattered
-            gpus = tuple(GpuInfo(index=g, uuid=f"GPU-{host:08x}-{g:04x}") for g in range(8))
-            if kind < 6:
-                ops += host_records(layout, host, 8, 7, fleet.policy_revision, lease)
-            elif kind == 6:
-                agent = AgentRecord(host=name, gpus=gpus, unhealthy={5: "Xid 79"})
-                ops.append(Put(layout.agent(name), agent.to_json(), lease))
-            elif kind == 7:
-                stray = GpuProcess(gpu=6, pid=4242, user="bob", command="python notebook.py")
-                agent = AgentRecord(host=name, gpus=gpus, unassigned=(stray,))
-                ops.append(Put(layout.agent(name), agent.to_json(), lease))
-            elif kind == 8:
-                job = job_name(host, 0)
-                worker = WorkerRecord(
-                    job=job, host=name, state="running", pids=(1,), gpus=(0,), idle_since=idle_since
-                )
-                ops.append(Put(layout.workers(name, job), worker.to_json()))
-        for start in range(0, len(ops), 5000):
-            store.txn([], ops[start : start + 5000])
-    finally:
-        store.close()
 
 
 def _fleet_hosts(world: Served) -> int:
