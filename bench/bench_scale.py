@@ -11,7 +11,8 @@ parts. Rows (each a ratio of the large fleet to the small, interleaved):
 * ``policy apply`` changing one host's entry (an exception written under
   the range, its GPU count flipped between 8 and 7): within 3x;
 * a first apply of the whole large fleet (no policy applied, every
-  assignment checked) with default settings: it must succeed; its seconds.
+  assignment checked) with default settings: it must succeed; its seconds;
+* ``allocator serve`` over the large fleet (:mod:`bench.bench_serve`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from allocator.records.keys import KeyLayout
 from allocator.store import open_store
+from bench.bench_serve import serve_rows
 from bench.common import (
     Row,
     allocator_cli,
@@ -83,6 +85,7 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
     for size in (small, large):
         runs |= _commands(size, env[size], files)
     samples = interleaved(runs, rounds)
+    served = serve_rows(server, f"/s{large}", large, rounds, work)
     return [
         *(
             ratio_row(
@@ -99,6 +102,7 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
             )
         ),
         value_row(f"first policy apply, {large:,} hosts", first, 60.0, "s"),
+        *served,
     ]
 
 
