@@ -104,6 +104,7 @@ def read_status(
     while_reading: Callable[[], None],
     join: JoinPart[_Row],
     queue: tuple[str, Callable[[Listing], None]] | None = None,
+    pick: Callable[[Any], Sequence[str] | None] | None = None,
 ) -> tuple[Any, int, list[_Row]]:
     """The applied policy, the revision read at and ``join``'s rows of every key under ``prefix``.
 
@@ -115,18 +116,34 @@ def read_status(
     is called per part, in key order, as each part is in. ``queue`` (a
     prefix, a callback): the wait queue under that prefix is read in the
     policy's batch and handed to the callback (not at all where the user may
-    not read it).
+    not read it). ``pick``: given the policy, the hosts to read (sorted;
+    ``None``: every host): then only their keys are read
+    (:mod:`allocator.status.read_hosts`), after the policy is decoded.
     """
     layout: KeyLayout = allocator.layout
     store = allocator.store
     policy_read, compiled_read = _policy_records(store, layout, queue)
+    decoded: list[Any] = []
+    if pick is not None:
+        while_reading()
+        decoded.append(_policy(allocator, _first(policy_read), compiled_read))
+        picked = pick(decoded[0])
+        if picked is not None:
+            rows = _join_picked(allocator, decoded[0], picked, policy_read.revision, join)
+            return decoded[0], policy_read.revision, rows
+
+    def policy_of() -> Any:
+        if not decoded:
+            while_reading()
+            decoded.append(_policy(allocator, _first(policy_read), compiled_read))
+        return decoded[0]
+
     compiled = _first(compiled_read)
     list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
     if only_host is None and splits and list_parts is not None:
         parts = list_parts(prefix, policy_read.revision, splits)
-        while_reading()
-        policy = _policy(allocator, _first(policy_read), compiled_read)
+        policy = policy_of()
         try:
             rows = _join_parts(allocator, policy, parts, splits, join)
             return policy, policy_read.revision, rows
@@ -137,14 +154,30 @@ def read_status(
         reader = _ListingReader(store, prefix)
         reader.start()
         try:
-            while_reading()
-            policy = _policy(allocator, _first(policy_read), compiled_read)
+            policy = policy_of()
         finally:
             reader.join()
         listing = reader.result()
     declared = () if policy is None or only_host is not None else policy.hosts
     report_bad_keys(allocator, listing)
     return policy, listing.revision, join(policy, listing.items, declared)
+
+
+def _join_picked(
+    allocator: Any, policy: Any, picked: Sequence[str], revision: int, join: JoinPart[_Row]
+) -> list[_Row]:
+    """``join``'s rows of the ``picked`` hosts only, read in key ranges at ``revision``."""
+    from allocator.status.read_hosts import host_runs, picked_items, read_picked
+
+    layout: KeyLayout = allocator.layout
+    runs = host_runs(layout, picked, policy.hosts if policy is not None else ())
+    rows: list[_Row] = []
+    for run, listing in zip(
+        runs, read_picked(allocator.store, layout, runs, revision), strict=True
+    ):
+        report_bad_keys(allocator, listing)
+        rows.extend(join(policy, picked_items(layout, listing.items, set(run)), run))
+    return rows
 
 
 def report_bad_keys(allocator: Any, listing: Listing) -> None:
