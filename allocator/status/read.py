@@ -28,6 +28,7 @@ from allocator.store import KeyValue, Listing, Read, bad_key_records
 
 __all__ = [
     "HOSTS_PER_PART",
+    "MAX_HOSTS_PER_PART",
     "MAX_PARTS",
     "JoinPart",
     "declared_by_part",
@@ -43,6 +44,9 @@ _Row = TypeVar("_Row")
 MAX_PARTS = 8
 #: No part smaller than this many hosts (~14 keys each): a small fleet is one range.
 HOSTS_PER_PART = 100
+#: No part larger than this many hosts either (a large fleet gets more parts than
+#: MAX_PARTS, still read a few at once): each answer comes well within a call's budget.
+MAX_HOSTS_PER_PART = 500
 
 
 class _PolicyHosts(msgspec.Struct):
@@ -76,11 +80,15 @@ def split_points(
 ) -> list[str]:
     """Keys to cut the hosts' prefix at, in key order: parts of about as many hosts each.
 
+    ``max_parts`` parts at most, of ``per_part`` hosts at least, unless that
+    makes parts of more than :data:`MAX_HOSTS_PER_PART` hosts.
+
     Key order is not name order (``node1-a/`` sorts before ``node1/``).
     Invalid names are left out (a cut is only ever a hint).
     """
     keys = sorted(layout.host(h) for h in hosts if _valid_host(layout, h))
     parts = min(max_parts, len(keys) // max(1, per_part))
+    parts = max(parts, -(-len(keys) // MAX_HOSTS_PER_PART))
     return [keys[len(keys) * i // parts] for i in range(1, parts)]
 
 
