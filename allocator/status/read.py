@@ -149,6 +149,11 @@ def read_status(
     compiled = _first(compiled_read)
     list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
+    if only_host is None and not splits and compiled is not None and list_parts is not None:
+        # A compiled policy stored in parts names its hosts only once decoded: a
+        # large fleet's, which must not be read in one range (past a call's budget).
+        policy = policy_of()
+        splits = split_points(layout, policy.hosts) if policy is not None else []
     if only_host is None and splits and list_parts is not None:
         parts = list_parts(prefix, policy_read.revision, splits)
         policy = policy_of()

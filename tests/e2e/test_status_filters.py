@@ -7,7 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Cli
+from allocator.control import compiled_policy
+from allocator.control.client import Allocator
+from allocator.records.keys import KeyLayout
+from allocator.store import open_store
+from bench.fleet import fleet_policy, host_name
+from tests.e2e.conftest import Cli, Result, clean_env, run_cli
+from tests.support.etcd_server import EtcdServer
 
 POLICY = """\
 version: 1
@@ -127,3 +133,38 @@ def test_summary_counts_each_pool_and_the_total(fleet: Cli) -> None:
     lines = [line.split() for line in table.out.splitlines()]
     assert lines[0][:4] == ["POOL", "HOSTS", "GPUS", "FREE"]
     assert lines[1][:4] == ["a", "12", "24", "22"] and lines[-1][:3] == ["TOTAL", "14", "29"]
+
+
+def _ranges_read(server: EtcdServer, args: list[str], env: dict[str, str]) -> tuple[int, Result]:
+    before = server.requests_served("Range")
+    result = run_cli(args, env)
+    return server.requests_served("Range") - before, result
+
+
+def test_reads_cost_what_they_pick_and_a_fleet_in_parts_is_read_in_parts(
+    etcd_server_private: EtcdServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A compiled policy too large to sit next to its record (a fleet past ~5,900
+    # hosts) is stored in parts: status must still cut the hosts' read into parts.
+    monkeypatch.setattr(compiled_policy, "TXN_VALUE_BUDGET", 8 * 1024)
+    server = etcd_server_private
+    store = open_store(server.url)
+    try:
+        layout = KeyLayout(prefix)
+        Allocator(store, prefix=prefix, actor="t@x").apply_policy(fleet_policy(300), "f.yaml")
+        assert store.list(layout.compiled_parts_root).items  # the policy is in parts
+    finally:
+        store.close()
+    env = clean_env(ALLOCATOR_STORE=server.url, ALLOCATOR_PREFIX=prefix)
+    # one batch (a txn), the compiled parts (one range), then the hosts: 3 parts
+    whole, result = _ranges_read(server, ["status", "-o", "json"], env)
+    assert result.code == 0, result.err
+    assert len(json.loads(result.out)["hosts"]) == 300
+    assert whole == 1 + 3
+    # host= a range of ten hosts: one range of theirs, whatever the fleet's size
+    some, result = _ranges_read(server, ["status", "host=node[0100-0109]", "-o", "json"], env)
+    assert result.code == 0, result.err
+    assert [h["host"] for h in json.loads(result.out)["hosts"]] == [
+        host_name(n) for n in range(100, 110)
+    ]
+    assert some == 1 + 1
