@@ -67,8 +67,26 @@ def _show(args: argparse.Namespace) -> int:
     layout = allocator.layout
     written: dict[str, bytes] = {}  # -o json: each host's part of the document
     pools: list[dict[str, str]] = []  # each host's pool, once the policy is decoded
+    # --summary counts from the keys (no rows) unless it must pick GPU rows first
+    counting = summary and not wanted.trims_rows
+
+    def _count(policy: Any, items: Any, declared: Any) -> list[Any]:
+        from allocator.status.filters import host_matcher
+        from allocator.status.summary_count import count_part
+
+        found = _pools(pools, policy)
+        names = [only_host] if only_host is not None else declared
+        counts = count_part(policy, items, layout, now, names, found)
+        if wanted.hosts:
+            matches = host_matcher(wanted.hosts)
+            counts = [c for c in counts if matches(c.host)]
+        if wanted.pools:
+            counts = [c for c in counts if c.counts.pool in wanted.pools]
+        return counts
 
     def join(policy: Any, items: Any, declared: Any) -> list[Any]:
+        if counting:
+            return _count(policy, items, declared)
         from allocator.status.documents import status_host_json
         from allocator.status.filters import filter_hosts
         from allocator.status.join import status_of_part
@@ -96,7 +114,9 @@ def _show(args: argparse.Namespace) -> int:
         )
         if summary:
             found = _pools(pools, policy)
-            return _print_summary(hosts, found, layout.queue, queue_read, revision, fmt)
+            return _print_summary(
+                hosts, found, layout.queue, queue_read, revision, fmt, counted=counting
+            )
         waiting = _waiting(allocator, now, only_host, queue_read, wanted, hosts)
     finally:
         allocator.store.close()
@@ -207,7 +227,14 @@ def _groups(hosts: Any, only_host: str | None, wanted: Any) -> list[Any]:
 
 
 def _print_summary(
-    hosts: Any, pools: dict[str, str], queue: str, queue_read: list[Any], revision: int, fmt: str
+    hosts: Any,
+    pools: dict[str, str],
+    queue: str,
+    queue_read: list[Any],
+    revision: int,
+    fmt: str,
+    *,
+    counted: bool,
 ) -> int:
     """``--summary``: totals per pool, as a table or a document."""
     from allocator.cli.output import emit, render_table
@@ -219,7 +246,12 @@ def _print_summary(
         parsed = split_host_key(item.key, queue)
         if parsed is not None:
             queued[parsed[0]] = queued.get(parsed[0], 0) + 1
-    summary = summarize(hosts, pools, queued, revision)
+    if counted:  # each host's counts already (allocator.status.summary_count)
+        from allocator.status.summary_count import summary_of_counts
+
+        summary = summary_of_counts(hosts, queued, revision)
+    else:
+        summary = summarize(hosts, pools, queued, revision)
     if fmt in ("json", "yaml"):
         emit(summary_document(summary), fmt)
     else:

@@ -33,6 +33,7 @@ __all__ = [
     "COUNTS",
     "PoolSummary",
     "Summary",
+    "add_up",
     "summarize",
     "summary_document",
     "summary_table",
@@ -101,7 +102,12 @@ def summarize(
             row = rows[pool] = PoolSummary(pool)
         _count_host(row, host)
         row.queued += (queued or {}).get(host.host, 0)
-    ordered = sorted(rows.values(), key=lambda r: (r.pool is None, r.pool or ""))
+    return add_up(rows.values(), revision)
+
+
+def add_up(rows: Iterable[PoolSummary], revision: int = 0) -> Summary:
+    """The summary of per-pool ``rows``: ordered by pool (no pool last), and their total."""
+    ordered = sorted(rows, key=lambda r: (r.pool is None, r.pool or ""))
     total = PoolSummary(None)
     for row in ordered:
         total.add(row)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from allocator.errors import InvalidInput
-from allocator.policy.model import Host, Policy, Pool
+from allocator.policy.model import Host, Policy, Pool, Reservation
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, Assignment, GpuInfo, WorkerRecord
 from allocator.status.filters import (
@@ -33,6 +33,7 @@ POLICY = Policy(
         "m1": Host("m1", 2),
     },
     pools={"a100": Pool("a100"), "h100": Pool("h100", hosts=("m1",))},
+    reservations=(Reservation("evals", "n1", (2,), ("eval-*",)),),
 )
 
 

@@ -6,6 +6,7 @@ from allocator.cli.output import render_table
 from allocator.status.filters import pool_by_host
 from allocator.status.join import build_status
 from allocator.status.summary import summarize, summary_document, summary_table
+from allocator.status.summary_count import count_part, summary_of_counts
 from tests.unit.status.test_filters import LAYOUT, NOW, POLICY, _fleet
 
 
@@ -23,7 +24,7 @@ def test_each_pool_gets_its_counts_and_a_total() -> None:
         "idle": 1,
         "unhealthy": 1,
         "fallback": 1,
-        "reserved": 0,
+        "reserved": 1,
         "queued": 3,
         "agents_down": 1,  # n2 has no agent key and no worker without one: "none"
     }
@@ -46,3 +47,25 @@ def test_hosts_of_no_pool_come_last_and_the_table_has_a_total_row() -> None:
 def test_nothing_to_count_is_a_total_of_zeros() -> None:
     document = summary_document(summarize([], {}))
     assert document["pools"] == [] and document["total"]["gpus"] == 0
+
+
+def test_counting_from_the_keys_gives_the_join_s_counts() -> None:
+    pools = pool_by_host(POLICY)
+    queued = {"n1": 2}
+    joined = summarize(build_status(POLICY, _fleet(), LAYOUT, NOW), pools, queued, 4)
+    counted = summary_of_counts(
+        count_part(POLICY, _fleet(), LAYOUT, NOW, POLICY.hosts, pools), queued, 4
+    )
+    assert summary_document(counted) == summary_document(joined)
+
+
+def test_counting_parts_one_by_one_is_counting_the_whole() -> None:
+    pools = pool_by_host(POLICY)
+    items = _fleet()
+    first = [i for i in items if "/m1/" in i.key]
+    rest = [i for i in items if "/m1/" not in i.key]
+    parts = count_part(POLICY, first, LAYOUT, NOW, ["m1"], pools) + count_part(
+        POLICY, rest, LAYOUT, NOW, ["n1", "n2"], pools
+    )
+    whole = count_part(POLICY, items, LAYOUT, NOW, POLICY.hosts, pools)
+    assert summary_document(summary_of_counts(parts)) == summary_document(summary_of_counts(whole))
