@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from allocator.records.keys import KeyLayout, split_host_key
+from allocator.records.keys import KeyLayout
 from allocator.status.summary import PoolSummary, Summary, add_up
 from allocator.store import KeyValue
 from allocator.util.times import parse_time
@@ -103,20 +103,28 @@ def summary_of_counts(
 def _decoded(items: Sequence[KeyValue], layout: KeyLayout) -> dict[str, _Host]:
     hosts: dict[str, _Host] = {}
     prefix = layout.hosts
+    start = len(prefix)
+    name, host = "", _Host()
     for item in items:
-        parsed = split_host_key(item.key, prefix)
-        if parsed is None:
+        key = item.key
+        if not key.startswith(prefix):
             continue
-        name, kind, job = parsed
-        host = hosts.get(name)
-        if host is None:
-            host = hosts[name] = _Host()
+        # <hosts><host>/<kind>[/<job>]: split_host_key's rule, inlined (a fleet has 175,000)
+        where, slash, rest = key[start:].partition("/")
+        kind, _, job = rest.partition("/")
+        if not slash or "/" in job:
+            continue
+        if where != name:
+            name = where
+            host = hosts.get(name) or hosts.setdefault(name, _Host())
         try:
-            if kind == "jobs" and job:
-                host.held[job] = _HELD.decode(item.value)
-            elif kind == "workers" and job:
-                host.workers[job] = _WORKER.decode(item.value)
-            elif kind == "agent":
+            if kind == "jobs":
+                if job:
+                    host.held[job] = _HELD.decode(item.value)
+            elif kind == "workers":
+                if job:
+                    host.workers[job] = _WORKER.decode(item.value)
+            elif kind == "agent" and not job:
                 host.agent_key = True
                 host.agent = _AGENT.decode(item.value)
         except msgspec.MsgspecError:  # damaged: the full status reports it
