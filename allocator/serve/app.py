@@ -33,10 +33,11 @@ import contextlib
 import functools
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from importlib import resources
+from typing import TypeVar
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -75,6 +76,8 @@ __all__ = [
     "Fleet",
     "build_app",
 ]
+
+_T = TypeVar("_T")
 
 #: A comment line on idle event streams, so proxies do not close them.
 KEEPALIVE_SECONDS = 15.0
@@ -117,14 +120,18 @@ class Fleet:
     def _note_bad(self, text: str) -> None:
         self.bad[text] = None
 
-    def current(self) -> FleetView:
-        """The view, with the hosts changed since the last call rebuilt."""
-        self.view.update(self.wall(), time.monotonic())
-        return self.view
+    def read(self, build: Callable[[FleetView], _T]) -> _T:
+        """``build(view)``, the hosts changed since the last read rebuilt first.
 
-    def status(self, query: StatusQuery | None = None) -> bytes:
+        The view does not change while ``build`` reads it.
+        """
+        with self.view.lock:
+            self.view.update(self.wall(), time.monotonic())
+            return build(self.view)
+
+    def status(self, query: StatusQuery | None = None) -> bytes | Iterator[bytes]:
         """``status -o json`` of the mirrored fleet (or of a page of it), now."""
-        return status_json(self.current(), query or StatusQuery({}), select_hosts)
+        return self.read(lambda view: status_json(view, query or StatusQuery({}), select_hosts))
 
     def page_document(self) -> bytes:
         """What every viewer's page gets on each change: status, store state, time."""
@@ -133,23 +140,32 @@ class Fleet:
             "loaded": self.mirror.loaded,
             "at": format_time(self.wall()),
         }
-        return b'{"status":' + self.status() + b"," + json.dumps(rest)[1:].encode()
+        status = self.status()
+        status = status if isinstance(status, bytes) else b"".join(status)
+        return b'{"status":' + status + b"," + json.dumps(rest)[1:].encode()
 
     def metrics(self) -> bytes:
         """The fleet's Prometheus exposition."""
         down = self.watcher.down_since_monotonic
         seconds = time.monotonic() - down if down is not None else 0.0
-        return metrics_text(self.current(), self.watcher.state.up, seconds)
+        return self.read(lambda view: metrics_text(view, self.watcher.state.up, seconds))
 
     def sample(self, now: float) -> Sample:
         """The fleet's counts at epoch ``now``, for the series."""
-        totals = self.current().totals
-        pools = {pool: dict(c) for pool, c in totals.pools.items() if pool is not None}
-        return Sample(now, pools, totals.total(), None, self.mirror.queued)
+
+        def counts(view: FleetView) -> Sample:
+            totals = view.totals
+            pools = {pool: dict(c) for pool, c in totals.pools.items() if pool is not None}
+            return Sample(now, pools, totals.total(), None, self.mirror.queued)
+
+        return self.read(counts)
 
 
 class Broadcaster:
-    """One document per change, shared by every event stream (the latest only, no backlog)."""
+    """One document per change, shared by every event stream (the latest only, no backlog).
+
+    Nothing is built while no stream is open: a fleet's document is megabytes.
+    """
 
     def __init__(self, build: Callable[[], bytes]) -> None:
         self._build = build
@@ -157,17 +173,33 @@ class Broadcaster:
         self.payload = b""
         self._dirty = asyncio.Event()
         self._ready = asyncio.Condition()
+        self._wanted = asyncio.Event()
+        self._streams = 0
         self.closed = False
 
     def poke(self) -> None:
         """Something changed (call on the event loop)."""
         self._dirty.set()
 
+    def join(self) -> int:
+        """A stream opens: the version it has seen (the next one is built for it)."""
+        self._streams += 1
+        self._wanted.set()
+        self.poke()
+        return self.version
+
+    def leave(self) -> None:
+        """A stream ends."""
+        self._streams -= 1
+        if not self._streams:
+            self._wanted.clear()
+
     async def run(self) -> None:
         """Rebuild on each change (debounced) and at least every :data:`REFRESH_SECONDS`."""
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), REFRESH_SECONDS)
+            await self._wanted.wait()
             await asyncio.sleep(_DEBOUNCE_SECONDS)
             self._dirty.clear()
             payload = await asyncio.to_thread(self._build)
@@ -239,7 +271,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
     async def index(_request: Request) -> Response:
         return HTMLResponse(page, headers=page_headers)
 
-    async def answer(build: Callable[[], bytes]) -> Response:
+    async def answer(build: Callable[[], bytes | Iterator[bytes]]) -> Response:
         """``build()``'s JSON from the mirror (in a thread), or its error answer."""
         if not fleet.mirror.loaded:
             return _unavailable(fleet)
@@ -248,21 +280,25 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         except AllocatorError as exc:
             code, document = error_answer(exc)
             return JSONResponse(document, status_code=code)
-        return Response(body, media_type="application/json", headers=_store_header(fleet))
+        headers = _store_header(fleet)
+        if isinstance(body, bytes):
+            return Response(body, media_type="application/json", headers=headers)
+        return StreamingResponse(body, media_type="application/json", headers=headers)
 
     async def status(request: Request) -> Response:
         query = dict(request.query_params)
         return await answer(lambda: fleet.status(parse_status_query(query)))
 
     async def fleet_grid(_request: Request) -> Response:
-        return await answer(lambda: fleet_json(fleet.current(), format_time(fleet.wall())))
+        at = format_time(fleet.wall())
+        return await answer(lambda: fleet.read(lambda view: fleet_json(view, at)))
 
     async def host(request: Request) -> Response:
         name = request.path_params["host"]
-        return await answer(lambda: host_json(fleet.current(), name))
+        return await answer(lambda: fleet.read(lambda view: host_json(view, name)))
 
     async def summary(_request: Request) -> Response:
-        return await answer(lambda: summary_json(fleet.current()))
+        return await answer(lambda: fleet.read(summary_json))
 
     async def series(_request: Request) -> Response:
         return JSONResponse(fleet.series.document())
@@ -290,16 +326,19 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         broadcaster = state["broadcaster"]
 
         async def stream() -> AsyncIterator[bytes]:
-            seen = 0
-            while not broadcaster.closed and not await request.is_disconnected():
-                found = await broadcaster.next(seen, KEEPALIVE_SECONDS)
-                if broadcaster.closed:
-                    return
-                if found is None:
-                    yield b": keep-alive\n\n"
-                    continue
-                seen, payload = found
-                yield b"event: fleet\ndata: " + payload + b"\n\n"
+            seen = broadcaster.join()
+            try:
+                while not broadcaster.closed and not await request.is_disconnected():
+                    found = await broadcaster.next(seen, KEEPALIVE_SECONDS)
+                    if broadcaster.closed:
+                        return
+                    if found is None:
+                        yield b": keep-alive\n\n"
+                        continue
+                    seen, payload = found
+                    yield b"event: fleet\ndata: " + payload + b"\n\n"
+            finally:
+                broadcaster.leave()
 
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)

@@ -13,8 +13,10 @@ the parts are kept until the next change.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +70,8 @@ class FleetView:
         self._on_bad = on_bad
         self._timed_seconds = timed_seconds
         self._on_host_built = on_host_built
-        self._lock = threading.RLock()
+        #: Held while the view is rebuilt or read (an answer sees one state).
+        self.lock = threading.RLock()
         self.views: dict[str, HostView] = {}
         self.totals = Totals()
         self.revision = 0
@@ -84,19 +87,22 @@ class FleetView:
 
     def update(self, now: datetime, clock: float) -> None:
         """Rebuild the hosts that changed (and timed ones due) at wall time ``now``."""
-        with self._lock:
+        with self.lock:
             revision = self.mirror.revision
             changed = self.mirror.take_changes()
             policy = self.mirror.policy(self.mirror.policy_item(), self._on_bad)
-            if changed is None or policy is not self.policy:
+            whole = changed is None or policy is not self.policy
+            if whole:
                 self._set_policy(policy)
                 changed = self.mirror.host_names() | set(policy.hosts if policy else ())
                 changed |= set(self.views)
+            assert changed is not None
             if self._timed_at is None or clock - self._timed_at >= self._timed_seconds:
                 changed = changed | self._timed
                 self._timed_at = clock
-            for host in changed:
-                self._rebuild(host, now)
+            with _collector_paused(whole):
+                for host in changed:
+                    self._rebuild(host, now)
             if changed or revision != self.revision:
                 self.version += 1
             self.revision = revision
@@ -135,7 +141,7 @@ class FleetView:
 
     def names(self) -> list[str]:
         """Every host, by name."""
-        with self._lock:
+        with self.lock:
             if self._names is None:
                 self._names = sorted(self.views)
             return self._names
@@ -153,20 +159,41 @@ class FleetView:
         """Every job across hosts (joined from the hosts that hold a share, and their nodes)."""
         from allocator.status.join import group_status
 
-        with self._lock:
+        with self.lock:
             views = self.views
             nodes = {n for h in self._grouped for job in views[h].status.jobs for n in job.nodes}
             return group_status(self.statuses(sorted((self._grouped | nodes) & set(views))))
 
     def kept(self, what: str, build: Callable[[], Any]) -> Any:
         """``build()``, built once per :attr:`version` (a document of the whole fleet)."""
-        with self._lock:
+        with self.lock:
             found = self._kept.get(what)
             if found is not None and found[0] == self.version:
                 return found[1]
             value = build()
             self._kept[what] = (self.version, value)
             return value
+
+
+@contextlib.contextmanager
+def _collector_paused(whole: bool) -> Iterator[None]:
+    """While every host is rebuilt: no cyclic collection, and what is kept frozen after.
+
+    A fleet's views are a million objects that live until their host
+    changes; the collector would walk them on every full collection, a
+    one-host change's worth of work many times over (``allocator status``
+    turns it off for the same reason).
+    """
+    if not whole or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+    gc.collect()
+    gc.freeze()
 
 
 def _pools_by_host(policy: Policy | None) -> dict[str, str | None]:

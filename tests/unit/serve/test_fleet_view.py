@@ -88,7 +88,7 @@ def _full(mirror: FleetMirror) -> tuple[dict[str, object], bytes]:
 
 def _incremental(view: FleetView) -> tuple[dict[str, object], bytes]:
     view.update(NOW, 0.0)
-    document = json.loads(status_json(view, StatusQuery({}), select_hosts))
+    document = json.loads(b"".join(status_json(view, StatusQuery({}), select_hosts)))
     return document, metrics_text(view, True, 0.0)
 
 
