@@ -114,6 +114,7 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
     world = two_hosts
     assert world.cli("set", "job=train", "gpus=1", "host=node1").code == 0
     assert world.cli("set", "job=eval", "gpus=0,1", "host=node2").code == 0
+    assert world.cli("set", "job=dist", "gpus=2", "host=node1,node2").code == 0  # across both
     _publish_as_agent(str(etcd_server.url), prefix)  # node1: train idle 2h05m, bob on GPU 3
     waiter = subprocess.Popen(
         [sys.executable, "-m", "allocator", "set", "job=late", "gpus=1", "host=node1", "--wait"],
@@ -130,12 +131,12 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         fleet = json.loads(world.get("/api/v1/fleet")[1])
         grid = {row[0]: [fleet["states"][int(c)] for c in row[3]] for row in fleet["hosts"]}
         assert grid == {
-            "node1": ["free", "idle", "free", "unassigned"],
-            "node2": ["held", "held"] + ["free"] * 6,
+            "node1": ["free", "idle", "held", "unassigned"],
+            "node2": ["held", "held", "held"] + ["free"] * 5,
         }
         wait_for("the page to draw the same", lambda: _drawn(page, "states")["idle"] == 1)
         assert _drawn(page, "states") | {"unknown": 0} == {
-            "free": 8, "held": 2, "idle": 1, "unassigned": 1, "unhealthy": 0,
+            "free": 6, "held": 4, "idle": 1, "unassigned": 1, "unhealthy": 0,
             "fallback": 0, "reserved": 0, "unknown": 0,
         }  # fmt: skip
         for host, states in grid.items():
@@ -154,11 +155,11 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
             assert cell.inner_text() == f"{row[column]:,}", (pool, column)
 
         # A filter dims every cell but those it matches: here, the held ones.
-        _filter(page, "#f-state", "held", "state=held", matching=2)
+        _filter(page, "#f-state", "held", "state=held", matching=4)
         assert _pixel(page, "node2", 0) == _colour(page, "held")
-        assert _pixel(page, "node2", 2) == _colour(page, "free", dim=True)
+        assert _pixel(page, "node2", 3) == _colour(page, "free", dim=True)
         assert _pixel(page, "node1", 1) == _colour(page, "idle", dim=True)
-        assert "2 of 12 GPUs match" in page.inner_text("#matching")
+        assert "4 of 12 GPUs match" in page.inner_text("#matching")
         _filter(page, "#f-state", "", "", matching=12)
         _filter(page, "#f-job", "train", "job=train", matching=1)  # the status API's job=
         assert _pixel(page, "node1", 1) == _colour(page, "idle")
@@ -206,6 +207,8 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         assert "past its idle rule" in page.inner_text('#idle tr[data-host="node1"]')
         assert page.locator('#unassigned tr[data-host="node1"]').inner_text().endswith("3")
         page.wait_for_selector("#queue td:text-is('late')")
+        across = page.inner_text('#groups tr[data-group="dist"]')
+        assert "node1, node2" in across and "node2 rank 1: 2" in across
 
         # Plots: serve samples every second here; the total's last point is the fleet now.
         page.wait_for_selector('#plots figure[data-plot="total"] canvas')
