@@ -125,6 +125,9 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
     try:
         wait_for("the queue to list the waiter", lambda: _queued(world))
         page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []  # script errors, refused resources (the page's CSP) included
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.goto(world.base + "/")
         page.wait_for_selector('#heatmap[data-cells="12"]')
         page.wait_for_selector('#summary-table tr[data-pool="a100"]')
@@ -217,6 +220,7 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         assert last == {"queued": 1}
         assert _last_plotted(page, "total")["held"] >= 2  # type: ignore[index]
         assert page.evaluate("document.getElementsByTagName('*').length") < DOM_NODES_BOUND
+        assert errors == []
         _keep(page, tmp_path, "status-page.png")
     finally:
         waiter.kill()
