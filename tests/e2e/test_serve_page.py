@@ -261,6 +261,9 @@ def test_static_files_are_served_with_cache_headers(two_hosts: Served) -> None:
     _, _, own = two_hosts.get("/static/page.js")
     assert own["cache-control"] == "no-cache"
     assert urllib_request(two_hosts.base + "/static/page.js", own["etag"]) == 304
+    policy = two_hosts.get("/")[2]["content-security-policy"]  # its own scripts, nothing else
+    assert "default-src 'none'" in policy and "script-src 'self'" in policy
+    assert "unsafe" not in policy and "http" not in policy
     assert two_hosts.get("/static/../app.py")[0] == 404
     assert two_hosts.get("/static/nothing.js")[0] == 404
 
