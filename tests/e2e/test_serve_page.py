@@ -222,6 +222,10 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         assert page.evaluate("document.getElementsByTagName('*').length") < DOM_NODES_BOUND
         assert errors == []
         _keep(page, tmp_path, "status-page.png")
+        assert page.url.endswith("/#host=node1")  # the drill-down has a link of its own
+        linked = browser.new_page()
+        linked.goto(world.base + "/#host=node2")
+        linked.wait_for_selector('#host-panel td[data-host="node2"][data-gpu="2"]')
     finally:
         waiter.kill()
         waiter.wait()

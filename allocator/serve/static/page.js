@@ -39,7 +39,7 @@ async function loadFleet() {
     fleet = doc;
     poolOptions(doc.pools);
     heatmap.setFleet(doc);
-    if (first) firstDrawn();
+    if (first) { firstDrawn(); linkedHost(); }
     showMatching();
     $("unassigned").replaceChildren(renderUnassigned(doc, openHost));
     $("grid-note").textContent = doc.hosts.length ? "" : "No hosts (apply a policy).";
@@ -50,6 +50,12 @@ async function loadFleet() {
   } finally {
     setTimeout(loadFleet, POLL_MS);
   }
+}
+
+// A link to a host's drill-down (/#host=node0001) opens it once the fleet is known.
+function linkedHost() {
+  const linked = /^#host=(.+)$/.exec(location.hash);
+  if (linked) openHost(decodeURIComponent(linked[1]));
 }
 
 // When the first whole heatmap was on screen: a mark, and the canvas's data-first-draw-ms.
@@ -113,6 +119,7 @@ const loadUsage = () => panel("usage", "/api/v1/usage?since=7d&by=user&limit=10"
 
 async function openHost(name, gpu) {
   openName = name; lastHost = null;
+  history.replaceState(null, "", "#host=" + encodeURIComponent(name));  // a link to this view
   heatmap.select(name, gpu);
   $("host-panel").hidden = false;
   $("host-title").textContent = name;
@@ -138,6 +145,7 @@ function drawHost() {
 
 $("host-close").addEventListener("click", () => {
   openName = null; lastHost = null; $("host-panel").hidden = true; heatmap.focus = null; heatmap.showCursor();
+  history.replaceState(null, "", location.pathname);
 });
 $("host-history").addEventListener("click", () => {
   historyHost = openName; $("history-panel").open = true; historyTimer = null; loadHistory();

@@ -34,6 +34,8 @@ class Plots {
       const {chart, figure} = this.charts.get(id);
       chart.setData([t, ...columns.map((c) => c.slice(-t.length))]);
       figure.dataset.points = t.length;
+      const none = columns.every((c) => c.every((v) => v === null || v === undefined));
+      figure.querySelector("figcaption").dataset.none = none && t.length ? "yes" : "no";
       figure.dataset.last = JSON.stringify(Object.fromEntries(labels.map((l, i) => [l, columns[i].at(-1) ?? null])));
     }
   }
