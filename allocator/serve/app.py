@@ -37,7 +37,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from importlib import resources
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -60,7 +60,13 @@ from allocator.serve.guard import HeaderMiddleware, page_policy
 from allocator.serve.history import error_answer, history_json
 from allocator.serve.mirror import FleetMirror
 from allocator.serve.select import select_hosts, summary_json
-from allocator.serve.series import DEFAULT_POINTS, DEFAULT_SAMPLE_SECONDS, Sample, Series
+from allocator.serve.series import (
+    COUNTED,
+    DEFAULT_POINTS,
+    DEFAULT_SAMPLE_SECONDS,
+    Sample,
+    Series,
+)
 from allocator.serve.static_files import static_route
 from allocator.serve.usage import UsageAnswers
 from allocator.serve.watcher import FleetWatcher
@@ -154,9 +160,10 @@ class Fleet:
         """The fleet's counts at epoch ``now``, for the series."""
 
         def counts(view: FleetView) -> Sample:
-            totals = view.totals
-            pools = {pool: dict(c) for pool, c in totals.pools.items() if pool is not None}
-            return Sample(now, pools, totals.total(), None, self.mirror.queued)
+            rows = view.totals.pools
+            pools = {pool: _counted(row) for pool, row in rows.items() if pool is not None}
+            total = {name: sum(getattr(row, name) for row in rows.values()) for name in COUNTED}
+            return Sample(now, pools, total, None, self.mirror.queued)
 
         return self.read(counts)
 
@@ -369,6 +376,10 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         ),
     ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+def _counted(row: Any) -> dict[str, int]:
+    return {name: getattr(row, name) for name in COUNTED}
 
 
 async def _sample(fleet: Fleet) -> None:

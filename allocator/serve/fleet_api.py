@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.errors import InvalidInput, NotFound
 from allocator.serve.fleet_view import FleetView
 from allocator.serve.host_view import CELL_STATES, GRID_AGENTS, metric_value
+
+if TYPE_CHECKING:
+    from allocator.status.join import HostStatus
 
 __all__ = [
     "DEFAULT_PER_PAGE",
@@ -69,7 +72,8 @@ def _whole(query: Mapping[str, str], name: str, default: int, least: int, most: 
     return int(raw)
 
 
-Select = Callable[[FleetView, Mapping[str, str]], list[str]]
+#: The hosts a query's filters select, by name, each with its rows picked (``None``: whole).
+Select = Callable[[FleetView, Mapping[str, str]], list[tuple[str, "HostStatus | None"]]]
 
 
 #: Hosts per piece of the whole fleet's status document (some 1.5 MB each at 8 GPUs).
@@ -85,22 +89,33 @@ def status_json(view: FleetView, query: StatusQuery, select: Select) -> bytes | 
     """
     if query.page is None:
         return _pieces(view)
-    names = select(view, query.filters) if query.filters else view.names()
-    pages = -(-len(names) // query.per_page)
+    if query.filters:
+        chosen = select(view, query.filters)
+    else:
+        chosen = [(name, None) for name in view.names()]
+    pages = -(-len(chosen) // query.per_page)
     if query.page > max(pages, 1):
         raise InvalidInput(f"page={query.page}: there are {pages} pages of {query.per_page}")
     start = (query.page - 1) * query.per_page
-    paging = {"number": query.page, "per_page": query.per_page, "hosts": len(names), "pages": pages}
-    return _status(view, names[start : start + query.per_page], paging, set(names))
+    paging = {
+        "number": query.page,
+        "per_page": query.per_page,
+        "hosts": len(chosen),
+        "pages": pages,
+    }
+    shown = chosen[start : start + query.per_page]
+    return _status(view, shown, paging, {name for name, _ in chosen})
 
 
 def _status(
     view: FleetView,
-    names: Sequence[str],
+    hosts: Sequence[tuple[str, HostStatus | None]],
     paging: dict[str, int] | None,
     chosen: set[str] | None = None,
 ) -> bytes:
     import msgspec
+
+    from allocator.status.documents import status_host_document
 
     groups = [g.to_dict() for g in view.groups()]
     if chosen is not None:  # the jobs across hosts that the selected hosts have a share of
@@ -112,7 +127,12 @@ def _status(
     return b"".join(
         (
             b'{"hosts":[',
-            b",".join(views[name].json for name in names),
+            b",".join(
+                views[name].json
+                if picked is None
+                else msgspec.json.encode(status_host_document(picked))
+                for name, picked in hosts
+            ),
             b"],",
             msgspec.json.encode(tail)[1:],
         )

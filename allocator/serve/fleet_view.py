@@ -16,16 +16,17 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from allocator.serve.host_view import AGENT_STATES, COUNTED, HostView, host_view
+from allocator.serve.host_view import AGENT_STATES, HostView, host_view
 from allocator.serve.mirror import FleetMirror
 
 if TYPE_CHECKING:
     from allocator.policy import Policy
     from allocator.status.join import HostStatus
+    from allocator.status.summary import PoolSummary
 
 __all__ = ["TIMED_SECONDS", "FleetView", "Totals"]
 
@@ -39,20 +40,23 @@ class Totals:
     def __init__(self) -> None:
         self.agents = dict.fromkeys(AGENT_STATES, 0)
         self.idle_holders = 0
-        self.pools: dict[str | None, dict[str, int]] = {}
+        #: ``status --summary``'s rows (without queued requests), by pool.
+        self.pools: dict[str | None, PoolSummary] = {}
 
     def add(self, view: HostView, sign: int) -> None:
         """Count ``view`` in (``sign`` 1) or out (-1)."""
+        from allocator.status.summary import COUNTS, PoolSummary
+
         agent = view.status.agent
         self.agents[agent] = self.agents.get(agent, 0) + sign
         self.idle_holders += sign * view.idle_holders
-        counts = self.pools.setdefault(view.pool, dict.fromkeys(COUNTED, 0))
-        for state, n in view.counts.items():
-            counts[state] += sign * n
-
-    def total(self) -> dict[str, int]:
-        """GPUs by counted state over every pool."""
-        return {state: sum(c[state] for c in self.pools.values()) for state in COUNTED}
+        row = self.pools.get(view.pool)
+        if row is None:
+            row = self.pools[view.pool] = PoolSummary(view.pool)
+        for name in COUNTS:
+            setattr(row, name, getattr(row, name) + sign * getattr(view.summary, name))
+        if not row.hosts:
+            del self.pools[view.pool]
 
 
 class FleetView:
@@ -78,7 +82,7 @@ class FleetView:
         #: Bumped by every change of a view: what documents built from views are kept by.
         self.version = 0
         self.policy: Policy | None = None
-        self._pools: dict[str, str | None] = {}
+        self.pools: dict[str, str] = {}  # each host's pool (hosts of none left out)
         self._names: list[str] | None = None
         self._grouped: set[str] = set()  # hosts with a share of a job across hosts
         self._timed: set[str] = set()
@@ -109,7 +113,9 @@ class FleetView:
 
     def _set_policy(self, policy: Policy | None) -> None:
         self.policy = policy
-        self._pools = _pools_by_host(policy)
+        from allocator.status.filters import pool_by_host
+
+        self.pools = pool_by_host(policy)
 
     def _rebuild(self, host: str, now: datetime) -> None:
         from allocator.placement.reservations import on_host
@@ -129,7 +135,7 @@ class FleetView:
         self._on_host_built(host)
         status = status_of_part(policy, items, self.mirror.layout, now, (), host)[0]
         reserved = policy is not None and bool(on_host(policy, host))
-        view = host_view(status, self._pools.get(host), reserved)
+        view = host_view(status, self.pools.get(host), reserved)
         self.views[host] = view
         self.totals.add(view, 1)
         if old is None:
@@ -194,18 +200,3 @@ def _collector_paused(whole: bool) -> Iterator[None]:
         gc.enable()
     gc.collect()
     gc.freeze()
-
-
-def _pools_by_host(policy: Policy | None) -> dict[str, str | None]:
-    """Each host's pool, as :meth:`Policy.pool_of` says, for every host at once."""
-    if policy is None:
-        return {}
-    pools: dict[str, str | None] = {}
-    for name, pool in policy.pools.items():
-        for host in pool.hosts:
-            pools.setdefault(host, name)
-    declared: Mapping[str, Any] = policy.hosts
-    for host, entry in declared.items():
-        if entry.pool is not None:
-            pools[host] = entry.pool if entry.pool in policy.pools else None
-    return pools

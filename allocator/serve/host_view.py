@@ -2,23 +2,24 @@
 
 A host's :class:`HostView` is built when the host's keys change (or the
 policy does), never per request: its ``status -o json`` part as bytes, its
-cells on the fleet grid, its counts by state, and its lines of the fleet's
-Prometheus series. Fleet-wide answers are put together from these parts.
+cells on the fleet grid, its ``status --summary`` counts, and its lines of
+the fleet's Prometheus series. Fleet-wide answers are put together from these parts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
 from allocator.serve.fleet_metrics import AGENT_STATES
+from allocator.status.filters import gpu_states, holders_of, row_holders
 from allocator.status.join import GpuRow, HostStatus, JobRow
+from allocator.status.summary import PoolSummary
 
 __all__ = [
     "AGENT_STATES",
     "CELL_STATES",
-    "COUNTED",
     "GRID_AGENTS",
     "HostView",
     "cell_state",
@@ -30,18 +31,6 @@ __all__ = [
 CELL_STATES = ("free", "held", "idle", "unhealthy", "fallback", "unassigned", "reserved", "unknown")
 #: The agent as the grid shows it: ``up`` (its key lives), ``down`` (gone), ``none``.
 GRID_AGENTS = {"alive": "up", "stale": "up", "unleased": "up", "gone": "down", "none": "none"}
-#: The counts kept per pool over time (held counts a job on its fallback too;
-#: free counts reserved GPUs and GPUs used outside the allocator).
-COUNTED = ("held", "idle", "free", "unhealthy")
-_COUNTED_AS = {
-    "free": "free",
-    "held": "held",
-    "idle": "idle",
-    "unhealthy": "unhealthy",
-    "fallback": "held",
-    "unassigned": "free",
-    "reserved": "free",
-}
 _CELL_DIGIT = {state: str(n) for n, state in enumerate(CELL_STATES)}
 
 
@@ -55,8 +44,8 @@ class HostView:
     pool: str | None
     #: One character per GPU: its index in :data:`CELL_STATES`.
     cells: str
-    #: GPUs by :data:`COUNTED` state.
-    counts: Mapping[str, int]
+    #: The host's counts as ``status --summary`` makes them (queued requests aside).
+    summary: PoolSummary
     #: The host's samples of ``allocator_fleet_gpus``, ``_job_idle_seconds`` and
     #: ``_unassigned_processes``, in the exposition format.
     metric_lines: tuple[bytes, bytes, bytes]
@@ -75,53 +64,45 @@ def host_view(status: HostStatus, pool: str | None, reserved: bool) -> HostView:
     import msgspec
 
     from allocator.status.documents import status_host_document
+    from allocator.status.summary import summarize
 
-    on_fallback = {job.job for job in status.jobs if _on_fallback(job)}
+    by_gpu = row_holders(status)
     cells = "".join(
-        cell_state(row, status.agent, on_fallback) for row in status.gpus if row.gpu != "cpu"
+        cell_state(row, status.agent, holders_of(row, by_gpu))
+        for row in status.gpus
+        if row.gpu != "cpu"
     )
-    counts = dict.fromkeys(COUNTED, 0)
-    for digit in cells:
-        counted = _COUNTED_AS.get(CELL_STATES[int(digit)])
-        if counted is not None:
-            counts[counted] += 1
+    pools = {status.host: pool} if pool is not None else {}
     return HostView(
         status=status,
         json=msgspec.json.encode(status_host_document(status)),
         pool=pool,
         cells=cells,
-        counts=counts,
+        summary=summarize([status], pools).total,
         metric_lines=_metric_lines(status),
         idle_holders=sum(job.idle_holder for job in status.jobs),
         timed=reserved or any(job.idle_since is not None for job in status.jobs),
     )
 
 
-def cell_state(row: GpuRow, agent: str, on_fallback: set[str]) -> str:
-    """The grid's digit for one GPU: unhealthy wins over everything, held over reserved."""
-    if row.health != "ok":
-        return _CELL_DIGIT["unhealthy"]
-    holders = [] if row.holder in ("", "-") else row.holder.split(",")
-    if holders:
-        if any(_job_name(holder) in on_fallback for holder in holders):
-            return _CELL_DIGIT["fallback"]
-        return _CELL_DIGIT["idle" if row.idle else "held"]
+def cell_state(row: GpuRow, agent: str, holders: Sequence[JobRow] = ()) -> str:
+    """The grid's digit for one GPU (``holders``: the jobs holding it).
+
+    Its state as ``status state=`` sees it (:func:`~allocator.status.filters.gpu_states`),
+    the first of unhealthy, fallback, idle, held; a GPU nobody holds is
+    unassigned (processes nobody was given), reserved, unknown (its agent is
+    gone) or free.
+    """
+    states = gpu_states(row, holders)
+    for state in ("unhealthy", "fallback", "idle", "held"):
+        if state in states:
+            return _CELL_DIGIT[state]
     if row.unassigned:
         return _CELL_DIGIT["unassigned"]
     if row.reserved:
         return _CELL_DIGIT["reserved"]
     # The agent died with workers left: what runs on its GPUs is not known.
     return _CELL_DIGIT["unknown" if agent == "gone" else "free"]
-
-
-def _job_name(holder: str) -> str:
-    """``train`` of ``train(2)`` or ``train(whole)``."""
-    return holder.split("(", 1)[0]
-
-
-def _on_fallback(job: JobRow) -> bool:
-    """A job given GPUs whose workers run on the CPU by its fallback rule."""
-    return job.mode == "gpu" and " on CPU (" in job.workers
 
 
 def metric_value(value: float) -> str:

@@ -62,6 +62,11 @@ class FleetMirror:
         """Requests waiting in the queue, as of ``revision``."""
         return len(self._queued)
 
+    def queued_keys(self) -> list[str]:
+        """The keys of the requests waiting in the queue."""
+        with self._lock:
+            return list(self._queued)
+
     def reset(self, listing: Listing) -> None:
         """Replace everything with a fresh read."""
         hosts: dict[str, dict[str, KeyValue]] = {}

@@ -1,51 +1,57 @@
-"""Which hosts a ``/api/v1/status`` query selects, and the fleet's summary.
+"""Which hosts a ``/api/v1/status`` query selects, and the fleet's summary, from the view.
 
-The filters are ``allocator status``'s own; this module only applies them
-to the hosts the view keeps.
+The filters and the summary are ``allocator status``'s own
+(:mod:`allocator.status.filters`, :mod:`allocator.status.summary`); this
+module applies them to the hosts the view keeps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from allocator.errors import InvalidInput
 from allocator.serve.fleet_view import FleetView
-from allocator.serve.host_view import CELL_STATES
+from allocator.status.join import HostStatus
 
-__all__ = ["select_hosts", "summary_json"]
+__all__ = ["Selected", "select_hosts", "summary_json"]
+
+#: A host selected: its name, and its status with only the rows picked (``None``: whole).
+Selected = tuple[str, HostStatus | None]
 
 
-def select_hosts(view: FleetView, filters: Mapping[str, str]) -> list[str]:
-    """The names of the hosts ``filters`` select, in order."""
-    import fnmatch
+def select_hosts(
+    view: FleetView, filters: Mapping[str, str]
+) -> list[tuple[str, HostStatus | None]]:
+    """The hosts ``filters`` select, by name: each with its rows picked by ``job=``/``state=``
+    (``None``: the host whole). ``InvalidInput`` (one line) for a filter that does not read."""
+    from allocator.status.filters import filter_hosts, host_matcher, parse_filter
 
-    state = filters.get("state")
-    if state is not None and state not in CELL_STATES:
-        raise InvalidInput(f"state={state!r}: expected one of {', '.join(CELL_STATES)}")
-    digit = str(CELL_STATES.index(state)) if state is not None else None
-    pattern, pool, job = filters.get("host"), filters.get("pool"), filters.get("job")
-    chosen = []
-    for name in view.names():
-        host = view.views[name]
-        if pattern is not None and not fnmatch.fnmatchcase(name, pattern):
-            continue
-        if pool is not None and host.pool != pool:
-            continue
-        if job is not None and all(row.job != job for row in host.status.jobs):
-            continue
-        if digit is not None and digit not in host.cells:
-            continue
-        chosen.append(name)
-    return chosen
+    wanted = parse_filter(filters)
+    names = view.names()
+    if wanted.hosts:
+        matches = host_matcher(wanted.hosts)
+        names = [name for name in names if matches(name)]
+    if wanted.pools:
+        names = [name for name in names if view.pools.get(name) in wanted.pools]
+    if not wanted.trims_rows:
+        return [(name, None) for name in names]
+    trimmed = filter_hosts(view.statuses(names), wanted, view.pools)
+    return [(host.host, host) for host in trimmed]
 
 
 def summary_json(view: FleetView) -> bytes:
-    """The fleet's GPUs by state, per pool and in all."""
+    """``status --summary -o json`` of the fleet: its pools' rows, kept host by host."""
     import msgspec
 
+    from allocator.records.keys import split_host_key
+    from allocator.status.summary import add_up, summary_document
+
     def build() -> bytes:
-        totals = view.totals
-        pools = {pool or "": dict(c) for pool, c in totals.pools.items()}
-        return msgspec.json.encode({"pools": pools, "total": totals.total()})
+        rows = {pool: msgspec.structs.replace(row) for pool, row in view.totals.pools.items()}
+        for key in view.mirror.queued_keys():
+            parsed = split_host_key(key, view.mirror.layout.queue)
+            host = parsed[0] if parsed is not None else ""
+            if host in view.views:
+                rows[view.pools.get(host)].queued += 1
+        return msgspec.json.encode(summary_document(add_up(rows.values(), view.revision)))
 
     return bytes(view.kept("summary", build))

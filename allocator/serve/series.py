@@ -16,9 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.serve.host_view import COUNTED
+__all__ = ["COUNTED", "DEFAULT_POINTS", "DEFAULT_SAMPLE_SECONDS", "Sample", "Series"]
 
-__all__ = ["DEFAULT_POINTS", "DEFAULT_SAMPLE_SECONDS", "Sample", "Series"]
+#: The counts kept per pool, as ``status --summary`` counts them (``held`` includes
+#: the idle GPUs, ``free`` the reserved ones).
+COUNTED = ("held", "idle", "free", "unhealthy")
 
 DEFAULT_SAMPLE_SECONDS = 10.0
 #: 24 hours of samples at the default interval.

@@ -165,5 +165,5 @@ def test_a_new_policy_rebuilds_every_host_and_drops_those_it_no_longer_has() -> 
     view.update(NOW, 0.0)
     assert sorted(built) == ["n0", "n1"] and view.names() == ["n0", "n1"]
     assert (
-        view.totals.pools["big"]["held"] == 1 and view.totals.pools[None]["held"] == 1
+        view.totals.pools["big"].held == 1 and view.totals.pools[None].held == 1
     )  # n1 left the pool
