@@ -177,7 +177,10 @@ async function holderCells(job, user) {
 function collectHost(h, job, user, cells) {
   const byUser = (by) => some(by) && (by === user || by.startsWith(user + "@"));
   const theirs = new Set(h.jobs.filter((j) => !user || byUser(j.by)).map((j) => j.job));
-  h.gpus.forEach((g, position) => {
+  // A filtered document lists only the rows that match: a GPU's cell is found by its index
+  // (the grid has one cell per GPU row, in order; a MIG row, by its place among these).
+  h.gpus.filter((g) => g.gpu !== "cpu").forEach((g, place) => {
+    const position = /^[0-9]+$/.test(g.gpu) ? Number(g.gpu) : place;
     const jobs = holderJobs(g.holder);
     const held = jobs.some((j) => (!job || j === job) && theirs.has(j));
     const stray = user && !job && (g.unassigned || []).some((p) => p.user === user);
