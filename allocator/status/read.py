@@ -28,6 +28,7 @@ from allocator.store import KeyValue, Listing, Read, bad_key_records
 
 __all__ = [
     "HOSTS_PER_PART",
+    "MAX_HOSTS_PER_PART",
     "MAX_PARTS",
     "JoinPart",
     "declared_by_part",
@@ -43,6 +44,9 @@ _Row = TypeVar("_Row")
 MAX_PARTS = 8
 #: No part smaller than this many hosts (~14 keys each): a small fleet is one range.
 HOSTS_PER_PART = 100
+#: No part larger than this many hosts either (a large fleet gets more parts than
+#: MAX_PARTS, still read a few at once): each answer comes well within a call's budget.
+MAX_HOSTS_PER_PART = 500
 
 
 class _PolicyHosts(msgspec.Struct):
@@ -76,11 +80,15 @@ def split_points(
 ) -> list[str]:
     """Keys to cut the hosts' prefix at, in key order: parts of about as many hosts each.
 
+    ``max_parts`` parts at most, of ``per_part`` hosts at least, unless that
+    makes parts of more than :data:`MAX_HOSTS_PER_PART` hosts.
+
     Key order is not name order (``node1-a/`` sorts before ``node1/``).
     Invalid names are left out (a cut is only ever a hint).
     """
     keys = sorted(layout.host(h) for h in hosts if _valid_host(layout, h))
     parts = min(max_parts, len(keys) // max(1, per_part))
+    parts = max(parts, -(-len(keys) // MAX_HOSTS_PER_PART))
     return [keys[len(keys) * i // parts] for i in range(1, parts)]
 
 
@@ -104,6 +112,7 @@ def read_status(
     while_reading: Callable[[], None],
     join: JoinPart[_Row],
     queue: tuple[str, Callable[[Listing], None]] | None = None,
+    pick: Callable[[Any], Sequence[str] | None] | None = None,
 ) -> tuple[Any, int, list[_Row]]:
     """The applied policy, the revision read at and ``join``'s rows of every key under ``prefix``.
 
@@ -115,19 +124,41 @@ def read_status(
     is called per part, in key order, as each part is in. ``queue`` (a
     prefix, a callback): the wait queue under that prefix is read in the
     policy's batch and handed to the callback (not at all where the user may
-    not read it).
+    not read it). ``pick``: given the policy, the hosts to read (sorted;
+    ``None``: every host): then only their keys are read
+    (:mod:`allocator.status.read_hosts`), after the policy is decoded.
     """
     layout: KeyLayout = allocator.layout
     store = allocator.store
     shares = _share_reads(layout, only_host)
     policy_read, compiled_read, *found = _policy_records(store, layout, queue, shares)
+    decoded: list[Any] = []
+    if pick is not None:
+        while_reading()
+        decoded.append(_policy(allocator, _first(policy_read), compiled_read))
+        picked = pick(decoded[0])
+        if picked is not None:
+            rows = _join_picked(allocator, decoded[0], picked, policy_read.revision, join)
+            return decoded[0], policy_read.revision, rows
+
+    def policy_of() -> Any:
+        if not decoded:
+            while_reading()
+            first = _first(policy_read)
+            decoded.append(_policy(allocator, first, compiled_read, found, only_host))
+        return decoded[0]
+
     compiled = _first(compiled_read)
     list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
+    if only_host is None and not splits and compiled is not None and list_parts is not None:
+        # A compiled policy stored in parts names its hosts only once decoded: a
+        # large fleet's, which must not be read in one range (past a call's budget).
+        policy = policy_of()
+        splits = split_points(layout, policy.hosts) if policy is not None else []
     if only_host is None and splits and list_parts is not None:
         parts = list_parts(prefix, policy_read.revision, splits)
-        while_reading()
-        policy = _policy(allocator, _first(policy_read), compiled_read)
+        policy = policy_of()
         try:
             rows = _join_parts(allocator, policy, parts, splits, join)
             return policy, policy_read.revision, rows
@@ -138,14 +169,30 @@ def read_status(
         reader = _ListingReader(store, prefix)
         reader.start()
         try:
-            while_reading()
-            policy = _policy(allocator, _first(policy_read), compiled_read, found, only_host)
+            policy = policy_of()
         finally:
             reader.join()
         listing = reader.result()
     declared = () if policy is None or only_host is not None else policy.hosts
     report_bad_keys(allocator, listing)
     return policy, listing.revision, join(policy, listing.items, declared)
+
+
+def _join_picked(
+    allocator: Any, policy: Any, picked: Sequence[str], revision: int, join: JoinPart[_Row]
+) -> list[_Row]:
+    """``join``'s rows of the ``picked`` hosts only, read in key ranges at ``revision``."""
+    from allocator.status.read_hosts import host_runs, picked_items, read_picked
+
+    layout: KeyLayout = allocator.layout
+    runs = host_runs(layout, picked, policy.hosts if policy is not None else ())
+    rows: list[_Row] = []
+    for run, listing in zip(
+        runs, read_picked(allocator.store, layout, runs, revision), strict=True
+    ):
+        report_bad_keys(allocator, listing)
+        rows.extend(join(policy, picked_items(layout, listing.items, set(run)), run))
+    return rows
 
 
 def report_bad_keys(allocator: Any, listing: Listing) -> None:

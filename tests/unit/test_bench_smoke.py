@@ -40,6 +40,9 @@ ROWS = (
     "CLI status host=, 30 vs 10 hosts",
     "policy apply of a one-host change, 30 vs 10 hosts",
     "first policy apply, 30 hosts",
+    "status -o json, 30 hosts vs etcdctl get --prefix -w json",
+    "status --summary vs whole status, 30 hosts",
+    "page: first whole heatmap, 30 hosts",
 )
 
 
