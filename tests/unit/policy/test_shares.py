@@ -38,6 +38,7 @@ fallback:
   cpu: {action: cpu, threads: 2}
 quotas:
   - {who: "user:ann", gpus: 4, pools: [p]}
+history: {entries_per_host: 50}  # else its default follows the number of hosts
 """
 SHA = "a" * 64
 
