@@ -201,18 +201,13 @@ def _waiting(
 
 
 def _groups(hosts: Any, only_host: str | None, wanted: Any) -> list[Any]:
-    """Jobs across hosts: only where every share's host was read (none with host=/pool=)."""
+    """Jobs across hosts: only where every share was read whole (not with host=/pool=/state=)."""
     from allocator.status.join import group_status
 
-    if only_host is not None or wanted.hosts or wanted.pools:
-        return []  # the other shares are unknown, not missing
+    if only_host is not None or wanted.hosts or wanted.pools or wanted.states:
+        return []  # the other shares are unknown (or trimmed away), not missing
     groups = group_status(hosts)
-    if wanted.jobs:
-        groups = [g for g in groups if g.job in wanted.jobs]
-    if wanted.states:
-        shown = {h.host for h in hosts}
-        groups = [g for g in groups if shown.intersection(g.nodes)]
-    return groups
+    return [g for g in groups if g.job in wanted.jobs] if wanted.jobs else groups
 
 
 def _print_summary(
