@@ -15,7 +15,8 @@ parts. Rows (each a ratio of the large fleet to the small, interleaved):
 * ``status -o json`` of the whole large fleet against ``etcdctl get
   --prefix -w json`` of the same keys: within 2x (and it must not fail);
 * ``status --summary`` of the large fleet against its whole ``status -o
-  json``: within 0.3x.
+  json``: within 0.3x;
+* ``allocator serve`` over the large fleet (:mod:`bench.bench_serve`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from allocator.records.keys import KeyLayout
 from allocator.store import open_store
+from bench.bench_serve import serve_rows
 from bench.common import (
     Row,
     allocator_cli,
@@ -88,6 +90,7 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
         runs |= _commands(size, env[size], files)
     samples = interleaved(runs, rounds)
     whole = interleaved(_whole_fleet(server, large, env[large]), max(2, rounds // 2))
+    served = serve_rows(server, f"/s{large}", large, rounds, work)
     return [
         ratio_row(
             f"status -o json, {large:,} hosts vs etcdctl get --prefix -w json",
@@ -116,6 +119,7 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
             )
         ),
         value_row(f"first policy apply, {large:,} hosts", first, 60.0, "s"),
+        *served,
     ]
 
 
