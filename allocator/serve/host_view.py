@@ -44,6 +44,8 @@ class HostView:
     pool: str | None
     #: One character per GPU: its index in :data:`CELL_STATES`.
     cells: str
+    #: The host's row of the fleet grid (``["node1", 0, "up", "0110"]``), as JSON.
+    grid_row: bytes
     #: The host's counts as ``status --summary`` makes them (queued requests aside).
     summary: PoolSummary
     #: The host's samples of ``allocator_fleet_gpus``, ``_job_idle_seconds`` and
@@ -59,8 +61,12 @@ class HostView:
         return self.status.host
 
 
-def host_view(status: HostStatus, pool: str | None, reserved: bool) -> HostView:
-    """The view of one host's status; ``reserved``: the policy reserves GPUs of it."""
+def host_view(status: HostStatus, pool: str | None, pool_index: int, reserved: bool) -> HostView:
+    """The view of one host's status.
+
+    ``pool_index``: its pool's place among the policy's pools (-1: none);
+    ``reserved``: the policy reserves GPUs of it.
+    """
     import msgspec
 
     from allocator.status.documents import status_host_document
@@ -78,6 +84,7 @@ def host_view(status: HostStatus, pool: str | None, reserved: bool) -> HostView:
         json=msgspec.json.encode(status_host_document(status)),
         pool=pool,
         cells=cells,
+        grid_row=msgspec.json.encode((status.host, pool_index, GRID_AGENTS[status.agent], cells)),
         summary=summarize([status], pools).total,
         metric_lines=_metric_lines(status),
         idle_holders=sum(job.idle_holder for job in status.jobs),
