@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["TIMED_SECONDS", "FleetView", "Totals"]
 
 #: How often a host whose status moves with time alone is rebuilt without a change.
-TIMED_SECONDS = 10.0
+TIMED_SECONDS = 30.0
 
 
 class Totals:
