@@ -104,22 +104,37 @@ def status_json(view: FleetView, query: StatusQuery, select: Select) -> bytes | 
         "pages": pages,
     }
     shown = chosen[start : start + query.per_page]
-    return _status(view, shown, paging, {name for name, _ in chosen})
+    return _status(view, shown, paging, _groups_shown(query.filters))
+
+
+def _groups_shown(filters: Mapping[str, str]) -> Callable[[Any], bool] | None:
+    """Which jobs across hosts a filtered page lists, as ``allocator status`` does.
+
+    None under ``host=``, ``pool=`` or ``state=`` (their other shares may be
+    left out or trimmed away: unknown, not missing); under ``job=`` those
+    jobs, whole; without a filter, every one.
+    """
+    if not filters:
+        return None
+    from allocator.status.filters import parse_filter
+
+    wanted = parse_filter(filters)
+    if wanted.hosts or wanted.pools or wanted.states:
+        return lambda _group: False
+    return lambda group: group.job in wanted.jobs
 
 
 def _status(
     view: FleetView,
     hosts: Sequence[tuple[str, HostStatus | None]],
     paging: dict[str, int] | None,
-    chosen: set[str] | None = None,
+    shown: Callable[[Any], bool] | None = None,
 ) -> bytes:
     import msgspec
 
     from allocator.status.documents import status_host_document
 
-    groups = [g.to_dict() for g in view.groups()]
-    if chosen is not None:  # the jobs across hosts that the selected hosts have a share of
-        groups = [g for g in groups if chosen.intersection(g["nodes"])]
+    groups = [g.to_dict() for g in view.groups() if shown is None or shown(g)]
     views = view.views
     tail: dict[str, Any] = {"jobs_across_hosts": groups, "revision": view.revision}
     if paging is not None:

@@ -131,14 +131,24 @@ def test_filters_and_the_summary_answer_what_the_cli_prints(etcd_served: Served)
     world = etcd_served
     assert world.cli("set", "job=train", "gpus=1", "host=node2").code == 0
     assert world.cli("set", "job=eval", "gpus=0", "host=node3").code == 0
-    wait_for("the set", lambda: _cells(world)["node3"][3][0] == "held")
-    for query in ("job=train", "state=held", "host=node[1-2]", "pool=inference,a100&state=free"):
+    assert world.cli("set", "job=wide", "gpus=0", "host=node1,node2").code == 0
+    wait_for("the sets", lambda: _cells(world)["node1"][3][0] == "held")
+    for query in (
+        "job=train",
+        "job=wide",
+        "state=held",
+        "host=node[1-2]",
+        "pool=inference,a100&state=free",
+    ):
         words = query.replace("&", " ").split()
         printed = json.loads(world.cli("status", *words, "-o", "json").out)
         answered = _json(world, f"/api/v1/status?{query}")
         assert _without(answered, "revision", "page") == _without(printed, "revision"), query
         assert answered["page"]["hosts"] == len(printed["hosts"])
+    assert [g["job"] for g in _json(world, "/api/v1/status?job=wide")["jobs_across_hosts"]] == [
+        "wide"
+    ]
     printed = json.loads(world.cli("status", "--summary", "-o", "json").out)
     answered = _json(world, "/api/v1/summary")
     assert _without(answered, "revision") == _without(printed, "revision")
-    assert answered["total"]["held"] == 2
+    assert answered["total"]["held"] == 4
