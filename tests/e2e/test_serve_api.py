@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
+from tests.e2e.conftest import REPO
 from tests.e2e.test_serve import Served
 from tests.support.waiting import wait_for
 
@@ -73,6 +75,8 @@ def test_status_pages_by_host_and_refuses_bad_parameters_in_one_line(etcd_served
     assert "page" not in whole and len(whole["hosts"]) == 3  # no parameter: as before
 
     first = _json(world, "/api/v1/status?per_page=2")
+    schema = json.loads((REPO / "docs" / "schemas" / "status.schema.json").read_text())
+    Draft202012Validator(schema).validate(first)
     assert first["page"] == {"number": 1, "per_page": 2, "hosts": 3, "pages": 2}
     assert [h["host"] for h in first["hosts"]] == ["node1", "node2"]
     last = _json(world, "/api/v1/status?per_page=2&page=2")
