@@ -17,6 +17,7 @@ from allocator.serve.fleet_view import FleetView
 from allocator.serve.host_view import CELL_STATES, metric_value
 
 if TYPE_CHECKING:
+    from allocator.serve.select import Selection
     from allocator.status.join import HostStatus
 
 __all__ = [
@@ -72,8 +73,8 @@ def _whole(query: Mapping[str, str], name: str, default: int, least: int, most: 
     return int(raw)
 
 
-#: The hosts a query's filters select, by name, each with its rows picked (``None``: whole).
-Select = Callable[[FleetView, Mapping[str, str]], list[tuple[str, "HostStatus | None"]]]
+#: The hosts a query's filters select (:func:`allocator.serve.select.select_hosts`).
+Select = Callable[[FleetView, Mapping[str, str]], "Selection"]
 
 
 #: Hosts per piece of the whole fleet's status document (some 1.5 MB each at 8 GPUs).
@@ -91,20 +92,25 @@ def status_json(view: FleetView, query: StatusQuery, select: Select) -> bytes | 
         return _pieces(view)
     if query.filters:
         chosen = select(view, query.filters)
+        names, show = chosen.names, chosen.show
     else:
-        chosen = [(name, None) for name in view.names()]
-    pages = -(-len(chosen) // query.per_page)
+        names, show = view.names(), _unpicked
+    pages = -(-len(names) // query.per_page)
     if query.page > max(pages, 1):
         raise InvalidInput(f"page={query.page}: there are {pages} pages of {query.per_page}")
     start = (query.page - 1) * query.per_page
     paging = {
         "number": query.page,
         "per_page": query.per_page,
-        "hosts": len(chosen),
+        "hosts": len(names),
         "pages": pages,
     }
-    shown = chosen[start : start + query.per_page]
+    shown = show(names[start : start + query.per_page])
     return _status(view, shown, paging, _groups_shown(query.filters))
+
+
+def _unpicked(names: Sequence[str]) -> list[tuple[str, HostStatus | None]]:
+    return [(name, None) for name in names]
 
 
 def _groups_shown(filters: Mapping[str, str]) -> Callable[[Any], bool] | None:

@@ -143,6 +143,8 @@ def test_filters_and_the_summary_answer_what_the_cli_prints(etcd_served: Served)
         "state=held",
         "host=node[1-2]",
         "pool=inference,a100&state=free",
+        "job=train,eval&state=held",
+        "job=train&state=free",
     ):
         words = query.replace("&", " ").split()
         printed = json.loads(world.cli("status", *words, "-o", "json").out)
