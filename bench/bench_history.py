@@ -6,14 +6,22 @@ Ours: :func:`~allocator.control.history_read.query_history` with a limit of
 20, fleet-wide, as ``allocator history --limit 20`` and
 ``/api/v1/history?limit=20`` read; baseline: every entry of every stream
 read and decoded, then cut to 20 (what both did before), interleaved.
-The second row counts the keys ours read: it is bounded by the limit and
-the number of hosts, not by the history's size.
+The second row counts the keys ours read: it is bounded by the limit, not
+by the history's size or the number of hosts.
+
+The scale rows (:func:`scale_rows`) time the same read on 1,000,000
+entries (12,500 hosts of 80, about what the default keeps at that size)
+against 1,000 (25 hosts of 40), each in its own etcd, fleet-wide and for one
+host: what the read costs must not grow with the history. Loading the
+million takes a few minutes (60 entries a transaction, four writers, etcd
+without fsync: the load is not what is measured).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,15 +66,39 @@ def _ignore(_bad: BadRecord) -> None:
     pass
 
 
-def fill(store: Store, layout: KeyLayout, hosts: int, per_host: int) -> None:
-    """``hosts`` streams of ``per_host`` entries, the way appends leave them."""
-    for index in range(hosts):
+def fill(store: Store, layout: KeyLayout, hosts: int, per_host: int, first: int = 0) -> None:
+    """``hosts`` streams of ``per_host`` entries, the way appends leave them.
+
+    Streams are packed into transactions of about :data:`_BATCH` entries.
+    """
+    ops: list[Put] = []
+    for index in range(first, first + hosts):
         stream = host_stream(layout, f"node{index:05d}")
         for start in range(0, per_host, _BATCH):
             seqs = range(start, min(start + _BATCH, per_host))
-            ops = [Put(stream.entry_key(seq), _entry(stream, seq, index).to_json()) for seq in seqs]
+            if len(ops) + len(seqs) + 1 > _BATCH + 3:
+                store.txn([], ops)
+                ops = []
+            ops += [Put(stream.entry_key(q), _entry(stream, q, index).to_json()) for q in seqs]
             head = HistoryHead(stream.name, 0, seqs[-1] + 1, per_host)
-            store.txn([], [*ops, Put(stream.head_key, head.to_json())])
+            ops.append(Put(stream.head_key, head.to_json()))
+    if ops:
+        store.txn([], ops)
+
+
+def fill_parallel(url: str, layout: KeyLayout, hosts: int, per_host: int, writers: int) -> None:
+    """:func:`fill` by ``writers`` connections at once, each its share of the hosts."""
+    share = -(-hosts // writers)
+
+    def one(first: int) -> None:
+        store = open_store(url)
+        try:
+            fill(store, layout, min(share, hosts - first), per_host, first)
+        finally:
+            store.close()
+
+    with ThreadPoolExecutor(writers) as pool:
+        list(pool.map(one, range(0, hosts, share)))
 
 
 def _entry(stream: Stream, seq: int, index: int) -> HistoryEntry:
@@ -129,3 +161,51 @@ def rows(args: Any, work: Path) -> list[Row]:
         ),
         value_row(f"history --limit {LIMIT}, keys read", counting.keys, bound, "keys", note=note),
     ]
+
+
+#: (hosts, entries a host) of the large history and of the small one, per mode.
+_SCALE = {"full": ((12_500, 80), (25, 40)), "smoke": ((30, 4), (5, 2))}
+
+
+def scale_rows(args: Any, work: Path) -> list[Row]:
+    """``history --limit 20`` (fleet-wide, and ``host=``) on 1,000,000 entries against 1,000."""
+    (big_hosts, big_per), (small_hosts, small_per) = _SCALE["smoke" if args.smoke else "full"]
+    layout = KeyLayout()
+    fast = ("--unsafe-no-fsync", "--quota-backend-bytes=4294967296")
+    with (
+        EtcdServer(work / "etcd-history-big", extra_args=fast) as big,
+        EtcdServer(work / "etcd-history-small", extra_args=fast) as small,
+    ):
+        started = time.perf_counter()
+        fill_parallel(big.url, layout, big_hosts, big_per, writers=4)
+        loaded = time.perf_counter() - started
+        stores = {"big": open_store(big.url), "small": open_store(small.url)}
+        try:
+            fill(stores["small"], layout, small_hosts, small_per)
+            runs: dict[str, Callable[[], float]] = {}
+            for name, store in stores.items():
+                runs[name] = _timed(_reader(store, layout, None))
+                runs[f"{name} host"] = _timed(_reader(store, layout, "node00003"))
+            samples = interleaved(runs, 3 if args.smoke else args.rounds)
+        finally:
+            for store in stores.values():
+                store.close()
+    big_total, small_total = big_hosts * big_per, small_hosts * small_per
+    note = (
+        f"{big_total:,} entries ({big_hosts:,} hosts of {big_per}) against {small_total:,} "
+        f"({small_hosts} of {small_per}), each in its own etcd; loading took {loaded:.0f} s"
+    )
+    title = f"history --limit {LIMIT}, {big_total:,} entries vs {small_total:,} entries"
+    return [
+        ratio_row(title, samples["big"], samples["small"], most=2.0, note=note),
+        ratio_row(
+            f"{title}, host=", samples["big host"], samples["small host"], most=2.0, note=note
+        ),
+    ]
+
+
+def _reader(store: Store, layout: KeyLayout, host: str | None) -> Callable[[], None]:
+    def read() -> None:
+        query_history(store, layout, _ignore, host=host, limit=LIMIT)
+
+    return read

@@ -7,7 +7,7 @@ spread, 10th to 90th percentile, of ours and of the baseline, the number
 of samples and a note). A missed target is ``"pass": false``; the run still
 completes and exits 0, so the table always gets written.
 
-Usage: ``python -m bench.run [--smoke] [--quick] [--only cli,agent,fleet,scale] [--out FILE]``.
+Usage: ``python -m bench.run [--smoke] [--quick] [--only cli,agent,fleet,scale,page] [--out FILE]``.
 ``--smoke`` runs every row at a tiny size in seconds (what the test suite
 checks); ``--quick`` shortens the idle windows and rounds;
 ``--markdown FILE`` prints the table of an earlier results file in Markdown
@@ -32,7 +32,7 @@ from bench.common import Row
 __all__ = ["SIZES", "format_markdown", "format_table", "main"]
 
 HERE = Path(__file__).resolve().parent
-GROUPS = ("cli", "agent", "fleet", "scale")
+GROUPS = ("cli", "agent", "fleet", "scale", "page")
 
 #: Sizes per mode: CLI rounds, simulated hosts/agents, moves, idle seconds, applies.
 SIZES = {
@@ -94,6 +94,13 @@ def _run_group(group: str, args: argparse.Namespace, work: Path) -> list[Row]:
         from bench import bench_scale
 
         rows = bench_scale.rows(args, work)
+        from bench import bench_history
+
+        rows += bench_history.scale_rows(args, work)
+    elif group == "page":
+        from bench import bench_page
+
+        rows = bench_page.rows(args, work)
     else:
         from bench import bench_fleet
 
@@ -116,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--smoke", action="store_true", help="every row at a tiny size")
     mode.add_argument("--quick", action="store_true", help="shorter windows and fewer rounds")
     parser.add_argument(
-        "--only", default=",".join(GROUPS), help="comma-separated: cli,agent,fleet,scale"
+        "--only", default=",".join(GROUPS), help="comma-separated: cli,agent,fleet,scale,page"
     )
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
     parser.add_argument("--markdown", type=Path, help="print FILE's table in Markdown and stop")

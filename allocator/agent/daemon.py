@@ -284,17 +284,17 @@ class Agent(Lifecycle):
         """Take the newest read; record the end of run-held assignments it no longer has."""
         self.sync.take_view(self._policy_changed)
         policy, seen_gone = self.sync.policy, self.wall()
-        limit = policy.history.entries_per_host if policy is not None else None
+        keep = policy.history if policy is not None else None
         for held, revision in self.sync.vanished_runs:
             entry = expiry_entry(held, self.config.host, seen_gone)
-            self.sync.link.record_history([entry], limit, unless_ended_after=revision)
+            self.sync.link.record_history([entry], keep, unless_ended_after=revision)
 
     def _history(self, decide: Callable[..., list[HistoryEntry]], *args: Any) -> None:
         """Hand the link the history entries ``decide`` finds (it writes them when it can)."""
         entries = decide(*args, self.sync.assignments, format_time(self.wall()))
         policy = self.sync.policy
         if entries and policy is not None:
-            self.sync.link.record_history(entries, policy.history.entries_per_host)
+            self.sync.link.record_history(entries, policy.history)
 
     def _offer(self) -> None:
         """Hand the link what to publish; it writes only what differs from the store."""

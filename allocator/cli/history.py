@@ -3,7 +3,10 @@
 Every ``set``, ``release`` and ``policy apply`` writes its entry in the same
 transaction as the change, and each host's agent adds its own decisions
 (fallback to the CPU, recovery, giving up, holding a flapping job back).
-Entries are kept per host, up to the policy's ``history.entries_per_host``.
+Entries are kept per host, up to the policy's ``history.entries_per_host``,
+and no older than its ``history.max_age``. ``allocator history prune`` drops
+the entries past that age from streams nobody appends to any more (hosts
+that left the policy lose their stream): run it now and then, e.g. daily.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ __all__ = ["register"]
 
 USAGE = (
     "allocator history [job=J] [host=H] [gpu=N] [--since 30m|2h|7d|RFC3339] [--limit N] "
-    "[-o table|json|yaml]"
+    "[-o table|json|yaml]\n       allocator history prune [-o table|json|yaml]"
 )
 #: More than this many entries is no screenful: a typo, or a fleet's whole history.
 _MAX_LIMIT = 10_000_000
@@ -48,6 +51,8 @@ def register(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read the newest entries the filters select (no more than shown), print."""
+    if args.words[:1] == ["prune"]:
+        return _prune(args)
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
     from allocator.control.history import parse_since
@@ -77,6 +82,53 @@ def run(args: argparse.Namespace) -> int:
     finally:
         allocator.store.close()
     emit(history_document(chosen), output_format(args), _table(chosen, render_table))
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    """Drop entries past ``history.max_age`` from every stream; print what went."""
+    from allocator.cli.output import emit
+    from allocator.control.history_prune import prune_history
+    from allocator.errors import InvalidInput
+    from allocator.util.durations import duration_text
+
+    if len(args.words) > 1 or args.since is not None or args.limit is not None:
+        raise InvalidInput("history prune takes no filters: allocator history prune [-o json]")
+    allocator = open_allocator(args)
+    try:
+        policy = allocator.require_policy().policy
+        max_age = policy.history.max_age_seconds
+        if max_age is None:
+            raise InvalidInput(
+                "the applied policy sets no history.max_age, so no entry is too old to keep: "
+                "add history: {max_age: 30d} and apply it"
+            )
+        done = prune_history(
+            allocator.store,
+            allocator.layout,
+            frozenset(policy.hosts),
+            max_age,
+            allocator.clock(),
+            allocator.on_bad_record,
+        )
+    finally:
+        allocator.store.close()
+    age = duration_text(max_age)
+    document = {
+        "max_age": age,
+        "streams": done.streams,
+        "entries_dropped": done.entries,
+        "streams_pruned": done.pruned_streams,
+        "streams_removed": list(done.removed),
+    }
+    text = (
+        f"dropped {done.entries:,} entries older than {age} from {done.pruned_streams:,} of "
+        f"{done.streams:,} streams; removed {len(done.removed):,} streams of hosts the policy "
+        "no longer declares" + (f" ({', '.join(done.removed[:5])}" if done.removed else "")
+    )
+    if done.removed:
+        text += ", ...)" if len(done.removed) > 5 else ")"
+    emit(document, output_format(args), text)
     return 0
 
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from allocator.control.client import Allocator
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
+    from allocator.policy.model import HistorySettings
     from allocator.status.snapshots import HostSnapshot, PolicySnapshot
 
 __all__ = [
@@ -218,7 +219,7 @@ def plan_group_set(
     ops += [Delete(layout.assignment(host, job)) for host in released]
     ops += _bumps(allocator, touched, generation)
     ops.append(index_op)
-    limit = snapshot.policy.history.entries_per_host
+    keep = snapshot.policy.history
     entries = [
         change_entry(states[s.host].assignments.get(job), s, allocator.actor, s.updated_at, why[0])
         for s in shares
@@ -229,7 +230,7 @@ def plan_group_set(
         )
         for host in released
     ]
-    _with_history(allocator, entries, limit, compares, ops)
+    _with_history(allocator, entries, keep, compares, ops)
     before = [a for a in (states[h].assignments.get(job) for h in touched) if a is not None]
     _with_charge(allocator, snapshot.policy, before, shares, compares, ops)
     notes = tuple(n for host in nodes for n in placed[host].notes)
@@ -351,7 +352,7 @@ def plan_group_release(
 def _with_history(
     allocator: Allocator,
     entries: Sequence[HistoryEntry],
-    limit: int | None,
+    keep: HistorySettings | None,
     compares: list[Compare],
     ops: list[Op],
 ) -> None:
@@ -360,7 +361,7 @@ def _with_history(
         assert entry.host is not None  # every entry of an assignment change names its host
         stream = host_stream(allocator.layout, entry.host)
         compare, appended = prepare_append(
-            allocator.store, stream, entry, limit, allocator.on_bad_record, max_trim=0
+            allocator.store, stream, entry, keep, allocator.on_bad_record, max_trim=0
         )
         compares.append(compare)
         ops += appended

@@ -97,7 +97,7 @@ def apply_once(
         allocator.store,
         policy_stream(allocator.layout),
         entry,
-        policy.history.entries_per_host,
+        policy.history,
         allocator.on_bad_record,
     )
     stored = record.to_json()

@@ -391,7 +391,7 @@ class Allocator:
                 Compare(self.layout.policy, snapshot.revision),
                 Compare(self.layout.agent(state.host), state.agent_revision),
             ],
-            history_limit=snapshot.policy.history.entries_per_host,
+            history=snapshot.policy.history,
             generation=self._generation_value(stamp),
             lease=lease,
         )

@@ -15,11 +15,16 @@ entry, so the entry to drop once the stream is over its limit is known
 without reading the stream. The entries are ordinary keys, not etcd's MVCC
 history, so compacting etcd loses none of them.
 
-The limit is the policy's ``history.entries_per_host``; a writer without a
-policy at hand (``release``) keeps the limit the head was last written with.
-A lowered limit drops at most :data:`MAX_TRIM` old entries per append, so
-every transaction stays small; the stream shrinks to the new limit over the
-next appends.
+The limit is the policy's ``history.entries_per_host``, and its
+``history.max_age`` drops entries older than that: an append reads the
+stream's oldest few entries (:data:`MAX_TRIM` + 1, one small range read,
+ordered oldest first) and drops those past the age, judged by the new
+entry's own time, so the clock is the writer's. A writer without a policy at
+hand (``release``) keeps the limit and age the head was last written with.
+A lowered limit (or a newly set age) drops at most :data:`MAX_TRIM` old
+entries per append, so every transaction stays small; the stream shrinks
+over the next appends. A stream nobody appends to any more (a host that
+left) is cut by ``allocator history prune`` (:mod:`allocator.control.history_prune`).
 """
 
 from __future__ import annotations
@@ -27,29 +32,36 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from dataclasses import replace as replace_dataclass
 from datetime import datetime, timedelta
 
+from allocator.control.history_entries import change_entry, policy_entry, release_entry
 from allocator.errors import BadRecord, InvalidInput
+from allocator.policy.model import HistorySettings
 from allocator.records.codec import decode_record, replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import Assignment, HistoryEntry, HistoryHead, JobPlace, PolicyRecord
-from allocator.store import Compare, Delete, KeyValue, Op, Put, Store
+from allocator.records.types import HistoryEntry, HistoryHead
+from allocator.store import Compare, Delete, KeyValue, Listing, Op, Put, Read, Store
 from allocator.util.times import parse_time
 
 __all__ = [
     "ACTIONS",
     "DEFAULT_LIMIT",
     "MAX_TRIM",
+    "OLDEST",
     "Head",
     "OnBad",
     "Stored",
     "Stream",
+    "aged_count",
     "append_ops",
     "append_plan",
     "change_entry",
     "decode_entry",
     "head_of",
     "host_stream",
+    "oldest_read",
+    "oldest_times",
     "parse_since",
     "policy_entry",
     "policy_stream",
@@ -67,6 +79,8 @@ DEFAULT_LIMIT = 1000
 #: Old entries one append may drop beyond its own: bounds the transaction's size.
 MAX_TRIM = 4
 _SEQ_DIGITS = 12
+#: Oldest entries an append reads to find those past ``history.max_age``.
+OLDEST = MAX_TRIM + 1
 
 #: Every action an entry may record, and what it means.
 ACTIONS = {
@@ -108,12 +122,19 @@ def policy_stream(layout: KeyLayout) -> Stream:
 
 @dataclass(frozen=True, slots=True)
 class Head:
-    """A stream's head as read: entries ``first`` .. ``next - 1``, and the key's revision."""
+    """A stream's head as read: entries ``first`` .. ``next - 1``, and the key's revision.
+
+    ``max_age``: the age (seconds) it was last written with; ``oldest``: the
+    times (``at``) of entries ``first``, ``first + 1``, ... as read, for the
+    age cut (empty: not read, or nothing held).
+    """
 
     first: int = 0
     next: int = 0
     limit: int = DEFAULT_LIMIT
     revision: int = 0
+    max_age: float | None = None
+    oldest: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,17 +149,41 @@ OnBad = Callable[[BadRecord], None]
 
 
 def read_head(store: Store, stream: Stream, on_bad: OnBad) -> Head:
-    """The stream's head; without a usable one, bounds recovered from the entries' keys.
+    """The stream's head and its oldest entries' times (one request).
 
-    A head deleted or damaged by hand must not make the next append reuse
-    a sequence number (it would overwrite an entry), so only then is the
+    Without a usable head, bounds are recovered from the entries' keys: a
+    head deleted or damaged by hand must not make the next append reuse a
+    sequence number (it would overwrite an entry), so only then is the
     stream listed.
     """
-    item = store.get(stream.head_key)
+    head_read, oldest = store.read_many([Read(stream.head_key), oldest_read(stream)])
+    item = head_read.items[0] if head_read.items else None
     head = head_of(item, stream, on_bad)
-    if head is not None:
-        return head
-    return recover_head(store, stream, item.mod_revision if item is not None else 0)
+    if head is None:
+        head = recover_head(store, stream, item.mod_revision if item is not None else 0)
+    return replace_dataclass(head, oldest=oldest_times(oldest, stream, head))
+
+
+def oldest_read(stream: Stream) -> Read:
+    """The read of the stream's :data:`OLDEST` oldest entries (for :func:`oldest_times`)."""
+    return Read(stream.prefix, prefix=True, limit=OLDEST)
+
+
+def oldest_times(listing: Listing, stream: Stream, head: Head) -> tuple[str, ...]:
+    """The times of entries ``head.first``, ``head.first + 1``, ... that ``listing`` holds.
+
+    Stops at the first gap or undecodable entry: the age cut only drops a
+    run of entries it knows to be old, from the oldest on.
+    """
+    times: list[str] = []
+    for item in listing.items:
+        if _seq(item.key, stream) != head.first + len(times):
+            break
+        try:
+            times.append(decode_entry(item, stream).at)
+        except BadRecord:
+            break
+    return tuple(times)
 
 
 def recover_head(store: Store, stream: Stream, revision: int) -> Head:
@@ -170,141 +215,87 @@ def head_of(item: KeyValue | None, stream: Stream, on_bad: OnBad) -> Head | None
     except BadRecord as exc:
         on_bad(exc)
         return None
-    return Head(head.first, head.next, head.limit, item.mod_revision)
+    return Head(head.first, head.next, head.limit, item.mod_revision, head.max_age_seconds)
 
 
 def append_ops(
-    stream: Stream, head: Head, entry: HistoryEntry, limit: int | None, max_trim: int = MAX_TRIM
+    stream: Stream,
+    head: Head,
+    entry: HistoryEntry,
+    keep: HistorySettings | None,
+    max_trim: int = MAX_TRIM,
 ) -> tuple[Compare, list[Op]]:
     """The compare and writes that append ``entry`` (pure).
 
-    ``limit`` ``None`` keeps the head's. Drops the oldest entries beyond the
-    limit, at most ``max_trim`` of them besides the one the new entry displaces
+    ``keep``: the policy's history settings (``None``: the head's limit and
+    age). Drops the oldest entries beyond the limit or older than the age,
+    at most ``max_trim`` of them besides the one the new entry displaces
     (a transaction touching many hosts passes 0: at most 4 operations a host).
     """
-    compare, ops, _ = append_plan(stream, head, entry, limit, max_trim)
+    compare, ops, _ = append_plan(stream, head, entry, keep, max_trim)
     return compare, ops
 
 
 def append_plan(
-    stream: Stream, head: Head, entry: HistoryEntry, limit: int | None, max_trim: int = MAX_TRIM
+    stream: Stream,
+    head: Head,
+    entry: HistoryEntry,
+    keep: HistorySettings | None,
+    max_trim: int = MAX_TRIM,
 ) -> tuple[Compare, list[Op], Head]:
     """:func:`append_ops`, and the head the stream has once they are written (pure).
 
     The returned head's ``revision`` is 0: the caller knows it once the
-    transaction is applied.
+    transaction is applied. Its ``oldest`` are the times still known: a
+    kept view (:mod:`allocator.control.write_cache`) cuts by age only as far
+    as the oldest it read, and the next read (any lost race) brings more.
     """
-    keep = head.limit if limit is None else limit
+    limit = head.limit if keep is None else keep.entries_per_host
+    max_age = head.max_age if keep is None else keep.max_age_seconds
     seq = head.next
     ops: list[Op] = [Put(stream.entry_key(seq), replace_struct(entry, seq=seq).to_json())]
-    excess = (seq + 1 - head.first) - keep
-    # excess <= entries held before this one (keep >= 1): no delete hits the new key.
-    drop = min(max(excess, 0), max_trim + 1)
+    excess = (seq + 1 - head.first) - limit
+    # Both <= entries held before this one (limit >= 1): no delete hits the new key.
+    drop = min(max(excess, aged_count(head.oldest, entry.at, max_age), 0), max_trim + 1)
     ops += [Delete(stream.entry_key(head.first + i)) for i in range(drop)]
-    bounds = HistoryHead(stream.name, head.first + drop, seq + 1, keep)
+    bounds = HistoryHead(stream.name, head.first + drop, seq + 1, limit, max_age_seconds=max_age)
     ops.append(Put(stream.head_key, bounds.to_json()))
-    after = Head(bounds.first, bounds.next, bounds.limit)
+    oldest = head.oldest[drop:]
+    if len(head.oldest) == seq - head.first and len(oldest) < OLDEST:
+        oldest += (entry.at,)  # every entry was known: so is the new one
+    after = Head(bounds.first, bounds.next, limit, 0, max_age, oldest)
     return Compare(stream.head_key, head.revision), ops, after
+
+
+def aged_count(oldest: Sequence[str], now: str, max_age: float | None) -> int:
+    """How many of ``oldest`` (times, oldest first) are more than ``max_age`` before ``now``.
+
+    Pure: ``now`` is the new entry's time, so the writer's clock decides.
+    An unreadable time stops the count (it is never dropped for its age).
+    """
+    moment = parse_time(now)
+    if max_age is None or moment is None:
+        return 0
+    cutoff = moment - timedelta(seconds=max_age)
+    count = 0
+    for text in oldest:
+        at = parse_time(text)
+        if at is None or at >= cutoff:
+            break
+        count += 1
+    return count
 
 
 def prepare_append(
     store: Store,
     stream: Stream,
     entry: HistoryEntry,
-    limit: int | None,
+    keep: HistorySettings | None,
     on_bad: OnBad,
     max_trim: int = MAX_TRIM,
 ) -> tuple[Compare, list[Op]]:
     """Read the stream's head and return what appends ``entry`` (one transaction's share)."""
-    return append_ops(stream, read_head(store, stream, on_bad), entry, limit, max_trim)
-
-
-# --- entries -------------------------------------------------------------------------
-
-
-def change_entry(
-    before: Assignment | None, after: Assignment, by: str, at: str, reason: str
-) -> HistoryEntry:
-    """The entry of a ``set``: ``move`` when the GPUs (or the mode) changed, else ``set``."""
-    old_mode, old_gpus = _place(before)
-    new_mode, new_gpus = _place(after)
-    moved = before is not None and (old_mode, old_gpus) != (new_mode, new_gpus)
-    # gpus=1,3 says no more than the entry's GPUs do; count=2 and a fallback do.
-    asked = after.requested if after.requested.startswith("count=") else ""
-    fell_back = f"placed on the CPU: {after.fallback_reason}" if after.fallback_reason else ""
-    detail = "; ".join(part for part in (asked and f"asked for {asked}", fell_back) if part)
-    return HistoryEntry(
-        seq=0,
-        at=at,
-        by=by,
-        action="move" if moved else "set",
-        host=after.host,
-        job=after.job,
-        from_mode=old_mode,
-        from_gpus=old_gpus,
-        to_mode=new_mode,
-        to_gpus=new_gpus,
-        reason=reason,
-        detail=detail,
-        slots=after.slots if after.mode == "gpu" and after.slots != 1 else None,
-        holder=after.holder,
-    )
-
-
-def release_entry(
-    host: str,
-    job: str,
-    before: Assignment | None,
-    by: str,
-    at: str,
-    reason: str,
-    ended: tuple[int, float] | None = None,
-) -> HistoryEntry:
-    """The entry of a ``release`` (``before`` ``None``: the record was damaged).
-
-    ``ended``: the exit status and GPU-seconds of the command that held it.
-    """
-    mode, gpus = _place(before)
-    return HistoryEntry(
-        seq=0,
-        at=at,
-        by=by,
-        action="release",
-        host=host,
-        job=job,
-        from_mode=mode,
-        from_gpus=gpus,
-        reason=reason,
-        detail="" if before is not None else "its record was damaged",
-        exit_status=ended[0] if ended is not None else None,
-        gpu_seconds=round(ended[1], 3) if ended is not None else None,
-        holder=before.holder if before is not None else "",
-    )
-
-
-def policy_entry(
-    record: PolicyRecord, old: PolicyRecord | None, reason: str, overridden: int
-) -> HistoryEntry:
-    """The entry of a policy apply (``overridden``: conflicts it was applied over, --force)."""
-    detail = f"from {record.source}" if record.source else ""
-    if overridden:
-        detail += f"; applied over {overridden} conflicting assignment(s) (--force)"
-    return HistoryEntry(
-        seq=0,
-        at=record.applied_at,
-        by=record.applied_by,
-        action="policy-apply",
-        reason=reason,
-        detail=detail.lstrip("; "),
-        policy_sha256=record.sha256,
-        previous_sha256=old.sha256 if old is not None else None,
-    )
-
-
-def _place(assignment: Assignment | None) -> tuple[JobPlace | None, tuple[int, ...]]:
-    if assignment is None:
-        return None, ()
-    return assignment.mode, tuple(assignment.gpus)
+    return append_ops(stream, read_head(store, stream, on_bad), entry, keep, max_trim)
 
 
 # --- reading ---------------------------------------------------------------------------

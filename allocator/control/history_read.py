@@ -9,12 +9,17 @@ a ``--since`` window ends a stream's reading at its first older entry.
 
 The fleet's history is every host's stream and the policy's, merged newest
 first (by the revision that wrote each entry, as :func:`read_history`
-sorts). The merge pulls from a stream only when its newest unread entry is
-next, so with a limit the streams are read only as far as their entries
-are shown: a fleet of ``h`` hosts costs one small read per host (batched,
-64 to a request) plus the pages the shown entries came from. (A fleet-wide index, one more key per
-entry written in the same transaction, was measured against this and not
-needed: see ``bench/bench_history.py``.)
+sorts). Every append rewrites its stream's head in the same transaction,
+so no entry of a stream is newer than its head: the heads, read keys-only
+(a revision each, one request), rank the streams, and a stream is opened
+only once its head's revision could beat the next entry to show. With a
+limit, ``history --limit 20`` on 12,500 hosts opens the few streams the 20
+newest entries are in (in batches, one request each, of 8, then 16, ...),
+not one read a host; the merge pulls from an opened stream only when its
+newest unread entry is next, so streams are read only as far as their
+entries are shown. (A fleet-wide index, one more key per entry, would read
+no heads at all, but costs every writer an operation in transactions
+that have none to spare: see ``bench/bench_history.py`` for what the heads cost.)
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from allocator.control.history import (
 )
 from allocator.errors import BadRecord, InvalidName
 from allocator.records.keys import KeyLayout, validate_name
-from allocator.store import MAX_TXN_OPS, Listing, Read, Store
+from allocator.store import MAX_TXN_OPS, KeyValue, Listing, Read, Store
 from allocator.util.times import parse_time
 
 __all__ = ["MAX_PAGE", "SINCE_PAGE", "first_page", "newest_entries", "query_history"]
@@ -45,6 +50,12 @@ __all__ = ["MAX_PAGE", "SINCE_PAGE", "first_page", "newest_entries", "query_hist
 MAX_PAGE = 1024
 #: The first page of a ``--since`` read without a limit: the window decides how far.
 SINCE_PAGE = 8
+#: Streams opened by a fleet-wide read's first request (each further request doubles it).
+FIRST_OPENED = 8
+#: Heads a fleet-wide read with a limit ranks first (twice the limit, if more).
+FIRST_HEADS = 16
+#: Past this many heads, a ranking reads them all (keys only).
+MAX_HEADS = 4096
 
 
 def first_page(limit: int | None, streams: int, *, windowed: bool = False) -> int | None:
@@ -116,18 +127,131 @@ def query_history(
     The policy's stream is read only without ``job`` and ``gpu`` (its
     entries name neither).
     """
-    streams = [host_stream(layout, name) for name in _hosts(store, layout, host, on_bad)]
-    if job is None and gpu is None:
-        streams.append(policy_stream(layout))
-    page = first_page(limit, len(streams), windowed=since is not None)
-    firsts = _first_pages(store, streams, page)
-    readers = [
-        newest_entries(store, s, on_bad, page=page, since=since, first=f)
-        for s, f in zip(streams, firsts, strict=True)
-    ]
-    merged: Iterable[Stored] = heapq.merge(*readers, key=_newest, reverse=True)
+    with_policy = job is None and gpu is None
+    if host is not None:
+        streams = [host_stream(layout, host), *([policy_stream(layout)] if with_policy else [])]
+        page = first_page(limit, len(streams), windowed=since is not None)
+        readers = [
+            newest_entries(store, s, on_bad, page=page, since=since, first=f)
+            for s, f in zip(streams, _first_pages(store, streams, page), strict=True)
+        ]
+        merged: Iterable[Stored] = heapq.merge(*readers, key=_newest, reverse=True)
+    else:
+        merged = _fleet_newest(
+            store, layout, on_bad, with_policy=with_policy, limit=limit, since=since
+        )
     matching = (s for s in merged if select([s], job=job, gpu=gpu, since=since))
     return list(itertools.islice(matching, limit))
+
+
+_Heap = list[tuple[tuple[int, int], int, Stored, Iterator[Stored]]]
+
+
+def _fleet_newest(
+    store: Store,
+    layout: KeyLayout,
+    on_bad: OnBad,
+    *,
+    with_policy: bool,
+    limit: int | None,
+    since: datetime | None,
+) -> Iterator[Stored]:
+    """Every stream's entries merged newest first, opening streams only as needed.
+
+    The streams are ranked by their heads' revisions (the newest
+    ``want`` heads, more when those are used up). The next entry is shown
+    once it is newer than every head not opened yet: none of their entries
+    can be newer than their heads.
+    """
+    want = None if limit is None else max(2 * limit, FIRST_HEADS)
+    ranking = _Ranking(store, layout, on_bad, with_policy, want)
+    heap: _Heap = []
+    batch = FIRST_OPENED
+    while True:
+        if heap and -heap[0][0][0] > ranking.bound():
+            _, tie, stored, reader = heapq.heappop(heap)
+            yield stored
+            _push(heap, reader, tie)
+            continue
+        group = ranking.take(batch)
+        if not group:
+            if heap:  # every stream is open: the rest is the heap's
+                continue
+            return
+        page = first_page(limit, len(group), windowed=since is not None)
+        for stream, first in zip(group, _first_pages(store, group, page), strict=True):
+            reader = newest_entries(store, stream, on_bad, page=page, since=since, first=first)
+            _push(heap, reader, ranking.opened)
+            ranking.opened += 1
+        batch = min(2 * batch, MAX_TXN_OPS)
+
+
+class _Ranking:
+    """The streams not opened yet, newest head first, read ``want`` heads at a time."""
+
+    def __init__(
+        self, store: Store, layout: KeyLayout, on_bad: OnBad, with_policy: bool, want: int | None
+    ) -> None:
+        self.store, self.layout, self.on_bad = store, layout, on_bad
+        self.with_policy, self.want = with_policy, want
+        self.opened = 0
+        self.seen: set[str] = set()
+        self.ranked: list[tuple[int, str | None]] = []  # (head revision, host; None: policy)
+        self.complete = False
+        self.floor = -1  # no head left unread is newer than this
+        self._read()
+
+    def bound(self) -> int:
+        """The newest head not opened: an entry newer than this may be shown."""
+        top = self.ranked[0][0] if self.ranked else -1
+        return top if self.complete else max(top, self.floor)
+
+    def take(self, count: int) -> list[Stream]:
+        """Up to ``count`` streams to open, newest head first (reading more heads if needed)."""
+        if not self.ranked and not self.complete:
+            self.want = None if self.want is None or self.want >= MAX_HEADS else 4 * self.want
+            self._read()
+        group, self.ranked = self.ranked[:count], self.ranked[count:]
+        return [
+            host_stream(self.layout, name) if name is not None else policy_stream(self.layout)
+            for _, name in group
+        ]
+
+    def _read(self) -> None:
+        heads, policy_head = self.store.read_many(
+            [
+                # A key and revision a host: the newest ``want`` of them (etcd sorts).
+                Read(
+                    self.layout.history_heads,
+                    prefix=True,
+                    values=False,
+                    limit=self.want,
+                    newest=self.want is not None,
+                ),
+                Read(self.layout.policy_history_head, values=False),
+            ]
+        )
+        self.complete = self.want is None or len(heads.items) < self.want
+        if heads.items and not self.complete:
+            self.floor = min(kv.mod_revision for kv in heads.items)
+        ranked: list[tuple[int, str | None]] = [
+            (kv.mod_revision, name)
+            for kv, name in _hosts(heads, self.layout, self.on_bad)
+            if name not in self.seen
+        ]
+        if self.with_policy and "" not in self.seen:
+            ranked += [(kv.mod_revision, None) for kv in policy_head.items] or [(0, None)]
+            self.seen.add("")
+        self.seen.update(name for _, name in ranked if name is not None)
+        self.ranked = sorted(ranked, key=lambda r: (-r[0], r[1] or ""))
+
+
+def _push(heap: _Heap, reader: Iterator[Stored], tie: int) -> None:
+    """Put ``reader``'s next entry on the (newest first) heap, if it has one."""
+    stored = next(reader, None)
+    if stored is not None:
+        revision, seq = _newest(stored)
+        heapq.heappush(heap, ((-revision, -seq), tie, stored, reader))
 
 
 def _first_pages(store: Store, streams: list[Stream], page: int | None) -> list[Listing]:
@@ -139,19 +263,15 @@ def _first_pages(store: Store, streams: list[Stream], page: int | None) -> list[
     return pages
 
 
-def _hosts(store: Store, layout: KeyLayout, host: str | None, on_bad: OnBad) -> list[str]:
-    if host is not None:
-        return [host]
-    names = []
-    for kv in store.list(layout.history_heads).items:  # one small key a host
+def _hosts(heads: Listing, layout: KeyLayout, on_bad: OnBad) -> Iterator[tuple[KeyValue, str]]:
+    for kv in heads.items:
         name = kv.key[len(layout.history_heads) :]
         try:
             validate_name(name, "host")
         except InvalidName:
             on_bad(BadRecord(kv.key, "not a history head key (heads/hosts/<host>)"))
             continue
-        names.append(name)
-    return sorted(names)
+        yield kv, name
 
 
 def _newest(stored: Stored) -> tuple[int, int]:

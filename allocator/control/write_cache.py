@@ -23,9 +23,18 @@ from dataclasses import dataclass, replace
 from threading import Lock
 from typing import TypeVar
 
-from allocator.control.history import Head, append_plan, head_of, host_stream, recover_head
+from allocator.control.history import (
+    Head,
+    append_plan,
+    head_of,
+    host_stream,
+    oldest_read,
+    oldest_times,
+    recover_head,
+)
 from allocator.control.job_index import IndexEntry, complete_index, index_change, index_of
 from allocator.errors import BadRecord
+from allocator.policy.model import HistorySettings
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, HistoryEntry, PolicyRecord
@@ -79,6 +88,7 @@ def view_reads(layout: KeyLayout, host: str, job: str, *, policy_text: bool) -> 
         Read(layout.host(host), prefix=True),
         Read(layout.job_index(job)),
         Read(layout.host_history_head(host)),
+        oldest_read(host_stream(layout, host)),  # for history.max_age
     ]
     if policy_text:
         reads.append(Read(layout.compiled_policy))
@@ -124,7 +134,7 @@ def settle_view(
     head that is missing or damaged is rebuilt from the store, as the
     single-key readers do.
     """
-    policy_read, host_read, index_read, head_read, *compiled = found
+    policy_read, host_read, index_read, head_read, oldest, *compiled = found
     item = policy_read.items[0] if policy_read.items else None
     if item is None:
         policy = None
@@ -153,6 +163,7 @@ def settle_view(
     head = head_of(head_item, stream, on_bad)
     if head is None:
         head = recover_head(store, stream, head_item.mod_revision if head_item else 0)
+    head = replace(head, oldest=oldest_times(oldest, stream, head))
     return WriteView(policy, state, index, head)
 
 
@@ -164,7 +175,7 @@ def plan_change(
     written: Assignment | None,
     *,
     compares: Sequence[Compare] = (),
-    history_limit: int | None = None,
+    history: HistorySettings | None = None,
     generation: bytes,
     lease: int | None = None,
 ) -> Planned:
@@ -182,7 +193,7 @@ def plan_change(
     if lease is not None and isinstance(index_op, Put):
         index_op = Put(index_op.key, index_op.value, lease)
     head_compare, history_ops, head = append_plan(
-        host_stream(layout, host), view.head, entry, history_limit
+        host_stream(layout, host), view.head, entry, history
     )
     ops = [
         change,

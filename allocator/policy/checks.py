@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from allocator.policy.history_field import check_history_size
 from allocator.policy.model import Host, Job, Pool, Reservation
 from allocator.policy.quotas_spec import check_quotas
 from allocator.policy.yamlspec.reader import Reader
@@ -30,6 +31,7 @@ def check_policy(values: dict[str, Any], r: Reader) -> dict[str, Any]:
     _check_reservations(values.get("reservations", ()), hosts, r)
     _check_jobs(values.get("jobs", {}), r)
     check_quotas(values, r)
+    check_history_size(values, r)
     if hosts or pools:
         values["hosts"], values["pools"] = _normalise_pools(hosts, pools, members)
     return values

@@ -14,16 +14,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from allocator.policy.globs import glob_matches_every_name
+from allocator.policy.history_field import STORE_QUOTA_BYTES, size_text
 from allocator.policy.model import Policy, Reservation
 from allocator.policy.references import referenced_names
 from allocator.policy.sharing_field import SHARED
 
-__all__ = ["ENTRY_BYTES", "STORE_QUOTA_BYTES", "PolicyWarning", "policy_warnings"]
-
-#: What one history entry takes in the store, key and revision bookkeeping included (measured).
-ENTRY_BYTES = 480
-#: etcd's default backend quota (``--quota-backend-bytes``): past it etcd refuses every write.
-STORE_QUOTA_BYTES = 2 * 1024**3
+__all__ = ["PolicyWarning", "policy_warnings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,18 +157,15 @@ def _sharing_warnings(policy: Policy) -> list[tuple[str, str]]:
 
 
 def _history_size_warnings(policy: Policy) -> list[tuple[str, str]]:
-    """History that would fill more than half of etcd's default quota once every host has it."""
-    streams = len(policy.hosts) + 1  # every host's, and the policy's
-    size = policy.history.entries_per_host * streams * ENTRY_BYTES
-    if size <= STORE_QUOTA_BYTES // 2:
+    """A history cap raised past half of etcd's default quota: only safe with a larger quota."""
+    if policy.history.max_bytes <= STORE_QUOTA_BYTES // 2:
         return []
     return [
         (
-            "history.entries_per_host",
-            f"{policy.history.entries_per_host:,} entries on each of {streams - 1:,} hosts take "
-            f"about {size / 1024**3:.1f} GiB of the store (~{ENTRY_BYTES} B each), more than "
-            f"half of etcd's default {STORE_QUOTA_BYTES // 1024**3} GiB quota, past which it "
-            "refuses every write: keep fewer entries, or raise --quota-backend-bytes",
+            "history.max_bytes",
+            f"{size_text(policy.history.max_bytes)} of history is more than half of etcd's "
+            f"default {STORE_QUOTA_BYTES // 1024**3} GiB quota, past which it refuses every "
+            "write: run etcd with a larger --quota-backend-bytes, or lower history.max_bytes",
         )
     ]
 

@@ -23,6 +23,7 @@ from typing import Literal
 from msgspec import Struct, field
 
 __all__ = [
+    "DEFAULT_HISTORY_BYTES",
     "DEFAULT_IGNORED_XIDS",
     "Container",
     "FallbackRule",
@@ -210,10 +211,23 @@ class HealthSettings(Struct, frozen=True, omit_defaults=True):
     flap_restart_limit: int = 4
 
 
+#: The store bytes all history may take: a quarter of etcd's default 2 GiB quota.
+DEFAULT_HISTORY_BYTES = 512 * 1024**2
+
+
 class HistorySettings(Struct, frozen=True, omit_defaults=True):
-    """How much assignment history the store keeps."""
+    """How much assignment history the store keeps.
+
+    ``entries_per_host`` not written in the policy: the most entries (up to
+    1,000) the fleet's streams can keep within ``max_bytes`` (see
+    :mod:`allocator.policy.history_field`). ``max_age_seconds``: entries
+    older than this are dropped by the next append (``None``: kept until
+    the count drops them).
+    """
 
     entries_per_host: int = 1000
+    max_age_seconds: float | None = None
+    max_bytes: int = DEFAULT_HISTORY_BYTES
 
 
 class Team(Struct, frozen=True, omit_defaults=True):

@@ -9,12 +9,12 @@ dataclasses of :mod:`allocator.policy.model`.
 from __future__ import annotations
 
 from allocator.policy.container_field import CONTAINER
+from allocator.policy.history_field import HISTORY, MAX_HISTORY_ENTRIES
 from allocator.policy.host_fields import HostList, HostMap
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import (
     FallbackRule,
     HealthSettings,
-    HistorySettings,
     Host,
     Job,
     Policy,
@@ -90,8 +90,6 @@ MAX_THREADS = 4096
 MAX_RESTARTS = 10_000
 MAX_XID = 65_535
 MAX_XID_ITEMS = 1024
-#: History entries kept per host: beyond this, reading one host's history is slow.
-MAX_HISTORY_ENTRIES = 100_000
 #: Health checks more often than this only burn the agent's CPU.
 MIN_HEALTH_INTERVAL = 0.1
 HOUR = 3600.0
@@ -404,23 +402,6 @@ HEALTH = Record(
         ),
     ),
     description="GPU health monitoring.",
-)
-
-HISTORY = Record(
-    HistorySettings,
-    (
-        Field(
-            "entries_per_host",
-            Int(
-                minimum=1,
-                maximum=MAX_HISTORY_ENTRIES,
-                why=f"more than {MAX_HISTORY_ENTRIES:,} entries make a host's history slow to read",
-            ),
-            "History entries kept per host (and for the policy); each new entry beyond it "
-            "drops the oldest.",
-        ),
-    ),
-    description="Assignment history (`allocator history`).",
 )
 
 POLICY = Record(

@@ -421,6 +421,8 @@ class HistoryHead(msgspec.Struct, frozen=True):
     next: Count
     limit: Annotated[int, msgspec.Meta(ge=1)]
     schema_version: int = SCHEMA_VERSION
+    #: Entries older than this (seconds) go with the next append; ``None``: kept.
+    max_age_seconds: Annotated[float, msgspec.Meta(gt=0)] | None = None
 
     def to_json(self) -> bytes:
         """Encode for the store."""

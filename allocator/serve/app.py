@@ -3,6 +3,7 @@
 Routes (all read-only):
 
 * ``/``: the status page (one small HTML file, no build step);
+* ``/static/{path}``: its scripts and the vendored uPlot (:mod:`allocator.serve.static_files`);
 * ``/api/v1/status``: the same JSON as ``allocator status -o json``; with
   ``host``, ``pool``, ``job``, ``state`` filters and ``page``/``per_page``,
   one page of the hosts they select;
@@ -66,6 +67,7 @@ from allocator.serve.series import (
     Sample,
     Series,
 )
+from allocator.serve.static_files import static_route
 from allocator.serve.usage import UsageAnswers
 from allocator.serve.watcher import FleetWatcher
 from allocator.status.metrics import CONTENT_TYPE
@@ -360,6 +362,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
 
     routes = [
         Route("/", index),
+        static_route(),
         Route("/api/v1/status", status),
         Route("/api/v1/fleet", fleet_grid),
         Route("/api/v1/hosts/{host}", host),

@@ -152,6 +152,9 @@ class Read(Struct, frozen=True):
     ``values`` ``False`` asks only for the keys and their revisions (a
     caller that only needs to know whether a large value changed).
     ``limit`` and ``descending`` (with ``prefix``) are :meth:`Store.list`'s.
+    ``newest`` (with ``prefix``): the keys last written most recently first
+    (highest modification revision), ``limit`` of them; etcd sorts them
+    itself and sends only those.
     """
 
     key: str
@@ -159,6 +162,7 @@ class Read(Struct, frozen=True):
     values: bool = True
     limit: int | None = None
     descending: bool = False
+    newest: bool = False
 
 
 class TxnOutcome(Struct, frozen=True):
@@ -328,7 +332,11 @@ def txn_then_read(
 
 
 def _read_one(store: Store, read: Read) -> Listing:
-    if read.prefix:
+    if read.prefix and read.newest:
+        whole = store.list(read.key)
+        items = sorted(whole.items, key=lambda kv: kv.mod_revision, reverse=True)[: read.limit]
+        listing = Listing(tuple(items), whole.revision, whole.bad_keys)
+    elif read.prefix:
         listing = store.list(read.key, limit=read.limit, descending=read.descending)
     else:
         item = store.get(read.key)

@@ -82,3 +82,21 @@ def test_read_many_reads_the_newest_few_of_each_prefix(store: Store, prefix: str
         [b"b0"],
         [],
     ]
+
+
+def test_read_many_newest_gives_the_keys_written_last_first(store: Store, prefix: str) -> None:
+    for name in ("c", "a", "d", "b"):
+        store.put(f"{prefix}/n/{name}", b"v")
+    store.put(f"{prefix}/n/a", b"again")  # now the newest
+    store.put(f"{prefix}/other", b"x")  # not under the prefix
+
+    newest, all_of_them = store.read_many(
+        [
+            Read(f"{prefix}/n/", prefix=True, values=False, limit=2, newest=True),
+            Read(f"{prefix}/n/", prefix=True, newest=True),
+        ]
+    )
+
+    assert [kv.key[len(prefix) :] for kv in newest.items] == ["/n/a", "/n/b"]
+    assert [kv.value for kv in newest.items] == [b"", b""]
+    assert [kv.key[len(prefix) :] for kv in all_of_them.items] == ["/n/a", "/n/b", "/n/d", "/n/c"]

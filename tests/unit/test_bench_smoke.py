@@ -42,6 +42,7 @@ ROWS = (
     "first policy apply, 30 hosts",
     "status -o json, 30 hosts vs etcdctl get --prefix -w json",
     "status --summary vs whole status, 30 hosts",
+    "page: first whole heatmap, 30 hosts",
 )
 
 

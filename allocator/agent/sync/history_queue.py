@@ -32,6 +32,7 @@ from allocator.control.history import (
     read_head,
 )
 from allocator.errors import BadRecord, CasConflict, PermissionDenied
+from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
 from allocator.store import Store
@@ -48,12 +49,12 @@ _NEWEST = 64
 _ATTEMPTS = 3
 
 Log = Callable[[str, dict[str, Any]], None]
-#: An entry, the history limit to keep, and its guard (the revision of the holding it ends).
-Item = tuple[HistoryEntry, int | None, int | None]
+#: An entry, the history settings to keep, and its guard (the revision of the holding it ends).
+Item = tuple[HistoryEntry, HistorySettings | None, int | None]
 
 
 class HistoryQueue:
-    """Entries waiting to be written, each with the history limit to keep (thread-safe)."""
+    """Entries waiting to be written, each with the history settings to keep (thread-safe)."""
 
     def __init__(self, log: Log, capacity: int = MAX_PENDING) -> None:
         self._log = log
@@ -65,7 +66,7 @@ class HistoryQueue:
     def add(
         self,
         entries: Iterable[HistoryEntry],
-        limit: int | None,
+        keep: HistorySettings | None,
         unless_ended_after: int | None = None,
     ) -> bool:
         """Queue ``entries``; return whether any was queued. Past capacity the oldest go.
@@ -76,7 +77,7 @@ class HistoryQueue:
         dropped: list[HistoryEntry] = []
         with self._lock:
             for entry in entries:
-                self._items.append((entry, limit, unless_ended_after))
+                self._items.append((entry, keep, unless_ended_after))
                 if len(self._items) > self._capacity:
                     dropped.append(self._items.popleft()[0])
             queued = bool(self._items)
@@ -121,9 +122,9 @@ def write_pending(
     stream = host_stream(layout, host)
     written = 0
     while written < PER_TICK and (item := pending.peek()) is not None:
-        entry, limit, guard = item
+        entry, keep, guard = item
         try:
-            if not _append(store, stream, entry, limit, guard, log):
+            if not _append(store, stream, entry, keep, guard, log):
                 return written  # the head kept moving: try again on the next tick
         except PermissionDenied as exc:
             log(
@@ -143,7 +144,7 @@ def _append(
     store: Store,
     stream: Stream,
     entry: HistoryEntry,
-    limit: int | None,
+    keep: HistorySettings | None,
     guard: int | None,
     log: Log,
 ) -> bool:
@@ -156,7 +157,7 @@ def _append(
         head = read_head(store, stream, bad)  # before the check: an end after it moves the head
         if guard is not None and _ended(store, stream, entry, guard, bad):
             return True  # its end is recorded already: nothing to append
-        compare, ops = append_ops(stream, head, entry, limit)
+        compare, ops = append_ops(stream, head, entry, keep)
         try:
             store.txn([compare], ops)
             return True

@@ -59,6 +59,7 @@ from allocator.errors import (
     Retryable,
     ValueTooLarge,
 )
+from allocator.policy.model import HistorySettings
 from allocator.records.codec import encode_record, replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, HistoryEntry
@@ -158,14 +159,14 @@ class StoreLink:
     def record_history(
         self,
         entries: Iterable[HistoryEntry],
-        limit: int | None,
+        keep: HistorySettings | None,
         unless_ended_after: int | None = None,
     ) -> None:
         """Append the agent's decisions to the host's history (queued; written when connected).
 
         ``unless_ended_after``: see :meth:`HistoryQueue.add`.
         """
-        if self.history.add(entries, limit, unless_ended_after):
+        if self.history.add(entries, keep, unless_ended_after):
             self._inbox.put(Wake())
 
     def resync(self) -> None:

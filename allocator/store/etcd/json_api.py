@@ -139,17 +139,20 @@ def range_request(
     values: bool = True,
     limit: int | None = None,
     descending: bool = False,
+    newest: bool = False,
 ) -> Json:
     """A range request for ``key`` (or every key under it, sorted by key, with ``prefix``).
 
     ``values`` ``False``: keys and revisions only; ``limit``: the first
-    ``limit`` keys, in descending key order with ``descending``.
+    ``limit`` keys, in descending key order with ``descending``, or the
+    ``limit`` written last with ``newest`` (sorted by modification revision).
     """
     raw = key.encode("utf-8")
     request: Json = {"key": b64(raw)}
     if prefix:
-        order = "DESCEND" if descending else "ASCEND"
-        request.update(range_end=b64(prefix_range_end(raw)), sort_order=order, sort_target="KEY")
+        order = "DESCEND" if descending or newest else "ASCEND"
+        target = "MOD" if newest else "KEY"
+        request.update(range_end=b64(prefix_range_end(raw)), sort_order=order, sort_target=target)
     if limit is not None:
         request["limit"] = str(limit)
     if not values:
@@ -162,7 +165,12 @@ def read_ops(reads: Sequence[Read]) -> list[Json]:
     return [
         {
             "request_range": range_request(
-                r.key, prefix=r.prefix, values=r.values, limit=r.limit, descending=r.descending
+                r.key,
+                prefix=r.prefix,
+                values=r.values,
+                limit=r.limit,
+                descending=r.descending,
+                newest=r.newest,
             )
         }
         for r in reads

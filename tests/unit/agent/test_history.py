@@ -17,6 +17,7 @@ from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pen
 from allocator.agent.sync.store_thread import StoreLink
 from allocator.control.history import read_history
 from allocator.errors import PermissionDenied, StoreUnavailable, ValueTooLarge
+from allocator.policy.model import HistorySettings
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, HistoryEntry
@@ -189,7 +190,7 @@ def test_entries_stay_queued_through_an_outage_and_are_written_in_order_after() 
     store = open_store(f"memory://{uuid.uuid4().hex}")
     flaky, log = Flaky(store, StoreUnavailable("down")), Log()
     pending = HistoryQueue(log)
-    pending.add([_entry("a"), _entry("b")], limit=10)
+    pending.add([_entry("a"), _entry("b")], HistorySettings(10))
 
     with pytest.raises(StoreUnavailable):
         write_pending(flaky, LAYOUT, HOST, pending, log)  # type: ignore[arg-type]
@@ -200,10 +201,23 @@ def test_entries_stay_queued_through_an_outage_and_are_written_in_order_after() 
     assert _written(store) == ["a", "b"] and len(pending) == 0
 
 
+def test_the_agents_append_drops_entries_past_the_policys_max_age() -> None:
+    store, log = open_store(f"memory://{uuid.uuid4().hex}"), Log()
+    pending = HistoryQueue(log)
+    old = replace_struct(_entry("old"), at="2026-01-01T00:00:00Z")  # months before AT
+    pending.add([old, _entry("kept")], HistorySettings(10))
+    assert write_pending(store, LAYOUT, HOST, pending, log) == 2
+
+    pending.add([_entry("new")], HistorySettings(10, max_age_seconds=30 * 86_400))
+    write_pending(store, LAYOUT, HOST, pending, log)
+
+    assert _written(store) == ["kept", "new"]
+
+
 def test_a_full_queue_drops_the_oldest_and_says_so() -> None:
     log = Log()
     pending = HistoryQueue(log, capacity=3)
-    pending.add([_entry(f"j{i}") for i in range(5)], limit=None)
+    pending.add([_entry(f"j{i}") for i in range(5)], None)
     assert len(pending) == 3 and pending.dropped == 2
     ((event, fields),) = log.lines
     assert event == "history-dropped" and fields["entries"] == 2 and "j0" in fields["oldest"]
@@ -215,7 +229,7 @@ def test_a_refused_write_drops_the_entry_with_a_hint_instead_of_blocking_the_lin
     store = open_store(f"memory://{uuid.uuid4().hex}")
     log = Log()
     pending = HistoryQueue(log)
-    pending.add([_entry("a")], limit=10)
+    pending.add([_entry("a")], HistorySettings(10))
     refusing = Flaky(store, PermissionDenied("permission denied"))
     assert write_pending(refusing, LAYOUT, HOST, pending, log) == 1  # type: ignore[arg-type]
     assert len(pending) == 0
@@ -226,7 +240,7 @@ def test_a_refused_write_drops_the_entry_with_a_hint_instead_of_blocking_the_lin
 def test_a_backlog_is_written_a_bounded_number_per_tick() -> None:
     store = open_store(f"memory://{uuid.uuid4().hex}")
     pending = HistoryQueue(Log())
-    pending.add([_entry(f"j{i}") for i in range(PER_TICK + 3)], limit=None)
+    pending.add([_entry(f"j{i}") for i in range(PER_TICK + 3)], None)
     assert write_pending(store, LAYOUT, HOST, pending, Log()) == PER_TICK
     assert write_pending(store, LAYOUT, HOST, pending, Log()) == 3
 
@@ -238,7 +252,7 @@ def test_the_store_link_writes_what_the_loop_hands_it(prefix: str) -> None:
     link = StoreLink(config, url, Log(), inbox, open_store=open_store)
     link.start()
     try:
-        link.record_history([_entry("a")], limit=5)
+        link.record_history([_entry("a")], HistorySettings(5))
         store = open_store(url)
         layout = KeyLayout(prefix)
         wait_for(
@@ -257,7 +271,7 @@ def test_entries_the_store_never_took_are_named_when_the_agent_stops(prefix: str
     config = AgentConfig(host=HOST, prefix=prefix)
     link = StoreLink(config, "memory://x", log, queue.Queue(), open_store=unreachable)
     link.start()
-    link.record_history([_entry("a"), _entry("b")], limit=5)
+    link.record_history([_entry("a"), _entry("b")], HistorySettings(5))
     assert link.close(keep_worker_records=False, timeout=5)
     unwritten = [fields for event, fields in log.lines if event == "history-unwritten"]
     assert [f["entries"] for f in unwritten] == [2]
@@ -286,9 +300,9 @@ def test_a_refused_request_leaves_the_link_connected() -> None:
     )
     link.start()
     try:
-        link.record_history([_entry("a")], limit=5)
+        link.record_history([_entry("a")], HistorySettings(5))
         wait_for("the refusal", lambda: any(e == "request-refused" for e, _ in log.lines))
-        link.record_history([_entry("b")], limit=5)
+        link.record_history([_entry("b")], HistorySettings(5))
         wait_for("both entries written", lambda: _written(store) == ["a", "b"])
     finally:
         assert link.close(keep_worker_records=False, timeout=5)

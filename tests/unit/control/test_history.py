@@ -21,6 +21,7 @@ from allocator.control.history import (
 )
 from allocator.errors import BadRecord, CasConflict, InvalidInput
 from allocator.placement.choose import Request
+from allocator.policy.model import HistorySettings
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
@@ -191,12 +192,12 @@ def test_release_keeps_the_limit_the_host_history_was_written_with(store: Store)
 
 def test_two_writers_of_one_head_cannot_both_take_a_sequence_number(store: Store) -> None:
     stream = host_stream(LAYOUT, "node1")
-    first = prepare_append(store, stream, _entry("a"), 10, _no_bad)
-    second = prepare_append(store, stream, _entry("b"), 10, _no_bad)
+    first = prepare_append(store, stream, _entry("a"), HistorySettings(10), _no_bad)
+    second = prepare_append(store, stream, _entry("b"), HistorySettings(10), _no_bad)
     store.txn([first[0]], first[1])
     with pytest.raises(CasConflict):
         store.txn([second[0]], second[1])
-    retried = prepare_append(store, stream, _entry("b"), 10, _no_bad)
+    retried = prepare_append(store, stream, _entry("b"), HistorySettings(10), _no_bad)
     store.txn([retried[0]], retried[1])
     assert [(e.seq, e.job) for e in _entries(store)] == [(1, "b"), (0, "a")]
 

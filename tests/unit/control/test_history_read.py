@@ -25,6 +25,7 @@ from allocator.control.history_read import (
     query_history,
 )
 from allocator.errors import BadRecord
+from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
 from allocator.serve.history import history_json
@@ -77,7 +78,7 @@ def _append(store: Store, stream: Stream, minute: int, job: str | None, gpu: int
             to_mode="gpu",
             to_gpus=(gpu,),
         )
-    compare, ops = prepare_append(store, stream, entry, 10_000, _no_bad)
+    compare, ops = prepare_append(store, stream, entry, HistorySettings(10_000), _no_bad)
     store.txn([compare], ops)
 
 
@@ -141,6 +142,20 @@ def test_twenty_entries_read_about_twenty_entries(fleet: Store) -> None:
     shown = query_history(counting, LAYOUT, _no_bad, limit=20)
     assert len(shown) == 20
     assert counting.keys_read - 12 <= 13 * 4 + 2 * 20  # 13 first pages of 4, then the shown
+
+
+def test_the_newest_twenty_of_a_large_fleet_cost_the_limit_not_the_hosts() -> None:
+    store = open_store(f"memory://{uuid.uuid4().hex}")
+    for minute in range(600):  # 300 hosts, 2 entries each, one host after the other
+        _append(store, host_stream(LAYOUT, f"node{minute % 300:03d}"), minute, "j", 0)
+    counting = CountingStore(store)
+
+    shown = query_history(counting, LAYOUT, _no_bad, limit=20)
+
+    assert shown == _everything(store, limit=20)
+    assert [s.entry.at for s in shown][:2] == ["2026-06-01T09:59:00Z", "2026-06-01T09:58:00Z"]
+    # 40 heads ranked, and the first pages of the 24 streams opened: not 300 of each.
+    assert counting.keys_read <= 40 + 8 * 5 + 16 * 3 + 1
 
 
 def test_a_since_window_reads_only_that_window(fleet: Store) -> None:

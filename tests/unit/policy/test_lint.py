@@ -125,17 +125,9 @@ def test_validate_json_lists_the_warnings(
     assert json.loads(capsys.readouterr().out)["valid"] is False
 
 
-def _fleet(hosts: int, entries: int | None) -> str:
-    lines = ["version: 1", "hosts:"] + [f"  node{i}: {{gpus: 8}}" for i in range(hosts)]
-    if entries is not None:
-        lines.append(f"history: {{entries_per_host: {entries}}}")
-    return "\n".join(lines) + "\n"
-
-
-def test_history_past_half_of_etcds_default_quota_is_a_warning() -> None:
-    # 2,500 hosts x 1,000 entries x ~480 B is about 1.1 GiB of the 2 GiB etcd allows.
-    (found,) = warnings_of(_fleet(2500, None))
-    assert found[1] == "history.entries_per_host"
-    assert "2,500 hosts" in found[2] and "1.1 GiB" in found[2] and "2 GiB quota" in found[2]
-    assert warnings_of(_fleet(2500, 400)) == []
-    assert warnings_of(_fleet(2000, None)) == []  # ~0.9 GiB: under half
+def test_a_history_cap_past_half_of_etcds_default_quota_is_a_warning() -> None:
+    base = "version: 1\nhosts:\n  node1: {gpus: 8}\n"
+    (found,) = warnings_of(base + "history: {max_bytes: 1536MiB}\n")
+    assert found[:2] == (4, "history.max_bytes")
+    assert "1.5 GiB of history" in found[2] and "--quota-backend-bytes" in found[2]
+    assert warnings_of(base + "history: {max_bytes: 1GiB}\n") == []
