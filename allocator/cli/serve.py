@@ -24,7 +24,9 @@ def register(commands: Any) -> None:
         description="A web page of every host's GPUs (holder, since, reason, health, idle time, "
         "unassigned processes, agent liveness), the jobs and the history, updated live from "
         "the store's watch; /api/v1/status and /api/v1/history answer what `status -o json` "
-        "and `history -o json` print; /metrics has fleet-level Prometheus series. Needs "
+        "and `history -o json` print (status with its filters, by pages); /api/v1/fleet, "
+        "/api/v1/hosts/HOST, /api/v1/summary and /api/v1/series serve a fleet overview; "
+        "/metrics has fleet-level Prometheus series. Needs "
         "`pip install 'gpu-allocator[serve]'`. It only reads: give it a read-only credential.",
     )
     parser.add_argument(

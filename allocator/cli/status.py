@@ -58,8 +58,10 @@ def _show(args: argparse.Namespace) -> int:
 
     wanted = parse_filter(parse_key_values(args.words, FILTER_KEYS))
     names = plain_host_names(wanted.hosts) if wanted.hosts else None
-    # One host named: its prefix alone, read as always (and shown even if undeclared).
-    only_host = names[0] if names is not None and len(names) == 1 else None
+    # One host named (alone or with state=): its prefix alone, read as always
+    # (and shown even if undeclared); pool= and job= pick hosts from the policy.
+    alone = names is not None and len(names) == 1 and not (wanted.pools or wanted.jobs)
+    only_host = names[0] if names is not None and alone else None
     summary = bool(getattr(args, "summary", False))
     fmt = output_format(args)
     allocator = open_allocator(args)
@@ -153,8 +155,8 @@ def _picker(allocator: Any, wanted: Any, pools: list[dict[str, str]]) -> Any:
     """What ``read_status`` calls with the policy: the hosts ``wanted`` must read, or ``None``.
 
     An unknown ``pool=`` is invalid input (exit 2); ``job=`` finds its hosts
-    in the job index (every host is read for a job without an entry, unless
-    the policy says the index is complete: then the job holds nothing).
+    in the job index (every host is read for a job without a usable entry: a
+    store written before the index, or an entry damaged by hand).
     """
     if not (wanted.hosts or wanted.pools or wanted.jobs):
         return None
@@ -167,25 +169,12 @@ def _picker(allocator: Any, wanted: Any, pools: list[dict[str, str]]) -> Any:
             if policy is None or pool not in policy.pools:
                 raise InvalidInput(f"pool={pool}: no such pool in the applied policy")
         declared = policy.hosts if policy is not None else ()
-        job_hosts = _job_hosts(allocator, wanted.jobs) if wanted.jobs else None
-        return hosts_to_read(wanted, declared, _pools(pools, policy), job_hosts)
+        from allocator.status.read_hosts import job_hosts
+
+        found = job_hosts(allocator, wanted.jobs) if wanted.jobs else None
+        return hosts_to_read(wanted, declared, _pools(pools, policy), found)
 
     return pick
-
-
-def _job_hosts(allocator: Any, jobs: Any) -> list[str] | None:
-    """The hosts the job index names for ``jobs``; ``None`` when one has no usable entry."""
-    from allocator.control.job_index import index_of
-    from allocator.store import Read
-
-    reads = [Read(allocator.layout.job_index(job)) for job in jobs]
-    found: list[str] = []
-    for job, listing in zip(jobs, allocator.store.read_many(reads), strict=True):
-        entry = index_of(listing.items[0] if listing.items else None, job, allocator.on_bad_record)
-        if entry.hosts is None:
-            return None
-        found.extend(entry.hosts)
-    return found
 
 
 def _waiting(
@@ -212,18 +201,13 @@ def _waiting(
 
 
 def _groups(hosts: Any, only_host: str | None, wanted: Any) -> list[Any]:
-    """Jobs across hosts: only where every share's host was read (none with host=/pool=)."""
+    """Jobs across hosts: only where every share was read whole (not with host=/pool=/state=)."""
     from allocator.status.join import group_status
 
-    if only_host is not None or wanted.hosts or wanted.pools:
-        return []  # the other shares are unknown, not missing
+    if only_host is not None or wanted.hosts or wanted.pools or wanted.states:
+        return []  # the other shares are unknown (or trimmed away), not missing
     groups = group_status(hosts)
-    if wanted.jobs:
-        groups = [g for g in groups if g.job in wanted.jobs]
-    if wanted.states:
-        shown = {h.host for h in hosts}
-        groups = [g for g in groups if shown.intersection(g.nodes)]
-    return groups
+    return [g for g in groups if g.job in wanted.jobs] if wanted.jobs else groups
 
 
 def _print_summary(

@@ -201,14 +201,20 @@ class Broadcaster:
         if not self._streams:
             self._wanted.clear()
 
-    async def run(self) -> None:
-        """Rebuild on each change (debounced) and at least every :data:`REFRESH_SECONDS`."""
+    async def run(self, warm: Callable[[], None] = lambda: None) -> None:
+        """Rebuild on each change (debounced) and at least every :data:`REFRESH_SECONDS`.
+
+        With no stream open, ``warm()`` instead: what the document is made
+        from is brought up to date, so the API's next answer need not.
+        """
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), REFRESH_SECONDS)
-            await self._wanted.wait()
             await asyncio.sleep(_DEBOUNCE_SECONDS)
             self._dirty.clear()
+            if not self._wanted.is_set():
+                await asyncio.to_thread(warm)
+                continue
             payload = await asyncio.to_thread(self._build)
             async with self._ready:
                 self.version += 1
@@ -263,7 +269,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
             loop.call_soon_threadsafe(lambda: loop.create_task(broadcaster.close()))
 
         fleet.end_streams = end_streams
-        task = asyncio.create_task(broadcaster.run())
+        task = asyncio.create_task(broadcaster.run(warm=lambda: fleet.read(_nothing)))
         sampler = asyncio.create_task(_sample(fleet))
         fleet.watcher.start()
         broadcaster.poke()
@@ -376,6 +382,10 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         ),
     ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+
+
+def _nothing(_view: FleetView) -> None:
+    return None
 
 
 def _counted(row: Any) -> dict[str, int]:

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from allocator.errors import InvalidInput, NotFound
 from allocator.serve.fleet_view import FleetView
-from allocator.serve.host_view import CELL_STATES, GRID_AGENTS, metric_value
+from allocator.serve.host_view import CELL_STATES, metric_value
 
 if TYPE_CHECKING:
+    from allocator.serve.select import Selection
     from allocator.status.join import HostStatus
 
 __all__ = [
@@ -72,8 +73,8 @@ def _whole(query: Mapping[str, str], name: str, default: int, least: int, most: 
     return int(raw)
 
 
-#: The hosts a query's filters select, by name, each with its rows picked (``None``: whole).
-Select = Callable[[FleetView, Mapping[str, str]], list[tuple[str, "HostStatus | None"]]]
+#: The hosts a query's filters select (:func:`allocator.serve.select.select_hosts`).
+Select = Callable[[FleetView, Mapping[str, str]], "Selection"]
 
 
 #: Hosts per piece of the whole fleet's status document (some 1.5 MB each at 8 GPUs).
@@ -91,35 +92,55 @@ def status_json(view: FleetView, query: StatusQuery, select: Select) -> bytes | 
         return _pieces(view)
     if query.filters:
         chosen = select(view, query.filters)
+        names, show = chosen.names, chosen.show
     else:
-        chosen = [(name, None) for name in view.names()]
-    pages = -(-len(chosen) // query.per_page)
+        names, show = view.names(), _unpicked
+    pages = -(-len(names) // query.per_page)
     if query.page > max(pages, 1):
         raise InvalidInput(f"page={query.page}: there are {pages} pages of {query.per_page}")
     start = (query.page - 1) * query.per_page
     paging = {
         "number": query.page,
         "per_page": query.per_page,
-        "hosts": len(chosen),
+        "hosts": len(names),
         "pages": pages,
     }
-    shown = chosen[start : start + query.per_page]
-    return _status(view, shown, paging, {name for name, _ in chosen})
+    shown = show(names[start : start + query.per_page])
+    return _status(view, shown, paging, _groups_shown(query.filters))
+
+
+def _unpicked(names: Sequence[str]) -> list[tuple[str, HostStatus | None]]:
+    return [(name, None) for name in names]
+
+
+def _groups_shown(filters: Mapping[str, str]) -> Callable[[Any], bool] | None:
+    """Which jobs across hosts a filtered page lists, as ``allocator status`` does.
+
+    None under ``host=``, ``pool=`` or ``state=`` (their other shares may be
+    left out or trimmed away: unknown, not missing); under ``job=`` those
+    jobs, whole; without a filter, every one.
+    """
+    if not filters:
+        return None
+    from allocator.status.filters import parse_filter
+
+    wanted = parse_filter(filters)
+    if wanted.hosts or wanted.pools or wanted.states:
+        return lambda _group: False
+    return lambda group: group.job in wanted.jobs
 
 
 def _status(
     view: FleetView,
     hosts: Sequence[tuple[str, HostStatus | None]],
     paging: dict[str, int] | None,
-    chosen: set[str] | None = None,
+    shown: Callable[[Any], bool] | None = None,
 ) -> bytes:
     import msgspec
 
     from allocator.status.documents import status_host_document
 
-    groups = [g.to_dict() for g in view.groups()]
-    if chosen is not None:  # the jobs across hosts that the selected hosts have a share of
-        groups = [g for g in groups if chosen.intersection(g["nodes"])]
+    groups = [g.to_dict() for g in view.groups() if shown is None or shown(g)]
     views = view.views
     tail: dict[str, Any] = {"jobs_across_hosts": groups, "revision": view.revision}
     if paging is not None:
@@ -169,22 +190,15 @@ def fleet_json(view: FleetView, generated_at: str) -> bytes:
     import msgspec
 
     def build() -> bytes:
-        pools = view.pool_names()
-        index = {name: n for n, name in enumerate(pools)}
-        views = view.views
-        rows = [
-            (name, index.get(v.pool, -1) if v.pool else -1, GRID_AGENTS[v.status.agent], v.cells)
-            for name in view.names()
-            for v in (views[name],)
-        ]
-        document = {
+        head = {
             "revision": view.revision,
             "generated_at": generated_at,
             "states": CELL_STATES,
-            "pools": pools,
-            "hosts": rows,
+            "pools": view.pool_names(),
         }
-        return msgspec.json.encode(document)
+        views = view.views
+        rows = b",".join(views[name].grid_row for name in view.names())
+        return msgspec.json.encode(head)[:-1] + b',"hosts":[' + rows + b"]}"
 
     return bytes(view.kept("fleet", build))
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["TIMED_SECONDS", "FleetView", "Totals"]
 
 #: How often a host whose status moves with time alone is rebuilt without a change.
-TIMED_SECONDS = 10.0
+TIMED_SECONDS = 30.0
 
 
 class Totals:
@@ -83,6 +83,7 @@ class FleetView:
         self.version = 0
         self.policy: Policy | None = None
         self.pools: dict[str, str] = {}  # each host's pool (hosts of none left out)
+        self._pool_index: dict[str, int] = {}
         self._names: list[str] | None = None
         self._grouped: set[str] = set()  # hosts with a share of a job across hosts
         self._timed: set[str] = set()
@@ -116,6 +117,7 @@ class FleetView:
         from allocator.status.filters import pool_by_host
 
         self.pools = pool_by_host(policy)
+        self._pool_index = {name: n for n, name in enumerate(self.pool_names())}
 
     def _rebuild(self, host: str, now: datetime) -> None:
         from allocator.placement.reservations import on_host
@@ -135,7 +137,8 @@ class FleetView:
         self._on_host_built(host)
         status = status_of_part(policy, items, self.mirror.layout, now, (), host)[0]
         reserved = policy is not None and bool(on_host(policy, host))
-        view = host_view(status, self.pools.get(host), reserved)
+        pool = self.pools.get(host)
+        view = host_view(status, pool, self._pool_index.get(pool or "", -1), reserved)
         self.views[host] = view
         self.totals.add(view, 1)
         if old is None:

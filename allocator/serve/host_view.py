@@ -8,13 +8,13 @@ the fleet's Prometheus series. Fleet-wide answers are put together from these pa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
 from allocator.serve.fleet_metrics import AGENT_STATES
 from allocator.status.filters import gpu_states, holders_of, row_holders
-from allocator.status.join import GpuRow, HostStatus, JobRow
+from allocator.status.join import GpuRow, HostStatus
 from allocator.status.summary import PoolSummary
 
 __all__ = [
@@ -44,6 +44,10 @@ class HostView:
     pool: str | None
     #: One character per GPU: its index in :data:`CELL_STATES`.
     cells: str
+    #: Every state (``status state=``) some row of the host is in.
+    states: frozenset[str]
+    #: The host's row of the fleet grid (``["node1", 0, "up", "0110"]``), as JSON.
+    grid_row: bytes
     #: The host's counts as ``status --summary`` makes them (queued requests aside).
     summary: PoolSummary
     #: The host's samples of ``allocator_fleet_gpus``, ``_job_idle_seconds`` and
@@ -59,17 +63,22 @@ class HostView:
         return self.status.host
 
 
-def host_view(status: HostStatus, pool: str | None, reserved: bool) -> HostView:
-    """The view of one host's status; ``reserved``: the policy reserves GPUs of it."""
+def host_view(status: HostStatus, pool: str | None, pool_index: int, reserved: bool) -> HostView:
+    """The view of one host's status.
+
+    ``pool_index``: its pool's place among the policy's pools (-1: none);
+    ``reserved``: the policy reserves GPUs of it.
+    """
     import msgspec
 
     from allocator.status.documents import status_host_document
     from allocator.status.summary import summarize
 
     by_gpu = row_holders(status)
+    states = [gpu_states(row, holders_of(row, by_gpu)) for row in status.gpus]
     cells = "".join(
-        cell_state(row, status.agent, holders_of(row, by_gpu))
-        for row in status.gpus
+        cell_state(row, status.agent, row_states)
+        for row, row_states in zip(status.gpus, states, strict=True)
         if row.gpu != "cpu"
     )
     pools = {status.host: pool} if pool is not None else {}
@@ -78,6 +87,8 @@ def host_view(status: HostStatus, pool: str | None, reserved: bool) -> HostView:
         json=msgspec.json.encode(status_host_document(status)),
         pool=pool,
         cells=cells,
+        states=frozenset().union(*states),
+        grid_row=msgspec.json.encode((status.host, pool_index, GRID_AGENTS[status.agent], cells)),
         summary=summarize([status], pools).total,
         metric_lines=_metric_lines(status),
         idle_holders=sum(job.idle_holder for job in status.jobs),
@@ -85,15 +96,14 @@ def host_view(status: HostStatus, pool: str | None, reserved: bool) -> HostView:
     )
 
 
-def cell_state(row: GpuRow, agent: str, holders: Sequence[JobRow] = ()) -> str:
-    """The grid's digit for one GPU (``holders``: the jobs holding it).
+def cell_state(row: GpuRow, agent: str, states: frozenset[str]) -> str:
+    """The grid's digit for one GPU whose ``status state=`` states are ``states``.
 
-    Its state as ``status state=`` sees it (:func:`~allocator.status.filters.gpu_states`),
-    the first of unhealthy, fallback, idle, held; a GPU nobody holds is
+    The first of unhealthy, fallback, idle, held
+    (:func:`~allocator.status.filters.gpu_states`); a GPU nobody holds is
     unassigned (processes nobody was given), reserved, unknown (its agent is
     gone) or free.
     """
-    states = gpu_states(row, holders)
     for state in ("unhealthy", "fallback", "idle", "held"):
         if state in states:
             return _CELL_DIGIT[state]

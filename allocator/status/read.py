@@ -11,6 +11,9 @@ form is missing the hosts are read in one range, as on every other store.
 
 Policy, assignments, agents and workers then come from one snapshot (the
 policy used to be read a moment before the hosts).
+
+A filtered status (``host=``, ``pool=``, ``job=``) reads only the hosts it
+picks, in key ranges at the same revision (:mod:`allocator.status.read_hosts`).
 """
 
 from __future__ import annotations

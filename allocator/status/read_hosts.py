@@ -22,6 +22,7 @@ __all__ = [
     "HOSTS_PER_RANGE",
     "MAX_RANGES",
     "host_runs",
+    "job_hosts",
     "picked_items",
     "read_picked",
 ]
@@ -111,3 +112,31 @@ def read_picked(
                 bad.extend(listing.bad_keys)
                 last = listing.revision
         yield Listing(tuple(items), last, tuple(bad))
+
+
+def job_hosts(allocator: Any, jobs: Sequence[str]) -> list[str] | None:
+    """The hosts the job index names for ``jobs``; ``None`` when one has no usable entry.
+
+    (A store written before the index, an entry damaged by hand, or a role
+    that may read the hosts but not the index: then every host is read.)
+    """
+    from allocator.errors import BadRecord, PermissionDenied
+    from allocator.records.codec import decode_record
+    from allocator.records.types import JobIndex
+
+    reads = [Read(allocator.layout.job_index(job)) for job in jobs]
+    try:
+        listings = allocator.store.read_many(reads)
+    except PermissionDenied:
+        return None
+    found: list[str] = []
+    for job, listing in zip(jobs, listings, strict=True):
+        if not listing.items:
+            return None
+        item = listing.items[0]
+        try:
+            found.extend(decode_record(item.value, JobIndex, item.key, job=job).hosts)
+        except BadRecord as exc:
+            allocator.on_bad_record(exc)
+            return None
+    return found

@@ -15,6 +15,13 @@ text. A row counts:
 * ``agents_down``: hosts whose agent is ``gone`` or ``none`` (no live key).
 
 Hosts of no pool are counted under the pool ``None`` (``-`` in the table).
+
+Two ways to the same counts: :func:`summarize` from joined hosts (what a
+reader that has them, such as ``serve``, holds), and
+:func:`allocator.status.summary_count.count_part` per part of a read, then
+:func:`~allocator.status.summary_count.summary_of_counts` (what ``status
+--summary`` does: no rows built). :func:`add_up` orders per-pool rows and
+totals them for either.
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
+from tests.e2e.conftest import REPO
 from tests.e2e.test_serve import Served
 from tests.support.waiting import wait_for
 
@@ -73,6 +75,8 @@ def test_status_pages_by_host_and_refuses_bad_parameters_in_one_line(etcd_served
     assert "page" not in whole and len(whole["hosts"]) == 3  # no parameter: as before
 
     first = _json(world, "/api/v1/status?per_page=2")
+    schema = json.loads((REPO / "docs" / "schemas" / "status.schema.json").read_text())
+    Draft202012Validator(schema).validate(first)
     assert first["page"] == {"number": 1, "per_page": 2, "hosts": 3, "pages": 2}
     assert [h["host"] for h in first["hosts"]] == ["node1", "node2"]
     last = _json(world, "/api/v1/status?per_page=2&page=2")
@@ -131,14 +135,26 @@ def test_filters_and_the_summary_answer_what_the_cli_prints(etcd_served: Served)
     world = etcd_served
     assert world.cli("set", "job=train", "gpus=1", "host=node2").code == 0
     assert world.cli("set", "job=eval", "gpus=0", "host=node3").code == 0
-    wait_for("the set", lambda: _cells(world)["node3"][3][0] == "held")
-    for query in ("job=train", "state=held", "host=node[1-2]", "pool=inference,a100&state=free"):
+    assert world.cli("set", "job=wide", "gpus=0", "host=node1,node2").code == 0
+    wait_for("the sets", lambda: _cells(world)["node1"][3][0] == "held")
+    for query in (
+        "job=train",
+        "job=wide",
+        "state=held",
+        "host=node[1-2]",
+        "pool=inference,a100&state=free",
+        "job=train,eval&state=held",
+        "job=train&state=free",
+    ):
         words = query.replace("&", " ").split()
         printed = json.loads(world.cli("status", *words, "-o", "json").out)
         answered = _json(world, f"/api/v1/status?{query}")
         assert _without(answered, "revision", "page") == _without(printed, "revision"), query
         assert answered["page"]["hosts"] == len(printed["hosts"])
+    assert [g["job"] for g in _json(world, "/api/v1/status?job=wide")["jobs_across_hosts"]] == [
+        "wide"
+    ]
     printed = json.loads(world.cli("status", "--summary", "-o", "json").out)
     answered = _json(world, "/api/v1/summary")
     assert _without(answered, "revision") == _without(printed, "revision")
-    assert answered["total"]["held"] == 2
+    assert answered["total"]["held"] == 4

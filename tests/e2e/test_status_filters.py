@@ -168,3 +168,14 @@ def test_reads_cost_what_they_pick_and_a_fleet_in_parts_is_read_in_parts(
         host_name(n) for n in range(100, 110)
     ]
     assert some == 1 + 1
+
+
+def test_a_job_across_hosts_is_listed_whole_under_job_and_not_under_pool(fleet: Cli) -> None:
+    result = fleet("set", "job=dist", "count=1", "host=node05,node06")
+    assert result.code == 0, result.err
+    across = _json(fleet, "job=dist")
+    assert list(_gpus(across)) == ["node05", "node06"]
+    (group,) = across["jobs_across_hosts"]
+    assert group["job"] == "dist" and [s["host"] for s in group["shares"]] == ["node05", "node06"]
+    assert _json(fleet, "pool=a")["jobs_across_hosts"] == []
+    assert _json(fleet, "state=held")["jobs_across_hosts"] == []

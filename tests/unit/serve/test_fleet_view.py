@@ -167,3 +167,30 @@ def test_a_new_policy_rebuilds_every_host_and_drops_those_it_no_longer_has() -> 
     assert (
         view.totals.pools["big"].held == 1 and view.totals.pools[None].held == 1
     )  # n1 left the pool
+
+
+def test_a_host_that_moves_with_time_alone_is_rebuilt_each_interval_the_others_never() -> None:
+    reserved = POLICY + (
+        "reservations:\n"
+        "  - {name: nightly, host: n2, gpus: [1], for: [eval], until: 2027-01-01T00:01:00Z}\n"
+    )
+    mirror = _mirror()
+    digest = hashlib.sha256(reserved.encode()).hexdigest()
+    record = PolicyRecord(reserved, digest, "ops", "t").to_json()
+    mirror.apply([Event("put", LAYOUT.policy, record, 6)], {})
+    built: list[str] = []
+    view = FleetView(mirror, lambda _bad: None, timed_seconds=30.0, on_host_built=built.append)
+    view.update(NOW, 100.0)
+    assert sorted(built) == ["n0", "n1", "n2"]
+    states = json.loads(fleet_json(view, "now"))["states"]
+
+    def n2() -> list[str]:
+        return [states[int(c)] for c in view.views["n2"].cells]
+
+    assert n2() == ["held", "reserved"]
+    built.clear()
+    later = NOW.replace(minute=2)  # the reservation has ended
+    view.update(later, 129.0)
+    assert built == [] and n2() == ["held", "reserved"]  # not due yet
+    view.update(later, 130.0)
+    assert built == ["n2"] and n2() == ["held", "free"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from allocator.records.keys import KeyLayout
-from allocator.status.read_hosts import host_runs, picked_items
-from allocator.store import KeyValue
+from allocator.status.read_hosts import host_runs, picked_items, read_picked
+from allocator.store import KeyValue, open_store
 
 LAYOUT = KeyLayout("/a")
 FLEET = [f"node{i:04d}" for i in range(1000)]
@@ -35,3 +37,19 @@ def test_a_range_s_keys_of_hosts_not_picked_are_left_out() -> None:
     items = [KeyValue(LAYOUT.agent(h), b"{}", 1, 1) for h in ("node0001", "node0002", "node0003")]
     kept = picked_items(LAYOUT, items, {"node0001", "node0003"})
     assert [item.key for item in kept] == [LAYOUT.agent("node0001"), LAYOUT.agent("node0003")]
+
+
+def test_a_store_without_ranges_reads_each_picked_host_in_batches(tmp_path: Path) -> None:
+    store = open_store(f"sqlite://{tmp_path / 'store.db'}")
+    try:
+        hosts = FLEET[:150]
+        for host in hosts:
+            store.put(LAYOUT.agent(host), b"{}")
+        store.put(LAYOUT.agent("zz"), b"{}")
+        picked = [*hosts[:140], "zz"]  # more than one batch of MAX_TXN_OPS reads
+        runs = host_runs(LAYOUT, picked, FLEET)
+        listings = list(read_picked(store, LAYOUT, runs, 0))
+    finally:
+        store.close()
+    assert [len(listing.items) for listing in listings] == [140, 1]
+    assert listings[0].items[-1].key == LAYOUT.agent("node0139")
