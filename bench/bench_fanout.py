@@ -111,7 +111,10 @@ class Watchers:
     def _answer(proc: subprocess.Popen[str]) -> dict[str, Any]:
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        answer: dict[str, Any] = json.loads(line) if line else {"error": "no answer"}
+        try:
+            answer: dict[str, Any] = json.loads(line) if line else {"error": "no answer"}
+        except ValueError:
+            answer = {"error": line[:500]}
         if "error" in answer:
             raise SystemExit(f"watcher process: {answer['error']}")
         return answer
