@@ -305,7 +305,7 @@ def rows(args: Any, work: Path) -> list[Row]:
         value_row(
             "policy bytes per agent per apply (all-host change)",
             max(got.all_bytes) / KB,
-            16,
+            4,
             "KB",
             samples=len(got.all_bytes),
             note="a job's definition changed; event keys and values on the agent's watches",
