@@ -57,14 +57,15 @@ KB = 1000
 Arrival = tuple[float | None, int, int]
 
 
-def agent_watch_keys(layout: KeyLayout, host: str) -> tuple[str, ...]:
-    """The keys and prefixes ``host``'s agent watches (the agent's own list once it has one)."""
-    from allocator.agent.sync import watches
+def agent_watch_keys(store: Store, layout: KeyLayout, host: str) -> tuple[str, ...]:
+    """The keys and prefixes ``host``'s agent watches, as the agent itself lists them.
 
-    listed = getattr(watches, "agent_watch_keys", None)
-    if listed is None:  # the agent's store link watches its host's jobs and the policy
-        return (layout.host_jobs(host), layout.policy)
-    return tuple(listed(layout, host))
+    The whole policy record only while no shares are stored, as the agent does.
+    """
+    from allocator.agent.sync.watches import agent_watch_keys as watched
+
+    whole = store.get(layout.common_share) is None
+    return watched(layout, host, whole_policy=whole)
 
 
 def policy_text(hosts: int, version: int, gpus_of_first: int = 8) -> str:
@@ -262,13 +263,13 @@ def measure(server: EtcdServer, agents: int, processes: int, rounds: int) -> Sam
     pid = server.pid
     assert pid is not None
     layout = KeyLayout(ROOT)
-    watched = [(*agent_watch_keys(layout, host_name(i)), PLAIN) for i in range(agents)]
     samples = Samples(range(agents), [], [], [], [], [], [])
     store = open_store(server.url)
     bare = BareEtcd(server.endpoint)
     try:
         applier = Applier(store, agents)
         applier.apply()
+        watched = [(*agent_watch_keys(store, layout, host_name(i)), PLAIN) for i in range(agents)]
         revision = bare.put(PLAIN_KEY.encode(), b"0")  # the store's latest revision
         watchers = Watchers(server.url, watched, processes, revision)
         try:
