@@ -322,7 +322,7 @@ def rows(args: Any, work: Path) -> list[Row]:
         value_row(
             "etcd CPU per apply per agent",
             median,
-            1.0,
+            0.5,
             "ms",
             samples=len(got.cpu_s),
             note=f"all-host change; a one-host change: {one:.3f} ms",
