@@ -68,6 +68,9 @@ def test_a_smoke_run_writes_every_row_of_the_table(tmp_path: Path) -> None:
             assert row["baseline"] > 0
             assert abs(row["ratio"] - row["ours"] / row["baseline"]) < 0.01 * row["ratio"] + 1e-3
             assert set(row["spread"]) == {"ours", "baseline"}
+    # The fan-out watchers saw the apply's events (a harness that measured nothing reads 0).
+    delivered = next(r for r in rows if r["name"].startswith("policy bytes per agent per apply"))
+    assert delivered["ours"] > 0
     assert "row" in done.stdout and "written to" in done.stdout  # the table was printed
 
 
