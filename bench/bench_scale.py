@@ -11,7 +11,8 @@ parts. Rows (each a ratio of the large fleet to the small, interleaved):
 * ``policy apply`` changing one host's entry (an exception written under
   the range, its GPU count flipped between 8 and 7): within 3x;
 * a first apply of the whole large fleet (no policy applied, every
-  assignment checked) with default settings: it must succeed; its seconds.
+  assignment checked) with default settings: it must succeed; its seconds;
+* what one apply costs an agent (:mod:`bench.bench_shares`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from allocator.records.keys import KeyLayout
 from allocator.store import open_store
+from bench import bench_shares
 from bench.common import (
     Row,
     allocator_cli,
@@ -79,6 +81,9 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
             files[size, gpus] = path
     first = run_timed(allocator_cli("policy", "apply", str(files[large, None])), env[large])
     run_timed(allocator_cli("policy", "apply", str(files[small, None])), env[small])
+    shares = bench_shares.rows(
+        server.url, (small, large), env[large], (files[large, 7], files[large, None]), rounds
+    )
     runs: dict[str, Callable[[], float]] = {}
     for size in (small, large):
         runs |= _commands(size, env[size], files)
@@ -99,6 +104,7 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
             )
         ),
         value_row(f"first policy apply, {large:,} hosts", first, 60.0, "s"),
+        *shares,
     ]
 
 

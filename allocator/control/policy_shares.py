@@ -2,7 +2,8 @@
 
 Only the shares a change changes are written: when the shares' head names
 the policy being replaced, the stored shares are that policy's, so the
-old and new policies' shares are compared here, with no read of them. Any
+old and new policies' shares are compared here, with no read of them
+(but the common share's: one damaged by hand is rewritten). Any
 other head (none yet, another version's apply, an apply that stopped
 half-way) makes the apply write every share and delete those of hosts no
 longer in the policy.
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 from allocator.errors import BadRecord
 from allocator.policy.model import Policy
-from allocator.policy.shares import share_record, split_policy
+from allocator.policy.shares import decode_common, share_record, split_policy
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
 from allocator.records.shares import SharesHead
@@ -66,7 +67,7 @@ def plan_shares(
         previous = split_policy(old)
         changed = {h: b for h, b in new.hosts.items() if previous.hosts.get(h) != b}
         gone = previous.hosts.keys() - new.hosts.keys()
-        common_changed = previous.common != new.common
+        common_changed = previous.common != new.common or not _common_intact(store, layout)
     head = Put(layout.shares_head, SharesHead(sha256).to_json())
     deletes: list[Op] = [Delete(layout.host_share(h)) for h in sorted(gone)]
     common = Put(layout.common_share, share_record(new.common, sha256, in_txn=True))
@@ -107,6 +108,17 @@ def _head(store: Store, layout: KeyLayout) -> str | None:
         return decode_record(item.value, SharesHead, item.key).policy_sha256 or None
     except BadRecord:  # a damaged head vouches for nothing: every share is written
         return None
+
+
+def _common_intact(store: Store, layout: KeyLayout) -> bool:
+    """Whether the stored common share decodes (one that does not is rewritten, not kept)."""
+    item = store.get(layout.common_share)
+    if item is None:
+        return False
+    try:
+        return decode_common(item.value, item.key) is not None
+    except BadRecord:
+        return False
 
 
 def _stored_hosts(store: Store, layout: KeyLayout) -> set[str]:

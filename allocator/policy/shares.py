@@ -65,10 +65,14 @@ class HostPart(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class Shares(msgspec.Struct, frozen=True):
-    """A policy's shares as JSON: the common one and one per host, by host name."""
+    """A policy's shares: the common one and one per host, by host name.
 
-    common: bytes
-    hosts: Mapping[str, bytes]
+    Compared as values, not as their JSON: a policy decoded from its
+    compiled form encodes its defaults differently from one just loaded.
+    """
+
+    common: Policy
+    hosts: Mapping[str, HostPart]
 
 
 def common_part(policy: Policy) -> Policy:
@@ -99,14 +103,13 @@ def host_parts(policy: Policy) -> dict[str, HostPart]:
 
 
 def split_policy(policy: Policy) -> Shares:
-    """``policy``'s shares, encoded (the bytes an apply compares and stores)."""
-    encode = msgspec.json.encode
-    hosts = {name: encode(part) for name, part in host_parts(policy).items()}
-    return Shares(encode(common_part(policy)), hosts)
+    """``policy``'s shares (what an apply compares, then encodes where they changed)."""
+    return Shares(common_part(policy), host_parts(policy))
 
 
-def share_record(body: bytes, policy_sha256: str, *, in_txn: bool = False) -> bytes:
-    """The stored record of one share's JSON ``body``."""
+def share_record(share: Policy | HostPart, policy_sha256: str, *, in_txn: bool = False) -> bytes:
+    """The stored record of one share."""
+    body = msgspec.json.encode(share)
     record = PolicyShare(
         policy_sha256, sha256_hex(body), compiled_format(), msgspec.Raw(body), in_txn
     )
