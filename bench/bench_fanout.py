@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -81,7 +82,9 @@ def policy_text(hosts: int, version: int, gpus_of_first: int = 8) -> str:
 class Watchers:
     """The watcher processes: start, mark, collect what arrived."""
 
-    def __init__(self, url: str, agents: Sequence[Sequence[str]], processes: int, revision: int):
+    def __init__(
+        self, url: str, agents: Sequence[Sequence[str]], processes: int, revision: int
+    ) -> None:
         share = -(-len(agents) // processes)
         self.groups = [agents[i : i + share] for i in range(0, len(agents), share)]
         self.procs = [
@@ -94,12 +97,15 @@ class Watchers:
             )
             for _ in self.groups
         ]
-        for proc, group in zip(self.procs, self.groups, strict=True):
-            config = {"url": url, "revision": revision, "agents": [list(a) for a in group]}
-            self._send(proc, json.dumps(config))
-        for proc in self.procs:
-            if "ready" not in self._answer(proc):
-                raise SystemExit("a watcher process did not start")
+        try:
+            for proc, group in zip(self.procs, self.groups, strict=True):
+                config = {"url": url, "revision": revision, "agents": [list(a) for a in group]}
+                self._send(proc, json.dumps(config))
+            for proc in self.procs:
+                self._answer(proc)  # "ready", once etcd created every watch it asked for
+        except BaseException:
+            self.close()
+            raise
 
     @staticmethod
     def _send(proc: subprocess.Popen[str], line: str) -> None:
@@ -186,10 +192,10 @@ class Applier:
             setattr(store, name, self._noted(getattr(store, name)))
 
     def _noted(self, call: Callable[..., Any]) -> Callable[..., Any]:
-        def noted(*args: Any) -> Any:
+        def noted(*args: Any, **kwargs: Any) -> Any:
             if self.first_write is None:
                 self.first_write = shared_clock()
-            return call(*args)
+            return call(*args, **kwargs)
 
         return noted
 
@@ -292,8 +298,8 @@ def rows(args: Any, work: Path) -> list[Row]:
         got = measure(server, agents, processes, args.applies)
     finally:
         server.stop()
-    median = sorted(got.cpu_s)[len(got.cpu_s) // 2] * 1000
-    one = sorted(got.one_cpu_s)[len(got.one_cpu_s) // 2] * 1000
+    median = statistics.median(got.cpu_s) * 1000
+    one = statistics.median(got.one_cpu_s) * 1000
     return [
         ratio_row(
             f"fan-out: last of {agents} watchers ({processes} processes) sees a policy change"
