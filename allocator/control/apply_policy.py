@@ -17,6 +17,7 @@ from allocator.errors import (
     BadRecord,
     CasConflict,
     Compacted,
+    PermissionDenied,
     PlacementRefused,
     PolicyError,
     RequestError,
@@ -43,6 +44,7 @@ class ApplyResult:
     revision: int
     warnings: tuple[str, ...] = ()
     compiled: bool = True  # the compiled form was stored too (see allocator.policy.compiled)
+    shares: bool = True  # the shares were stored too (see allocator.policy.shares)
 
 
 def apply_once(
@@ -104,10 +106,12 @@ def apply_once(
         allocator.on_bad_record,
     )
     stored = record.to_json()
-    revision, with_compiled = _store(
+    revision, with_compiled, with_shares = _store(
         allocator, (before, old), policy, digest, stored, [*compares, head_compare], history_ops
     )
-    return ApplyResult(True, record, revision, tuple(refused), compiled=with_compiled)
+    return ApplyResult(
+        True, record, revision, tuple(refused), compiled=with_compiled, shares=with_shares
+    )
 
 
 def _store(
@@ -118,7 +122,7 @@ def _store(
     stored: bytes,
     compares: list[Compare],
     history_ops: list[Op],
-) -> tuple[int, bool]:
+) -> tuple[int, bool, bool]:
     """The apply's transaction with the compiled form and the shares.
 
     Compiled parts and the shares that do not fit are written before, stale
@@ -131,25 +135,42 @@ def _store(
         previous_parts,
         write_with_compiled,
     )
-    from allocator.control.policy_shares import plan_shares, write_after, write_before
+    from allocator.control.policy_shares import (
+        SharesPlan,
+        plan_shares,
+        write_after,
+        write_before,
+    )
 
     store, layout = allocator.store, allocator.layout
     ops: list[Op] = [Put(layout.policy, stored), *history_ops]
     room = MAX_TXN_OPS - txn_size(compares, ops) - 1, (TXN_VALUE_BUDGET - len(stored)) // 2
     old_policy, old = replaced
     old_sha = old.sha256 if old is not None else None
-    shares = plan_shares(store, layout, old_policy, old_sha, policy, digest, room)
-    write_before(store, layout, shares)
-    in_txn = sum(len(op.value) for op in shares.in_txn if isinstance(op, Put))
+    try:
+        shares = plan_shares(store, layout, old_policy, old_sha, policy, digest, room)
+    except PermissionDenied:  # may not read the shares: nor write them
+        shares = SharesPlan([])
+    share_ops = write_before(store, layout, shares)
+    in_txn = sum(len(op.value) for op in share_ops if isinstance(op, Put))
     before = previous_parts(store, layout)
     compiled, parts = compiled_op(store, layout, policy, digest, len(stored) + in_txn)
-    revision, with_compiled = write_with_compiled(
-        allocator._txn, compares, [*ops, *shares.in_txn], compiled
-    )
-    write_after(store, shares)
+    try:
+        revision, with_compiled = write_with_compiled(
+            allocator._txn, compares, [*ops, *share_ops], compiled
+        )
+    except PermissionDenied:
+        if not share_ops:
+            raise
+        # A role granted before there were shares: the policy without them (agents
+        # then read the whole record: the shares' head no longer matches it).
+        share_ops = []
+        revision, with_compiled = write_with_compiled(allocator._txn, compares, ops, compiled)
+    if share_ops:
+        write_after(store, shares)
     if before is not None or parts is not None:
         drop_stale_parts(store, layout, {name for name in (before, parts) if name})
-    return revision, with_compiled
+    return revision, with_compiled, bool(share_ops)
 
 
 def _check(

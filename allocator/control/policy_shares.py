@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from allocator.errors import BadRecord
+from allocator.errors import BadRecord, CasConflict, PermissionDenied
 from allocator.policy.model import Policy
 from allocator.policy.shares import decode_common, share_record, split_policy
 from allocator.records.codec import decode_record
@@ -71,12 +71,14 @@ def plan_shares(
     head = Put(layout.shares_head, SharesHead(sha256).to_json())
     deletes: list[Op] = [Delete(layout.host_share(h)) for h in sorted(gone)]
     common = Put(layout.common_share, share_record(new.common, sha256, in_txn=True))
-    txn_puts: list[Op] = [
-        Put(layout.host_share(h), share_record(b, sha256, in_txn=True)) for h, b in changed.items()
-    ]
-    ops = [*([common] if common_changed else []), *txn_puts, *deletes, head]
-    if len(ops) <= room[0] and _size(ops) <= room[1]:
-        return SharesPlan(ops)
+    if len(changed) + len(deletes) + 2 <= room[0]:  # else they cannot fit: not built
+        txn_puts: list[Op] = [
+            Put(layout.host_share(h), share_record(b, sha256, in_txn=True))
+            for h, b in changed.items()
+        ]
+        ops = [*([common] if common_changed else []), *txn_puts, *deletes, head]
+        if len(ops) <= room[0] and _size(ops) <= room[1]:
+            return SharesPlan(ops)
     puts = [Put(layout.host_share(h), share_record(b, sha256)) for h, b in changed.items()]
     return SharesPlan(
         [common, head],
@@ -86,12 +88,20 @@ def plan_shares(
     )
 
 
-def write_before(store: Store, layout: KeyLayout, plan: SharesPlan) -> None:
-    """The host shares that do not fit the apply's transaction, under a head saying so."""
-    if plan.dirty_head is not None:
-        store.put(layout.shares_head, plan.dirty_head)
-    for batch in plan.before:
-        store.txn([], batch)
+def write_before(store: Store, layout: KeyLayout, plan: SharesPlan) -> list[Op]:
+    """The host shares that do not fit the apply's transaction, under a head saying so.
+
+    Returns the share writes for the apply's transaction: none when this
+    user may not write the shares (the apply then stores the policy without).
+    """
+    try:
+        if plan.dirty_head is not None:
+            store.put(layout.shares_head, plan.dirty_head)
+        for batch in plan.before:
+            store.txn([], batch)
+    except PermissionDenied:
+        return []
+    return plan.in_txn
 
 
 def write_after(store: Store, plan: SharesPlan) -> None:
@@ -155,9 +165,12 @@ def refresh_shares(
     stopped half-way, is how the shares are made whole. The transaction
     compares the policy's revision: a policy applied meanwhile keeps its own.
     """
-    if _head(store, layout) == sha256:
+    try:
+        if _head(store, layout) == sha256:
+            return
+        plan = plan_shares(store, layout, None, None, policy, sha256, (0, 0))
+        if write_before(store, layout, plan):
+            store.txn([Compare(layout.policy, revision)], plan.in_txn)
+            write_after(store, plan)
+    except (PermissionDenied, CasConflict):  # may not write them, or a newer policy has its own
         return
-    plan = plan_shares(store, layout, None, None, policy, sha256, (0, 0))
-    write_before(store, layout, plan)
-    store.txn([Compare(layout.policy, revision)], plan.in_txn)
-    write_after(store, plan)

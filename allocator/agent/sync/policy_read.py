@@ -1,13 +1,17 @@
 """The agent's read of the policy: its share of it, fetched only when a revision moved.
 
 Each read of the host asks, in the same request, for the revisions (keys
-only) of the common share, the host's share and the whole policy record; a
+only) of the common share, the host's share, the shares' head and the whole
+policy record; a
 value is fetched, and decoded, only when its ``mod_revision`` differs from
 the one read last. So the periodic resync of an unchanged policy costs one
 small request, whatever the fleet's size.
 
-While the store holds no common share (a policy applied by an older
-version) the agent reads the whole policy record, as it always did.
+While the store holds no shares (a policy applied by an older version), or
+the policy record is newer than the shares' head (applied since by a user
+who may not write the shares), the agent reads the whole policy record, as
+it always did. The agent does not watch the head or the policy record for
+this: its periodic resync notices.
 """
 
 from __future__ import annotations
@@ -62,7 +66,12 @@ class PolicyReader:
     def __init__(self, layout: KeyLayout, host: str) -> None:
         self._layout = layout
         self._host = host
-        self._keys = (layout.common_share, layout.host_share(host), layout.policy)
+        self._keys = (
+            layout.common_share,
+            layout.host_share(host),
+            layout.policy,
+            layout.shares_head,
+        )
         # key -> (mod_revision, decoded value or the BadRecord it raised)
         self._cache: dict[str, tuple[int, _Decoded | BadRecord]] = {}
 
@@ -75,8 +84,10 @@ class PolicyReader:
         except PermissionDenied:  # a role granted before there were shares: as it always read
             listing = store.list(self._layout.host(self._host))
             return listing, self._whole(store, store.get(self._layout.policy), fetched=True)
-        common, host, whole = (h.items[0] if h.items else None for h in heads)
-        if common is None:
+        common, host, whole, head = (h.items[0] if h.items else None for h in heads)
+        if common is None or head is None or (whole and whole.mod_revision > head.mod_revision):
+            # No shares, or a policy applied since without them (a user who may
+            # not write them, an older version): the whole record.
             return listing, self._whole(store, whole)
         return listing, self._shared(store, common, host) or self._whole(store, whole)
 
