@@ -58,15 +58,20 @@ KB = 1000
 Arrival = tuple[float | None, int, int]
 
 
-def agent_watch_keys(store: Store, layout: KeyLayout, host: str) -> tuple[str, ...]:
-    """The keys and prefixes ``host``'s agent watches, as the agent itself lists them.
+def agent_watch_keys(
+    store: Store, layout: KeyLayout, hosts: Sequence[str]
+) -> list[tuple[str, ...]]:
+    """The keys and prefixes each host's agent watches, as the agent itself lists them.
 
-    The whole policy record only while no shares are stored, as the agent does.
+    The whole policy record or the shares, as the agent's policy reader
+    decides from what is stored: once, since that is the fleet's state, not
+    a host's.
     """
+    from allocator.agent.sync.policy_read import PolicyReader
     from allocator.agent.sync.watches import agent_watch_keys as watched
 
-    whole = store.get(layout.common_share) is None
-    return watched(layout, host, whole_policy=whole)
+    _, read = PolicyReader(layout, hosts[0]).read(store)
+    return [watched(layout, host, whole_policy=read.whole) for host in hosts]
 
 
 def policy_text(hosts: int, version: int, gpus_of_first: int = 8) -> str:
@@ -275,7 +280,8 @@ def measure(server: EtcdServer, agents: int, processes: int, rounds: int) -> Sam
     try:
         applier = Applier(store, agents)
         applier.apply()
-        watched = [(*agent_watch_keys(store, layout, host_name(i)), PLAIN) for i in range(agents)]
+        hosts = [host_name(i) for i in range(agents)]
+        watched = [(*keys, PLAIN) for keys in agent_watch_keys(store, layout, hosts)]
         revision = bare.put(PLAIN_KEY.encode(), b"0")  # the store's latest revision
         watchers = Watchers(server.url, watched, processes, revision)
         try:
