@@ -5,9 +5,9 @@
 
 * idle writes: ``agents`` simulated agents, each with its own lease and its
   leased agent record, on stores shared by ``AGENTS_PER_CONNECTION``
-  agents, left idle for ``idle`` seconds, each doing
-  what the agent's store link does (a keep-alive every heartbeat, a full
-  re-read every resync, publishing through the agent's own
+  agents, left idle for ``idle`` seconds, each doing what the agent's store
+  link does (a keep-alive every heartbeat, a re-read every resync,
+  publishing through the agent's own
   :class:`~allocator.agent.sync.publisher.Publisher`); the store's revisions
   per minute count every write;
 * placement: 8 threads assigning on distinct hosts through the library
