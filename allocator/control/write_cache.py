@@ -127,8 +127,7 @@ def shared_snapshot(
     share (a host the policy lacks gets the whole policy, whose error lists
     its hosts); else ``None``, and the caller reads the compiled policy.
     """
-    from allocator.policy.shares import assemble, decode_common, decode_host_part, shares_agree
-    from allocator.records.shares import SharesHead
+    from allocator.policy.shares import host_policy
 
     head, common, mine = (listing.items[0] if listing.items else None for listing in shares)
     if head is None or common is None or mine is None:
@@ -138,21 +137,11 @@ def shared_snapshot(
     except BadRecord:  # the whole policy's reader reports it, and says how to repair it
         return None
     try:
-        if decode_record(head.value, SharesHead, head.key).policy_sha256 != record.sha256:
-            return None
-        found, part = (
-            decode_common(common.value, common.key),
-            decode_host_part(mine.value, mine.key, host),
-        )
-        if found is None or part is None:
-            return None
-        if not shares_agree(found[0], common.mod_revision, part[0], mine.mod_revision):
-            return None
-        policy = assemble(found[1], part[1], host)
+        policy = host_policy(record.sha256, head.value, common, mine, host)
     except BadRecord as exc:
         on_bad(exc)
         return None
-    return PolicySnapshot(policy, record, item.mod_revision, host)
+    return PolicySnapshot(policy, record, item.mod_revision, host) if policy else None
 
 
 def settle_view(

@@ -30,6 +30,7 @@ good policy until they agree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import msgspec
 from msgspec.structs import replace
@@ -38,8 +39,11 @@ from allocator.errors import BadRecord
 from allocator.policy.compiled import compiled_format
 from allocator.policy.model import Host, Policy, Reservation
 from allocator.records.codec import decode_record
-from allocator.records.shares import PolicyShare
+from allocator.records.shares import PolicyShare, SharesHead
 from allocator.util.digest import sha256_hex
+
+if TYPE_CHECKING:
+    from allocator.store import KeyValue
 
 __all__ = [
     "HostPart",
@@ -49,6 +53,7 @@ __all__ = [
     "decode_common",
     "decode_host_part",
     "host_parts",
+    "host_policy",
     "share_record",
     "shares_agree",
     "split_policy",
@@ -159,6 +164,27 @@ def shares_agree(
     if host is None or host.in_txn or host.policy_sha256 == common.policy_sha256:
         return True
     return host_revision < common_revision
+
+
+def host_policy(
+    sha256: str, head: bytes, common: KeyValue, mine: KeyValue, host: str
+) -> Policy | None:
+    """``host``'s policy from stored shares, if they are the applied policy's (``sha256``).
+
+    ``head``: the shares' head record; only when it names ``sha256`` (its
+    apply wrote every share; an apply still writing has marked it) are the
+    shares used. ``None`` for shares of another policy or format;
+    ``BadRecord`` for one that does not decode or does not fit.
+    """
+    if decode_record(head, SharesHead, "shares head").policy_sha256 != sha256:
+        return None
+    found = decode_common(common.value, common.key)
+    part = decode_host_part(mine.value, mine.key, host)
+    if found is None or part is None:
+        return None
+    if not shares_agree(found[0], common.mod_revision, part[0], mine.mod_revision):
+        return None
+    return assemble(found[1], part[1], host)
 
 
 def assemble(common: Policy, part: HostPart | None, host: str) -> Policy:

@@ -119,7 +119,8 @@ def read_status(
     """
     layout: KeyLayout = allocator.layout
     store = allocator.store
-    policy_read, compiled_read = _policy_records(store, layout, queue)
+    shares = _share_reads(layout, only_host)
+    policy_read, compiled_read, *found = _policy_records(store, layout, queue, shares)
     compiled = _first(compiled_read)
     list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
@@ -138,7 +139,7 @@ def read_status(
         reader.start()
         try:
             while_reading()
-            policy = _policy(allocator, _first(policy_read), compiled_read)
+            policy = _policy(allocator, _first(policy_read), compiled_read, found, only_host)
         finally:
             reader.join()
         listing = reader.result()
@@ -182,25 +183,38 @@ def declared_by_part(
     return groups
 
 
+def _share_reads(layout: KeyLayout, host: str | None) -> list[Read]:
+    """The reads of one host's share of the policy, its common share and their head."""
+    if host is None or not _valid_host(layout, host):
+        return []
+    return [Read(layout.shares_head), Read(layout.common_share), Read(layout.host_share(host))]
+
+
 def _policy_records(
-    store: Any, layout: KeyLayout, queue: tuple[str, Callable[[Listing], None]] | None = None
-) -> tuple[Listing, Listing]:
+    store: Any,
+    layout: KeyLayout,
+    queue: tuple[str, Callable[[Listing], None]] | None = None,
+    shares: Sequence[Read] = (),
+) -> tuple[Listing, ...]:
     """The policy record and its compiled form, read in one batch (at one revision).
 
     A user who may read the policy but not its compiled form (a role
     granted before there was one) still gets status, from the YAML.
     ``queue``: the wait queue under its prefix is read in the same batch
-    (and left out for a user who may not read it).
+    (and left out for a user who may not read it). ``shares``: read in it
+    too, their listings after the two (left out for a user who may not).
     """
-    if queue is not None:
-        reads = [Read(layout.policy), Read(layout.compiled_policy), Read(queue[0], prefix=True)]
+    if queue is not None or shares:
+        reads = [Read(layout.policy), Read(layout.compiled_policy), *shares]
+        reads += [Read(queue[0], prefix=True)] if queue is not None else []
         try:
-            policy_read, compiled_read, queue_read = store.read_many(reads)
+            policy_read, compiled_read, *rest = store.read_many(reads)
         except PermissionDenied:
             pass
         else:
-            queue[1](queue_read)
-            return policy_read, compiled_read
+            if queue is not None:
+                queue[1](rest.pop())
+            return policy_read, compiled_read, *rest
     try:
         policy_read, compiled_read = store.read_many(
             [Read(layout.policy), Read(layout.compiled_policy)]
@@ -215,7 +229,14 @@ def _first(listing: Listing) -> KeyValue | None:
     return listing.items[0] if listing.items else None
 
 
-def _policy(allocator: Any, item: KeyValue | None, compiled: Listing) -> Any:
+def _policy(
+    allocator: Any,
+    item: KeyValue | None,
+    compiled: Listing,
+    shares: Sequence[Listing] = (),
+    host: str | None = None,
+) -> Any:
+    """The applied policy: ``host``'s share of it when ``shares`` are the policy's, else whole."""
     from allocator.records.codec import decode_record
     from allocator.records.types import PolicyRecord
     from allocator.status.applied_policy import applied_policy
@@ -228,7 +249,26 @@ def _policy(allocator: Any, item: KeyValue | None, compiled: Listing) -> Any:
         allocator.on_bad_record(exc)
         return None
     on_bad = allocator.on_bad_record
+    mine = _host_share(record.sha256, shares, host, on_bad) if host is not None else None
+    if mine is not None:
+        return mine
     return applied_policy(allocator.store, allocator.layout, record, on_bad, compiled)
+
+
+def _host_share(
+    sha256: str, shares: Sequence[Listing], host: str, on_bad: Callable[[BadRecord], None]
+) -> Any:
+    """``host``'s policy from its share and the common one, if both are stored and current."""
+    from allocator.policy.shares import host_policy
+
+    head, common, mine = (_first(listing) for listing in shares) if shares else (None,) * 3
+    if head is None or common is None or mine is None:
+        return None
+    try:
+        return host_policy(sha256, head.value, common, mine, host)
+    except BadRecord as exc:
+        on_bad(exc)
+        return None
 
 
 class _ListingReader(threading.Thread):
