@@ -40,6 +40,8 @@ SIZES = {
     "quick": {"rounds": 10, "hosts": 1000, "moves": 20, "idle": 15.0, "applies": 3, "place": 3.0},
     "smoke": {"rounds": 1, "hosts": 10, "moves": 1, "idle": 0.3, "applies": 1, "place": 0.2},
 }
+#: Processes the fan-out rows spread the agents' watches over, per mode.
+WATCHER_PROCESSES = {"full": 8, "quick": 8, "smoke": 2}
 #: The large fleet of the scale rows, per mode (the small one is ``hosts``).
 LARGE = {"full": 12_500, "quick": 12_500, "smoke": 30}
 
@@ -107,7 +109,9 @@ def _run_group(group: str, args: argparse.Namespace, work: Path) -> list[Row]:
         args.agents = args.hosts
         args.place_seconds = args.place
         rows = bench_fleet.rows(args, work)
-        from bench import bench_history
+        from bench import bench_fanout, bench_history
+
+        rows += bench_fanout.rows(args, work)
 
         rows += bench_history.rows(args, work)
     for row in rows:
@@ -135,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in sizes.items():
         setattr(args, name, value)
     args.large = LARGE["smoke" if args.smoke else "quick" if args.quick else "full"]
+    args.watcher_processes = WATCHER_PROCESSES[
+        "smoke" if args.smoke else "quick" if args.quick else "full"
+    ]
     groups = [g for g in args.only.split(",") if g]
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:
