@@ -21,7 +21,7 @@ from allocator.policy import load_policy, policy_sha256
 from allocator.policy.compiled import compile_policy, compiled_format, read_compiled
 from allocator.records.keys import KeyLayout
 from allocator.records.types import CompiledPolicyRecord
-from allocator.store import Store, open_store
+from allocator.store import Read, Store, open_store
 from allocator.util.digest import sha256_hex
 from bench.fleet import fleet_policy
 
@@ -167,8 +167,16 @@ def test_set_works_on_a_store_with_only_the_yaml(store: Store) -> None:
     assert bad == []
 
 
+def _drop_shares(store: Store) -> None:
+    """Leave only the compiled policy to read: ``set host=`` reads a host's share first."""
+    (listing,) = store.read_many([Read(LAYOUT.shares, prefix=True, values=False)])
+    for item in listing.items:
+        store.delete(item.key)
+
+
 def test_a_damaged_compiled_record_is_reported_and_the_yaml_read_instead(store: Store) -> None:
     _allocator(store).apply_policy(EXAMPLE, "p.yaml")
+    _drop_shares(store)
     store.put(KEY, b'{"schema_version": 1, "sha256": "oops"}')
     bad: list[BadRecord] = []
     assignment, _ = _allocator(store, bad).assign(Request(job="train", host="node1", gpus=(2,)))
@@ -339,6 +347,7 @@ def test_set_on_a_damaged_compiled_policy_notes_it_once_and_succeeds(
     url = f"sqlite://{tmp_path / 's.db'}"
     store = open_store(url, create=True)
     _allocator(store).apply_policy(EXAMPLE, "p.yaml")
+    _drop_shares(store)
     store.put(KEY, b"not json")
     store.close()
     assert main(["--store", url, "set", "job=train", "gpus=1", "host=node1"]) == 0
