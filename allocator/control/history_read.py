@@ -30,6 +30,7 @@ import math
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
+from allocator.control import history_index
 from allocator.control.history import (
     OnBad,
     Stored,
@@ -44,7 +45,15 @@ from allocator.records.keys import KeyLayout, validate_name
 from allocator.store import MAX_TXN_OPS, KeyValue, Listing, Read, Store
 from allocator.util.times import parse_time
 
-__all__ = ["MAX_PAGE", "SINCE_PAGE", "first_page", "newest_entries", "query_history"]
+__all__ = [
+    "MAX_PAGE",
+    "SINCE_PAGE",
+    "TIES",
+    "first_page",
+    "newest_entries",
+    "query_history",
+    "read_recent",
+]
 
 #: The largest page read at once: a stream's 1,000 entries are ~480 KB.
 MAX_PAGE = 1024
@@ -56,6 +65,8 @@ FIRST_OPENED = 8
 FIRST_HEADS = 16
 #: Past this many heads, a ranking reads them all (keys only).
 MAX_HEADS = 4096
+#: Pointers read beyond the limit: entries of one millisecond sort by stream, not revision.
+TIES = 8
 
 
 def first_page(limit: int | None, streams: int, *, windowed: bool = False) -> int | None:
@@ -111,6 +122,63 @@ def newest_entries(
         size = min(size * 2, MAX_PAGE) if size < MAX_PAGE else size + MAX_PAGE
 
 
+def read_recent(
+    store: Store,
+    layout: KeyLayout,
+    on_bad: OnBad,
+    *,
+    limit: int,
+    since: datetime | None = None,
+) -> list[Stored] | None:
+    """The fleet's newest ``limit`` entries by its index, newest first; ``None``: ask the heads.
+
+    Two requests whatever the fleet's size: the first ``limit`` + :data:`TIES`
+    pointers (an ascending range with a limit), then the entries they name.
+    ``None`` when the index cannot answer alone: fewer pointers than asked
+    for (a quiet fleet, entries written before the index), or an entry gone
+    or damaged (dropped since its pointer was written).
+    """
+    (pointers,) = store.read_many(
+        [Read(history_index.recent_prefix(layout.history), prefix=True, limit=limit + TIES)]
+    )
+    keys = [key for kv in pointers.items for key in history_index.entry_keys(layout.history, kv)]
+    if len(keys) < limit:
+        return None
+    found: list[Stored] = []
+    for start in range(0, len(keys), MAX_TXN_OPS):
+        batch = keys[start : start + MAX_TXN_OPS]
+        for key, listing in zip(batch, store.read_many([Read(k) for k in batch]), strict=True):
+            stored = _indexed_entry(layout, key, listing, on_bad)
+            if stored is None:
+                return None
+            found.append(stored)
+    found.sort(key=_newest, reverse=True)
+    # Pointers run newest first: once one entry is before ``since``, so are the rest.
+    return [s for s in found if since is None or not _before(s, since)][:limit]
+
+
+def _indexed_entry(layout: KeyLayout, key: str, listing: Listing, on_bad: OnBad) -> Stored | None:
+    """The entry a pointer names, as read; ``None``: gone, damaged or not an entry key."""
+    path = key[len(layout.history) :]
+    kind, _, rest = path.partition("/")
+    host, _, _ = rest.rpartition("/")
+    try:
+        if kind == "hosts" and host:
+            stream = host_stream(layout, host)
+        elif kind == "policy" and "/" not in rest:
+            stream = policy_stream(layout)
+        else:
+            return None
+        if not listing.items or not key.startswith(stream.prefix):
+            return None
+        return Stored(decode_entry(listing.items[0], stream), listing.items[0].mod_revision)
+    except InvalidName:
+        return None
+    except BadRecord as exc:
+        on_bad(exc)
+        return None
+
+
 def query_history(
     store: Store,
     layout: KeyLayout,
@@ -137,6 +205,10 @@ def query_history(
         ]
         merged: Iterable[Stored] = heapq.merge(*readers, key=_newest, reverse=True)
     else:
+        if limit is not None and with_policy:
+            indexed = read_recent(store, layout, on_bad, limit=limit, since=since)
+            if indexed is not None:
+                return indexed
         merged = _fleet_newest(
             store, layout, on_bad, with_policy=with_policy, limit=limit, since=since
         )
