@@ -103,7 +103,9 @@ def test_without_a_policy_an_append_keeps_the_age_the_head_was_written_with() ->
 
     _, ops, after = append_plan(stream, head, _entry("2026-06-01T00:00:00Z"), None)
 
-    assert [op.key for op in ops if isinstance(op, Delete) and not op.prefix] == [stream.entry_key(0)]
+    assert [op.key for op in ops if isinstance(op, Delete) and not op.prefix] == [
+        stream.entry_key(0)
+    ]
     assert after.max_age == 86_400
 
 
