@@ -2,15 +2,19 @@
 
 Every append also writes one small pointer key, in the same transaction::
 
-    /allocator/v1/history/recent/<hour>/<ms>/hosts/<host>/<seq>
-    /allocator/v1/history/recent/<hour>/<ms>/policy/<seq>
+    /allocator/v1/history/recent/<hour>/<second>/hosts/<host>/<seq>
+    /allocator/v1/history/recent/<hour>/<second>/policy/<seq>
 
-``<ms>`` is ``10**13`` minus the entry's time in milliseconds (the writer's
-clock) and ``<hour>`` the same, in hours: both count down, so the newest
-pointer is the *first* key of the prefix. A fleet-wide ``history --limit 20``
-is then one ascending range read with a limit (etcd stops after that many
-keys, however large the index) and one batched read of the entries the
-pointers name (:func:`read_recent`); it never ranks 12,500 heads. The
+``<second>`` is ``10**11`` minus the entry's time in seconds (its ``at``:
+the writer's clock, at the second entries keep) and ``<hour>`` the same,
+in hours: both count down, so the newest pointer is the *first* key of the
+prefix. A fleet-wide ``history --limit 20`` is then one ascending range read
+with a limit (etcd stops after that many keys, however large the index),
+one read of the pointers of the last second it reached (entries of one
+second are ranked by the revision that wrote them, which a pointer shares
+with its entry), and one batched read of the entries
+(:func:`allocator.control.history_read.read_recent`); it never ranks
+12,500 heads. The
 tail of the key is the entry's key below ``history/``, so the value is empty;
 a transaction that appends to several hosts at once writes one pointer,
 naming the other entries in its value (one per line), so that it stays
@@ -35,23 +39,25 @@ from allocator.store import Delete, KeyValue, Op, Put
 from allocator.util.times import parse_time
 
 __all__ = [
-    "HOUR_MS",
+    "HOUR",
     "KEPT_HOURS",
     "entry_keys",
     "hour_of",
     "index_ops",
     "pointer_key",
+    "recent_prefix",
+    "second_prefix",
     "stale_hours",
     "trim_op",
 ]
 
-#: One bucket of the index (its ``<hour>`` segment).
-HOUR_MS = 3_600_000
+#: One bucket of the index (its ``<hour>`` segment), in seconds.
+HOUR = 3600
 #: An append deletes the hour this many before its own: the index keeps the hours between.
 KEPT_HOURS = 2
-_MS_DIGITS = 13
-_TOP = 10_000_000_000_000  # 10**13: a millisecond count until the year 2286
-_HOUR_DIGITS = 7
+_SECOND_DIGITS = 11
+_TOP = 100_000_000_000  # 10**11 seconds: until the year 5138
+_HOUR_DIGITS = 8
 
 
 def recent_prefix(history: str) -> str:
@@ -59,16 +65,16 @@ def recent_prefix(history: str) -> str:
     return f"{history}recent/"
 
 
-def _millis(at: str) -> int | None:
+def _seconds(at: str) -> int | None:
     moment = parse_time(at)
     if moment is None or moment.tzinfo is None:
         return None
-    return min(max(int(moment.timestamp() * 1000), 0), _TOP - 1)
+    return min(max(int(moment.timestamp()), 0), _TOP - 1)
 
 
-def hour_of(millis: int) -> int:
-    """The ``<hour>`` bucket of a time in milliseconds (counts down: newer is smaller)."""
-    return (_TOP - 1 - millis) // HOUR_MS
+def hour_of(seconds: int) -> int:
+    """The ``<hour>`` bucket of a time in seconds since the epoch (newer: smaller)."""
+    return (_TOP - 1 - seconds) // HOUR
 
 
 def pointer_key(history: str, at: str, entry_key: str) -> str | None:
@@ -76,22 +82,22 @@ def pointer_key(history: str, at: str, entry_key: str) -> str | None:
 
     ``None`` for an unreadable time (no entry this code builds has one).
     """
-    millis = _millis(at)
-    if millis is None or not entry_key.startswith(history):
+    seconds = _seconds(at)
+    if seconds is None or not entry_key.startswith(history):
         return None
-    inverted = _TOP - 1 - millis
+    inverted = _TOP - 1 - seconds
     return (
-        f"{recent_prefix(history)}{hour_of(millis):0{_HOUR_DIGITS}d}/"
-        f"{inverted:0{_MS_DIGITS}d}/{entry_key[len(history) :]}"
+        f"{recent_prefix(history)}{hour_of(seconds):0{_HOUR_DIGITS}d}/"
+        f"{inverted:0{_SECOND_DIGITS}d}/{entry_key[len(history) :]}"
     )
 
 
 def trim_op(history: str, at: str) -> Delete | None:
     """The prefix delete of the index's hour :data:`KEPT_HOURS` before ``at`` (pure)."""
-    millis = _millis(at)
-    if millis is None:
+    seconds = _seconds(at)
+    if seconds is None:
         return None
-    return Delete(_hour_prefix(history, hour_of(millis) + KEPT_HOURS), prefix=True)
+    return Delete(_hour_prefix(history, hour_of(seconds) + KEPT_HOURS), prefix=True)
 
 
 def _hour_prefix(history: str, hour: int) -> str:
@@ -123,10 +129,18 @@ def entry_keys(history: str, pointer: KeyValue) -> list[str]:
     return [f"{history}{path}" for path in (parts[2], *others.split("\n")) if path]
 
 
-def stale_hours(history: str, keys: Sequence[str], now_millis: int) -> list[Delete]:
+def second_prefix(history: str, pointer_key: str) -> str | None:
+    """The prefix of every pointer of the same second as ``pointer_key`` (pure)."""
+    parts = pointer_key[len(recent_prefix(history)) :].split("/", 2)
+    if len(parts) != 3:
+        return None
+    return f"{recent_prefix(history)}{parts[0]}/{parts[1]}/"
+
+
+def stale_hours(history: str, keys: Sequence[str], now: int) -> list[Delete]:
     """Prefix deletes of every hour in ``keys`` (index keys) :data:`KEPT_HOURS` or more before
-    ``now_millis``: the hours no append trimmed (pure)."""
-    oldest_kept = hour_of(now_millis) + KEPT_HOURS
+    ``now`` (seconds since the epoch): the hours no append trimmed (pure)."""
+    oldest_kept = hour_of(now) + KEPT_HOURS
     prefix = recent_prefix(history)
     hours = set()
     for key in keys:

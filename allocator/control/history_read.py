@@ -48,7 +48,6 @@ from allocator.util.times import parse_time
 __all__ = [
     "MAX_PAGE",
     "SINCE_PAGE",
-    "TIES",
     "first_page",
     "newest_entries",
     "query_history",
@@ -65,8 +64,6 @@ FIRST_OPENED = 8
 FIRST_HEADS = 16
 #: Past this many heads, a ranking reads them all (keys only).
 MAX_HEADS = 4096
-#: Pointers read beyond the limit: entries of one millisecond sort by stream, not revision.
-TIES = 8
 
 
 def first_page(limit: int | None, streams: int, *, windowed: bool = False) -> int | None:
@@ -132,18 +129,22 @@ def read_recent(
 ) -> list[Stored] | None:
     """The fleet's newest ``limit`` entries by its index, newest first; ``None``: ask the heads.
 
-    Two requests whatever the fleet's size: the first ``limit`` + :data:`TIES`
-    pointers (an ascending range with a limit), then the entries they name.
-    ``None`` when the index cannot answer alone: fewer pointers than asked
-    for (a quiet fleet, entries written before the index), or an entry gone
-    or damaged (dropped since its pointer was written).
+    Three requests whatever the fleet's size: the first ``limit`` pointers
+    (an ascending range with a limit), every pointer of the last second
+    they reach (ranked by revision: a second's pointers are in key order,
+    not write order), then exactly the ``limit`` entries chosen. ``None``
+    when the index cannot answer alone: fewer pointers than asked for (a
+    quiet fleet, entries written before the index), or an entry gone or
+    damaged (dropped since its pointer was written).
     """
+    history = layout.history
     (pointers,) = store.read_many(
-        [Read(history_index.recent_prefix(layout.history), prefix=True, limit=limit + TIES)]
+        [Read(history_index.recent_prefix(history), prefix=True, limit=limit)]
     )
-    keys = [key for kv in pointers.items for key in history_index.entry_keys(layout.history, kv)]
-    if len(keys) < limit:
+    if len(pointers.items) < limit:
         return None
+    chosen = _by_time_then_revision(store, history, list(pointers.items))
+    keys = [key for kv in chosen for key in history_index.entry_keys(history, kv)][:limit]
     found: list[Stored] = []
     for start in range(0, len(keys), MAX_TXN_OPS):
         batch = keys[start : start + MAX_TXN_OPS]
@@ -152,9 +153,25 @@ def read_recent(
             if stored is None:
                 return None
             found.append(stored)
+    if len(found) < limit:
+        return None
     found.sort(key=_newest, reverse=True)
     # Pointers run newest first: once one entry is before ``since``, so are the rest.
-    return [s for s in found if since is None or not _before(s, since)][:limit]
+    return [s for s in found if since is None or not _before(s, since)]
+
+
+def _by_time_then_revision(store: Store, history: str, pointers: list[KeyValue]) -> list[KeyValue]:
+    """``pointers`` (the index's first) with every pointer of the last one's second, newest
+    second first and, within one, the revision that wrote them newest first."""
+    last = history_index.second_prefix(history, pointers[-1].key)
+    if last is not None:
+        (tied,) = store.read_many([Read(last, prefix=True)])
+        pointers = [kv for kv in pointers if not kv.key.startswith(last)] + list(tied.items)
+
+    def order(kv: KeyValue) -> tuple[str, int]:
+        return history_index.second_prefix(history, kv.key) or kv.key, -kv.mod_revision
+
+    return sorted(pointers, key=order)
 
 
 def _indexed_entry(layout: KeyLayout, key: str, listing: Listing, on_bad: OnBad) -> Stored | None:

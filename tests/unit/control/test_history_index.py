@@ -18,7 +18,7 @@ from allocator.control.history import (
     prepare_append,
     read_history,
 )
-from allocator.control.history_read import TIES, query_history, read_recent
+from allocator.control.history_read import query_history, read_recent
 from allocator.errors import BadRecord
 from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
@@ -116,8 +116,9 @@ def test_the_fleet_wide_newest_twenty_come_from_the_index_in_order(fleet: Store)
 
     assert found == _newest(fleet, 20)
     assert query_history(fleet, LAYOUT, _no_bad, limit=20) == found
-    # The pointers and the entries they name: bounded by the limit, not the 30 hosts' heads.
-    assert counting.keys_read <= 2 * (20 + TIES)
+    # The pointers, those of the last second again, and the entries they name: bounded by
+    # the limit, not the 30 hosts' heads.
+    assert counting.keys_read <= 2 * 20 + 1
 
 
 def test_without_the_index_the_heads_still_give_the_newest_twenty(fleet: Store) -> None:
@@ -165,8 +166,20 @@ def test_stale_hours_names_every_hour_no_append_cut() -> None:
         for h in (0, 1, 2, 5, 5, 9)
     ]
     doomed = history_index.stale_hours(
-        HISTORY, [k for k in keys if k is not None], int(now.timestamp() * 1000)
+        HISTORY, [k for k in keys if k is not None], int(now.timestamp())
     )
 
     assert len(doomed) == 3 and all(d.prefix for d in doomed)
     assert [d.key for d in doomed] == sorted(d.key for d in doomed)
+
+
+def test_entries_of_one_second_are_ranked_by_revision_not_by_key() -> None:
+    store = open_store(f"memory://{uuid.uuid4().hex}")
+    for index in range(30):  # node00 first: key order is the reverse of write order
+        _append(store, host_stream(LAYOUT, f"node{index:02d}"), START)
+
+    found = read_recent(store, LAYOUT, _no_bad, limit=5)
+
+    assert found is not None
+    assert [s.entry.host for s in found] == ["node29", "node28", "node27", "node26", "node25"]
+    assert found == _newest(store, 5)
