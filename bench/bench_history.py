@@ -22,23 +22,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from allocator.control.history import Stream, host_stream, read_history, select
+from allocator.control.history_index import pointer_key
 from allocator.control.history_read import first_page, query_history
 from allocator.errors import BadRecord
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry, HistoryHead
 from allocator.store import Listing, Put, Read, Store, open_store
+from allocator.util.times import format_time
 from bench.common import Row, interleaved, ratio_row, value_row
 from tests.support.etcd_server import EtcdServer
 
 __all__ = ["rows"]
 
 LIMIT = 20
-#: Entries written per transaction (within every backend's 64 operations).
+#: Keys written per transaction (within every backend's 64 operations).
 _BATCH = 60
+#: The time of entry 0 of host 0; entry ``seq`` of host ``index`` is ``seq * 20,000 + index`` s on.
+_START = datetime(2026, 6, 1, tzinfo=UTC)
 
 
 class _Counting:
@@ -69,17 +74,23 @@ def _ignore(_bad: BadRecord) -> None:
 def fill(store: Store, layout: KeyLayout, hosts: int, per_host: int, first: int = 0) -> None:
     """``hosts`` streams of ``per_host`` entries, the way appends leave them.
 
-    Streams are packed into transactions of about :data:`_BATCH` entries.
+    Each entry with its pointer in the fleet's index (every one kept: the
+    index as large as it gets), packed into transactions of about
+    :data:`_BATCH` keys.
     """
     ops: list[Put] = []
     for index in range(first, first + hosts):
         stream = host_stream(layout, f"node{index:05d}")
-        for start in range(0, per_host, _BATCH):
-            seqs = range(start, min(start + _BATCH, per_host))
-            if len(ops) + len(seqs) + 1 > _BATCH + 3:
+        for start in range(0, per_host, _BATCH // 2):
+            seqs = range(start, min(start + _BATCH // 2, per_host))
+            if len(ops) + 2 * len(seqs) + 1 > _BATCH + 3:
                 store.txn([], ops)
                 ops = []
-            ops += [Put(stream.entry_key(q), _entry(stream, q, index).to_json()) for q in seqs]
+            for seq in seqs:
+                entry = _entry(stream, seq, index)
+                ops.append(Put(stream.entry_key(seq), entry.to_json()))
+                pointer = pointer_key(layout.history, entry.at, stream.entry_key(seq))
+                ops += [Put(pointer, b"")] if pointer is not None else []
             head = HistoryHead(stream.name, 0, seqs[-1] + 1, per_host)
             ops.append(Put(stream.head_key, head.to_json()))
     if ops:
@@ -104,7 +115,7 @@ def fill_parallel(url: str, layout: KeyLayout, hosts: int, per_host: int, writer
 def _entry(stream: Stream, seq: int, index: int) -> HistoryEntry:
     return HistoryEntry(
         seq=seq,
-        at=f"2026-06-01T12:{seq // 60 % 60:02d}:{seq % 60:02d}Z",
+        at=format_time(_START + timedelta(seconds=seq * 20_000 + index)),  # one a second
         by="alice@ops-laptop",
         action="move",
         host=stream.host,
