@@ -120,6 +120,7 @@ def _prune(args: argparse.Namespace) -> int:
         "entries_dropped": done.entries,
         "streams_pruned": done.pruned_streams,
         "streams_removed": list(done.removed),
+        "index_hours_dropped": done.index_hours,
     }
     text = (
         f"dropped {done.entries:,} entries older than {age} from {done.pruned_streams:,} of "

@@ -18,6 +18,7 @@ from allocator.control.history import (
     prepare_append,
     read_history,
 )
+from allocator.control.history_prune import prune_history
 from allocator.control.history_read import query_history, read_recent
 from allocator.errors import BadRecord
 from allocator.policy.model import HistorySettings
@@ -183,3 +184,27 @@ def test_entries_of_one_second_are_ranked_by_revision_not_by_key() -> None:
     assert found is not None
     assert [s.entry.host for s in found] == ["node29", "node28", "node27", "node26", "node25"]
     assert found == _newest(store, 5)
+
+
+def test_prune_cuts_the_index_hours_no_append_cut() -> None:
+    store = open_store(f"memory://{uuid.uuid4().hex}")
+    _append(store, host_stream(LAYOUT, "node1"), START)  # its hour: nobody appends after it
+    _append(store, host_stream(LAYOUT, "node2"), START + timedelta(hours=5, minutes=30))
+    _append(store, host_stream(LAYOUT, "node2"), START + timedelta(hours=6))
+
+    done = prune_history(
+        store,
+        LAYOUT,
+        frozenset({"node1", "node2"}),
+        30 * 86_400,
+        START + timedelta(hours=6),
+        _no_bad,
+    )
+
+    assert done.index_hours == 1
+    left = [key for kv in store.list(RECENT).items for key in history_index.entry_keys(HISTORY, kv)]
+    assert left == [
+        host_stream(LAYOUT, "node2").entry_key(1),
+        host_stream(LAYOUT, "node2").entry_key(0),
+    ]
+    assert done.entries == 0  # the entries themselves are within max_age
