@@ -6,6 +6,10 @@ Each host has a stream of entries, and so does the policy::
     /allocator/v1/history/hosts/<host>/<seq>      one entry (seq zero-padded: key order)
     /allocator/v1/history/heads/policy
     /allocator/v1/history/policy/<seq>
+    /allocator/v1/history/recent/<hour>/<second>/<stream>/<seq>   the fleet's index
+
+Each append also writes the entry's pointer in the fleet's index of recent
+entries (:mod:`allocator.control.history_index`), and cuts its oldest hour.
 
 An entry is appended in the same transaction as the change it records (see
 :func:`allocator.control.write_cache.plan_change`), so history can
