@@ -26,7 +26,7 @@ def test_the_arithmetic_entries_times_streams_times_entry_bytes() -> None:
     assert history_bytes(1000, 12_501) == 1000 * 12_501 * (480 + 160)  # ~7.5 GiB
     assert default_entries(12_501, DEFAULT_HISTORY_BYTES) == 67  # 512 MiB / (12,501 x 640 B)
     assert default_entries(11, DEFAULT_HISTORY_BYTES) == 1000  # capped at the usual 1,000
-    assert default_entries(1_000_000, DEFAULT_HISTORY_BYTES) == 1
+    assert default_entries(800_000, DEFAULT_HISTORY_BYTES) == 1
 
 
 def test_left_out_entries_per_host_is_the_most_the_fleet_fits() -> None:
