@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             gpu=gpu,
             since=since,
             limit=limit,
+            now=allocator.clock(),
         )
     finally:
         allocator.store.close()

@@ -39,8 +39,11 @@ from allocator.store import Delete, KeyValue, Op, Put
 from allocator.util.times import parse_time
 
 __all__ = [
+    "AHEAD_BUCKETS",
+    "BUCKET",
     "HOUR",
     "KEPT_HOURS",
+    "bucket_prefixes",
     "entry_keys",
     "hour_of",
     "index_ops",
@@ -55,6 +58,11 @@ __all__ = [
 HOUR = 3600
 #: An append deletes the hour this many before its own: the index keeps the hours between.
 KEPT_HOURS = 2
+#: What one prefix read of the index covers, in seconds (divides :data:`HOUR`). etcd walks
+#: every key of a range to count them, limit or not: reads stay within a few buckets.
+BUCKET = 100
+#: Buckets a reader reads ahead of its own clock: writers whose clocks run ahead.
+AHEAD_BUCKETS = 6
 _SECOND_DIGITS = 11
 _TOP = 100_000_000_000  # 10**11 seconds: until the year 5138
 _HOUR_DIGITS = 8
@@ -135,6 +143,18 @@ def second_prefix(history: str, pointer_key: str) -> str | None:
     if len(parts) != 3:
         return None
     return f"{recent_prefix(history)}{parts[0]}/{parts[1]}/"
+
+
+def bucket_prefixes(history: str, now: int) -> list[str]:
+    """The prefixes of the index's buckets a reader at ``now`` (seconds) reads, newest first:
+    :data:`AHEAD_BUCKETS` ahead of it, then back over the hours the index keeps (pure)."""
+    first = (_TOP - 1 - min(max(now, 0), _TOP - 1)) // BUCKET - AHEAD_BUCKETS
+    count = AHEAD_BUCKETS + (KEPT_HOURS + 1) * (HOUR // BUCKET)
+    prefix = recent_prefix(history)
+    return [
+        f"{prefix}{b * BUCKET // HOUR:0{_HOUR_DIGITS}d}/{b:0{_SECOND_DIGITS - 2}d}"
+        for b in range(max(first, 0), first + count)
+    ]
 
 
 def stale_hours(history: str, keys: Sequence[str], now: int) -> list[Delete]:

@@ -48,7 +48,7 @@ from allocator.control.history import (
 from allocator.errors import BadRecord, InvalidName
 from allocator.records.keys import KeyLayout, validate_name
 from allocator.store import MAX_TXN_OPS, KeyValue, Listing, Read, Store
-from allocator.util.times import parse_time
+from allocator.util.times import parse_time, utc_now
 
 __all__ = [
     "MAX_PAGE",
@@ -69,6 +69,8 @@ FIRST_OPENED = 8
 FIRST_HEADS = 16
 #: Past this many heads, a ranking reads them all (keys only).
 MAX_HEADS = 4096
+#: Buckets of the index (100 s each) the first request reads; each further one twice as many.
+FIRST_BUCKETS = 4
 
 
 def first_page(limit: int | None, streams: int, *, windowed: bool = False) -> int | None:
@@ -130,25 +132,26 @@ def read_recent(
     on_bad: OnBad,
     *,
     limit: int,
+    now: datetime,
     since: datetime | None = None,
 ) -> list[Stored] | None:
     """The fleet's newest ``limit`` entries by its index, newest first; ``None``: ask the heads.
 
-    Three requests whatever the fleet's size: the first ``limit`` pointers
-    (an ascending range with a limit), every pointer of the last second
-    they reach (ranked by revision: a second's pointers are in key order,
-    not write order), then exactly the ``limit`` entries chosen. ``None``
-    when the index cannot answer alone: fewer pointers than asked for (a
-    quiet fleet, entries written before the index), or an entry gone or
-    damaged (dropped since its pointer was written).
+    The first ``limit`` pointers, read a few 100-second buckets at a time
+    back from ``now`` (etcd walks a whole range to count it, so no read
+    spans the index), every pointer of the last second they reach (ranked
+    by revision: a second's pointers are in key order, not write order),
+    then exactly the ``limit`` entries chosen: three requests on a busy
+    fleet, whatever its size. ``None`` when the index cannot answer alone:
+    fewer pointers than asked for in the hours it keeps (a quiet fleet,
+    entries written before the index), or an entry gone or damaged
+    (dropped since its pointer was written).
     """
     history = layout.history
-    (pointers,) = store.read_many(
-        [Read(history_index.recent_prefix(history), prefix=True, limit=limit)]
-    )
-    if len(pointers.items) < limit:
+    pointers = _first_pointers(store, history, limit, int(now.timestamp()))
+    if len(pointers) < limit:
         return None
-    chosen = _by_time_then_revision(store, history, list(pointers.items))
+    chosen = _by_time_then_revision(store, history, pointers)
     keys = [key for kv in chosen for key in history_index.entry_keys(history, kv)][:limit]
     found: list[Stored] = []
     for start in range(0, len(keys), MAX_TXN_OPS):
@@ -163,6 +166,20 @@ def read_recent(
     found.sort(key=_newest, reverse=True)
     # Pointers run newest first: once one entry is before ``since``, so are the rest.
     return [s for s in found if since is None or not _before(s, since)]
+
+
+def _first_pointers(store: Store, history: str, limit: int, now: int) -> list[KeyValue]:
+    """The index's first ``limit`` pointers (fewer: all it holds near ``now``)."""
+    buckets = history_index.bucket_prefixes(history, now)
+    found: list[KeyValue] = []
+    start, size = 0, FIRST_BUCKETS
+    while len(found) < limit and start < len(buckets):
+        need = limit - len(found)
+        reads = [Read(b, prefix=True, limit=need) for b in buckets[start : start + size]]
+        for listing in store.read_many(reads):
+            found += listing.items
+        start, size = start + size, min(2 * size, MAX_TXN_OPS)
+    return found[:limit]
 
 
 def _by_time_then_revision(store: Store, history: str, pointers: list[KeyValue]) -> list[KeyValue]:
@@ -211,11 +228,13 @@ def query_history(
     gpu: int | None = None,
     since: datetime | None = None,
     limit: int | None = None,
+    now: datetime | None = None,
 ) -> list[Stored]:
     """The newest ``limit`` entries (all, ``None``) that match the filters, newest first.
 
     The policy's stream is read only without ``job`` and ``gpu`` (its
-    entries name neither).
+    entries name neither). ``now``: the reader's clock, where the index is
+    read from (``None``: the system clock).
     """
     with_policy = job is None and gpu is None
     if host is not None:
@@ -228,7 +247,8 @@ def query_history(
         merged: Iterable[Stored] = heapq.merge(*readers, key=_newest, reverse=True)
     else:
         if limit is not None and with_policy:
-            indexed = read_recent(store, layout, on_bad, limit=limit, since=since)
+            at = now if now is not None else utc_now()
+            indexed = read_recent(store, layout, on_bad, limit=limit, now=at, since=since)
             if indexed is not None:
                 return indexed
         merged = _fleet_newest(

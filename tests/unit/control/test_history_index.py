@@ -31,6 +31,8 @@ LAYOUT = KeyLayout()
 HISTORY = LAYOUT.history
 RECENT = history_index.recent_prefix(HISTORY)
 START = datetime(2026, 6, 1, 10, tzinfo=UTC)
+#: The reader's clock: a little after the fixtures' last entry.
+NOW = START + timedelta(minutes=5)
 
 
 def _no_bad(error: BadRecord) -> None:
@@ -113,25 +115,44 @@ def test_a_pointer_names_its_entries_and_a_group_pointer_names_them_all() -> Non
 def test_the_fleet_wide_newest_twenty_come_from_the_index_in_order(fleet: Store) -> None:
     counting = CountingStore(fleet)
 
-    found = read_recent(counting, LAYOUT, _no_bad, limit=20)
+    found = read_recent(counting, LAYOUT, _no_bad, limit=20, now=NOW)
 
     assert found == _newest(fleet, 20)
-    assert query_history(fleet, LAYOUT, _no_bad, limit=20) == found
+    assert query_history(fleet, LAYOUT, _no_bad, limit=20, now=NOW) == found
     # The pointers, those of the last second again, and the entries they name: bounded by
     # the limit, not the 30 hosts' heads.
     assert counting.keys_read <= 2 * 20 + 1
 
 
+def test_the_index_is_read_a_few_buckets_at_a_time_back_from_the_readers_clock(
+    fleet: Store,
+) -> None:
+    prefixes: list[str] = []
+
+    class Recording(CountingStore):
+        def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+            prefixes.extend(r.key for r in reads if r.prefix)
+            return super().read_many(reads)
+
+    # An hour on, the fixture's minutes of entries are many buckets back: still found.
+    found = read_recent(Recording(fleet), LAYOUT, _no_bad, limit=20, now=NOW + timedelta(hours=1))
+
+    assert found == _newest(fleet, 20)
+    # No read spans the index (etcd would walk all of it): buckets of 100 s, and the tie's second.
+    assert all(p.startswith(RECENT) and len(p) > len(RECENT) + 9 for p in prefixes)
+    assert len(prefixes) <= 4 + 8 + 16 + 32 + 1
+
+
 def test_without_the_index_the_heads_still_give_the_newest_twenty(fleet: Store) -> None:
     fleet.txn([], [Delete(RECENT, prefix=True)])
 
-    assert read_recent(fleet, LAYOUT, _no_bad, limit=20) is None
-    assert query_history(fleet, LAYOUT, _no_bad, limit=20) == _newest(fleet, 20)
+    assert read_recent(fleet, LAYOUT, _no_bad, limit=20, now=NOW) is None
+    assert query_history(fleet, LAYOUT, _no_bad, limit=20, now=NOW) == _newest(fleet, 20)
 
 
 def test_an_index_shorter_than_the_limit_falls_back_to_the_heads(fleet: Store) -> None:
-    assert read_recent(fleet, LAYOUT, _no_bad, limit=200) is None
-    assert query_history(fleet, LAYOUT, _no_bad, limit=200) == _newest(fleet, 200)
+    assert read_recent(fleet, LAYOUT, _no_bad, limit=200, now=NOW) is None
+    assert query_history(fleet, LAYOUT, _no_bad, limit=200, now=NOW) == _newest(fleet, 200)
 
 
 def test_a_pointer_to_a_dropped_entry_falls_back_to_the_heads(fleet: Store) -> None:
@@ -139,8 +160,8 @@ def test_a_pointer_to_a_dropped_entry_falls_back_to_the_heads(fleet: Store) -> N
     assert newest.host is not None
     fleet.delete(host_stream(LAYOUT, newest.host).entry_key(newest.seq))
 
-    assert read_recent(fleet, LAYOUT, _no_bad, limit=5) is None
-    assert query_history(fleet, LAYOUT, _no_bad, limit=5) == _newest(fleet, 5)
+    assert read_recent(fleet, LAYOUT, _no_bad, limit=5, now=NOW) is None
+    assert query_history(fleet, LAYOUT, _no_bad, limit=5, now=NOW) == _newest(fleet, 5)
 
 
 def test_an_append_drops_the_index_hour_kept_hours_before_its_own() -> None:
@@ -179,7 +200,7 @@ def test_entries_of_one_second_are_ranked_by_revision_not_by_key() -> None:
     for index in range(30):  # node00 first: key order is the reverse of write order
         _append(store, host_stream(LAYOUT, f"node{index:02d}"), START)
 
-    found = read_recent(store, LAYOUT, _no_bad, limit=5)
+    found = read_recent(store, LAYOUT, _no_bad, limit=5, now=NOW)
 
     assert found is not None
     assert [s.entry.host for s in found] == ["node29", "node28", "node27", "node26", "node25"]
@@ -208,3 +229,22 @@ def test_prune_cuts_the_index_hours_no_append_cut() -> None:
         host_stream(LAYOUT, "node2").entry_key(0),
     ]
     assert done.entries == 0  # the entries themselves are within max_age
+
+
+def test_bucket_prefixes_cover_what_the_index_keeps_newest_first() -> None:
+    now = int(NOW.timestamp())
+    prefixes = history_index.bucket_prefixes(HISTORY, now)
+    pointer = history_index.pointer_key(HISTORY, format_time(NOW), f"{HISTORY}policy/000000000001")
+    older = history_index.pointer_key(
+        HISTORY, format_time(NOW - timedelta(hours=2, minutes=30)), f"{HISTORY}policy/000000000002"
+    )
+    ahead = history_index.pointer_key(
+        HISTORY, format_time(NOW + timedelta(minutes=5)), f"{HISTORY}policy/000000000003"
+    )
+
+    assert prefixes == sorted(prefixes)
+    assert pointer is not None and older is not None and ahead is not None
+    assert [i for i, p in enumerate(prefixes) if ahead.startswith(p)] < [
+        i for i, p in enumerate(prefixes) if pointer.startswith(p)
+    ]
+    assert any(older.startswith(p) for p in prefixes)
