@@ -8,13 +8,15 @@ Every append also writes one small pointer key, in the same transaction::
 ``<second>`` is ``10**11`` minus the entry's time in seconds (its ``at``:
 the writer's clock, at the second entries keep) and ``<hour>`` the same,
 in hours: both count down, so the newest pointer is the *first* key of the
-prefix. A fleet-wide ``history --limit 20`` is then one ascending range read
-with a limit (etcd stops after that many keys, however large the index),
-one read of the pointers of the last second it reached (entries of one
-second are ranked by the revision that wrote them, which a pointer shares
-with its entry), and one batched read of the entries
-(:func:`allocator.control.history_read.read_recent`); it never ranks
-12,500 heads. The
+prefix. A fleet-wide ``history --limit 20`` reads the first pointers back
+from the reader's clock, a few 100-second buckets (key prefixes: the
+second's first nine digits) a request, each an ascending range with a
+limit: etcd walks every key of a range to count it, limit or not, so no
+read spans the whole index. Then one read of the pointers of the last
+second reached (entries of one second are ranked by the revision that
+wrote them, which a pointer shares with its entry), and one batched read
+of the entries (:func:`allocator.control.history_read.read_recent`); it
+never ranks 12,500 heads. The
 tail of the key is the entry's key below ``history/``, so the value is empty;
 a transaction that appends to several hosts at once writes one pointer,
 naming the other entries in its value (one per line), so that it stays
