@@ -1,15 +1,13 @@
-"""A fleet in one process: fan-out of a policy apply, an idle fleet's writes, placement.
+"""A fleet in one process: an idle fleet's writes, placement.
 
-* fan-out: ``agents`` simulated agents, each with its own lease, its leased
-  agent record and the agent's two watches (its host's assignments, the
-  policy), on stores shared by ``AGENTS_PER_CONNECTION`` agents (each watch
-  has a connection of its own), all in this process. Each ``policy apply``
-  is timed from the moment its transaction is sent to the moment each
-  agent's watch has the event;
-  baseline: the same apply watched by one watcher alone (interleaved);
-* idle writes: the same agents left idle for ``idle`` seconds, each doing
-  what the agent's store link does (a keep-alive every heartbeat, a full
-  re-read every resync, publishing through the agent's own
+(What a policy apply costs the fleet, its fan-out to every agent, is
+:mod:`bench.bench_fanout`: its watchers need processes of their own.)
+
+* idle writes: ``agents`` simulated agents, each with its own lease and its
+  leased agent record, on stores shared by ``AGENTS_PER_CONNECTION``
+  agents, left idle for ``idle`` seconds, each doing what the agent's store
+  link does (a keep-alive every heartbeat, a re-read every resync,
+  publishing through the agent's own
   :class:`~allocator.agent.sync.publisher.Publisher`); the store's revisions
   per minute count every write;
 * placement: 8 threads assigning on distinct hosts through the library
@@ -22,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +29,9 @@ from allocator.control.client import Allocator
 from allocator.placement.choose import Request
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, GpuInfo
-from allocator.store import Compare, Event, Op, Put, Read, Store, TxnOutcome, Watch, open_store
+from allocator.store import Compare, Op, Put, Read, Store, TxnOutcome, open_store
 from bench.bare_etcd import BareEtcd, b64
-from bench.common import Row, percentile, ratio_row, value_row
+from bench.common import Row, ratio_row, value_row
 from bench.fleet import fleet_policy, host_name
 from tests.support.etcd_server import EtcdServer
 
@@ -45,43 +43,14 @@ HEARTBEAT_S, RESYNC_S, LEASE_TTL_S = 10.0, 30.0, 30.0
 
 @dataclass
 class SimAgent:
-    """One simulated agent: its host, lease publisher and watches."""
+    """One simulated agent: its host, its lease's publisher and its record."""
 
     host: str
     store: Store
     publisher: Publisher
     record: bytes
-    watches: list[Watch] = field(default_factory=list)
     next_keepalive: float = 0.0
     next_read: float = 0.0
-
-
-class Arrivals:
-    """When each watch's events arrived (stamped where the agent's watch thread wakes)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self._lock = threading.Lock()
-
-    def attach(self, watch: Watch) -> None:
-        """Stamp every batch ``watch`` receives from now on."""
-        queue = getattr(watch, "queue", None)
-        if queue is None:
-            raise SystemExit("the fan-out simulation needs the etcd backend's watches")
-        put = queue.put
-
-        def stamped(events: list[Event]) -> None:
-            with self._lock:
-                self.times.append(time.monotonic())
-            put(events)
-
-        queue.put = stamped
-
-    def take(self) -> list[float]:
-        """The stamps so far, cleared."""
-        with self._lock:
-            found, self.times = self.times, []
-        return found
 
 
 def _own_keys(store: Store, layout: KeyLayout, host: str) -> dict[str, Any]:
@@ -91,10 +60,8 @@ def _own_keys(store: Store, layout: KeyLayout, host: str) -> dict[str, Any]:
     return {kv.key: kv for kv in listing.items if kv.key == agent or kv.key.startswith(workers)}
 
 
-def start_agents(
-    url: str, layout: KeyLayout, count: int, arrivals: Arrivals, revision: int
-) -> tuple[list[SimAgent], list[Store]]:
-    """``count`` agents: lease, record, watches on their host's jobs and the policy."""
+def start_agents(url: str, layout: KeyLayout, count: int) -> tuple[list[SimAgent], list[Store]]:
+    """``count`` agents, each with its lease and its leased record."""
     stores = [open_store(url) for _ in range(-(-count // AGENTS_PER_CONNECTION))]
     agents = []
     now = time.monotonic()
@@ -108,10 +75,6 @@ def start_agents(
         publisher.keep_alive(store, LEASE_TTL_S)
         publisher.observe(_own_keys(store, layout, host))
         publisher.publish(store, record, {})
-        for prefix in (layout.host_jobs(host), layout.policy):
-            watch = store.watch(prefix, revision + 1)
-            arrivals.attach(watch)
-            agent.watches.append(watch)
         # Spread the heartbeats over the interval, as independent hosts would be.
         agent.next_keepalive = now + HEARTBEAT_S * index / count
         agent.next_read = now + RESYNC_S * index / count
@@ -119,97 +82,34 @@ def start_agents(
     return agents, stores
 
 
-def stop_agents(agents: list[SimAgent], stores: list[Store]) -> None:
-    """Close every watch and connection (leases expire on their own)."""
-    for agent in agents:
-        for watch in agent.watches:
-            watch.close()
+def stop_agents(stores: list[Store]) -> None:
+    """Close every connection (leases expire on their own)."""
     for store in stores:
         store.close()
 
 
-class Applier:
-    """Applies policies alternately, noting when each one's transaction is sent."""
-
-    def __init__(self, url: str, prefix: str, hosts: int) -> None:
-        self.store = open_store(url)
-        self.allocator = Allocator(self.store, prefix=prefix, actor="bench@fleet")
-        self.texts = [fleet_policy(hosts, comment=f"v{n}") for n in range(2)]
-        self.sent = 0.0
-        self.turn = 0
-        txn = self.store.txn
-
-        def noted(compares: list[Compare], ops: list[Op]) -> int:
-            self.sent = time.monotonic()
-            return txn(compares, ops)
-
-        self.store.txn = noted  # type: ignore[method-assign]
-
-    def apply(self) -> float:
-        """Apply the other policy; when its transaction was sent."""
-        self.turn += 1
-        self.allocator.apply_policy(self.texts[self.turn % 2], "fleet.yaml")
-        return self.sent
-
-    def close(self) -> None:
-        """Close the store."""
-        self.store.close()
-
-
-def _collect(arrivals: Arrivals, expected: int, sent: float, deadline_s: float = 60) -> list[float]:
-    deadline = time.monotonic() + deadline_s
-    found: list[float] = []
-    while len(found) < expected and time.monotonic() < deadline:
-        found += arrivals.take()
-        time.sleep(0.005)
-    found += arrivals.take()
-    if len(found) < expected:
-        raise SystemExit(f"only {len(found)} of {expected} watchers saw the policy apply")
-    return [t - sent for t in found]
-
-
-def fanout(url: str, count: int, applies: int) -> tuple[Row, list[SimAgent], list[Store]]:
-    """Fan-out row; the agents are left running for the idle measurement."""
-    fleet, single = KeyLayout("/fleet"), KeyLayout("/single")
-    fleet_apply = Applier(url, "/fleet", count)
-    single_apply = Applier(url, "/single", count)
-    fleet_apply.apply()  # a first policy, before anyone watches
-    single_apply.apply()
-    start = fleet_apply.store.list("/fleet/").revision
-    arrivals, lone = Arrivals(), Arrivals()
-    agents, stores = start_agents(url, fleet, count, arrivals, start)
-    base_store = open_store(url)
-    base_watch = base_store.watch(single.policy, start + 1)
-    lone.attach(base_watch)
-    ours: list[float] = []
-    baseline: list[float] = []
+def idle_fleet(url: str, count: int, seconds: float) -> Row:
+    """``count`` agents under the fleet's policy, idle for ``seconds``."""
+    store = open_store(url)
     try:
-        for _ in range(applies):
-            ours += _collect(arrivals, count, fleet_apply.apply())
-            for _ in range(3):
-                baseline += _collect(lone, 1, single_apply.apply())
+        Allocator(store, prefix="/fleet", actor="bench@fleet").apply_policy(
+            fleet_policy(count), "fleet.yaml"
+        )
     finally:
-        base_watch.close()
-        base_store.close()
-        fleet_apply.close()
-        single_apply.close()
-    row = ratio_row(
-        f"fleet fan-out, {count} agents, p99",
-        ours,
-        baseline,
-        most=3,
-        stat=lambda samples: percentile(samples, 99),
-        note=f"{count} agents in one process; median {percentile(ours, 50) * 1000:.1f} ms",
-    )
-    return row, agents, stores
+        store.close()
+    agents, stores = start_agents(url, KeyLayout("/fleet"), count)
+    try:
+        return idle_writes(url, agents, seconds)
+    finally:
+        stop_agents(stores)
 
 
 def idle_writes(url: str, agents: list[SimAgent], seconds: float) -> Row:
     """Revisions per minute while the simulated agents idle as real ones do."""
     layout = KeyLayout("/fleet")
-    # The fan-out phase sends no heartbeats, and starting 1,000 agents' watches
-    # can outlast a lease: a lease lost meanwhile is granted again and its record
-    # put again, as a real agent does once after such a gap, before the window.
+    # Starting 1,000 agents can outlast a lease: a lease lost meanwhile is granted
+    # again and its record put again, as a real agent does once after such a gap,
+    # before the window.
     for agent in agents:
         agent.next_keepalive = 0.0
         _tick(agent, layout, time.monotonic())
@@ -357,17 +257,12 @@ def placement(server: EtcdServer, seconds: float) -> Row:
 
 
 def rows(args: Any, work: Path) -> list[Row]:
-    """Fan-out, idle writes and placement rows on one etcd."""
+    """Placement and idle-write rows on one etcd."""
     server = EtcdServer(work / "etcd-fleet")
     server.start()
     try:
         found = [placement(server, args.place_seconds)]
-        row, agents, stores = fanout(server.url, args.agents, args.applies)
-        found.append(row)
-        try:
-            found.append(idle_writes(server.url, agents, args.idle))
-        finally:
-            stop_agents(agents, stores)
+        found.append(idle_fleet(server.url, args.agents, args.idle))
         return found
     finally:
         server.stop()

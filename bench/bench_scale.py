@@ -11,7 +11,13 @@ parts. Rows (each a ratio of the large fleet to the small, interleaved):
 * ``policy apply`` changing one host's entry (an exception written under
   the range, its GPU count flipped between 8 and 7): within 3x;
 * a first apply of the whole large fleet (no policy applied, every
-  assignment checked) with default settings: it must succeed; its seconds.
+  assignment checked) with default settings: it must succeed; its seconds;
+* ``status -o json`` of the whole large fleet against ``etcdctl get
+  --prefix -w json`` of the same keys: within 2x (and it must not fail);
+* ``status --summary`` of the large fleet against its whole ``status -o
+  json``: within 0.3x;
+* ``allocator serve`` over the large fleet (:mod:`bench.bench_serve`);
+* what one apply costs an agent (:mod:`bench.bench_shares`).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from pathlib import Path
 
 from allocator.records.keys import KeyLayout
 from allocator.store import open_store
+from bench import bench_shares
+from bench.bench_serve import serve_rows
 from bench.common import (
     Row,
     allocator_cli,
@@ -79,11 +87,28 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
             files[size, gpus] = path
     first = run_timed(allocator_cli("policy", "apply", str(files[large, None])), env[large])
     run_timed(allocator_cli("policy", "apply", str(files[small, None])), env[small])
+    shares = bench_shares.rows(
+        server.url, (small, large), env[large], (files[large, 7], files[large, None]), rounds
+    )
     runs: dict[str, Callable[[], float]] = {}
     for size in (small, large):
         runs |= _commands(size, env[size], files)
     samples = interleaved(runs, rounds)
+    whole = interleaved(_whole_fleet(server, large, env[large]), max(2, rounds // 2))
+    served = serve_rows(server, f"/s{large}", large, rounds, work)
     return [
+        ratio_row(
+            f"status -o json, {large:,} hosts vs etcdctl get --prefix -w json",
+            whole["status"],
+            whole["etcdctl"],
+            most=2.0,
+        ),
+        ratio_row(
+            f"status --summary vs whole status, {large:,} hosts",
+            whole["summary"],
+            whole["status"],
+            most=0.3,
+        ),
         *(
             ratio_row(
                 f"{what}, {large:,} vs {small:,} hosts",
@@ -99,7 +124,23 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
             )
         ),
         value_row(f"first policy apply, {large:,} hosts", first, 60.0, "s"),
+        *served,
+        *shares,
     ]
+
+
+def _whole_fleet(
+    server: EtcdServer, size: int, env: dict[str, str]
+) -> dict[str, Callable[[], float]]:
+    """The whole fleet read: etcdctl's, ``status -o json`` and ``status --summary``."""
+    ctl = clean_env(ETCDCTL_API="3")
+    hosts = KeyLayout(f"/s{size}").hosts
+    etcdctl = ["etcdctl", "--endpoints", server.endpoint, "get", "--prefix", hosts, "-w", "json"]
+    return {
+        "etcdctl": lambda: run_timed(etcdctl, ctl),
+        "status": lambda: run_timed(allocator_cli("status", "-o", "json"), env),
+        "summary": lambda: run_timed(allocator_cli("status", "--summary", "-o", "json"), env),
+    }
 
 
 def _commands(

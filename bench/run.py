@@ -7,7 +7,7 @@ spread, 10th to 90th percentile, of ours and of the baseline, the number
 of samples and a note). A missed target is ``"pass": false``; the run still
 completes and exits 0, so the table always gets written.
 
-Usage: ``python -m bench.run [--smoke] [--quick] [--only cli,agent,fleet,scale] [--out FILE]``.
+Usage: ``python -m bench.run [--smoke] [--quick] [--only cli,agent,fleet,scale,page] [--out FILE]``.
 ``--smoke`` runs every row at a tiny size in seconds (what the test suite
 checks); ``--quick`` shortens the idle windows and rounds;
 ``--markdown FILE`` prints the table of an earlier results file in Markdown
@@ -32,7 +32,7 @@ from bench.common import Row
 __all__ = ["SIZES", "format_markdown", "format_table", "main"]
 
 HERE = Path(__file__).resolve().parent
-GROUPS = ("cli", "agent", "fleet", "scale")
+GROUPS = ("cli", "agent", "fleet", "scale", "page")
 
 #: Sizes per mode: CLI rounds, simulated hosts/agents, moves, idle seconds, applies.
 SIZES = {
@@ -40,6 +40,8 @@ SIZES = {
     "quick": {"rounds": 10, "hosts": 1000, "moves": 20, "idle": 15.0, "applies": 3, "place": 3.0},
     "smoke": {"rounds": 1, "hosts": 10, "moves": 1, "idle": 0.3, "applies": 1, "place": 0.2},
 }
+#: Processes the fan-out rows spread the agents' watches over, per mode.
+WATCHER_PROCESSES = {"full": 8, "quick": 8, "smoke": 2}
 #: The large fleet of the scale rows, per mode (the small one is ``hosts``).
 LARGE = {"full": 12_500, "quick": 12_500, "smoke": 30}
 
@@ -97,13 +99,19 @@ def _run_group(group: str, args: argparse.Namespace, work: Path) -> list[Row]:
         from bench import bench_history
 
         rows += bench_history.scale_rows(args, work)
+    elif group == "page":
+        from bench import bench_page
+
+        rows = bench_page.rows(args, work)
     else:
         from bench import bench_fleet
 
         args.agents = args.hosts
         args.place_seconds = args.place
         rows = bench_fleet.rows(args, work)
-        from bench import bench_history
+        from bench import bench_fanout, bench_history
+
+        rows += bench_fanout.rows(args, work)
 
         rows += bench_history.rows(args, work)
     for row in rows:
@@ -119,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--smoke", action="store_true", help="every row at a tiny size")
     mode.add_argument("--quick", action="store_true", help="shorter windows and fewer rounds")
     parser.add_argument(
-        "--only", default=",".join(GROUPS), help="comma-separated: cli,agent,fleet,scale"
+        "--only", default=",".join(GROUPS), help="comma-separated: cli,agent,fleet,scale,page"
     )
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
     parser.add_argument("--markdown", type=Path, help="print FILE's table in Markdown and stop")
@@ -131,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in sizes.items():
         setattr(args, name, value)
     args.large = LARGE["smoke" if args.smoke else "quick" if args.quick else "full"]
+    args.watcher_processes = WATCHER_PROCESSES[
+        "smoke" if args.smoke else "quick" if args.quick else "full"
+    ]
     groups = [g for g in args.only.split(",") if g]
     unknown = sorted(set(groups) - set(GROUPS))
     if unknown:

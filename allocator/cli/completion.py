@@ -27,7 +27,7 @@ WORD_KEYS = {
     "set": ("job", "gpus", "count", "host", "reason", "command", "slots", "prefer"),
     "get": ("job", "host"),
     "release": ("job", "host", "reason"),
-    "status": ("host",),
+    "status": ("host", "pool", "job", "state"),
     "history": ("job", "host", "gpu"),
     "env": ("job", "host", "worker"),
     "run": ("job", "count", "gpus", "host", "slots", "ttl"),

@@ -306,6 +306,11 @@ def run_apply(args: argparse.Namespace) -> int:
             "stored without its compiled form (too large to share the transaction, or this "
             f"user may not write {allocator.layout.compiled_policy}): commands will parse the YAML"
         )
+    if not result.shares:
+        note(
+            f"stored without its shares (this user may not write {allocator.layout.shares}): "
+            "agents will read the whole policy"
+        )
     for conflict in standing:
         _warn(f"the applied policy is broken by a current assignment: {conflict}")
     for conflict in upcoming:

@@ -24,7 +24,9 @@ def register(commands: Any) -> None:
         description="A web page of every host's GPUs (holder, since, reason, health, idle time, "
         "unassigned processes, agent liveness), the jobs and the history, updated live from "
         "the store's watch; /api/v1/status and /api/v1/history answer what `status -o json` "
-        "and `history -o json` print; /metrics has fleet-level Prometheus series. Needs "
+        "and `history -o json` print (status with its filters, by pages); /api/v1/fleet, "
+        "/api/v1/hosts/HOST, /api/v1/summary and /api/v1/series serve a fleet overview; "
+        "/metrics has fleet-level Prometheus series. Needs "
         "`pip install 'gpu-allocator[serve]'`. It only reads: give it a read-only credential.",
     )
     parser.add_argument(
@@ -58,6 +60,21 @@ def register(commands: Any) -> None:
         help="a connection that sends no whole request in this time is closed "
         f"(default {DEFAULT_REQUEST_TIMEOUT:g})",
     )
+    parser.add_argument(
+        "--sample-seconds",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how often the fleet's counts are added to /api/v1/series (default 10)",
+    )
+    parser.add_argument(
+        "--series-points",
+        type=int,
+        default=8640,
+        metavar="N",
+        help="samples kept in /api/v1/series, the oldest dropped first (default 8640: 24 h "
+        "at 10 s)",
+    )
     add_common_options(parser)
     parser.set_defaults(handler=run)
 
@@ -89,12 +106,17 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInput(f"--max-connections {args.max_connections}: expected 1 to 100000")
     if not 0.1 <= args.request_timeout <= 3600:
         raise InvalidInput(f"--request-timeout {args.request_timeout:g}: expected 0.1 to 3600")
+    if not 0.1 <= args.sample_seconds <= 86400:
+        raise InvalidInput(f"--sample-seconds {args.sample_seconds:g}: expected 0.1 to 86400")
+    if not 1 <= args.series_points <= 1_000_000:
+        raise InvalidInput(f"--series-points {args.series_points}: expected 1 to 1000000")
     try:
         import uvicorn
 
         from allocator.serve.app import Fleet, build_app
         from allocator.serve.guard import guarded_protocol
         from allocator.serve.mirror import FleetMirror
+        from allocator.serve.series import Series
     except ImportError as exc:
         raise InvalidInput(
             f"allocator serve needs its web stack ({exc.name} is missing): "
@@ -107,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
         getattr(args, "prefix", None) or os.environ.get("ALLOCATOR_PREFIX") or DEFAULT_PREFIX
     )
     sock = _bind(host, port)
-    fleet = Fleet(lambda: open_store(url), FleetMirror(KeyLayout(prefix)), redact(url))
+    series = Series(args.sample_seconds, args.series_points)
+    mirror = FleetMirror(KeyLayout(prefix))
+    fleet = Fleet(lambda: open_store(url), mirror, redact(url), series=series)
     shown = f"[{host}]" if ":" in host else host
     sys.stderr.write(f"allocator serve: http://{shown}:{port}/ (store {redact(url)})\n")
     config = uvicorn.Config(

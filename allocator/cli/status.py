@@ -13,17 +13,26 @@ __all__ = ["register"]
 
 def register(commands: Any) -> None:
     """Add the ``status`` command."""
-    add_words_command(
+    parser = add_words_command(
         commands,
         "status",
         run,
         help="show every GPU, its holder, and each host agent's state",
-        usage="allocator status [host=H] [-o table|json|yaml]",
+        usage="allocator status [host=PATTERN] [pool=P] [job=J] [state=S] [--summary] "
+        "[-o table|json|yaml]",
         description="One table of host, GPU, holder, slots, since, reason, health, reservation "
         "and idle time, joined with what each host's agent reports; then one line per job "
         "across several hosts (every share, its agent and its workers), idle holders (past "
         "their policy's idle rule) and processes on GPUs nobody was given. Reads every host "
-        "at one revision, in a few range reads (the policy's, then a fleet's hosts in parts).",
+        "at one revision, in a few range reads (the policy's, then a fleet's hosts in parts). "
+        "Filters (comma lists; different keys must all match): host= a name, a glob (node0*) "
+        "or a range (node[0000-0099]); pool=; job=; state=free|held|idle|unhealthy|fallback. "
+        "host=, pool= and job= read only the hosts they pick.",
+    )
+    parser.add_argument(
+        "--summary",
+        action="store_true",
+        help="one row of totals per pool (hosts, GPUs free, held, idle, unhealthy, ...)",
     )
 
 
@@ -44,50 +53,81 @@ def run(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from allocator.cli.args import parse_key_values
-    from allocator.records.keys import validate_name
+    from allocator.status.filters import FILTER_KEYS, parse_filter, plain_host_names
     from allocator.status.read import read_status
 
-    kv = parse_key_values(args.words, ("host",))
-    only_host = validate_name(kv["host"], "host") if "host" in kv else None
+    wanted = parse_filter(parse_key_values(args.words, FILTER_KEYS))
+    names = plain_host_names(wanted.hosts) if wanted.hosts else None
+    # One host named (alone or with state=): its prefix alone, read as always
+    # (and shown even if undeclared); pool= and job= pick hosts from the policy.
+    alone = names is not None and len(names) == 1 and not (wanted.pools or wanted.jobs)
+    only_host = names[0] if names is not None and alone else None
+    summary = bool(getattr(args, "summary", False))
     fmt = output_format(args)
     allocator = open_allocator(args)
     now = allocator.clock()
     layout = allocator.layout
     written: dict[str, bytes] = {}  # -o json: each host's part of the document
+    pools: list[dict[str, str]] = []  # each host's pool, once the policy is decoded
+    # --summary counts from the keys (no rows) unless it must pick GPU rows first
+    counting = summary and not wanted.trims_rows
+
+    def _count(policy: Any, items: Any, declared: Any) -> list[Any]:
+        from allocator.status.filters import host_matcher
+        from allocator.status.summary_count import count_part
+
+        found = _pools(pools, policy)
+        names = [only_host] if only_host is not None else declared
+        counts = count_part(policy, items, layout, now, names, found)
+        if wanted.hosts:
+            matches = host_matcher(wanted.hosts)
+            counts = [c for c in counts if matches(c.host)]
+        if wanted.pools:
+            counts = [c for c in counts if c.counts.pool in wanted.pools]
+        return counts
 
     def join(policy: Any, items: Any, declared: Any) -> list[Any]:
+        if counting:
+            return _count(policy, items, declared)
         from allocator.status.documents import status_host_json
+        from allocator.status.filters import filter_hosts
         from allocator.status.join import status_of_part
 
         hosts = status_of_part(policy, items, layout, now, declared, only_host)
-        if fmt == "json":  # written while etcd still sends the next part
+        if not wanted.empty:
+            hosts = filter_hosts(hosts, wanted, _pools(pools, policy))
+        if fmt == "json" and not summary:  # written while etcd still sends the next part
             written.update((host.host, status_host_json(host)) for host in hosts)
         return hosts
 
-    from allocator.control.queue_view import queue_lines, queue_prefix
+    from allocator.control.queue_view import queue_prefix
 
     queue_read: list[Any] = []  # read with the policy (none where the user may not read it)
     try:
         prefix = layout.host(only_host) if only_host else layout.hosts
-        _policy, revision, hosts = read_status(
+        policy, revision, hosts = read_status(
             allocator,
             prefix,
             only_host=only_host,
             while_reading=_load_joining_and_printing,
             join=join,
             queue=(queue_prefix(layout, only_host), queue_read.append),
+            pick=_picker(allocator, wanted, pools) if only_host is None else None,
         )
-        waiting = queue_lines(allocator, now, only_host, queue_read[0]) if queue_read else []
+        if summary:
+            found = _pools(pools, policy)
+            return _print_summary(
+                hosts, found, layout.queue, queue_read, revision, fmt, counted=counting
+            )
+        waiting = _waiting(allocator, now, only_host, queue_read, wanted, hosts)
     finally:
         allocator.store.close()
     # Loaded by now (see read_status): these cost nothing here.
     from allocator.cli.output import emit, render_table
     from allocator.status.documents import status_document, status_json
-    from allocator.status.join import group_status
 
     hosts.sort(key=_host_name)  # parts are cut by key, rows go by host name
-    # With host= only that host was read: the other shares are unknown, not missing.
-    groups = group_status(hosts) if only_host is None else []
+    groups = _groups(hosts, only_host, wanted)
     queue = [q.to_dict() for q in waiting]
     pieces = (
         status_json([written[h.host] for h in hosts], revision, groups, queue) if written else None
@@ -97,7 +137,109 @@ def _show(args: argparse.Namespace) -> int:
     elif fmt in ("json", "yaml"):  # build only what is printed: on a fleet either is large
         emit(status_document(hosts, revision, groups, queue), fmt)
     else:
-        emit(None, fmt, _text(hosts, render_table, groups) + _queue_section(waiting))
+        text = _text(hosts, render_table, groups, filtered=not wanted.empty)
+        emit(None, fmt, text + _queue_section(waiting))
+    return 0
+
+
+def _pools(found: list[dict[str, str]], policy: Any) -> dict[str, str]:
+    """Each host's pool under ``policy`` (worked out once, kept in ``found``)."""
+    if not found:
+        from allocator.status.filters import pool_by_host
+
+        found.append(pool_by_host(policy))
+    return found[0]
+
+
+def _picker(allocator: Any, wanted: Any, pools: list[dict[str, str]]) -> Any:
+    """What ``read_status`` calls with the policy: the hosts ``wanted`` must read, or ``None``.
+
+    An unknown ``pool=`` is invalid input (exit 2); ``job=`` finds its hosts
+    in the job index (every host is read for a job without a usable entry: a
+    store written before the index, or an entry damaged by hand).
+    """
+    if not (wanted.hosts or wanted.pools or wanted.jobs):
+        return None
+
+    def pick(policy: Any) -> list[str] | None:
+        from allocator.errors import InvalidInput
+        from allocator.status.filters import hosts_to_read
+
+        for pool in wanted.pools:
+            if policy is None or pool not in policy.pools:
+                raise InvalidInput(f"pool={pool}: no such pool in the applied policy")
+        declared = policy.hosts if policy is not None else ()
+        from allocator.status.read_hosts import job_hosts
+
+        found = job_hosts(allocator, wanted.jobs) if wanted.jobs else None
+        return hosts_to_read(wanted, declared, _pools(pools, policy), found)
+
+    return pick
+
+
+def _waiting(
+    allocator: Any, now: Any, only_host: str | None, queue_read: list[Any], wanted: Any, hosts: Any
+) -> list[Any]:
+    """The waiting requests to show: for the hosts shown (and ``job=``'s jobs) when filtered."""
+    from allocator.control.queue_view import queue_lines
+
+    if not queue_read:
+        return []
+    listing = queue_read[0]
+    if not wanted.empty:
+        from allocator.records.keys import split_host_key
+
+        shown = {h.host for h in hosts}
+        items = tuple(
+            item
+            for item in listing.items
+            if (parsed := split_host_key(item.key, allocator.layout.queue)) and parsed[0] in shown
+        )
+        listing = type(listing)(items, listing.revision, listing.bad_keys)
+    lines = queue_lines(allocator, now, only_host, listing)
+    return [q for q in lines if not wanted.jobs or q.job in wanted.jobs]
+
+
+def _groups(hosts: Any, only_host: str | None, wanted: Any) -> list[Any]:
+    """Jobs across hosts: only where every share was read whole (not with host=/pool=/state=)."""
+    from allocator.status.join import group_status
+
+    if only_host is not None or wanted.hosts or wanted.pools or wanted.states:
+        return []  # the other shares are unknown (or trimmed away), not missing
+    groups = group_status(hosts)
+    return [g for g in groups if g.job in wanted.jobs] if wanted.jobs else groups
+
+
+def _print_summary(
+    hosts: Any,
+    pools: dict[str, str],
+    queue: str,
+    queue_read: list[Any],
+    revision: int,
+    fmt: str,
+    *,
+    counted: bool,
+) -> int:
+    """``--summary``: totals per pool, as a table or a document."""
+    from allocator.cli.output import emit, render_table
+    from allocator.records.keys import split_host_key
+    from allocator.status.summary import summarize, summary_document, summary_table
+
+    queued: dict[str, int] = {}
+    for item in queue_read[0].items if queue_read else ():
+        parsed = split_host_key(item.key, queue)
+        if parsed is not None:
+            queued[parsed[0]] = queued.get(parsed[0], 0) + 1
+    if counted:  # each host's counts already (allocator.status.summary_count)
+        from allocator.status.summary_count import summary_of_counts
+
+        summary = summary_of_counts(hosts, queued, revision)
+    else:
+        summary = summarize(hosts, pools, queued, revision)
+    if fmt in ("json", "yaml"):
+        emit(summary_document(summary), fmt)
+    else:
+        emit(None, fmt, summary_table(summary, render_table))
     return 0
 
 
@@ -135,12 +277,14 @@ def _host_name(host: Any) -> str:
     return str(host.host)
 
 
-def _text(hosts: Any, render_table: Any, groups: Any = ()) -> str:
-    if not hosts:
+def _text(hosts: Any, render_table: Any, groups: Any = (), *, filtered: bool = False) -> str:
+    if not hosts and not filtered:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
     rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
     headers = ["HOST", "GPU", "HOLDER", "SLOTS", "SINCE", "REASON", "HEALTH", "RESERVED", "IDLE"]
     table = render_table(headers, rows)
+    if not hosts:  # filtered to nothing: the header alone, as squeue prints it
+        return str(table)
     agents = "\n".join(f"{h.host}: agent {h.agent}{_vendor(h)}" + _job_summary(h) for h in hosts)
     picked = "".join(
         f"\n{h.host}: {j.job} picked {j.gpus}: {j.picked}"

@@ -17,6 +17,7 @@ from allocator.errors import (
     BadRecord,
     CasConflict,
     Compacted,
+    PermissionDenied,
     PlacementRefused,
     PolicyError,
     RequestError,
@@ -24,7 +25,7 @@ from allocator.errors import (
 from allocator.records.codec import decode_record
 from allocator.records.types import PolicyRecord
 from allocator.status.snapshots import snapshots_by_host
-from allocator.store import Compare, KeyValue, Op, Put, Read
+from allocator.store import MAX_TXN_OPS, Compare, KeyValue, Op, Put, Read, txn_size
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ class ApplyResult:
     revision: int
     warnings: tuple[str, ...] = ()
     compiled: bool = True  # the compiled form was stored too (see allocator.policy.compiled)
+    shares: bool = True  # the shares were stored too (see allocator.policy.shares)
 
 
 def apply_once(
@@ -51,6 +53,7 @@ def apply_once(
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
     from allocator.control.compiled_policy import refresh_compiled
     from allocator.control.history import policy_entry, policy_stream, prepare_append
+    from allocator.control.policy_shares import refresh_shares
     from allocator.policy import policy_sha256
 
     current = allocator.store.get(allocator.layout.policy)
@@ -67,12 +70,14 @@ def apply_once(
                 fresh = refresh_compiled(
                     allocator.store, allocator.layout, policy, current.value, digest, revision
                 )
+                refresh_shares(allocator.store, allocator.layout, policy, digest, revision)
                 return ApplyResult(False, old, revision, compiled=fresh)
     # Read before the assignments are checked: any assignment change after this
     # read moves it, and the compare below then sends apply round to check again.
     (fleet_read,) = allocator.store.read_many([Read(allocator.layout.fleet_generation)])
     fleet = fleet_read.items[0] if fleet_read.items else None
-    refused, indexed = _check(allocator, policy, old, fleet_read.revision)
+    before = _old_policy(allocator, old)
+    refused, indexed = _check(allocator, policy, before, old, fleet_read.revision)
     if refused and not force:
         raise PlacementRefused(
             f"the new policy conflicts with {len(refused)} current assignment(s): "
@@ -101,41 +106,79 @@ def apply_once(
         allocator.on_bad_record,
     )
     stored = record.to_json()
-    revision, with_compiled = _store(
-        allocator, policy, digest, stored, [*compares, head_compare], history_ops
+    revision, with_compiled, with_shares = _store(
+        allocator, (before, old), policy, digest, stored, [*compares, head_compare], history_ops
     )
-    return ApplyResult(True, record, revision, tuple(refused), compiled=with_compiled)
+    return ApplyResult(
+        True, record, revision, tuple(refused), compiled=with_compiled, shares=with_shares
+    )
 
 
 def _store(
     allocator: Allocator,
+    replaced: tuple[Policy | None, PolicyRecord | None],
     policy: Policy,
     digest: str,
     stored: bytes,
     compares: list[Compare],
     history_ops: list[Op],
-) -> tuple[int, bool]:
-    """The apply's transaction with the compiled form (parts written before, stale ones after)."""
+) -> tuple[int, bool, bool]:
+    """The apply's transaction with the compiled form and the shares.
+
+    Compiled parts and the shares that do not fit are written before, stale
+    parts and the shares of hosts that left after.
+    """
     from allocator.control.compiled_policy import (
+        TXN_VALUE_BUDGET,
         compiled_op,
         drop_stale_parts,
         previous_parts,
         write_with_compiled,
     )
+    from allocator.control.policy_shares import (
+        SharesPlan,
+        plan_shares,
+        write_after,
+        write_before,
+    )
 
     store, layout = allocator.store, allocator.layout
+    ops: list[Op] = [Put(layout.policy, stored), *history_ops]
+    room = MAX_TXN_OPS - txn_size(compares, ops) - 1, (TXN_VALUE_BUDGET - len(stored)) // 2
+    old_policy, old = replaced
+    old_sha = old.sha256 if old is not None else None
+    try:
+        shares = plan_shares(store, layout, old_policy, old_sha, policy, digest, room)
+    except PermissionDenied:  # may not read the shares: nor write them
+        shares = SharesPlan([])
+    share_ops = write_before(store, layout, shares)
+    in_txn = sum(len(op.value) for op in share_ops if isinstance(op, Put))
     before = previous_parts(store, layout)
-    compiled, parts = compiled_op(store, layout, policy, digest, len(stored))
-    revision, with_compiled = write_with_compiled(
-        allocator._txn, compares, [Put(layout.policy, stored), *history_ops], compiled
-    )
+    compiled, parts = compiled_op(store, layout, policy, digest, len(stored) + in_txn)
+    try:
+        revision, with_compiled = write_with_compiled(
+            allocator._txn, compares, [*ops, *share_ops], compiled
+        )
+    except PermissionDenied:
+        if not share_ops:
+            raise
+        # A role granted before there were shares: the policy without them (agents
+        # then read the whole record: the shares' head no longer matches it).
+        share_ops = []
+        revision, with_compiled = write_with_compiled(allocator._txn, compares, ops, compiled)
+    if share_ops:
+        write_after(store, shares)
     if before is not None or parts is not None:
         drop_stale_parts(store, layout, {name for name in (before, parts) if name})
-    return revision, with_compiled
+    return revision, with_compiled, bool(share_ops)
 
 
 def _check(
-    allocator: Allocator, policy: Policy, old: PolicyRecord | None, revision: int
+    allocator: Allocator,
+    policy: Policy,
+    before: Policy | None,
+    old: PolicyRecord | None,
+    revision: int,
 ) -> tuple[list[str], bool]:
     """The assignments ``policy`` refuses where it changes anything, and whether the index is whole.
 
@@ -148,7 +191,6 @@ def _check(
     """
     from allocator.control.apply_scope import affected_hosts, read_hosts
 
-    before = _old_policy(allocator, old)
     scope = affected_hosts(before, policy)
     if scope is None or old is None or not old.job_index:
         try:

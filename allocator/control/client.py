@@ -461,7 +461,8 @@ class Allocator:
 
     def _known_policy(self) -> Policy | None:
         kept = self._views().policy
-        snapshot = kept if kept is not None else self.policy()
+        whole = kept is not None and kept.host is None  # not one host's share
+        snapshot = kept if whole else self.policy()
         return snapshot.policy if snapshot is not None else None
 
     def _no_policy(self) -> PolicySnapshot:

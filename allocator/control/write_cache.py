@@ -49,6 +49,7 @@ __all__ = [
     "plan_change",
     "policy_snapshot",
     "settle_view",
+    "shared_snapshot",
     "view_reads",
 ]
 
@@ -81,7 +82,9 @@ def view_reads(layout: KeyLayout, host: str, job: str, *, policy_text: bool) -> 
     """The reads a :class:`WriteView` is built from.
 
     ``policy_text`` ``False``: the policy's revision only (and not its
-    compiled form, only needed when the revision moved).
+    compiled form or shares, only needed when the revision moved). With the
+    text come the compiled record and the host's share of the policy (see
+    :func:`shared_snapshot`): a change on one host needs no more.
     """
     reads = [
         Read(layout.policy, values=policy_text),
@@ -92,6 +95,11 @@ def view_reads(layout: KeyLayout, host: str, job: str, *, policy_text: bool) -> 
     ]
     if policy_text:
         reads.append(Read(layout.compiled_policy))
+        reads += [
+            Read(layout.shares_head),
+            Read(layout.common_share),
+            Read(layout.host_share(host)),
+        ]
     return reads
 
 
@@ -118,6 +126,34 @@ def policy_snapshot(
     )
 
 
+def shared_snapshot(
+    item: KeyValue, shares: Sequence[Listing], host: str, on_bad: OnBad
+) -> PolicySnapshot | None:
+    """``host``'s share of the applied policy ``item`` holds, when the shares are its.
+
+    ``shares``: reads of the shares' head, the common share and the host's
+    share. Used only when the head names this very policy (its apply wrote
+    every share; one still writing has marked the head) and the host has a
+    share (a host the policy lacks gets the whole policy, whose error lists
+    its hosts); else ``None``, and the caller reads the compiled policy.
+    """
+    from allocator.policy.shares import host_policy
+
+    head, common, mine = (listing.items[0] if listing.items else None for listing in shares)
+    if head is None or common is None or mine is None:
+        return None
+    try:
+        record = decode_record(item.value, PolicyRecord, item.key)
+    except BadRecord:  # the whole policy's reader reports it, and says how to repair it
+        return None
+    try:
+        policy = host_policy(record.sha256, head.value, common, mine, host)
+    except BadRecord as exc:
+        on_bad(exc)
+        return None
+    return PolicySnapshot(policy, record, item.mod_revision, host) if policy else None
+
+
 def settle_view(
     store: Store,
     layout: KeyLayout,
@@ -138,17 +174,23 @@ def settle_view(
     item = policy_read.items[0] if policy_read.items else None
     if item is None:
         policy = None
-    elif known_policy is not None and known_policy.revision == item.mod_revision:
+    elif (
+        known_policy is not None
+        and known_policy.revision == item.mod_revision
+        and known_policy.host in (None, host)
+    ):
         policy = known_policy
     else:
         with_text = bool(item.value)
-        policy = policy_snapshot(
-            store,
-            layout,
-            item if with_text else store.get(layout.policy),
-            on_bad,
-            compiled[0] if with_text and compiled else None,
-        )
+        policy = shared_snapshot(item, compiled[1:], host, on_bad) if with_text else None
+        if policy is None:
+            policy = policy_snapshot(
+                store,
+                layout,
+                item if with_text else store.get(layout.policy),
+                on_bad,
+                compiled[0] if with_text and compiled else None,
+            )
     hosts = snapshots_by_host(host_read.items, layout, host_read.revision)
     state = hosts.get(host, HostSnapshot(host, revision=host_read.revision))
     for bad in state.bad_records:
@@ -249,7 +291,7 @@ class ViewCache:
         """The kept view of ``job`` on ``host``, or ``None`` if part of it is not kept."""
         with self._lock:
             kept, index, policy = self._hosts.get(host), self._jobs.get(job), self.policy
-        if kept is None or index is None or policy is None:
+        if kept is None or index is None or policy is None or policy.host not in (None, host):
             return None
         if any(held.run is not None for held in kept[0].assignments.values()):
             # A leased assignment vanishes at its lease's expiry without bumping the

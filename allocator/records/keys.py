@@ -98,6 +98,37 @@ class KeyLayout(Struct, frozen=True):
         return f"{self.compiled_parts(body_sha256)}{index:06d}"
 
     @property
+    def shares(self) -> str:
+        """Prefix of the policy's shares (see :mod:`allocator.policy.shares`; trailing slash).
+
+        Not under ``policy``: agents of older versions watch that key as a prefix.
+        """
+        return f"{self.root}/shares/"
+
+    @property
+    def common_share(self) -> str:
+        """The part of the policy every agent needs (jobs, pools' rules, settings)."""
+        return f"{self.shares}common"
+
+    @property
+    def shares_head(self) -> str:
+        """Which applied policy the shares are complete for (read by ``policy apply``)."""
+        return f"{self.shares}head"
+
+    @property
+    def host_shares(self) -> str:
+        """Prefix of every host's share (trailing slash included)."""
+        return f"{self.shares}hosts/"
+
+    def host_share_prefix(self, host: str) -> str:
+        """Prefix of one host's share (trailing slash: watching it sees no other host)."""
+        return f"{self.host_shares}{validate_name(host, 'host')}/"
+
+    def host_share(self, host: str) -> str:
+        """The part of the policy only ``host`` needs: its entry, pool, reservations."""
+        return f"{self.host_share_prefix(host)}policy"
+
+    @property
     def hosts(self) -> str:
         """Prefix of every host's keys (trailing slash included)."""
         return f"{self.root}/hosts/"

@@ -4,6 +4,10 @@ The agents export their hosts' live numbers; these are what the store says
 about the whole fleet: GPUs by state per host, agents by liveness, idle
 holders, processes on GPUs nobody was given, and whether ``serve`` itself
 reaches the store.
+
+:func:`fleet_families` makes them from a whole fleet's status at once; what
+``serve`` answers is kept host by host (:func:`allocator.serve.fleet_api.metrics_text`)
+and must equal it.
 """
 
 from __future__ import annotations

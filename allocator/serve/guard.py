@@ -8,8 +8,8 @@
   page on another site cannot read the API through a DNS-rebinding name
   (the status carries command lines of unassigned processes).
 * Every response says ``X-Content-Type-Options: nosniff``, and the page a
-  Content-Security-Policy allowing nothing but itself: its one inline script
-  and style, by hash, and requests to its own origin.
+  Content-Security-Policy allowing nothing but itself: its inline script and
+  style, by hash, its own origin's scripts and styles, and requests to it.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def guarded_protocol(request_seconds: float) -> type[H11Protocol]:
 
 
 def page_policy(page: str) -> str:
-    """The page's Content-Security-Policy: its inline script and style by hash, nothing else."""
+    """The page's Content-Security-Policy: inline script and style by hash, the rest same-origin."""
 
     def hashes(tag: str) -> str:
         bodies = re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.S)
@@ -79,7 +79,7 @@ def page_policy(page: str) -> str:
 
     return (
         "default-src 'none'; "
-        f"script-src {hashes('script')}; style-src {hashes('style')}; "
+        f"script-src 'self' {hashes('script')}; style-src 'self' {hashes('style')}; "
         "connect-src 'self'; img-src 'self' data:; "
         "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
     )

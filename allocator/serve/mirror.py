@@ -3,9 +3,13 @@
 One prefix read fills it; the watch's events keep it current (a put
 replaces a key, a delete removes it). Only what ``status`` reads is kept:
 the hosts' keys and the applied policy, so history or the job index never
-cost memory here. A watch event does not say whether its key is leased, and
-an agent's liveness is its lease: the watcher looks the lease up for agent
-keys and passes it in.
+cost memory here; of the wait queue only its keys are counted. A watch
+event does not say whether its key is leased, and an agent's liveness is
+its lease: the watcher looks the lease up for agent keys and passes it in.
+
+Keys are kept host by host, and every change notes which hosts it touched
+(:meth:`FleetMirror.take_changes`): what is built from the mirror is
+rebuilt for those hosts only.
 
 Every viewer's page and every API call is answered from here, never by
 reading the store again.
@@ -20,7 +24,7 @@ from typing import Any
 
 from allocator.errors import BadRecord, PolicyError
 from allocator.policy import Policy
-from allocator.records.keys import KeyLayout
+from allocator.records.keys import KeyLayout, split_host_key
 from allocator.store import Event, KeyValue, Listing, bad_key_records
 
 __all__ = ["FleetMirror"]
@@ -31,23 +35,57 @@ class FleetMirror:
 
     def __init__(self, layout: KeyLayout) -> None:
         self.layout = layout
+        # The layout's prefixes are properties that build their strings on every use.
+        self._prefixes = (layout.hosts, layout.queue)
+        self._hosts_prefix, self._queue_prefix, self._policy_key = (
+            layout.hosts,
+            layout.queue,
+            layout.policy,
+        )
         self._lock = threading.Lock()
-        self._items: dict[str, KeyValue] = {}
+        self._hosts: dict[str, dict[str, KeyValue]] = {}
+        self._policy_item: KeyValue | None = None
+        self._queued: set[str] = set()
         self.revision = 0
         self.loaded = False  # read at least once
         self._policy: tuple[bytes, Policy | None] = (b"", None)
         self._bad_keys: tuple[BadRecord, ...] = ()  # the last read's keys that are not text
+        self._changed_hosts: set[str] = set()
+        self._changed_all = True  # a fresh read or a new policy: every host
 
     def keeps(self, key: str) -> bool:
-        """Whether ``key`` is one the mirror holds."""
-        return key.startswith(self.layout.hosts) or key == self.layout.policy
+        """Whether ``key`` is one the mirror holds (or, for the queue, counts)."""
+        return key.startswith(self._prefixes) or key == self._policy_key
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting in the queue, as of ``revision``."""
+        return len(self._queued)
+
+    def queued_keys(self) -> list[str]:
+        """The keys of the requests waiting in the queue."""
+        with self._lock:
+            return list(self._queued)
 
     def reset(self, listing: Listing) -> None:
         """Replace everything with a fresh read."""
-        items = {item.key: item for item in listing.items if self.keeps(item.key)}
+        hosts: dict[str, dict[str, KeyValue]] = {}
+        queued: set[str] = set()
+        policy = None
+        for item in listing.items:
+            if item.key == self._policy_key:
+                policy = item
+            elif item.key.startswith(self._queue_prefix):
+                queued.add(item.key)
+            else:
+                host = self._host_of(item.key)
+                if host is not None:
+                    hosts.setdefault(host, {})[item.key] = item
         with self._lock:
-            self._items, self.revision, self.loaded = items, listing.revision, True
+            self._hosts, self._policy_item, self._queued = hosts, policy, queued
+            self.revision, self.loaded = listing.revision, True
             self._bad_keys = bad_key_records(listing)
+            self._changed_all, self._changed_hosts = True, set()
 
     def apply(self, events: Sequence[Event], leases: Mapping[str, int | None]) -> bool:
         """Apply a batch of watch events; return whether anything the mirror keeps changed.
@@ -59,29 +97,70 @@ class FleetMirror:
         with self._lock:
             for event in events:
                 self.revision = max(self.revision, event.revision)
-                if not self.keeps(event.key):
-                    continue
-                changed = True
-                if event.type == "delete" or event.value is None:
-                    self._items.pop(event.key, None)
-                    continue
-                old = self._items.get(event.key)
-                self._items[event.key] = KeyValue(
-                    event.key,
-                    event.value,
-                    event.revision,
-                    old.create_revision if old is not None else event.revision,
-                    leases.get(event.key, old.lease if old is not None else None),
-                )
+                if self.keeps(event.key):
+                    changed = True
+                    self._apply(event, leases)
         return changed
+
+    def _apply(self, event: Event, leases: Mapping[str, int | None]) -> None:
+        gone = event.type == "delete" or event.value is None
+        if event.key.startswith(self._queue_prefix):
+            (self._queued.discard if gone else self._queued.add)(event.key)
+            return
+        if event.key == self._policy_key:
+            old = self._policy_item
+            self._policy_item = None if gone else _item(event, old, leases)
+            self._changed_all = True
+            return
+        host = self._host_of(event.key)
+        if host is None:
+            return
+        self._changed_hosts.add(host)
+        keys = self._hosts.setdefault(host, {})
+        if gone:
+            keys.pop(event.key, None)
+            if not keys:
+                del self._hosts[host]
+            return
+        keys[event.key] = _item(event, keys.get(event.key), leases)
+
+    def _host_of(self, key: str) -> str | None:
+        parsed = split_host_key(key, self._hosts_prefix)
+        return parsed[0] if parsed is not None else None
+
+    def take_changes(self) -> set[str] | None:
+        """The hosts changed since the last call (``None``: all of them), forgotten."""
+        with self._lock:
+            hosts = None if self._changed_all else self._changed_hosts
+            self._changed_all, self._changed_hosts = False, set()
+        return hosts
+
+    def host_items(self, host: str) -> list[KeyValue]:
+        """Every key of ``host``, sorted."""
+        with self._lock:
+            keys = self._hosts.get(host, {})
+            return [keys[key] for key in sorted(keys)]
+
+    def host_names(self) -> set[str]:
+        """The hosts that have keys."""
+        with self._lock:
+            return set(self._hosts)
 
     def snapshot(self) -> tuple[list[KeyValue], KeyValue | None, int]:
         """The host items (sorted), the policy item, and the revision, consistently."""
         with self._lock:
-            items = [self._items[key] for key in sorted(self._items)]
-            revision = self.revision
-        policy = next((item for item in items if item.key == self.layout.policy), None)
-        return [i for i in items if i.key != self.layout.policy], policy, revision
+            items = [item for keys in self._hosts.values() for item in keys.values()]
+            policy, revision = self._policy_item, self.revision
+        items.sort(key=_key)
+        return items, policy, revision
+
+    def policy_item(self) -> KeyValue | None:
+        """The applied policy's key, if any."""
+        return self._policy_item
+
+    def bad_keys(self) -> tuple[BadRecord, ...]:
+        """The last read's keys that are not text."""
+        return self._bad_keys
 
     def policy(self, item: KeyValue | None, on_bad: Callable[[str], None]) -> Policy | None:
         """The applied policy (parsed once per version); ``None`` if absent or unreadable."""
@@ -104,7 +183,10 @@ class FleetMirror:
         return parsed
 
     def status(self, now: datetime, on_bad: Callable[[str], None]) -> tuple[list[Any], int]:
-        """``build_status`` of the mirrored fleet at ``now``, and the revision it shows."""
+        """``build_status`` of the whole mirrored fleet at ``now``, and the revision it shows.
+
+        Every host joined again: what the host-by-host view must equal.
+        """
         from allocator.status.join import build_status
 
         items, policy_item, revision = self.snapshot()
@@ -112,3 +194,18 @@ class FleetMirror:
             on_bad(str(bad))
         policy = self.policy(policy_item, on_bad)
         return build_status(policy, items, self.layout, now), revision
+
+
+def _key(item: KeyValue) -> str:
+    return item.key
+
+
+def _item(event: Event, old: KeyValue | None, leases: Mapping[str, int | None]) -> KeyValue:
+    assert event.value is not None
+    return KeyValue(
+        event.key,
+        event.value,
+        event.revision,
+        old.create_revision if old is not None else event.revision,
+        leases.get(event.key, old.lease if old is not None else None),
+    )

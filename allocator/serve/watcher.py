@@ -1,6 +1,7 @@
 """Keeps a :class:`~allocator.serve.mirror.FleetMirror` current from the store, in a thread.
 
-One prefix read, then one watch from the revision after it; every batch of
+One read of what the mirror keeps (:mod:`allocator.serve.fleet_read`), then
+one watch from the revision after it; every batch of
 events updates the mirror and calls ``on_change`` once. When the store goes
 away the mirror keeps the last state it had, :attr:`FleetWatcher.state`
 says since when the store is unavailable and why, and the watcher tries
@@ -106,8 +107,10 @@ class FleetWatcher:
     def _session(self) -> None:
         store = self._open_store()
         try:
+            from allocator.serve.fleet_read import read_fleet
+
             root = f"{self.mirror.layout.root}/"
-            listing = store.list(root)
+            listing = read_fleet(store, self.mirror.layout)
             self.mirror.reset(listing)
             self._up()
             self._retry.connected(time.monotonic())

@@ -23,6 +23,7 @@ __all__ = [
     "history_document",
     "history_entry_document",
     "status_document",
+    "status_host_document",
     "status_host_json",
     "status_json",
 ]
@@ -49,6 +50,11 @@ def status_document(
     if queue:
         document["queue"] = list(queue)
     return document
+
+
+def status_host_document(host: HostStatus) -> dict[str, Any]:
+    """One host of ``status -o json``: an item of its ``hosts``."""
+    return _host(host.to_dict())
 
 
 def status_host_json(host: HostStatus) -> bytes:

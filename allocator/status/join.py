@@ -104,6 +104,9 @@ class JobRow(msgspec.Struct, frozen=True):
     #: Why the agent gave up on the job: the failed worker's last lines, and its log.
     output_tail: tuple[str, ...] = ()
     log_path: str = ""
+    #: Whether the job runs on CPU by its fallback rule (none of its GPUs could
+    #: serve: none free when it asked, or one went unhealthy).
+    fallback: bool = False
 
 
 class GroupShare(msgspec.Struct, frozen=True):
@@ -318,13 +321,14 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
     worker = snapshot.workers.get(job)
     matches: bool | None = None
     workers = "-"
+    fallback = held.mode == "cpu" and bool(held.fallback_reason)
     if worker is not None:
         workers = worker.state + (f" pid {','.join(map(str, worker.pids))}" if worker.pids else "")
         on_cpu = worker.device == "cpu"
         if on_cpu and held.mode == "gpu" and worker.fallback_reason:
             # A fallback rule at work (a GPU is unhealthy): what the policy asks for.
             workers += f" on CPU ({worker.fallback_reason})"
-            matches = True
+            matches = fallback = True
         else:
             matches = tuple(worker.gpus) == tuple(held.gpus) and on_cpu == (held.mode == "cpu")
         if worker.state == "finished" and worker.message.startswith("finished"):
@@ -351,6 +355,7 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
         idle_holder=idle.holder,
         output_tail=tuple(printable(line) for line in worker.output_tail) if worker else (),
         log_path=printable(worker.log_path or "") if worker else "",
+        fallback=fallback,
     )
 
 

@@ -11,6 +11,9 @@ form is missing the hosts are read in one range, as on every other store.
 
 Policy, assignments, agents and workers then come from one snapshot (the
 policy used to be read a moment before the hosts).
+
+A filtered status (``host=``, ``pool=``, ``job=``) reads only the hosts it
+picks, in key ranges at the same revision (:mod:`allocator.status.read_hosts`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from allocator.store import KeyValue, Listing, Read, bad_key_records
 
 __all__ = [
     "HOSTS_PER_PART",
+    "MAX_HOSTS_PER_PART",
     "MAX_PARTS",
     "JoinPart",
     "declared_by_part",
@@ -43,6 +47,9 @@ _Row = TypeVar("_Row")
 MAX_PARTS = 8
 #: No part smaller than this many hosts (~14 keys each): a small fleet is one range.
 HOSTS_PER_PART = 100
+#: No part larger than this many hosts either (a large fleet gets more parts than
+#: MAX_PARTS, still read a few at once): each answer comes well within a call's budget.
+MAX_HOSTS_PER_PART = 500
 
 
 class _PolicyHosts(msgspec.Struct):
@@ -76,11 +83,15 @@ def split_points(
 ) -> list[str]:
     """Keys to cut the hosts' prefix at, in key order: parts of about as many hosts each.
 
+    ``max_parts`` parts at most, of ``per_part`` hosts at least, unless that
+    makes parts of more than :data:`MAX_HOSTS_PER_PART` hosts.
+
     Key order is not name order (``node1-a/`` sorts before ``node1/``).
     Invalid names are left out (a cut is only ever a hint).
     """
     keys = sorted(layout.host(h) for h in hosts if _valid_host(layout, h))
     parts = min(max_parts, len(keys) // max(1, per_part))
+    parts = max(parts, -(-len(keys) // MAX_HOSTS_PER_PART))
     return [keys[len(keys) * i // parts] for i in range(1, parts)]
 
 
@@ -104,6 +115,7 @@ def read_status(
     while_reading: Callable[[], None],
     join: JoinPart[_Row],
     queue: tuple[str, Callable[[Listing], None]] | None = None,
+    pick: Callable[[Any], Sequence[str] | None] | None = None,
 ) -> tuple[Any, int, list[_Row]]:
     """The applied policy, the revision read at and ``join``'s rows of every key under ``prefix``.
 
@@ -115,18 +127,41 @@ def read_status(
     is called per part, in key order, as each part is in. ``queue`` (a
     prefix, a callback): the wait queue under that prefix is read in the
     policy's batch and handed to the callback (not at all where the user may
-    not read it).
+    not read it). ``pick``: given the policy, the hosts to read (sorted;
+    ``None``: every host): then only their keys are read
+    (:mod:`allocator.status.read_hosts`), after the policy is decoded.
     """
     layout: KeyLayout = allocator.layout
     store = allocator.store
-    policy_read, compiled_read = _policy_records(store, layout, queue)
+    shares = _share_reads(layout, only_host)
+    policy_read, compiled_read, *found = _policy_records(store, layout, queue, shares)
+    decoded: list[Any] = []
+    if pick is not None:
+        while_reading()
+        decoded.append(_policy(allocator, _first(policy_read), compiled_read))
+        picked = pick(decoded[0])
+        if picked is not None:
+            rows = _join_picked(allocator, decoded[0], picked, policy_read.revision, join)
+            return decoded[0], policy_read.revision, rows
+
+    def policy_of() -> Any:
+        if not decoded:
+            while_reading()
+            first = _first(policy_read)
+            decoded.append(_policy(allocator, first, compiled_read, found, only_host))
+        return decoded[0]
+
     compiled = _first(compiled_read)
     list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
+    if only_host is None and not splits and compiled is not None and list_parts is not None:
+        # A compiled policy stored in parts names its hosts only once decoded: a
+        # large fleet's, which must not be read in one range (past a call's budget).
+        policy = policy_of()
+        splits = split_points(layout, policy.hosts) if policy is not None else []
     if only_host is None and splits and list_parts is not None:
         parts = list_parts(prefix, policy_read.revision, splits)
-        while_reading()
-        policy = _policy(allocator, _first(policy_read), compiled_read)
+        policy = policy_of()
         try:
             rows = _join_parts(allocator, policy, parts, splits, join)
             return policy, policy_read.revision, rows
@@ -137,14 +172,30 @@ def read_status(
         reader = _ListingReader(store, prefix)
         reader.start()
         try:
-            while_reading()
-            policy = _policy(allocator, _first(policy_read), compiled_read)
+            policy = policy_of()
         finally:
             reader.join()
         listing = reader.result()
     declared = () if policy is None or only_host is not None else policy.hosts
     report_bad_keys(allocator, listing)
     return policy, listing.revision, join(policy, listing.items, declared)
+
+
+def _join_picked(
+    allocator: Any, policy: Any, picked: Sequence[str], revision: int, join: JoinPart[_Row]
+) -> list[_Row]:
+    """``join``'s rows of the ``picked`` hosts only, read in key ranges at ``revision``."""
+    from allocator.status.read_hosts import host_runs, picked_items, read_picked
+
+    layout: KeyLayout = allocator.layout
+    runs = host_runs(layout, picked, policy.hosts if policy is not None else ())
+    rows: list[_Row] = []
+    for run, listing in zip(
+        runs, read_picked(allocator.store, layout, runs, revision), strict=True
+    ):
+        report_bad_keys(allocator, listing)
+        rows.extend(join(policy, picked_items(layout, listing.items, set(run)), run))
+    return rows
 
 
 def report_bad_keys(allocator: Any, listing: Listing) -> None:
@@ -182,25 +233,38 @@ def declared_by_part(
     return groups
 
 
+def _share_reads(layout: KeyLayout, host: str | None) -> list[Read]:
+    """The reads of one host's share of the policy, its common share and their head."""
+    if host is None or not _valid_host(layout, host):
+        return []
+    return [Read(layout.shares_head), Read(layout.common_share), Read(layout.host_share(host))]
+
+
 def _policy_records(
-    store: Any, layout: KeyLayout, queue: tuple[str, Callable[[Listing], None]] | None = None
-) -> tuple[Listing, Listing]:
+    store: Any,
+    layout: KeyLayout,
+    queue: tuple[str, Callable[[Listing], None]] | None = None,
+    shares: Sequence[Read] = (),
+) -> tuple[Listing, ...]:
     """The policy record and its compiled form, read in one batch (at one revision).
 
     A user who may read the policy but not its compiled form (a role
     granted before there was one) still gets status, from the YAML.
     ``queue``: the wait queue under its prefix is read in the same batch
-    (and left out for a user who may not read it).
+    (and left out for a user who may not read it). ``shares``: read in it
+    too, their listings after the two (left out for a user who may not).
     """
-    if queue is not None:
-        reads = [Read(layout.policy), Read(layout.compiled_policy), Read(queue[0], prefix=True)]
+    if queue is not None or shares:
+        reads = [Read(layout.policy), Read(layout.compiled_policy), *shares]
+        reads += [Read(queue[0], prefix=True)] if queue is not None else []
         try:
-            policy_read, compiled_read, queue_read = store.read_many(reads)
+            policy_read, compiled_read, *rest = store.read_many(reads)
         except PermissionDenied:
             pass
         else:
-            queue[1](queue_read)
-            return policy_read, compiled_read
+            if queue is not None:
+                queue[1](rest.pop())
+            return policy_read, compiled_read, *rest
     try:
         policy_read, compiled_read = store.read_many(
             [Read(layout.policy), Read(layout.compiled_policy)]
@@ -215,7 +279,14 @@ def _first(listing: Listing) -> KeyValue | None:
     return listing.items[0] if listing.items else None
 
 
-def _policy(allocator: Any, item: KeyValue | None, compiled: Listing) -> Any:
+def _policy(
+    allocator: Any,
+    item: KeyValue | None,
+    compiled: Listing,
+    shares: Sequence[Listing] = (),
+    host: str | None = None,
+) -> Any:
+    """The applied policy: ``host``'s share of it when ``shares`` are the policy's, else whole."""
     from allocator.records.codec import decode_record
     from allocator.records.types import PolicyRecord
     from allocator.status.applied_policy import applied_policy
@@ -228,7 +299,26 @@ def _policy(allocator: Any, item: KeyValue | None, compiled: Listing) -> Any:
         allocator.on_bad_record(exc)
         return None
     on_bad = allocator.on_bad_record
+    mine = _host_share(record.sha256, shares, host, on_bad) if host is not None else None
+    if mine is not None:
+        return mine
     return applied_policy(allocator.store, allocator.layout, record, on_bad, compiled)
+
+
+def _host_share(
+    sha256: str, shares: Sequence[Listing], host: str, on_bad: Callable[[BadRecord], None]
+) -> Any:
+    """``host``'s policy from its share and the common one, if both are stored and current."""
+    from allocator.policy.shares import host_policy
+
+    head, common, mine = (_first(listing) for listing in shares) if shares else (None,) * 3
+    if head is None or common is None or mine is None:
+        return None
+    try:
+        return host_policy(sha256, head.value, common, mine, host)
+    except BadRecord as exc:
+        on_bad(exc)
+        return None
 
 
 class _ListingReader(threading.Thread):

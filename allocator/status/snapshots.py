@@ -25,11 +25,17 @@ __all__ = ["HostSnapshot", "PolicySnapshot", "job_not_found", "snapshots_by_host
 
 @dataclass(frozen=True, slots=True)
 class PolicySnapshot:
-    """The applied policy, its record, and the revision it was read at."""
+    """The applied policy, its record, and the revision it was read at.
+
+    ``host``: the policy holds only that host's share of it (see
+    :mod:`allocator.policy.shares`), enough to decide a change there; ``None``:
+    the whole policy.
+    """
 
     policy: Policy
     record: PolicyRecord
     revision: int
+    host: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,11 @@ def _no_outage(world: AgentHarness) -> bool:
 def test_malformed_records_are_skipped_and_every_other_job_keeps_running(
     world: AgentHarness,
 ) -> None:
-    world.start_agent()
+    # The agent watches its share of the policy, not the record: a record written
+    # by hand (behind the shares' head) is read at the next resync.
+    settings = world.workdir / "agent.yaml"
+    settings.write_text("resync_seconds: 1\n")
+    world.start_agent("--config", str(settings))
     assert world.cli("set", "job=train", "gpus=0").code == 0
     train = world.new_report("train")
     jobs = world.layout.host_jobs(HOST)

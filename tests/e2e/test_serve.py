@@ -3,10 +3,10 @@
 The server is a real ``allocator serve`` process on a free loopback port,
 reading a real etcd (or SQLite) that the CLI writes to. The browser is
 Debian's chromium driven by playwright (``tools/install-test-servers``
-installs it): the grid renders, a ``set`` shows up without a reload, and
+installs it): a host's drill-down shows a ``set`` without a reload, and
 with etcd stopped the page says the store is unavailable and keeps the last
-state. Set ``ALLOCATOR_SCREENSHOT=PATH`` to keep the page's screenshot (the
-manual's picture, docs/status-page.png, is made that way).
+state. The fleet page's own tests (heatmap, filters, plots, 12,500 hosts) are
+in ``test_serve_page.py``.
 """
 
 from __future__ import annotations
@@ -40,20 +40,38 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 class Served:
     """A store with the example policy applied, and ``allocator serve`` reading it."""
 
-    def __init__(self, store_url: str, prefix: str, tmp: Path) -> None:
+    def __init__(
+        self,
+        store_url: str,
+        prefix: str,
+        tmp: Path,
+        *extra: str,
+        policy: Path | None = EXAMPLE_POLICY,
+        ready: str = "/api/v1/status",
+    ) -> None:
+        """``extra``: serve's options; ``policy`` is applied first (``None``: already written)."""
         self.env = clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
-        assert self.cli("policy", "apply", str(EXAMPLE_POLICY)).code == 0
+        if policy is not None:
+            assert self.cli("policy", "apply", str(policy)).code == 0
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = tmp / "serve.log"
         self.log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "allocator", "serve", "--listen", f"127.0.0.1:{self.port}"],
+            [
+                sys.executable,
+                "-m",
+                "allocator",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                *extra,
+            ],
             env=self.env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        wait_for("serve to answer", lambda: self.get("/api/v1/status")[0] == 200)
+        wait_for("serve to answer", lambda: self.get(ready)[0] == 200, timeout=60)
 
     def cli(self, *args: str) -> Any:
         return run_cli(args, self.env)
@@ -153,29 +171,31 @@ def test_the_page_renders_updates_live_and_says_when_the_store_is_down(
             page = browser.new_page(viewport={"width": 1280, "height": 520})
             page.clock.install()  # the page's own clock, moved on below without a new document
             page.goto(world.base + "/")
+            page.wait_for_selector('#heatmap[data-hosts="3"]')  # the example's node1-3
+            page.fill("#f-host", "node1")
+            page.press("#f-host", "Enter")  # the host's drill-down
             cell = 'td[data-host="node1"][data-gpu="1"] .holder'
             # Selectors, not string predicates: the page's CSP forbids eval, which polling uses.
             page.wait_for_selector(f"{cell}:text-is('free')")
-            assert page.locator("tr[data-host]").count() == 3  # the example's node1-3
             page.evaluate("window.notReloaded = true")
 
             assert world.cli("set", "job=train", "gpus=1", "host=node1").code == 0
             assert world.cli("set", "job=eval-nightly", "gpus=0", "host=node2").code == 0
             page.wait_for_selector(f"{cell}:text-is('train')")
             assert page.evaluate("window.notReloaded") is True  # live, not a reload
-            assert page.locator('tr[data-job="train"]').count() == 1
+            assert page.locator('#host-panel tr[data-job="train"]').count() == 1
 
             _publish_as_agent(etcd_server_private.url, prefix)
-            page.wait_for_selector('tr[data-host="node1"] .agent-alive')
+            page.wait_for_selector("#host-panel .agent-alive")
+            page.wait_for_selector('td[data-host="node1"][data-gpu="3"] .stray')
             gpu3 = page.inner_text('td[data-host="node1"][data-gpu="3"]')
             assert "unassigned: bob pid 4242" in gpu3
             idle = page.inner_text('td[data-host="node1"][data-gpu="1"]')
             assert "idle 2h05m: past its idle rule" in idle
-            _screenshot(page, tmp_path)
             # Ten minutes later and no change in the store: the idle time has grown with them.
             page.clock.run_for(10 * 60 * 1000)  # the page redraws every 5 s of its clock
             assert "idle 2h15m" in page.inner_text('td[data-host="node1"][data-gpu="1"]')
-            assert "2h15m" in page.inner_text('tr[data-job="train"]')
+            assert "2h15m" in page.inner_text('#host-panel tr[data-job="train"]')
 
             etcd_server_private.stop()
             page.wait_for_selector("#banner:not([hidden])")
@@ -264,13 +284,6 @@ def _publish_as_agent(url: str, prefix: str) -> None:
         store.put(layout.agent("node1"), agent.to_json(), lease=store.grant_lease(60))
     finally:
         store.close()
-
-
-def _screenshot(page: Any, tmp_path: Path) -> None:
-    page.screenshot(path=str(tmp_path / "status-page.png"), full_page=True)
-    keep = os.environ.get("ALLOCATOR_SCREENSHOT")
-    if keep:
-        shutil.copyfile(tmp_path / "status-page.png", keep)
 
 
 def _lower(headers: Any) -> dict[str, str]:

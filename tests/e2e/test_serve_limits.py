@@ -133,6 +133,8 @@ def test_named_hosts_replace_the_defaults(tmp_path: Path) -> None:
     [
         (["--max-connections", "0"], "--max-connections 0"),
         (["--request-timeout", "0"], "--request-timeout 0"),
+        (["--sample-seconds", "0"], "--sample-seconds 0"),
+        (["--series-points", "0"], "--series-points 0"),
     ],
 )
 def test_limits_out_of_range_are_refused_in_one_line(

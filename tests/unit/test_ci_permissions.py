@@ -55,6 +55,7 @@ def test_the_apply_role_can_apply_a_policy_with_its_compiled_form(ci_server: Etc
     applied = _cli(ci_server, "allocator-ci-apply", "policy", "apply", str(EXAMPLE))
     assert applied.returncode == 0, applied.stderr
     assert ci_server.etcdctl("get", "--keys-only", "/allocator/v1/compiled/policy").strip()
+    assert ci_server.etcdctl("get", "--keys-only", "/allocator/v1/shares/common").strip()
 
 
 def test_the_read_role_cannot_apply(ci_server: EtcdServer, tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from allocator.agent.planning.across_hosts import PeerHost
+from allocator.agent.sync.policy_read import PolicyRead, SharedPolicy
 from allocator.errors import BadRecord, InvalidName
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout, validate_name
@@ -32,7 +33,8 @@ class HostView:
     """This host's state as one read saw it.
 
     ``policy`` is ``None`` when no usable policy is stored (absent, or a bad
-    record: see ``bad``); the agent then keeps the last good one it had.
+    record: see ``bad``); the agent then keeps the last good one it had. It
+    is the whole policy record, or the host's share of the policy.
     ``bad`` pairs each skipped record with its ``mod_revision``, so it is
     reported once per version; ``damaged`` names the jobs whose own key holds
     such a record (the agent keeps their last good assignment: a damaged
@@ -44,7 +46,7 @@ class HostView:
     revision: int
     assignments: Mapping[str, Assignment] = field(default_factory=dict)
     revisions: Mapping[str, int] = field(default_factory=dict)
-    policy: PolicyRecord | None = None
+    policy: PolicyRecord | SharedPolicy | None = None
     policy_present: bool = False
     bad: tuple[tuple[BadRecord, int], ...] = ()
     damaged: frozenset[str] = frozenset()
@@ -53,9 +55,18 @@ class HostView:
 
 
 def host_view(
-    listing: Listing, policy_item: KeyValue | None, layout: KeyLayout, host: str
+    listing: Listing,
+    policy_item: KeyValue | None,
+    layout: KeyLayout,
+    host: str,
+    *,
+    read: PolicyRead | None = None,
 ) -> HostView:
-    """Decode a read of ``layout.host(host)`` and of the policy key."""
+    """Decode a read of ``layout.host(host)`` and of the policy key.
+
+    ``read``: the policy as :class:`~allocator.agent.sync.policy_read.PolicyReader`
+    read it (its share, or the whole record), instead of ``policy_item``.
+    """
     jobs_prefix = layout.host_jobs(host)
     assignments: dict[str, Assignment] = {}
     revisions: dict[str, int] = {}
@@ -74,8 +85,11 @@ def host_view(
             bad.append((exc, item.mod_revision))
             if job:
                 damaged.add(job)
-    policy: PolicyRecord | None = None
-    if policy_item is not None:
+    policy: PolicyRecord | SharedPolicy | None = None
+    if read is not None:
+        policy = read.policy
+        bad += read.bad
+    elif policy_item is not None:
         try:
             policy = decode_record(policy_item.value, PolicyRecord, policy_item.key)
         except BadRecord as exc:
@@ -85,7 +99,7 @@ def host_view(
         assignments=assignments,
         revisions=revisions,
         policy=policy,
-        policy_present=policy_item is not None,
+        policy_present=read.present if read is not None else policy_item is not None,
         bad=tuple(bad),
         damaged=frozenset(damaged),
         own=own,

@@ -19,10 +19,12 @@ from allocator.agent.planning.across_hosts import PeerHost
 from allocator.agent.sync.host_records import HostView
 from allocator.agent.sync.last_good import load_last_good, save_last_good
 from allocator.agent.sync.messages import LinkState, ToLoop
+from allocator.agent.sync.policy_read import SharedPolicy
 from allocator.agent.sync.run_expiry import vanished_runs
 from allocator.agent.sync.store_thread import StoreLink
-from allocator.errors import PolicyError
+from allocator.errors import BadRecord, PolicyError
 from allocator.policy import Policy, load_policy
+from allocator.policy.shares import assemble, shares_agree
 from allocator.records.types import Assignment, PolicyRecord
 from allocator.store import Store
 
@@ -49,6 +51,8 @@ class StoreSync:
         self.policy: Policy | None = None
         self.policy_sha = ""
         self._refused_sha = ""
+        self._pending = ""  # shares seen not to agree yet (logged once)
+        self._host = config.host
         self._said_no_policy = False
         # Until the store is read: what the last agent read intact (used only for
         # jobs whose record the store then holds damaged).
@@ -113,7 +117,12 @@ class StoreSync:
         self.have_state = self.policy is not None
         self.pending = None
 
-    def _use_policy(self, record: PolicyRecord, on_policy: Callable[[Policy], None]) -> None:
+    def _use_policy(
+        self, record: PolicyRecord | SharedPolicy, on_policy: Callable[[Policy], None]
+    ) -> None:
+        if isinstance(record, SharedPolicy):
+            self._use_shares(record, on_policy)
+            return
         if record.sha256 in (self.policy_sha, self._refused_sha):
             return
         try:
@@ -125,6 +134,29 @@ class StoreSync:
         self.policy, self.policy_sha = policy, record.sha256
         on_policy(policy)
         self._log("policy", {"sha256": record.sha256[:12], "applied_by": record.applied_by})
+
+    def _use_shares(self, shared: SharedPolicy, on_policy: Callable[[Policy], None]) -> None:
+        """Adopt the host's share of the policy once it agrees with the common share."""
+        identity = shared.identity
+        if identity in (self.policy_sha, self._refused_sha):
+            return
+        host = shared.host
+        if not shares_agree(shared.common, shared.common_revision, host, shared.host_revision):
+            if self._pending != identity:  # an apply still writing: keep the last good policy
+                self._pending = identity
+                fields = {"common": shared.common.policy_sha256[:12]}
+                host_sha = host.policy_sha256[:12] if host else ""
+                self._log("policy-pending", {**fields, "host": host_sha})
+            return
+        try:
+            policy = assemble(shared.common_policy, shared.part, self._host)
+        except BadRecord as exc:  # keep the last good policy rather than stopping work
+            self._refused_sha = identity
+            self._log("bad-policy", {"sha256": identity[:12], "error": str(exc)})
+            return
+        self.policy, self.policy_sha, self._pending = policy, identity, ""
+        on_policy(policy)
+        self._log("policy", {"sha256": shared.common.policy_sha256[:12], "share": identity[:12]})
 
     def save_last_good(self) -> None:
         """Save the assignments, for a restart while the store holds a record damaged."""

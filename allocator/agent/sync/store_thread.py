@@ -45,8 +45,15 @@ from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pen
 from allocator.agent.sync.host_records import HostView, host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
+from allocator.agent.sync.policy_read import PolicyReader
 from allocator.agent.sync.publisher import Publisher
-from allocator.agent.sync.watches import WatchError, WatchEvents, WatchThread, start_watches
+from allocator.agent.sync.watches import (
+    WatchError,
+    WatchEvents,
+    WatchThread,
+    agent_watch_keys,
+    start_watches,
+)
 from allocator.errors import (
     AllocatorError,
     BadRecord,
@@ -139,6 +146,8 @@ class StoreLink:
         self.next_keepalive = 0.0
         self.revision = 0
         self.bad_seen: dict[str, int] = {}
+        self.policy_reader = PolicyReader(self.layout, config.host)
+        self.whole_policy = False  # no shares stored: the whole policy record is watched
 
     # --- the loop's side -------------------------------------------------------
 
@@ -280,12 +289,11 @@ class StoreLink:
         self.read_due = False
         self.next_read = now + self.config.resync_seconds
         try:
-            listing = store.list(self.layout.host(self.config.host))
-            policy_item = store.get(self.layout.policy)
+            listing, policy = self.policy_reader.read(store)
         except PermissionDenied as exc:
             self._refused(exc, now)
             return
-        view = host_view(listing, policy_item, self.layout, self.config.host)
+        view = host_view(listing, None, self.layout, self.config.host, read=policy)
         peers, bad = self._read_peers(store, view)
         view = replace(view, peers=peers, bad=(*view.bad, *bad))
         self.revision = view.revision  # the store's own, even if it went back (a restore)
@@ -307,7 +315,8 @@ class StoreLink:
         # A host the store will not show is not watched either: a refused watch would
         # read as this agent's own permission problem and drop the connection.
         watched = tuple(host for host, peer in peers.items() if peer.readable)
-        if not self.watches or watched != self.watched_peers:
+        if not self.watches or (watched, policy.whole) != (self.watched_peers, self.whole_policy):
+            self.whole_policy = policy.whole
             self._start_watches(watched)
 
     def _read_peers(
@@ -340,7 +349,8 @@ class StoreLink:
             "store-permission-denied",
             {
                 "error": " ".join(str(error).split()),
-                "hint": "grant this agent read access to its host's keys and the policy",
+                "hint": "grant this agent read access to its host's keys, "
+                "its policy shares and the policy",
                 "retry_in": self.retry.cap_seconds,
             },
         )
@@ -359,7 +369,8 @@ class StoreLink:
     def _start_watches(self, peers: tuple[str, ...] = ()) -> None:
         self._stop_watches()
         self.watched_peers = peers
-        prefixes = [self.layout.host_jobs(self.config.host), self.layout.policy]
+        host, whole = self.config.host, self.whole_policy
+        prefixes = list(agent_watch_keys(self.layout, host, whole_policy=whole))
         prefixes += [self.layout.host(peer) for peer in peers]
         self.watches = start_watches(
             lambda: self._open_store(self.url), prefixes, self.revision + 1, self._inbox, self.epoch

@@ -17,9 +17,32 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from allocator.errors import AllocatorError
+from allocator.records.keys import KeyLayout
 from allocator.store import Event, Store
 
-__all__ = ["Message", "Sink", "WatchError", "WatchEvents", "WatchThread", "start_watches"]
+__all__ = [
+    "Message",
+    "Sink",
+    "WatchError",
+    "WatchEvents",
+    "WatchThread",
+    "agent_watch_keys",
+    "start_watches",
+]
+
+
+def agent_watch_keys(
+    layout: KeyLayout, host: str, *, whole_policy: bool = False
+) -> tuple[str, ...]:
+    """The keys and prefixes the agent of ``host`` watches (other hosts of its jobs aside).
+
+    Its assignments, its share of the policy and the common share; the
+    whole policy record instead of the shares only while none are stored
+    (a policy applied by an older version).
+    """
+    if whole_policy:
+        return layout.host_jobs(host), layout.policy
+    return layout.host_jobs(host), layout.common_share, layout.host_share_prefix(host)
 
 
 @dataclass(frozen=True, slots=True)

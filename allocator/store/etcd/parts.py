@@ -31,7 +31,7 @@ from allocator.store.etcd.rules import prefix_range_end
 if TYPE_CHECKING:
     from allocator.store.etcd.store import EtcdStore
 
-__all__ = ["AT_ONCE", "key_ranges", "list_in_parts", "ranged_request"]
+__all__ = ["AT_ONCE", "key_ranges", "list_in_parts", "list_in_ranges", "ranged_request"]
 
 
 def key_ranges(prefix: str, splits: Sequence[str]) -> list[tuple[bytes, bytes]]:
@@ -78,7 +78,17 @@ def list_in_parts(
     first part while etcd marshals the next. An error is raised where its
     part would have been.
     """
-    requests = [ranged_request(lo, hi, revision) for lo, hi in key_ranges(prefix, splits)]
+    return list_in_ranges(store, key_ranges(prefix, splits), revision, at_once)
+
+
+def list_in_ranges(
+    store: EtcdStore,
+    ranges: Sequence[tuple[bytes, bytes]],
+    revision: int,
+    at_once: int = AT_ONCE,
+) -> Iterator[Listing]:
+    """The keys in each ``[start, end)`` of ``ranges`` as at ``revision`` (as list_in_parts)."""
+    requests = [ranged_request(lo, hi, revision) for lo, hi in ranges]
     starter = _Starter()
     parts = [
         _Part(store, request, spare=index > 0, done=starter.start_next)

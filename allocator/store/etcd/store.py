@@ -173,6 +173,23 @@ class EtcdStore:
 
         return list_in_parts(self, check_prefix(prefix), revision, splits)
 
+    def list_ranges(self, ranges: Sequence[tuple[str, str]], revision: int) -> Iterator[Listing]:
+        """The keys from each ``first`` up to the end of those under ``last``, as at ``revision``.
+
+        ``ranges``: ``(first, last)`` key prefixes, in key order, not
+        overlapping (several hosts' keys in one range: ``first`` the first
+        host's prefix, ``last`` the last one's). Read and returned as
+        :meth:`list_parts` reads its parts.
+        """
+        from allocator.store.etcd.parts import list_in_ranges
+        from allocator.store.etcd.rules import prefix_range_end
+
+        spans = [
+            (check_prefix(first).encode(), prefix_range_end(check_prefix(last).encode()))
+            for first, last in ranges
+        ]
+        return list_in_ranges(self, spans, revision)
+
     def read_range(self, request: Json) -> Listing:
         """One range request's keys, with failover and the call's budget, as every call.
 

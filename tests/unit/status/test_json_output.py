@@ -65,6 +65,9 @@ def _json(capsys: pytest.CaptureFixture[str], *words: str, code: int = 0) -> Any
     [
         ("status", ["status"]),
         ("status", ["status", "host=node2"]),
+        ("status", ["status", "pool=a100,default", "state=free,held"]),
+        ("status-summary", ["status", "--summary"]),
+        ("status-summary", ["status", "--summary", "state=held"]),
         ("get", ["get", "job=train"]),
         ("get", ["get", "job=spread"]),  # on two hosts: a list
         ("history", ["history"]),

@@ -15,6 +15,7 @@ from allocator.records.types import AgentRecord, Assignment, WorkerRecord
 from allocator.status.join import build_status, status_of_part
 from allocator.status.read import (
     HOSTS_PER_PART,
+    MAX_HOSTS_PER_PART,
     MAX_PARTS,
     declared_by_part,
     host_names,
@@ -63,6 +64,18 @@ def test_a_fleet_is_cut_into_parts_of_about_as_many_hosts() -> None:
         LAYOUT.host("node0500"),
         LAYOUT.host("node0750"),
     ]
+
+
+def test_a_large_fleet_gets_more_parts_none_of_more_than_max_hosts_per_part() -> None:
+    names = [f"node{n:05d}" for n in range(12_500)]
+    cuts = split_points(LAYOUT, names)
+    assert len(cuts) + 1 == -(-12_500 // MAX_HOSTS_PER_PART)
+    sizes = [b - a for a, b in itertools.pairwise([0, *map(_position, cuts), 12_500])]
+    assert max(sizes) <= MAX_HOSTS_PER_PART
+
+
+def _position(key: str) -> int:
+    return int(key.rstrip("/").rsplit("node", 1)[1])
 
 
 def test_a_small_fleet_is_read_whole() -> None:

@@ -1,0 +1,187 @@
+"""``allocator serve`` over the whole 12,500-host fleet: answers, a change, memory.
+
+A real ``allocator serve`` process reads the scale group's loaded fleet
+(:mod:`bench.bench_scale`). Rows:
+
+* ``/api/v1/status`` against ``etcdctl get --prefix -w json`` of the same
+  hosts (what any reader of the fleet pays for its bytes): within 1.5x;
+* ``/metrics``: at most 100 ms;
+* serve's CPU time per one-host change (a put of one assignment, then the
+  change seen through ``/api/v1/hosts/H``): at most 50 ms;
+* serve's peak resident memory (``VmHWM``) after all of it: at most 400 MiB.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from allocator.records.keys import KeyLayout
+from allocator.records.types import Assignment
+from allocator.store import open_store
+from bench.common import Row, clean_env, interleaved, ratio_row, timed_run, value_row
+from bench.fleet import host_name, job_name
+from tests.support.etcd_server import EtcdServer, free_port
+
+__all__ = ["serve_rows"]
+
+#: One-host changes measured for the CPU row.
+CHANGES = 20
+
+
+class _Serving:
+    """``allocator serve`` on a free loopback port, and its process."""
+
+    def __init__(self, url: str, prefix: str, log: Path) -> None:
+        self.port = free_port()
+        self.log = log.open("wb")
+        env = clean_env(ALLOCATOR_STORE=url, ALLOCATOR_PREFIX=prefix)
+        argv = [sys.executable, "-m", "allocator", "serve", "--listen", f"127.0.0.1:{self.port}"]
+        self.process = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            url = f"http://127.0.0.1:{self.port}{path}"
+            with urllib.request.urlopen(url, timeout=60) as answer:
+                return answer.status, answer.read()
+        except OSError:
+            return 0, b""
+
+    def timed(self, path: str) -> float:
+        started = time.perf_counter()
+        code, _ = self.get(path)
+        elapsed = time.perf_counter() - started
+        if code != 200:
+            raise SystemExit(f"allocator serve answered {path} with {code}")
+        return elapsed
+
+    def wait(self, what: str, probe: Callable[[], bool], timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not probe():
+            if self.process.poll() is not None:
+                raise SystemExit(f"allocator serve exited {self.process.returncode}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"allocator serve: timed out waiting for {what}")
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+        self.log.close()
+
+
+def serve_rows(server: EtcdServer, prefix: str, hosts: int, rounds: int, work: Path) -> list[Row]:
+    """The serve rows over the ``hosts``-host fleet already loaded under ``prefix``."""
+    import psutil
+
+    # The first read is some 40 range requests of 5,000 keys: on a machine busy with
+    # the other rows, one of them can take longer than etcd's default 5 s deadline.
+    serving = _Serving(f"{server.url}?timeout=60", prefix, work / "serve.log")
+    try:
+        serving.wait("the fleet", lambda: serving.get("/api/v1/status?per_page=1")[0] == 200)
+        layout = KeyLayout(prefix)
+        etcdctl = ["etcdctl", "--endpoints", server.endpoint, "get", "--prefix", layout.hosts]
+        samples = interleaved(
+            {
+                "serve": lambda: serving.timed("/api/v1/status"),
+                "etcdctl": lambda: timed_run([*etcdctl, "-w", "json"], clean_env()),
+                "metrics": lambda: serving.timed("/metrics"),
+            },
+            rounds,
+        )
+        cpu = _cpu_per_change(serving, psutil.Process(serving.process.pid), server.url, layout)
+        peak = _peak_rss_mib(serving.process.pid)
+    finally:
+        serving.close()
+    size = f"{hosts:,} hosts"
+    return [
+        ratio_row(
+            f"/api/v1/status vs etcdctl get --prefix -w json, {size}",
+            samples["serve"],
+            samples["etcdctl"],
+            most=1.5,
+        ),
+        value_row(
+            f"/metrics, {size}",
+            statistics.median(samples["metrics"]) * 1000,
+            100.0,
+            "ms",
+            samples=len(samples["metrics"]),
+        ),
+        value_row(
+            f"serve CPU per one-host change, {size}", cpu * 1000, 50.0, "ms", samples=CHANGES
+        ),
+        value_row(f"serve RSS, {size}", peak, 400.0, "MiB", note="peak (VmHWM)"),
+    ]
+
+
+def _cpu_per_change(serving: _Serving, process: object, url: str, layout: KeyLayout) -> float:
+    """Serve's CPU seconds per one-host put, each waited for through the host's answer."""
+    host = host_name(1)
+    job = job_name(1, 0)
+    store = open_store(url)
+    try:
+        before = process.cpu_times()  # type: ignore[attr-defined]
+        for n in range(CHANGES):
+            reason = f"bench change {n}"
+            held = Assignment(
+                job=job,
+                host=host,
+                gpus=(0,),
+                mode="gpu",
+                updated_by="bench@fleet",
+                updated_at="2026-11-30T00:00:00Z",
+                reason=reason,
+            )
+            store.put(layout.assignment(host, job), held.to_json())
+            serving.wait(
+                "the change", lambda r=reason: r.encode() in serving.get(f"/api/v1/hosts/{host}")[1]
+            )
+        after = process.cpu_times()  # type: ignore[attr-defined]
+    finally:
+        store.close()
+    spent = (after.user - before.user) + (after.system - before.system)
+    return float(spent / CHANGES)
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident set (``VmHWM``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def main() -> None:
+    """Load a fleet of ``argv[1]`` hosts (default 12,500) and print the serve rows."""
+    import tempfile
+
+    from bench.fleet import load_fleet
+    from bench.run import format_table
+
+    hosts = int(sys.argv[1]) if len(sys.argv) > 1 else 12_500
+    with tempfile.TemporaryDirectory() as tmp:
+        server = EtcdServer(Path(tmp) / "etcd")
+        server.start()
+        try:
+            store = open_store(server.url)
+            try:
+                load_fleet(store, "/serve", hosts=hosts)
+            finally:
+                store.close()
+            print(format_table(serve_rows(server, "/serve", hosts, 5, Path(tmp))))
+        finally:
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""status --summary: totals per pool from the joined status."""
+
+from __future__ import annotations
+
+from allocator.cli.output import render_table
+from allocator.status.filters import pool_by_host
+from allocator.status.join import build_status
+from allocator.status.summary import summarize, summary_document, summary_table
+from allocator.status.summary_count import count_part, summary_of_counts
+from tests.unit.status.test_filters import LAYOUT, NOW, POLICY, _fleet
+
+
+def test_each_pool_gets_its_counts_and_a_total() -> None:
+    hosts = build_status(POLICY, _fleet(), LAYOUT, NOW)
+    summary = summarize(hosts, pool_by_host(POLICY), {"n2": 3, "elsewhere": 5}, revision=9)
+    document = summary_document(summary)
+    a100, h100 = document["pools"]
+    assert a100 == {
+        "pool": "a100",
+        "hosts": 2,
+        "gpus": 6,
+        "free": 2,
+        "held": 3,
+        "idle": 1,
+        "unhealthy": 1,
+        "fallback": 1,
+        "reserved": 1,
+        "queued": 3,
+        "agents_down": 1,  # n2 has no agent key and no worker without one: "none"
+    }
+    assert h100["pool"] == "h100" and h100["gpus"] == 2 and h100["free"] == 2
+    assert h100["fallback"] == 1  # the job the fallback put on CPU
+    total = document["total"]
+    assert total["pool"] is None and total["hosts"] == 3 and total["gpus"] == 8
+    assert total["queued"] == 3 and document["revision"] == 9
+
+
+def test_hosts_of_no_pool_come_last_and_the_table_has_a_total_row() -> None:
+    hosts = build_status(POLICY, _fleet(), LAYOUT, NOW)
+    summary = summarize(hosts, {"n1": "a100"})
+    assert [row.pool for row in summary.pools] == ["a100", None]
+    lines = summary_table(summary, render_table).splitlines()
+    assert lines[0].split()[:3] == ["POOL", "HOSTS", "GPUS"]
+    assert lines[2].split()[0] == "-" and lines[-1].split()[:3] == ["TOTAL", "3", "8"]
+
+
+def test_nothing_to_count_is_a_total_of_zeros() -> None:
+    document = summary_document(summarize([], {}))
+    assert document["pools"] == [] and document["total"]["gpus"] == 0
+
+
+def test_counting_from_the_keys_gives_the_join_s_counts() -> None:
+    pools = pool_by_host(POLICY)
+    queued = {"n1": 2}
+    joined = summarize(build_status(POLICY, _fleet(), LAYOUT, NOW), pools, queued, 4)
+    counted = summary_of_counts(
+        count_part(POLICY, _fleet(), LAYOUT, NOW, POLICY.hosts, pools), queued, 4
+    )
+    assert summary_document(counted) == summary_document(joined)
+
+
+def test_counting_parts_one_by_one_is_counting_the_whole() -> None:
+    pools = pool_by_host(POLICY)
+    items = _fleet()
+    first = [i for i in items if "/m1/" in i.key]
+    rest = [i for i in items if "/m1/" not in i.key]
+    parts = count_part(POLICY, first, LAYOUT, NOW, ["m1"], pools) + count_part(
+        POLICY, rest, LAYOUT, NOW, ["n1", "n2"], pools
+    )
+    whole = count_part(POLICY, items, LAYOUT, NOW, POLICY.hosts, pools)
+    assert summary_document(summary_of_counts(parts)) == summary_document(summary_of_counts(whole))
