@@ -22,23 +22,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from allocator.control.history import Stream, host_stream, read_history, select
+from allocator.control.history_index import pointer_key
 from allocator.control.history_read import first_page, query_history
 from allocator.errors import BadRecord
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry, HistoryHead
 from allocator.store import Listing, Put, Read, Store, open_store
+from allocator.util.times import format_time
 from bench.common import Row, interleaved, ratio_row, value_row
 from tests.support.etcd_server import EtcdServer
 
 __all__ = ["rows"]
 
 LIMIT = 20
-#: Entries written per transaction (within every backend's 64 operations).
+#: Keys written per transaction (within every backend's 64 operations).
 _BATCH = 60
+#: The time of entry 0 of host 0; entry ``seq`` of host ``index`` is ``seq * hosts + index`` s on.
+_START = datetime(2026, 6, 1, tzinfo=UTC)
 
 
 class _Counting:
@@ -66,20 +71,35 @@ def _ignore(_bad: BadRecord) -> None:
     pass
 
 
-def fill(store: Store, layout: KeyLayout, hosts: int, per_host: int, first: int = 0) -> None:
+def fill(
+    store: Store,
+    layout: KeyLayout,
+    hosts: int,
+    per_host: int,
+    first: int = 0,
+    fleet: int | None = None,
+) -> None:
     """``hosts`` streams of ``per_host`` entries, the way appends leave them.
 
-    Streams are packed into transactions of about :data:`_BATCH` entries.
+    Each entry with its pointer in the fleet's index (every one kept: the
+    index as large as it gets), packed into transactions of about
+    :data:`_BATCH` keys. ``fleet``: the hosts of the whole fleet (``hosts``
+    unless a share of it), for the entries' times: one a second, host by host.
     """
+    stride = fleet if fleet is not None else hosts
     ops: list[Put] = []
     for index in range(first, first + hosts):
         stream = host_stream(layout, f"node{index:05d}")
-        for start in range(0, per_host, _BATCH):
-            seqs = range(start, min(start + _BATCH, per_host))
-            if len(ops) + len(seqs) + 1 > _BATCH + 3:
+        for start in range(0, per_host, _BATCH // 2):
+            seqs = range(start, min(start + _BATCH // 2, per_host))
+            if len(ops) + 2 * len(seqs) + 1 > _BATCH + 3:
                 store.txn([], ops)
                 ops = []
-            ops += [Put(stream.entry_key(q), _entry(stream, q, index).to_json()) for q in seqs]
+            for seq in seqs:
+                entry = _entry(stream, seq, index, seq * stride + index)
+                ops.append(Put(stream.entry_key(seq), entry.to_json()))
+                pointer = pointer_key(layout.history, entry.at, stream.entry_key(seq))
+                ops += [Put(pointer, b"")] if pointer is not None else []
             head = HistoryHead(stream.name, 0, seqs[-1] + 1, per_host)
             ops.append(Put(stream.head_key, head.to_json()))
     if ops:
@@ -93,7 +113,7 @@ def fill_parallel(url: str, layout: KeyLayout, hosts: int, per_host: int, writer
     def one(first: int) -> None:
         store = open_store(url)
         try:
-            fill(store, layout, min(share, hosts - first), per_host, first)
+            fill(store, layout, min(share, hosts - first), per_host, first, hosts)
         finally:
             store.close()
 
@@ -101,10 +121,10 @@ def fill_parallel(url: str, layout: KeyLayout, hosts: int, per_host: int, writer
         list(pool.map(one, range(0, hosts, share)))
 
 
-def _entry(stream: Stream, seq: int, index: int) -> HistoryEntry:
+def _entry(stream: Stream, seq: int, index: int, second: int) -> HistoryEntry:
     return HistoryEntry(
         seq=seq,
-        at=f"2026-06-01T12:{seq // 60 % 60:02d}:{seq % 60:02d}Z",
+        at=format_time(_START + timedelta(seconds=second)),
         by="alice@ops-laptop",
         action="move",
         host=stream.host,
@@ -115,6 +135,11 @@ def _entry(stream: Stream, seq: int, index: int) -> HistoryEntry:
         to_gpus=((index + 1) % 8, (index + 2) % 8),
         reason="rebalance after the nightly maintenance window",
     )
+
+
+def _reader_clock(hosts: int, per_host: int) -> datetime:
+    """A reader's clock a few seconds after the newest entry :func:`fill` writes."""
+    return _START + timedelta(seconds=per_host * hosts + 5)
 
 
 def _timed(call: Callable[[], None]) -> Callable[[], float]:
@@ -135,8 +160,10 @@ def rows(args: Any, work: Path) -> list[Row]:
         try:
             fill(store, layout, hosts, per_host)
 
+            now = _reader_clock(hosts, per_host)
+
             def ours() -> None:
-                query_history(store, layout, _ignore, limit=LIMIT)
+                query_history(store, layout, _ignore, limit=LIMIT, now=now)
 
             def everything() -> None:
                 select(read_history(store, layout, _ignore))[:LIMIT]
@@ -144,7 +171,7 @@ def rows(args: Any, work: Path) -> list[Row]:
             runs = {"ours": _timed(ours), "baseline": _timed(everything)}
             samples = interleaved(runs, 3 if args.smoke else args.rounds)
             counting = _Counting(store)
-            query_history(counting, layout, _ignore, limit=LIMIT)
+            query_history(counting, layout, _ignore, limit=LIMIT, now=now)
         finally:
             store.close()
     total = hosts * per_host
@@ -183,9 +210,13 @@ def scale_rows(args: Any, work: Path) -> list[Row]:
         try:
             fill(stores["small"], layout, small_hosts, small_per)
             runs: dict[str, Callable[[], float]] = {}
+            clocks = {
+                "big": _reader_clock(big_hosts, big_per),
+                "small": _reader_clock(small_hosts, small_per),
+            }
             for name, store in stores.items():
-                runs[name] = _timed(_reader(store, layout, None))
-                runs[f"{name} host"] = _timed(_reader(store, layout, "node00003"))
+                runs[name] = _timed(_reader(store, layout, None, clocks[name]))
+                runs[f"{name} host"] = _timed(_reader(store, layout, "node00003", clocks[name]))
             samples = interleaved(runs, 3 if args.smoke else args.rounds)
         finally:
             for store in stores.values():
@@ -204,8 +235,8 @@ def scale_rows(args: Any, work: Path) -> list[Row]:
     ]
 
 
-def _reader(store: Store, layout: KeyLayout, host: str | None) -> Callable[[], None]:
+def _reader(store: Store, layout: KeyLayout, host: str | None, now: datetime) -> Callable[[], None]:
     def read() -> None:
-        query_history(store, layout, _ignore, host=host, limit=LIMIT)
+        query_history(store, layout, _ignore, host=host, limit=LIMIT, now=now)
 
     return read

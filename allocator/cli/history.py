@@ -78,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             gpu=gpu,
             since=since,
             limit=limit,
+            now=allocator.clock(),
         )
     finally:
         allocator.store.close()
@@ -120,6 +121,7 @@ def _prune(args: argparse.Namespace) -> int:
         "entries_dropped": done.entries,
         "streams_pruned": done.pruned_streams,
         "streams_removed": list(done.removed),
+        "index_hours_dropped": done.index_hours,
     }
     text = (
         f"dropped {done.entries:,} entries older than {age} from {done.pruned_streams:,} of "

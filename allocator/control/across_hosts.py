@@ -35,6 +35,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from allocator.control.history import change_entry, host_stream, prepare_append, release_entry
+from allocator.control.history_index import index_ops
 from allocator.control.job_index import group_index_change, index_for_write
 from allocator.errors import PlacementRefused, RequestError
 from allocator.placement.vendors import check_one_vendor
@@ -72,8 +73,9 @@ OPS_PER_HOST = 3
 #: Operations each touched host's history entry takes in the same transaction:
 #: compare the host's history head, write the entry, drop the oldest, write the head.
 RESERVED_OPS_PER_HOST = 4
-#: Compare the policy, compare and write the job index, bump the fleet generation.
-FIXED_OPS = 4
+#: Compare the policy, compare and write the job index, bump the fleet generation,
+#: and write the one pointer to the hosts' history entries in the fleet's index.
+FIXED_OPS = 5
 #: The most hosts one job may span (8 with a 64-operation transaction).
 MAX_JOB_HOSTS = (MAX_TXN_OPS - FIXED_OPS) // (OPS_PER_HOST + RESERVED_OPS_PER_HOST)
 
@@ -356,15 +358,20 @@ def _with_history(
     compares: list[Compare],
     ops: list[Op],
 ) -> None:
-    """Add each host's history entry to the transaction (compare its head, append, trim one)."""
+    """Add each host's history entry to the transaction (compare its head, append, trim one),
+    and one pointer to them all in the fleet's index (a pointer a host would not fit)."""
+    written: list[str] = []
     for entry in entries:
         assert entry.host is not None  # every entry of an assignment change names its host
         stream = host_stream(allocator.layout, entry.host)
         compare, appended = prepare_append(
-            allocator.store, stream, entry, keep, allocator.on_bad_record, max_trim=0
+            allocator.store, stream, entry, keep, allocator.on_bad_record, max_trim=0, indexed=False
         )
         compares.append(compare)
         ops += appended
+        written.append(appended[0].key)  # the entry itself comes first
+    if entries:
+        ops += index_ops(allocator.layout.history, entries[0].at, written, trim=False)
 
 
 def _with_charge(

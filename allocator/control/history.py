@@ -6,6 +6,10 @@ Each host has a stream of entries, and so does the policy::
     /allocator/v1/history/hosts/<host>/<seq>      one entry (seq zero-padded: key order)
     /allocator/v1/history/heads/policy
     /allocator/v1/history/policy/<seq>
+    /allocator/v1/history/recent/<hour>/<second>/<stream>/<seq>   the fleet's index
+
+Each append also writes the entry's pointer in the fleet's index of recent
+entries (:mod:`allocator.control.history_index`), and cuts its oldest hour.
 
 An entry is appended in the same transaction as the change it records (see
 :func:`allocator.control.write_cache.plan_change`), so history can
@@ -36,6 +40,7 @@ from dataclasses import replace as replace_dataclass
 from datetime import datetime, timedelta
 
 from allocator.control.history_entries import change_entry, policy_entry, release_entry
+from allocator.control.history_index import index_ops
 from allocator.errors import BadRecord, InvalidInput
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import decode_record, replace_struct
@@ -104,6 +109,9 @@ class Stream:
     head_key: str
     prefix: str
     host: str | None = None
+    #: Where every history key lives (``history/``): the index's pointers go below it
+    #: (:mod:`allocator.control.history_index`); empty: no pointers.
+    root: str = ""
 
     def entry_key(self, seq: int) -> str:
         """Where entry ``seq`` lives (zero-padded, so key order is sequence order)."""
@@ -112,12 +120,18 @@ class Stream:
 
 def host_stream(layout: KeyLayout, host: str) -> Stream:
     """The history stream of ``host``."""
-    return Stream(f"hosts/{host}", layout.host_history_head(host), layout.host_history(host), host)
+    return Stream(
+        f"hosts/{host}",
+        layout.host_history_head(host),
+        layout.host_history(host),
+        host,
+        layout.history,
+    )
 
 
 def policy_stream(layout: KeyLayout) -> Stream:
     """The history stream of the applied policy."""
-    return Stream("policy", layout.policy_history_head, layout.policy_history)
+    return Stream("policy", layout.policy_history_head, layout.policy_history, root=layout.history)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +238,8 @@ def append_ops(
     entry: HistoryEntry,
     keep: HistorySettings | None,
     max_trim: int = MAX_TRIM,
+    *,
+    indexed: bool = True,
 ) -> tuple[Compare, list[Op]]:
     """The compare and writes that append ``entry`` (pure).
 
@@ -231,8 +247,11 @@ def append_ops(
     age). Drops the oldest entries beyond the limit or older than the age,
     at most ``max_trim`` of them besides the one the new entry displaces
     (a transaction touching many hosts passes 0: at most 4 operations a host).
+    ``indexed``: also write the entry's pointer in the fleet's index and trim
+    the index's oldest hour (2 operations); a transaction touching many hosts
+    passes ``False`` and writes one pointer for all (:func:`index_ops`).
     """
-    compare, ops, _ = append_plan(stream, head, entry, keep, max_trim)
+    compare, ops, _ = append_plan(stream, head, entry, keep, max_trim, indexed=indexed)
     return compare, ops
 
 
@@ -242,6 +261,8 @@ def append_plan(
     entry: HistoryEntry,
     keep: HistorySettings | None,
     max_trim: int = MAX_TRIM,
+    *,
+    indexed: bool = True,
 ) -> tuple[Compare, list[Op], Head]:
     """:func:`append_ops`, and the head the stream has once they are written (pure).
 
@@ -260,6 +281,8 @@ def append_plan(
     ops += [Delete(stream.entry_key(head.first + i)) for i in range(drop)]
     bounds = HistoryHead(stream.name, head.first + drop, seq + 1, limit, max_age_seconds=max_age)
     ops.append(Put(stream.head_key, bounds.to_json()))
+    if indexed and stream.root:
+        ops += index_ops(stream.root, entry.at, [stream.entry_key(seq)], trim=True)
     oldest = head.oldest[drop:]
     if len(head.oldest) == seq - head.first and len(oldest) < OLDEST:
         oldest += (entry.at,)  # every entry was known: so is the new one
@@ -293,9 +316,12 @@ def prepare_append(
     keep: HistorySettings | None,
     on_bad: OnBad,
     max_trim: int = MAX_TRIM,
+    *,
+    indexed: bool = True,
 ) -> tuple[Compare, list[Op]]:
     """Read the stream's head and return what appends ``entry`` (one transaction's share)."""
-    return append_ops(stream, read_head(store, stream, on_bad), entry, keep, max_trim)
+    head = read_head(store, stream, on_bad)
+    return append_ops(stream, head, entry, keep, max_trim, indexed=indexed)
 
 
 # --- reading ---------------------------------------------------------------------------

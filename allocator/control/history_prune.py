@@ -8,7 +8,9 @@ stream's oldest entries (a page of :data:`PAGE`, the streams' first pages
 batched 32 to a request) and drops those past the age, a page per
 transaction, each comparing the stream's head, so it races no append. A
 stream of a host the applied policy no longer declares loses its head too
-once it has no entry left: ``history`` then lists the host no more.
+once it has no entry left: ``history`` then lists the host no more. Prune
+also cuts the hours of the fleet's index that no append cut (an hour
+nobody appended in: :mod:`allocator.control.history_index`).
 
 It is safe to run at any time and as often as wanted (a cron job, daily):
 what it drops the next append would have dropped.
@@ -20,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from allocator.control import history_index
 from allocator.control.history import (
     Head,
     OnBad,
@@ -56,6 +59,8 @@ class PruneResult:
     entries: int = 0
     pruned_streams: int = 0
     removed: tuple[str, ...] = ()
+    #: Hours of the fleet's index no append had cut (each one prefix delete).
+    index_hours: int = 0
 
 
 def prune_history(
@@ -82,7 +87,22 @@ def prune_history(
             pruned += dropped > 0
             if emptied and stream.host is not None:
                 removed.append(stream.host)
-    return PruneResult(max_age, len(streams), entries, pruned, tuple(removed))
+    hours = _trim_index(store, layout, now)
+    return PruneResult(max_age, len(streams), entries, pruned, tuple(removed), hours)
+
+
+def _trim_index(store: Store, layout: KeyLayout, now: datetime) -> int:
+    """Delete the index's hours older than its appends keep (one keys-only read: the
+    index holds about two hours); return how many."""
+    (keys,) = store.read_many(
+        [Read(history_index.recent_prefix(layout.history), prefix=True, values=False)]
+    )
+    doomed = history_index.stale_hours(
+        layout.history, [kv.key for kv in keys.items], int(now.timestamp())
+    )
+    for start in range(0, len(doomed), PAGE):
+        store.txn([], doomed[start : start + PAGE])
+    return len(doomed)
 
 
 def _prune_stream(

@@ -10,10 +10,11 @@ history:
 History keys are live keys: compacting etcd frees none of them, and a store
 past its quota refuses every write, assignments included. So a policy whose
 history could outgrow ``max_bytes`` is refused: ``entries_per_host`` times
-the streams (every host's and the policy's) times :data:`ENTRY_BYTES`.
+the streams (every host's and the policy's) times :data:`ENTRY_BYTES` (an
+entry and its pointer in the fleet's index).
 Written out, ``entries_per_host`` is checked; left out, it is the most that
 fits (:func:`default_entries`), so a 10-host lab keeps 1,000 entries a host
-and a 12,500-host fleet 89, with no policy refused for a default.
+and a 12,500-host fleet 67, with no policy refused for a default.
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ __all__ = [
 ]
 
 #: What one history entry takes in the store, key and revision bookkeeping included (measured).
-ENTRY_BYTES = 480
+STORED_ENTRY_BYTES = 480
+#: Its pointer in the fleet's index of recent entries (an ~80-byte key, no value, and the
+#: same bookkeeping): the index holds about two hours of appends, counted as one an entry.
+POINTER_BYTES = 160
+#: An entry and its pointer: what the size check counts for each entry kept.
+ENTRY_BYTES = STORED_ENTRY_BYTES + POINTER_BYTES
 #: etcd's default backend quota (``--quota-backend-bytes``): past it etcd refuses every write.
 STORE_QUOTA_BYTES = 2 * 1024**3
 #: History entries kept per host: beyond this, reading one host's history is slow.
@@ -153,12 +159,12 @@ HISTORY = Record(
             ),
             "History entries kept per host (and for the policy); each new entry beyond it "
             "drops the oldest. Unset: the most that fit max_bytes, up to 1,000 (1,000 up to "
-            "about 1,100 hosts, 89 at 12,500). Set: refused when it does not fit max_bytes.",
+            "about 830 hosts, 67 at 12,500). Set: refused when it does not fit max_bytes.",
         ),
         Field(
             "max_bytes",
             ByteSize(minimum=MIN_BYTES, maximum=MAX_BYTES),
-            "What all history may take in the store, entries_per_host x (hosts + 1) x ~480 B "
+            "What all history may take in the store, entries_per_host x (hosts + 1) x ~640 B "
             "(default 512MiB: a quarter of etcd's default 2 GiB quota, leaving the rest to "
             "assignments, the policy and the revisions etcd keeps until it compacts). Raise "
             "it only with etcd's --quota-backend-bytes.",

@@ -74,6 +74,7 @@ def _read(
             gpu=gpu,
             since=since,
             limit=limit,
+            now=utc_now(),
         )
     finally:
         store.close()

@@ -138,9 +138,14 @@ class Put(Struct, frozen=True):
 
 
 class Delete(Struct, frozen=True):
-    """A transaction operation deleting ``key`` (no error if absent)."""
+    """A transaction operation deleting ``key`` (no error if absent).
+
+    ``prefix``: every key starting with ``key`` instead (one operation, no
+    read: etcd's DeleteRange, Consul's ``delete-tree``).
+    """
 
     key: str
+    prefix: bool = False
 
 
 Op = Put | Delete

@@ -34,6 +34,7 @@ __all__ = [
     "check_ttl",
     "check_txn",
     "check_value",
+    "expand_deletes",
     "failed_compares",
     "lease_of",
     "prefix_range",
@@ -135,6 +136,25 @@ def check_txn(compares: Sequence[Compare], ops: Sequence[Op], max_ops: int | Non
         if op.key in seen:
             raise InvalidInput(f"transaction writes {op.key} more than once")
         seen.add(op.key)
+    for tree in (op.key for op in ops if isinstance(op, Delete) and op.prefix):
+        if any(key != tree and key.startswith(tree) for key in seen):
+            raise InvalidInput(f"transaction writes a key under {tree} and deletes them all")
+
+
+def expand_deletes(
+    ops: Sequence[Op], mod_revision_of: Callable[[str], int], keys_under: Callable[[str], list[str]]
+) -> list[Op]:
+    """``ops`` as the changes they make: a prefix delete as a delete of each key it finds,
+    a delete of a key that is absent left out (it changes nothing)."""
+    changes: list[Op] = []
+    for op in ops:
+        if isinstance(op, Put):
+            changes.append(op)
+        elif op.prefix:
+            changes += [Delete(key) for key in keys_under(op.key)]
+        elif mod_revision_of(op.key):
+            changes.append(op)
+    return changes
 
 
 def failed_compares(

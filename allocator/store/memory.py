@@ -215,7 +215,9 @@ class MemoryStore(local.ConditionalWrites):
                     raise LeaseLost(
                         f"cannot put {op.key}: lease {lease} has expired or was revoked"
                     )
-            changes = [op for op in ops if isinstance(op, Put) or op.key in state.kv]
+            changes = local.expand_deletes(
+                ops, state.mod_revision_of, lambda p: sorted(k for k in state.kv if k.startswith(p))
+            )
             if not changes:
                 return state.revision, 0
             return state.commit(changes), len(changes)

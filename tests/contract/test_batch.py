@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from allocator.store import Compare, Put, Read, Store
+import time
+
+import pytest
+
+from allocator.errors import InvalidInput
+from allocator.store import Compare, Delete, Event, Put, Read, Store
 
 
 def test_read_many_returns_each_read_in_order(store: Store, prefix: str) -> None:
@@ -100,3 +105,38 @@ def test_read_many_newest_gives_the_keys_written_last_first(store: Store, prefix
     assert [kv.key[len(prefix) :] for kv in newest.items] == ["/n/a", "/n/b"]
     assert [kv.value for kv in newest.items] == [b"", b""]
     assert [kv.key[len(prefix) :] for kv in all_of_them.items] == ["/n/a", "/n/b", "/n/d", "/n/c"]
+
+
+def test_a_prefix_delete_drops_every_key_under_it_in_one_operation(
+    store: Store, prefix: str
+) -> None:
+    for key in ("old/1", "old/2", "old/3/x", "older", "new/1"):
+        store.put(f"{prefix}/{key}", b"v")
+    watch = store.watch(f"{prefix}/", store.list(f"{prefix}/").revision + 1)
+    try:
+        revision = store.txn(
+            [], [Put(f"{prefix}/new/2", b"v"), Delete(f"{prefix}/old/", prefix=True)]
+        )
+        deadline = time.monotonic() + 10
+        events: list[Event] = []
+        while len(events) < 4 and time.monotonic() < deadline:
+            events += watch.next(0.5)
+    finally:
+        watch.close()
+
+    listing = store.list(f"{prefix}/")
+    assert [kv.key[len(prefix) + 1 :] for kv in listing.items] == ["new/1", "new/2", "older"]
+    assert sorted((e.type, e.key[len(prefix) + 1 :]) for e in events) == [
+        ("delete", "old/1"),
+        ("delete", "old/2"),
+        ("delete", "old/3/x"),
+        ("put", "new/2"),
+    ]
+    assert {e.revision for e in events} == {revision}
+
+
+def test_a_txn_writing_under_a_prefix_it_deletes_is_refused(store: Store, prefix: str) -> None:
+    with pytest.raises(InvalidInput):
+        store.txn([], [Put(f"{prefix}/d/1", b"v"), Delete(f"{prefix}/d/", prefix=True)])
+
+    assert store.get(f"{prefix}/d/1") is None

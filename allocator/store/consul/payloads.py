@@ -105,7 +105,7 @@ def write_op(op: Op) -> dict[str, Any]:
     """The txn operation for a put (``lock`` when leased) or a delete."""
     key = consul_key(op.key)
     if isinstance(op, Delete):
-        return _kv_op("delete", key)
+        return _kv_op("delete-tree" if op.prefix else "delete", key)
     value = base64.b64encode(op.value).decode("ascii")
     lease = local.lease_of(op.lease)
     if lease is None:

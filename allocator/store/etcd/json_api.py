@@ -259,7 +259,10 @@ def _request_op(op: Op) -> Json:
         if op.lease:
             put["lease"] = str(op.lease)
         return {"request_put": put}
-    return {"request_delete_range": {"key": b64(op.key)}}
+    doomed: Json = {"key": b64(op.key)}
+    if op.prefix:
+        doomed["range_end"] = b64(prefix_range_end(op.key.encode()))
+    return {"request_delete_range": doomed}
 
 
 def txn_request(compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read] = ()) -> Json:

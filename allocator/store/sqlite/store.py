@@ -156,6 +156,17 @@ class SqliteStore(local.ConditionalWrites):
 
         return mod_revision_of
 
+    @staticmethod
+    def _keys_under(conn: sqlite3.Connection) -> Callable[[str], list[str]]:
+        def keys_under(prefix: str) -> list[str]:
+            rows = conn.execute(
+                "SELECT key FROM kv WHERE key >= ? AND substr(key, 1, ?) = ? ORDER BY key",
+                (prefix, len(prefix), prefix),
+            )
+            return [str(row[0]) for row in rows.fetchall()]
+
+        return keys_under
+
     def _commit_changes(self, conn: sqlite3.Connection, changes: Sequence[Op]) -> int:
         """Write ``changes`` at one new revision, log them, trim the log. In a txn."""
         revision = self._revisions(conn)[0] + 1
@@ -298,7 +309,7 @@ class SqliteStore(local.ConditionalWrites):
             if failed:
                 raise local.cas_conflict(compares, failed, mod_revision_of)
             self._check_leases(conn, ops)
-            changes = [op for op in ops if isinstance(op, Put) or mod_revision_of(op.key)]
+            changes = local.expand_deletes(ops, mod_revision_of, self._keys_under(conn))
             if not changes:
                 return self._revisions(conn)[0], 0
             return self._commit_changes(conn, changes), len(changes)

@@ -23,29 +23,29 @@ def errors_of(text: str) -> list[tuple[int | None, str | None, str]]:
 
 
 def test_the_arithmetic_entries_times_streams_times_entry_bytes() -> None:
-    assert history_bytes(1000, 12_501) == 1000 * 12_501 * 480  # ~5.6 GiB
-    assert default_entries(12_501, DEFAULT_HISTORY_BYTES) == 89  # 512 MiB / (12,501 x 480 B)
+    assert history_bytes(1000, 12_501) == 1000 * 12_501 * (480 + 160)  # ~7.5 GiB
+    assert default_entries(12_501, DEFAULT_HISTORY_BYTES) == 67  # 512 MiB / (12,501 x 640 B)
     assert default_entries(11, DEFAULT_HISTORY_BYTES) == 1000  # capped at the usual 1,000
-    assert default_entries(1_000_000, DEFAULT_HISTORY_BYTES) == 1
+    assert default_entries(800_000, DEFAULT_HISTORY_BYTES) == 1
 
 
 def test_left_out_entries_per_host_is_the_most_the_fleet_fits() -> None:
-    assert load_policy(FLEET).history.entries_per_host == 89
+    assert load_policy(FLEET).history.entries_per_host == 67
     assert load_policy(LAB).history.entries_per_host == 1000
     bigger = load_policy(FLEET + "history: {max_bytes: 1GiB}\n").history
-    assert (bigger.entries_per_host, bigger.max_bytes) == (178, 1024**3)
+    assert (bigger.entries_per_host, bigger.max_bytes) == (134, 1024**3)
 
 
 def test_an_oversized_history_is_refused_with_the_numbers_and_the_fix() -> None:
     ((line, field, reason),) = errors_of(FLEET + "history: {entries_per_host: 1000}\n")
     assert (line, field) == (4, "history.entries_per_host")
     assert reason == (
-        "1,000 entries x 12,501 streams (12,500 hosts and the policy) x ~480 B = 5.6 GiB, "
+        "1,000 entries x 12,501 streams (12,500 hosts and the policy) x ~640 B = 7.5 GiB, "
         "more than history.max_bytes (512 MiB; etcd refuses every write past its quota, "
-        "2 GiB by default): set history.entries_per_host: 89 (or leave it out for that "
+        "2 GiB by default): set history.entries_per_host: 67 (or leave it out for that "
         "default), and history.max_age to drop old entries sooner"
     )
-    assert load_policy(FLEET + "history: {entries_per_host: 89}\n").history.entries_per_host == 89
+    assert load_policy(FLEET + "history: {entries_per_host: 67}\n").history.entries_per_host == 67
 
 
 def test_a_cap_too_small_for_one_entry_a_stream_is_refused() -> None:
@@ -87,4 +87,4 @@ def test_validate_refuses_an_oversized_history_with_exit_2_and_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "history.entries_per_host: 1,000 entries x 12,501 streams" in err[0]
-    assert "set history.entries_per_host: 89" in err[0]
+    assert "set history.entries_per_host: 67" in err[0]
