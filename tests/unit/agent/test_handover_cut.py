@@ -49,7 +49,12 @@ def test_a_shim_whose_agent_died_mid_hand_over_starts_nothing_and_the_job_starts
     poll(shim_waiting, "the shim to wait for its hand-over")
     out = h.tmp / "reports" / "train.0.json"
     agent.kill_9()
-    poll(lambda: shim_state() == "failed", "the cut-off shim to say it started nothing")
+    # The shim writes its refusal, then exits: adopting between the two would rightly
+    # find a live shim, so wait for both.
+    poll(
+        lambda: shim_state() == "failed" and not any(shims_running(str(status_dir), shims=True)),
+        "the cut-off shim to say it started nothing and exit",
+    )
     report = h.sup.adopt()
     assert report.adopted == ()  # no worker runs: nothing is adopted as healthy
     h.until(lambda: h.exits, "the shim's exit")
