@@ -5,7 +5,8 @@ BIN    := $(VENV)/bin
 # torch 2.13.0's CPU wheel is what the worker-helper tests run against.
 TORCH  ?= torch==2.13.0
 # Test processes run side by side: most tests wait on real processes and servers,
-# so three share two cores well (PYTEST_WORKERS=0 runs them one after another).
+# so three share two cores well (PYTEST_WORKERS=0 runs them one after another);
+# work stealing keeps a worker from idling behind another's queue of long tests.
 PYTEST_WORKERS ?= 3
 
 .PHONY: demo test lint unit contract e2e containers reliability soak bench schema screenshot servers clean
@@ -40,7 +41,7 @@ servers:
 	tools/install-test-servers
 
 test: servers lint
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal
 
 unit: $(VENV)/.dev
 	$(BIN)/pytest -q tests/unit
