@@ -29,7 +29,7 @@ from allocator.control.client import Allocator
 from allocator.placement.choose import Request
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, GpuInfo
-from allocator.store import Compare, Op, Put, Read, Store, TxnOutcome, open_store
+from allocator.store import Compare, Delete, Op, Put, Read, Store, TxnOutcome, open_store
 from bench.bare_etcd import BareEtcd, b64
 from bench.common import Row, ratio_row, value_row
 from bench.fleet import fleet_policy, host_name
@@ -164,7 +164,9 @@ def _ours(url: str, clients: int, seconds: float, shape: list[Any]) -> float:
             def noted(compares: list[Compare], ops: list[Op], reads: list[Read]) -> TxnOutcome:
                 if not shape:
                     puts = [len(op.value) for op in ops if isinstance(op, Put)]
-                    shape.append((len(compares), puts))
+                    # The history index's trim: a prefix delete, nearly always of nothing.
+                    deletes = sum(1 for op in ops if isinstance(op, Delete))
+                    shape.append((len(compares), puts, deletes))
                 return write(compares, ops, reads)
 
             store.txn_or_read = noted  # type: ignore[method-assign]
@@ -186,24 +188,39 @@ def _ours(url: str, clients: int, seconds: float, shape: list[Any]) -> float:
     return sum(done) / (time.monotonic() - started)
 
 
-def _raw_txn(keys: list[bytes], revisions: list[int], sizes: list[int]) -> dict[str, Any]:
-    """Compares on ``keys`` at ``revisions``; puts of ``sizes`` bytes, the first on those keys."""
+def _raw_txn(
+    keys: list[bytes], revisions: list[int], sizes: list[int], deletes: int = 0
+) -> dict[str, Any]:
+    """Compares on ``keys`` at ``revisions``; puts of ``sizes`` bytes, the first on those keys;
+    ``deletes`` prefix deletes of empty ranges."""
     targets = [keys[n] if n < len(keys) else keys[0] + b"/put%d" % n for n in range(len(sizes))]
+    gone = [keys[0] + b"/gone%d/" % n for n in range(deletes)]
     return {
         "compare": [
             {"key": b64(k), "target": "MOD", "result": "EQUAL", "mod_revision": str(r)}
             for k, r in zip(keys, revisions, strict=True)
         ],
         "success": [
-            {"request_put": {"key": b64(key), "value": b64(b"x" * size)}}
-            for key, size in zip(targets, sizes, strict=True)
+            *(
+                {"request_put": {"key": b64(key), "value": b64(b"x" * size)}}
+                for key, size in zip(targets, sizes, strict=True)
+            ),
+            *(
+                {"request_delete_range": {"key": b64(key), "range_end": b64(_after(key))}}
+                for key in gone
+            ),
         ],
     }
 
 
-def _raw(endpoint: str, clients: int, seconds: float, shape: tuple[int, list[int]]) -> float:
-    """Bare JSON-gateway transactions per second of the same size, by ``clients`` threads."""
-    compares, sizes = shape
+def _after(prefix: bytes) -> bytes:
+    """The end of the key range of ``prefix`` (its last byte plus one; ASCII prefixes here)."""
+    return prefix[:-1] + bytes([prefix[-1] + 1])
+
+
+def _raw(endpoint: str, clients: int, seconds: float, shape: tuple[int, list[int], int]) -> float:
+    """Bare JSON-gateway transactions per second of the same shape, by ``clients`` threads."""
+    compares, sizes, deletes = shape
     done = [0] * clients
 
     def client(index: int) -> None:
@@ -213,7 +230,7 @@ def _raw(endpoint: str, clients: int, seconds: float, shape: tuple[int, list[int
             revisions = [raw.put(key, b"0") for key in keys]
             stop = time.monotonic() + seconds
             while time.monotonic() < stop:
-                reply = raw.txn(_raw_txn(keys, revisions, sizes))
+                reply = raw.txn(_raw_txn(keys, revisions, sizes, deletes))
                 if not reply.get("succeeded"):
                     raise SystemExit("a raw transaction lost its compare")
                 written = min(len(keys), len(sizes))
@@ -244,7 +261,7 @@ def placement(server: EtcdServer, seconds: float) -> Row:
     for _ in range(2):
         ours.append(_ours(server.url, 8, seconds, shape))
         raw.append(_raw(server.endpoint, 8, seconds, shape[0]))
-    compares, sizes = shape[0]
+    compares, sizes, deletes = shape[0]
     return ratio_row(
         "placement throughput, 8 clients",
         ours,
@@ -252,7 +269,7 @@ def placement(server: EtcdServer, seconds: float) -> Row:
         least=0.5,
         unit="ops/s",
         scale=1.0,
-        note=f"raw txn: {compares} compares, {len(sizes)} puts",
+        note=f"raw txn: {compares} compares, {len(sizes)} puts, {deletes} prefix deletes",
     )
 
 
