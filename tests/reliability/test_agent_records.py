@@ -146,7 +146,7 @@ class Records:
         self.release("train")
         wait_for("train to be gone", lambda: not self.workers("train") and self.check() is None)
         # Forgotten (its record deleted) only once its files are: nothing frees room later.
-        wait_for("train's record to go", lambda: self.world.worker_record("train") is None)
+        wait_for("train's record to go", lambda: self.world.worker_record("train") is None, 30)
         (self.world.workdir / "train.json").unlink(missing_ok=True)
 
     # --- the faults -----------------------------------------------------------------
