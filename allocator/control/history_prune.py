@@ -34,8 +34,8 @@ from allocator.control.history import (
     policy_stream,
     recover_head,
 )
-from allocator.errors import BadRecord, CasConflict, InvalidName
-from allocator.records.keys import KeyLayout, validate_name
+from allocator.errors import CasConflict
+from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryHead
 from allocator.store import Compare, Delete, Listing, Op, Put, Read, Store
 from allocator.util.times import format_time
@@ -163,17 +163,10 @@ def _head(store: Store, stream: Stream, read: Listing, on_bad: OnBad) -> Head:
 
 
 def _host_streams(store: Store, layout: KeyLayout, on_bad: OnBad) -> list[Stream]:
-    streams = []
+    from allocator.control.history_read import head_hosts
+
     (heads,) = store.read_many([Read(layout.history_heads, prefix=True, values=False)])
-    for kv in heads.items:
-        name = kv.key[len(layout.history_heads) :]
-        try:
-            validate_name(name, "host")
-        except InvalidName:
-            on_bad(BadRecord(kv.key, "not a history head key (heads/hosts/<host>)"))
-            continue
-        streams.append(host_stream(layout, name))
-    return streams
+    return [host_stream(layout, name) for _kv, name in head_hosts(heads, layout, on_bad)]
 
 
 def _batches(items: list[Stream], size: int) -> Iterator[list[Stream]]:

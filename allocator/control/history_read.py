@@ -54,6 +54,7 @@ __all__ = [
     "MAX_PAGE",
     "SINCE_PAGE",
     "first_page",
+    "head_hosts",
     "newest_entries",
     "query_history",
     "read_recent",
@@ -350,7 +351,7 @@ class _Ranking:
             self.floor = min(kv.mod_revision for kv in heads.items)
         ranked: list[tuple[int, str | None]] = [
             (kv.mod_revision, name)
-            for kv, name in _hosts(heads, self.layout, self.on_bad)
+            for kv, name in head_hosts(heads, self.layout, self.on_bad)
             if name not in self.seen
         ]
         if self.with_policy and "" not in self.seen:
@@ -377,7 +378,8 @@ def _first_pages(store: Store, streams: list[Stream], page: int | None) -> list[
     return pages
 
 
-def _hosts(heads: Listing, layout: KeyLayout, on_bad: OnBad) -> Iterator[tuple[KeyValue, str]]:
+def head_hosts(heads: Listing, layout: KeyLayout, on_bad: OnBad) -> Iterator[tuple[KeyValue, str]]:
+    """Each host head key of ``heads`` with its host; a key naming no valid host is reported."""
     for kv in heads.items:
         name = kv.key[len(layout.history_heads) :]
         try:
