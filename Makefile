@@ -8,7 +8,10 @@ TORCH  ?= torch==2.13.0
 # so three share two cores well (PYTEST_WORKERS=0 runs them one after another).
 # Work stealing (--dist worksteal) ends sooner here but runs the long e2e tests
 # all at once, and the tests that wait on real processes then miss their deadlines.
+# Instead each process is handed a few tests at a time (--maxschedchunk), the long
+# ones (marked slow) first, so that none is left to run alone at the end.
 PYTEST_WORKERS ?= 3
+PYTEST_CHUNK   ?= 2
 
 .PHONY: demo test lint unit contract e2e containers reliability soak bench schema screenshot servers clean
 
@@ -42,7 +45,7 @@ servers:
 	tools/install-test-servers
 
 test: servers lint
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --maxschedchunk $(PYTEST_CHUNK)
 
 unit: $(VENV)/.dev
 	$(BIN)/pytest -q tests/unit

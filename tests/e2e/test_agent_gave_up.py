@@ -63,6 +63,7 @@ def _row(world: AgentHarness) -> dict[str, Any] | None:
     return rows[0] if rows and rows[0]["output_tail"] else None
 
 
+@pytest.mark.slow
 def test_status_and_get_show_why_a_job_gave_up(world: AgentHarness) -> None:
     assert world.cli("set", "job=failing", "gpus=0").code == 0
     row = wait_for("the gave-up job's last output in status", lambda: _row(world))

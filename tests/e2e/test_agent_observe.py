@@ -43,6 +43,7 @@ def _status(world: AgentHarness) -> dict[str, object]:
     return data
 
 
+@pytest.mark.slow
 def test_metrics_unassigned_use_and_idle_release_end_to_end(
     world: AgentHarness, stranger: subprocess.Popen[bytes]
 ) -> None:

@@ -44,6 +44,7 @@ def _state(pid: int) -> str:
     return stat[stat.rindex(")") + 2]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_adopted_workers_promptly_while_every_store_endpoint_hangs(
     tmp_path: Path, prefix: str, holes: list[str]
 ) -> None:

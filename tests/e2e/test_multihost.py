@@ -87,6 +87,7 @@ def _rank_reports(ranks: Path, world: int) -> list[dict[str, Any]] | None:
     return [json.loads(path.read_text()) for path in paths]
 
 
+@pytest.mark.slow
 def test_a_job_across_two_hosts_runs_a_real_gloo_all_reduce(hosts: list[AgentHarness]) -> None:
     node1 = hosts[0]
     _start(hosts)

@@ -107,6 +107,7 @@ def _finished(proc: subprocess.Popen[str], timeout: float = 60) -> tuple[int, st
     return proc.returncode, err
 
 
+@pytest.mark.slow
 def test_twenty_waiters_are_granted_in_queue_order_with_no_gpu_double_booked(
     cli: Cli, tmp_path: Path, client: Allocator, waiter: Waiters
 ) -> None:
@@ -166,6 +167,7 @@ def test_a_higher_priority_waiter_is_served_first_and_quotas_hold_under_a_race(
     assert raw is not None and HolderCount.from_json(raw.value).totals() == ({}, {})
 
 
+@pytest.mark.slow
 def test_a_killed_waiter_leaves_the_queue_within_its_lease(
     cli: Cli, tmp_path: Path, client: Allocator, waiter: Waiters
 ) -> None:

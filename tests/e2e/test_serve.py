@@ -157,6 +157,7 @@ def test_history_api_answers_what_the_cli_prints(served: Served) -> None:
     assert served.get("/api/v1/history?gpu=x")[0] == 400
 
 
+@pytest.mark.slow
 def test_the_page_renders_updates_live_and_says_when_the_store_is_down(
     prefix: str, tmp_path: Path, etcd_server_private: Any
 ) -> None:

@@ -108,6 +108,7 @@ def _keep(page: Any, tmp_path: Path, name: str) -> None:
         shutil.copyfile(tmp_path / name, Path(keep) / name)
 
 
+@pytest.mark.slow
 def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_plots(
     two_hosts: Served, browser: Any, prefix: str, etcd_server: Any, tmp_path: Path
 ) -> None:

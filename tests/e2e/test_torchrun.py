@@ -85,6 +85,7 @@ def _reports(ranks: Path, world: int) -> list[dict[str, Any]] | None:
     return [json.loads(path.read_text()) for path in paths]
 
 
+@pytest.mark.slow
 def test_the_docs_torchrun_recipe_runs_a_gloo_all_reduce_across_two_agents(
     hosts: list[AgentHarness],
 ) -> None:

@@ -97,6 +97,7 @@ def _report(workdir: Path, job: str, host: str) -> dict[str, Any] | None:
     return None
 
 
+@pytest.mark.slow
 def test_three_vendors_each_worker_sees_exactly_its_gpu(
     hosts: dict[str, AgentHarness], tmp_path: Path
 ) -> None:

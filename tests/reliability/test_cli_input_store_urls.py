@@ -193,6 +193,7 @@ def cases() -> Iterator[list[int]]:
     )
 
 
+@pytest.mark.slow
 @given(data=st.data())
 @settings(
     max_examples=scale(200, 10_000),

@@ -84,6 +84,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / 100  # utime + stime, in clock ticks
 
 
+@pytest.mark.slow
 def test_an_idle_agent_does_not_grow_the_store_revision(
     idle_world: AgentHarness, etcd_server_private: Any, figures: Figures
 ) -> None:

@@ -107,6 +107,7 @@ def _running(world: AgentHarness, job: str, gpu: int) -> dict[str, Any] | None:
     return None
 
 
+@pytest.mark.slow
 def test_store_outages_kill_no_worker_lose_no_update_and_converge_quickly(
     tmp_path: Path, prefix: str, store_under_fault: tuple[str, Outages], figures: Figures
 ) -> None:

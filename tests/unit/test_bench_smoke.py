@@ -11,48 +11,69 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 FIELDS = {"name", "ours", "baseline", "ratio", "target", "pass", "unit"}
-ROWS = (
-    "CLI set, etcd",
-    "CLI get, etcd, no host=",
-    "CLI set, SQLite",
-    "run -- python -c pass, SQLite",
-    "fleet status",
-    "policy validate",
-    "propagation, SQLite, median",
-    "propagation, SQLite, worst",
-    "propagation, etcd, median",
-    "propagation, etcd, worst",
-    "queue hand-off, SQLite, median",
-    "queue hand-off, etcd, median",
-    "agent footprint",
-    "agent idle CPU, SQLite",
-    "agent idle CPU, etcd",
-    "agent CPU with etcd down",
-    "placement throughput",
-    "etcd write rate",
-    "fan-out: last of 10 watchers (2 processes) sees a policy change",
-    "policy bytes per agent per apply (all-host change)",
-    "policy bytes per agent per one-host change elsewhere",
-    "etcd CPU per apply per agent",
-    "history --limit 20, etcd",
-    "history --limit 20, keys read",
-    "CLI set, 30 vs 10 hosts",
-    "CLI get, 30 vs 10 hosts",
-    "CLI status host=, 30 vs 10 hosts",
-    "policy apply of a one-host change, 30 vs 10 hosts",
-    "first policy apply, 30 hosts",
-    "status -o json, 30 hosts vs etcdctl get --prefix -w json",
-    "status --summary vs whole status, 30 hosts",
-    "page: first whole heatmap, 30 hosts",
-)
+#: The table's rows, by the group (``--only``) that writes them.
+ROWS = {
+    "cli": (
+        "CLI set, etcd",
+        "CLI get, etcd, no host=",
+        "CLI set, SQLite",
+        "run -- python -c pass, SQLite",
+        "fleet status",
+        "policy validate",
+    ),
+    "agent": (
+        "propagation, SQLite, median",
+        "propagation, SQLite, worst",
+        "propagation, etcd, median",
+        "propagation, etcd, worst",
+        "queue hand-off, SQLite, median",
+        "queue hand-off, etcd, median",
+        "agent footprint",
+        "agent idle CPU, SQLite",
+        "agent idle CPU, etcd",
+        "agent CPU with etcd down",
+    ),
+    "fleet": (
+        "placement throughput",
+        "etcd write rate",
+        "fan-out: last of 10 watchers (2 processes) sees a policy change",
+        "policy bytes per agent per apply (all-host change)",
+        "policy bytes per agent per one-host change elsewhere",
+        "etcd CPU per apply per agent",
+        "history --limit 20, etcd",
+        "history --limit 20, keys read",
+    ),
+    "scale": (
+        "CLI set, 30 vs 10 hosts",
+        "CLI get, 30 vs 10 hosts",
+        "CLI status host=, 30 vs 10 hosts",
+        "policy apply of a one-host change, 30 vs 10 hosts",
+        "first policy apply, 30 hosts",
+        "status -o json, 30 hosts vs etcdctl get --prefix -w json",
+        "status --summary vs whole status, 30 hosts",
+    ),
+    "page": ("page: first whole heatmap, 30 hosts",),
+}
 
 
-def test_a_smoke_run_writes_every_row_of_the_table(tmp_path: Path) -> None:
+def test_the_row_list_names_every_group_of_the_bench() -> None:
+    from bench.run import GROUPS
+
+    assert set(ROWS) == set(GROUPS)
+
+
+# One run per group, so that the groups run side by side under xdist: every
+# row of the table is written exactly once, by its own group and by no other.
+@pytest.mark.slow
+@pytest.mark.parametrize("group", list(ROWS))
+def test_a_smoke_run_writes_every_row_of_the_table(tmp_path: Path, group: str) -> None:
     out = tmp_path / "results.json"
     done = subprocess.run(
-        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out)],
+        [sys.executable, "-m", "bench.run", "--smoke", "--only", group, "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -62,8 +83,10 @@ def test_a_smoke_run_writes_every_row_of_the_table(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     rows = json.loads(out.read_text())
     names = [row["name"] for row in rows]
-    for expected in ROWS:
-        assert sum(name.startswith(expected) for name in names) == 1, (expected, names)
+    for owner, expected_rows in ROWS.items():
+        for expected in expected_rows:
+            written = sum(name.startswith(expected) for name in names)
+            assert written == (1 if owner == group else 0), (expected, names)
     for row in rows:
         assert set(row) >= FIELDS, row
         assert isinstance(row["pass"], bool) and row["ours"] >= 0 and row["target"]
@@ -71,9 +94,12 @@ def test_a_smoke_run_writes_every_row_of_the_table(tmp_path: Path) -> None:
             assert row["baseline"] > 0
             assert abs(row["ratio"] - row["ours"] / row["baseline"]) < 0.01 * row["ratio"] + 1e-3
             assert set(row["spread"]) == {"ours", "baseline"}
-    # The fan-out watchers saw the apply's events (a harness that measured nothing reads 0).
-    delivered = next(r for r in rows if r["name"].startswith("policy bytes per agent per apply"))
-    assert delivered["ours"] > 0
+    if group == "fleet":
+        # The fan-out watchers saw the apply's events (a harness that measured nothing reads 0).
+        delivered = next(
+            r for r in rows if r["name"].startswith("policy bytes per agent per apply")
+        )
+        assert delivered["ours"] > 0
     assert "row" in done.stdout and "written to" in done.stdout  # the table was printed
 
 

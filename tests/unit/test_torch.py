@@ -122,6 +122,7 @@ def test_grad_scaler_is_disabled_on_cpu(cpu_worker: None) -> None:
     assert not atorch.grad_scaler(torch.float16).is_enabled()
 
 
+@pytest.mark.slow
 def test_a_tiny_model_trains_one_step_on_cpu_without_warnings(cpu_worker: None) -> None:
     torch.manual_seed(0)
     gc.collect()  # earlier tests' garbage must not warn inside the block

@@ -114,6 +114,7 @@ _words = st.lists(
 )
 
 
+@pytest.mark.slow
 @given(_words)
 def test_no_input_crashes_the_grammar(words: list[str]) -> None:
     try:

@@ -198,6 +198,7 @@ def test_overall_is_the_worst_status() -> None:
     assert overall([Finding("ok", "a", ""), Finding("warn", "b", "")]) == "warn"
 
 
+@pytest.mark.slow
 def test_full_run_never_imports_torch_in_process(tmp_path: Path) -> None:
     path = write_fake_nvml(tmp_path / "nvml.json", 2)
     code = (

@@ -585,6 +585,7 @@ def expected_outcome(
     return "cpu" if falls_back else "PlacementRefused"
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(
     policy=policies(),

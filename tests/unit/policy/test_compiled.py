@@ -282,6 +282,7 @@ def test_parts_that_do_not_join_to_the_named_policy_are_never_used(
     assert "part(s) are missing or damaged" in str(bad[0])
 
 
+@pytest.mark.slow
 def test_a_large_policy_applies_with_its_compiled_form_on_consul(consul_url: str) -> None:
     prefix = f"/t{uuid.uuid4().hex[:8]}"
     store = open_store(consul_url)
