@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -30,12 +31,10 @@ jobs:
 """
 
 
-@pytest.fixture
-def fleet(cli: Cli, tmp_path: Path) -> Cli:
+def _write_fleet(cli: Cli, policy: Path) -> Cli:
     """Fifteen hosts in two pools (and one in none), three jobs holding GPUs."""
-    path = tmp_path / "policy.yaml"
-    path.write_text(POLICY)
-    assert cli("policy", "apply", str(path)).code == 0
+    policy.write_text(POLICY)
+    assert cli("policy", "apply", str(policy)).code == 0
     for job, host, gpus in (
         ("train", "node03", "0"),
         ("eval", "node10", "1"),
@@ -44,6 +43,31 @@ def fleet(cli: Cli, tmp_path: Path) -> Cli:
         result = cli("set", f"job={job}", f"gpus={gpus}", f"host={host}")
         assert result.code == 0, result.err
     return cli
+
+
+@pytest.fixture(scope="module", params=["sqlite", "etcd"])
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Cli:
+    """The fleet, written once per store for the tests that only read it.
+
+    Tests that write (a new job, say) take ``own_fleet`` instead.
+    """
+    tmp = tmp_path_factory.mktemp("fleet")
+    if request.param == "sqlite":
+        url = f"sqlite://{tmp / 'store.db'}"
+    else:
+        url = str(request.getfixturevalue("etcd_server").url)
+    env = clean_env(ALLOCATOR_STORE=url, ALLOCATOR_PREFIX=f"/t-{uuid.uuid4().hex[:12]}")
+
+    def call(*args: str) -> Result:
+        return run_cli(args, env)
+
+    return _write_fleet(call, tmp / "policy.yaml")
+
+
+@pytest.fixture
+def own_fleet(cli: Cli, tmp_path: Path) -> Cli:
+    """The fleet, written for this test alone."""
+    return _write_fleet(cli, tmp_path / "policy.yaml")
 
 
 def _json(cli: Cli, *words: str) -> dict:  # type: ignore[type-arg]
@@ -170,7 +194,8 @@ def test_reads_cost_what_they_pick_and_a_fleet_in_parts_is_read_in_parts(
     assert some == 1 + 1
 
 
-def test_a_job_across_hosts_is_listed_whole_under_job_and_not_under_pool(fleet: Cli) -> None:
+def test_a_job_across_hosts_is_listed_whole_under_job_and_not_under_pool(own_fleet: Cli) -> None:
+    fleet = own_fleet
     result = fleet("set", "job=dist", "count=1", "host=node05,node06")
     assert result.code == 0, result.err
     across = _json(fleet, "job=dist")
