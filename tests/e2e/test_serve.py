@@ -187,6 +187,9 @@ def test_the_page_renders_updates_live_and_says_when_the_store_is_down(
             assert page.locator('#host-panel tr[data-job="train"]').count() == 1
 
             _publish_as_agent(etcd_server_private.url, prefix)
+            # The agent's record changes no cell: the drill-down reads it on its next
+            # refresh (every 15 s of the page's clock), here at once.
+            page.clock.fast_forward(15_000)
             page.wait_for_selector("#host-panel .agent-alive")
             page.wait_for_selector('td[data-host="node1"][data-gpu="3"] .stray')
             gpu3 = page.inner_text('td[data-host="node1"][data-gpu="3"]')
