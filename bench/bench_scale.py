@@ -62,12 +62,16 @@ def rows(args: argparse.Namespace, work: Path) -> list[Row]:
     server = EtcdServer(work / "etcd-scale")
     server.start()
     try:
+        if args.smoke:  # each command once, no warm-up: the smoke proves the rows run
+            return _measure(server, args.hosts, args.large, 1, work, warmup=0)
         return _measure(server, args.hosts, args.large, max(2, args.rounds // 2), work)
     finally:
         server.stop()
 
 
-def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path) -> list[Row]:
+def _measure(
+    server: EtcdServer, small: int, large: int, rounds: int, work: Path, warmup: int = 1
+) -> list[Row]:
     store = open_store(server.url)
     try:
         for size in (small, large):
@@ -93,8 +97,9 @@ def _measure(server: EtcdServer, small: int, large: int, rounds: int, work: Path
     runs: dict[str, Callable[[], float]] = {}
     for size in (small, large):
         runs |= _commands(size, env[size], files)
-    samples = interleaved(runs, rounds)
-    whole = interleaved(_whole_fleet(server, large, env[large]), max(2, rounds // 2))
+    samples = interleaved(runs, rounds, warmup)
+    whole_rounds = max(2, rounds // 2) if warmup else rounds
+    whole = interleaved(_whole_fleet(server, large, env[large]), whole_rounds, warmup)
     served = serve_rows(server, f"/s{large}", large, rounds, work)
     return [
         ratio_row(
