@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from allocator.control.history import change_entry, host_stream, prepare_append, release_entry
+from allocator.control.history import host_stream
+from allocator.control.history_append import prepare_append
+from allocator.control.history_entries import change_entry, release_entry
 from allocator.control.history_index import index_ops
 from allocator.control.job_index import group_index_change, index_for_write
 from allocator.errors import PlacementRefused, RequestError

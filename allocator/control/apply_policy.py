@@ -52,7 +52,9 @@ def apply_once(
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
     from allocator.control.compiled_policy import refresh_compiled
-    from allocator.control.history import policy_entry, policy_stream, prepare_append
+    from allocator.control.history import policy_stream
+    from allocator.control.history_append import prepare_append
+    from allocator.control.history_entries import policy_entry
     from allocator.control.policy_shares import refresh_shares
     from allocator.policy import policy_sha256
 

@@ -332,7 +332,7 @@ class Allocator:
     def _plan_assign(
         self, view: WriteView, request: Request, reason: str, extra: _Extra
     ) -> tuple[tuple[Assignment, Placement], Planned]:
-        from allocator.control.history import change_entry
+        from allocator.control.history_entries import change_entry
         from allocator.control.write_cache import plan_change
         from allocator.placement.choose import place
 
@@ -409,7 +409,7 @@ class Allocator:
         if_revision: int | None = None,
         ended: tuple[int, float] | None = None,
     ) -> Assignment | BadRecord:
-        from allocator.control.history import release_entry
+        from allocator.control.history_entries import release_entry
         from allocator.control.write_cache import plan_change
 
         view = self._read_view(host, job)

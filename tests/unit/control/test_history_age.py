@@ -9,14 +9,8 @@ from pathlib import Path
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.history import (
-    MAX_TRIM,
-    Head,
-    aged_count,
-    append_plan,
-    host_stream,
-    read_history,
-)
+from allocator.control.history import host_stream, read_history
+from allocator.control.history_append import MAX_TRIM, Head, aged_count, append_plan
 from allocator.control.history_prune import prune_history
 from allocator.errors import BadRecord
 from allocator.placement.choose import Request
