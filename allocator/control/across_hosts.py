@@ -39,6 +39,7 @@ from allocator.control.history_append import prepare_append
 from allocator.control.history_entries import change_entry, release_entry
 from allocator.control.history_index import index_ops
 from allocator.control.job_index import group_index_change, index_for_write
+from allocator.control.quotas import charge
 from allocator.errors import PlacementRefused, RequestError
 from allocator.placement.vendors import check_one_vendor
 from allocator.records.codec import replace_struct
@@ -385,7 +386,7 @@ def _with_charge(
     ops: list[Op],
 ) -> None:
     """Add the quota counters' compares and writes; refuse a transaction grown too large."""
-    more_compares, more_ops = allocator.charge(policy, before, after)
+    more_compares, more_ops = charge(allocator, policy, before, after)
     if len(compares) + len(ops) + len(more_compares) + len(more_ops) > MAX_TXN_OPS:
         raise RequestError(
             f"job {before[0].job if before else after[0].job!r} spans too many hosts for its "

@@ -159,7 +159,7 @@ def _store(
     compiled, parts = compiled_op(store, layout, policy, digest, len(stored) + in_txn)
     try:
         revision, with_compiled = write_with_compiled(
-            allocator._txn, compares, [*ops, *share_ops], compiled
+            allocator.txn, compares, [*ops, *share_ops], compiled
         )
     except PermissionDenied:
         if not share_ops:
@@ -167,7 +167,7 @@ def _store(
         # A role granted before there were shares: the policy without them (agents
         # then read the whole record: the shares' head no longer matches it).
         share_ops = []
-        revision, with_compiled = write_with_compiled(allocator._txn, compares, ops, compiled)
+        revision, with_compiled = write_with_compiled(allocator.txn, compares, ops, compiled)
     if share_ops:
         write_after(store, shares)
     if before is not None or parts is not None:
