@@ -7,7 +7,8 @@ summary reads one small key per host. The counts are the agent's view of its
 assignments (at most a watch event behind the store); a host with no such
 record (its agent down, older, or refused the key) is counted from its own
 records, as before. Reservations and pools are not in the record: they come
-from the policy the summary reads.
+from the policy the summary reads. The record also carries the host's mean
+GPU utilisation, which ``allocator serve`` plots.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class HostCounts(msgspec.Struct, frozen=True):
     idle: Count = 0
     unhealthy: Count = 0
     fallback: Count = 0
+    #: The mean utilisation (%) of the GPUs that measure one, as the agent reports it
+    #: (rounded, changed at most every few minutes); ``None``: none measured, or not reported.
+    utilisation: Annotated[int, msgspec.Meta(ge=0, le=100)] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

@@ -1,5 +1,7 @@
 """The agent keeps its host's GPU counts in the store, and ``status --summary`` adds them up.
 
+The counts also carry the host's mean GPU utilisation (what ``serve`` plots).
+
 The counts key (``counts/<host>``) lives under the agent's lease: it follows
 the host's assignments and health, and goes when the agent does. The summary
 counts a host from it instead of reading the host's records, and falls back
@@ -32,7 +34,9 @@ def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]
         policy = agent_policy(harness.workdir)
         policy["hosts"][OTHER] = {"gpus": 2}
         harness.apply_policy(policy)
-        harness.start_agent()
+        settings = tmp_path / "agent.yaml"
+        settings.write_text("utilisation_report_seconds: 0.1\n")
+        harness.start_agent("--config", str(settings))
         yield harness
     finally:
         harness.cleanup()
@@ -67,8 +71,11 @@ def _counted(world: AgentHarness, **fields: int) -> tuple[HostCounts, int | None
 
 def test_the_counts_follow_the_host_and_the_summary_adds_them_up(world: AgentHarness) -> None:
     counts, lease = _counted(world, held=0)
-    assert counts == HostCounts(HOST, (0, 1, 2, 3), free=4)
+    assert counts == HostCounts(HOST, (0, 1, 2, 3), free=4, utilisation=0)
     assert lease is not None  # under the agent's lease: gone with it
+    for gpu in range(4):  # busy GPUs: the mean the agent reports follows (rounded)
+        world.gpus.update(gpu, utilization_gpu=78 + gpu)
+    _counted(world, utilisation=80)
 
     assert world.cli("set", f"host={HOST}", "job=train", "gpus=2,3").code == 0
     counts, _ = _counted(world, held=2)

@@ -119,7 +119,10 @@ def _from_runtime(
 
 
 def host_counts(
-    agent: AgentRecord, workers: Mapping[str, bytes], assignments: Mapping[str, Assignment]
+    agent: AgentRecord,
+    workers: Mapping[str, bytes],
+    assignments: Mapping[str, Assignment],
+    utilisation: int | None = None,
 ) -> bytes | None:
     """The host's GPU counts for ``status --summary``; ``None`` when no GPU was found.
 
@@ -127,10 +130,12 @@ def host_counts(
     :func:`allocator.status.host_count.count_host`), from what the agent
     publishes (``workers``, encoded) and the assignments it last read. A
     host without an inventory keeps no counts: the summary then counts the
-    GPUs its policy entry declares, from the host's records.
+    GPUs its policy entry declares, from the host's records. ``utilisation``:
+    the mean to report (:mod:`allocator.agent.sync.utilisation_report`).
     """
     if not agent.gpus:
         return None
     decoded = {job: decode_record(raw, WorkerRecord) for job, raw in workers.items()}
     indices = [gpu.index for gpu in agent.gpus]
-    return count_host(agent.host, assignments, decoded, indices, agent.unhealthy).to_json()
+    counted = count_host(agent.host, assignments, decoded, indices, agent.unhealthy)
+    return replace_struct(counted, utilisation=utilisation).to_json()

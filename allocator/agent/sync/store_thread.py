@@ -91,19 +91,23 @@ class Outbox:
         self._lock = threading.Lock()
         self._agent: AgentRecord | None = None
         self._workers: dict[str, bytes] | None = None
+        self._utilisation: int | None = None
 
-    def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> bool:
+    def offer(
+        self, agent: AgentRecord, workers: Mapping[str, bytes] | None, utilisation: int | None
+    ) -> bool:
         """Replace the content; return whether it differs from what was there."""
         new_workers = dict(workers) if workers is not None else None
+        new = (agent, new_workers, utilisation)
         with self._lock:
-            changed = (agent, new_workers) != (self._agent, self._workers)
-            self._agent, self._workers = agent, new_workers
+            changed = new != (self._agent, self._workers, self._utilisation)
+            self._agent, self._workers, self._utilisation = new
         return changed
 
-    def take(self) -> tuple[AgentRecord | None, dict[str, bytes] | None]:
+    def take(self) -> tuple[AgentRecord | None, dict[str, bytes] | None, int | None]:
         """The latest content."""
         with self._lock:
-            return self._agent, self._workers
+            return self._agent, self._workers, self._utilisation
 
 
 class StoreLink:
@@ -158,9 +162,14 @@ class StoreLink:
         """Start connecting in the background."""
         self._thread.start()
 
-    def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> None:
+    def offer(
+        self,
+        agent: AgentRecord,
+        workers: Mapping[str, bytes] | None,
+        utilisation: int | None = None,
+    ) -> None:
         """Publish this content (only what differs from the store is written)."""
-        if self.outbox.offer(agent, workers):
+        if self.outbox.offer(agent, workers, utilisation):
             self._inbox.put(Wake())
 
     def release_idle(self, releases: Sequence[IdleRelease]) -> None:
@@ -375,12 +384,14 @@ class StoreLink:
             self.log("bad-record", {"key": error.key, "revision": revision, "error": error.reason})
 
     def _publish(self, store: Store) -> None:
-        agent, workers = self.outbox.take()
+        agent, workers, utilisation = self.outbox.take()
         encoded = encode_record(replace_struct(agent, store_stale=self.stale)) if agent else None
         if not self.observed or workers is None:
             self.publisher.publish(store, encoded, None)
             return
-        counts = host_counts(agent, workers, self.assignments) if agent is not None else None
+        counts = None
+        if agent is not None:
+            counts = host_counts(agent, workers, self.assignments, utilisation)
         self.publisher.publish(store, encoded, workers, counts)
 
     def _start_watches(self, peers: tuple[str, ...] = ()) -> None:
