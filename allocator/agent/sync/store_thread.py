@@ -47,6 +47,7 @@ from allocator.agent.sync.idle_releaser import IdleReleaser
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
 from allocator.agent.sync.policy_read import PolicyReader
 from allocator.agent.sync.publisher import Publisher
+from allocator.agent.sync.reports import host_counts
 from allocator.agent.sync.watches import (
     WatchError,
     WatchEvents,
@@ -69,7 +70,7 @@ from allocator.errors import (
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import encode_record, replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, HistoryEntry
+from allocator.records.types import AgentRecord, Assignment, HistoryEntry
 from allocator.store import Store, bad_key_records
 from allocator.util.retry_timer import RetryTimer
 
@@ -90,19 +91,23 @@ class Outbox:
         self._lock = threading.Lock()
         self._agent: AgentRecord | None = None
         self._workers: dict[str, bytes] | None = None
+        self._utilisation: int | None = None
 
-    def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> bool:
+    def offer(
+        self, agent: AgentRecord, workers: Mapping[str, bytes] | None, utilisation: int | None
+    ) -> bool:
         """Replace the content; return whether it differs from what was there."""
         new_workers = dict(workers) if workers is not None else None
+        new = (agent, new_workers, utilisation)
         with self._lock:
-            changed = (agent, new_workers) != (self._agent, self._workers)
-            self._agent, self._workers = agent, new_workers
+            changed = new != (self._agent, self._workers, self._utilisation)
+            self._agent, self._workers, self._utilisation = new
         return changed
 
-    def take(self) -> tuple[AgentRecord | None, dict[str, bytes] | None]:
+    def take(self) -> tuple[AgentRecord | None, dict[str, bytes] | None, int | None]:
         """The latest content."""
         with self._lock:
-            return self._agent, self._workers
+            return self._agent, self._workers, self._utilisation
 
 
 class StoreLink:
@@ -136,6 +141,7 @@ class StoreLink:
         self.watches: list[WatchThread] = []
         self.watched_peers: tuple[str, ...] = ()
         self.refused_peers: set[str] = set()
+        self.refused_watches: set[str] = set()  # said once each
         self.epoch = 0
         self.up = False  # connected: the first read after opening the store succeeded
         self.observed = False  # the agent's own keys have been read since connecting
@@ -148,6 +154,7 @@ class StoreLink:
         self.bad_seen: dict[str, int] = {}
         self.policy_reader = PolicyReader(self.layout, config.host)
         self.whole_policy = False  # no shares stored: the whole policy record is watched
+        self.assignments: Mapping[str, Assignment] = {}  # as the last read found them
 
     # --- the loop's side -------------------------------------------------------
 
@@ -155,9 +162,14 @@ class StoreLink:
         """Start connecting in the background."""
         self._thread.start()
 
-    def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> None:
+    def offer(
+        self,
+        agent: AgentRecord,
+        workers: Mapping[str, bytes] | None,
+        utilisation: int | None = None,
+    ) -> None:
         """Publish this content (only what differs from the store is written)."""
-        if self.outbox.offer(agent, workers):
+        if self.outbox.offer(agent, workers, utilisation):
             self._inbox.put(Wake())
 
     def release_idle(self, releases: Sequence[IdleRelease]) -> None:
@@ -241,11 +253,20 @@ class StoreLink:
                     self.read_due = self.read_due or message.epoch == self.epoch
                 case WatchError():
                     if message.epoch == self.epoch:  # an old watch's error is ignored
-                        self._watch_failed(message.error)
+                        self._watch_failed(message.prefix, message.error)
                 case _:
                     assert_never(message)
 
-    def _watch_failed(self, error: AllocatorError) -> None:
+    def _watch_failed(self, prefix: str, error: AllocatorError) -> None:
+        if isinstance(error, PermissionDenied):
+            # Reads work (the link is up) but this watch is refused (a role that grants
+            # the policy key alone, not as the prefix a watch ranges over): the periodic
+            # resync still reads it. Ending the link would only repeat the refusal.
+            if prefix not in self.refused_watches:
+                self.refused_watches.add(prefix)
+                hint = f"grant this agent read access to {prefix} as a prefix"
+                self.log("watch-refused", {"prefix": prefix, "error": str(error), "hint": hint})
+            return
         if not isinstance(error, Compacted):
             raise error
         self.log("watch-compacted", {"revision": self.revision, "compact": error.compact_revision})
@@ -299,6 +320,7 @@ class StoreLink:
         self.revision = view.revision  # the store's own, even if it went back (a restore)
         self.publisher.observe(view.own)
         self.observed = True
+        self.assignments = view.assignments
         if self.stale:
             self.stale = False
             self.log("store-readable", {"revision": self.revision})
@@ -362,9 +384,15 @@ class StoreLink:
             self.log("bad-record", {"key": error.key, "revision": revision, "error": error.reason})
 
     def _publish(self, store: Store) -> None:
-        agent, workers = self.outbox.take()
+        agent, workers, utilisation = self.outbox.take()
         encoded = encode_record(replace_struct(agent, store_stale=self.stale)) if agent else None
-        self.publisher.publish(store, encoded, workers if self.observed else None)
+        if not self.observed or workers is None:
+            self.publisher.publish(store, encoded, None)
+            return
+        counts = None
+        if agent is not None:
+            counts = host_counts(agent, workers, self.assignments, utilisation)
+        self.publisher.publish(store, encoded, workers, counts)
 
     def _start_watches(self, peers: tuple[str, ...] = ()) -> None:
         self._stop_watches()
