@@ -58,20 +58,14 @@ from allocator.agent.processes.adoption import (
 from allocator.agent.processes.cgroups import agent_scope, worker_cgroup_base
 from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
-from allocator.agent.processes.launch import (
-    SHIM,
-    launch_worker,
-    prepare_worker,
-    record_status,
-    shim_env,
-    status_fields,
-)
+from allocator.agent.processes.launch import SHIM, launch_worker, prepare_worker, shim_env
 from allocator.agent.processes.output_tail import failed_output
 from allocator.agent.processes.procs import clean_base_env
 from allocator.agent.processes.reaping import Reaping
 from allocator.agent.processes.shim_census import wait_for_starting_shims
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
 from allocator.agent.processes.warm_shim import WarmShims
+from allocator.agent.processes.worker_status import record_status, status_fields
 from allocator.util.times import format_time, utc_now
 
 __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
