@@ -4,9 +4,10 @@ The supervision loop (reaping, SIGKILL escalation, crash restarts, signals,
 the systemd watchdog) must keep its tick while a store endpoint hangs, so it
 never calls the store. This thread connects, reads, watches, keeps the lease
 alive and publishes; it hands each decoded read (:class:`HostView`) to the
-loop through a queue, and takes what to publish from an :class:`Outbox` the
-loop fills. Store handles live and die in this thread (SQLite connections
-must not cross threads; each watch thread opens its own).
+loop through a queue, and takes what to publish from an
+:class:`~allocator.agent.sync.outbox.Outbox` the loop fills. Store handles
+live and die in this thread (SQLite connections must not cross threads;
+each watch thread opens its own).
 
 What counts as what:
 
@@ -14,12 +15,14 @@ What counts as what:
   is an outage: drop the connection, retry with capped, jittered backoff
   that is forgiven only after a healthy period;
 * a refused permission is said plainly and retried slowly (at the cap);
-* a compacted watch means "re-read everything", not an outage;
+* a compacted watch means "re-read everything", not an outage; a refused
+  watch (a role that grants a key but not the prefix a watch ranges over)
+  is logged once and left to the periodic resync;
 * a record or key the agent cannot use is a bad record, skipped and logged
   once per version (see :mod:`allocator.agent.sync.host_records`), never an error here;
-* another host of a job across hosts is read (one prefix read) and watched
-  with this host's keys (:mod:`allocator.agent.planning.across_hosts`); a refusal to read
-  it is logged once and leaves that host unknown, never stale;
+* another host of a job across hosts is read (:mod:`allocator.agent.sync.peer_reads`)
+  and watched with this host's keys; a refusal to read it is logged once and
+  leaves that host unknown, never stale;
 * a refused request (:data:`REFUSALS`: the policy, a validation, a
   conflict, a missing record, a value too large) is logged and leaves the
   connection, watches and lease as they are: the store answered, so it is
@@ -40,11 +43,12 @@ from typing import Any, assert_never
 
 from allocator.agent.config import AgentConfig
 from allocator.agent.gpu_care.idle import IdleRelease
-from allocator.agent.planning.across_hosts import PeerHost, peer_from_listing, peer_jobs
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
-from allocator.agent.sync.host_records import HostView, host_view
+from allocator.agent.sync.host_records import host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
+from allocator.agent.sync.outbox import Outbox
+from allocator.agent.sync.peer_reads import read_peers
 from allocator.agent.sync.policy_read import PolicyReader
 from allocator.agent.sync.publisher import Publisher
 from allocator.agent.sync.reports import host_counts
@@ -82,32 +86,6 @@ Log = Callable[[str, dict[str, Any]], None]
 RUN_READ_SECONDS = 1.0
 #: Errors that refuse one request while the store itself works: never an outage.
 REFUSALS: tuple[type[AllocatorError], ...] = (InvalidInput, ConflictError, NotFound, ValueTooLarge)
-
-
-class Outbox:
-    """What the loop wants published; the link takes the latest, never a backlog."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._agent: AgentRecord | None = None
-        self._workers: dict[str, bytes] | None = None
-        self._utilisation: int | None = None
-
-    def offer(
-        self, agent: AgentRecord, workers: Mapping[str, bytes] | None, utilisation: int | None
-    ) -> bool:
-        """Replace the content; return whether it differs from what was there."""
-        new_workers = dict(workers) if workers is not None else None
-        new = (agent, new_workers, utilisation)
-        with self._lock:
-            changed = new != (self._agent, self._workers, self._utilisation)
-            self._agent, self._workers, self._utilisation = new
-        return changed
-
-    def take(self) -> tuple[AgentRecord | None, dict[str, bytes] | None, int | None]:
-        """The latest content."""
-        with self._lock:
-            return self._agent, self._workers, self._utilisation
 
 
 class StoreLink:
@@ -315,7 +293,9 @@ class StoreLink:
             self._refused(exc, now)
             return
         view = host_view(listing, None, self.layout, self.config.host, read=policy)
-        peers, bad = self._read_peers(store, view)
+        peers, bad = read_peers(
+            store, self.layout, view, self.config.host, self.refused_peers, self.log
+        )
         view = replace(view, peers=peers, bad=(*view.bad, *bad))
         self.revision = view.revision  # the store's own, even if it went back (a restore)
         self.publisher.observe(view.own)
@@ -340,28 +320,6 @@ class StoreLink:
         if not self.watches or (watched, policy.whole) != (self.watched_peers, self.whole_policy):
             self.whole_policy = policy.whole
             self._start_watches(watched)
-
-    def _read_peers(
-        self, store: Store, view: HostView
-    ) -> tuple[dict[str, PeerHost], list[tuple[BadRecord, int]]]:
-        """One prefix read of each other host of this host's jobs across hosts."""
-        peers: dict[str, PeerHost] = {}
-        bad: list[tuple[BadRecord, int]] = []
-        for host, jobs in peer_jobs(view.assignments, self.config.host).items():
-            try:
-                listing = store.list(self.layout.host(host))
-            except PermissionDenied as exc:
-                if host not in self.refused_peers:
-                    self.refused_peers.add(host)
-                    self.log(
-                        "peer-unreadable", {"peer": host, "jobs": list(jobs), "error": str(exc)}
-                    )
-                peers[host] = PeerHost(host, readable=False)
-                continue
-            self.refused_peers.discard(host)
-            peers[host], found = peer_from_listing(listing.items, self.layout, host, jobs)
-            bad += found
-        return peers, bad
 
     def _refused(self, error: PermissionDenied, now: float) -> None:
         """Reads refused but the lease works: say so in the record, retry slowly."""
