@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from allocator.agent.planning.command_line import expand_references
-from allocator.agent.planning.desired import desired_job, fingerprint
+from allocator.agent.planning.desired import desired_job
+from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import WorkerSpec
 from allocator.gpus.visible import NodeGroup, default_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
