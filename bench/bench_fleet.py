@@ -27,8 +27,9 @@ from typing import Any
 from allocator.agent.sync.publisher import Publisher
 from allocator.control.client import Allocator
 from allocator.placement.choose import Request
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, GpuInfo
+from allocator.records.types import AgentRecord
 from allocator.store import Compare, Delete, Op, Put, Read, Store, TxnOutcome, open_store
 from bench.bare_etcd import BareEtcd, b64
 from bench.common import Row, ratio_row, value_row

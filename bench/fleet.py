@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from allocator.agent.sync.reports import host_counts
 from allocator.control.client import Allocator
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, JobIndex, WorkerRecord
+from allocator.records.types import AgentRecord, Assignment, JobIndex, WorkerRecord
 from allocator.store import MAX_TXN_OPS, Op, Put, Store
 
 __all__ = [

@@ -262,8 +262,9 @@ def _publish_as_agent(url: str, prefix: str) -> None:
     """What node1's agent would publish: its leased record and train's worker record."""
     from datetime import timedelta
 
+    from allocator.records.gpu_info import GpuInfo
     from allocator.records.keys import KeyLayout
-    from allocator.records.types import AgentRecord, GpuInfo, GpuProcess, WorkerRecord
+    from allocator.records.types import AgentRecord, GpuProcess, WorkerRecord
     from allocator.store import open_store
     from allocator.util.times import format_time, utc_now
 

@@ -31,7 +31,8 @@ from allocator.placement.choose import unavailable_gpus
 from allocator.placement.ports import declared_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records.codec import replace_struct
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 __all__ = ["desired_job", "desired_jobs", "held_by_process"]
 

@@ -19,7 +19,8 @@ from allocator.errors import RequestError
 from allocator.gpus.visible import NodeGroup
 from allocator.placement.choose import pool_sharing
 from allocator.policy.model import Job, Policy
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 __all__ = ["Rendezvous", "running"]
 

@@ -14,7 +14,8 @@ from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import DesiredJob
 from allocator.policy import load_policy
 from allocator.policy.model import Container, Policy
-from allocator.records.types import Assignment, GpuInfo, MigDevice
+from allocator.records.gpu_info import GpuInfo, MigDevice
+from allocator.records.types import Assignment
 
 HOST = "node7"
 INVENTORY = (

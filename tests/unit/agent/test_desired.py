@@ -16,7 +16,8 @@ from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import DesiredJob, Pin, WorkerSpec
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool
 from allocator.policy.sharing_field import SHARED
-from allocator.records.types import Assignment, GpuInfo, MigDevice
+from allocator.records.gpu_info import GpuInfo, MigDevice
+from allocator.records.types import Assignment
 
 HOST = "node7"
 INVENTORY = tuple(GpuInfo(index=i, uuid=f"GPU-{i:04d}") for i in range(4))

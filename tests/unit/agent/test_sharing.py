@@ -10,7 +10,8 @@ from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import DesiredJob
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool, Sharing
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 HOST = "node1"
 INVENTORY = tuple(

@@ -10,7 +10,8 @@ from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import WorkerSpec
 from allocator.gpus.visible import NodeGroup, default_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 INVENTORY = tuple(GpuInfo(index=i, uuid=f"GPU-{i:04d}") for i in range(4))
 ENV = {"ALLOCATOR_GPU_COUNT": "2", "ALLOCATOR_JOB": "ddp", "EMPTY": ""}

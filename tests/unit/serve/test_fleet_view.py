@@ -7,8 +7,9 @@ import hashlib
 import json
 from datetime import UTC, datetime
 
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, PolicyRecord
+from allocator.records.types import AgentRecord, Assignment, PolicyRecord
 from allocator.serve.fleet_api import StatusQuery, fleet_json, metrics_text, status_json
 from allocator.serve.fleet_metrics import fleet_families
 from allocator.serve.fleet_view import FleetView

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.host_counts import HostCounts
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo
+from allocator.records.types import AgentRecord, Assignment
 from allocator.serve.mirror import FleetMirror
 from allocator.store import Event, KeyValue, Listing
 
