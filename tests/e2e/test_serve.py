@@ -30,14 +30,14 @@ import pytest
 import allocator.control.history  # noqa: F401
 from allocator.serve.watcher import QUIET_SECONDS
 from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
-from tests.support.etcd_server import free_port
 from tests.support.prometheus import parse_exposition
+from tests.support.serving import ServeProcess
 from tests.support.waiting import wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-class Served:
+class Served(ServeProcess):
     """A store with the example policy applied, and ``allocator serve`` reading it."""
 
     def __init__(
@@ -50,35 +50,17 @@ class Served:
         ready: str = "/api/v1/status",
     ) -> None:
         """``extra``: serve's options; ``policy`` is applied first (``None``: already written)."""
-        self.env = clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
+        env = clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
         if policy is not None:
-            assert self.cli("policy", "apply", str(policy)).code == 0
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / "serve.log"
-        self.log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "allocator",
-                "serve",
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                *extra,
-            ],
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_for("serve to answer", lambda: self.get(ready)[0] == 200, timeout=60)
+            assert run_cli(["policy", "apply", str(policy)], env).code == 0
+        super().__init__(env, tmp / "serve.log", *extra)
+        self.wait_until("serve to answer", lambda: self.get(ready)[0] == 200)
 
     def cli(self, *args: str) -> Any:
         return run_cli(args, self.env)
 
     def get(self, path: str) -> tuple[int, bytes, dict[str, str]]:
-        if self.process.poll() is not None:
-            raise AssertionError(f"allocator serve exited with {self.process.returncode}")
+        self.check_running()
         try:
             with urllib.request.urlopen(self.base + path, timeout=5) as response:
                 return response.status, response.read(), _lower(response.headers)
@@ -86,17 +68,6 @@ class Served:
             return exc.code, exc.read(), _lower(exc.headers)
         except OSError:
             return 0, b"", {}
-
-    def close(self) -> None:
-        if self.process.returncode is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self.log.close()
 
 
 @pytest.fixture
