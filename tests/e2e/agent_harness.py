@@ -172,9 +172,7 @@ class AgentHarness:
             self.process.kill()
             self.process.wait(10)
         # Every worker's (and shim's) command line names a file in this test's directory.
-        for pid in processes_running(str(self.workdir), shims=True):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(str(self.workdir))
 
     # --- observing ----------------------------------------------------------------
 
@@ -262,3 +260,31 @@ def processes_running(marker: str, *, shims: bool = False) -> Iterator[int]:
                 continue
             if marker in cmdline and pid_alive(int(entry.name)):
                 yield int(entry.name)
+
+
+def kill_left(marker: str) -> None:
+    """SIGKILL every process (shims too) whose command line contains ``marker``."""
+    for pid in processes_running(marker, shims=True):
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextmanager
+def hosts_of(
+    tmp: Path, store_url: str, prefix: str, names: Sequence[str], gpus: int = 2
+) -> Iterator[dict[str, AgentHarness]]:
+    """A harness per host of ``names`` (``gpus`` fake GPUs each), in ``tmp/NAME``.
+
+    After the block every agent is stopped and any process left whose command
+    line names ``tmp`` is killed. The agents are the caller's to start.
+    """
+    agents: dict[str, AgentHarness] = {}
+    try:
+        for name in names:
+            (tmp / name).mkdir()
+            agents[name] = AgentHarness(tmp / name, store_url, prefix, gpus=gpus, host=name)
+        yield agents
+    finally:
+        for agent in agents.values():
+            agent.cleanup()
+        kill_left(str(tmp))

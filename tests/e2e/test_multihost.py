@@ -9,8 +9,6 @@ nothing but the environment the agents gave them.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -20,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.agent_harness import DUMMY, AgentHarness, pid_alive, processes_running
+from tests.e2e.agent_harness import DUMMY, AgentHarness, hosts_of, pid_alive
 from tests.support.waiting import wait_for
 
 GLOO = Path(__file__).resolve().parents[1] / "support" / "gloo_worker.py"
@@ -58,20 +56,11 @@ def two_host_policy(workdir: Path) -> dict[str, Any]:
 @pytest.fixture
 def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[list[AgentHarness]]:
     """node1 and node2, the policy applied; their agents are the test's to start."""
-    agents = []
-    for name in ("node1", "node2"):
-        (tmp_path / name).mkdir()
-        agents.append(AgentHarness(tmp_path / name, store_url, prefix, gpus=2, host=name))
-    (tmp_path / "ranks").mkdir()
-    agents[0].apply_policy(two_host_policy(tmp_path))
-    try:
+    with hosts_of(tmp_path, store_url, prefix, ("node1", "node2")) as named:
+        agents = list(named.values())
+        (tmp_path / "ranks").mkdir()
+        agents[0].apply_policy(two_host_policy(tmp_path))
         yield agents
-    finally:
-        for agent in agents:
-            agent.cleanup()
-        for pid in processes_running(str(tmp_path), shims=True):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def _start(agents: list[AgentHarness], *extra: str) -> None:

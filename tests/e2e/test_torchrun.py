@@ -14,17 +14,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import sys
 from collections.abc import Iterator
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.e2e.agent_harness import AgentHarness, processes_running
+from tests.e2e.agent_harness import AgentHarness, hosts_of
 from tests.e2e.test_multihost import free_port
 from tests.support.waiting import wait_for
 
@@ -52,10 +50,6 @@ def recipe() -> dict[str, Any]:
 
 @pytest.fixture
 def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[list[AgentHarness]]:
-    agents = []
-    for name in ("node1", "node2"):
-        (tmp_path / name).mkdir()
-        agents.append(AgentHarness(tmp_path / name, store_url, prefix, gpus=2, host=name))
     work = tmp_path / "ddp"
     (work / "ranks").mkdir(parents=True)
     (work / "train.py").write_text(f"GLOO = {str(GLOO)!r}\n{TRAIN}")
@@ -63,19 +57,14 @@ def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[list[AgentHar
     job = policy["jobs"]["ddp"]
     job["cwd"] = str(work)  # the test's own directory, as the only change to the job
     job["env"] = {"GLOO_SOCKET_IFNAME": "lo", "MASTER_PORT": str(free_port())}
-    agents[0].apply_policy(policy)
     # torchrun is found on the agent's PATH: the interpreter under test's.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    try:
+    with hosts_of(tmp_path, store_url, prefix, ("node1", "node2")) as named:
+        agents = list(named.values())
+        agents[0].apply_policy(policy)
         for agent in agents:
             agent.start_agent("--master-addr", "127.0.0.1", env={"PATH": path})
         yield agents
-    finally:
-        for agent in agents:
-            agent.cleanup()
-        for pid in processes_running(str(tmp_path), shims=True):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def _reports(ranks: Path, world: int) -> list[dict[str, Any]] | None:
