@@ -9,12 +9,15 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from allocator.store import Store, open_store
+
+if TYPE_CHECKING:
+    from tests.e2e.serve_harness import Served
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "config" / "policy.example.yaml"
@@ -98,6 +101,18 @@ def store(store_url: str) -> Iterator[Store]:
         yield opened
     finally:
         opened.close()
+
+
+@pytest.fixture
+def served(store_url: str, prefix: str, tmp_path: Path) -> Iterator[Served]:
+    """``allocator serve`` reading this test's store, the example policy applied."""
+    from tests.e2e.serve_harness import Served
+
+    world = Served(store_url, prefix, tmp_path)
+    try:
+        yield world
+    finally:
+        world.close()
 
 
 def schema(name: str) -> Draft202012Validator:

@@ -20,63 +20,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 # The project's own module: one that does not import is a failure, never a skip.
 import allocator.control.history  # noqa: F401
 from allocator.serve.watcher import QUIET_SECONDS
-from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
+from tests.e2e.serve_harness import Served
 from tests.support.prometheus import parse_exposition
-from tests.support.serving import ServeProcess
 from tests.support.waiting import wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-class Served(ServeProcess):
-    """A store with the example policy applied, and ``allocator serve`` reading it."""
-
-    def __init__(
-        self,
-        store_url: str,
-        prefix: str,
-        tmp: Path,
-        *extra: str,
-        policy: Path | None = EXAMPLE_POLICY,
-        ready: str = "/api/v1/status",
-    ) -> None:
-        """``extra``: serve's options; ``policy`` is applied first (``None``: already written)."""
-        env = clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
-        if policy is not None:
-            assert run_cli(["policy", "apply", str(policy)], env).code == 0
-        super().__init__(env, tmp / "serve.log", *extra)
-        self.wait_until("serve to answer", lambda: self.get(ready)[0] == 200)
-
-    def cli(self, *args: str) -> Any:
-        return run_cli(args, self.env)
-
-    def get(self, path: str) -> tuple[int, bytes, dict[str, str]]:
-        self.check_running()
-        try:
-            with urllib.request.urlopen(self.base + path, timeout=5) as response:
-                return response.status, response.read(), _lower(response.headers)
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read(), _lower(exc.headers)
-        except OSError:
-            return 0, b"", {}
-
-
-@pytest.fixture
-def served(store_url: str, prefix: str, tmp_path: Path) -> Iterator[Served]:
-    world = Served(store_url, prefix, tmp_path)
-    try:
-        yield world
-    finally:
-        world.close()
 
 
 def test_the_api_answers_what_the_cli_prints_and_metrics_follow_a_set(served: Served) -> None:
@@ -255,10 +210,6 @@ def _publish_as_agent(url: str, prefix: str) -> None:
         store.put(layout.agent("node1"), agent.to_json(), lease=store.grant_lease(60))
     finally:
         store.close()
-
-
-def _lower(headers: Any) -> dict[str, str]:
-    return {key.lower(): value for key, value in headers.items()}
 
 
 def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:

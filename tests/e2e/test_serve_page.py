@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_serve import CHROMIUM, Served, _publish_as_agent
+from tests.e2e.serve_harness import Served
+from tests.e2e.test_serve import CHROMIUM, _publish_as_agent
 from tests.support.waiting import wait_for
 
 TWO_HOSTS = """\
