@@ -163,7 +163,8 @@ class Fleet:
             rows = view.totals.pools
             pools = {pool: _counted(row) for pool, row in rows.items() if pool is not None}
             total = {name: sum(getattr(row, name) for row in rows.values()) for name in COUNTED}
-            return Sample(now, pools, total, None, self.mirror.queued)
+            utilisation = self.mirror.utilisation_percent()
+            return Sample(now, pools, total, utilisation, self.mirror.queued)
 
         return self.read(counts)
 
