@@ -80,21 +80,17 @@ def describe_value(value: object) -> str:
 
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, datetime):
-        return "a timestamp"
-    if isinstance(value, date):
-        return "a date"
-    if isinstance(value, bytes):
-        return "binary data"
-    return type(value).__name__
+    # The first that fits: a bool is an int, a datetime a date.
+    names = (
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "a string"),
+        (datetime, "a timestamp"),
+        (date, "a date"),
+        (bytes, "binary data"),
+    )
+    return next((name for kind, name in names if isinstance(value, kind)), type(value).__name__)
 
 
 def describe_node(node: Node) -> str:
