@@ -39,6 +39,22 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def reap_like_init(pids: list[int]) -> None:
+    """Orphans of a dead agent are reaped by init (or this process, if it is their subreaper)."""
+
+    def reaped() -> bool:
+        for pid in list(pids):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # init's to reap, not ours: done once not even a zombie
+                done = pid if not Path(f"/proc/{pid}").exists() else 0
+            if done:
+                pids.remove(pid)
+        return not pids
+
+    wait_for("the dead agent's orphans to be reaped", reaped)
+
+
 def _job(name: str, workdir: Path, *extra: str, **fields: Any) -> dict[str, Any]:
     out = workdir / f"{name}.json"
     command = [
