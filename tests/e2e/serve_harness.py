@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +38,19 @@ class Served(ServeProcess):
 
     def cli(self, *args: str) -> Result:
         return run_cli(args, self.env)
+
+    @contextmanager
+    def waiting_set(self, *words: str) -> Iterator[subprocess.Popen[bytes]]:
+        """``allocator set WORDS --wait`` waiting in the queue for the block, killed after it."""
+        argv = [sys.executable, "-m", "allocator", "set", *words, "--wait"]
+        waiter = subprocess.Popen(
+            argv, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        try:
+            yield waiter
+        finally:
+            waiter.kill()
+            waiter.wait()
 
     def get(self, path: str) -> tuple[int, bytes, dict[str, str]]:
         self.check_running()

@@ -15,8 +15,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -214,13 +212,7 @@ def _publish_as_agent(url: str, prefix: str) -> None:
 
 def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
     assert served.cli("set", "job=train", "gpus=1", "host=node1").code == 0
-    waiter = subprocess.Popen(
-        [sys.executable, "-m", "allocator", "set", "job=late", "gpus=1", "host=node1", "--wait"],
-        env=served.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with served.waiting_set("job=late", "gpus=1", "host=node1"):
 
         def listed() -> list[Any] | None:
             code, body, _ = served.get("/api/v1/queue")
@@ -233,9 +225,6 @@ def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
         assert json.loads(served.cli("queue", "-o", "json").out)["queue"] == [entry]
         assert json.loads(served.cli("status", "-o", "json").out)["queue"] == [entry]
         assert "waiting #1 late" in served.cli("status").out
-    finally:
-        waiter.kill()
-        waiter.wait()
 
 
 def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_holders(
