@@ -172,10 +172,13 @@ class AgentHarness:
         return code
 
     @contextmanager
-    def running(self, *agent_args: str, start: bool = True) -> Iterator[AgentHarness]:
-        """The policy applied, the agent started (unless ``start`` is False); cleaned up after."""
+    def running(
+        self, *agent_args: str, start: bool = True, policy: dict[str, Any] | None = None
+    ) -> Iterator[AgentHarness]:
+        """``policy`` applied (:func:`agent_policy`'s by default), the agent started (unless
+        ``start`` is False); cleaned up after."""
         try:
-            self.apply_policy()
+            self.apply_policy(policy)
             if start:
                 self.start_agent(*agent_args)
             yield self

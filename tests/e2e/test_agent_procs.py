@@ -44,12 +44,8 @@ def world(tmp_path: Path, prefix: str) -> Iterator[AgentHarness]:
         tight=_dummy(tmp_path, "tight", "--ignore-sigterm", max_restarts=0),
         stranger=_dummy(tmp_path, "stranger", user="no-such-user-x", max_restarts=0),
     )
-    try:
-        harness.apply_policy(policy)
-        harness.start_agent()
+    with harness.running(policy=policy):
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def _gone(pid: int) -> bool:
