@@ -3,7 +3,8 @@
 :func:`fleet_policy` writes the policy of ``hosts`` hosts of ``gpus`` GPUs
 each; :func:`load_fleet` applies it and writes, for every host, the
 records a running fleet has: ``jobs_per_host`` assignments (one GPU each,
-with their job index entries), the agent's leased record and a worker
+with their job index entries), the agent's leased record and counts
+(``counts/<host>``, what ``status --summary`` adds up) and a worker
 record per job. Records are built with allocator's own record types, so
 every reader decodes them strictly, as it would a real fleet's.
 """

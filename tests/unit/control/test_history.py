@@ -9,15 +9,14 @@ import pytest
 
 from allocator.control.client import Allocator
 from allocator.control.history import (
-    MAX_TRIM,
     Stored,
     host_stream,
     parse_since,
-    prepare_append,
     read_history,
     read_stream,
     select,
 )
+from allocator.control.history_append import MAX_TRIM, prepare_append
 from allocator.errors import BadRecord, CasConflict, InvalidInput
 from allocator.placement.choose import Request
 from allocator.policy.model import HistorySettings

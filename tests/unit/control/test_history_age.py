@@ -6,14 +6,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from allocator.control.client import Allocator
-from allocator.control.history import (
-    MAX_TRIM,
-    Head,
-    aged_count,
-    append_plan,
-    host_stream,
-    read_history,
-)
+from allocator.control.history import host_stream, read_history
+from allocator.control.history_append import MAX_TRIM, Head, aged_count, append_plan
 from allocator.control.history_prune import prune_history
 from allocator.placement.choose import Request
 from allocator.policy.model import HistorySettings

@@ -9,14 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from allocator.control import history_index
-from allocator.control.history import (
-    Stored,
-    Stream,
-    host_stream,
-    policy_stream,
-    prepare_append,
-    read_history,
-)
+from allocator.control.history import Stored, Stream, host_stream, policy_stream, read_history
+from allocator.control.history_append import prepare_append
 from allocator.control.history_prune import prune_history
 from allocator.control.history_read import query_history, read_recent
 from allocator.policy.model import HistorySettings

@@ -13,10 +13,10 @@ from allocator.control.history import (
     Stream,
     host_stream,
     policy_stream,
-    prepare_append,
     read_history,
     select,
 )
+from allocator.control.history_append import prepare_append
 from allocator.control.history_read import (
     SINCE_PAGE,
     first_page,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.history import host_stream, prepare_append, read_stream
+from allocator.control.history import host_stream, read_stream
+from allocator.control.history_append import prepare_append
 from allocator.errors import BadRecord, PlacementRefused, RequestError
 from allocator.placement.choose import Request
 from allocator.records.types import AgentRecord, Assignment, GpuInfo, HistoryEntry
