@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -19,6 +21,35 @@ from hypothesis import settings
 settings.register_profile("local", deadline=None)
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.load_profile("ci" if os.environ.get("CI") else "local")
+
+
+@pytest.fixture(autouse=True)
+def _not_left_a_subreaper() -> Iterator[None]:
+    """The test process is not left a child subreaper by a test that made it one.
+
+    An in-process ``Supervisor`` makes this process a subreaper (as the agent
+    is). Left so, every later test's orphans (the workers of an agent it
+    kills) would become this process's children, zombies nobody reaps, and
+    a test waiting for them to go would wait for ever.
+    """
+    yield
+    if sys.platform.startswith("linux"):
+        _prctl(_PR_SET_CHILD_SUBREAPER, 0)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    _libc().prctl(option, value, 0, 0, 0)
+
+
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 @pytest.fixture

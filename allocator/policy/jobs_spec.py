@@ -23,7 +23,9 @@ from allocator.policy.yamlspec.structures import EnvMap, Field, ListOf, OnlyWhen
 __all__ = ["FALLBACK", "JOB", "RESERVED_ENV", "RESERVED_ENV_PREFIX"]
 
 #: Set by the agent from the assignment; a job's ``env`` may not override them
-#: (every vendor's device filters: a second filter would hide the wrong devices).
+#: (every vendor's device filters and orderings: a second filter would hide the
+#: wrong devices, another order or hierarchy would renumber them). The same set as
+#: ``allocator.gpus.vendors.VISIBILITY_VARIABLES`` (a test holds them equal).
 RESERVED_ENV = (
     "CUDA_VISIBLE_DEVICES",
     "NVIDIA_VISIBLE_DEVICES",
@@ -32,6 +34,8 @@ RESERVED_ENV = (
     "HIP_VISIBLE_DEVICES",
     "GPU_DEVICE_ORDINAL",
     "ZE_AFFINITY_MASK",
+    "ZE_ENABLE_PCI_ID_DEVICE_ORDER",
+    "ZE_FLAT_DEVICE_HIERARCHY",
     "ONEAPI_DEVICE_SELECTOR",
 )
 RESERVED_ENV_PREFIX = "ALLOCATOR_"
