@@ -6,7 +6,7 @@ a containerised worker sees exactly its GPUs (:mod:`allocator.agent.planning.con
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from allocator.agent.planning.across_hosts import Share
@@ -18,7 +18,7 @@ from allocator.agent.planning.types import DesiredJob, Device, WorkerSpec
 from allocator.errors import RequestError
 from allocator.gpus.visible import NodeGroup
 from allocator.placement.choose import pool_sharing
-from allocator.policy.model import Job, Policy
+from allocator.policy.model import Job, Policy, Sharing
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment
 
@@ -74,15 +74,38 @@ def running(
     except RequestError as exc:
         return not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
     sharing = pool_sharing(policy, assignment.host)
+    refusal = _mps_refusal(job, assignment, sharing)
+    if refusal is not None:
+        return not_running(job, assignment, revision, "refused", refusal)
+    device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
+    workers = _workers(job, assignment, argv, revision, inventory, rank, sharing, envs, device)
+    return outcome(job, assignment, revision, "run", message, workers, device, fault)
+
+
+def _mps_refusal(job: Job, assignment: Assignment, sharing: Sharing) -> str | None:
+    """Why a one-worker job cannot run on these GPUs under MPS, or ``None``."""
     one_worker = job.workers in ("single", "torchrun")
     mps_single = sharing.mode == "mps" and one_worker and not assignment.exclusive
     if mps_single and len(assignment.gpus) > 1 and assignment.mode == "gpu":
-        message = (
+        return (
             f"job {job.name!r} runs one worker on GPUs {','.join(map(str, assignment.gpus))}, "
             "but under MPS a worker uses one GPU (one control daemon per GPU)"
         )
-        return not_running(job, assignment, revision, "refused", message)
-    device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
+    return None
+
+
+def _workers(
+    job: Job,
+    assignment: Assignment,
+    argv: tuple[str, ...],
+    revision: int,
+    inventory: Sequence[GpuInfo] | None,
+    rank: Rendezvous,
+    sharing: Sharing,
+    envs: Sequence[Mapping[str, str]],
+    device: Device,
+) -> tuple[WorkerSpec, ...]:
+    """One WorkerSpec per rendered environment, with the job's own and shared-GPU variables."""
     gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
     # A torchrun job's rendezvous is in its environment too (as per-gpu ranks have it),
     # so the agent publishes its MASTER_PORT and `allocator env` shows it.
@@ -97,7 +120,7 @@ def running(
         }
         for i, env in enumerate(envs)
     ]
-    workers = tuple(
+    return tuple(
         WorkerSpec(
             job=job.name,
             index=index,
@@ -114,7 +137,6 @@ def running(
         )
         for index, env in enumerate(full)
     )
-    return outcome(job, assignment, revision, "run", message, workers, device, fault)
 
 
 def _container(
