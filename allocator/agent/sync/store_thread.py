@@ -23,12 +23,14 @@ What counts as what:
 * another host of a job across hosts is read (:mod:`allocator.agent.sync.peer_reads`)
   and watched with this host's keys; a refusal to read it is logged once and
   leaves that host unknown, never stale;
-* a refused request (:data:`REFUSALS`: the policy, a validation, a
-  conflict, a missing record, a value too large) is logged and leaves the
-  connection, watches and lease as they are: the store answered, so it is
-  no outage, and tearing the link down would stall everything else it writes;
+* a refused request (:data:`~allocator.agent.sync.link_failures.REFUSALS`:
+  the policy, a validation, a conflict, a missing record, a value too large)
+  is logged and leaves the connection, watches and lease as they are: the
+  store answered, so it is no outage, and tearing the link down would stall
+  everything else it writes;
 * another failure of a setting is logged and retried with backoff;
-* anything else is a bug: logged with its traceback, retried with backoff.
+* anything else is a bug: logged with its traceback, retried with backoff
+  (:func:`~allocator.agent.sync.link_failures.judge` decides which is which).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, assert_never
@@ -46,6 +47,7 @@ from allocator.agent.gpu_care.idle import IdleRelease
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.sync.host_records import host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser
+from allocator.agent.sync.link_failures import judge
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
 from allocator.agent.sync.outbox import Outbox
 from allocator.agent.sync.peer_reads import read_peers
@@ -63,13 +65,7 @@ from allocator.errors import (
     AllocatorError,
     BadRecord,
     Compacted,
-    ConflictError,
-    InvalidInput,
-    LeaseLost,
-    NotFound,
     PermissionDenied,
-    Retryable,
-    ValueTooLarge,
 )
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import encode_record, replace_struct
@@ -78,14 +74,12 @@ from allocator.records.types import AgentRecord, Assignment, HistoryEntry
 from allocator.store import Store, bad_key_records
 from allocator.util.retry_timer import RetryTimer
 
-__all__ = ["REFUSALS", "RUN_READ_SECONDS", "Outbox", "StoreLink"]
+__all__ = ["RUN_READ_SECONDS", "StoreLink"]
 
 Log = Callable[[str, dict[str, Any]], None]
 
 #: How often the host is re-read while ``allocator run`` holds GPUs on it.
 RUN_READ_SECONDS = 1.0
-#: Errors that refuse one request while the store itself works: never an outage.
-REFUSALS: tuple[type[AllocatorError], ...] = (InvalidInput, ConflictError, NotFound, ValueTooLarge)
 
 
 class StoreLink:
@@ -371,38 +365,24 @@ class StoreLink:
     # --- failures and the end ------------------------------------------------------
 
     def _failed(self, error: Exception) -> None:
-        if isinstance(error, LeaseLost) and self.store is not None:
-            # A write under a lease that expired meanwhile: grant a new one, no outage.
-            self.log("lease-lost", {"lease": self.publisher.lease, "error": str(error)})
+        verdict = judge(error, connected=self.up, has_store=self.store is not None)
+        if verdict.action == "lease":  # a write under a lease that expired meanwhile
+            self.log(verdict.event, {"lease": self.publisher.lease, **verdict.fields})
             self.publisher.lease_lost()
             self.next_keepalive = self._clock()
             return
-        if isinstance(error, REFUSALS) and not isinstance(error, Retryable) and self.up:
-            # The store answered "no" to one request: keep the link; the next tick goes on.
-            text = " ".join(str(error).split())
-            self.log("request-refused", {"error": f"{type(error).__name__}: {text}"})
+        if verdict.action == "refused":  # the store answered "no" to one request
+            self.log(verdict.event, verdict.fields)
             return
         was_connected = self.up
         self._drop()
         now = self._clock()
-        text = " ".join(str(error).split()) or type(error).__name__
-        if isinstance(error, Retryable):
-            self.next_connect = self.retry.failed(now)
-            event, fields = "store-unavailable", {"error": text, "stale": True}
-        elif isinstance(error, PermissionDenied):
-            self.next_connect = self.retry.failed_slowly(now)
-            event, fields = "store-permission-denied", {"error": text}
-        elif isinstance(error, AllocatorError):  # a setting or the store refusing a request
-            self.next_connect = self.retry.failed(now)
-            event, fields = "store-error", {"error": f"{type(error).__name__}: {text}"}
-        else:  # a bug of ours: keep workers, retry with backoff, say where it happened
-            self.next_connect = self.retry.failed(now)
-            event = "link-error"
-            fields = {"error": f"{type(error).__name__}: {text}", "traceback": _trace(error)}
-        fields.update(retry_in=round(self.next_connect - now, 2), first=not was_connected)
-        self.log(event, fields)
+        slow = verdict.slowly
+        self.next_connect = self.retry.failed_slowly(now) if slow else self.retry.failed(now)
+        fields = {**verdict.fields, "retry_in": round(self.next_connect - now, 2)}
+        self.log(verdict.event, {**fields, "first": not was_connected})
         if was_connected:
-            self.to_loop.put(LinkState(False, text))
+            self.to_loop.put(LinkState(False, verdict.text))
 
     def _drop(self) -> None:
         self._stop_watches()
@@ -434,7 +414,3 @@ class StoreLink:
     def _require_store(self) -> Store:
         assert self.store is not None
         return self.store
-
-
-def _trace(error: BaseException) -> str:
-    return "".join(traceback.format_exception(error)).strip()
