@@ -40,6 +40,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "ValueTooLarge",
+    "placed_fields",
+    "placed_text",
 ]
 
 EXIT_OK = 0
@@ -104,21 +106,24 @@ class PolicyError(InvalidInput):
 
     def to_dict(self) -> dict[str, str | int | None]:
         """Return this one problem as JSON-ready data (for ``-o json``)."""
-        return {
-            "file": self.file,
-            "line": self.line,
-            "field": self.field,
-            "message": self.reason,
-            "error": self._render(),
-        }
+        fields = placed_fields(self.file, self.line, self.field, self.reason)
+        return {**fields, "error": self._render()}
 
     def _render(self) -> str:
-        where = self.file or "<policy>"
-        if self.line is not None:
-            where = f"{where}:{self.line}"
-        if self.field:
-            return f"{where}: {self.field}: {self.reason}"
-        return f"{where}: {self.reason}"
+        return placed_text(self.file or "<policy>", self.line, self.field, self.reason)
+
+
+def placed_text(file: str, line: int | None, field: str | None, reason: str) -> str:
+    """A policy problem (error or warning) as printed: ``file:line: field: reason``."""
+    where = file if line is None else f"{file}:{line}"
+    return f"{where}: {field}: {reason}" if field else f"{where}: {reason}"
+
+
+def placed_fields(
+    file: str | None, line: int | None, field: str | None, reason: str
+) -> dict[str, str | int | None]:
+    """A policy problem's place and reason as ``-o json`` writes them."""
+    return {"file": file, "line": line, "field": field, "message": reason}
 
 
 class StoreConfigError(InvalidInput):

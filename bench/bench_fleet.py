@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ from typing import Any
 from allocator.agent.sync.publisher import Publisher
 from allocator.control.client import Allocator
 from allocator.placement.choose import Request
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, GpuInfo
+from allocator.records.types import AgentRecord
 from allocator.store import Compare, Delete, Op, Put, Read, Store, TxnOutcome, open_store
 from bench.bare_etcd import BareEtcd, b64
 from bench.common import Row, ratio_row, value_row
@@ -179,7 +181,12 @@ def _ours(url: str, clients: int, seconds: float, shape: list[Any]) -> float:
         finally:
             store.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    return _per_second(client, done)
+
+
+def _per_second(client: Callable[[int], None], done: list[int]) -> float:
+    """Runs ``client(i)`` in one thread per item of ``done`` at once: ``done``'s sum per second."""
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(done))]
     started = time.monotonic()
     for thread in threads:
         thread.start()
@@ -239,13 +246,7 @@ def _raw(endpoint: str, clients: int, seconds: float, shape: tuple[int, list[int
         finally:
             raw.close()
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    started = time.monotonic()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(done) / (time.monotonic() - started)
+    return _per_second(client, done)
 
 
 def placement(server: EtcdServer, seconds: float) -> Row:

@@ -20,7 +20,7 @@ without fsync: the load is not what is measured).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -32,10 +32,11 @@ from allocator.control.history_read import first_page, query_history
 from allocator.errors import BadRecord
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry, HistoryHead
-from allocator.store import Listing, Put, Read, Store, open_store
+from allocator.store import Put, Store, open_store
 from allocator.util.times import format_time
 from bench.common import Row, interleaved, ratio_row, value_row
 from tests.support.etcd_server import EtcdServer
+from tests.support.reads import CountingStore
 
 __all__ = ["rows"]
 
@@ -44,27 +45,6 @@ LIMIT = 20
 _BATCH = 60
 #: The time of entry 0 of host 0; entry ``seq`` of host ``index`` is ``seq * hosts + index`` s on.
 _START = datetime(2026, 6, 1, tzinfo=UTC)
-
-
-class _Counting:
-    """A store that counts the keys its listings returned."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.keys = 0
-
-    def list(self, prefix: str, **options: Any) -> Listing:
-        listing = self.store.list(prefix, **options)
-        self.keys += len(listing.items)
-        return listing
-
-    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
-        found = self.store.read_many(reads)
-        self.keys += sum(len(listing.items) for listing in found)
-        return found
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
 
 
 def _ignore(_bad: BadRecord) -> None:
@@ -170,7 +150,7 @@ def rows(args: Any, work: Path) -> list[Row]:
 
             runs = {"ours": _timed(ours), "baseline": _timed(everything)}
             samples = interleaved(runs, 3 if args.smoke else args.rounds)
-            counting = _Counting(store)
+            counting = CountingStore(store)
             query_history(counting, layout, _ignore, limit=LIMIT, now=now)
         finally:
             store.close()
@@ -186,7 +166,9 @@ def rows(args: Any, work: Path) -> list[Row]:
             most=0.5,
             note=note,
         ),
-        value_row(f"history --limit {LIMIT}, keys read", counting.keys, bound, "keys", note=note),
+        value_row(
+            f"history --limit {LIMIT}, keys read", counting.keys_read, bound, "keys", note=note
+        ),
     ]
 
 

@@ -14,7 +14,6 @@ A real ``allocator serve`` process reads the scale group's loaded fleet
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import time
 import urllib.request
@@ -26,7 +25,8 @@ from allocator.records.types import Assignment
 from allocator.store import open_store
 from bench.common import Row, clean_env, interleaved, ratio_row, timed_run, value_row
 from bench.fleet import host_name, job_name
-from tests.support.etcd_server import EtcdServer, free_port
+from tests.support.etcd_server import EtcdServer
+from tests.support.serving import ServeProcess
 
 __all__ = ["serve_rows"]
 
@@ -34,19 +34,15 @@ __all__ = ["serve_rows"]
 CHANGES = 20
 
 
-class _Serving:
+class _Serving(ServeProcess):
     """``allocator serve`` on a free loopback port, and its process."""
 
     def __init__(self, url: str, prefix: str, log: Path) -> None:
-        self.port = free_port()
-        self.log = log.open("wb")
-        env = clean_env(ALLOCATOR_STORE=url, ALLOCATOR_PREFIX=prefix)
-        argv = [sys.executable, "-m", "allocator", "serve", "--listen", f"127.0.0.1:{self.port}"]
-        self.process = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        super().__init__(clean_env(ALLOCATOR_STORE=url, ALLOCATOR_PREFIX=prefix), log)
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:
-            url = f"http://127.0.0.1:{self.port}{path}"
+            url = f"{self.base}{path}"
             with urllib.request.urlopen(url, timeout=60) as answer:
                 return answer.status, answer.read()
         except OSError:
@@ -61,22 +57,10 @@ class _Serving:
         return elapsed
 
     def wait(self, what: str, probe: Callable[[], bool], timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not probe():
-            if self.process.poll() is not None:
-                raise SystemExit(f"allocator serve exited {self.process.returncode}")
-            if time.monotonic() > deadline:
-                raise SystemExit(f"allocator serve: timed out waiting for {what}")
-            time.sleep(0.01)
-
-    def close(self) -> None:
-        self.process.terminate()
         try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self.log.close()
+            self.wait_until(f"allocator serve: {what}", probe, timeout, every=0.01)
+        except AssertionError as error:  # a bench run ends with one line, not a traceback
+            raise SystemExit(str(error)) from None
 
 
 def serve_rows(server: EtcdServer, prefix: str, hosts: int, rounds: int, work: Path) -> list[Row]:

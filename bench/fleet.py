@@ -3,7 +3,8 @@
 :func:`fleet_policy` writes the policy of ``hosts`` hosts of ``gpus`` GPUs
 each; :func:`load_fleet` applies it and writes, for every host, the
 records a running fleet has: ``jobs_per_host`` assignments (one GPU each,
-with their job index entries), the agent's leased record and a worker
+with their job index entries), the agent's leased record and counts
+(``counts/<host>``, what ``status --summary`` adds up) and a worker
 record per job. Records are built with allocator's own record types, so
 every reader decodes them strictly, as it would a real fleet's.
 """
@@ -13,9 +14,11 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from allocator.agent.sync.reports import host_counts
 from allocator.control.client import Allocator
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, JobIndex, WorkerRecord
+from allocator.records.types import AgentRecord, Assignment, JobIndex, WorkerRecord
 from allocator.store import MAX_TXN_OPS, Op, Put, Store
 
 __all__ = [
@@ -72,12 +75,17 @@ class Fleet:
 def host_records(
     layout: KeyLayout, host: int, gpus: int, jobs: int, revision: int, lease: int
 ) -> Iterator[Op]:
-    """Host number ``host``'s records: its agent (under ``lease``) and ``jobs`` one-GPU jobs."""
+    """Host number ``host``'s records: its agent and its counts (under ``lease``), ``jobs`` jobs.
+
+    Each job holds one GPU, with its worker record.
+    """
     name = host_name(host)
     inventory = tuple(GpuInfo(index=g, uuid=f"GPU-{host:08x}-{g:04x}") for g in range(gpus))
     agent = AgentRecord(host=name, gpus=inventory, started_at=_WHEN, pid=1000 + host)
     yield Put(layout.agent(name), agent.to_json(), lease)
     yield Put(layout.host_generation(name), b"1")
+    held: dict[str, Assignment] = {}
+    workers: dict[str, bytes] = {}
     for slot in range(jobs):
         job = job_name(host, slot)
         assignment = Assignment(
@@ -90,12 +98,17 @@ def host_records(
             requested=f"gpus={slot}",
             policy_revision=revision,
         )
+        held[job] = assignment
         yield Put(layout.assignment(name, job), assignment.to_json())
         yield Put(layout.job_index(job), JobIndex(job=job, hosts=(name,)).to_json())
         worker = WorkerRecord(
             job=job, host=name, state="running", pids=(20000 + slot,), gpus=(slot,), since=_WHEN
         )
-        yield Put(layout.workers(name, job), worker.to_json())
+        workers[job] = worker.to_json()
+        yield Put(layout.workers(name, job), workers[job])
+    counts = host_counts(agent, workers, held)  # what its agent keeps for status --summary
+    if counts is not None:
+        yield Put(layout.host_counts(name), counts, lease)
 
 
 def _batches(ops: Iterator[Op], size: int) -> Iterator[Sequence[Op]]:

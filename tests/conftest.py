@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -29,6 +31,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     a minute after every other process went idle.
     """
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(autouse=True)
+def _not_left_a_subreaper() -> Iterator[None]:
+    """The test process is not left a child subreaper by a test that made it one.
+
+    An in-process ``Supervisor`` makes this process a subreaper (as the agent
+    is). Left so, every later test's orphans (the workers of an agent it
+    kills) would become this process's children, zombies nobody reaps, and
+    a test waiting for them to go would wait for ever.
+    """
+    yield
+    if sys.platform.startswith("linux"):
+        _prctl(_PR_SET_CHILD_SUBREAPER, 0)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> None:
+    _libc().prctl(option, value, 0, 0, 0)
+
+
+@functools.cache
+def _libc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
 
 @pytest.fixture

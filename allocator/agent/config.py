@@ -57,6 +57,9 @@ class AgentConfig:
     # like node_exporter, so the fleet's Prometheus can scrape it.
     metrics_port: int | None = None
     metrics_address: str = "0.0.0.0"
+    # The host's mean GPU utilisation in its counts record (what serve plots) changes
+    # at most this often; 0 reports none.
+    utilisation_report_seconds: float = 300.0
 
     @property
     def local_master_addr(self) -> str:
@@ -125,6 +128,10 @@ def _coerce(key: str, value: Any, path: str | None) -> Any:
     if key in _FLOAT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise InvalidInput(f"{where}{key} must be a positive number, got {value!r}")
+        return float(value)
+    if key == "utilisation_report_seconds":
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise InvalidInput(f"{where}{key} must be a number of seconds (0: off), got {value!r}")
         return float(value)
     if key in _PATH_FIELDS:
         return Path(str(value))

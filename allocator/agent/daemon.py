@@ -51,6 +51,7 @@ from allocator.agent.sync.history_decisions import DecisionRecorder
 from allocator.agent.sync.reports import agent_record, worker_records
 from allocator.agent.sync.run_expiry import expiry_entry
 from allocator.agent.sync.store_sync import StoreSync
+from allocator.agent.sync.utilisation_report import UtilisationReport
 from allocator.placement.reservations import active_reservations
 from allocator.policy import Policy
 from allocator.records.types import HistoryEntry
@@ -116,6 +117,7 @@ class Agent(Lifecycle):
         )
         self.decisions = DecisionRecorder(config.host, pinned=self.care.pins)
         self.observer = Observer(environ, config.host, self.log, clock)
+        self.utilisation = UtilisationReport(config.utilisation_report_seconds)
         self.started_at = format_time(wall())
         self.guard = StepGuard(
             clock, self.log, lambda: {"keeping_workers": len(self.supervisor.views())}
@@ -312,6 +314,8 @@ class Agent(Lifecycle):
         workers = None
         if self.reconciled:  # before that, the agent does not know yet what it runs
             workers = worker_records(self.config.host, self.wanted.desired, running, idle)
-        self.sync.link.offer(record, workers)
+        self.utilisation.interval = self.config.utilisation_report_seconds  # reloadable
+        utilisation = self.utilisation.update(self.observer.usage, self.clock())
+        self.sync.link.offer(record, workers, utilisation)
         assignments = self.sync.assignments
         self.observer.note(care.inventory, care.unhealthy, assignments, running, __version__)

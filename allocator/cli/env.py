@@ -199,7 +199,7 @@ def _undeclared_environments(
 
 def _rendezvous(state: Any, policy: Any, host: str, job: str) -> tuple[str, int | None]:
     """MASTER_ADDR and MASTER_PORT as the host's agent gives them to ``job``."""
-    from allocator.agent.planning.desired import DEFAULT_MASTER_ADDR
+    from allocator.agent.planning.desired_inputs import DEFAULT_MASTER_ADDR
     from allocator.placement.ports import allocate_master_ports
 
     published = state.workers.get(job)

@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from allocator.serve.app import Fleet, build_app
+        from allocator.serve.app import build_app
+        from allocator.serve.fleet import Fleet
         from allocator.serve.guard import guarded_protocol
         from allocator.serve.mirror import FleetMirror
         from allocator.serve.series import Series

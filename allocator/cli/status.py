@@ -103,6 +103,12 @@ def _show(args: argparse.Namespace) -> int:
     from allocator.control.queue_view import queue_prefix
 
     queue_read: list[Any] = []  # read with the policy (none where the user may not read it)
+    pick = _picker(allocator, wanted, pools) if only_host is None else None
+    counter = None  # --summary of many hosts: from the counts agents write, where they do
+    if counting and only_host is None:
+        from allocator.status.summary_read import CountsPicker
+
+        pick = counter = CountsPicker(allocator, now, lambda policy: _pools(pools, policy), pick)
     try:
         prefix = layout.host(only_host) if only_host else layout.hosts
         policy, revision, hosts = read_status(
@@ -112,9 +118,10 @@ def _show(args: argparse.Namespace) -> int:
             while_reading=_load_joining_and_printing,
             join=join,
             queue=(queue_prefix(layout, only_host), queue_read.append),
-            pick=_picker(allocator, wanted, pools) if only_host is None else None,
+            pick=pick,
         )
         if summary:
+            hosts += counter.reported if counter is not None else []
             found = _pools(pools, policy)
             return _print_summary(
                 hosts, found, layout.queue, queue_read, revision, fmt, counted=counting

@@ -16,12 +16,8 @@ Rules worth knowing:
   longer named is released in the same transaction.
 * A job across hosts is changed and released only as a whole; a change of
   one share alone is refused (:mod:`allocator.control.job_index`).
-* ``MASTER_PORT`` is chosen here, at set time, on the first host's behalf:
-  a port the job's ``env`` declares wins; else the job keeps the port it
-  has while its first host stays the same; else the first port from the
-  job's derived one that no job on the first host declares, is given by its
-  agent, or holds as another multi-host job's rank 0. The first host's agent
-  keeps its own jobs off that port (:mod:`allocator.agent.planning.port_table`).
+* ``MASTER_PORT`` is chosen at set time, on the first host's behalf
+  (:mod:`allocator.control.master_port`).
 * Every transaction fits every backend: :data:`MAX_JOB_HOSTS` hosts at most,
   leaving :data:`RESERVED_OPS_PER_HOST` operations per host for what other
   writes add to the same transaction.
@@ -34,10 +30,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from allocator.control.history import change_entry, host_stream, prepare_append, release_entry
+from allocator.control.history import host_stream
+from allocator.control.history_append import prepare_append
+from allocator.control.history_entries import change_entry, release_entry
 from allocator.control.history_index import index_ops
 from allocator.control.job_index import group_index_change, index_for_write
-from allocator.errors import PlacementRefused, RequestError
+from allocator.control.master_port import choose_master_port
+from allocator.control.quotas import charge
+from allocator.errors import RequestError
 from allocator.placement.vendors import check_one_vendor
 from allocator.records.codec import replace_struct
 from allocator.records.types import Assignment, HistoryEntry
@@ -60,7 +60,6 @@ __all__ = [
     "GroupWrite",
     "as_one_job",
     "check_hosts",
-    "choose_master_port",
     "describe_shares",
     "plan_group_release",
     "plan_group_set",
@@ -140,43 +139,6 @@ def as_one_job(job: str, placements: Mapping[str, Placement]) -> dict[str, Place
         )
         for host, placed in placements.items()
     }
-
-
-def choose_master_port(
-    policy: Policy, job: str, first: HostSnapshot, current: Assignment | None
-) -> int:
-    """The job's one MASTER_PORT, on its first host's behalf (see the module docstring)."""
-    from allocator.gpus.visible import default_master_port
-    from allocator.placement.ports import declared_master_port, first_free_port
-
-    spec = policy.jobs.get(job)
-    declared = declared_master_port(spec) if spec is not None else None
-    if declared is not None:
-        return declared
-    if current is not None and current.nodes[:1] == (first.host,) and current.master_port:
-        return current.master_port
-    port = first_free_port(default_master_port(job), _ports_in_use(policy, first, job))
-    if port is None:
-        raise PlacementRefused(f"no MASTER_PORT is free on {first.host} for job {job!r}")
-    return port
-
-
-def _ports_in_use(policy: Policy, first: HostSnapshot, job: str) -> set[int]:
-    """Ports on the first host that jobs other than ``job`` declare, were given, or hold."""
-    from allocator.placement.ports import declared_master_port
-
-    taken: set[int] = set()
-    for name, held in first.assignments.items():
-        spec = policy.jobs.get(name)
-        declared = declared_master_port(spec) if spec is not None else None
-        if name == job:
-            continue
-        if declared is not None:
-            taken.add(declared)
-        if held.nodes[:1] == (first.host,) and held.master_port:
-            taken.add(held.master_port)
-    taken |= {w.master_port for n, w in first.workers.items() if n != job and w.master_port}
-    return taken
 
 
 def plan_group_set(
@@ -383,7 +345,7 @@ def _with_charge(
     ops: list[Op],
 ) -> None:
     """Add the quota counters' compares and writes; refuse a transaction grown too large."""
-    more_compares, more_ops = allocator.charge(policy, before, after)
+    more_compares, more_ops = charge(allocator, policy, before, after)
     if len(compares) + len(ops) + len(more_compares) + len(more_ops) > MAX_TXN_OPS:
         raise RequestError(
             f"job {before[0].job if before else after[0].job!r} spans too many hosts for its "

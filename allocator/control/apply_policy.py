@@ -52,7 +52,9 @@ def apply_once(
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
     from allocator.control.compiled_policy import refresh_compiled
-    from allocator.control.history import policy_entry, policy_stream, prepare_append
+    from allocator.control.history import policy_stream
+    from allocator.control.history_append import prepare_append
+    from allocator.control.history_entries import policy_entry
     from allocator.control.policy_shares import refresh_shares
     from allocator.policy import policy_sha256
 
@@ -157,7 +159,7 @@ def _store(
     compiled, parts = compiled_op(store, layout, policy, digest, len(stored) + in_txn)
     try:
         revision, with_compiled = write_with_compiled(
-            allocator._txn, compares, [*ops, *share_ops], compiled
+            allocator.txn, compares, [*ops, *share_ops], compiled
         )
     except PermissionDenied:
         if not share_ops:
@@ -165,7 +167,7 @@ def _store(
         # A role granted before there were shares: the policy without them (agents
         # then read the whole record: the shares' head no longer matches it).
         share_ops = []
-        revision, with_compiled = write_with_compiled(allocator._txn, compares, ops, compiled)
+        revision, with_compiled = write_with_compiled(allocator.txn, compares, ops, compiled)
     if share_ops:
         write_after(store, shares)
     if before is not None or parts is not None:

@@ -14,6 +14,12 @@ so an assignment made during its check makes it re-check instead of
 landing over it. A lost race is retried a bounded number of times
 (tenacity). Every transaction stays within ``MAX_TXN_OPS``, the smallest
 limit of any backend.
+
+This module is the client's state (its kept views, its holder) and its
+operations; one attempt of each lives beside it: ``set`` and ``release`` of
+a job on one host in :mod:`allocator.control.one_host`, of a job across
+hosts in :mod:`allocator.control.across_hosts`, ``policy apply`` in
+:mod:`allocator.control.apply_policy`.
 """
 
 from __future__ import annotations
@@ -25,29 +31,16 @@ from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from allocator.control.actor import actor as default_actor
-from allocator.errors import (
-    BadRecord,
-    CasConflict,
-    ConflictError,
-    RequestError,
-)
-from allocator.records.codec import replace_struct
+from allocator.errors import BadRecord, RequestError
 from allocator.records.fields import SCHEMA_VERSION
 from allocator.records.keys import DEFAULT_PREFIX, KeyLayout
 from allocator.records.types import Assignment, RunHolder
-from allocator.status.snapshots import (
-    HostSnapshot,
-    PolicySnapshot,
-    job_not_found,
-    snapshots_by_host,
-)
+from allocator.status.snapshots import HostSnapshot, PolicySnapshot, snapshots_by_host
 from allocator.store import (
     MAX_TXN_OPS,
     Compare,
-    Delete,
     Listing,
     Op,
-    Put,
     Read,
     Store,
     TxnOutcome,
@@ -67,12 +60,10 @@ if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need
     #: The wait queue's turn: (host state, placement) -> (compares, writes) to add.
     Gate = Callable[[HostSnapshot, Placement], tuple[list[Compare], list[Op]]]
 
-__all__ = ["Allocator", "view_reads_for"]
+__all__ = ["Allocator"]
 
 DEFAULT_ATTEMPTS = 5
 T = TypeVar("T")
-#: What a ``set`` may carry besides the request: an ad-hoc command, the holding process.
-_Extra = tuple[tuple[str, ...] | None, tuple[RunHolder, int] | None, "Gate | None"]
 
 
 class Allocator:
@@ -113,10 +104,14 @@ class Allocator:
         """The applied policy, or a ``RequestError`` telling how to apply one."""
         snapshot = self.policy()
         if snapshot is None:
-            raise RequestError(
-                f"no policy applied in {self.store.url}: run `allocator policy apply FILE` first"
-            )
+            raise self.no_policy_error()
         return snapshot
+
+    def no_policy_error(self) -> RequestError:
+        """What a write that needs a policy raises in a store that has none."""
+        return RequestError(
+            f"no policy applied in {self.store.url}: run `allocator policy apply FILE` first"
+        )
 
     def host(self, host: str) -> HostSnapshot:
         """Everything stored under ``host``, in one prefix read."""
@@ -191,10 +186,12 @@ class Allocator:
         placement decided; it returns what else the transaction compares and
         writes, or raises to refuse.
         """
+        from allocator.control.one_host import assign_once
+
         attempts = itertools.count()
         extra = (command, held_by, gate)
         return self._with_retries(
-            lambda: self._assign_once(request, reason, extra, first=next(attempts) == 0), "set"
+            lambda: assign_once(self, request, reason, extra, first=next(attempts) == 0), "set"
         )
 
     def release(
@@ -216,8 +213,10 @@ class Allocator:
         was set again meanwhile), as the agent's idle release does. ``ended``
         (exit status, GPU-seconds): how the command that held it ended, for history.
         """
+        from allocator.control.one_host import release_once
+
         return self._with_retries(
-            lambda: self._release_once(host, job, reason, if_revision, ended), "release"
+            lambda: release_once(self, host, job, reason, (if_revision, ended)), "release"
         )
 
     def assign_across(
@@ -233,17 +232,18 @@ class Allocator:
         Node ranks follow the order of ``hosts``; see :mod:`allocator.control.across_hosts`.
         """
         from allocator.control.across_hosts import check_hosts, plan_group_set
+        from allocator.control.one_host import check_adhoc_command
 
         nodes = check_hosts(request.job, hosts)
 
         def once() -> GroupResult:
             snapshot = self.require_policy()
             if command is not None:
-                _check_adhoc_command(snapshot.policy, request.job)
-            generation = self._generation_value()
+                check_adhoc_command(snapshot.policy, request.job)
+            generation = self.generation_value()
             write = plan_group_set(self, snapshot, request, nodes, (reason, command), generation)
-            self._views().clear()  # written without the kept views: they are stale now
-            self._txn(write.compares, write.ops)
+            self.kept_views().clear()  # written without the kept views: they are stale now
+            self.txn(write.compares, write.ops)
             return write.result
 
         return self._with_retries(once, "set")
@@ -260,13 +260,13 @@ class Allocator:
         from allocator.control.across_hosts import plan_group_release
 
         def once() -> GroupResult:
-            write = plan_group_release(self, job, self._generation_value(), reason)
+            write = plan_group_release(self, job, self.generation_value(), reason)
             if if_share is not None:
                 write.compares.append(
                     Compare(self.layout.assignment(if_share[0], job), if_share[1])
                 )
-            self._views().clear()
-            self._txn(write.compares, write.ops)
+            self.kept_views().clear()
+            self.txn(write.compares, write.ops)
             return write.result
 
         return self._with_retries(once, "release")
@@ -293,154 +293,6 @@ class Allocator:
 
         return with_retries(operation, what, self.attempts)
 
-    def _assign_once(
-        self, asked: Request, reason: str, extra: _Extra, *, first: bool
-    ) -> tuple[Assignment, Placement]:
-        """One attempt: decided from the kept view if there is one, else from one fresh read.
-
-        A view kept from earlier calls that turns out stale costs no attempt:
-        its failed write brought back the fresh state, and the attempt goes
-        again from that. A write decided from state read for this call (on a
-        later attempt, what the lost race brought back) that loses is a lost race.
-        """
-        host = asked.host or self.default_host(self._known_policy())
-        view = self._views().get(host, asked.job)
-        fresh = view is None or not first
-        if view is None:
-            view = self._read_view(host, asked.job)
-        while True:
-            # replace() would validate the request again; it was when it was made.
-            request = asked if asked.host == host else replace_struct(asked, host=host)
-            try:
-                placed, planned = self._plan_assign(view, request, reason, extra)
-            except ConflictError:
-                if fresh:
-                    raise
-                # A refusal decided from a kept view is only a guess too: the holder it
-                # names may be gone (released by another client, or its lease expired).
-                view, fresh = self._read_view(host, asked.job), True
-                continue
-            outcome = self._write(planned, view_reads_for(self.layout, host, asked.job))
-            if outcome.succeeded:
-                self._views().keep(planned.after(outcome.revision))
-                return placed
-            view = self._settle(host, asked.job, outcome)
-            if fresh:
-                raise CasConflict("a compared key changed", keys=outcome.changed)
-            fresh = True
-
-    def _plan_assign(
-        self, view: WriteView, request: Request, reason: str, extra: _Extra
-    ) -> tuple[tuple[Assignment, Placement], Planned]:
-        from allocator.control.history import change_entry
-        from allocator.control.write_cache import plan_change
-        from allocator.placement.choose import place
-
-        command, held_by, gate = extra
-        snapshot = view.policy or self._no_policy()
-        if command is not None:
-            _check_adhoc_command(snapshot.policy, request.job)
-        state, now = view.host, self.clock()
-        if held_by is not None and (request.job in state.assignments or view.index.hosts):
-            raise ConflictError(
-                f"job {request.job!r} already holds an assignment: "
-                "`allocator run` takes GPUs for a job that holds none (pick another job=)"
-            )
-        agent = state.agent
-        decision = place(
-            snapshot.policy,
-            request,
-            state.assignments,
-            now,
-            inventory=agent.gpus if agent and agent.gpus else None,
-            unhealthy=agent.unhealthy if agent else None,
-        )
-        from allocator.placement.request import describe_request
-
-        stamp = format_time(now)
-        assignment = Assignment(
-            job=request.job,
-            host=state.host,
-            gpus=decision.gpus,
-            mode=decision.mode,
-            updated_by=self.actor,
-            updated_at=stamp,
-            reason=reason,
-            requested=describe_request(request),
-            policy_revision=snapshot.revision,
-            command=command,
-            fallback_reason=decision.fallback_reason,
-            slots=decision.slots,
-            exclusive=decision.exclusive,
-            picked=decision.picked,
-            run=held_by[0] if held_by is not None else None,
-            holder=self.holder,
-            charged=self.charged(snapshot.policy),
-        )
-        lease = held_by[1] if held_by is not None else None
-        before = state.assignments.get(request.job)
-        key = self.layout.assignment(state.host, request.job)
-        planned = plan_change(
-            self.layout,
-            view,
-            Put(key, assignment.to_json(), lease),
-            change_entry(before, assignment, self.actor, stamp, reason),
-            assignment,
-            # The agent's record (inventory, health) was checked too: compare it.
-            compares=[
-                Compare(self.layout.policy, snapshot.revision),
-                Compare(self.layout.agent(state.host), state.agent_revision),
-            ],
-            history=snapshot.policy.history,
-            generation=self._generation_value(stamp),
-            lease=lease,
-        )
-        more = self.charge(snapshot.policy, [before] if before else [], [assignment])
-        if gate is not None:
-            gated = gate(state, decision)
-            more = (more[0] + gated[0], more[1] + gated[1])
-        return (assignment, decision), _with_extra(planned, *more)
-
-    def _release_once(
-        self,
-        host: str,
-        job: str,
-        reason: str,
-        if_revision: int | None = None,
-        ended: tuple[int, float] | None = None,
-    ) -> Assignment | BadRecord:
-        from allocator.control.history import release_entry
-        from allocator.control.write_cache import plan_change
-
-        view = self._read_view(host, job)
-        state = view.host
-        key = self.layout.assignment(host, job)
-        current: Assignment | BadRecord | None = state.assignments.get(job)
-        if current is None:
-            current = next((bad for bad in state.bad_records if bad.key == key), None)
-        if current is None:
-            raise job_not_found(job, host, list(state.assignments))
-        compares = [] if if_revision is None else [Compare(key, if_revision)]
-        held = current if isinstance(current, Assignment) else None
-        stamp = format_time(self.clock())
-        entry = release_entry(host, job, held, self.actor, stamp, reason, ended)
-        planned = plan_change(
-            self.layout,
-            view,
-            Delete(key),
-            entry,
-            None,
-            compares=compares,
-            generation=self._generation_value(stamp),
-        )
-        if held is not None and held.charged and view.policy is not None:
-            planned = _with_extra(planned, *self.charge(view.policy.policy, [held], []))
-        # A release is decided from fresh state, so a plain transaction: a lost
-        # compare is a lost race, and the retry reads again.
-        revision = self._txn(planned.compares, planned.ops)
-        self._views().keep(planned.after(revision))
-        return current
-
     # --- kept views ---------------------------------------------------------
 
     def forget_views(self) -> None:
@@ -450,56 +302,55 @@ class Allocator:
         refused from a stale one (GPUs held that were released since) never
         gets that far.
         """
-        self._views().clear()
+        self.kept_views().clear()
 
-    def _views(self) -> ViewCache:
+    def kept_views(self) -> ViewCache:
+        """What the last writes saw (:mod:`allocator.control.write_cache`)."""
         if self._cache is None:
             from allocator.control.write_cache import ViewCache
 
             self._cache = ViewCache()
         return self._cache
 
-    def _known_policy(self) -> Policy | None:
-        kept = self._views().policy
+    def known_policy(self) -> Policy | None:
+        """The kept whole policy, else the applied one read now."""
+        kept = self.kept_views().policy
         whole = kept is not None and kept.host is None  # not one host's share
         snapshot = kept if whole else self.policy()
         return snapshot.policy if snapshot is not None else None
 
-    def _no_policy(self) -> PolicySnapshot:
-        raise RequestError(
-            f"no policy applied in {self.store.url}: run `allocator policy apply FILE` first"
-        )
-
-    def _read_view(self, host: str, job: str) -> WriteView:
+    def read_view(self, host: str, job: str) -> WriteView:
         """The state a change of ``job`` on ``host`` is decided from: one request."""
         from allocator.control.write_cache import view_reads
 
         found = self.store.read_many(view_reads(self.layout, host, job, policy_text=True))
-        return self._settled(host, job, found)
+        return self.settle(host, job, found)
 
-    def _settle(self, host: str, job: str, outcome: TxnOutcome) -> WriteView:
-        return self._settled(host, job, outcome.reads)
-
-    def _settled(self, host: str, job: str, found: Sequence[Listing]) -> WriteView:
+    def settle(self, host: str, job: str, found: Sequence[Listing]) -> WriteView:
+        """The view ``found`` (a view's reads) holds, kept for the next write; bad keys noted."""
         from allocator.control.write_cache import settle_view
 
-        known = self._views().policy
+        known = self.kept_views().policy
         for listing in found:
             for bad in bad_key_records(listing):
                 self.on_bad_record(bad)
         view = settle_view(self.store, self.layout, host, job, found, known, self.on_bad_record)
-        self._views().keep(view)
+        self.kept_views().keep(view)
         return view
 
-    def _write(self, planned: Planned, reads: list[Read]) -> TxnOutcome:
+    # --- transactions -------------------------------------------------------
+
+    def write(self, planned: Planned, reads: list[Read]) -> TxnOutcome:
         """``store.txn_or_read``, refusing anything larger than every backend accepts."""
         _check_size(planned.compares, planned.ops)
         return self.store.txn_or_read(planned.compares, planned.ops, reads)
 
-    def _txn(self, compares: list[Compare], ops: list[Op]) -> int:
+    def txn(self, compares: list[Compare], ops: list[Op]) -> int:
         """``store.txn``, refusing anything larger than every backend accepts."""
         _check_size(compares, ops)
         return self.store.txn(compares, ops)
+
+    # --- policy and quotas --------------------------------------------------
 
     def _apply_once(
         self, policy: Policy, text: str, source: str, force: bool, reason: str
@@ -515,69 +366,21 @@ class Allocator:
         return violations(self, policy)
 
     def charged(self, policy: Policy) -> tuple[str, ...]:
+        """The quota subjects a new assignment by this client's holder is charged to."""
         from allocator.control.holder import quota_subjects
 
         if not policy.quotas:
             return ()
         return quota_subjects(policy, self.holder, self.holder_groups(policy))
 
-    def charge(
-        self, policy: Policy, before: Sequence[Assignment], after: Sequence[Assignment]
-    ) -> tuple[list[Compare], list[Op]]:
-        """The quota counters' compares and writes of replacing ``before`` with ``after``.
-
-        Reads the counters of the subjects they charge (nothing when none
-        does); raises ``OverQuota`` (exit 3) when a quota would be exceeded.
-        """
-        subjects = {s for a in (*before, *after) for s in a.charged}
-        if not subjects:
-            return [], []
-        from allocator.control.quotas import OverQuota, heal_and_plan, plan_charge, read_counters
-
-        counters = read_counters(self.store, self.layout, subjects)
-        try:
-            found = plan_charge(policy, self.layout, counters, before, after, self.on_bad_record)
-        except OverQuota:  # maybe charges of assignments that vanished: drop them, try again
-            found = heal_and_plan(self, policy, counters, before, after)
-        return found.compares, found.ops
-
-    def _generation_value(self, stamp: str | None = None) -> bytes:
+    def generation_value(self, stamp: str | None = None) -> bytes:
+        """The value a write puts in the generation keys it bumps: who, and when."""
         at = stamp if stamp is not None else format_time(self.clock())
         body = {"schema_version": SCHEMA_VERSION, "by": self.actor, "at": at}
         return json.dumps(body, sort_keys=True).encode()
-
-
-def _with_extra(planned: Planned, compares: list[Compare], ops: list[Op]) -> Planned:
-    """``planned`` with more compares and writes in the same transaction."""
-    if not compares and not ops:
-        return planned
-    from allocator.control.write_cache import Planned
-
-    return Planned([*planned.compares, *compares], [*planned.ops, *ops], planned.after)
-
-
-def view_reads_for(layout: KeyLayout, host: str, job: str) -> list[Read]:
-    """What a failed change brings back: the view's reads, the policy's revision only."""
-    from allocator.control.write_cache import view_reads
-
-    return view_reads(layout, host, job, policy_text=False)
 
 
 def _check_size(compares: Sequence[Compare], ops: Sequence[Op]) -> None:
     size = txn_size(compares, ops)
     if size > MAX_TXN_OPS:  # a bug here, not the user's: say so plainly
         raise AssertionError(f"a transaction of {size} operations exceeds {MAX_TXN_OPS}")
-
-
-def _check_adhoc_command(policy: Policy, job: str) -> None:
-    """An ad-hoc command runs only where the reviewed policy allows it for that job."""
-    spec = policy.jobs.get(job)
-    if spec is None:
-        raise RequestError(
-            f"job {job!r} is not declared in the policy, so it cannot be given a command="
-        )
-    if not spec.allow_adhoc_command:
-        raise RequestError(
-            f"the policy does not allow ad-hoc commands for job {job!r} "
-            "(set allow_adhoc_command: true on the job to permit command=)"
-        )

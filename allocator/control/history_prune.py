@@ -1,7 +1,7 @@
 """``allocator history prune``: age out the streams nobody appends to any more.
 
 An append drops its own stream's entries older than ``history.max_age``
-(:func:`allocator.control.history.append_plan`), so a stream that is
+(:func:`allocator.control.history_append.append_plan`), so a stream that is
 written to stays within the age. A stream nobody writes to does not: a
 host that left the fleet, or one whose jobs never change. Prune reads every
 stream's oldest entries (a page of :data:`PAGE`, the streams' first pages
@@ -23,17 +23,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from allocator.control import history_index
-from allocator.control.history import (
-    Head,
-    OnBad,
-    Stream,
-    aged_count,
-    head_of,
-    host_stream,
-    oldest_times,
-    policy_stream,
-    recover_head,
-)
+from allocator.control.history import OnBad, Stream, host_stream, policy_stream
+from allocator.control.history_append import Head, aged_count, head_of, oldest_times, recover_head
 from allocator.errors import CasConflict
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryHead

@@ -273,3 +273,26 @@ def _assignment_key(layout: KeyLayout, name: str) -> str | None:
         return layout.assignment(host, job)
     except InvalidName:
         return None
+
+
+def charge(
+    allocator: Allocator,
+    policy: Policy,
+    before: Sequence[Assignment],
+    after: Sequence[Assignment],
+) -> tuple[list[Compare], list[Op]]:
+    """The quota counters' compares and writes of replacing ``before`` with ``after``.
+
+    Reads the counters of the subjects they charge (nothing when none
+    does); raises ``OverQuota`` (exit 3) when a quota would be exceeded.
+    """
+    subjects = {s for a in (*before, *after) for s in a.charged}
+    if not subjects:
+        return [], []
+    layout, on_bad = allocator.layout, allocator.on_bad_record
+    counters = read_counters(allocator.store, layout, subjects)
+    try:
+        found = plan_charge(policy, layout, counters, before, after, on_bad)
+    except OverQuota:  # maybe charges of assignments that vanished: drop them, try again
+        found = heal_and_plan(allocator, policy, counters, before, after)
+    return found.compares, found.ops

@@ -23,11 +23,11 @@ from dataclasses import dataclass, replace
 from threading import Lock
 from typing import TypeVar
 
-from allocator.control.history import (
+from allocator.control.history import host_stream
+from allocator.control.history_append import (
     Head,
     append_plan,
     head_of,
-    host_stream,
     oldest_read,
     oldest_times,
     recover_head,

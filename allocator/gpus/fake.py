@@ -73,7 +73,7 @@ from allocator.gpus.nvml_codes import (
     EVENT_XID_CRITICAL,
 )
 from allocator.gpus.topology import nvml_code
-from allocator.records.types import MigDevice
+from allocator.records.gpu_info import MigDevice
 
 _AGGREGATE_ECC = 1  # NVML_AGGREGATE_ECC
 _RETIRED_DOUBLE_BIT = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR

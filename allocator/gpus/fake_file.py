@@ -14,7 +14,7 @@ from typing import Any, cast
 from allocator.errors import InvalidInput
 from allocator.gpus.topology import parse_cpu_list
 from allocator.records.fields import PCIE_LEVELS, PcieLevel
-from allocator.records.types import MigDevice
+from allocator.records.gpu_info import MigDevice
 
 __all__ = [
     "DEFAULT_CUDA_DRIVER_VERSION",

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from allocator.gpus.nvml import NvmlUnavailable, load_nvml, nvml_session, read_devices, source_kind
 from allocator.records.codec import replace_struct
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = [
     "Inventory",

@@ -40,7 +40,7 @@ from allocator.gpus.nvml_codes import (
 from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
 from allocator.records.codec import replace_struct
 from allocator.records.fields import PcieLevel
-from allocator.records.types import GpuInfo, MigDevice
+from allocator.records.gpu_info import GpuInfo, MigDevice
 
 __all__ = [
     "MAX_TOPOLOGY_GPUS",

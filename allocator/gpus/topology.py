@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from allocator.records.fields import PCIE_LEVELS, PcieLevel
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = [
     "GROUP_LEVELS",

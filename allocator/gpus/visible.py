@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from allocator.errors import RequestError
 from allocator.gpus.vendors import DeviceVendor, vendor_named
 from allocator.policy.model import Policy
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 __all__ = [
     "MASTER_PORT_RANGE",

@@ -50,7 +50,8 @@ from allocator.placement.reservations import (
     reserved_later,
 )
 from allocator.policy.model import Policy, Reservation, Sharing
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 from allocator.util.printable import printable
 from allocator.util.times import format_time
 

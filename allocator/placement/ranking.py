@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from allocator.gpus.topology import Links
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["EXHAUSTIVE_LIMIT", "MAX_SEEDS", "Prefer", "Ranking"]
 

@@ -13,6 +13,7 @@ import fnmatch
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from allocator.errors import placed_fields, placed_text
 from allocator.policy.globs import glob_matches_every_name
 from allocator.policy.history_field import STORE_QUOTA_BYTES, size_text
 from allocator.policy.model import Policy, Reservation
@@ -32,18 +33,12 @@ class PolicyWarning:
     reason: str
 
     def __str__(self) -> str:
-        where = self.file if self.line is None else f"{self.file}:{self.line}"
-        return f"{where}: {self.field}: {self.reason}" if self.field else f"{where}: {self.reason}"
+        return placed_text(self.file, self.line, self.field, self.reason)
 
     def to_dict(self) -> dict[str, str | int | None]:
         """JSON-ready form (the shape of ``PolicyError.to_dict``)."""
-        return {
-            "file": self.file,
-            "line": self.line,
-            "field": self.field,
-            "message": self.reason,
-            "warning": str(self),
-        }
+        fields = placed_fields(self.file, self.line, self.field, self.reason)
+        return {**fields, "warning": str(self)}
 
 
 def policy_warnings(

@@ -217,6 +217,19 @@ class KeyLayout(Struct, frozen=True):
         return f"{self.host_workers(host)}{validate_name(job, 'job')}"
 
     @property
+    def counts(self) -> str:
+        """Prefix of every host's GPU counts, written by its agent (trailing slash included).
+
+        Outside ``hosts/``: ``status --summary`` reads them all in one small
+        range instead of every host's records.
+        """
+        return f"{self.root}/counts/"
+
+    def host_counts(self, host: str) -> str:
+        """Key of ``host``'s GPU counts (leased: they go with its agent)."""
+        return f"{self.counts}{validate_name(host, 'host')}"
+
+    @property
     def holders(self) -> str:
         """Prefix of the per-holder quota counters (trailing slash included)."""
         return f"{self.root}/holders/"

@@ -7,100 +7,46 @@ key (a record under ``jobs/ghost`` whose body says ``train`` is not ``train``).
 A record that fails raises :class:`BadRecord`; callers skip it and report it,
 never crash on it.
 
-The GPU description an agent publishes (:class:`GpuInfo`) lives here too, so
-records depend on nothing above them.
+The GPU description an agent publishes is :mod:`allocator.records.gpu_info`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from allocator.records.codec import decode_record, encode_record
 from allocator.records.fields import (
-    MAX_GPU_INDEX,
     SCHEMA_VERSION,
     Address,
     Argument,
     Count,
-    CpuList,
-    DeviceUuid,
     GpuIndex,
     Name,
     Nodes,
-    PcieLevel,
     Port,
     Rfc3339,
     Sha256,
     Slots,
     Text,
 )
+from allocator.records.gpu_info import GpuInfo
 from allocator.util.digest import sha256_hex
 
 __all__ = [
     "AgentRecord",
     "Assignment",
     "CompiledPolicyRecord",
-    "GpuInfo",
     "GpuProcess",
     "HistoryEntry",
     "HistoryHead",
     "JobIndex",
     "JobPlace",
-    "MigDevice",
     "PolicyRecord",
     "RunHolder",
     "WorkerRecord",
 ]
-
-
-class MigDevice(msgspec.Struct, frozen=True):
-    """One MIG instance of a GPU."""
-
-    uuid: DeviceUuid
-    name: Text = ""
-    memory_total_mib: Count | None = None
-
-
-class GpuInfo(msgspec.Struct, frozen=True):
-    """One physical GPU as NVML (or the policy's declaration) knows it.
-
-    ``index`` is the NVML index, which follows PCI bus order. Fields NVML
-    could not provide are ``None``/empty (a declared-only GPU has just an
-    index); ``error`` says why NVML could not read the GPU at all.
-    """
-
-    index: GpuIndex
-    uuid: DeviceUuid | None = None
-    pci_bus_id: Text | None = None
-    name: Text | None = None
-    memory_total_mib: Count | None = None
-    mig_enabled: bool = False
-    mig_devices: tuple[MigDevice, ...] = ()
-    numa_node: Count | None = None
-    nvlink_peers: tuple[GpuIndex, ...] = ()
-    error: Text = ""
-    #: The CPUs local to the GPU (NVML's ideal CPU affinity), as a CPU list.
-    cpu_affinity: CpuList | None = None
-    #: Entry ``i``: the PCIe level between this GPU and GPU ``i`` (``None``: itself, or unknown).
-    pcie_levels: Annotated[
-        tuple[PcieLevel | None, ...], msgspec.Meta(max_length=MAX_GPU_INDEX + 1)
-    ] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict."""
-        data: dict[str, Any] = msgspec.to_builtins(self)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GpuInfo:
-        """Build from :meth:`to_dict` output, checking every field (ValueError if wrong)."""
-        try:
-            return msgspec.convert(dict(data), cls)
-        except msgspec.ValidationError as exc:
-            raise ValueError(str(exc)) from None
 
 
 class RunHolder(msgspec.Struct, frozen=True):

@@ -28,11 +28,13 @@ PAGE_KEYS = 5000
 
 
 def read_fleet(store: Store, layout: KeyLayout) -> Listing:
-    """The policy, the queue and every host's keys, with the revision to watch after."""
-    policy, queue = store.read_many([Read(layout.policy), Read(layout.queue, prefix=True)])
+    """The policy, the queue, the agents' counts and every host's keys, and the revision read at."""
+    policy, queue, counts = store.read_many(
+        [Read(layout.policy), Read(layout.queue, prefix=True), Read(layout.counts, prefix=True)]
+    )
     revision = policy.revision
-    items: list[KeyValue] = [*policy.items, *queue.items]
-    bad = [*policy.bad_keys, *queue.bad_keys]
+    items: list[KeyValue] = [*policy.items, *queue.items, *counts.items]
+    bad = [*policy.bad_keys, *queue.bad_keys, *counts.bad_keys]
     for part in _hosts(store, layout.hosts, revision):
         items += part.items
         bad += part.bad_keys

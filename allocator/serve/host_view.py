@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from allocator.serve.fleet_metrics import AGENT_STATES
 from allocator.status.filters import gpu_states, holders_of, row_holders
 from allocator.status.join import GpuRow, HostStatus
 from allocator.status.summary import PoolSummary
@@ -27,6 +26,8 @@ __all__ = [
     "metric_value",
 ]
 
+#: Every agent state ``status`` knows (each gets a series, zero or not).
+AGENT_STATES = ("alive", "stale", "unleased", "gone", "none")
 #: The states a GPU's cell on the fleet grid can have; a cell is its index here.
 CELL_STATES = ("free", "held", "idle", "unhealthy", "fallback", "unassigned", "reserved", "unknown")
 #: The agent as the grid shows it: ``up`` (its key lives), ``down`` (gone), ``none``.

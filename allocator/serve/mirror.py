@@ -3,7 +3,8 @@
 One prefix read fills it; the watch's events keep it current (a put
 replaces a key, a delete removes it). Only what ``status`` reads is kept:
 the hosts' keys and the applied policy, so history or the job index never
-cost memory here; of the wait queue only its keys are counted. A watch
+cost memory here; of the wait queue only its keys are counted, of the
+agents' counts only their utilisation. A watch
 event does not say whether its key is leased, and an agent's liveness is
 its lease: the watcher looks the lease up for agent keys and passes it in.
 
@@ -25,6 +26,7 @@ from typing import Any
 from allocator.errors import BadRecord, PolicyError
 from allocator.policy import Policy
 from allocator.records.keys import KeyLayout, split_host_key
+from allocator.serve.utilisation import UtilisationTally
 from allocator.store import Event, KeyValue, Listing, bad_key_records
 
 __all__ = ["FleetMirror"]
@@ -36,7 +38,8 @@ class FleetMirror:
     def __init__(self, layout: KeyLayout) -> None:
         self.layout = layout
         # The layout's prefixes are properties that build their strings on every use.
-        self._prefixes = (layout.hosts, layout.queue)
+        self._prefixes = (layout.hosts, layout.queue, layout.counts)
+        self._counts_prefix = layout.counts
         self._hosts_prefix, self._queue_prefix, self._policy_key = (
             layout.hosts,
             layout.queue,
@@ -46,6 +49,7 @@ class FleetMirror:
         self._hosts: dict[str, dict[str, KeyValue]] = {}
         self._policy_item: KeyValue | None = None
         self._queued: set[str] = set()
+        self._utilisation = UtilisationTally()
         self.revision = 0
         self.loaded = False  # read at least once
         self._policy: tuple[bytes, Policy | None] = (b"", None)
@@ -62,6 +66,11 @@ class FleetMirror:
         """Requests waiting in the queue, as of ``revision``."""
         return len(self._queued)
 
+    def utilisation_percent(self) -> float | None:
+        """The fleet's mean GPU utilisation as its agents report it (``None``: none does)."""
+        with self._lock:
+            return self._utilisation.mean()
+
     def queued_keys(self) -> list[str]:
         """The keys of the requests waiting in the queue."""
         with self._lock:
@@ -71,18 +80,22 @@ class FleetMirror:
         """Replace everything with a fresh read."""
         hosts: dict[str, dict[str, KeyValue]] = {}
         queued: set[str] = set()
+        utilisation = UtilisationTally()
         policy = None
         for item in listing.items:
             if item.key == self._policy_key:
                 policy = item
             elif item.key.startswith(self._queue_prefix):
                 queued.add(item.key)
+            elif item.key.startswith(self._counts_prefix):
+                utilisation.put(item.key[len(self._counts_prefix) :], item.value)
             else:
                 host = self._host_of(item.key)
                 if host is not None:
                     hosts.setdefault(host, {})[item.key] = item
         with self._lock:
             self._hosts, self._policy_item, self._queued = hosts, policy, queued
+            self._utilisation = utilisation
             self.revision, self.loaded = listing.revision, True
             self._bad_keys = bad_key_records(listing)
             self._changed_all, self._changed_hosts = True, set()
@@ -98,31 +111,39 @@ class FleetMirror:
             for event in events:
                 self.revision = max(self.revision, event.revision)
                 if self.keeps(event.key):
-                    changed = True
-                    self._apply(event, leases)
+                    changed = self._apply(event, leases) or changed
         return changed
 
-    def _apply(self, event: Event, leases: Mapping[str, int | None]) -> None:
+    def _apply(self, event: Event, leases: Mapping[str, int | None]) -> bool:
+        """Apply one event; return whether the status shown changed (counts feed the series)."""
         gone = event.type == "delete" or event.value is None
         if event.key.startswith(self._queue_prefix):
             (self._queued.discard if gone else self._queued.add)(event.key)
-            return
+            return True
+        if event.key.startswith(self._counts_prefix):
+            reporter = event.key[len(self._counts_prefix) :]
+            if gone or event.value is None:
+                self._utilisation.remove(reporter)
+            else:
+                self._utilisation.put(reporter, event.value)
+            return False
         if event.key == self._policy_key:
             old = self._policy_item
             self._policy_item = None if gone else _item(event, old, leases)
             self._changed_all = True
-            return
+            return True
         host = self._host_of(event.key)
         if host is None:
-            return
+            return True
         self._changed_hosts.add(host)
         keys = self._hosts.setdefault(host, {})
         if gone:
             keys.pop(event.key, None)
             if not keys:
                 del self._hosts[host]
-            return
+            return True
         keys[event.key] = _item(event, keys.get(event.key), leases)
+        return True
 
     def _host_of(self, key: str) -> str | None:
         parsed = split_host_key(key, self._hosts_prefix)

@@ -187,6 +187,8 @@ def _join_picked(
     """``join``'s rows of the ``picked`` hosts only, read in key ranges at ``revision``."""
     from allocator.status.read_hosts import host_runs, picked_items, read_picked
 
+    if not picked:
+        return []
     layout: KeyLayout = allocator.layout
     runs = host_runs(layout, picked, policy.hosts if policy is not None else ())
     rows: list[_Row] = []

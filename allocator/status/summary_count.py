@@ -11,18 +11,20 @@ that does not decode is left out here without being reported (the full
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 import msgspec
 
+from allocator.errors import BadRecord
+from allocator.records.host_counts import HostCounts
 from allocator.records.keys import KeyLayout
+from allocator.status.host_count import count_host
 from allocator.status.summary import PoolSummary, Summary, add_up
 from allocator.store import KeyValue
-from allocator.util.times import parse_time
 
-__all__ = ["HostCount", "count_part", "summary_of_counts"]
+__all__ = ["HostCount", "count_part", "pool_counts", "reported_counts", "summary_of_counts"]
 
 
 class _Held(msgspec.Struct):
@@ -49,6 +51,7 @@ class _Agent(msgspec.Struct):
 _HELD = msgspec.json.Decoder(_Held)
 _WORKER = msgspec.json.Decoder(_Worker)
 _AGENT = msgspec.json.Decoder(_Agent)
+_COUNTS = msgspec.json.Decoder(HostCounts)
 
 
 class HostCount(msgspec.Struct):
@@ -83,6 +86,37 @@ def count_part(
         HostCount(name, _count(policy, name, stored.get(name) or _Host(), now, pools.get(name)))
         for name in names
     ]
+
+
+def reported_counts(
+    policy: Any,
+    items: Sequence[KeyValue],
+    layout: KeyLayout,
+    now: datetime,
+    pools: Mapping[str, str],
+    on_bad: Callable[[BadRecord], None],
+) -> dict[str, HostCount]:
+    """The counts agents wrote under ``counts/``, by host: those a summary can use.
+
+    A record is used only while leased (an agent keeps it; one written by
+    hand is not the agent's), for the host its key names, with the GPUs
+    it counted; one that does not decode is reported. A host left out is
+    counted from its own records.
+    """
+    prefix = layout.counts
+    found: dict[str, HostCount] = {}
+    for item in items:
+        name = item.key[len(prefix) :]
+        if not item.key.startswith(prefix) or item.lease is None:
+            continue
+        try:
+            counted = _COUNTS.decode(item.value)
+        except msgspec.MsgspecError as exc:
+            on_bad(BadRecord(item.key, str(exc)))
+            continue
+        if counted.host == name and counted.gpus:
+            found[name] = HostCount(name, pool_counts(policy, counted, now, pools.get(name)))
+    return found
 
 
 def summary_of_counts(
@@ -133,32 +167,28 @@ def _decoded(items: Sequence[KeyValue], layout: KeyLayout) -> dict[str, _Host]:
 
 
 def _count(policy: Any, name: str, host: _Host, now: datetime, pool: str | None) -> PoolSummary:
-    counted = PoolSummary(pool, hosts=1)
-    counted.agents_down = 0 if host.agent_key else 1  # the agent gone, or never there
-    holders: dict[int, list[str]] = {}
-    for job in sorted(host.held):
-        held = host.held[job]
-        if held.mode != "gpu":
-            counted.fallback += bool(held.fallback_reason)
-            continue
-        for gpu in held.gpus:
-            holders.setdefault(gpu, []).append(job)
-    unhealthy = host.agent.unhealthy if host.agent is not None else {}
-    reserved = _reserved(policy, name, now)
-    for gpu in sorted(set(_indices(policy, name, host.agent)) | set(holders)):
-        jobs = holders.get(gpu)
-        counted.gpus += 1
-        counted.reserved += gpu in reserved
-        if gpu in unhealthy:
-            counted.unhealthy += 1
-        elif not jobs:
-            counted.free += 1
-        if not jobs:
-            continue
-        counted.held += 1
-        counted.idle += _idle(host.workers.get(jobs[0]))
-        counted.fallback += any(_on_cpu(host.held[j], host.workers.get(j)) for j in jobs)
-    return counted
+    agent = host.agent
+    indices = _indices(policy, name, agent)
+    counted = count_host(name, host.held, host.workers, indices, agent.unhealthy if agent else {})
+    summary = pool_counts(policy, counted, now, pool)
+    summary.agents_down = 0 if host.agent_key else 1  # the agent gone, or never there
+    return summary
+
+
+def pool_counts(policy: Any, counted: HostCounts, now: datetime, pool: str | None) -> PoolSummary:
+    """One host's row of a summary: its ``counted`` GPUs, those reserved now, in ``pool``."""
+    reserved = _reserved(policy, counted.host, now)
+    return PoolSummary(
+        pool,
+        hosts=1,
+        gpus=len(counted.gpus),
+        free=counted.free,
+        held=counted.held,
+        idle=counted.idle,
+        unhealthy=counted.unhealthy,
+        fallback=counted.fallback,
+        reserved=len(reserved.intersection(counted.gpus)),
+    )
 
 
 def _indices(policy: Any, name: str, agent: _Agent | None) -> Iterable[int]:
@@ -174,16 +204,3 @@ def _reserved(policy: Any, name: str, now: datetime) -> set[int]:
     from allocator.placement.reservations import on_host
 
     return {gpu for r in on_host(policy, name) if r.active(now) for gpu in r.gpus}
-
-
-def _idle(worker: _Worker | None) -> bool:
-    """Whether the join shows an idle time for a job with this worker record."""
-    if worker is None or not worker.idle_since:
-        return False
-    started = parse_time(worker.idle_since)
-    return started is not None and started.tzinfo is not None
-
-
-def _on_cpu(held: _Held, worker: _Worker | None) -> bool:
-    """A job holding GPUs whose workers run on CPU by its fallback rule."""
-    return worker is not None and worker.device == "cpu" and bool(worker.fallback_reason)

@@ -9,6 +9,7 @@ errors those produce.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, cast
 
 from allocator.errors import CasConflict, Compacted, InvalidInput, ValueTooLarge
 from allocator.store.base import (
@@ -19,8 +20,14 @@ from allocator.store.base import (
     Op,
     Put,
     Read,
+    TxnOutcome,
+    read_each,
     txn_size,
+    txn_then_read,
 )
+
+if TYPE_CHECKING:
+    from allocator.store.base import Listing, Store
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -214,7 +221,8 @@ def prefix_range(prefix: str) -> tuple[str, str]:
 
 
 class ConditionalWrites:
-    """``put``, ``delete`` and ``txn`` of the Store protocol, built on one ``_apply``.
+    """``put``, ``delete`` and ``txn`` of the Store protocol, built on one ``_apply``,
+    and ``read_many`` and ``txn_or_read`` as a local store answers them (a read at a time).
 
     A subclass implements ``_apply(compares, ops)``: check the compares,
     apply the ops at one new revision, and return (store revision, number
@@ -244,3 +252,13 @@ class ConditionalWrites:
     def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> int:
         """Apply ``ops`` atomically if every compare holds; return the revision."""
         return self._apply(compares, ops)[0]
+
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        """One listing per item of ``reads`` (one local read each)."""
+        return read_each(cast("Store", self), reads)
+
+    def txn_or_read(
+        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
+    ) -> TxnOutcome:
+        """``txn``; when a compare fails, the ``reads`` instead of ``CasConflict``."""
+        return txn_then_read(cast("Store", self), compares, ops, reads)

@@ -29,12 +29,8 @@ from allocator.store.base import (
     Listing,
     Op,
     Put,
-    Read,
     Store,
-    TxnOutcome,
     Watch,
-    read_each,
-    txn_then_read,
 )
 from allocator.store.urls import redact_url
 
@@ -221,16 +217,6 @@ class MemoryStore(local.ConditionalWrites):
             if not changes:
                 return state.revision, 0
             return state.commit(changes), len(changes)
-
-    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
-        """One listing per item of ``reads`` (one local read each)."""
-        return read_each(self, reads)
-
-    def txn_or_read(
-        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
-    ) -> TxnOutcome:
-        """``txn``; when a compare fails, the ``reads`` instead of ``CasConflict``."""
-        return txn_then_read(self, compares, ops, reads)
 
     def watch(self, prefix: str, start_revision: int) -> Watch:
         """Watch ``prefix`` for changes with revision >= ``start_revision`` (<= 0: from now)."""

@@ -39,6 +39,22 @@ def pid_alive(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def reap_like_init(pids: list[int]) -> None:
+    """Orphans of a dead agent are reaped by init (or this process, if it is their subreaper)."""
+
+    def reaped() -> bool:
+        for pid in list(pids):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # init's to reap, not ours: done once not even a zombie
+                done = pid if not Path(f"/proc/{pid}").exists() else 0
+            if done:
+                pids.remove(pid)
+        return not pids
+
+    wait_for("the dead agent's orphans to be reaped", reaped)
+
+
 def _job(name: str, workdir: Path, *extra: str, **fields: Any) -> dict[str, Any]:
     out = workdir / f"{name}.json"
     command = [
@@ -156,10 +172,13 @@ class AgentHarness:
         return code
 
     @contextmanager
-    def running(self, *agent_args: str, start: bool = True) -> Iterator[AgentHarness]:
-        """The policy applied, the agent started (unless ``start`` is False); cleaned up after."""
+    def running(
+        self, *agent_args: str, start: bool = True, policy: dict[str, Any] | None = None
+    ) -> Iterator[AgentHarness]:
+        """``policy`` applied (:func:`agent_policy`'s by default), the agent started (unless
+        ``start`` is False); cleaned up after."""
         try:
-            self.apply_policy()
+            self.apply_policy(policy)
             if start:
                 self.start_agent(*agent_args)
             yield self
@@ -172,9 +191,7 @@ class AgentHarness:
             self.process.kill()
             self.process.wait(10)
         # Every worker's (and shim's) command line names a file in this test's directory.
-        for pid in processes_running(str(self.workdir), shims=True):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(str(self.workdir))
 
     # --- observing ----------------------------------------------------------------
 
@@ -262,3 +279,31 @@ def processes_running(marker: str, *, shims: bool = False) -> Iterator[int]:
                 continue
             if marker in cmdline and pid_alive(int(entry.name)):
                 yield int(entry.name)
+
+
+def kill_left(marker: str) -> None:
+    """SIGKILL every process (shims too) whose command line contains ``marker``."""
+    for pid in processes_running(marker, shims=True):
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextmanager
+def hosts_of(
+    tmp: Path, store_url: str, prefix: str, names: Sequence[str], gpus: int = 2
+) -> Iterator[dict[str, AgentHarness]]:
+    """A harness per host of ``names`` (``gpus`` fake GPUs each), in ``tmp/NAME``.
+
+    After the block every agent is stopped and any process left whose command
+    line names ``tmp`` is killed. The agents are the caller's to start.
+    """
+    agents: dict[str, AgentHarness] = {}
+    try:
+        for name in names:
+            (tmp / name).mkdir()
+            agents[name] = AgentHarness(tmp / name, store_url, prefix, gpus=gpus, host=name)
+        yield agents
+    finally:
+        for agent in agents.values():
+            agent.cleanup()
+        kill_left(str(tmp))

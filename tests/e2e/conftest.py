@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+from jsonschema import Draft202012Validator
+
+from allocator.store import Store, open_store
+
+if TYPE_CHECKING:
+    from tests.e2e.serve_harness import Served
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_POLICY = REPO / "config" / "policy.example.yaml"
+SCHEMAS = REPO / "docs" / "schemas"
 
 
 @dataclass(frozen=True)
@@ -82,3 +91,40 @@ def applied(cli: Cli) -> Cli:
     result = cli("policy", "apply", str(EXAMPLE_POLICY))
     assert result.code == 0, result.err
     return cli
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    """This test's store, opened beside the CLI's processes."""
+    opened = open_store(store_url)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture
+def served(store_url: str, prefix: str, tmp_path: Path) -> Iterator[Served]:
+    """``allocator serve`` reading this test's store, the example policy applied."""
+    from tests.e2e.serve_harness import Served
+
+    world = Served(store_url, prefix, tmp_path)
+    try:
+        yield world
+    finally:
+        world.close()
+
+
+def schema(name: str) -> Draft202012Validator:
+    """The JSON schema ``docs/schemas/NAME.schema.json`` of an ``-o json`` document."""
+    return Draft202012Validator(json.loads((SCHEMAS / f"{name}.schema.json").read_text()))
+
+
+def history_entries(cli: Cli, *words: str) -> list[dict[str, Any]]:
+    """``history WORDS -o json``'s entries, the document checked against its schema."""
+    result = cli("history", *words, "-o", "json")
+    assert result.code == 0, result.err
+    document = json.loads(result.out)
+    assert list(schema("history").iter_errors(document)) == []
+    entries: list[dict[str, Any]] = document["entries"]
+    return entries

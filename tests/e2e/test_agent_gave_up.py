@@ -44,12 +44,8 @@ def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]
         "max_restarts": 0,
         "grace_seconds": 1,
     }
-    harness.apply_policy(policy)
-    harness.start_agent()
-    try:
+    with harness.running(policy=policy):
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def _row(world: AgentHarness) -> dict[str, Any] | None:

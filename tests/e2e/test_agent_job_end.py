@@ -32,12 +32,8 @@ def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]
         "again": _job("again", tmp_path, "--exit-after", "0.2", "--exit-code", "1", **quick),
     }
     policy["jobs"].update(ends)
-    harness.apply_policy(policy)
-    harness.start_agent()
-    try:
+    with harness.running(policy=policy):
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def _starts(world: AgentHarness, job: str) -> list[dict[str, Any]]:

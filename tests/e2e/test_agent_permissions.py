@@ -63,5 +63,18 @@ def test_an_agent_that_may_not_read_its_assignments_says_so_and_recovers(
         world.new_report("train")  # retried at the cap, and now it reads
         assert wait_for("an alive agent", lambda: _host_status(world)["agent"] == "alive")
         assert world.events("store-readable")
+
+        # Its role has no write of its counts key (status --summary's): said once, link kept.
+        wait_for("the counts refused", lambda: world.events("counts-refused"))
+        refusals = len(world.events("store-permission-denied"))
+        first = world.report("train")
+        assert first is not None and world.cli("set", "job=train", "gpus=1").code == 0
+        world.new_report("train", not_pid=first["pid"])
+        assert len(world.events("store-permission-denied")) == refusals
+        assert len(world.events("counts-refused")) == 1
+        # The policy key was granted alone, not as the prefix a watch needs: resyncs read it.
+        policy = world.layout.policy
+        assert wait_for("the refused watch", lambda: world.events("watch-refused", prefix=policy))
+        assert len(world.events("store-permission-denied")) == refusals
     finally:
         world.cleanup()

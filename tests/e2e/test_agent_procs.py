@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.agent_harness import DUMMY, AgentHarness, agent_policy, pid_alive
+from tests.e2e.agent_harness import DUMMY, AgentHarness, agent_policy, pid_alive, reap_like_init
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
@@ -44,12 +44,8 @@ def world(tmp_path: Path, prefix: str) -> Iterator[AgentHarness]:
         tight=_dummy(tmp_path, "tight", "--ignore-sigterm", max_restarts=0),
         stranger=_dummy(tmp_path, "stranger", user="no-such-user-x", max_restarts=0),
     )
-    try:
-        harness.apply_policy(policy)
-        harness.start_agent()
+    with harness.running(policy=policy):
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def _gone(pid: int) -> bool:
@@ -79,22 +75,6 @@ def _read(world: AgentHarness, name: str) -> dict[str, Any] | None:
     return data
 
 
-def _reap_like_init(pids: list[int]) -> None:
-    """Orphans of a dead agent are reaped by init (or this process, if it is their subreaper)."""
-
-    def reaped() -> bool:
-        for pid in list(pids):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid if _gone(pid) else 0  # init's to reap, not ours
-            if done:
-                pids.remove(pid)
-        return not pids
-
-    wait_for("the dead agent's orphans to be reaped", reaped)
-
-
 def test_workers_that_end_while_the_agent_is_dead_keep_their_exit_codes(
     world: AgentHarness,
 ) -> None:
@@ -104,7 +84,7 @@ def test_workers_that_end_while_the_agent_is_dead_keep_their_exit_codes(
     world.stop_agent(signal.SIGKILL)
     os.kill(done["pid"], signal.SIGUSR2)  # exits 0 ...
     os.kill(bad["pid"], signal.SIGUSR2)  # ... and 3, while no agent runs
-    _reap_like_init([done["pid"], done["ppid"], bad["pid"], bad["ppid"]])
+    reap_like_init([done["pid"], done["ppid"], bad["pid"], bad["ppid"]])
     world.start_agent()
     restarted = world.new_report("bad", not_pid=bad["pid"])  # a crash: restarted by the rules
     record = wait_for("done's record", lambda: _state(world, "done", "finished"))

@@ -29,13 +29,9 @@ OTHER = "node2"
 def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]:
     """An agent on a 4-GPU host whose policy declares another host too."""
     harness = AgentHarness(tmp_path, store_url, prefix)
-    try:
-        harness.apply_policy(_policy(harness))
-        harness.start_agent()
+    with harness.running(policy=_policy(harness)):
         wait_for("the agent's policy", lambda: harness.events("policy"))
         yield harness
-    finally:
-        harness.cleanup()
 
 
 def _policy(world: AgentHarness, **changes: Any) -> dict[str, Any]:

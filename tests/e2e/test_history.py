@@ -8,26 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jsonschema import Draft202012Validator
 
 from tests.e2e.agent_harness import AgentHarness
-from tests.e2e.conftest import EXAMPLE_POLICY, Cli, Result, clean_env, run_cli
+from tests.e2e.conftest import EXAMPLE_POLICY, Cli, Result, clean_env, history_entries, run_cli
 from tests.support.waiting import wait_for
-
-SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
-
-
-def _schema(name: str) -> Draft202012Validator:
-    return Draft202012Validator(json.loads((SCHEMAS / f"{name}.schema.json").read_text()))
-
-
-def _history(cli: Cli, *words: str) -> list[dict[str, Any]]:
-    result = cli("history", *words, "-o", "json")
-    assert result.code == 0, result.err
-    document = json.loads(result.out)
-    assert list(_schema("history").iter_errors(document)) == []
-    entries: list[dict[str, Any]] = document["entries"]
-    return entries
 
 
 def _gpus(place: dict[str, Any] | None) -> str:
@@ -46,7 +30,7 @@ def test_history_shows_set_move_release_and_policy_apply_newest_first(applied: C
     assert applied("set", "job=big", "count=2", "host=node2").code == 0
     assert applied("release", "job=train", "reason=done").code == 0
 
-    entries = _history(applied)
+    entries = history_entries(applied)
 
     assert _summary(entries) == [
         ("release", "train", "2", "-"),
@@ -71,7 +55,7 @@ def test_history_keeps_the_newest_entries_up_to_the_policy_limit(cli: Cli, tmp_p
     for gpu in (0, 1, 2, 0, 1):
         assert cli("set", "job=train", f"gpus={gpu}", "host=node1").code == 0
 
-    entries = _history(cli, "host=node1", "job=train")
+    entries = history_entries(cli, "host=node1", "job=train")
 
     assert [e["seq"] for e in entries] == [4, 3, 2]
     assert _summary(entries) == [
@@ -81,7 +65,7 @@ def test_history_keeps_the_newest_entries_up_to_the_policy_limit(cli: Cli, tmp_p
     ]
 
 
-def test_history_is_readable_after_etcd_compacts_its_own_history(
+def test_history_is_readable_after_etcd_compacts_its_ownhistory_entries(
     etcd_server: Any, prefix: str
 ) -> None:
     env = clean_env(ALLOCATOR_STORE=etcd_server.url, ALLOCATOR_PREFIX=prefix)
@@ -97,7 +81,7 @@ def test_history_is_readable_after_etcd_compacts_its_own_history(
     revision = status[0]["Status"]["header"]["revision"]
     etcd_server.etcdctl("compact", str(revision), "--physical")
 
-    assert _summary(_history(cli, "host=node1")) == [
+    assert _summary(history_entries(cli, "host=node1")) == [
         ("release", "train", "1", "-"),
         ("move", "train", "0", "1"),
         ("set", "train", "-", "0"),
@@ -122,7 +106,9 @@ def test_history_records_the_agents_fallback_recovery_and_giving_up(world: Agent
     assert world.cli("set", "job=crashy", "gpus=3").code == 0
 
     def decisions() -> list[dict[str, Any]] | None:
-        entries = [e for e in _history(world.cli, "host=node1") if e["by"].startswith("agent@")]
+        entries = [
+            e for e in history_entries(world.cli, "host=node1") if e["by"].startswith("agent@")
+        ]
         return entries if len(entries) == 3 else None
 
     gave_up, recover, fallback = wait_for("the agent's decisions in the history", decisions)

@@ -2,36 +2,15 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from allocator.control import history_index
 from allocator.control.across_hosts import MAX_JOB_HOSTS
 from allocator.control.client import Allocator
 from allocator.placement.choose import Request
 from allocator.records.keys import KeyLayout
-from allocator.store import Delete, Store, open_store
-from tests.e2e.conftest import Cli
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    opened = open_store(store_url)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
-def _history(cli: Cli, *words: str) -> list[dict[str, Any]]:
-    result = cli("history", *words, "-o", "json")
-    assert result.code == 0, result.err
-    entries: list[dict[str, Any]] = json.loads(result.out)["entries"]
-    return entries
+from allocator.store import Delete, Store
+from tests.e2e.conftest import Cli, history_entries
 
 
 def test_limit_20_across_30_hosts_reads_the_index_and_falls_back_without_it(
@@ -50,8 +29,8 @@ def test_limit_20_across_30_hosts_reads_the_index_and_falls_back_without_it(
     assert wide.code == 0, wide.err  # the widest job still fits one transaction with its pointer
     recent = history_index.recent_prefix(KeyLayout(prefix).history)
 
-    everything = _history(cli)
-    newest = _history(cli, "--limit", "20")
+    everything = history_entries(cli)
+    newest = history_entries(cli, "--limit", "20")
 
     assert len(everything) == 1 + 90 + MAX_JOB_HOSTS
     assert newest == everything[:20]
@@ -61,4 +40,4 @@ def test_limit_20_across_30_hosts_reads_the_index_and_falls_back_without_it(
 
     store.txn([], [Delete(recent, prefix=True)])
     assert not store.list(recent).items
-    assert _history(cli, "--limit", "20") == newest
+    assert history_entries(cli, "--limit", "20") == newest

@@ -7,12 +7,8 @@ then the next append, or ``history prune``, must drop them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from allocator.control.client import Allocator
 from allocator.control.history import host_stream, policy_stream
@@ -20,21 +16,11 @@ from allocator.placement.choose import Request
 from allocator.records.codec import decode_record, replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
-from allocator.store import Store, open_store
+from allocator.store import Store
 from allocator.util.times import format_time
-from tests.e2e.conftest import EXAMPLE_POLICY, Cli, clean_env, run_cli
-from tests.e2e.test_history import _schema
+from tests.e2e.conftest import EXAMPLE_POLICY, Cli, clean_env, history_entries, run_cli, schema
 
 FLEET = "version: 1\nhosts:\n  node[00000-12499]: {gpus: 8}\n"
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    opened = open_store(store_url)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def _age(store: Store, prefix: str, stream_prefix: str, days: int) -> int:
@@ -46,13 +32,6 @@ def _age(store: Store, prefix: str, stream_prefix: str, days: int) -> int:
         moment = datetime.fromisoformat(entry.at.replace("Z", "+00:00")) - back
         store.put(item.key, replace_struct(entry, at=format_time(moment)).to_json())
     return len(items)
-
-
-def _history(cli: Cli, *words: str) -> list[dict[str, Any]]:
-    result = cli("history", *words, "-o", "json")
-    assert result.code == 0, result.err
-    entries: list[dict[str, Any]] = json.loads(result.out)["entries"]
-    return entries
 
 
 def test_entries_older_than_max_age_are_gone_after_the_next_append_or_a_prune(
@@ -71,17 +50,19 @@ def test_entries_older_than_max_age_are_gone_after_the_next_append_or_a_prune(
 
     assert cli("set", "job=train", "gpus=2", "host=node1").code == 0
 
-    node1 = _history(cli, "host=node1", "job=train")
+    node1 = history_entries(cli, "host=node1", "job=train")
     assert [(e["seq"], e["to"]["gpus"]) for e in node1] == [(2, ["2"])]
     # node2 has had no append since: its old entry is still there, until a prune.
-    assert [e["job"] for e in _history(cli, "host=node2", "job=eval")] == ["eval"]
+    assert [e["job"] for e in history_entries(cli, "host=node2", "job=eval")] == ["eval"]
     pruned = cli("history", "prune", "-o", "json")
     assert pruned.code == 0, pruned.err
     document = json.loads(pruned.out)
-    assert list(_schema("history-prune").iter_errors(document)) == []
+    assert list(schema("history-prune").iter_errors(document)) == []
     assert (document["entries_dropped"], document["streams_removed"]) == (1, [])
-    assert _history(cli, "host=node2", "job=eval") == []
-    assert [e["action"] for e in _history(cli, "host=node2")] == ["policy-apply"]  # 1 day old
+    assert history_entries(cli, "host=node2", "job=eval") == []
+    assert [e["action"] for e in history_entries(cli, "host=node2")] == [
+        "policy-apply"
+    ]  # 1 day old
 
 
 def test_prune_without_max_age_is_refused_in_one_line(applied: Cli) -> None:
@@ -102,7 +83,7 @@ def test_validate_and_apply_refuse_an_oversized_history_with_exit_2_and_one_line
         (line,) = result.err.strip().splitlines()
         assert "history.entries_per_host: 1,000 entries x 12,501 streams" in line
         assert "7.5 GiB" in line and "set history.entries_per_host: 67" in line
-    assert len(_history(applied)) == 1  # the example's apply: the refused one wrote nothing
+    assert len(history_entries(applied)) == 1  # the example's apply: the refused one wrote nothing
     policy.write_text(FLEET)
     assert run_cli(["policy", "validate", str(policy)], clean_env()).code == 0
 
@@ -126,8 +107,8 @@ def test_history_limit_20_shows_the_newest_20_across_hosts(
             job = f"job{host % 4}"
             allocator.assign(Request(job=job, host=f"node{host:02d}", gpus=(round_ % 2,)))
 
-    everything = _history(cli)
-    newest = _history(cli, "--limit", "20")
+    everything = history_entries(cli)
+    newest = history_entries(cli, "--limit", "20")
 
     assert len(everything) == 90 + 1
     assert newest == everything[:20]

@@ -9,9 +9,6 @@ nothing but the environment the agents gave them.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import sys
 from collections.abc import Iterator
 from contextlib import suppress
@@ -20,18 +17,12 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.agent_harness import DUMMY, AgentHarness, pid_alive, processes_running
+from tests.e2e.agent_harness import DUMMY, AgentHarness, hosts_of, pid_alive
+from tests.support.etcd_server import free_port
+from tests.support.ranks import two_host_all_reduce
 from tests.support.waiting import wait_for
 
 GLOO = Path(__file__).resolve().parents[1] / "support" / "gloo_worker.py"
-
-
-def free_port() -> int:
-    """A port nothing listens on now (the all-reduce declares it, so concurrent runs differ)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 def two_host_policy(workdir: Path) -> dict[str, Any]:
@@ -58,33 +49,17 @@ def two_host_policy(workdir: Path) -> dict[str, Any]:
 @pytest.fixture
 def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[list[AgentHarness]]:
     """node1 and node2, the policy applied; their agents are the test's to start."""
-    agents = []
-    for name in ("node1", "node2"):
-        (tmp_path / name).mkdir()
-        agents.append(AgentHarness(tmp_path / name, store_url, prefix, gpus=2, host=name))
-    (tmp_path / "ranks").mkdir()
-    agents[0].apply_policy(two_host_policy(tmp_path))
-    try:
+    with hosts_of(tmp_path, store_url, prefix, ("node1", "node2")) as named:
+        agents = list(named.values())
+        (tmp_path / "ranks").mkdir()
+        agents[0].apply_policy(two_host_policy(tmp_path))
         yield agents
-    finally:
-        for agent in agents:
-            agent.cleanup()
-        for pid in processes_running(str(tmp_path), shims=True):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def _start(agents: list[AgentHarness], *extra: str) -> None:
     # Both "hosts" are this machine: rank 0 is reached on the loopback address.
     for agent in agents:
         agent.start_agent("--master-addr", "127.0.0.1", *extra)
-
-
-def _rank_reports(ranks: Path, world: int) -> list[dict[str, Any]] | None:
-    paths = [ranks / f"rank{rank}.json" for rank in range(world)]
-    if not all(path.exists() for path in paths):
-        return None
-    return [json.loads(path.read_text()) for path in paths]
 
 
 @pytest.mark.slow
@@ -95,16 +70,7 @@ def test_a_job_across_two_hosts_runs_a_real_gloo_all_reduce(hosts: list[AgentHar
     assert result.code == 0, result.err
     port = str(json.loads(result.out)["master_port"])
     ranks = node1.workdir.parent / "ranks"
-    reports = wait_for("four ranks to all-reduce", lambda: _rank_reports(ranks, 4), 60)
-    assert [r["sum"] for r in reports] == [10.0] * 4  # 1 + 2 + 3 + 4: every rank took part
-    assert {r["world"] for r in reports} == {4}
-    envs = [r["env"] for r in reports]
-    assert [(e["ALLOCATOR_HOST"], e["GROUP_RANK"], e["LOCAL_RANK"]) for e in envs] == [
-        ("node1", "0", "0"),
-        ("node1", "0", "1"),
-        ("node2", "1", "0"),
-        ("node2", "1", "1"),
-    ]
+    envs = two_host_all_reduce(ranks, "four ranks to all-reduce", 60)
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"], e["ALLOCATOR_NNODES"]) for e in envs} == {
         ("127.0.0.1", port, "2")
     }

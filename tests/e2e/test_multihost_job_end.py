@@ -9,16 +9,13 @@ agents on this machine, one store (SQLite and a real etcd).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from collections.abc import Iterator
-from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.agent_harness import AgentHarness, processes_running
+from tests.e2e.agent_harness import AgentHarness, hosts_of
 from tests.support.waiting import wait_for
 
 # node1's share ends at once, node2's after a while: a rank still finishing its work.
@@ -27,10 +24,6 @@ LATE = "import os, time; time.sleep(0.1 if os.environ['ALLOCATOR_HOST'] == 'node
 
 @pytest.fixture
 def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[list[AgentHarness]]:
-    agents = []
-    for name in ("node1", "node2"):
-        (tmp_path / name).mkdir()
-        agents.append(AgentHarness(tmp_path / name, store_url, prefix, gpus=2, host=name))
     marker = str(tmp_path)  # in the command line, so cleanup finds the workers
     policy = {
         "version": 1,
@@ -44,17 +37,12 @@ def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[list[AgentHar
         },
         "health": {"interval_seconds": 0.2},
     }
-    agents[0].apply_policy(policy)
-    try:
+    with hosts_of(tmp_path, store_url, prefix, ("node1", "node2")) as named:
+        agents = list(named.values())
+        agents[0].apply_policy(policy)
         for agent in agents:
             agent.start_agent("--master-addr", "127.0.0.1")
         yield agents
-    finally:
-        for agent in agents:
-            agent.cleanup()
-        for pid in processes_running(marker, shims=True):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def _state(agent: AgentHarness) -> str | None:

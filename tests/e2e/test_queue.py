@@ -19,7 +19,7 @@ import pytest
 from allocator.control.client import Allocator
 from allocator.control.queue_wait import QUEUE_TTL_S
 from allocator.records.holders import HolderCount
-from allocator.store import Store, open_store
+from allocator.store import Store
 from tests.e2e.conftest import Cli
 from tests.support.waiting import wait_for
 
@@ -49,13 +49,6 @@ def _apply(cli: Cli, tmp_path: Path, gpus: int, quota: int) -> None:
     path.write_text(POLICY % {"gpus": gpus, "quota": quota, "me": os_user()})
     result = cli("policy", "apply", str(path))
     assert result.code == 0, result.err
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    opened = open_store(store_url)
-    yield opened
-    opened.close()
 
 
 @pytest.fixture

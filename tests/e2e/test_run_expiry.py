@@ -29,13 +29,8 @@ ENDS = ("release", "expired")
 
 @pytest.fixture
 def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]:
-    harness = AgentHarness(tmp_path, store_url, prefix)
-    harness.apply_policy()
-    harness.start_agent()
-    try:
+    with AgentHarness(tmp_path, store_url, prefix).running() as harness:
         yield harness
-    finally:
-        harness.cleanup()
 
 
 @pytest.fixture

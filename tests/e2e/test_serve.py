@@ -15,97 +15,21 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 # The project's own module: one that does not import is a failure, never a skip.
 import allocator.control.history  # noqa: F401
 from allocator.serve.watcher import QUIET_SECONDS
-from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
-from tests.support.etcd_server import free_port
+from tests.e2e.serve_harness import Served
 from tests.support.prometheus import parse_exposition
 from tests.support.waiting import wait_for
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-class Served:
-    """A store with the example policy applied, and ``allocator serve`` reading it."""
-
-    def __init__(
-        self,
-        store_url: str,
-        prefix: str,
-        tmp: Path,
-        *extra: str,
-        policy: Path | None = EXAMPLE_POLICY,
-        ready: str = "/api/v1/status",
-    ) -> None:
-        """``extra``: serve's options; ``policy`` is applied first (``None``: already written)."""
-        self.env = clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
-        if policy is not None:
-            assert self.cli("policy", "apply", str(policy)).code == 0
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = tmp / "serve.log"
-        self.log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "allocator",
-                "serve",
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                *extra,
-            ],
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
-        wait_for("serve to answer", lambda: self.get(ready)[0] == 200, timeout=60)
-
-    def cli(self, *args: str) -> Any:
-        return run_cli(args, self.env)
-
-    def get(self, path: str) -> tuple[int, bytes, dict[str, str]]:
-        if self.process.poll() is not None:
-            raise AssertionError(f"allocator serve exited with {self.process.returncode}")
-        try:
-            with urllib.request.urlopen(self.base + path, timeout=5) as response:
-                return response.status, response.read(), _lower(response.headers)
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read(), _lower(exc.headers)
-        except OSError:
-            return 0, b"", {}
-
-    def close(self) -> None:
-        if self.process.returncode is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self.log.close()
-
-
-@pytest.fixture
-def served(store_url: str, prefix: str, tmp_path: Path) -> Iterator[Served]:
-    world = Served(store_url, prefix, tmp_path)
-    try:
-        yield world
-    finally:
-        world.close()
 
 
 def test_the_api_answers_what_the_cli_prints_and_metrics_follow_a_set(served: Served) -> None:
@@ -266,8 +190,9 @@ def _publish_as_agent(url: str, prefix: str) -> None:
     """What node1's agent would publish: its leased record and train's worker record."""
     from datetime import timedelta
 
+    from allocator.records.gpu_info import GpuInfo
     from allocator.records.keys import KeyLayout
-    from allocator.records.types import AgentRecord, GpuInfo, GpuProcess, WorkerRecord
+    from allocator.records.types import AgentRecord, GpuProcess, WorkerRecord
     from allocator.store import open_store
     from allocator.util.times import format_time, utc_now
 
@@ -290,19 +215,9 @@ def _publish_as_agent(url: str, prefix: str) -> None:
         store.close()
 
 
-def _lower(headers: Any) -> dict[str, str]:
-    return {key.lower(): value for key, value in headers.items()}
-
-
 def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
     assert served.cli("set", "job=train", "gpus=1", "host=node1").code == 0
-    waiter = subprocess.Popen(
-        [sys.executable, "-m", "allocator", "set", "job=late", "gpus=1", "host=node1", "--wait"],
-        env=served.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with served.waiting_set("job=late", "gpus=1", "host=node1"):
 
         def listed() -> list[Any] | None:
             code, body, _ = served.get("/api/v1/queue")
@@ -315,9 +230,6 @@ def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
         assert json.loads(served.cli("queue", "-o", "json").out)["queue"] == [entry]
         assert json.loads(served.cli("status", "-o", "json").out)["queue"] == [entry]
         assert "waiting #1 late" in served.cli("status").out
-    finally:
-        waiter.kill()
-        waiter.wait()
 
 
 def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_holders(

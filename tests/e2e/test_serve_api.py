@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from allocator.records.host_counts import HostCounts
+from allocator.records.keys import KeyLayout
+from allocator.store import open_store
 from tests.e2e.conftest import REPO
 from tests.e2e.test_serve import Served
 from tests.support.waiting import wait_for
@@ -125,6 +128,20 @@ def test_the_series_is_sampled_from_start_and_keeps_its_last_points(etcd_served:
 
     later = wait_for("a newer sample", newer)
     assert len(later["t"]) == 3  # bounded by --series-points
+
+    # An agent's counts record (leased, as its agent keeps it) carries its host's utilisation.
+    store = open_store(world.env["ALLOCATOR_STORE"])
+    key = KeyLayout(world.env["ALLOCATOR_PREFIX"]).host_counts("node2")
+    try:
+        counts = HostCounts("node2", tuple(range(8)), free=8, utilisation=70)
+        store.put(key, counts.to_json(), lease=store.grant_lease(60))
+    finally:
+        store.close()
+    plotted = wait_for(
+        "the utilisation sampled",
+        lambda: _json(world, "/api/v1/series")["utilisation_percent"][-1] == 70.0,
+    )
+    assert plotted
 
 
 def _without(document: dict[str, Any], *names: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from tests.e2e.test_serve import Served
+from tests.e2e.serve_harness import Served
 from tests.support.waiting import wait_for
 
 #: More than every thread a Python process would share among them (min(32, cores + 4)).

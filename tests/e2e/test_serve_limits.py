@@ -10,8 +10,6 @@ from __future__ import annotations
 import http.client
 import resource
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,42 +17,29 @@ import pytest
 
 from tests.e2e.conftest import EXAMPLE_POLICY, clean_env, run_cli
 from tests.support.etcd_server import free_port
+from tests.support.serving import ServeProcess
 from tests.support.waiting import wait_for
 
 FD_LIMIT = 256
 
 
-class Server:
+class Server(ServeProcess):
     def __init__(self, tmp: Path, *extra: str) -> None:
-        self.env = clean_env(ALLOCATOR_STORE=f"sqlite://{tmp / 'store.db'}")
-        assert run_cli(["policy", "apply", str(EXAMPLE_POLICY)], self.env).code == 0
-        self.port = free_port()
-        self.log = (tmp / "serve.log").open("wb")
+        env = clean_env(ALLOCATOR_STORE=f"sqlite://{tmp / 'store.db'}")
+        assert run_cli(["policy", "apply", str(EXAMPLE_POLICY)], env).code == 0
 
         def small_fd_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
 
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "allocator",
-                "serve",
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                *extra,
-            ],
-            env=self.env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            preexec_fn=small_fd_limit,
+        super().__init__(env, tmp / "serve.log", *extra, preexec_fn=small_fd_limit)
+        self.wait_until(
+            "serve to answer", lambda: self.request("/api/v1/status")[0] == 200, timeout=15
         )
-        wait_for("serve to answer", lambda: self.request("/api/v1/status")[0] == 200)
 
     def request(
         self, path: str, host: str | None = None, timeout: float = 5.0
     ) -> tuple[int, dict[str, str]]:
-        assert self.process.poll() is None, "allocator serve exited"
+        self.check_running()
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             headers = {"Host": host} if host is not None else {}
@@ -66,15 +51,6 @@ class Server:
             return 0, {}
         finally:
             connection.close()
-
-    def close(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(10)
-        self.log.close()
 
 
 @pytest.fixture

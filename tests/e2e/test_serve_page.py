@@ -16,15 +16,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.test_serve import CHROMIUM, Served, _publish_as_agent
+from tests.e2e.serve_harness import Served
+from tests.e2e.test_serve import CHROMIUM, _publish_as_agent
 from tests.support.waiting import wait_for
 
 TWO_HOSTS = """\
@@ -117,13 +116,7 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
     assert world.cli("set", "job=eval", "gpus=0,1", "host=node2").code == 0
     assert world.cli("set", "job=dist", "gpus=2", "host=node1,node2").code == 0  # across both
     _publish_as_agent(str(etcd_server.url), prefix)  # node1: train idle 2h05m, bob on GPU 3
-    waiter = subprocess.Popen(
-        [sys.executable, "-m", "allocator", "set", "job=late", "gpus=1", "host=node1", "--wait"],
-        env=world.env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
+    with world.waiting_set("job=late", "gpus=1", "host=node1"):
         wait_for("the queue to list the waiter", lambda: _queued(world))
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         errors: list[str] = []  # script errors, refused resources (the page's CSP) included
@@ -227,9 +220,6 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         linked = browser.new_page()
         linked.goto(world.base + "/#host=node2")
         linked.wait_for_selector('#host-panel td[data-host="node2"][data-gpu="2"]')
-    finally:
-        waiter.kill()
-        waiter.wait()
 
 
 def _pool_row(pools: Any, pool: str | None) -> dict[str, Any]:

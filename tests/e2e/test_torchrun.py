@@ -14,18 +14,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import sys
 from collections.abc import Iterator
-from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.e2e.agent_harness import AgentHarness, processes_running
-from tests.e2e.test_multihost import free_port
+from tests.e2e.agent_harness import AgentHarness, hosts_of
+from tests.support.etcd_server import free_port
+from tests.support.ranks import two_host_all_reduce
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,10 +51,6 @@ def recipe() -> dict[str, Any]:
 
 @pytest.fixture
 def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[list[AgentHarness]]:
-    agents = []
-    for name in ("node1", "node2"):
-        (tmp_path / name).mkdir()
-        agents.append(AgentHarness(tmp_path / name, store_url, prefix, gpus=2, host=name))
     work = tmp_path / "ddp"
     (work / "ranks").mkdir(parents=True)
     (work / "train.py").write_text(f"GLOO = {str(GLOO)!r}\n{TRAIN}")
@@ -63,26 +58,14 @@ def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[list[AgentHar
     job = policy["jobs"]["ddp"]
     job["cwd"] = str(work)  # the test's own directory, as the only change to the job
     job["env"] = {"GLOO_SOCKET_IFNAME": "lo", "MASTER_PORT": str(free_port())}
-    agents[0].apply_policy(policy)
     # torchrun is found on the agent's PATH: the interpreter under test's.
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    try:
+    with hosts_of(tmp_path, store_url, prefix, ("node1", "node2")) as named:
+        agents = list(named.values())
+        agents[0].apply_policy(policy)
         for agent in agents:
             agent.start_agent("--master-addr", "127.0.0.1", env={"PATH": path})
         yield agents
-    finally:
-        for agent in agents:
-            agent.cleanup()
-        for pid in processes_running(str(tmp_path), shims=True):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _reports(ranks: Path, world: int) -> list[dict[str, Any]] | None:
-    paths = [ranks / f"rank{rank}.json" for rank in range(world)]
-    if not all(path.exists() for path in paths):
-        return None
-    return [json.loads(path.read_text()) for path in paths]
 
 
 @pytest.mark.slow
@@ -101,16 +84,7 @@ def test_the_docs_torchrun_recipe_runs_a_gloo_all_reduce_across_two_agents(
         f"--master-port={port} --nproc-per-node=2 train.py --checkpoint-dir=/srv/checkpoints/ddp"
     )
     ranks = node1.workdir.parent / "ddp" / "ranks"
-    reports = wait_for("four torchrun ranks to all-reduce", lambda: _reports(ranks, 4), 120)
-    assert [r["sum"] for r in reports] == [10.0] * 4  # 1 + 2 + 3 + 4: every rank took part
-    assert {r["world"] for r in reports} == {4}
-    envs = [r["env"] for r in reports]
-    assert [(e["ALLOCATOR_HOST"], e["GROUP_RANK"], e["LOCAL_RANK"]) for e in envs] == [
-        ("node1", "0", "0"),
-        ("node1", "0", "1"),
-        ("node2", "1", "0"),
-        ("node2", "1", "1"),
-    ]
+    envs = two_host_all_reduce(ranks, "four torchrun ranks to all-reduce", 120)
     assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("127.0.0.1", port)}
     argv = json.loads((ranks / "argv3.json").read_text())
     assert argv == ["--checkpoint-dir=/srv/checkpoints/ddp"]  # $(ALLOCATOR_JOB), expanded

@@ -19,7 +19,7 @@ from allocator.records.keys import KeyLayout
 from allocator.store import open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, pid_alive
 from tests.e2e.conftest import Cli
-from tests.e2e.test_serve import Served
+from tests.e2e.serve_harness import Served
 from tests.support.raw_store import put_raw_key
 from tests.support.waiting import wait_for
 
@@ -72,15 +72,6 @@ def test_the_agent_still_carries_out_a_release(
         store.close()
     wait_for("the worker to stop", lambda: not pid_alive(pid), timeout=15)
     wait_for("the worker record to go", lambda: world.worker_record("train") is None)
-
-
-@pytest.fixture
-def served(store_url: str, prefix: str, tmp_path: Path) -> Iterator[Served]:
-    world = Served(store_url, prefix, tmp_path)
-    try:
-        yield world
-    finally:
-        world.close()
 
 
 def test_serve_keeps_following_the_store(served: Served, store_url: str, prefix: str) -> None:

@@ -9,8 +9,6 @@ variables the agent itself was started with.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from collections.abc import Iterator
 from contextlib import suppress
@@ -19,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.agent_harness import DUMMY, AgentHarness, processes_running
+from tests.e2e.agent_harness import DUMMY, AgentHarness, hosts_of
 from tests.support.waiting import wait_for
 
 VENDOR_OF = {"nv1": "nvidia", "amd1": "amd", "intel1": "intel"}
@@ -59,26 +57,16 @@ def vendor_policy(workdir: Path, intel_says: str = "intel") -> dict[str, Any]:
 @pytest.fixture
 def hosts(tmp_path: Path, store_url: str, prefix: str) -> Iterator[dict[str, AgentHarness]]:
     """The three hosts with their fake GPUs and the policy applied; agents not started."""
-    agents = {}
-    for name, vendor in VENDOR_OF.items():
-        (tmp_path / name).mkdir()
-        agent = AgentHarness(tmp_path / name, store_url, prefix, gpus=2, host=name)
-        agent.gpus.system["vendor"] = vendor
-        agent.gpus.save()
-        agents[name] = agent
-    path = tmp_path / "policy.yaml"
-    path.write_text(json.dumps(vendor_policy(tmp_path)))
-    checked = agents["nv1"].cli("policy", "validate", str(path))
-    assert checked.code == 0, checked.err
-    agents["nv1"].apply_policy(vendor_policy(tmp_path))
-    try:
+    with hosts_of(tmp_path, store_url, prefix, list(VENDOR_OF)) as agents:
+        for name, vendor in VENDOR_OF.items():
+            agents[name].gpus.system["vendor"] = vendor
+            agents[name].gpus.save()
+        path = tmp_path / "policy.yaml"
+        path.write_text(json.dumps(vendor_policy(tmp_path)))
+        checked = agents["nv1"].cli("policy", "validate", str(path))
+        assert checked.code == 0, checked.err
+        agents["nv1"].apply_policy(vendor_policy(tmp_path))
         yield agents
-    finally:
-        for agent in agents.values():
-            agent.cleanup()
-        for pid in processes_running(str(tmp_path), shims=True):
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
 
 
 # Device filters the agents are started with: a worker must see none of them.

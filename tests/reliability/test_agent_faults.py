@@ -35,7 +35,14 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.agent_harness import DUMMY, AgentHarness, agent_policy, pid_alive, processes_running
+from tests.e2e.agent_harness import (
+    DUMMY,
+    AgentHarness,
+    agent_policy,
+    pid_alive,
+    processes_running,
+    reap_like_init,
+)
 from tests.reliability.conftest import Figures, scale
 from tests.support.waiting import wait_for
 
@@ -149,7 +156,7 @@ class Faults:
         self.world.stop_agent(signal.SIGKILL)
         for report in reports.values():
             os.kill(report["pid"], signal.SIGUSR2)
-        _reap_like_init([p for r in reports.values() for p in (r["pid"], r["ppid"])])
+        reap_like_init([p for r in reports.values() for p in (r["pid"], r["ppid"])])
         return {"ok": 0, "bad": 3}
 
     # --- after the restart ----------------------------------------------------------------
@@ -217,20 +224,6 @@ class Faults:
                 self.exits_right += 1
         wait_for("bad to restart", lambda: self.events_since(mark, "start", job="bad"))
         assert self.events_since(mark, "start", job="ok") == []  # an exit 0 is never re-run
-
-
-def _reap_like_init(pids: list[int]) -> None:
-    def reaped() -> bool:
-        for pid in list(pids):
-            try:
-                done, _ = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                done = pid if not Path(f"/proc/{pid}").exists() else 0
-            if done:
-                pids.remove(pid)
-        return not pids
-
-    wait_for("the dead agent's orphans to be reaped", reaped)
 
 
 @pytest.fixture

@@ -22,11 +22,8 @@ more cycles; the figures report duplicates and workers on a wrong GPU.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,6 +33,7 @@ import pytest
 
 from tests.e2e.agent_harness import DUMMY, AgentHarness, agent_policy, processes_running
 from tests.reliability.conftest import Figures, scale
+from tests.support.full_disk import fill, small_tmpfs
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
@@ -52,28 +50,6 @@ def _job(workdir: Path, name: str) -> dict[str, Any]:
     lock = ("--lock", str(workdir / f"{name}.lock"))
     command = [sys.executable, str(DUMMY), "--out", str(workdir / f"{name}.json"), *lock]
     return {"command": command, "grace_seconds": 1}
-
-
-def _mount_tmpfs(path: Path) -> str:
-    """Mount a small tmpfs at ``path``; "" if done, else why not."""
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(path)], capture_output=True
-    )
-    return "" if done.returncode == 0 else done.stderr.decode().strip() or "mount failed"
-
-
-def _fill(directory: Path) -> Path:
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
 
 
 class Records:
@@ -152,7 +128,7 @@ class Records:
     # --- the faults -----------------------------------------------------------------
 
     def full_disk_cycle(self) -> None:
-        filler = _fill(self.state_dir)
+        filler = fill(self.state_dir)
         self.set("train")
 
         def held() -> bool:
@@ -212,20 +188,18 @@ class Records:
 @pytest.fixture
 def records(tmp_path: Path, prefix: str) -> Iterator[Records]:
     world = AgentHarness(tmp_path, f"sqlite://{tmp_path / 'store.db'}", prefix)
-    why_not = _mount_tmpfs(tmp_path / "agent")
-    policy = agent_policy(tmp_path)
-    policy["jobs"] = {name: _job(tmp_path, name) for name in GPUS}
-    try:
-        world.apply_policy(policy)
-        world.start_agent()
-        harness = Records(world, full_disk=not why_not)
-        harness.set("steady")
-        harness.steady_pid = harness.running_once("steady")
-        yield harness
-    finally:
-        world.cleanup()
-        if not why_not:
-            subprocess.run(["umount", "-l", str(tmp_path / "agent")], check=False)
+    with small_tmpfs(tmp_path / "agent", "2m") as why_not:
+        policy = agent_policy(tmp_path)
+        policy["jobs"] = {name: _job(tmp_path, name) for name in GPUS}
+        try:
+            world.apply_policy(policy)
+            world.start_agent()
+            harness = Records(world, full_disk=not why_not)
+            harness.set("steady")
+            harness.steady_pid = harness.running_once("steady")
+            yield harness
+        finally:
+            world.cleanup()
 
 
 def test_full_disks_cut_hand_overs_and_unreadable_state_never_run_a_job_twice(

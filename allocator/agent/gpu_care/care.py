@@ -18,7 +18,8 @@ from allocator.agent.planning.types import Pin
 from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory
 from allocator.policy.model import Policy
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 __all__ = ["GpuCare"]
 

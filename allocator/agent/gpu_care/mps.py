@@ -34,7 +34,7 @@ from typing import Any, assert_never
 from allocator.agent.planning.gpu_shares import daemon_device, mps_log_dir, mps_pipe_dir
 from allocator.agent.planning.types import Action, DesiredJob, JobView, Start
 from allocator.agent.processes import procs
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = [
     "CONTROL",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from allocator.agent.processes.procs import reap_group
 from allocator.gpus.probe import ProbeResult, run_deep_probe
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["RecoveryProbes", "probe_environment"]
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 from allocator.agent.planning.types import DesiredJob, WorkerSpec
 from allocator.gpus.topology import parse_cpu_list
 from allocator.policy.model import Policy
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["with_affinity"]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from allocator.gpus.vendors import VENDORS
 from allocator.policy.model import Container
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = [
     "CDI_KINDS",

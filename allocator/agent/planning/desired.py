@@ -9,34 +9,32 @@ stays in its fallback. A share of a job across several hosts follows the
 other shares' faults (:mod:`allocator.agent.planning.across_hosts`): the job's fallback
 rule decides for every host. Workers on shared GPUs are told their share
 (:mod:`allocator.agent.planning.gpu_shares`) and every worker is pinned to its CPUs
-(:mod:`allocator.agent.planning.affinity`).
+(:mod:`allocator.agent.planning.affinity`). What a running job's workers are is
+:mod:`allocator.agent.planning.worker_specs`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import datetime
 
 from allocator.agent.planning.across_hosts import Share, share_of
 from allocator.agent.planning.affinity import with_affinity
-from allocator.agent.planning.command_line import torchrun_group, worker_argv
-from allocator.agent.planning.containers import ContainerRun, container_run
 from allocator.agent.planning.desired_inputs import DEFAULT_MASTER_ADDR, DesiredInputs
 from allocator.agent.planning.exclusive_claims import refuse_double_claims
-from allocator.agent.planning.gpu_shares import share_env
-from allocator.agent.planning.types import DesiredJob, DesiredState, Device, WorkerSpec
-from allocator.errors import RequestError
-from allocator.gpus.visible import NodeGroup
-from allocator.placement.choose import pool_sharing, unavailable_gpus
+from allocator.agent.planning.fingerprint import fingerprint
+from allocator.agent.planning.outcomes import not_running
+from allocator.agent.planning.types import DesiredJob
+from allocator.agent.planning.worker_specs import Rendezvous, running
+from allocator.placement.choose import unavailable_gpus
 from allocator.placement.ports import declared_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records.codec import replace_struct
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
-__all__ = ["DEFAULT_MASTER_ADDR", "DesiredInputs", "desired_job", "desired_jobs", "fingerprint"]
+__all__ = ["desired_job", "desired_jobs", "held_by_process"]
 
 
 def desired_jobs(inputs: DesiredInputs) -> dict[str, DesiredJob]:
@@ -89,7 +87,7 @@ def held_by_process(assignment: Assignment, revision: int) -> DesiredJob:
     message = (
         f"held by `allocator {holder.launched_by if holder else 'run'}`{pid}; not run by the agent"
     )
-    return _not_running(
+    return not_running(
         Job(name=assignment.job, command=()), assignment, revision, "undeclared", message
     )
 
@@ -122,43 +120,26 @@ def desired_job(
             f"job {assignment.job!r} holds GPUs but is not declared in the policy; "
             "the agent runs only declared jobs"
         )
-        return _not_running(
+        return not_running(
             Job(name=assignment.job, command=()), assignment, revision, "undeclared", message
         )
     argv, refusal = _command(job, assignment)
     if refusal is not None:
-        return _not_running(job, assignment, revision, "refused", refusal)
+        return not_running(job, assignment, revision, "refused", refusal)
     if failed_at is not None and failed_at == revision:
         message = (
             f"job {job.name!r} was marked failed; it stays failed until its assignment changes"
         )
-        return _not_running(job, assignment, revision, "failed", message)
+        return not_running(job, assignment, revision, "failed", message)
     if share is not None and share.failed:
         message = f"{share.failed}, so this share fails too (a collective needs every rank)"
-        return _not_running(job, assignment, revision, "failed", message)
-    rank = _Rendezvous(master_addr, _port_for(job, master_port), share, mps_dir, vendor)
+        return not_running(job, assignment, revision, "failed", message)
+    rank = Rendezvous(master_addr, _port_for(job, master_port), share, mps_dir, vendor)
     if assignment.mode == "cpu":
         reason = assignment.fallback_reason or "assigned gpus=cpu"
         on_cpu = _on_cpu(assignment, reason)
-        return _running(policy, job, on_cpu, argv, revision, inventory, "", rank)
+        return running(policy, job, on_cpu, argv, revision, inventory, "", rank)
     return _with_health(policy, job, assignment, argv, revision, inventory, unhealthy, now, rank)
-
-
-@dataclass(frozen=True, slots=True)
-class _Rendezvous:
-    """Where a job's ranks meet (MASTER_ADDR and MASTER_PORT, or its share across
-    hosts), and where the MPS daemons of its shared GPUs listen."""
-
-    addr: str
-    port: int | None
-    share: Share | None = None
-    mps_dir: str | None = None
-    vendor: str | None = None  # whose GPUs the host has, which says how to show them
-
-    @property
-    def group(self) -> NodeGroup | None:
-        """The share's place in a job across hosts, once its MASTER_ADDR is known."""
-        return self.share.group if self.share is not None else None
 
 
 def _port_for(job: Job, allocated: int | None) -> int | None:
@@ -175,7 +156,7 @@ def _with_health(
     inventory: Sequence[GpuInfo] | None,
     unhealthy: Mapping[int, str],
     now: datetime | None,
-    rank: _Rendezvous,
+    rank: Rendezvous,
 ) -> DesiredJob:
     """Apply the job's fallback rule when one of its GPUs is unhealthy or reserved for others.
 
@@ -187,25 +168,25 @@ def _with_health(
     rule = policy.fallback_for(job.name)
     if bad and rule is None and not reserved:
         note = f"{trouble} (job {job.name!r} has no fallback rule; it keeps running on its GPUs)"
-        return _running(policy, job, assignment, argv, revision, inventory, note, rank)
+        return running(policy, job, assignment, argv, revision, inventory, note, rank)
     fault: str | None = trouble if bad else None
     if not bad and rank.share is not None and rank.share.trouble:
         # A share with no rule publishes a fault only when a reservation stops it.
         trouble = f"{rank.share.trouble} (this share follows: a collective needs every rank)"
     elif not bad:
-        return _running(policy, job, assignment, argv, revision, inventory, "", rank)
+        return running(policy, job, assignment, argv, revision, inventory, "", rank)
     if rule is None:  # running on would break the reservation
         message = f"{trouble}; job {job.name!r} has no fallback rule, so it waits"
-        return _not_running(job, assignment, revision, "wait", message, fault)
+        return not_running(job, assignment, revision, "wait", message, fault)
     if rule.action == "cpu":
         note = f"{trouble}; running on CPU ({_rule_words(rule)})"
         on_cpu = _on_cpu(assignment, trouble)
-        return _running(policy, job, on_cpu, argv, revision, inventory, note, rank, fault)
+        return running(policy, job, on_cpu, argv, revision, inventory, note, rank, fault)
     if rule.action == "wait":
         message = f"{trouble}; waiting for it to recover ({_rule_words(rule)})"
-        return _not_running(job, assignment, revision, "wait", message, fault)
+        return not_running(job, assignment, revision, "wait", message, fault)
     message = f"{trouble}; job {job.name!r} failed ({_rule_words(rule)})"
-    return _not_running(job, assignment, revision, "failed", message, fault)
+    return not_running(job, assignment, revision, "failed", message, fault)
 
 
 def _rule_words(rule: FallbackRule) -> str:
@@ -229,192 +210,3 @@ def _command(job: Job, assignment: Assignment) -> tuple[tuple[str, ...], str | N
     if not assignment.command:
         return (), f"job {job.name!r}: the assignment's ad-hoc command is empty"
     return assignment.command, None
-
-
-def _running(
-    policy: Policy,
-    job: Job,
-    assignment: Assignment,
-    argv: tuple[str, ...],
-    revision: int,
-    inventory: Sequence[GpuInfo] | None,
-    message: str,
-    rank: _Rendezvous,
-    fault: str | None = None,
-) -> DesiredJob:
-    """A job that should run: one WorkerSpec per rendered environment."""
-    # Imported here: the sibling module is the one place environments are rendered.
-    from allocator.gpus.visible import worker_environments
-
-    if rank.share is not None and rank.group is None:  # its ranks would have nowhere to meet
-        waiting = "; ".join(m for m in (message, rank.share.waiting_for) if m)
-        return _not_running(job, assignment, revision, "wait", waiting, fault)
-    try:
-        envs = worker_environments(
-            assignment,
-            inventory,
-            policy,
-            fallback_reason=assignment.fallback_reason if assignment.mode == "cpu" else None,
-            master_addr=rank.addr,
-            master_port=rank.port,
-            group=rank.group,
-            vendor=rank.vendor,
-        )
-    except RequestError as exc:
-        return _not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
-    sharing = pool_sharing(policy, assignment.host)
-    one_worker = job.workers in ("single", "torchrun")
-    mps_single = sharing.mode == "mps" and one_worker and not assignment.exclusive
-    if mps_single and len(assignment.gpus) > 1 and assignment.mode == "gpu":
-        message = (
-            f"job {job.name!r} runs one worker on GPUs {','.join(map(str, assignment.gpus))}, "
-            "but under MPS a worker uses one GPU (one control daemon per GPU)"
-        )
-        return _not_running(job, assignment, revision, "refused", message)
-    device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
-    gpus = [_worker_gpus(assignment, job, index) for index in range(len(envs))]
-    # A torchrun job's rendezvous is in its environment too (as per-gpu ranks have it),
-    # so the agent publishes its MASTER_PORT and `allocator env` shows it.
-    torchrun = torchrun_group(job.name, rank.group, rank.addr, rank.port)
-    meet = torchrun.env() if job.workers == "torchrun" else {}
-    full = [
-        {
-            **job.env,
-            **meet,
-            **env,
-            **share_env(sharing, assignment, gpus[i], inventory, rank.mps_dir),
-        }
-        for i, env in enumerate(envs)
-    ]
-    workers = tuple(
-        WorkerSpec(
-            job=job.name,
-            index=index,
-            argv=worker_argv(job, argv, env, torchrun, len(gpus[index]) or 1),
-            env=env,
-            cwd=job.cwd,
-            gpus=gpus[index],
-            device=device,
-            user=job.user,
-            group=job.group,
-            container=_container(
-                job, assignment, index, revision, gpus[index], inventory, rank.vendor
-            ),
-        )
-        for index, env in enumerate(full)
-    )
-    return _desired(job, assignment, revision, "run", message, workers, device, fault)
-
-
-def _container(
-    job: Job,
-    assignment: Assignment,
-    index: int,
-    revision: int,
-    gpus: tuple[int, ...],
-    inventory: Sequence[GpuInfo] | None,
-    vendor: str | None,
-) -> ContainerRun | None:
-    """Worker ``index``'s container, seeing exactly ``gpus`` (by its vendor's CDI kind);
-    None for a host process."""
-    if job.container is None:
-        return None
-    return container_run(
-        job.container,
-        host=assignment.host,
-        job=job.name,
-        index=index,
-        revision=revision,
-        gpus=gpus,
-        inventory=inventory,
-        vendor=vendor or "nvidia",
-    )
-
-
-def _naming(job: Job, message: str) -> str:
-    """``message``, led by the job's name unless it already names the job."""
-    return message if message.startswith(f"job {job.name}") else f"job {job.name}: {message}"
-
-
-def _worker_gpus(assignment: Assignment, job: Job, index: int) -> tuple[int, ...]:
-    """The physical GPUs worker ``index`` sees: its own one in per-gpu mode."""
-    if assignment.mode == "cpu":
-        return ()
-    if job.workers == "per-gpu":
-        return assignment.gpus[index : index + 1]
-    return assignment.gpus
-
-
-def _not_running(
-    job: Job,
-    assignment: Assignment,
-    revision: int,
-    state: DesiredState,
-    message: str,
-    fault: str | None = None,
-) -> DesiredJob:
-    device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
-    return _desired(job, assignment, revision, state, message, (), device, fault)
-
-
-def _desired(
-    job: Job,
-    assignment: Assignment,
-    revision: int,
-    state: DesiredState,
-    message: str,
-    workers: tuple[WorkerSpec, ...],
-    device: Device,
-    fault: str | None = None,
-) -> DesiredJob:
-    return DesiredJob(
-        job=assignment.job,
-        state=state,
-        workers=workers,
-        fingerprint=fingerprint(workers),
-        on_change=job.on_change,
-        grace_seconds=job.grace_seconds,
-        max_restarts=job.max_restarts,
-        backoff_base=job.restart_backoff_seconds,
-        backoff_max=job.restart_backoff_max_seconds,
-        gpus=assignment.gpus,
-        device=device,
-        fallback_reason=assignment.fallback_reason if device == "cpu" else None,
-        message=message,
-        assignment_revision=revision,
-        fault=fault,
-        restart=job.restart,
-        release_on_exit=job.release_on_exit,
-    )
-
-
-_NOT_FINGERPRINTED = frozenset({"ALLOCATOR_GPU_COUNT"})
-
-
-def fingerprint(workers: Sequence[WorkerSpec]) -> str:
-    """sha256 over every worker's argv, env, cwd and user: what a running process cannot change.
-
-    ``user``/``group`` enter only when set, so jobs that name no one keep
-    the fingerprints they had before the fields existed (no restart on upgrade).
-    """
-    body = [
-        {
-            "argv": list(w.argv),
-            # ALLOCATOR_GPU_COUNT only repeats ALLOCATOR_GPUS: leaving it out keeps the
-            # fingerprints workers had before it existed (no restart on upgrade).
-            "env": {k: v for k, v in w.env.items() if k not in _NOT_FINGERPRINTED},
-            "cwd": w.cwd,
-            **({"user": w.user, "group": w.group} if w.user or w.group else {}),
-            **({"container": _container_words(w)} if w.container is not None else {}),
-        }
-        for w in workers
-    ]
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
-def _container_words(worker: WorkerSpec) -> list[str]:
-    """What of a worker's container a restart must follow (not its labels: the revision)."""
-    run = worker.container
-    if run is None:
-        return []
-    return [run.engine, run.image, *run.args, "--", *run.mounts, "--", *run.device_options]

@@ -22,7 +22,8 @@ from types import MappingProxyType
 from allocator.agent.planning.across_hosts import PeerHost
 from allocator.agent.planning.types import Pin
 from allocator.policy.model import Policy
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 __all__ = ["DEFAULT_MASTER_ADDR", "DesiredInputs"]
 

@@ -20,7 +20,8 @@ import os
 from collections.abc import Sequence
 
 from allocator.policy.model import Sharing
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 __all__ = ["daemon_device", "mps_log_dir", "mps_pipe_dir", "share_env"]
 

@@ -29,8 +29,8 @@ from allocator.agent.planning.types import DesiredJob, WorkerSpec
 from allocator.agent.processes import procs, tree
 from allocator.agent.processes.cgroups import remove_cgroup
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
-from allocator.agent.processes.launch import ShimStatus, read_shim_status
 from allocator.agent.processes.state_file import job_from_state
+from allocator.agent.processes.worker_status import ShimStatus, read_shim_status
 
 __all__ = ["AdoptReport", "AdoptedWorker", "from_status_files", "sweep", "take_over"]
 

@@ -1,10 +1,11 @@
-"""Starting a worker under its shim, and reading what the shim reports.
+"""Starting a worker under its shim, which reports through the worker's status file.
 
 Each worker runs as ``python -I -S shim/main.py ... -- ARGV`` in a session of its
 own (see :mod:`allocator.agent.shim.main`): the shim is the anchor of the
 worker's process tree and writes the worker's exit status to a file in the
-agent's state directory, which is how an agent restarted after ``kill -9``
-learns how a worker that is not its child ended.
+agent's state directory (:mod:`allocator.agent.processes.worker_status`),
+which is how an agent restarted after ``kill -9`` learns how a worker that
+is not its child ended.
 
 The worker's log is opened here, by the agent, without following symlinks
 and only if it is a plain file with one name, and is handed to the worker's
@@ -25,8 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from allocator.agent.planning.types import DesiredJob, WorkerSpec
 from allocator.agent.processes import procs
 from allocator.agent.processes.cgroups import create_worker_cgroup
@@ -35,6 +34,7 @@ from allocator.agent.processes.job_state import WorkerRuntime
 from allocator.agent.processes.pause_points import pause_point
 from allocator.agent.processes.users import RunAs, RunAsError, identity_env, resolve_run_as
 from allocator.agent.processes.warm_shim import IdleShim
+from allocator.agent.processes.worker_status import status_fields
 from allocator.agent.shim.main import EXIT_HANDOVER, EXIT_NO_STATUS, HANDED, NO_VALUE, frame
 from allocator.gpus.topology import cpu_list
 
@@ -43,16 +43,11 @@ __all__ = [
     "SHIM_REFUSALS",
     "Launch",
     "LogError",
-    "ShimStatus",
     "launch_worker",
     "open_log",
     "prepare_worker",
-    "read_shim_status",
-    "record_status",
     "shim_env",
     "start_under_shim",
-    "status_fields",
-    "status_signature",
 ]
 
 #: The shim program, run by path with the agent's interpreter in isolated mode.
@@ -77,78 +72,6 @@ class Launch:
     popen: subprocess.Popen[bytes] | None
     exit_code: int | None = None
     error: str = ""
-
-
-class ShimStatus(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    """The shim's status file: who it is, the worker's main process, how it ended.
-
-    The agent writes it first (``prepared``, ``shim_pid`` 0) to know it can
-    before it starts the shim; the fields from ``job`` on are the agent's
-    (see :func:`status_fields`), which let a later agent adopt the worker
-    from this file alone, and only on the boot that wrote it.
-    """
-
-    shim_pid: int
-    state: str  # prepared, starting, running, exited, failed
-    shim_start_ticks: int | None = None
-    pid: int = 0
-    start_ticks: int | None = None
-    exit_code: int | None = None
-    error: str = ""
-    job: str = ""
-    index: str = ""
-    fingerprint: str = ""
-    gpus: str = ""
-    device: str = ""
-    grace: str = ""
-    cgroup: str = ""
-    boot_id: str = ""
-    container: str = ""  # the worker's container, when it runs in one
-    engine: str = ""  # and the engine's path
-
-
-def status_fields(job: DesiredJob, worker: WorkerRuntime, boot_id: str) -> dict[str, str]:
-    """The agent's fields of a worker's status file (all text: the shim writes them as is)."""
-    return {
-        "job": job.job,
-        "index": str(worker.spec.index),
-        "fingerprint": job.fingerprint,
-        "gpus": ",".join(map(str, job.gpus)),
-        "device": job.device,
-        "grace": repr(float(job.grace_seconds)),
-        "cgroup": worker.cgroup,
-        "boot_id": boot_id,
-    }
-
-
-def record_status(path: Path, fields: dict[str, str]) -> str:
-    """Write the worker's first status file (``prepared``); "" if done, else why not.
-
-    Written by the agent before the shim exists: where it cannot be written
-    (a full disk), neither can the shim's, and the worker must not start.
-    """
-    try:
-        procs.write_json_atomic(path, {"shim_pid": 0, "state": "prepared", **fields}, durable=False)
-    except OSError as exc:
-        return f"cannot write the worker's status file {path}: {exc.strerror or exc}"
-    return ""
-
-
-def read_shim_status(path: Path) -> ShimStatus | None:
-    """The status file's content; None when it is missing or not a status (never raises)."""
-    try:
-        return msgspec.json.decode(path.read_bytes(), type=ShimStatus)
-    except (OSError, msgspec.DecodeError):
-        return None
-
-
-def status_signature(path: Path) -> tuple[int, int] | None:
-    """(inode, mtime) of the status file: it changes whenever the shim rewrites it."""
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    return info.st_ino, info.st_mtime_ns
 
 
 class LogError(Exception):

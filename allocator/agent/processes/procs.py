@@ -42,19 +42,6 @@ __all__ = [
 # so it must read as non-zero, i.e. a crash.
 
 _PR_SET_CHILD_SUBREAPER = 36
-# Every vendor's device filters: a worker sees only what its own environment names.
-_STRIPPED_VARIABLES = (
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "ROCR_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "GPU_DEVICE_ORDINAL",
-    "ZE_AFFINITY_MASK",
-    "ZE_ENABLE_PCI_ID_DEVICE_ORDER",
-    "ZE_FLAT_DEVICE_HIERARCHY",
-    "ONEAPI_DEVICE_SELECTOR",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,10 +198,11 @@ def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
     or any value holding the store password): the list is documented in
     :mod:`allocator.store.credentials`.
     """
+    from allocator.gpus.vendors import VISIBILITY_VARIABLES
     from allocator.store.credentials import strip_store_credentials
 
     kept = strip_store_credentials(environ)
-    return {key: value for key, value in kept.items() if key not in _STRIPPED_VARIABLES}
+    return {key: value for key, value in kept.items() if key not in VISIBILITY_VARIABLES}
 
 
 def write_json_atomic(path: Path, data: Any, *, durable: bool = True) -> None:

@@ -18,7 +18,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from allocator.agent.processes import procs
-from allocator.agent.processes.launch import SHIM, read_shim_status
+from allocator.agent.processes.launch import SHIM
+from allocator.agent.processes.worker_status import read_shim_status
 from allocator.agent.shim.main import IDLE
 
 __all__ = ["SETTLE_SECONDS", "wait_for_starting_shims"]

@@ -15,6 +15,8 @@ Nothing here blocks for a grace period: :meth:`Supervisor.apply` sends
 signals and records deadlines, :meth:`Supervisor.tick` (called by the loop
 every few hundred milliseconds) reaps, escalates overdue stops and notices
 trees that are gone. Only :meth:`Supervisor.stop_all` waits, for shutdown.
+Stopping and reaping are :mod:`allocator.agent.processes.reaping`, a part of
+the :class:`Supervisor` kept in a module of its own.
 
 The agent makes itself a child subreaper (see :func:`procs.become_subreaper`):
 if a shim is killed outright, its orphans come to the agent, which reaps them.
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
@@ -32,7 +33,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from allocator.agent.planning.exit_codes import describe_exit
 from allocator.agent.planning.types import (
     Accept,
     Action,
@@ -55,33 +55,23 @@ from allocator.agent.processes.adoption import (
     sweep,
     take_over,
 )
-from allocator.agent.processes.cgroups import agent_scope, remove_cgroup, worker_cgroup_base
+from allocator.agent.processes.cgroups import agent_scope, worker_cgroup_base
 from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
-from allocator.agent.processes.launch import (
-    SHIM,
-    SHIM_REFUSALS,
-    launch_worker,
-    prepare_worker,
-    record_status,
-    shim_env,
-    status_fields,
-)
+from allocator.agent.processes.launch import SHIM, launch_worker, prepare_worker, shim_env
 from allocator.agent.processes.output_tail import failed_output
 from allocator.agent.processes.procs import clean_base_env
+from allocator.agent.processes.reaping import Reaping
 from allocator.agent.processes.shim_census import wait_for_starting_shims
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
 from allocator.agent.processes.warm_shim import WarmShims
+from allocator.agent.processes.worker_status import record_status, status_fields
 from allocator.util.times import format_time, utc_now
 
 __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
 
 Logger = Callable[[str, dict[str, Any]], None]
 
-_STOP_POLL_SECONDS = 0.02
-_KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
-_KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (forks race us)
-_SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
 #: A start that could not be recorded (a full disk) is tried again this much later.
 RECORD_RETRY_SECONDS = 5.0
 
@@ -90,7 +80,7 @@ def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
     logging.getLogger("allocator.agent").info("%s %s", event, fields)
 
 
-class Supervisor:
+class Supervisor(Reaping):
     """Starts, stops, reaps and adopts the worker processes of this host's jobs."""
 
     def __init__(
@@ -239,24 +229,6 @@ class Supervisor:
         )
         self._log(event, fields)
 
-    def _stop(self, name: str, reason: str, grace: float) -> None:
-        job = self._jobs.get(name)
-        if job is None or job.alive() == 0:
-            return
-        deadline = self._clock() + max(grace, 0.0)
-        if job.phase.stopping:
-            if job.stop_deadline is None or deadline < job.stop_deadline:
-                job.stop_deadline = deadline  # a shorter grace asked later wins
-            return
-        if not self._move(job, JobEvent.STOP):
-            return
-        job.begin_stop(deadline, reason)
-        self._save()  # recorded before the signal: a restarted agent never counts it a crash
-        for worker in job.workers:
-            if not worker.group_gone:
-                tree.stop_tree(worker, signal.SIGTERM)
-        self._log("stopping", {"job": name, "reason": reason, "grace_seconds": grace})
-
     def _signal(self, action: SignalJob) -> None:
         """Deliver the on_change signal to each worker's main process (through its shim)."""
         job = self._jobs.get(action.job)
@@ -321,72 +293,6 @@ class Supervisor:
         del self._jobs[name]
         self._dirty = True
 
-    # --- reaping ----------------------------------------------------------------------
-
-    def tick(self) -> list[WorkerExit]:
-        """Reap exits, escalate overdue stops to SIGKILL, mark gone trees; return the exits."""
-        exits, self._pending_exits = self._pending_exits, []
-        now = self._clock()
-        self.warm.tick()
-        for job in self._jobs.values():
-            exits.extend(self._collect(job))
-            if job.phase.stopping and job.stop_deadline is not None and now >= job.stop_deadline:
-                self._kill(job, now)
-        self._settle()
-        return exits
-
-    def _collect(self, job: JobRuntime) -> list[WorkerExit]:
-        exits: list[WorkerExit] = []
-        for worker in job.workers:
-            if worker.group_gone:
-                continue
-            known = worker.main_pid
-            code = tree.observe(worker)
-            if worker.main_pid != known:
-                self._dirty = True  # a restarted agent should name the worker's pid too
-            if code is not None:
-                exits.append(self._exited(job, worker, code))
-            if worker.exit_code is not None and tree.finished(worker):
-                worker.group_gone = True
-                tree.settle(worker)
-                self._dirty = True
-        return exits
-
-    def _exited(self, job: JobRuntime, worker: WorkerRuntime, code: int) -> WorkerExit:
-        worker.exit_code = code
-        crash = code != 0 and not worker.stop_sent and not job.phase.stopping
-        index = worker.spec.index
-        if code in SHIM_REFUSALS and not worker.main_pid and not worker.error:
-            worker.error = f"worker {index} did not start: {SHIM_REFUSALS[code]}"
-        message = worker.error or f"worker {index} exited with {describe_exit(code)}"
-        if crash:
-            first = job.phase is JobPhase.RUNNING
-            if self._move(job, JobEvent.CRASH) and first:
-                job.note_crash(code, message, self._clock() - job.started_at)
-        elif not job.crash_noted:
-            job.last_exit = code  # a crash's code stays the one shown
-        self._dirty = True
-        pid = worker.shown_pid
-        fields = dict(job=job.spec.job, index=index, pid=pid, exit_code=code, crash=crash)
-        self._log("worker-exited", fields)
-        return WorkerExit(job.spec.job, index, pid, code, crash, message)
-
-    def _kill(self, job: JobRuntime, now: float) -> None:
-        """SIGKILL every process of the job's trees; again every pass, for forks that raced us."""
-        if job.last_kill_pass is not None and now - job.last_kill_pass < _KILL_PASS_SECONDS:
-            return
-        job.last_kill_pass = now
-        first = job.killed_at is None
-        if job.killed_at is None:
-            job.killed_at = now
-        stuck = now - job.killed_at >= _SHIM_STUCK_SECONDS
-        for worker in job.workers:
-            if not worker.group_gone:
-                tree.kill_tree(worker, shim_too=stuck)
-        if first:
-            self._dirty = True
-            self._log("killed", {"job": job.spec.job, "reason": "grace period over"})
-
     def _move(self, job: JobRuntime, event: JobEvent) -> bool:
         """Move ``job`` by the transition table; a refused move is a bug: logged, not raised."""
         before = job.phase
@@ -410,37 +316,6 @@ class Supervisor:
                 self._dirty = True
         if self._dirty:
             self._save()
-
-    # --- shutdown ----------------------------------------------------------------------
-
-    def stop_all(self, grace: float | None = None, wait: bool = True) -> None:
-        """Gracefully stop every job (``grace`` or each job's own) and wait until all are gone.
-
-        Waits in real time, polling :meth:`tick`; escalation to SIGKILL follows
-        the injected clock. Gives up waiting (and logs) if some group outlives
-        its SIGKILL by :data:`_KILL_WAIT_SECONDS`, e.g. a process stuck in the kernel.
-        """
-        self.warm.close()
-        longest = 0.0
-        for name, job in sorted(self._jobs.items()):
-            job_grace = job.spec.grace_seconds if grace is None else grace
-            longest = max(longest, job_grace)
-            self._stop(name, "agent stopping", job_grace)
-        self._settle()
-        if not wait:
-            return
-        give_up_at = time.monotonic() + longest + _KILL_WAIT_SECONDS
-        while True:
-            self.tick()
-            alive = sorted(name for name, job in self._jobs.items() if job.alive() > 0)
-            if not alive:
-                if self.cgroup_base is not None:
-                    remove_cgroup(self.cgroup_base)  # this agent's own directory, once empty
-                return
-            if time.monotonic() > give_up_at:
-                self._log("stop-incomplete", {"jobs": alive})
-                return
-            time.sleep(_STOP_POLL_SECONDS)
 
     # --- state file and adoption ---------------------------------------------------------
 

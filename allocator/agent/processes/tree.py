@@ -38,7 +38,7 @@ from allocator.agent.processes.cgroups import (
 )
 from allocator.agent.processes.container_launch import remove_orphaned_container
 from allocator.agent.processes.job_state import WorkerRuntime
-from allocator.agent.processes.launch import read_shim_status, status_signature
+from allocator.agent.processes.worker_status import read_shim_status, status_signature
 
 __all__ = [
     "adopt_worker",

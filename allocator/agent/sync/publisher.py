@@ -1,4 +1,4 @@
-"""Writes what the agent knows to the store: its leased record and its worker records.
+"""Writes what the agent knows to the store: its leased records and its worker records.
 
 An idle agent writes nothing: liveness is the lease's keep-alive alone (etcd
 keeps every revision until compaction, so a record rewritten on every
@@ -7,6 +7,13 @@ the agent means to publish differs from what is stored. What is stored is
 learned from the link's reads, so a record someone else changed or deleted
 is put back, and a worker record of a job this agent no longer tracks
 (left by an earlier run, or written by hand) is removed.
+
+The host's GPU counts (``counts/<host>``, for ``status --summary``) go
+under the same lease but outside the host's prefix, so a read of the host
+does not show them: what was put is remembered across reads, and forgotten
+with the connection or the lease. A role that may not write them costs the
+summary its shortcut, never the agent its link: the refusal is logged and
+the counts are left alone until the next connection.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from allocator.errors import LeaseLost
+from allocator.errors import LeaseLost, PermissionDenied
 from allocator.records.keys import KeyLayout
 from allocator.store import KeyValue, Store
 
@@ -30,6 +37,8 @@ class Publisher:
         self, layout: KeyLayout, host: str, log: Callable[[str, dict[str, Any]], None]
     ) -> None:
         self.agent_key = layout.agent(host)
+        self.counts_key = layout.host_counts(host)
+        self.counts_refused = False
         self.workers_prefix = layout.host_workers(host)
         self.layout = layout
         self.host = host
@@ -41,11 +50,15 @@ class Publisher:
 
     def observe(self, own: Mapping[str, KeyValue]) -> None:
         """Take what a read found at the agent's own keys as the truth to compare with."""
+        counts = self.stored.get(self.counts_key)  # not under the host's prefix: not read
         self.stored = {key: (item.value, item.lease) for key, item in own.items()}
+        if counts is not None:
+            self.stored[self.counts_key] = counts
 
     def forget(self) -> None:
         """After losing the store: nothing stored is known until the next read."""
         self.stored = {}
+        self.counts_refused = False
 
     def keep_alive(self, store: Store, ttl: float) -> None:
         """Refresh the lease, or grant one when there is none or it was lost."""
@@ -62,15 +75,22 @@ class Publisher:
         """The lease is gone, and the record under it with it: both are made anew."""
         self.lease = None
         self.stored.pop(self.agent_key, None)
+        self.stored.pop(self.counts_key, None)
 
     def publish(
-        self, store: Store, agent: bytes | None, workers: Mapping[str, bytes] | None
+        self,
+        store: Store,
+        agent: bytes | None,
+        workers: Mapping[str, bytes] | None,
+        counts: bytes | None = None,
     ) -> int:
         """Put what differs from the store, delete stray worker records; return the writes.
 
         ``agent`` goes under the lease (call :meth:`keep_alive` first);
         ``workers`` is every worker record by job, or ``None`` while the
-        agent does not know yet what it runs (then none is touched).
+        agent does not know yet what it runs (then none is touched, nor
+        the counts). ``counts``: the host's GPU counts, under the lease
+        (``None``: none are kept, as for a host without GPUs found).
         """
         wanted: dict[str, Stored] = {}
         if agent is not None and self.lease is not None:
@@ -85,6 +105,8 @@ class Publisher:
                 self.stored[key] = (value, lease)
                 writes += 1
         if workers is not None:
+            writes += self._publish_counts(store, counts)
+        if workers is not None:
             stray = [
                 k for k in self.stored if k.startswith(self.workers_prefix) and k not in wanted
             ]
@@ -94,6 +116,33 @@ class Publisher:
                 writes += 1
         self.writes += writes
         return writes
+
+    def _publish_counts(self, store: Store, counts: bytes | None) -> int:
+        """Put (or drop) the host's counts when they differ from what was put; the writes."""
+        if self.counts_refused or self.lease is None:
+            return 0
+        stored = self.stored.get(self.counts_key)
+        try:
+            if counts is not None and stored != (counts, self.lease):
+                store.put(self.counts_key, counts, lease=self.lease)
+                self.stored[self.counts_key] = (counts, self.lease)
+                return 1
+            if counts is None and stored is not None:
+                store.delete(self.counts_key)
+                del self.stored[self.counts_key]
+                return 1
+        except PermissionDenied as exc:
+            self.counts_refused = True
+            self.log(
+                "counts-refused",
+                {
+                    "key": self.counts_key,
+                    "error": " ".join(str(exc).split()),
+                    "hint": "grant this agent write access to its counts key; "
+                    "status --summary reads the host's records meanwhile",
+                },
+            )
+        return 0
 
     def withdraw(self, store: Store, *, keep_worker_records: bool) -> None:
         """On shutdown: drop the worker records (unless workers stay) and revoke the lease."""
@@ -105,3 +154,4 @@ class Publisher:
             store.revoke_lease(self.lease)
             self.lease = None
             self.stored.pop(self.agent_key, None)
+            self.stored.pop(self.counts_key, None)

@@ -1,4 +1,4 @@
-"""What the agent publishes: its own record and one record per job (pure)."""
+"""What the agent publishes: its own record, one record per job and its GPU counts (pure)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 
 from allocator.agent.planning.types import DesiredJob
 from allocator.gpus.inventory import Inventory
-from allocator.records.codec import replace_struct
-from allocator.records.types import AgentRecord, GpuProcess, WorkerRecord
+from allocator.records.codec import decode_record, replace_struct
+from allocator.records.types import AgentRecord, Assignment, GpuProcess, WorkerRecord
+from allocator.status.host_count import count_host
 
-__all__ = ["agent_record", "worker_records"]
+__all__ = ["agent_record", "host_counts", "worker_records"]
 
 
 def agent_record(
@@ -115,3 +116,26 @@ def _from_runtime(
         output_tail=tuple(str(line) for line in have.get("output_tail", ())),
         log_path=str(have.get("log_path") or "") or None,
     )
+
+
+def host_counts(
+    agent: AgentRecord,
+    workers: Mapping[str, bytes],
+    assignments: Mapping[str, Assignment],
+    utilisation: int | None = None,
+) -> bytes | None:
+    """The host's GPU counts for ``status --summary``; ``None`` when no GPU was found.
+
+    Counted as the summary counts a host from its records (one rule,
+    :func:`allocator.status.host_count.count_host`), from what the agent
+    publishes (``workers``, encoded) and the assignments it last read. A
+    host without an inventory keeps no counts: the summary then counts the
+    GPUs its policy entry declares, from the host's records. ``utilisation``:
+    the mean to report (:mod:`allocator.agent.sync.utilisation_report`).
+    """
+    if not agent.gpus:
+        return None
+    decoded = {job: decode_record(raw, WorkerRecord) for job, raw in workers.items()}
+    indices = [gpu.index for gpu in agent.gpus]
+    counted = count_host(agent.host, assignments, decoded, indices, agent.unhealthy)
+    return replace_struct(counted, utilisation=utilisation).to_json()

@@ -4,9 +4,10 @@ The supervision loop (reaping, SIGKILL escalation, crash restarts, signals,
 the systemd watchdog) must keep its tick while a store endpoint hangs, so it
 never calls the store. This thread connects, reads, watches, keeps the lease
 alive and publishes; it hands each decoded read (:class:`HostView`) to the
-loop through a queue, and takes what to publish from an :class:`Outbox` the
-loop fills. Store handles live and die in this thread (SQLite connections
-must not cross threads; each watch thread opens its own).
+loop through a queue, and takes what to publish from an
+:class:`~allocator.agent.sync.outbox.Outbox` the loop fills. Store handles
+live and die in this thread (SQLite connections must not cross threads;
+each watch thread opens its own).
 
 What counts as what:
 
@@ -14,18 +15,22 @@ What counts as what:
   is an outage: drop the connection, retry with capped, jittered backoff
   that is forgiven only after a healthy period;
 * a refused permission is said plainly and retried slowly (at the cap);
-* a compacted watch means "re-read everything", not an outage;
+* a compacted watch means "re-read everything", not an outage; a refused
+  watch (a role that grants a key but not the prefix a watch ranges over)
+  is logged once and left to the periodic resync;
 * a record or key the agent cannot use is a bad record, skipped and logged
   once per version (see :mod:`allocator.agent.sync.host_records`), never an error here;
-* another host of a job across hosts is read (one prefix read) and watched
-  with this host's keys (:mod:`allocator.agent.planning.across_hosts`); a refusal to read
-  it is logged once and leaves that host unknown, never stale;
-* a refused request (:data:`REFUSALS`: the policy, a validation, a
-  conflict, a missing record, a value too large) is logged and leaves the
-  connection, watches and lease as they are: the store answered, so it is
-  no outage, and tearing the link down would stall everything else it writes;
+* another host of a job across hosts is read (:mod:`allocator.agent.sync.peer_reads`)
+  and watched with this host's keys; a refusal to read it is logged once and
+  leaves that host unknown, never stale;
+* a refused request (:data:`~allocator.agent.sync.link_failures.REFUSALS`:
+  the policy, a validation, a conflict, a missing record, a value too large)
+  is logged and leaves the connection, watches and lease as they are: the
+  store answered, so it is no outage, and tearing the link down would stall
+  everything else it writes;
 * another failure of a setting is logged and retried with backoff;
-* anything else is a bug: logged with its traceback, retried with backoff.
+* anything else is a bug: logged with its traceback, retried with backoff
+  (:func:`~allocator.agent.sync.link_failures.judge` decides which is which).
 """
 
 from __future__ import annotations
@@ -33,20 +38,22 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, assert_never
 
 from allocator.agent.config import AgentConfig
 from allocator.agent.gpu_care.idle import IdleRelease
-from allocator.agent.planning.across_hosts import PeerHost, peer_from_listing, peer_jobs
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
-from allocator.agent.sync.host_records import HostView, host_view
+from allocator.agent.sync.host_records import host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser
+from allocator.agent.sync.link_failures import judge
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
+from allocator.agent.sync.outbox import Outbox
+from allocator.agent.sync.peer_reads import read_peers
 from allocator.agent.sync.policy_read import PolicyReader
 from allocator.agent.sync.publisher import Publisher
+from allocator.agent.sync.reports import host_counts
 from allocator.agent.sync.watches import (
     WatchError,
     WatchEvents,
@@ -58,51 +65,21 @@ from allocator.errors import (
     AllocatorError,
     BadRecord,
     Compacted,
-    ConflictError,
-    InvalidInput,
-    LeaseLost,
-    NotFound,
     PermissionDenied,
-    Retryable,
-    ValueTooLarge,
 )
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import encode_record, replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, HistoryEntry
+from allocator.records.types import AgentRecord, Assignment, HistoryEntry
 from allocator.store import Store, bad_key_records
 from allocator.util.retry_timer import RetryTimer
 
-__all__ = ["REFUSALS", "RUN_READ_SECONDS", "Outbox", "StoreLink"]
+__all__ = ["RUN_READ_SECONDS", "StoreLink"]
 
 Log = Callable[[str, dict[str, Any]], None]
 
 #: How often the host is re-read while ``allocator run`` holds GPUs on it.
 RUN_READ_SECONDS = 1.0
-#: Errors that refuse one request while the store itself works: never an outage.
-REFUSALS: tuple[type[AllocatorError], ...] = (InvalidInput, ConflictError, NotFound, ValueTooLarge)
-
-
-class Outbox:
-    """What the loop wants published; the link takes the latest, never a backlog."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._agent: AgentRecord | None = None
-        self._workers: dict[str, bytes] | None = None
-
-    def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> bool:
-        """Replace the content; return whether it differs from what was there."""
-        new_workers = dict(workers) if workers is not None else None
-        with self._lock:
-            changed = (agent, new_workers) != (self._agent, self._workers)
-            self._agent, self._workers = agent, new_workers
-        return changed
-
-    def take(self) -> tuple[AgentRecord | None, dict[str, bytes] | None]:
-        """The latest content."""
-        with self._lock:
-            return self._agent, self._workers
 
 
 class StoreLink:
@@ -136,6 +113,7 @@ class StoreLink:
         self.watches: list[WatchThread] = []
         self.watched_peers: tuple[str, ...] = ()
         self.refused_peers: set[str] = set()
+        self.refused_watches: set[str] = set()  # said once each
         self.epoch = 0
         self.up = False  # connected: the first read after opening the store succeeded
         self.observed = False  # the agent's own keys have been read since connecting
@@ -148,6 +126,7 @@ class StoreLink:
         self.bad_seen: dict[str, int] = {}
         self.policy_reader = PolicyReader(self.layout, config.host)
         self.whole_policy = False  # no shares stored: the whole policy record is watched
+        self.assignments: Mapping[str, Assignment] = {}  # as the last read found them
 
     # --- the loop's side -------------------------------------------------------
 
@@ -155,9 +134,14 @@ class StoreLink:
         """Start connecting in the background."""
         self._thread.start()
 
-    def offer(self, agent: AgentRecord, workers: Mapping[str, bytes] | None) -> None:
+    def offer(
+        self,
+        agent: AgentRecord,
+        workers: Mapping[str, bytes] | None,
+        utilisation: int | None = None,
+    ) -> None:
         """Publish this content (only what differs from the store is written)."""
-        if self.outbox.offer(agent, workers):
+        if self.outbox.offer(agent, workers, utilisation):
             self._inbox.put(Wake())
 
     def release_idle(self, releases: Sequence[IdleRelease]) -> None:
@@ -241,11 +225,20 @@ class StoreLink:
                     self.read_due = self.read_due or message.epoch == self.epoch
                 case WatchError():
                     if message.epoch == self.epoch:  # an old watch's error is ignored
-                        self._watch_failed(message.error)
+                        self._watch_failed(message.prefix, message.error)
                 case _:
                     assert_never(message)
 
-    def _watch_failed(self, error: AllocatorError) -> None:
+    def _watch_failed(self, prefix: str, error: AllocatorError) -> None:
+        if isinstance(error, PermissionDenied):
+            # Reads work (the link is up) but this watch is refused (a role that grants
+            # the policy key alone, not as the prefix a watch ranges over): the periodic
+            # resync still reads it. Ending the link would only repeat the refusal.
+            if prefix not in self.refused_watches:
+                self.refused_watches.add(prefix)
+                hint = f"grant this agent read access to {prefix} as a prefix"
+                self.log("watch-refused", {"prefix": prefix, "error": str(error), "hint": hint})
+            return
         if not isinstance(error, Compacted):
             raise error
         self.log("watch-compacted", {"revision": self.revision, "compact": error.compact_revision})
@@ -294,11 +287,14 @@ class StoreLink:
             self._refused(exc, now)
             return
         view = host_view(listing, None, self.layout, self.config.host, read=policy)
-        peers, bad = self._read_peers(store, view)
+        peers, bad = read_peers(
+            store, self.layout, view, self.config.host, self.refused_peers, self.log
+        )
         view = replace(view, peers=peers, bad=(*view.bad, *bad))
         self.revision = view.revision  # the store's own, even if it went back (a restore)
         self.publisher.observe(view.own)
         self.observed = True
+        self.assignments = view.assignments
         if self.stale:
             self.stale = False
             self.log("store-readable", {"revision": self.revision})
@@ -318,28 +314,6 @@ class StoreLink:
         if not self.watches or (watched, policy.whole) != (self.watched_peers, self.whole_policy):
             self.whole_policy = policy.whole
             self._start_watches(watched)
-
-    def _read_peers(
-        self, store: Store, view: HostView
-    ) -> tuple[dict[str, PeerHost], list[tuple[BadRecord, int]]]:
-        """One prefix read of each other host of this host's jobs across hosts."""
-        peers: dict[str, PeerHost] = {}
-        bad: list[tuple[BadRecord, int]] = []
-        for host, jobs in peer_jobs(view.assignments, self.config.host).items():
-            try:
-                listing = store.list(self.layout.host(host))
-            except PermissionDenied as exc:
-                if host not in self.refused_peers:
-                    self.refused_peers.add(host)
-                    self.log(
-                        "peer-unreadable", {"peer": host, "jobs": list(jobs), "error": str(exc)}
-                    )
-                peers[host] = PeerHost(host, readable=False)
-                continue
-            self.refused_peers.discard(host)
-            peers[host], found = peer_from_listing(listing.items, self.layout, host, jobs)
-            bad += found
-        return peers, bad
 
     def _refused(self, error: PermissionDenied, now: float) -> None:
         """Reads refused but the lease works: say so in the record, retry slowly."""
@@ -362,9 +336,15 @@ class StoreLink:
             self.log("bad-record", {"key": error.key, "revision": revision, "error": error.reason})
 
     def _publish(self, store: Store) -> None:
-        agent, workers = self.outbox.take()
+        agent, workers, utilisation = self.outbox.take()
         encoded = encode_record(replace_struct(agent, store_stale=self.stale)) if agent else None
-        self.publisher.publish(store, encoded, workers if self.observed else None)
+        if not self.observed or workers is None:
+            self.publisher.publish(store, encoded, None)
+            return
+        counts = None
+        if agent is not None:
+            counts = host_counts(agent, workers, self.assignments, utilisation)
+        self.publisher.publish(store, encoded, workers, counts)
 
     def _start_watches(self, peers: tuple[str, ...] = ()) -> None:
         self._stop_watches()
@@ -385,38 +365,24 @@ class StoreLink:
     # --- failures and the end ------------------------------------------------------
 
     def _failed(self, error: Exception) -> None:
-        if isinstance(error, LeaseLost) and self.store is not None:
-            # A write under a lease that expired meanwhile: grant a new one, no outage.
-            self.log("lease-lost", {"lease": self.publisher.lease, "error": str(error)})
+        verdict = judge(error, connected=self.up, has_store=self.store is not None)
+        if verdict.action == "lease":  # a write under a lease that expired meanwhile
+            self.log(verdict.event, {"lease": self.publisher.lease, **verdict.fields})
             self.publisher.lease_lost()
             self.next_keepalive = self._clock()
             return
-        if isinstance(error, REFUSALS) and not isinstance(error, Retryable) and self.up:
-            # The store answered "no" to one request: keep the link; the next tick goes on.
-            text = " ".join(str(error).split())
-            self.log("request-refused", {"error": f"{type(error).__name__}: {text}"})
+        if verdict.action == "refused":  # the store answered "no" to one request
+            self.log(verdict.event, verdict.fields)
             return
         was_connected = self.up
         self._drop()
         now = self._clock()
-        text = " ".join(str(error).split()) or type(error).__name__
-        if isinstance(error, Retryable):
-            self.next_connect = self.retry.failed(now)
-            event, fields = "store-unavailable", {"error": text, "stale": True}
-        elif isinstance(error, PermissionDenied):
-            self.next_connect = self.retry.failed_slowly(now)
-            event, fields = "store-permission-denied", {"error": text}
-        elif isinstance(error, AllocatorError):  # a setting or the store refusing a request
-            self.next_connect = self.retry.failed(now)
-            event, fields = "store-error", {"error": f"{type(error).__name__}: {text}"}
-        else:  # a bug of ours: keep workers, retry with backoff, say where it happened
-            self.next_connect = self.retry.failed(now)
-            event = "link-error"
-            fields = {"error": f"{type(error).__name__}: {text}", "traceback": _trace(error)}
-        fields.update(retry_in=round(self.next_connect - now, 2), first=not was_connected)
-        self.log(event, fields)
+        slow = verdict.slowly
+        self.next_connect = self.retry.failed_slowly(now) if slow else self.retry.failed(now)
+        fields = {**verdict.fields, "retry_in": round(self.next_connect - now, 2)}
+        self.log(verdict.event, {**fields, "first": not was_connected})
         if was_connected:
-            self.to_loop.put(LinkState(False, text))
+            self.to_loop.put(LinkState(False, verdict.text))
 
     def _drop(self) -> None:
         self._stop_watches()
@@ -448,7 +414,3 @@ class StoreLink:
     def _require_store(self) -> Store:
         assert self.store is not None
         return self.store
-
-
-def _trace(error: BaseException) -> str:
-    return "".join(traceback.format_exception(error)).strip()

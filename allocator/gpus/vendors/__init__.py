@@ -27,6 +27,7 @@ from allocator.gpus.vendors.nvidia import NVIDIA
 __all__ = [
     "VENDORS",
     "VENDOR_NAMES",
+    "VISIBILITY_VARIABLES",
     "DeviceVendor",
     "TorchBuild",
     "VendorName",
@@ -36,6 +37,11 @@ __all__ = [
 ]
 
 VENDORS: dict[str, DeviceVendor] = {"nvidia": NVIDIA, "amd": AMD, "intel": INTEL, "apple": APPLE}
+#: Every vendor's device filters and orderings: a worker sees only what its own
+#: environment names, never the agent's values of these.
+VISIBILITY_VARIABLES = frozenset(
+    v for vendor in VENDORS.values() for v in vendor.visibility_variables
+)
 
 
 def vendor_named(name: str | None) -> DeviceVendor:

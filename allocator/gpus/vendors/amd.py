@@ -26,7 +26,7 @@ from typing import Any
 from allocator.errors import AllocatorError
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
 from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["AMD", "Amd", "AmdSmiUnavailable", "load_amdsmi", "read_amd_gpus"]
 

@@ -17,7 +17,7 @@ from allocator.errors import RequestError
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import Inventory, declared_inventory
 from allocator.gpus.vendors.base import TorchBuild, VendorName
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["APPLE", "Apple", "is_apple_silicon"]
 

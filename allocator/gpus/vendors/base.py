@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 
 from allocator.errors import RequestError
 from allocator.gpus.inventory import Inventory
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = [
     "VENDOR_NAMES",

@@ -26,7 +26,7 @@ from typing import Protocol
 from allocator.gpus.fake_file import FakeFileError, FakeSystem, parse_fake_file
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
 from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["INTEL", "FakeSysfs", "Intel", "RealSysfs", "Sysfs", "read_intel_gpus"]
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from allocator.errors import RequestError
 from allocator.gpus.inventory import Inventory, read_inventory
 from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["NVIDIA", "Nvidia"]
 

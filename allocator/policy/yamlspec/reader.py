@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from allocator.errors import PolicyError
-from allocator.policy.yamlspec.scalars import AmbiguousScalar
+from allocator.policy.yamlspec.scalars import NULL_TAG, AmbiguousScalar
 from allocator.util.printable import printable
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ __all__ = [
     "line_of",
 ]
 
-NULL_TAG: Final = "tag:yaml.org,2002:null"
 MERGE_TAG: Final = "tag:yaml.org,2002:merge"
 MAP_TAG: Final = "tag:yaml.org,2002:map"
 SEQ_TAG: Final = "tag:yaml.org,2002:seq"
@@ -81,21 +80,17 @@ def describe_value(value: object) -> str:
 
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, datetime):
-        return "a timestamp"
-    if isinstance(value, date):
-        return "a date"
-    if isinstance(value, bytes):
-        return "binary data"
-    return type(value).__name__
+    # The first that fits: a bool is an int, a datetime a date.
+    names = (
+        (bool, "a boolean"),
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "a string"),
+        (datetime, "a timestamp"),
+        (date, "a date"),
+        (bytes, "binary data"),
+    )
+    return next((name for kind, name in names if isinstance(value, kind)), type(value).__name__)
 
 
 def describe_node(node: Node) -> str:
@@ -175,21 +170,21 @@ class Reader:
 
     def mapping(self, node: Node, path: str, expected: str = "a mapping") -> bool:
         """Whether ``node`` is a plain mapping; reports the problem when it is not."""
-        if kind_of(node) != "mapping":
-            self.error_at(node, path, f"expected {expected}, got {self._describe(node)}")
-            return False
-        if node.tag != MAP_TAG:
-            self.error_at(node, path, f"unsupported tag {node.tag!r} on a mapping")
-            return False
-        return True
+        return self._collection(node, path, expected, "mapping", MAP_TAG, "a mapping")
 
     def sequence(self, node: Node, path: str, expected: str = "a list") -> bool:
         """Whether ``node`` is a plain list; reports the problem when it is not."""
-        if kind_of(node) != "sequence":
+        return self._collection(node, path, expected, "sequence", SEQ_TAG, "a list")
+
+    def _collection(
+        self, node: Node, path: str, expected: str, kind: str, tag: str, plain: str
+    ) -> bool:
+        """Whether ``node`` is a ``kind`` with its plain ``tag``; reports the problem when not."""
+        if kind_of(node) != kind:
             self.error_at(node, path, f"expected {expected}, got {self._describe(node)}")
             return False
-        if node.tag != SEQ_TAG:
-            self.error_at(node, path, f"unsupported tag {node.tag!r} on a list")
+        if node.tag != tag:
+            self.error_at(node, path, f"unsupported tag {node.tag!r} on {plain}")
             return False
         return True
 

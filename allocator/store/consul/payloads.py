@@ -1,10 +1,11 @@
 """The pure parts of the Consul backend: key mapping, transaction payloads, watches.
 
 Nothing here does I/O or imports py-consul: :mod:`allocator.store.consul.store`
-sends what these functions build, and hands :class:`ConsulWatch` a function
-that runs one (blocking) query, so the watch loop's decisions -- diffing
-snapshots, resetting an index that went backwards, rate-limiting -- are
-tested on plain data with an injected clock.
+and :mod:`allocator.store.consul.writes` send what these functions build, and
+the store hands :class:`ConsulWatch` a function that runs one (blocking)
+query, so the watch loop's decisions -- diffing snapshots, resetting an
+index that went backwards, rate-limiting -- are tested on plain data with an
+injected clock.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One connection of the etcd JSON gateway client: connect, log in, post, read etcd's errors.
 
-Used by :mod:`allocator.store.etcd.store` (calls, failover, the call budget)
+Used by :mod:`allocator.store.etcd.calls` (calls, failover, the call budget)
 and :mod:`allocator.store.etcd.watch` (a watch's own connection).
 """
 

@@ -34,18 +34,10 @@ What it guarantees:
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from allocator.errors import (
-    AllocatorError,
-    Compacted,
-    LeaseLost,
-    StoreError,
-    StoreUnavailable,
-)
+from allocator.errors import Compacted, LeaseLost, StoreError
 from allocator.store.base import (
     Compare,
     Delete,
@@ -58,9 +50,9 @@ from allocator.store.base import (
     TxnOutcome,
     Watch,
 )
+from allocator.store.etcd.calls import EndpointCalls
 from allocator.store.etcd.config import EtcdConfig, parse_etcd_url
 from allocator.store.etcd.connection import Endpoint, tls_context
-from allocator.store.etcd.http_wire import HttpError, NotHttp, NotSent
 from allocator.store.etcd.json_api import (
     Json,
     b64,
@@ -73,17 +65,7 @@ from allocator.store.etcd.json_api import (
     txn_request,
     watch_request,
 )
-from allocator.store.etcd.rules import (
-    MAX_TXN_OPS,
-    Code,
-    EtcdStatus,
-    ambiguous_write,
-    attempt_timeout,
-    maybe_applied,
-    token_is_stale,
-    translate_status,
-    worth_another_endpoint,
-)
+from allocator.store.etcd.rules import MAX_TXN_OPS, Code, EtcdStatus
 from allocator.store.local import (
     check_key,
     check_limit,
@@ -100,10 +82,6 @@ if TYPE_CHECKING:
     from allocator.store.etcd.watch import EtcdWatch
 
 __all__ = ["MAX_TXN_OPS", "EtcdStore", "open_etcd"]
-
-_T = TypeVar("_T")
-# One attempt of a call on an endpoint that is connected and logged in, by a deadline.
-_Send = Callable[["Endpoint", float], _T]
 
 
 def open_etcd(url: str, *, create: bool = False) -> EtcdStore:
@@ -129,18 +107,16 @@ class EtcdStore:
         self.url = redact_url(url)
         self.config = config
         self.endpoints = config.endpoint_names
-        self.tls = tls_context(config)  # bad TLS files fail before any connection
-        self._index = 0
-        self._endpoint: Endpoint | None = None
-        self._lock = threading.RLock()
-        self._closed = False
+        # Bad TLS files fail here, before any connection.
+        self._calls = EndpointCalls(config, tls_context(config))
+        self._lock = self._calls.lock
         self._watches: set[EtcdWatch] = set()
 
     # --- reads and writes ----------------------------------------------------
 
     def get(self, key: str) -> KeyValue | None:
         """Return the current version of ``key``, or ``None``."""
-        reply = self._call("/v3/kv/range", range_request(check_key(key)), idempotent=True)
+        reply = self._calls.call("/v3/kv/range", range_request(check_key(key)), idempotent=True)
         kvs = reply.get("kvs") or []
         return key_value_of(kvs[0]) if kvs else None
 
@@ -158,7 +134,7 @@ class EtcdStore:
         def send(endpoint: Endpoint, until: float) -> Listing:
             return endpoint.post_as("/v3/kv/range", request, until, range_listing)
 
-        return self._run(send, idempotent=True)
+        return self._calls.run(send, idempotent=True)
 
     def list_parts(
         self, prefix: str, revision: int, splits: Sequence[str] = ()
@@ -207,18 +183,14 @@ class EtcdStore:
                     ) from None
                 raise
 
-        return self._run(send, idempotent=True)
+        return self._calls.run(send, idempotent=True)
 
     def spare_connection(self) -> Endpoint:
         """A second connection to the endpoint in use, carrying its login token (not yet open).
 
         For reads made beside the store's own connection; the caller closes it.
         """
-        with self._lock:
-            endpoint = Endpoint(self.config, self._index, self.tls)
-            if self._endpoint is not None:
-                endpoint.token = self._endpoint.token
-        return endpoint
+        return self._calls.spare_connection()
 
     def put(
         self,
@@ -235,7 +207,7 @@ class EtcdStore:
         request: Json = {"key": b64(key), "value": b64(value)}
         if _lease_of(lease):
             request["lease"] = str(lease)
-        return _revision(self._call("/v3/kv/put", request))
+        return _revision(self._calls.call("/v3/kv/put", request))
 
     def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
         """Delete ``key``; return whether it existed."""
@@ -250,7 +222,7 @@ class EtcdStore:
 
     def _txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> Json:
         check_txn(compares, ops, self.max_txn_ops)
-        reply = self._call("/v3/kv/txn", txn_request(compares, ops))
+        reply = self._calls.call("/v3/kv/txn", txn_request(compares, ops))
         if not reply.get("succeeded"):
             raise conflict_of(compares, reply)
         return reply
@@ -259,7 +231,7 @@ class EtcdStore:
         """One listing per item of ``reads``: one transaction of range reads, at one revision."""
         check_reads(reads)
         request = {"success": read_ops(reads)}
-        reply = self._call("/v3/kv/txn", request, idempotent=True)
+        reply = self._calls.call("/v3/kv/txn", request, idempotent=True)
         return listings_of(reply.get("responses") or [], _revision(reply))
 
     def txn_or_read(
@@ -268,7 +240,7 @@ class EtcdStore:
         """``txn``; when a compare fails, the ``reads`` from the same request's failure branch."""
         check_txn(compares, ops, self.max_txn_ops)
         check_reads(reads)
-        reply = self._call("/v3/kv/txn", txn_request(compares, ops, reads))
+        reply = self._calls.call("/v3/kv/txn", txn_request(compares, ops, reads))
         if reply.get("succeeded"):
             return TxnOutcome(True, _revision(reply))
         changed = conflict_of(compares, reply).keys
@@ -286,10 +258,10 @@ class EtcdStore:
         from allocator.store.etcd.watch import EtcdWatch, open_watch_stream
 
         request = watch_request(check_prefix(prefix), start_revision)
-        opened = self._run(lambda ep, until: open_watch_stream(ep, request, until), True)
+        opened = self._calls.run(lambda ep, until: open_watch_stream(ep, request, until), True)
         watch = EtcdWatch(opened, self._forget)
         with self._lock:
-            if self._closed:
+            if self._calls.closed:
                 watch.close()
                 raise StoreError(f"the etcd store for {self.endpoints} is closed")
             self._watches.add(watch)
@@ -305,14 +277,14 @@ class EtcdStore:
     def grant_lease(self, ttl: float) -> int:
         """Create a lease of ``ttl`` seconds (rounded up: etcd counts whole seconds)."""
         seconds = max(1, -int(-check_ttl(ttl) // 1))
-        reply = self._call("/v3/lease/grant", {"TTL": str(seconds)})
+        reply = self._calls.call("/v3/lease/grant", {"TTL": str(seconds)})
         if reply.get("error"):
             raise StoreError(f"etcd at {self.endpoints}: lease grant failed: {reply['error']}")
         return int(reply["ID"])
 
     def refresh_lease(self, lease: int) -> None:
         """Send one keep-alive; ``LeaseLost`` if the lease expired or was revoked."""
-        reply = self._call("/v3/lease/keepalive", {"ID": str(lease)}, idempotent=True)
+        reply = self._calls.call("/v3/lease/keepalive", {"ID": str(lease)}, idempotent=True)
         result = reply.get("result") or {}
         if int(result.get("TTL") or 0) <= 0:
             raise LeaseLost(f"etcd at {self.endpoints}: lease {lease:x} has expired")
@@ -320,112 +292,26 @@ class EtcdStore:
     def revoke_lease(self, lease: int) -> None:
         """End ``lease`` now, deleting its keys; no error if it is already gone."""
         with contextlib.suppress(LeaseLost):
-            self._call("/v3/lease/revoke", {"ID": str(lease)}, idempotent=True)
+            self._calls.call("/v3/lease/revoke", {"ID": str(lease)}, idempotent=True)
 
     # --- lifecycle -----------------------------------------------------------
 
     def close(self) -> None:
         """Close every watch and the connection. Idempotent."""
         with self._lock:
-            if self._closed:
+            if self._calls.closed:
                 return
-            self._closed = True
+            self._calls.closed = True
             watches, self._watches = list(self._watches), set()
-            endpoint, self._endpoint = self._endpoint, None
         for watch in watches:
             watch.close()
-        if endpoint is not None:
-            endpoint.close()
+        self._calls.close_connection()
 
     def __enter__(self) -> EtcdStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # --- plumbing ------------------------------------------------------------
-
-    def _call(self, path: str, body: Json, *, idempotent: bool = False) -> Json:
-        def send(endpoint: Endpoint, until: float) -> Json:
-            return endpoint.post(path, body, until)
-
-        return self._run(send, idempotent)
-
-    def _run(self, send: _Send[_T], idempotent: bool) -> _T:
-        """Run ``send(endpoint, until)`` within the call's budget, failing over as allowed.
-
-        Everything before ``send`` (connecting, logging in) sends nothing of
-        the call; what ``send`` raises after it wrote its request means the
-        request may have arrived.
-        """
-        with self._lock:
-            if self._closed:
-                raise StoreError(f"the etcd store for {self.endpoints} is closed")
-            started = time.monotonic()
-            count = len(self.config.endpoints)
-            for tried in range(1, count + 1):
-                share = attempt_timeout(
-                    started + self.config.timeout - time.monotonic(), count - tried + 1
-                )
-                until = time.monotonic() + share
-                endpoint = self._current()
-                where = endpoint.name if tried == 1 else self.endpoints
-                sent = False
-                try:
-                    endpoint.ready(until, check_etcd=not idempotent)
-                    sent = True
-                    return self._with_fresh_token(endpoint, send, until)
-                except (HttpError, EtcdStatus) as exc:
-                    error = self._failure(exc, where, sent, idempotent, last=tried == count)
-                    if error is not None:
-                        raise error from exc
-                self._next_endpoint()
-            raise AssertionError("every attempt returns or raises")
-
-    def _with_fresh_token(self, endpoint: Endpoint, send: _Send[_T], until: float) -> _T:
-        try:
-            return send(endpoint, until)
-        except EtcdStatus as exc:
-            # Log in again, once, as etcd's own client does.
-            if not token_is_stale(exc.details) or self.config.username is None:
-                raise
-        endpoint.login(until)
-        return send(endpoint, until)
-
-    def _failure(
-        self, exc: Exception, where: str, sent: bool, idempotent: bool, *, last: bool
-    ) -> AllocatorError | None:
-        """The error to raise for a failed attempt, or ``None`` to try the next endpoint."""
-        if isinstance(exc, NotHttp):  # not etcd's answer: another endpoint may be etcd
-            if sent and not idempotent:  # etcd answered here before: it may have taken it
-                return ambiguous_write(where, self.config.timeout)
-            if last:
-                return StoreUnavailable(f"etcd at {where}: {exc} (is it an etcd v3 server?)")
-            return None
-        if isinstance(exc, EtcdStatus):
-            code, details = exc.code, exc.details
-        elif isinstance(exc, NotSent) or not sent:
-            code, details = Code.UNAVAILABLE, f"failed to connect: {exc}"
-        else:  # the request went out; nothing (complete) came back
-            code, details = Code.DEADLINE_EXCEEDED, str(exc)
-        if sent and not idempotent and maybe_applied(code, details):
-            return ambiguous_write(where, self.config.timeout)
-        if last or not worth_another_endpoint(code, details, idempotent or not sent):
-            if code == Code.DEADLINE_EXCEEDED:
-                return StoreUnavailable(f"etcd at {where} gave no answer ({details})")
-            return translate_status(code, details, where)
-        return None
-
-    def _current(self) -> Endpoint:
-        if self._endpoint is None:
-            self._endpoint = Endpoint(self.config, self._index, self.tls)
-        return self._endpoint
-
-    def _next_endpoint(self) -> None:
-        if self._endpoint is not None:
-            self._endpoint.close()
-            self._endpoint = None
-        self._index = (self._index + 1) % len(self.config.endpoints)
 
 
 def _revision(reply: Json) -> int:

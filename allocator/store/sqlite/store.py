@@ -55,14 +55,10 @@ from allocator.store.base import (
     Listing,
     Op,
     Put,
-    Read,
     Store,
-    TxnOutcome,
     Watch,
     key_or_none,
     key_text,
-    read_each,
-    txn_then_read,
 )
 from allocator.store.sqlite.database import Connections, transaction, translate
 from allocator.store.sqlite.watch import FileChanges, SqliteWatch
@@ -324,16 +320,6 @@ class SqliteStore(local.ConditionalWrites):
                 raise LeaseLost(f"cannot put {op.key}: lease {lease} has expired or was revoked")
 
     # --- watches and leases --------------------------------------------------------
-
-    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
-        """One listing per item of ``reads`` (one local read each)."""
-        return read_each(self, reads)
-
-    def txn_or_read(
-        self, compares: Sequence[Compare], ops: Sequence[Op], reads: Sequence[Read]
-    ) -> TxnOutcome:
-        """``txn``; when a compare fails, the ``reads`` instead of ``CasConflict``."""
-        return txn_then_read(self, compares, ops, reads)
 
     def watch(self, prefix: str, start_revision: int) -> Watch:
         """Watch ``prefix`` for changes with revision >= ``start_revision`` (<= 0: from now)."""

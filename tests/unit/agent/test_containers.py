@@ -8,12 +8,14 @@ from pathlib import Path
 import msgspec
 
 from allocator.agent.planning.containers import container_argv, container_run
-from allocator.agent.planning.desired import desired_jobs, fingerprint
+from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.desired_inputs import DesiredInputs
+from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import DesiredJob
 from allocator.policy import load_policy
 from allocator.policy.model import Container, Policy
-from allocator.records.types import Assignment, GpuInfo, MigDevice
+from allocator.records.gpu_info import GpuInfo, MigDevice
+from allocator.records.types import Assignment
 
 HOST = "node7"
 INVENTORY = (

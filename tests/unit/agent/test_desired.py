@@ -10,12 +10,14 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-from allocator.agent.planning.desired import desired_jobs, fingerprint
+from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.desired_inputs import DesiredInputs
+from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import DesiredJob, Pin, WorkerSpec
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool
 from allocator.policy.sharing_field import SHARED
-from allocator.records.types import Assignment, GpuInfo, MigDevice
+from allocator.records.gpu_info import GpuInfo, MigDevice
+from allocator.records.types import Assignment
 
 HOST = "node7"
 INVENTORY = tuple(GpuInfo(index=i, uuid=f"GPU-{i:04d}") for i in range(4))

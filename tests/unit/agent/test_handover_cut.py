@@ -18,8 +18,8 @@ from dataclasses import replace
 import pytest
 
 from allocator.agent.planning.reconcile import plan
-from allocator.agent.processes.launch import read_shim_status
 from allocator.agent.processes.pause_points import PAUSE_VARIABLE
+from allocator.agent.processes.worker_status import read_shim_status
 from allocator.agent.shim.main import EXIT_HANDOVER
 from tests.e2e.agent_harness import processes_running as shims_running
 from tests.support import supervision

@@ -21,7 +21,8 @@ from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import DesiredJob, JobView, Start
 from allocator.policy.model import Host, Job, Policy, Pool, Sharing
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 from tests.support.fake_mps_control import install_fake_mps
 from tests.support.waiting import wait_for
 

@@ -20,8 +20,9 @@ from allocator.agent.sync.store_thread import StoreLink
 from allocator.errors import PermissionDenied
 from allocator.placement.ports import allocate_master_ports
 from allocator.policy.model import FallbackRule, Job, Policy
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, WorkerRecord
+from allocator.records.types import AgentRecord, Assignment, WorkerRecord
 from allocator.status.join import GroupStatus, HostStatus, JobRow, group_status
 from allocator.store import KeyValue, Store, open_store
 

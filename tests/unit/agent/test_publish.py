@@ -6,6 +6,7 @@ from typing import Any
 
 from allocator.agent.sync.host_records import host_view
 from allocator.agent.sync.publisher import Publisher
+from allocator.errors import PermissionDenied
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, PolicyRecord
 from allocator.store import KeyValue, Listing, Store
@@ -136,3 +137,52 @@ def test_withdraw_revokes_the_lease_and_drops_worker_records_unless_kept() -> No
     assert store.get(LAYOUT.workers(HOST, "train")) is not None
     publisher.withdraw(store, keep_worker_records=False)
     assert store.get(LAYOUT.workers(HOST, "train")) is None
+
+
+def test_the_counts_go_under_the_lease_once_and_a_re_read_does_not_rewrite_them() -> None:
+    store = MemoryStore()
+    publisher = _publisher(store, [])
+    publisher.keep_alive(store, ttl=10)
+    assert publisher.publish(store, b"agent", {"train": b"w"}, b"counts-1") == 3
+    item = store.get(LAYOUT.host_counts(HOST))
+    assert item is not None and item.value == b"counts-1" and item.lease == publisher.lease
+    # The periodic read sees only the host's prefix, where the counts are not.
+    publisher.observe({i.key: i for i in store.list(LAYOUT.host(HOST)).items})
+    assert publisher.publish(store, b"agent", {"train": b"w"}, b"counts-1") == 0
+    assert publisher.publish(store, b"agent", None, None) == 0  # workers unknown: left alone
+    assert publisher.publish(store, b"agent", {"train": b"w"}, b"counts-2") == 1
+    assert publisher.publish(store, b"agent", {"train": b"w"}, None) == 1  # no GPUs: none kept
+    assert store.get(LAYOUT.host_counts(HOST)) is None
+    publisher.publish(store, b"agent", {"train": b"w"}, b"counts-3")
+    publisher.withdraw(store, keep_worker_records=True)
+    assert store.get(LAYOUT.host_counts(HOST)) is None
+
+
+class _NoCounts(MemoryStore):
+    """A store whose role for this agent leaves out the counts key."""
+
+    def put(
+        self,
+        key: str,
+        value: bytes,
+        *,
+        expect_revision: int | None = None,
+        lease: int | None = None,
+    ) -> int:
+        if key.startswith(LAYOUT.counts):
+            raise PermissionDenied(f"permission denied writing {key}")
+        return super().put(key, value, expect_revision=expect_revision, lease=lease)
+
+
+def test_counts_the_role_refuses_are_logged_once_and_the_rest_still_published() -> None:
+    store = _NoCounts()
+    logged: list[Any] = []
+    publisher = _publisher(store, logged)
+    publisher.keep_alive(store, ttl=10)
+    assert publisher.publish(store, b"agent", {"train": b"w"}, b"counts") == 2
+    assert publisher.publish(store, b"agent", {"train": b"w2"}, b"counts-2") == 1
+    assert logged == ["counts-refused"]
+    assert store.get(LAYOUT.agent(HOST)) is not None
+    publisher.forget()  # a new connection tries again (a role may have been granted)
+    publisher.publish(store, b"agent", {"train": b"w2"}, b"counts-2")
+    assert logged == ["counts-refused", "counts-refused"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from allocator.agent.gpu_care.recovery import RecoveryProbes, probe_environment
 from allocator.gpus.probe import ProbeResult
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 from tests.support.waiting import wait_for
 
 COMMAND = ("probe",)

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from allocator.agent.gpu_care.mps import mps_clients
-from allocator.agent.planning.desired import desired_jobs, fingerprint
+from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.desired_inputs import DesiredInputs
+from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import DesiredJob
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Pool, Sharing
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 HOST = "node1"
 INVENTORY = tuple(

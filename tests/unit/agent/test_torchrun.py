@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 
 from allocator.agent.planning.command_line import expand_references
-from allocator.agent.planning.desired import desired_job, fingerprint
+from allocator.agent.planning.desired import desired_job
+from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import WorkerSpec
 from allocator.gpus.visible import NodeGroup, default_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 INVENTORY = tuple(GpuInfo(index=i, uuid=f"GPU-{i:04d}") for i in range(4))
 ENV = {"ALLOCATOR_GPU_COUNT": "2", "ALLOCATOR_JOB": "ddp", "EMPTY": ""}

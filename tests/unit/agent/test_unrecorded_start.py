@@ -13,9 +13,7 @@ state file's temporary file goes).
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +25,7 @@ from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import Start
 from allocator.agent.processes.supervisor import RECORD_RETRY_SECONDS, Supervisor
 from tests.support.clock import FakeClock
+from tests.support.full_disk import fill, small_tmpfs
 from tests.support.supervision import AGENT_ENV, job_spec, kill_reported, poll, processes_running
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
@@ -36,30 +35,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ne
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A directory on a small tmpfs, filled to the last byte (skipped where mounting is refused)."""
     mount = tmp_path / "state"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(mount, "256k") as why_not:
+        if why_not:
+            pytest.skip(f"cannot mount a tmpfs here (needs root): {why_not}")
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(directory: Path) -> Path:
-    """Fill the file system of ``directory`` until it says ENOSPC; return the filler."""
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError as exc:
-        assert exc.errno == errno.ENOSPC
-    finally:
-        os.close(fd)
-    return filler
 
 
 class World:

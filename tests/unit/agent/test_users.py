@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from allocator.agent.planning.desired import fingerprint
+from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import DesiredJob, Start
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.processes.users import RunAsError, identity_env, resolve_run_as

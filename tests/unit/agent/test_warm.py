@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from allocator.agent.processes.launch import SHIM, read_shim_status, shim_env, start_under_shim
+from allocator.agent.processes.launch import SHIM, shim_env, start_under_shim
 from allocator.agent.processes.warm_shim import IdleShim, WarmShims
+from allocator.agent.processes.worker_status import read_shim_status
 from allocator.agent.shim.main import decode_handover, encode_handover, unframe
 from tests.support.supervision import DUMMY, alive, kill_reported, poll, read_json
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -22,7 +21,7 @@ from allocator.gpus.visible import default_master_port
 from allocator.placement.choose import Request
 from allocator.placement.ports import first_free_port
 from allocator.records.types import Assignment, JobIndex, WorkerRecord
-from allocator.store import MAX_TXN_OPS, Compare, Op, Store, open_store
+from allocator.store import MAX_TXN_OPS, Compare, Op, Store
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 HOSTS = 14  # more than one job may span
@@ -65,11 +64,6 @@ class Recording:
             self.rival.assign(Request(job="rival", host="node2", gpus=(3,)))
             self.rival.release("node2", "rival")
         return self._store.txn(compares, ops)
-
-
-@pytest.fixture
-def store() -> Store:
-    return open_store(f"memory://{uuid.uuid4().hex}")
 
 
 def _allocator(store: object, actor: str = "alice@h") -> Allocator:

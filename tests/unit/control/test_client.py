@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 from allocator.control.client import Allocator
 from allocator.errors import BadRecord, ConflictError, NotFound, PlacementRefused, RequestError
 from allocator.placement.choose import Request
-from allocator.store import MAX_TXN_OPS, Compare, Op, Read, Store, TxnOutcome, open_store
+from allocator.store import MAX_TXN_OPS, Compare, Op, Read, Store, TxnOutcome
 
 EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
@@ -46,11 +45,6 @@ class Interloper:
     ) -> TxnOutcome:
         self.before_write()
         return self._store.txn_or_read(compares, ops, reads)
-
-
-@pytest.fixture
-def store() -> Store:
-    return open_store(f"memory://{uuid.uuid4().hex}")
 
 
 def _allocator(store: object, actor: str = "alice@h") -> Allocator:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -10,31 +9,26 @@ import pytest
 
 from allocator.control.client import Allocator
 from allocator.control.history import (
-    MAX_TRIM,
     Stored,
     host_stream,
     parse_since,
-    prepare_append,
     read_history,
     read_stream,
     select,
 )
+from allocator.control.history_append import MAX_TRIM, prepare_append
 from allocator.errors import BadRecord, CasConflict, InvalidInput
 from allocator.placement.choose import Request
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
-from allocator.store import Store, open_store
+from allocator.store import Store
+from tests.support.reads import no_bad
 
 EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 LAYOUT = KeyLayout()
-
-
-@pytest.fixture
-def store() -> Store:
-    return open_store(f"memory://{uuid.uuid4().hex}")
 
 
 def _allocator(store: Store, limit: int | None = None) -> Allocator:
@@ -46,12 +40,8 @@ def _allocator(store: Store, limit: int | None = None) -> Allocator:
 
 def _entries(store: Store, host: str = "node1") -> list[HistoryEntry]:
     """The host's entries, newest first."""
-    found = read_history(store, LAYOUT, _no_bad, host=host, with_policy=False)
+    found = read_history(store, LAYOUT, no_bad, host=host, with_policy=False)
     return [s.entry for s in found]
-
-
-def _no_bad(error: BadRecord) -> None:
-    raise AssertionError(f"unexpected bad record: {error}")
 
 
 def _set(allocator: Allocator, job: str, *gpus: int, reason: str = "") -> None:
@@ -125,7 +115,7 @@ def test_policy_apply_is_recorded_with_its_hash_and_the_one_it_replaced(store: S
     result = allocator.apply_policy(EXAMPLE + "\n# edited\n", "new.yaml", reason="PR 12")
     allocator.apply_policy(EXAMPLE + "\n# edited\n", "new.yaml")  # unchanged: nothing written
 
-    entries = [s.entry for s in read_history(store, LAYOUT, _no_bad)]
+    entries = [s.entry for s in read_history(store, LAYOUT, no_bad)]
 
     assert [e.action for e in entries] == ["policy-apply", "policy-apply"]
     assert entries[0].policy_sha256 == result.record.sha256
@@ -192,12 +182,12 @@ def test_release_keeps_the_limit_the_host_history_was_written_with(store: Store)
 
 def test_two_writers_of_one_head_cannot_both_take_a_sequence_number(store: Store) -> None:
     stream = host_stream(LAYOUT, "node1")
-    first = prepare_append(store, stream, _entry("a"), HistorySettings(10), _no_bad)
-    second = prepare_append(store, stream, _entry("b"), HistorySettings(10), _no_bad)
+    first = prepare_append(store, stream, _entry("a"), HistorySettings(10), no_bad)
+    second = prepare_append(store, stream, _entry("b"), HistorySettings(10), no_bad)
     store.txn([first[0]], first[1])
     with pytest.raises(CasConflict):
         store.txn([second[0]], second[1])
-    retried = prepare_append(store, stream, _entry("b"), HistorySettings(10), _no_bad)
+    retried = prepare_append(store, stream, _entry("b"), HistorySettings(10), no_bad)
     store.txn([retried[0]], retried[1])
     assert [(e.seq, e.job) for e in _entries(store)] == [(1, "b"), (0, "a")]
 
@@ -281,7 +271,7 @@ def test_every_hosts_history_is_read_newest_first_across_hosts(store: Store) -> 
     _set(allocator, "train", 0)
     allocator.assign(Request(job="big", host="node2", count=2))
     _set(allocator, "train", 1)
-    entries = [s.entry for s in read_history(store, LAYOUT, _no_bad)]
+    entries = [s.entry for s in read_history(store, LAYOUT, no_bad)]
     assert [(e.host, e.action) for e in entries] == [
         ("node1", "move"),
         ("node2", "set"),

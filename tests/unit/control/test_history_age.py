@@ -2,28 +2,19 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pytest
-
 from allocator.control.client import Allocator
-from allocator.control.history import (
-    MAX_TRIM,
-    Head,
-    aged_count,
-    append_plan,
-    host_stream,
-    read_history,
-)
+from allocator.control.history import host_stream, read_history
+from allocator.control.history_append import MAX_TRIM, Head, aged_count, append_plan
 from allocator.control.history_prune import prune_history
-from allocator.errors import BadRecord
 from allocator.placement.choose import Request
 from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
-from allocator.store import Delete, Store, open_store
+from allocator.store import Delete, Store
+from tests.support.reads import no_bad
 
 EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()
 START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
@@ -41,15 +32,6 @@ class Clock:
         return self.now
 
 
-@pytest.fixture
-def store() -> Store:
-    return open_store(f"memory://{uuid.uuid4().hex}")
-
-
-def _no_bad(error: BadRecord) -> None:
-    raise AssertionError(f"unexpected bad record: {error}")
-
-
 def _allocator(store: Store, clock: Clock, history: str) -> Allocator:
     allocator = Allocator(store, clock=clock, actor="alice@h")
     allocator.apply_policy(EXAMPLE + f"history: {history}\n", "p.yaml")
@@ -57,7 +39,7 @@ def _allocator(store: Store, clock: Clock, history: str) -> Allocator:
 
 
 def _times(store: Store, host: str = "node1") -> list[str]:
-    found = read_history(store, LAYOUT, _no_bad, host=host, with_policy=False)
+    found = read_history(store, LAYOUT, no_bad, host=host, with_policy=False)
     return sorted(s.entry.at for s in found)
 
 
@@ -158,14 +140,14 @@ def test_prune_drops_old_entries_everywhere_and_removes_streams_of_hosts_that_le
     allocator.assign(Request(job="eval", host="node2", gpus=(1,)))
     clock.now += 5 * DAY  # node1's entries are 10 days old; node2 has one of 5 days
 
-    done = prune_history(store, LAYOUT, frozenset({"node2"}), 7 * 86_400, clock.now, _no_bad)
+    done = prune_history(store, LAYOUT, frozenset({"node2"}), 7 * 86_400, clock.now, no_bad)
 
     # node1's 3, node2's older one, and the policy's (applied 10 days ago).
     assert (done.entries, done.pruned_streams, done.removed) == (5, 3, ("node1",))
     assert _times(store, "node1") == []
     assert store.get(host_stream(LAYOUT, "node1").head_key) is None
     assert _times(store, "node2") == ["2026-06-06T12:00:00Z"]
-    again = prune_history(store, LAYOUT, frozenset({"node2"}), 7 * 86_400, clock.now, _no_bad)
+    again = prune_history(store, LAYOUT, frozenset({"node2"}), 7 * 86_400, clock.now, no_bad)
     assert (again.entries, again.removed) == (0, ())
 
 
@@ -176,10 +158,10 @@ def test_prune_drops_a_long_stream_a_page_at_a_time(store: Store) -> None:
         _set(allocator, i % 3)
     clock.now += 2 * DAY
 
-    done = prune_history(store, LAYOUT, frozenset({"node1"}), 86_400, clock.now, _no_bad)
+    done = prune_history(store, LAYOUT, frozenset({"node1"}), 86_400, clock.now, no_bad)
 
     assert done.entries == 130 + 1 and done.removed == ()  # and the policy's
     assert _times(store) == []
     _set(allocator, 0)  # the head still numbers the next entry
-    (entry,) = read_history(store, LAYOUT, _no_bad, host="node1", with_policy=False)
+    (entry,) = read_history(store, LAYOUT, no_bad, host="node1", with_policy=False)
     assert entry.entry.seq == 130

@@ -5,27 +5,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
 
 from allocator.control import history_index
-from allocator.control.history import (
-    Stored,
-    Stream,
-    host_stream,
-    policy_stream,
-    prepare_append,
-    read_history,
-)
+from allocator.control.history import Stored, Stream, host_stream, policy_stream, read_history
+from allocator.control.history_append import prepare_append
 from allocator.control.history_prune import prune_history
 from allocator.control.history_read import query_history, read_recent
-from allocator.errors import BadRecord
 from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
 from allocator.store import Delete, KeyValue, Listing, Read, Store, open_store
 from allocator.util.times import format_time
+from tests.support.reads import CountingStore, no_bad
 
 LAYOUT = KeyLayout()
 HISTORY = LAYOUT.history
@@ -35,38 +28,13 @@ START = datetime(2026, 6, 1, 10, tzinfo=UTC)
 NOW = START + timedelta(minutes=5)
 
 
-def _no_bad(error: BadRecord) -> None:
-    raise AssertionError(f"unexpected bad record: {error}")
-
-
-class CountingStore:
-    """A real memory store that counts the keys its reads returned."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.keys_read = 0
-
-    def list(self, prefix: str, **options: Any) -> Listing:
-        listing = self.store.list(prefix, **options)
-        self.keys_read += len(listing.items)
-        return listing
-
-    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
-        found = self.store.read_many(reads)
-        self.keys_read += sum(len(listing.items) for listing in found)
-        return found
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
-
-
 def _append(store: Store, stream: Stream, at: datetime) -> None:
     entry = HistoryEntry(
         seq=0, at=format_time(at), by="alice", action="set", host=stream.host, job="j"
     )
     if stream.host is None:
         entry = HistoryEntry(seq=0, at=format_time(at), by="alice", action="policy-apply")
-    compare, ops = prepare_append(store, stream, entry, HistorySettings(1000), _no_bad)
+    compare, ops = prepare_append(store, stream, entry, HistorySettings(1000), no_bad)
     store.txn([compare], ops)
 
 
@@ -88,7 +56,7 @@ def fleet() -> Store:
 
 def _newest(store: Store, limit: int) -> list[Stored]:
     """What reading every stream shows first."""
-    return read_history(store, LAYOUT, _no_bad)[:limit]
+    return read_history(store, LAYOUT, no_bad)[:limit]
 
 
 def test_pointer_keys_sort_newest_first_across_hours_and_digits() -> None:
@@ -115,10 +83,10 @@ def test_a_pointer_names_its_entries_and_a_group_pointer_names_them_all() -> Non
 def test_the_fleet_wide_newest_twenty_come_from_the_index_in_order(fleet: Store) -> None:
     counting = CountingStore(fleet)
 
-    found = read_recent(counting, LAYOUT, _no_bad, limit=20, now=NOW)
+    found = read_recent(counting, LAYOUT, no_bad, limit=20, now=NOW)
 
     assert found == _newest(fleet, 20)
-    assert query_history(fleet, LAYOUT, _no_bad, limit=20, now=NOW) == found
+    assert query_history(fleet, LAYOUT, no_bad, limit=20, now=NOW) == found
     # The pointers, those of the last second again, and the entries they name: bounded by
     # the limit, not the 30 hosts' heads.
     assert counting.keys_read <= 2 * 20 + 1
@@ -135,7 +103,7 @@ def test_the_index_is_read_a_few_buckets_at_a_time_back_from_the_readers_clock(
             return super().read_many(reads)
 
     # An hour on, the fixture's minutes of entries are many buckets back: still found.
-    found = read_recent(Recording(fleet), LAYOUT, _no_bad, limit=20, now=NOW + timedelta(hours=1))
+    found = read_recent(Recording(fleet), LAYOUT, no_bad, limit=20, now=NOW + timedelta(hours=1))
 
     assert found == _newest(fleet, 20)
     # No read spans the index (etcd would walk all of it): buckets of 100 s, and the tie's second.
@@ -146,13 +114,13 @@ def test_the_index_is_read_a_few_buckets_at_a_time_back_from_the_readers_clock(
 def test_without_the_index_the_heads_still_give_the_newest_twenty(fleet: Store) -> None:
     fleet.txn([], [Delete(RECENT, prefix=True)])
 
-    assert read_recent(fleet, LAYOUT, _no_bad, limit=20, now=NOW) is None
-    assert query_history(fleet, LAYOUT, _no_bad, limit=20, now=NOW) == _newest(fleet, 20)
+    assert read_recent(fleet, LAYOUT, no_bad, limit=20, now=NOW) is None
+    assert query_history(fleet, LAYOUT, no_bad, limit=20, now=NOW) == _newest(fleet, 20)
 
 
 def test_an_index_shorter_than_the_limit_falls_back_to_the_heads(fleet: Store) -> None:
-    assert read_recent(fleet, LAYOUT, _no_bad, limit=200, now=NOW) is None
-    assert query_history(fleet, LAYOUT, _no_bad, limit=200, now=NOW) == _newest(fleet, 200)
+    assert read_recent(fleet, LAYOUT, no_bad, limit=200, now=NOW) is None
+    assert query_history(fleet, LAYOUT, no_bad, limit=200, now=NOW) == _newest(fleet, 200)
 
 
 def test_a_pointer_to_a_dropped_entry_falls_back_to_the_heads(fleet: Store) -> None:
@@ -160,8 +128,8 @@ def test_a_pointer_to_a_dropped_entry_falls_back_to_the_heads(fleet: Store) -> N
     assert newest.host is not None
     fleet.delete(host_stream(LAYOUT, newest.host).entry_key(newest.seq))
 
-    assert read_recent(fleet, LAYOUT, _no_bad, limit=5, now=NOW) is None
-    assert query_history(fleet, LAYOUT, _no_bad, limit=5, now=NOW) == _newest(fleet, 5)
+    assert read_recent(fleet, LAYOUT, no_bad, limit=5, now=NOW) is None
+    assert query_history(fleet, LAYOUT, no_bad, limit=5, now=NOW) == _newest(fleet, 5)
 
 
 def test_an_append_drops_the_index_hour_kept_hours_before_its_own() -> None:
@@ -200,7 +168,7 @@ def test_entries_of_one_second_are_ranked_by_revision_not_by_key() -> None:
     for index in range(30):  # node00 first: key order is the reverse of write order
         _append(store, host_stream(LAYOUT, f"node{index:02d}"), START)
 
-    found = read_recent(store, LAYOUT, _no_bad, limit=5, now=NOW)
+    found = read_recent(store, LAYOUT, no_bad, limit=5, now=NOW)
 
     assert found is not None
     assert [s.entry.host for s in found] == ["node29", "node28", "node27", "node26", "node25"]
@@ -219,7 +187,7 @@ def test_prune_cuts_the_index_hours_no_append_cut() -> None:
         frozenset({"node1", "node2"}),
         30 * 86_400,
         START + timedelta(hours=6),
-        _no_bad,
+        no_bad,
     )
 
     assert done.index_hours == 1

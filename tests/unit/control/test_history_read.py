@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,53 +13,26 @@ from allocator.control.history import (
     Stream,
     host_stream,
     policy_stream,
-    prepare_append,
     read_history,
     select,
 )
+from allocator.control.history_append import prepare_append
 from allocator.control.history_read import (
     SINCE_PAGE,
     first_page,
     newest_entries,
     query_history,
 )
-from allocator.errors import BadRecord
 from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
 from allocator.serve.history import history_json
-from allocator.store import Listing, Read, Store, open_store
+from allocator.store import Store, open_store
 from allocator.util.times import format_time
+from tests.support.reads import CountingStore, no_bad
 
 LAYOUT = KeyLayout()
 START = datetime(2026, 6, 1, tzinfo=UTC)
-
-
-class CountingStore:
-    """A real memory store that counts the keys its listings returned."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.keys_read = 0
-        self.lists = 0
-
-    def list(self, prefix: str, **options: Any) -> Listing:
-        listing = self.store.list(prefix, **options)
-        self.keys_read += len(listing.items)
-        self.lists += 1
-        return listing
-
-    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
-        found = self.store.read_many(reads)
-        self.keys_read += sum(len(listing.items) for listing in found)
-        return found
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.store, name)
-
-
-def _no_bad(error: BadRecord) -> None:
-    raise AssertionError(f"unexpected bad record: {error}")
 
 
 def _append(store: Store, stream: Stream, minute: int, job: str | None, gpu: int) -> None:
@@ -78,7 +50,7 @@ def _append(store: Store, stream: Stream, minute: int, job: str | None, gpu: int
             to_mode="gpu",
             to_gpus=(gpu,),
         )
-    compare, ops = prepare_append(store, stream, entry, HistorySettings(10_000), _no_bad)
+    compare, ops = prepare_append(store, stream, entry, HistorySettings(10_000), no_bad)
     store.txn([compare], ops)
 
 
@@ -101,7 +73,7 @@ def _everything(store: Store, **filters: Any) -> list[Stored]:
     """What ``history`` showed before: every entry read, then selected and cut."""
     host, limit = filters.pop("host", None), filters.pop("limit", None)
     with_policy = filters.get("job") is None and filters.get("gpu") is None
-    entries = read_history(store, LAYOUT, _no_bad, host=host, with_policy=with_policy)
+    entries = read_history(store, LAYOUT, no_bad, host=host, with_policy=with_policy)
     return select(entries, **filters)[:limit]
 
 
@@ -124,14 +96,14 @@ def _everything(store: Store, **filters: Any) -> list[Stored]:
 def test_a_query_shows_what_reading_everything_showed(
     fleet: Store, filters: dict[str, Any]
 ) -> None:
-    assert query_history(fleet, LAYOUT, _no_bad, **filters) == _everything(fleet, **filters)
+    assert query_history(fleet, LAYOUT, no_bad, **filters) == _everything(fleet, **filters)
 
 
 def test_the_newest_entry_of_the_fleet_costs_a_key_a_host_not_the_whole_history(
     fleet: Store,
 ) -> None:
     counting = CountingStore(fleet)
-    (newest,) = query_history(counting, LAYOUT, _no_bad, limit=1)
+    (newest,) = query_history(counting, LAYOUT, no_bad, limit=1)
     assert newest.entry.host == "node11" and newest.entry.seq == 59
     # 12 heads, one entry of each host's stream and of the policy's: 25 of 740 keys.
     assert counting.keys_read <= 12 + 13 + 2
@@ -139,7 +111,7 @@ def test_the_newest_entry_of_the_fleet_costs_a_key_a_host_not_the_whole_history(
 
 def test_twenty_entries_read_about_twenty_entries(fleet: Store) -> None:
     counting = CountingStore(fleet)
-    shown = query_history(counting, LAYOUT, _no_bad, limit=20)
+    shown = query_history(counting, LAYOUT, no_bad, limit=20)
     assert len(shown) == 20
     assert counting.keys_read - 12 <= 13 * 4 + 2 * 20  # 13 first pages of 4, then the shown
 
@@ -150,7 +122,7 @@ def test_the_newest_twenty_of_a_large_fleet_cost_the_limit_not_the_hosts() -> No
         _append(store, host_stream(LAYOUT, f"node{minute % 300:03d}"), minute, "j", 0)
     counting = CountingStore(store)
 
-    shown = query_history(counting, LAYOUT, _no_bad, limit=20)
+    shown = query_history(counting, LAYOUT, no_bad, limit=20)
 
     assert shown == _everything(store, limit=20)
     assert [s.entry.at for s in shown][:2] == ["2026-06-01T09:59:00Z", "2026-06-01T09:58:00Z"]
@@ -161,7 +133,7 @@ def test_the_newest_twenty_of_a_large_fleet_cost_the_limit_not_the_hosts() -> No
 def test_a_since_window_reads_only_that_window(fleet: Store) -> None:
     counting = CountingStore(fleet)
     since = START + timedelta(minutes=720 - 24)  # the last two rounds
-    shown = query_history(counting, LAYOUT, _no_bad, since=since)
+    shown = query_history(counting, LAYOUT, no_bad, since=since)
     assert len(shown) == 24
     # Each stream's first page (8) holds its window (2 entries) and what just precedes it.
     assert counting.keys_read <= 12 + 13 * SINCE_PAGE
@@ -176,7 +148,7 @@ def test_the_history_api_with_limit_1_reads_no_more_than_a_key_a_host(fleet: Sto
 
 def test_an_entry_appended_between_pages_is_not_shown_twice(fleet: Store) -> None:
     stream = host_stream(LAYOUT, "node0")
-    reader = newest_entries(fleet, stream, _no_bad, page=2)
+    reader = newest_entries(fleet, stream, no_bad, page=2)
     first = [next(reader), next(reader)]
     _append(fleet, stream, 10_000, "late", 0)
     rest = list(reader)

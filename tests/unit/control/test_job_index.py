@@ -19,32 +19,17 @@ from allocator.records.types import Assignment, JobIndex, PolicyRecord
 from allocator.store import (
     Compare,
     KeyValue,
-    Listing,
     Op,
     Read,
     Store,
     TxnOutcome,
     open_store,
 )
+from tests.support.reads import CountingStore
 
 EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 LAYOUT = KeyLayout()
-
-
-class CountingStore:
-    """A store that counts prefix reads (a fleet scan is one ``list`` of every host)."""
-
-    def __init__(self, store: Store) -> None:
-        self._store = store
-        self.lists: list[str] = []
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._store, name)
-
-    def list(self, prefix: str) -> Listing:
-        self.lists.append(prefix)
-        return self._store.list(prefix)
 
 
 @pytest.fixture
@@ -81,7 +66,7 @@ def test_finding_a_job_reads_its_index_not_every_host(store: Store) -> None:
     counting = CountingStore(store)
     found = _ops(counting).find_job("train")
     assert [(a.host, a.gpus) for a in found] == [("node2", (3,))]
-    assert counting.lists == []  # no prefix read at all
+    assert counting.prefixes == []  # no prefix read at all
 
 
 def _store_from_before_the_index() -> Store:
@@ -104,7 +89,7 @@ def test_a_store_from_before_the_index_is_scanned_and_its_index_rebuilt() -> Non
     assert not _policy_says_indexed(store)  # apply saw the assignment without its entry
     counting = CountingStore(store)
     assert [a.host for a in _ops(counting).find_job("train")] == ["node1"]
-    assert counting.lists == [LAYOUT.hosts]
+    assert counting.prefixes == [LAYOUT.hosts]
     _ops(store).assign(Request(job="train", host="node2", gpus=(0,)))
     assert _index(store, "train") == ("node1", "node2")  # the first host is not lost
 
@@ -113,7 +98,7 @@ def test_a_new_jobs_first_set_reads_no_other_host_under_an_indexed_policy(store:
     assert _policy_says_indexed(store)
     counting = CountingStore(store)
     _ops(counting).assign(Request(job="fresh", host="node1", gpus=(2,)))
-    assert LAYOUT.hosts not in counting.lists  # no other host was read
+    assert LAYOUT.hosts not in counting.prefixes  # no other host was read
     assert _index(store, "fresh") == ("node1",)
 
 
@@ -121,7 +106,7 @@ def test_a_new_jobs_first_set_searches_every_host_without_an_indexed_policy() ->
     store = _store_from_before_the_index()
     counting = CountingStore(store)
     _ops(counting).assign(Request(job="fresh", host="node1", gpus=(2,)))
-    assert LAYOUT.hosts in counting.lists
+    assert LAYOUT.hosts in counting.prefixes
 
 
 def test_a_policy_is_indexed_once_every_job_has_its_entry() -> None:

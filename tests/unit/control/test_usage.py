@@ -75,7 +75,7 @@ def test_the_holder_is_the_recorded_holder_else_the_writers_user() -> None:
 
 
 def test_set_and_release_entries_record_the_assignments_holder() -> None:
-    from allocator.control.history import change_entry, release_entry
+    from allocator.control.history_entries import change_entry, release_entry
     from allocator.records.types import Assignment
 
     held = Assignment(

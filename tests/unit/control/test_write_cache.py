@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.history import host_stream, prepare_append, read_stream
+from allocator.control.history import host_stream, read_stream
+from allocator.control.history_append import prepare_append
 from allocator.errors import BadRecord, PlacementRefused, RequestError
 from allocator.placement.choose import Request
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, HistoryEntry
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import AgentRecord, Assignment, HistoryEntry
 from allocator.store import Compare, Op, Put, Read, Store, TxnOutcome, open_store
 
 EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()

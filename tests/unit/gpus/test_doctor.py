@@ -24,7 +24,7 @@ from allocator.gpus.doctor import (
 )
 from allocator.gpus.inventory import Inventory, read_inventory
 from allocator.policy.model import Host, Policy
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml
 
 POLICY = Policy(version=1, hosts={"node1": Host("node1", 2)})

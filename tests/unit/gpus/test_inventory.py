@@ -12,7 +12,7 @@ import pytest
 
 from allocator.gpus.fake_file import DEFAULT_MEMORY_MIB, DEFAULT_NAME, default_uuid
 from allocator.gpus.inventory import Inventory, cuda_version_text, keep_last_good, read_inventory
-from allocator.records.types import GpuInfo
+from allocator.records.gpu_info import GpuInfo
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml
 
 H100 = "NVIDIA H100 80GB HBM3"

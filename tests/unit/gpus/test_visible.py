@@ -15,7 +15,8 @@ from allocator.gpus.visible import (
     worker_environments,
 )
 from allocator.policy.model import FallbackRule, Host, Job, Policy
-from allocator.records.types import Assignment, GpuInfo, MigDevice
+from allocator.records.gpu_info import GpuInfo, MigDevice
+from allocator.records.types import Assignment
 from allocator.worker import parse_visible_devices
 
 UUID = "GPU-6f1c2a53-0000-4000-8000-00000000000{}".format

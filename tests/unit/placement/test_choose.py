@@ -29,7 +29,8 @@ from allocator.policy.model import (
     Sharing,
 )
 from allocator.policy.sharing_field import SHARED
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 EXCLUSIVE = Sharing()

@@ -15,7 +15,8 @@ from typing import Any
 
 from allocator.placement.choose import Request, place
 from allocator.policy.model import Host, Policy
-from allocator.records.types import Assignment, GpuInfo
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 

@@ -13,7 +13,9 @@ from allocator.errors import PlacementRefused, RequestError
 from allocator.placement.choose import Request, gpu_blockers, place
 from allocator.policy.model import Host, Job, Policy, Pool, Sharing, WorkerMode
 from allocator.policy.sharing_field import SHARED
-from allocator.records.types import Assignment, GpuInfo, PcieLevel
+from allocator.records.fields import PcieLevel
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.types import Assignment
 
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 SLICED = Sharing("time-slice", 4)

@@ -771,3 +771,12 @@ def test_cross_reference_errors_point_at_the_written_item_after_skipped_ones() -
         (16, "reservations[0].gpus[1]", "GPU 1 is listed twice (first at reservations[0].gpus[0])"),
         (17, "reservations[0].gpus[2]", "GPU 2 is not on host 'node1', which has 2 GPUs (0-1)"),
     }
+
+
+def test_every_vendor_s_device_variables_are_reserved_from_a_job_s_env() -> None:
+    from allocator.gpus.vendors import VISIBILITY_VARIABLES
+    from allocator.policy.jobs_spec import RESERVED_ENV
+
+    # ZE_FLAT_DEVICE_HIERARCHY=FLAT in a job's env would renumber the tiles the
+    # agent's ZE_AFFINITY_MASK names: refused, as the filters are.
+    assert set(RESERVED_ENV) == VISIBILITY_VARIABLES

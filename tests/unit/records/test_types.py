@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 
 from allocator.errors import BadRecord
 from allocator.records.codec import decode_record
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, PolicyRecord, WorkerRecord
+from allocator.records.types import AgentRecord, Assignment, PolicyRecord, WorkerRecord
 from allocator.status.join import build_status
 from allocator.status.snapshots import snapshots_by_host
 from allocator.store import KeyValue

@@ -7,16 +7,15 @@ import hashlib
 import json
 from datetime import UTC, datetime
 
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, PolicyRecord
+from allocator.records.types import AgentRecord, Assignment, PolicyRecord
 from allocator.serve.fleet_api import StatusQuery, fleet_json, metrics_text, status_json
-from allocator.serve.fleet_metrics import fleet_families
 from allocator.serve.fleet_view import FleetView
 from allocator.serve.mirror import FleetMirror
 from allocator.serve.select import select_hosts
 from allocator.status.documents import status_document
 from allocator.status.join import group_status
-from allocator.status.metrics import exposition
 from allocator.store import Event, KeyValue, Listing
 from tests.support.prometheus import parse_exposition
 
@@ -80,10 +79,14 @@ def _mirror() -> FleetMirror:
 
 
 def _full(mirror: FleetMirror) -> tuple[dict[str, object], bytes]:
-    """The status document and the metrics a whole rebuild makes (the old way)."""
+    """The status document of the whole fleet joined at once, and the metrics of a view
+    built from scratch: every host's part made again and the fleet's sums counted anew."""
     hosts, revision = mirror.status(NOW, lambda _bad: None)
     document = json.loads(json.dumps(status_document(hosts, revision, group_status(hosts))))
-    return document, exposition(lambda: fleet_families(hosts, True, 0.0))
+    items, policy, _ = mirror.snapshot()
+    fresh = FleetMirror(LAYOUT)
+    fresh.reset(Listing((*items, *([policy] if policy else [])), revision))
+    return document, _incremental(FleetView(fresh, lambda _bad: None))[1]
 
 
 def _incremental(view: FleetView) -> tuple[dict[str, object], bytes]:

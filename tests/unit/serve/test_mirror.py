@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from allocator.records.gpu_info import GpuInfo
+from allocator.records.host_counts import HostCounts
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo
+from allocator.records.types import AgentRecord, Assignment
 from allocator.serve.mirror import FleetMirror
 from allocator.store import Event, KeyValue, Listing
 
@@ -81,3 +83,23 @@ def test_an_unreadable_policy_is_reported_and_status_goes_on_without_it() -> Non
     hosts, revision = mirror.status(NOW, bad.append)
     assert revision == 3 and [h.host for h in hosts] == ["n1"]
     assert bad and "policy record" in bad[0]
+
+
+def _counts(host: str, gpus: int, utilisation: int | None) -> bytes:
+    return HostCounts(host, tuple(range(gpus)), free=gpus, utilisation=utilisation).to_json()
+
+
+def test_the_agents_counts_give_the_fleet_s_mean_utilisation_not_a_status_change() -> None:
+    mirror = FleetMirror(LAYOUT)
+    assert mirror.utilisation_percent() is None  # nothing reported: no point on the plot
+    mirror.reset(Listing((KeyValue(LAYOUT.host_counts("n1"), _counts("n1", 8, 90), 2, 2, 9),), 2))
+    assert mirror.utilisation_percent() == 90.0
+    n2 = LAYOUT.host_counts("n2")
+    assert not mirror.apply([Event("put", n2, _counts("n2", 2, 40), 3)], {})  # same status
+    assert mirror.utilisation_percent() == 80.0  # weighted by GPUs: (8 x 90 + 2 x 40) / 10
+    mirror.apply([Event("put", n2, b"garbage", 4)], {})
+    assert mirror.utilisation_percent() == 90.0
+    mirror.apply([Event("put", n2, _counts("n1", 2, 0), 5)], {})  # names another host
+    assert mirror.utilisation_percent() == 90.0
+    mirror.apply([Event("delete", LAYOUT.host_counts("n1"), None, 6)], {})  # its agent gone
+    assert mirror.utilisation_percent() is None

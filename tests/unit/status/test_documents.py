@@ -17,8 +17,9 @@ import pytest
 
 from allocator.cli.output import json_text
 from allocator.policy.model import Host, IdleRule, Job, Policy, Pool, Reservation, Sharing
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, GpuProcess, WorkerRecord
+from allocator.records.types import AgentRecord, Assignment, GpuProcess, WorkerRecord
 from allocator.status.documents import status_document, status_host_json, status_json
 from allocator.status.join import GpuRow, HostStatus, build_status, group_status
 from allocator.store import KeyValue

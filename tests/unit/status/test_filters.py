@@ -8,8 +8,9 @@ import pytest
 
 from allocator.errors import InvalidInput
 from allocator.policy.model import Host, Policy, Pool, Reservation
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, WorkerRecord
+from allocator.records.types import AgentRecord, Assignment, WorkerRecord
 from allocator.status.filters import (
     StatusFilter,
     filter_hosts,

@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from allocator.cli.output import render_table
 from allocator.cli.status import _text
 from allocator.policy.model import Host, IdleRule, Job, Policy, Pool
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, GpuProcess, WorkerRecord
+from allocator.records.types import AgentRecord, Assignment, GpuProcess, WorkerRecord
 from allocator.status.join import build_status
 from allocator.store import KeyValue
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from allocator.policy.model import Host, Policy, Reservation
+from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
-from allocator.records.types import AgentRecord, Assignment, GpuInfo, WorkerRecord
+from allocator.records.types import AgentRecord, Assignment, WorkerRecord
 from allocator.status.join import build_status
 from allocator.store import KeyValue
 

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from allocator.agent.sync.reports import host_counts
 from allocator.cli.output import render_table
+from allocator.errors import BadRecord
+from allocator.records.host_counts import HostCounts
+from allocator.records.types import AgentRecord, Assignment
 from allocator.status.filters import pool_by_host
 from allocator.status.join import build_status
-from allocator.status.summary import summarize, summary_document, summary_table
-from allocator.status.summary_count import count_part, summary_of_counts
+from allocator.status.summary import (
+    COUNTS,
+    PoolSummary,
+    summarize,
+    summary_document,
+    summary_table,
+)
+from allocator.status.summary_count import count_part, reported_counts, summary_of_counts
+from allocator.store import KeyValue
 from tests.unit.status.test_filters import LAYOUT, NOW, POLICY, _fleet
 
 
@@ -69,3 +80,49 @@ def test_counting_parts_one_by_one_is_counting_the_whole() -> None:
     )
     whole = count_part(POLICY, items, LAYOUT, NOW, POLICY.hosts, pools)
     assert summary_document(summary_of_counts(parts)) == summary_document(summary_of_counts(whole))
+
+
+def _agent_counts(host: str) -> KeyValue:
+    """The counts ``host``'s agent would write for :func:`_fleet`'s records (lease 7)."""
+    items = [i for i in _fleet() if i.key.startswith(LAYOUT.host(host))]
+    agent = next(AgentRecord.from_json(i.value) for i in items if i.key == LAYOUT.agent(host))
+    workers = {i.key.rsplit("/", 1)[1]: i.value for i in items if "/workers/" in i.key}
+    held = {
+        i.key.rsplit("/", 1)[1]: Assignment.from_json(i.value) for i in items if "/jobs/" in i.key
+    }
+    raw = host_counts(agent, workers, held)
+    assert raw is not None
+    return KeyValue(LAYOUT.host_counts(host), raw, 1, 1, 7)
+
+
+def test_an_agent_counts_its_host_as_the_summary_counts_its_records() -> None:
+    pools = pool_by_host(POLICY)
+    n1 = [i for i in _fleet() if i.key.startswith(LAYOUT.host("n1"))]
+    from_records = count_part(POLICY, n1, LAYOUT, NOW, ["n1"], pools)
+    reported = reported_counts(POLICY, [_agent_counts("n1")], LAYOUT, NOW, pools, _refuse)
+    assert list(reported.values()) == from_records
+    assert from_records[0].counts.reserved == 1 and from_records[0].counts.idle == 1
+
+
+def test_counts_not_an_agent_s_or_not_this_host_s_are_not_used() -> None:
+    good = _agent_counts("n1")
+    bad: list[BadRecord] = []
+    items = [
+        KeyValue(LAYOUT.host_counts("n2"), good.value, 1, 1, None),  # not leased: by hand
+        KeyValue(LAYOUT.host_counts("m1"), good.value, 1, 1, 7),  # names n1
+        KeyValue(LAYOUT.host_counts("n9"), b'{"host": "n9", "gpus": "x"}', 1, 1, 7),
+        KeyValue(LAYOUT.host_counts("n8"), HostCounts("n8").to_json(), 1, 1, 7),  # no GPUs
+    ]
+    assert reported_counts(POLICY, items, LAYOUT, NOW, {}, bad.append) == {}
+    assert [error.key for error in bad] == [LAYOUT.host_counts("n9")]
+
+
+def _refuse(error: BadRecord) -> None:
+    raise AssertionError(error)
+
+
+def test_adding_rows_adds_every_counted_column() -> None:
+    row = PoolSummary("a")
+    row.add(PoolSummary("a", **dict.fromkeys(COUNTS, 1)))
+    row.add(PoolSummary("a", **dict.fromkeys(COUNTS, 2)))
+    assert {name: getattr(row, name) for name in COUNTS} == dict.fromkeys(COUNTS, 3)

@@ -1,0 +1,286 @@
+"""One job on one host: one attempt of ``set`` and of ``release``, each one transaction.
+
+A change is decided from a :class:`~allocator.control.write_cache.WriteView`
+(the one the :class:`~allocator.control.client.Allocator` kept from its last
+writes, or one read for the call) and planned here: the ``Assignment``
+record a placement makes, its history entry, the quota counters it moves
+and whatever the wait queue's turn adds, all in one transaction that
+compares what it was decided from. A plan decided from a stale kept view
+fails its compares, and the same answer brings the fresh state to decide
+again from; the retries around an attempt are the client's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from allocator.control.history_entries import change_entry, release_entry
+from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
+from allocator.errors import BadRecord, CasConflict, ConflictError, RequestError
+from allocator.records.codec import replace_struct
+from allocator.records.keys import KeyLayout
+from allocator.records.types import Assignment, RunHolder
+from allocator.status.snapshots import job_not_found
+from allocator.store import Compare, Delete, Op, Put, Read
+from allocator.util.times import format_time
+
+if TYPE_CHECKING:
+    from allocator.control.client import Allocator, Gate
+    from allocator.placement.choose import Placement, Request
+    from allocator.policy import Policy
+    from allocator.status.snapshots import PolicySnapshot
+
+__all__ = [
+    "Extra",
+    "assign_once",
+    "check_adhoc_command",
+    "plan_assign",
+    "plan_release",
+    "release_once",
+    "view_reads_for",
+    "with_extra",
+]
+
+#: What a ``set`` may carry besides the request: an ad-hoc command, the holding
+#: process (its record and store lease), the wait queue's turn.
+Extra = tuple[tuple[str, ...] | None, tuple[RunHolder, int] | None, "Gate | None"]
+
+
+def assign_once(
+    allocator: Allocator, asked: Request, reason: str, extra: Extra, *, first: bool
+) -> tuple[Assignment, Placement]:
+    """One attempt: decided from the kept view if there is one, else from one fresh read.
+
+    A view kept from earlier calls that turns out stale costs no attempt:
+    its failed write brought back the fresh state, and the attempt goes
+    again from that. A write decided from state read for this call (on a
+    later attempt, what the lost race brought back) that loses is a lost race.
+    """
+    host = asked.host or allocator.default_host(allocator.known_policy())
+    view = allocator.kept_views().get(host, asked.job)
+    fresh = view is None or not first
+    if view is None:
+        view = allocator.read_view(host, asked.job)
+    while True:
+        # replace() would validate the request again; it was when it was made.
+        request = asked if asked.host == host else replace_struct(asked, host=host)
+        try:
+            placed, planned = plan_assign(allocator, view, request, reason, extra)
+        except ConflictError:
+            if fresh:
+                raise
+            # A refusal decided from a kept view is only a guess too: the holder it
+            # names may be gone (released by another client, or its lease expired).
+            view, fresh = allocator.read_view(host, asked.job), True
+            continue
+        outcome = allocator.write(planned, view_reads_for(allocator.layout, host, asked.job))
+        if outcome.succeeded:
+            allocator.kept_views().keep(planned.after(outcome.revision))
+            return placed
+        view = allocator.settle(host, asked.job, outcome.reads)
+        if fresh:
+            raise CasConflict("a compared key changed", keys=outcome.changed)
+        fresh = True
+
+
+def release_once(
+    allocator: Allocator,
+    host: str,
+    job: str,
+    reason: str,
+    conditions: tuple[int | None, tuple[int, float] | None],
+) -> Assignment | BadRecord:
+    """One attempt of a release, decided from a fresh read (see :func:`plan_release`)."""
+    view = allocator.read_view(host, job)
+    current, planned = plan_release(allocator, view, job, reason, conditions)
+    # A release is decided from fresh state, so a plain transaction: a lost
+    # compare is a lost race, and the retry reads again.
+    revision = allocator.txn(planned.compares, planned.ops)
+    allocator.kept_views().keep(planned.after(revision))
+    return current
+
+
+def plan_assign(
+    allocator: Allocator, view: WriteView, request: Request, reason: str, extra: Extra
+) -> tuple[tuple[Assignment, Placement], Planned]:
+    """Place ``request`` on ``view``'s host and plan its write: (record, placement), the plan.
+
+    Raises what placement raises (a conflict naming the holder, a refusal),
+    and ``OverQuota`` when a quota would be exceeded.
+    """
+    from allocator.placement.choose import place
+
+    command, held_by, gate = extra
+    snapshot = view.policy
+    if snapshot is None:
+        raise allocator.no_policy_error()
+    if command is not None:
+        check_adhoc_command(snapshot.policy, request.job)
+    state, now = view.host, allocator.clock()
+    if held_by is not None and (request.job in state.assignments or view.index.hosts):
+        raise ConflictError(
+            f"job {request.job!r} already holds an assignment: "
+            "`allocator run` takes GPUs for a job that holds none (pick another job=)"
+        )
+    agent = state.agent
+    decision = place(
+        snapshot.policy,
+        request,
+        state.assignments,
+        now,
+        inventory=agent.gpus if agent and agent.gpus else None,
+        unhealthy=agent.unhealthy if agent else None,
+    )
+    stamp = format_time(now)
+    assignment = _new_assignment(
+        allocator,
+        snapshot,
+        request,
+        decision,
+        host=state.host,
+        stamp=stamp,
+        reason=reason,
+        command=command,
+        held_by=held_by,
+    )
+    lease = held_by[1] if held_by is not None else None
+    before = state.assignments.get(request.job)
+    key = allocator.layout.assignment(state.host, request.job)
+    planned = plan_change(
+        allocator.layout,
+        view,
+        Put(key, assignment.to_json(), lease),
+        change_entry(before, assignment, allocator.actor, stamp, reason),
+        assignment,
+        # The agent's record (inventory, health) was checked too: compare it.
+        compares=[
+            Compare(allocator.layout.policy, snapshot.revision),
+            Compare(allocator.layout.agent(state.host), state.agent_revision),
+        ],
+        history=snapshot.policy.history,
+        generation=allocator.generation_value(stamp),
+        lease=lease,
+    )
+    more = _charge(allocator, snapshot.policy, [before] if before else [], [assignment])
+    if gate is not None:
+        gated = gate(state, decision)
+        more = (more[0] + gated[0], more[1] + gated[1])
+    return (assignment, decision), with_extra(planned, *more)
+
+
+def _new_assignment(
+    allocator: Allocator,
+    snapshot: PolicySnapshot,
+    request: Request,
+    decision: Placement,
+    *,
+    host: str,
+    stamp: str,
+    reason: str,
+    command: tuple[str, ...] | None,
+    held_by: tuple[RunHolder, int] | None,
+) -> Assignment:
+    """The record ``decision`` makes of ``request`` on ``host``, by ``allocator``'s holder."""
+    from allocator.placement.request import describe_request
+
+    return Assignment(
+        job=request.job,
+        host=host,
+        gpus=decision.gpus,
+        mode=decision.mode,
+        updated_by=allocator.actor,
+        updated_at=stamp,
+        reason=reason,
+        requested=describe_request(request),
+        policy_revision=snapshot.revision,
+        command=command,
+        fallback_reason=decision.fallback_reason,
+        slots=decision.slots,
+        exclusive=decision.exclusive,
+        picked=decision.picked,
+        run=held_by[0] if held_by is not None else None,
+        holder=allocator.holder,
+        charged=allocator.charged(snapshot.policy),
+    )
+
+
+def plan_release(
+    allocator: Allocator,
+    view: WriteView,
+    job: str,
+    reason: str,
+    conditions: tuple[int | None, tuple[int, float] | None],
+) -> tuple[Assignment | BadRecord, Planned]:
+    """Plan removing ``job``'s assignment on ``view``'s host: what is removed, the plan.
+
+    A damaged record is removed too (as the ``BadRecord`` that describes
+    it); ``NotFound`` if the job holds nothing there. ``conditions``: the
+    assignment key's revision to compare (``None``: any), and how the
+    command that held it ended (exit status, GPU-seconds), for history.
+    """
+    if_revision, ended = conditions
+    state = view.host
+    host = state.host
+    key = allocator.layout.assignment(host, job)
+    current: Assignment | BadRecord | None = state.assignments.get(job)
+    if current is None:
+        current = next((bad for bad in state.bad_records if bad.key == key), None)
+    if current is None:
+        raise job_not_found(job, host, list(state.assignments))
+    compares = [] if if_revision is None else [Compare(key, if_revision)]
+    held = current if isinstance(current, Assignment) else None
+    stamp = format_time(allocator.clock())
+    entry = release_entry(host, job, held, allocator.actor, stamp, reason, ended)
+    planned = plan_change(
+        allocator.layout,
+        view,
+        Delete(key),
+        entry,
+        None,
+        compares=compares,
+        generation=allocator.generation_value(stamp),
+    )
+    if held is not None and held.charged and view.policy is not None:
+        planned = with_extra(planned, *_charge(allocator, view.policy.policy, [held], []))
+    return current, planned
+
+
+def _charge(
+    allocator: Allocator,
+    policy: Policy,
+    before: Sequence[Assignment],
+    after: Sequence[Assignment],
+) -> tuple[list[Compare], list[Op]]:
+    """:func:`allocator.control.quotas.charge`, loaded only when someone is charged."""
+    if not any(a.charged for a in (*before, *after)):
+        return [], []
+    from allocator.control.quotas import charge
+
+    return charge(allocator, policy, before, after)
+
+
+def view_reads_for(layout: KeyLayout, host: str, job: str) -> list[Read]:
+    """What a failed change brings back: the view's reads, the policy's revision only."""
+    return view_reads(layout, host, job, policy_text=False)
+
+
+def with_extra(planned: Planned, compares: list[Compare], ops: list[Op]) -> Planned:
+    """``planned`` with more compares and writes in the same transaction."""
+    if not compares and not ops:
+        return planned
+    return Planned([*planned.compares, *compares], [*planned.ops, *ops], planned.after)
+
+
+def check_adhoc_command(policy: Policy, job: str) -> None:
+    """An ad-hoc command runs only where the reviewed policy allows it for that job."""
+    spec = policy.jobs.get(job)
+    if spec is None:
+        raise RequestError(
+            f"job {job!r} is not declared in the policy, so it cannot be given a command="
+        )
+    if not spec.allow_adhoc_command:
+        raise RequestError(
+            f"the policy does not allow ad-hoc commands for job {job!r} "
+            "(set allow_adhoc_command: true on the job to permit command=)"
+        )
