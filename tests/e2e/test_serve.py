@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 # The project's own module: one that does not import is a failure, never a skip.
 import allocator.control.history  # noqa: F401
 from allocator.serve.watcher import QUIET_SECONDS
