@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from allocator.records.host_counts import HostCounts
-from allocator.store import open_store
+from allocator.store import Store
 from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy
 from tests.support.waiting import wait_for
 
@@ -42,12 +42,8 @@ def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]
         harness.cleanup()
 
 
-def _counts(world: AgentHarness, host: str = HOST) -> tuple[HostCounts, int | None] | None:
-    store = open_store(world.store_url)
-    try:
-        item = store.get(world.layout.host_counts(host))
-    finally:
-        store.close()
+def _counts(store: Store, world: AgentHarness) -> tuple[HostCounts, int | None] | None:
+    item = store.get(world.layout.host_counts(HOST))
     return (HostCounts.from_json(item.value), item.lease) if item is not None else None
 
 
@@ -57,11 +53,11 @@ def _summary(world: AgentHarness) -> dict[str, Any]:
     return dict(json.loads(result.out)["total"])
 
 
-def _counted(world: AgentHarness, **fields: int) -> tuple[HostCounts, int | None]:
+def _counted(store: Store, world: AgentHarness, **fields: int) -> tuple[HostCounts, int | None]:
     """Wait for the host's counts to show ``fields``; return them and their lease."""
 
     def probe() -> tuple[HostCounts, int | None] | None:
-        found = _counts(world)
+        found = _counts(store, world)
         if found is None or any(getattr(found[0], k) != v for k, v in fields.items()):
             return None
         return found
@@ -69,19 +65,21 @@ def _counted(world: AgentHarness, **fields: int) -> tuple[HostCounts, int | None
     return wait_for(f"the agent's counts with {fields}", probe, timeout=20)
 
 
-def test_the_counts_follow_the_host_and_the_summary_adds_them_up(world: AgentHarness) -> None:
-    counts, lease = _counted(world, held=0)
+def test_the_counts_follow_the_host_and_the_summary_adds_them_up(
+    world: AgentHarness, store: Store
+) -> None:
+    counts, lease = _counted(store, world, held=0)
     assert counts == HostCounts(HOST, (0, 1, 2, 3), free=4, utilisation=0)
     assert lease is not None  # under the agent's lease: gone with it
     for gpu in range(4):  # busy GPUs: the mean the agent reports follows (rounded)
         world.gpus.update(gpu, utilization_gpu=78 + gpu)
-    _counted(world, utilisation=80)
+    _counted(store, world, utilisation=80)
 
     assert world.cli("set", f"host={HOST}", "job=train", "gpus=2,3").code == 0
-    counts, _ = _counted(world, held=2)
+    counts, _ = _counted(store, world, held=2)
     assert counts.free == 2
     world.gpus.add_xid(0, 79)
-    _counted(world, unhealthy=1, free=1)
+    _counted(store, world, unhealthy=1, free=1)
 
     total = _summary(world)  # this host from its counts, the other from its records
     assert {k: total[k] for k in ("hosts", "gpus", "free", "held", "unhealthy")} == {
@@ -94,25 +92,22 @@ def test_the_counts_follow_the_host_and_the_summary_adds_them_up(world: AgentHar
     assert total["agents_down"] == 1
 
     world.stop_agent()
-    assert _counts(world) is None  # withdrawn with the lease
+    assert _counts(store, world) is None  # withdrawn with the lease
 
 
 def test_the_summary_uses_leased_counts_and_reads_the_records_of_the_rest(
-    world: AgentHarness,
+    world: AgentHarness, store: Store
 ) -> None:
-    _counted(world, held=0)
+    _counted(store, world, held=0)
     key = world.layout.host_counts(OTHER)
     forged = HostCounts(OTHER, (0, 1), held=2).to_json()
     world.put_raw(key, forged)  # by hand: no lease, so not an agent's
     assert _summary(world)["held"] == 0 and _summary(world)["agents_down"] == 1
 
-    store = open_store(world.store_url)
-    try:  # an agent's own record, leased: the summary takes it instead of the records
-        store.put(key, forged, lease=store.grant_lease(60))
-        assert _summary(world)["held"] == 2 and _summary(world)["agents_down"] == 0
-        store.put(key, b'{"host": "node2", "gpus": "many"}', lease=store.grant_lease(60))
-    finally:
-        store.close()
+    # An agent's own record, leased: the summary takes it instead of the records.
+    store.put(key, forged, lease=store.grant_lease(60))
+    assert _summary(world)["held"] == 2 and _summary(world)["agents_down"] == 0
+    store.put(key, b'{"host": "node2", "gpus": "many"}', lease=store.grant_lease(60))
     result = world.cli("status", "--summary", "-o", "json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["total"]["free"] == 6  # counted from the records again

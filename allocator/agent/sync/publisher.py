@@ -106,7 +106,6 @@ class Publisher:
                 writes += 1
         if workers is not None:
             writes += self._publish_counts(store, counts)
-        if workers is not None:
             stray = [
                 k for k in self.stored if k.startswith(self.workers_prefix) and k not in wanted
             ]
