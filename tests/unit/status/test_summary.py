@@ -108,11 +108,12 @@ def test_counts_not_an_agent_s_or_not_this_host_s_are_not_used() -> None:
     good = _agent_counts("n1")
     bad: list[BadRecord] = []
     items = [
-        KeyValue(LAYOUT.host_counts("n2"), good.value, 1, 1, None),  # not leased: by hand
+        KeyValue(LAYOUT.host_counts("n2"), HostCounts("n2", (0, 1)).to_json(), 1, 1, None),
         KeyValue(LAYOUT.host_counts("m1"), good.value, 1, 1, 7),  # names n1
         KeyValue(LAYOUT.host_counts("n9"), b'{"host": "n9", "gpus": "x"}', 1, 1, 7),
         KeyValue(LAYOUT.host_counts("n8"), HostCounts("n8").to_json(), 1, 1, 7),  # no GPUs
     ]
+    # n2's is not leased (written by hand), m1's names n1, n9's does not decode, n8 has no GPUs.
     assert reported_counts(POLICY, items, LAYOUT, NOW, {}, bad.append) == {}
     assert [error.key for error in bad] == [LAYOUT.host_counts("n9")]
 
