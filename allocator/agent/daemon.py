@@ -38,13 +38,13 @@ from allocator.agent.gpu_care.observe import Observer
 from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
 from allocator.agent.log import DecisionLog, as_fields
 from allocator.agent.notify import notifier_from_environ
-from allocator.agent.planning.across_hosts import shares_still_running
 from allocator.agent.planning.action_log import action_fields, action_name
 from allocator.agent.planning.desired_cache import DesiredCache
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
+from allocator.agent.planning.whole_job_end import agents_gone_since, whole_job_end
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
 from allocator.agent.sync.history_decisions import DecisionRecorder
@@ -127,6 +127,8 @@ class Agent(Lifecycle):
         self.reload_requested = False
         self.busy = False  # stopping or starting: the loop looks more often
         self.busy_since = 0.0
+        self.peers_gone: dict[str, float] = {}  # peer host -> when its agent was seen gone
+        self.held_back: dict[str, str] = {}  # finished share -> why its job is not released
 
     # --- the loop -------------------------------------------------------------
 
@@ -215,15 +217,27 @@ class Agent(Lifecycle):
         """Offer the link every release due: idle holders and finished ``release_on_exit`` jobs.
 
         One list (the link forgets a release no longer offered); a job across
-        hosts is released whole, once no other share of it still runs, and a
-        later assignment is never touched.
+        hosts is released whole, as all its shares judge it
+        (:mod:`allocator.agent.planning.whole_job_end`; a dead peer's after
+        the agent's own lease TTL), and a later assignment is never touched.
         """
-        held, peers = self.sync.assignments, self.sync.peers
-        finished = [
-            IdleRelease(job, revision, reason, kind="exit")
-            for job, (revision, reason) in self.supervisor.exit_releases().items()
-            if job not in held or not shares_still_running(held[job], peers)
-        ]
+        held, peers, now = self.sync.assignments, self.sync.peers, self.clock()
+        self.peers_gone = agents_gone_since(self.peers_gone, peers, now)
+        gone_for = {host: now - since for host, since in self.peers_gone.items()}
+        finished, self.held_back, views = [], {}, self.supervisor.views()
+        for job, (revision, reason) in self.supervisor.exit_releases().items():
+            want, view = self.wanted.desired.get(job), views.get(job)
+            if job in held and len(held[job].nodes) > 1 and want is not None:
+                restarts = view.crash_restarts if view is not None else 0
+                rule = want.release_on_exit
+                end = whole_job_end(
+                    held[job], reason, rule, peers, gone_for, self.config.lease_ttl, restarts
+                )
+                if not end.release:  # the status says why, instead of a release not made
+                    self.held_back[job] = end.reason
+                    continue
+                reason = end.reason
+            finished.append(IdleRelease(job, revision, reason, kind="exit"))
         self.sync.link.release_idle([*self.observer.releases, *finished])
 
     def _reap(self) -> None:
@@ -313,7 +327,9 @@ class Agent(Lifecycle):
         running, idle = self.supervisor.records(), self.observer.idle_since
         workers = None
         if self.reconciled:  # before that, the agent does not know yet what it runs
-            workers = worker_records(self.config.host, self.wanted.desired, running, idle)
+            workers = worker_records(
+                self.config.host, self.wanted.desired, running, idle, self.held_back
+            )
         self.utilisation.interval = self.config.utilisation_report_seconds  # reloadable
         utilisation = self.utilisation.update(self.observer.usage, self.clock())
         self.sync.link.offer(record, workers, utilisation)
