@@ -294,6 +294,7 @@ class Agent(Lifecycle):
             allowed_cpus=self.wanted.allowed_cpus,
             mps_dir=str(self.care.mps.root),
             vendor=self.care.inventory.vendor,
+            host_named=sync.host_named,
         )
 
     def _take_view(self) -> None:

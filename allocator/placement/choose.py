@@ -101,11 +101,15 @@ def host_gpu_indices(
         return tuple(sorted({gpu.index for gpu in inventory}))
     declared = policy.hosts.get(host)
     if declared is None:
-        names = sorted(policy.hosts)
-        known = ", ".join(names[:10]) or "none"  # a fleet's policy names thousands
-        known += f" and {len(names) - 10:,} more" if len(names) > 10 else ""
-        raise RequestError(f"host '{host}' is not in the policy (hosts: {known})")
+        raise _not_in_policy(policy, host)
     return tuple(range(declared.gpus))
+
+
+def _not_in_policy(policy: Policy, host: str) -> RequestError:
+    names = sorted(policy.hosts)
+    known = ", ".join(names[:10]) or "none"  # a fleet's policy names thousands
+    known += f" and {len(names) - 10:,} more" if len(names) > 10 else ""
+    return RequestError(f"host '{host}' is not in the policy (hosts: {known})")
 
 
 def gpu_holders(assignments: Mapping[str, Assignment]) -> dict[int, list[str]]:
@@ -242,6 +246,8 @@ def place(
     """
     if now.tzinfo is None:
         raise ValueError("place() needs a timezone-aware 'now'")
+    if not policy.names_host(request.host):  # an agent's inventory does not put it back
+        raise _not_in_policy(policy, request.host)
     indices = host_gpu_indices(policy, request.host, inventory)
     if request.gpus is not None:
         return _place_explicit(

@@ -283,6 +283,20 @@ class Policy(Struct, frozen=True, omit_defaults=True):
         pool = self.pool_of(host)
         return pool.vendor if pool is not None else None
 
+    def names_host(self, host: str) -> bool:
+        """Whether ``host`` is one of the policy's: in ``hosts``, a pool or a reservation.
+
+        A policy that names hosts takes no assignment on another and runs
+        nothing there, even with an agent reporting its GPUs (a host removed,
+        or never added); one that names no host at all goes by the GPUs the
+        agents report, on any host.
+        """
+        if host in self.hosts or self.pool_of(host) is not None:
+            return True
+        if any(reservation.host == host for reservation in self.reservations):
+            return True
+        return not (self.hosts or self.reservations or any(p.hosts for p in self.pools.values()))
+
     def pool_of(self, host: str) -> Pool | None:
         """Return the pool ``host`` belongs to, if any."""
         declared = self.hosts.get(host)

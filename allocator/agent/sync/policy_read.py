@@ -12,6 +12,12 @@ the policy record is newer than the shares' head (applied since by a user
 who may not write the shares), the agent reads the whole policy record, as
 it always did. The agent does not watch the head or the policy record for
 this: its periodic resync notices.
+
+A host without a share of its own is not in the applied policy (its jobs
+stop), unless no host has one: a policy that names no host at all. Only a
+host without a share makes one more read, of one key's name under the
+hosts' shares; a role that may not list them takes the missing share as
+the host's removal (which a policy naming hosts is far likelier to mean).
 """
 
 from __future__ import annotations
@@ -40,11 +46,13 @@ class SharedPolicy:
     host: PolicyShare | None = None
     part: HostPart | None = None
     host_revision: int = 0
+    host_named: bool = True  # false: other hosts have shares, this one none
 
     @property
     def identity(self) -> str:
         """Names this pair of shares (the agent's key for "the policy changed")."""
-        return f"{self.common.sha256}:{self.host.sha256 if self.host else '-'}"
+        mine = self.host.sha256 if self.host else "-" if self.host_named else "unnamed"
+        return f"{self.common.sha256}:{mine}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,13 +122,25 @@ class PolicyReader:
         if not isinstance(found, tuple) or not isinstance(found[1], Policy):
             return None
         if host is None:
-            return PolicyRead(SharedPolicy(found[0], found[1], common.mod_revision), present=True)
+            named = not self._other_hosts_named(store)
+            shared = SharedPolicy(found[0], found[1], common.mod_revision, host_named=named)
+            return PolicyRead(shared, present=True)
         if not isinstance(host_found, tuple) or not isinstance(host_found[1], HostPart):
             return None
         shared = SharedPolicy(
             found[0], found[1], common.mod_revision, host_found[0], host_found[1], host.mod_revision
         )
         return PolicyRead(shared, present=True)
+
+    def _other_hosts_named(self, store: Store) -> bool:
+        """Whether any host has a share (one key's name read): the policy names hosts."""
+        try:
+            (found,) = store.read_many(
+                [Read(self._layout.host_shares, prefix=True, values=False, limit=1)]
+            )
+        except PermissionDenied:
+            return True
+        return bool(found.items)
 
     def _decoded(
         self, store: Store, head: KeyValue, item: KeyValue | None = None
