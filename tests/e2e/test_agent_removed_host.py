@@ -14,13 +14,15 @@ from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy, pid_alive
 from tests.support.waiting import wait_for
 
 
-def _without_this_host(world: AgentHarness) -> None:
+def _without_this_host(world: AgentHarness) -> str:
+    """Apply the policy without this host; return its digest as the apply printed it."""
     policy = agent_policy(world.workdir)
     policy["hosts"] = {"node2": {"gpus": 4}}
     path = world.workdir / "without.yaml"
     path.write_text(json.dumps(policy))
     applied = world.cli("policy", "apply", "--force", str(path))
     assert applied.code == 0, applied.err
+    return applied.out.split("sha256 ")[1][:12]
 
 
 def test_a_removed_hosts_agent_stops_its_jobs_and_set_there_is_refused(
@@ -30,7 +32,7 @@ def test_a_removed_hosts_agent_stops_its_jobs_and_set_there_is_refused(
     with world.running():
         assert world.cli("set", "job=train", "gpus=0").code == 0
         first = world.new_report("train")
-        _without_this_host(world)
+        digest = _without_this_host(world)
 
         stopped = wait_for(
             "the agent to stop train",
@@ -39,6 +41,7 @@ def test_a_removed_hosts_agent_stops_its_jobs_and_set_there_is_refused(
         assert f"host '{HOST}' is not in the applied policy" in stopped.message
         wait_for("train's worker to end", lambda: not pid_alive(first["pid"]))
         assert world.events("host-not-in-policy")
+        assert world.events("policy")[-1]["sha256"] == digest  # the policy now in force
 
         for job in ("train", "waiter"):  # an existing job there, and a new one
             refused = world.cli("set", f"job={job}", f"host={HOST}", "gpus=1")

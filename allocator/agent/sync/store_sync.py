@@ -159,7 +159,7 @@ class StoreSync:
         self.policy, self.policy_sha, self._pending = policy, identity, ""
         self._name_host(shared.host_named)
         on_policy(policy)
-        self._log("policy", {"sha256": shared.common.policy_sha256[:12], "share": identity[:12]})
+        self._log("policy", {"sha256": shared.digest[:12], "share": identity[:12]})
 
     def _name_host(self, named: bool) -> None:
         """Take whether the policy now in force names this host; say so when it stops."""
