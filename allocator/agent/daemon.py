@@ -221,24 +221,30 @@ class Agent(Lifecycle):
         (:mod:`allocator.agent.planning.whole_job_end`; a dead peer's after
         the agent's own lease TTL), and a later assignment is never touched.
         """
+        self.sync.link.release_idle([*self.observer.releases, *self._exit_releases()])
+
+    def _exit_releases(self) -> list[IdleRelease]:
+        """Finished ``release_on_exit`` jobs to release; why the others across hosts wait."""
         held, peers, now = self.sync.assignments, self.sync.peers, self.clock()
         self.peers_gone = agents_gone_since(self.peers_gone, peers, now)
         gone_for = {host: now - since for host, since in self.peers_gone.items()}
         finished, self.held_back, views = [], {}, self.supervisor.views()
-        for job, (revision, reason) in self.supervisor.exit_releases().items():
-            want, view = self.wanted.desired.get(job), views.get(job)
-            if job in held and len(held[job].nodes) > 1 and want is not None:
+        # Before the first read the other shares are unknown, not ended: no exit release.
+        ends = self.supervisor.exit_releases() if self.sync.have_state else {}
+        for job, (revision, reason) in ends.items():
+            if job in held and len(held[job].nodes) > 1:
+                want, view = self.wanted.desired.get(job), views.get(job)
+                if want is None:  # its rules are not known yet: judged at the next step
+                    continue
                 restarts = view.crash_restarts if view is not None else 0
-                rule = want.release_on_exit
-                end = whole_job_end(
-                    held[job], reason, rule, peers, gone_for, self.config.lease_ttl, restarts
-                )
+                rule, ttl = want.release_on_exit, self.config.lease_ttl
+                end = whole_job_end(held[job], reason, rule, peers, gone_for, ttl, restarts)
                 if not end.release:  # the status says why, instead of a release not made
                     self.held_back[job] = end.reason
                     continue
                 reason = end.reason
             finished.append(IdleRelease(job, revision, reason, kind="exit"))
-        self.sync.link.release_idle([*self.observer.releases, *finished])
+        return finished
 
     def _reap(self) -> None:
         for exited in self.supervisor.tick():
