@@ -44,6 +44,7 @@ from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
+from allocator.agent.planning.types import Finish
 from allocator.agent.planning.whole_job_end import agents_gone_since, whole_job_end
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
@@ -54,7 +55,7 @@ from allocator.agent.sync.store_sync import StoreSync
 from allocator.agent.sync.utilisation_report import UtilisationReport
 from allocator.placement.reservations import active_reservations
 from allocator.policy import Policy
-from allocator.records.types import HistoryEntry
+from allocator.records.types import Assignment, HistoryEntry
 from allocator.store import Store, open_store, resolve_store_url
 from allocator.util.times import format_time, utc_now
 
@@ -129,6 +130,8 @@ class Agent(Lifecycle):
         self.busy_since = 0.0
         self.peers_gone: dict[str, float] = {}  # peer host -> when its agent was seen gone
         self.held_back: dict[str, str] = {}  # finished share -> why its job is not released
+        self.finished_here: set[str] = set()  # jobs this agent saw finish (not adopted so)
+        self.results_recorded: set[tuple[str, int]] = set()  # (job, revision) "failed" entries
 
     # --- the loop -------------------------------------------------------------
 
@@ -241,10 +244,25 @@ class Agent(Lifecycle):
                 end = whole_job_end(held[job], reason, rule, peers, gone_for, ttl, restarts)
                 if not end.release:  # the status says why, instead of a release not made
                     self.held_back[job] = end.reason
+                    if end.failed:
+                        self._record_failed(held[job], revision, end.reason)
                     continue
                 reason = end.reason
             finished.append(IdleRelease(job, revision, reason, kind="exit"))
         return finished
+
+    def _record_failed(self, held: Assignment, revision: int, reason: str) -> None:
+        """Record once that another share's crash ended a job whose share finished here.
+
+        Only by the agent that saw its share finish: one restarted since
+        finds the job ended already, and its entry (if any) made.
+        """
+        key, policy = (held.job, revision), self.sync.policy
+        if held.job not in self.finished_here or key in self.results_recorded or policy is None:
+            return
+        self.results_recorded.add(key)
+        entry = self.decisions.job_failed(held, reason, format_time(self.wall()))
+        self.sync.link.record_history([entry], policy.history)
 
     def _reap(self) -> None:
         for exited in self.supervisor.tick():
@@ -265,6 +283,8 @@ class Agent(Lifecycle):
         for action in actions:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
+            if isinstance(action, Finish):
+                self.finished_here.add(action.job)
         self._history(self.decisions.actions, actions, desired)
         self._hand_releases()  # cheap: the link hears only of releases new to it
         busy = bool(actions) or mps.waiting or any(v.stopping for v in views.values())

@@ -104,6 +104,11 @@ def _two_hosts(tmp_path: Path, code: str, **job: object) -> dict[str, Any]:
     }
 
 
+def _failed_entries(agent: AgentHarness) -> list[dict[str, Any]]:
+    history = json.loads(agent.cli("history", "job=ddp", "-o", "json").out)["entries"]
+    return [e for e in history if e["action"] == "failed"]
+
+
 def _record(agent: AgentHarness) -> WorkerRecord | None:
     return agent.worker_record("ddp")
 
@@ -143,6 +148,9 @@ def test_a_share_ending_in_a_crash_is_the_jobs_result_and_keeps_its_gpus(
         assert node1.cli("get", "job=ddp").code == 0  # not released: exit 1 is not a release
         status = node1.cli("status")
         assert "node2's share ended with exit 1" in status.out, status.out
+        failed = wait_for("the job's result in its history", lambda: _failed_entries(node1))
+        assert [(e["host"], e["by"]) for e in failed] == [("node1", "agent@node1")]
+        assert "node2's share ended with exit 1" in failed[0]["reason"]
 
 
 LINGER = "import os, time; time.sleep(0 if os.environ['ALLOCATOR_HOST'] == 'node1' else 300)"

@@ -44,6 +44,7 @@ class WholeJobEnd:
 
     release: bool
     reason: str
+    failed: bool = False  # another share's end is the job's result (not a wait)
 
 
 def agents_gone_since(
@@ -95,7 +96,8 @@ def whole_job_end(
             waiting.append(f"{node}'s share ({worker.state})")
     words = own_end.split("; ")[0]  # "finished (exit 0)", without what it would release
     if kept:
-        return WholeJobEnd(False, f"{words}; {kept[0]}: that is the job's result; GPUs kept")
+        reason = f"{words}; {kept[0]}: that is the job's result; GPUs kept"
+        return WholeJobEnd(False, reason, failed=True)
     if waiting:
         why = ", ".join(waiting)
         return WholeJobEnd(False, f"{words}; the job's GPUs go once every share ends ({why})")

@@ -37,6 +37,7 @@ def peer(
 
 def judge(peers: dict[str, PeerHost], gone_for: dict[str, float] | None = None) -> tuple[bool, str]:
     end = whole_job_end(share("node1"), OWN, (0,), peers, gone_for or {}, GRACE)
+    assert end.failed == end.reason.endswith("GPUs kept")  # a result, not a wait
     return end.release, end.reason
 
 
