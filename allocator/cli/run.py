@@ -9,7 +9,9 @@ worker of the job (``allocator env``'s), on top of this shell's; Ctrl-C and
 SIGTERM are passed on to its process tree; its exit status is passed
 through (death by signal N: 128+N); history records its start and its end,
 with the exit status and the GPU-seconds it held. The host's agent counts
-these GPUs as held and never starts or stops the command.
+these GPUs as held and never starts the command; once the holding ends it
+stops whatever of the command is still running (it carries the holding's
+identity in its environment).
 """
 
 from __future__ import annotations
@@ -155,12 +157,16 @@ def _take(
     from allocator.cli.env import worker_envs
     from allocator.control.leased import let_go
     from allocator.control.waiting import take_waiting
+    from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 
     reason = "allocator run: " + " ".join(argv)[:200]
     _check_workers(allocator, request.job, per_gpu)
     holding = take_waiting(allocator, request, wait=wait, ttl=ttl, reason=reason, on_lost=_lost)
     try:
         envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)
+        # Whatever the command starts carries the holding: the agent stops it once it ends.
+        identity = holding_identity(holding.assignment) or ""
+        envs = [{**env, HOLDING_VARIABLE: identity} for env in envs]
     except BaseException:
         let_go(allocator, holding, 1, "allocator run: no environment for the command")
         raise
