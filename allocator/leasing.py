@@ -148,7 +148,7 @@ def _held(
     try:
         envs, _ = worker_envs(allocator, request.job, request.host)
         held = holding.assignment
-        env = {**envs[0], HOLDING_VARIABLE: holding_identity(held) or ""}
+        env = {**envs[0], HOLDING_VARIABLE: holding_identity(held, allocator.layout.prefix) or ""}
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
         alarm.arm()

@@ -110,7 +110,7 @@ class Agent(Lifecycle):
         self.supervisor = Supervisor(
             config.worker_log_dir, config.agent_dir / "workers.json", clock=clock, logger=self.log
         )
-        self.holding_ends = HoldingEnds(self.log)
+        self.holding_ends = HoldingEnds(self.log, config.prefix)
         self.sync = StoreSync(config, self.url, self.log, open_store=store_opener, clock=clock)
         self.care = GpuCare(environ, config.agent_dir, self.log, clock())
         self.wanted = DesiredCache(
@@ -164,6 +164,11 @@ class Agent(Lifecycle):
             self.guard.run("health", lambda: self._check_health(self.clock()))
             self.guard.run("usage", lambda: self._observe(self.clock()))
         self.guard.run("reap", self._reap)
+        if self.sync.have_state:
+            assignments, host = self.sync.assignments, self.config.host
+            self.guard.run(
+                "sweep", lambda: self.holding_ends.sweep(self.clock(), host, assignments)
+            )
         self.guard.run("holdings", lambda: self.holding_ends.tick(self.clock()))
         if self.sync.have_state:
             started = self.clock()

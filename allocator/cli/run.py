@@ -191,7 +191,7 @@ def _take(
     try:
         envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)
         # Whatever the command starts carries the holding: the agent stops it once it ends.
-        identity = holding_identity(holding.assignment) or ""
+        identity = holding_identity(holding.assignment, allocator.layout.prefix) or ""
         envs = [{**env, HOLDING_VARIABLE: identity} for env in envs]
     except BaseException:
         let_go(allocator, holding, 1, "allocator run: no environment for the command")

@@ -7,9 +7,10 @@ fork inherits it, whichever session or wrapper (``sh -c``, torchrun,
 host's agent stops every process whose environment carries it: a holding
 ends only when nothing of it is left.
 
-The identity names the host, the job and the holding process (its pid and
-start time, which together name one process for a boot), so a later
-holding of the same job never matches an earlier one's leftovers.
+The identity names the key prefix (the store's namespace), the job, the
+host and the holding process (its pid and start time, which together name
+one process for a boot), so a later holding of the same job never matches
+an earlier one's leftovers, nor another namespace's agent its holdings.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ __all__ = ["HOLDING_VARIABLE", "holding_identity"]
 HOLDING_VARIABLE = "ALLOCATOR_HOLDING"
 
 
-def holding_identity(assignment: Assignment) -> str | None:
-    """``<job>@<host>/<pid>.<start ticks>`` of a process-held assignment; None for others."""
+def holding_identity(assignment: Assignment, prefix: str) -> str | None:
+    """``<prefix>:<job>@<host>/<pid>.<start ticks>`` of a process-held assignment, else None."""
     holder = assignment.run
     if holder is None:
         return None
     ticks = "" if holder.start_ticks is None else str(holder.start_ticks)
-    return f"{assignment.job}@{assignment.host}/{holder.pid}.{ticks}"
+    return f"{prefix}:{assignment.job}@{assignment.host}/{holder.pid}.{ticks}"

@@ -4,7 +4,8 @@ The parent-death signal reaches only ``run``'s direct child: behind a
 wrapper (``sh -c``) the command's processes would go on using the GPU
 after the lease expired. The agent scans its host for every process whose
 environment carries the holding's identity and stops it (SIGTERM, a
-grace, SIGKILL), and logs it.
+grace, SIGKILL), and logs it; an agent that was down when the lease
+expired does so once it is back.
 """
 
 from __future__ import annotations
@@ -30,10 +31,19 @@ def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]
         yield harness
 
 
-def test_a_killed_runs_wrapped_command_is_stopped_when_its_lease_expires(
-    world: AgentHarness, tmp_path: Path
-) -> None:
-    pids = tmp_path / "pids"
+@pytest.fixture
+def left() -> Iterator[list[int]]:
+    """The pids the killed run's command left: killed after the test, whatever happened."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _kill_wrapped_run(world: AgentHarness, left: list[int]) -> None:
+    """``run`` a wrapper that leaves a background and a ``setsid`` child; SIGKILL ``run``."""
+    pids = world.workdir / "pids"
     script = f"sleep 300 & echo $! >> {pids}; setsid sleep 300 & echo $! >> {pids}; wait"
     run = subprocess.Popen(
         [sys.executable, "-m", "allocator", "run", "job=wrapped", f"host={HOST}", "gpus=1",
@@ -42,25 +52,38 @@ def test_a_killed_runs_wrapped_command_is_stopped_when_its_lease_expires(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    left: list[int] = []
     try:
         wait_for("the command's pids", lambda: pids.exists() and len(pids.read_text().split()) == 2)
-        left = [int(p) for p in pids.read_text().split()]
+        left.extend(int(p) for p in pids.read_text().split())
+    finally:
         run.kill()
         run.wait(10)
-        store = open_store(world.store_url)
-        try:
-            key = world.layout.assignment(HOST, "wrapped")
-            wait_for("the lease to expire", lambda: store.get(key) is None, timeout=10)
-        finally:
-            store.close()
-        wait_for("the agent to stop the command", lambda: not any(map(pid_alive, left)))
-        (stopped,) = wait_for("the log", lambda: world.events("holding-stopped", job="wrapped"))
-        assert sorted(stopped["pids"]) == sorted(left), stopped
+    store = open_store(world.store_url)
+    try:
+        key = world.layout.assignment(HOST, "wrapped")
+        wait_for("the lease to expire", lambda: store.get(key) is None, timeout=10)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait(10)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        store.close()
+
+
+def _stopped_by_the_agent(world: AgentHarness, left: list[int]) -> None:
+    wait_for("the agent to stop the command", lambda: not any(map(pid_alive, left)), timeout=20)
+    (stopped,) = wait_for("the log", lambda: world.events("holding-stopped", job="wrapped"))
+    assert sorted(stopped["pids"]) == sorted(left) and stopped["killed"] is False, stopped
+
+
+def test_a_killed_runs_wrapped_command_is_stopped_when_its_lease_expires(
+    world: AgentHarness, left: list[int]
+) -> None:
+    _kill_wrapped_run(world, left)
+    _stopped_by_the_agent(world, left)
+
+
+def test_an_agent_down_when_the_lease_expired_stops_the_leftovers_once_back(
+    world: AgentHarness, left: list[int]
+) -> None:
+    assert world.stop_agent() == 0
+    _kill_wrapped_run(world, left)
+    assert all(map(pid_alive, left))
+    world.start_agent()
+    _stopped_by_the_agent(world, left)

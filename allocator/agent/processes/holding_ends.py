@@ -15,12 +15,22 @@ children got the variable.
 :func:`next_step` decides (pure); :class:`HoldingEnds` does the reads and
 signals, a little on each tick of the agent's loop, so a slow stop never
 holds up the loop.
+
+An agent that was stopped or cut off when a holding ended never saw it go.
+So every :data:`SWEEP_SECONDS` (and once it first knows its assignments) it
+also looks for processes carrying an identity of its host that no current
+assignment has, and whose holding process is gone (:func:`orphaned`): a
+holder still alive may hold an assignment the agent has not read yet. It
+leaves alone processes younger than :data:`SETTLE_SECONDS`, so a holding
+just taken (its holder in another pid namespace, its assignment not read
+yet) is never mistaken for one that ended.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +40,23 @@ from allocator.agent.processes import procs
 from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 from allocator.records.types import Assignment
 
-__all__ = ["HOLDING_GRACE", "Ending", "HoldingEnds", "carriers", "next_step"]
+__all__ = [
+    "HOLDING_GRACE",
+    "SETTLE_SECONDS",
+    "SWEEP_SECONDS",
+    "Ending",
+    "HoldingEnds",
+    "carriers",
+    "next_step",
+    "orphaned",
+]
 
 #: Seconds between the SIGTERM to a holding's leftovers and their SIGKILL.
 HOLDING_GRACE = 5.0
+#: How often the agent looks for leftovers of holdings whose end it did not see.
+SWEEP_SECONDS = 30.0
+#: How old every process of a holding must be before a sweep may end it.
+SETTLE_SECONDS = 5.0
 
 Step = Literal["done", "term", "kill", "wait"]
 
@@ -62,23 +85,46 @@ def next_step(ending: Ending, found: Mapping[int, int], now: float, grace: float
     return "wait"
 
 
-def carriers(identities: set[str], proc: Path = Path("/proc")) -> dict[str, dict[int, int]]:
-    """The live processes whose environment names one of ``identities``: pid -> start ticks."""
-    wanted = {f"{HOLDING_VARIABLE}={i}".encode(): i for i in identities}
+def orphaned(
+    identity: str, where: tuple[str, str], current: set[str], alive: Callable[[int, int], bool]
+) -> bool:
+    """Whether ``identity`` is a holding ``where`` (prefix, host) that ended unseen.
+
+    Pure but for ``alive``: not among the ``current`` assignments'
+    identities, and its holding process (``alive(pid, start ticks)``) is gone.
+    """
+    prefix, host = where
+    named, _, holder = identity.rpartition("/")
+    if not (named.startswith(f"{prefix}:") and named.endswith(f"@{host}")) or identity in current:
+        return False
+    pid, _, ticks = holder.partition(".")
+    if not (pid.isdigit() and ticks.isdigit()):
+        return False
+    return not alive(int(pid), int(ticks))
+
+
+def carriers(identities: set[str] | None, proc: Path = Path("/proc")) -> dict[str, dict[int, int]]:
+    """The live processes whose environment names one of ``identities`` (None: any holding).
+
+    Per identity: pid -> start ticks.
+    """
+    name = f"{HOLDING_VARIABLE}=".encode()
     found: dict[str, dict[int, int]] = {}
     own = os.getpid()
-    for entry in proc.iterdir() if wanted else ():
+    for entry in proc.iterdir() if identities is None or identities else ():
         if not entry.name.isdigit() or int(entry.name) == own:
             continue
         try:  # another user's process needs root to read; a vanished one is gone anyway
             variables = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        for variable in variables:
-            identity = wanted.get(variable)
-            stat = procs.read_stat(int(entry.name)) if identity else None
-            if identity and stat is not None and stat.state != "Z":
-                found.setdefault(identity, {})[stat.pid] = stat.start_ticks
+        identity = next((v[len(name) :] for v in variables if v.startswith(name)), None)
+        text = identity.decode(errors="replace") if identity is not None else None
+        if text is None or (identities is not None and text not in identities):
+            continue
+        stat = procs.read_stat(int(entry.name))
+        if stat is not None and stat.state != "Z":
+            found.setdefault(text, {})[stat.pid] = stat.start_ticks
     return found
 
 
@@ -88,14 +134,19 @@ class HoldingEnds:
     def __init__(
         self,
         log: Callable[[str, Mapping[str, Any]], None],
+        prefix: str,
         *,
         grace: float = HOLDING_GRACE,
         proc: Path = Path("/proc"),
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._log = log
+        self._prefix = prefix
         self._grace = grace
         self._proc = proc
+        self._wall = wall
         self._endings: dict[str, Ending] = {}
+        self._next_sweep: float | None = None  # the first sweep comes with the first view
 
     @property
     def active(self) -> bool:
@@ -104,9 +155,33 @@ class HoldingEnds:
 
     def end(self, held: Assignment) -> None:
         """``held`` left the store: stop whatever of it still runs (from the next tick on)."""
-        identity = holding_identity(held)
+        identity = holding_identity(held, self._prefix)
         if identity is not None and identity not in self._endings:
             self._endings[identity] = Ending(held.job, identity)
+
+    def sweep(self, now: float, host: str, assignments: Mapping[str, Assignment]) -> None:
+        """Every :data:`SWEEP_SECONDS`: end the holdings of ``host`` that ended unseen."""
+        if self._next_sweep is not None and now < self._next_sweep:
+            return
+        next_sweep = now + SWEEP_SECONDS
+        held = (holding_identity(a, self._prefix) for a in assignments.values())
+        current = {identity for identity in held if identity is not None}
+        for identity, found in carriers(None, self._proc).items():
+            if identity in self._endings or not orphaned(
+                identity, (self._prefix, host), current, procs.same_process_alive
+            ):
+                continue
+            youngest = min(self._age(ticks) for ticks in found.values())
+            if youngest < SETTLE_SECONDS:  # look again once it has settled
+                next_sweep = min(next_sweep, now + SETTLE_SECONDS - youngest)
+                continue
+            job = identity.rpartition("/")[0].rpartition("@")[0].rpartition(":")[2]
+            self._endings[identity] = Ending(job, identity)
+        self._next_sweep = next_sweep
+
+    def _age(self, start_ticks: int) -> float:
+        started = procs.ticks_to_epoch(start_ticks)
+        return 0.0 if started is None else self._wall() - started
 
     def tick(self, now: float) -> None:
         """Look once more: signal what is left, forget the holdings with nothing left."""
