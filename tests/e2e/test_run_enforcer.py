@@ -87,3 +87,26 @@ def test_an_agent_down_when_the_lease_expired_stops_the_leftovers_once_back(
     assert all(map(pid_alive, left))
     world.start_agent()
     _stopped_by_the_agent(world, left)
+
+
+LEASE_CHILD = """
+import os, signal, subprocess, sys
+import allocator
+with allocator.lease(gpus=[2], host=sys.argv[1], job="notebook", ttl=1):
+    child = subprocess.Popen(["sleep", "300"], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    print(child.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # the kernel dies; its child lives on
+"""
+
+
+def test_what_a_killed_lease_holder_started_is_stopped_when_its_lease_expires(
+    world: AgentHarness, left: list[int]
+) -> None:
+    died = subprocess.run([sys.executable, "-c", LEASE_CHILD, HOST], env=world.env,
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert died.returncode == -signal.SIGKILL, died.stderr
+    left.append(int(died.stdout))
+    wait_for("the agent to stop the child", lambda: not pid_alive(left[0]), timeout=20)
+    (stopped,) = wait_for("the log", lambda: world.events("holding-stopped", job="notebook"))
+    assert stopped["pids"] == left, stopped
