@@ -6,13 +6,13 @@ whole tree: every child's process group and every process below ``run``.
 ``run`` is a child subreaper, so what the command leaves behind (a
 background child, a ``setsid`` child, a double fork) stays below it
 whatever session it moves to; the GPUs are released only once nothing of
-the tree is left. A stop (Ctrl-C, SIGTERM, SIGHUP, the command's end with
+the tree is left. A stop (SIGTERM, SIGHUP, the command's end with
 processes left, a lost hold) is SIGTERM to the tree, then SIGKILL after the
-grace (``grace=``); a second Ctrl-C kills it outright. A signal that was
-ignored when ``run`` started (``nohup``'s SIGHUP) stays ignored, for the
-command too. Ctrl-Z stops the whole tree and then ``run``, and ``fg``
-(SIGCONT) resumes both; while ``run`` is stopped a helper process keeps
-its lease alive (``while_stopped``).
+grace (``grace=``); Ctrl-C is passed on, and a second one kills outright. A
+signal that was ignored when ``run`` started (``nohup``'s SIGHUP) stays
+ignored, for the command too. Ctrl-Z stops the whole tree and then
+``run``, and ``fg`` (SIGCONT) resumes both; while ``run`` is stopped a
+helper process keeps its lease alive (``while_stopped``).
 
 The exit status is the command's: a child killed by signal N makes it
 128+N, as a shell reports it. With several children (``--per-gpu``), the
@@ -122,13 +122,18 @@ class Children:
         self.signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs
 
     def forward(self, signum: int, _frame: FrameType | None = None) -> None:
-        """A signal handler: pass ``signum`` on and start the grace; a second Ctrl-C kills."""
+        """A signal handler: pass ``signum`` on.
+
+        SIGTERM and SIGHUP stop the tree (SIGKILL after the grace); Ctrl-C is
+        the user's to repeat (an interactive command may only cancel what it
+        was doing), and a second one kills outright.
+        """
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts > 1:
                 self.signal(signal.SIGKILL)
                 return
-        if self._stopping_since is None:
+        elif self._stopping_since is None:
             self._stopping_since = self._monotonic()
         self.signal(signum)
 
