@@ -5,14 +5,19 @@ Each child starts in a session of its own, so the signals a terminal sends
 whole tree: every child's process group and every process below ``run``.
 ``run`` is a child subreaper, so what the command leaves behind (a
 background child, a ``setsid`` child, a double fork) stays below it
-whatever session it moves to; the GPUs are released only once nothing of
-the tree is left. A stop (SIGTERM, SIGHUP, the command's end with
-processes left, a lost hold) is SIGTERM to the tree, then SIGKILL after the
-grace (``grace=``); Ctrl-C is passed on, and a second one kills outright. A
-signal that was ignored when ``run`` started (``nohup``'s SIGHUP) stays
-ignored, for the command too. Ctrl-Z stops the whole tree and then
-``run``, and ``fg`` (SIGCONT) resumes both; while ``run`` is stopped a
-helper process keeps its lease alive (``while_stopped``).
+whatever session it moves to; where the host lets ``run`` create a cgroup
+(v2) below its own, the command runs in one
+(``allocator/runs/run-<pid>-<hex>``), which holds the tree even once
+``run`` is gone (the host's agent stops its members when the holding
+ends). The GPUs are released only once nothing of the tree is left.
+
+A stop (SIGTERM, SIGHUP, the command's end with processes left, a lost
+hold) is SIGTERM to the tree, then SIGKILL after the grace (``grace=``);
+Ctrl-C is passed on, and a second one kills outright. A signal that was
+ignored when ``run`` started (``nohup``'s SIGHUP) stays ignored, for the
+command too. Ctrl-Z stops the whole tree and then ``run``, and ``fg``
+(SIGCONT) resumes both; while ``run`` is stopped a helper process keeps
+its lease alive (``while_stopped``).
 
 The exit status is the command's: a child killed by signal N makes it
 128+N, as a shell reports it. With several children (``--per-gpu``), the
@@ -24,10 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 
 from allocator.errors import InvalidInput
@@ -40,6 +47,48 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 DEFAULT_GRACE = 10.0
 _POLL_SECONDS = 0.05
 _PR_SET_PDEATHSIG = 1
+
+
+def _run_cgroup() -> Path | None:
+    """A fresh cgroup for the command, where the host allows one (None elsewhere)."""
+    from allocator.agent.processes.cgroups import (
+        RUNS_SCOPE,
+        create_worker_cgroup,
+        worker_cgroup_base,
+    )
+
+    base, _ = worker_cgroup_base(scope=RUNS_SCOPE)
+    if base is None:
+        return None
+    _remove_abandoned(base)
+    return create_worker_cgroup(base, f"run-{os.getpid()}-{secrets.token_hex(3)}")
+
+
+def _remove_abandoned(base: Path) -> None:
+    """Remove the empty cgroups of runs that are gone (killed with no agent to tidy up).
+
+    A cgroup still in use is never removed: the kernel refuses to remove
+    one with members, and one whose run still lives is left alone.
+    """
+    from allocator.agent.processes.cgroups import remove_cgroup
+
+    with contextlib.suppress(OSError):
+        for cgroup in base.glob("run-*-*"):
+            pid = cgroup.name.split("-")[1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                remove_cgroup(cgroup)
+
+
+def _in_child(cgroup: Path | None) -> Callable[[], None]:
+    """What each child does before it execs the command: enter the cgroup, die with ``run``."""
+
+    def prepare() -> None:
+        if cgroup is not None:
+            with contextlib.suppress(OSError):  # then the subreaper alone holds it
+                (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+        _die_with_parent()
+
+    return prepare
 
 
 def _die_with_parent() -> None:
@@ -85,19 +134,21 @@ class Children:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._interrupts = 0
         self._stopping_since: float | None = None
+        self._cgroup: Path | None = None
 
     def start(self) -> None:
         """Start one process per environment (each on top of this process's own)."""
         from allocator.agent.processes.procs import become_subreaper
 
         become_subreaper()  # orphans of the command come to us, not to init
+        self._cgroup = _run_cgroup()
         for env in self._envs:
             try:
                 child = subprocess.Popen(
                     self._argv,
                     env={**os.environ, **env},
                     start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_in_child(self._cgroup),
                 )
             except OSError as exc:
                 self.signal(signal.SIGKILL)
@@ -110,9 +161,21 @@ class Children:
             if child.returncode is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(child.pid, signum)
-        for pid in _below_us(self._ours()):
+        for pid in _below_us(self._ours()) + self._in_cgroup():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signum)
+
+    def _in_cgroup(self) -> list[int]:
+        from allocator.agent.processes.cgroups import cgroup_members
+
+        return cgroup_members(self._cgroup) if self._cgroup is not None else []
+
+    def close(self) -> None:
+        """Remove the command's cgroup (once nothing is left in it)."""
+        from allocator.agent.processes.cgroups import remove_cgroup
+
+        if self._cgroup is not None:
+            remove_cgroup(self._cgroup)
 
     def stop(self) -> None:
         """Ask the whole tree to stop; SIGKILL follows after the grace (see :meth:`wait`)."""
@@ -155,7 +218,8 @@ class Children:
 
     def _left_behind(self) -> bool:
         """Whether processes of the command are left once its children ended (they are stopped)."""
-        left = [pid for pid in _below_us(self._ours()) if pid not in self._ours()]
+        ours = self._ours()
+        left = [pid for pid in _below_us(ours) + self._in_cgroup() if pid not in ours]
         if left and self._stopping_since is None:
             self.stop()
         return bool(left)

@@ -253,6 +253,7 @@ def _run_held(
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+        children.close()
         let_go(allocator, holding, status, f"allocator run ended (exit {status})")
         sys.stdout.flush()
 

@@ -110,3 +110,28 @@ def test_what_a_killed_lease_holder_started_is_stopped_when_its_lease_expires(
     wait_for("the agent to stop the child", lambda: not pid_alive(left[0]), timeout=20)
     (stopped,) = wait_for("the log", lambda: world.events("holding-stopped", job="notebook"))
     assert stopped["pids"] == left, stopped
+
+
+def test_a_process_that_cleared_its_environment_is_stopped_through_the_runs_cgroup(
+    world: AgentHarness, left: list[int]
+) -> None:
+    from allocator.agent.processes.cgroups import RUNS_SCOPE, worker_cgroup_base
+
+    if worker_cgroup_base(scope=RUNS_SCOPE)[0] is None:
+        pytest.skip("this host lets no process create a cgroup")
+    pids = world.workdir / "pids"
+    script = f"sleep 300 & echo $! >> {pids}; env -i sleep 300 & echo $! >> {pids}; wait"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "allocator", "run", "job=wrapped", f"host={HOST}", "gpus=1",
+         "ttl=1s", "--", "sh", "-c", script],
+        env=world.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for("the command's pids", lambda: pids.exists() and len(pids.read_text().split()) == 2)
+        left.extend(int(p) for p in pids.read_text().split())
+    finally:
+        run.kill()
+        run.wait(10)
+    _stopped_by_the_agent(world, left)

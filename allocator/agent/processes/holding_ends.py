@@ -37,6 +37,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from allocator.agent.processes import procs
+from allocator.agent.processes.cgroups import (
+    RUNS_SCOPE,
+    cgroup_members,
+    process_cgroup,
+    remove_cgroup,
+)
 from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 from allocator.records.types import Assignment
 
@@ -70,6 +76,7 @@ class Ending:
     term_at: float | None = None  # when the first SIGTERM went out
     seen: dict[int, int] = field(default_factory=dict)  # pid -> start ticks, all ever found
     killed: bool = False
+    cgroups: set[Path] = field(default_factory=set)  # the run's cgroup, where it had one
 
 
 def next_step(ending: Ending, found: Mapping[int, int], now: float, grace: float) -> Step:
@@ -189,12 +196,17 @@ class HoldingEnds:
             return
         found = carriers(set(self._endings), self._proc)
         for identity, ending in list(self._endings.items()):
-            self._act(ending, found.get(identity, {}), now)
+            mine = found.get(identity, {})
+            # A process that cleared its environment is still in the run's cgroup.
+            ending.cgroups.update(_run_cgroups(mine))
+            self._act(ending, {**mine, **_members(ending.cgroups)}, now)
 
     def _act(self, ending: Ending, found: dict[int, int], now: float) -> None:
         step = next_step(ending, found, now, self._grace)
         if step == "done":
             del self._endings[ending.identity]
+            for cgroup in ending.cgroups:
+                remove_cgroup(cgroup)
             if ending.seen:
                 self._log("holding-stopped", self._fields(ending))
             return
@@ -219,3 +231,24 @@ class HoldingEnds:
             "killed": ending.killed,
             "grace_seconds": self._grace,
         }
+
+
+def _run_cgroups(found: Mapping[int, int]) -> set[Path]:
+    """The cgroups ``allocator run`` made for its command that ``found`` are in."""
+    cgroups = (process_cgroup(pid) for pid in found)
+    return {
+        c
+        for c in cgroups
+        if c is not None and c.parent.name == RUNS_SCOPE and c.name.startswith("run-")
+    }
+
+
+def _members(cgroups: set[Path]) -> dict[int, int]:
+    """The live processes of ``cgroups``: pid -> start ticks."""
+    members: dict[int, int] = {}
+    for cgroup in cgroups:
+        for pid in cgroup_members(cgroup):
+            stat = procs.read_stat(pid)
+            if stat is not None and stat.state != "Z":
+                members[pid] = stat.start_ticks
+    return members
