@@ -46,6 +46,7 @@ from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import Finish
 from allocator.agent.planning.whole_job_end import agents_gone_since, whole_job_end
+from allocator.agent.processes.holding_ends import HoldingEnds
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
 from allocator.agent.sync.history_decisions import DecisionRecorder
@@ -110,6 +111,7 @@ class Agent(Lifecycle):
         self.supervisor = Supervisor(
             config.worker_log_dir, config.agent_dir / "workers.json", clock=clock, logger=self.log
         )
+        self.holding_ends = HoldingEnds(self.log, config.prefix)
         self.sync = StoreSync(config, self.url, self.log, open_store=store_opener, clock=clock)
         self.care = GpuCare(environ, config.agent_dir, self.log, clock())
         self.wanted = DesiredCache(
@@ -167,6 +169,12 @@ class Agent(Lifecycle):
             self.guard.run("health", lambda: self._check_health(self.clock()))
             self.guard.run("usage", lambda: self._observe(self.clock()))
         self.guard.run("reap", self._reap)
+        if self.sync.have_state:
+            assignments, host = self.sync.assignments, self.config.host
+            self.guard.run(
+                "sweep", lambda: self.holding_ends.sweep(self.clock(), host, assignments)
+            )
+        self.guard.run("holdings", lambda: self.holding_ends.tick(self.clock()))
         if self.sync.have_state:
             started = self.clock()
             self.guard.run("reconcile", lambda: self._reconcile(self.clock()))
@@ -324,11 +332,16 @@ class Agent(Lifecycle):
         )
 
     def _take_view(self) -> None:
-        """Take the newest read; record the end of run-held assignments it no longer has."""
+        """Take the newest read; end the run-held assignments it no longer has.
+
+        Their end goes to history, and whatever of them still runs on this
+        host is stopped (:mod:`allocator.agent.processes.holding_ends`).
+        """
         self.sync.take_view(self._policy_changed)
         policy, seen_gone = self.sync.policy, self.wall()
         keep = policy.history if policy is not None else None
         for held, revision in self.sync.vanished_runs:
+            self.holding_ends.end(held)
             entry = expiry_entry(held, self.config.host, seen_gone)
             self.sync.link.record_history([entry], keep, unless_ended_after=revision)
 

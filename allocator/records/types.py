@@ -55,7 +55,8 @@ class RunHolder(msgspec.Struct, frozen=True):
     Such an assignment lives by its store lease: it disappears when the
     process stops refreshing it. The agent counts its GPUs as held and the
     process tree below ``pid`` (started at ``start_ticks``, ``/proc``'s
-    field 22) as their legitimate user, but never starts or stops it.
+    field 22) as their legitimate user; it never starts it, and stops what is
+    left of it once the holding ends (:mod:`allocator.records.holding`).
     """
 
     pid: Count
