@@ -6,7 +6,7 @@ the pure parts in :mod:`allocator.control.usage` then count the holdings.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +37,7 @@ def usage_report(
     )
     current = _current(allocator)
     snapshot = allocator.policy()
-    found = holdings(entries, current)
+    found = holdings(entries, current, now)
     policy = snapshot.policy if snapshot is not None else None
     rows = summarize(found, by, since, now, group_of(by, policy))
     unended = sum(1 for h in found if h.ended_unrecorded and h.start >= since)
@@ -54,17 +54,17 @@ def usage_report(
     return document, shown
 
 
-def group_of(by: str, policy: Policy | None) -> Callable[[Holding], str]:
-    """The function naming a holding's group for ``--by``."""
+def group_of(by: str, policy: Policy | None) -> Callable[[Holding], Sequence[str]]:
+    """The function naming a holding's groups for ``--by`` (a user's every team)."""
     if by == "user":
-        return lambda h: h.holder
+        return lambda h: (h.holder,)
     if by == "job":
-        return lambda h: h.job
+        return lambda h: (h.job,)
     if by == "host":
-        return lambda h: h.host
+        return lambda h: (h.host,)
     if by == "pool":
-        return lambda h: _pool(policy, h.host)
-    return lambda h: _team(policy, h.holder)
+        return lambda h: (_pool(policy, h.host),)
+    return lambda h: _teams(policy, h.holder)
 
 
 def _current(allocator: Allocator) -> dict[tuple[str, str], Any]:
@@ -81,14 +81,10 @@ def _pool(policy: Policy | None, host: str) -> str:
     return pool.name if pool is not None else NO_POOL
 
 
-def _team(policy: Policy | None, user: str) -> str:
-    """The policy's team of ``user`` (its ``teams:`` members)."""
-    if policy is None:
-        return NO_TEAM
-    for name, team in sorted(policy.teams.items()):
-        if user in team.members:
-            return str(name)
-    return NO_TEAM
+def _teams(policy: Policy | None, user: str) -> tuple[str, ...]:
+    """The policy's teams of ``user`` (its ``teams:`` members), each charged as quotas charge."""
+    teams = sorted(str(n) for n, t in (policy.teams if policy else {}).items() if user in t.members)
+    return tuple(teams) or (NO_TEAM,)
 
 
 def _row_document(row: UsageRow) -> dict[str, Any]:
