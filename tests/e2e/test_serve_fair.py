@@ -107,3 +107,22 @@ def test_a_queue_key_that_is_not_a_request_is_not_counted_as_queued(on_etcd: Ser
     result = on_etcd.cli("status", "--summary", "-o", "json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["total"]["queued"] == 0
+
+
+def test_usage_queries_share_one_read_of_history(
+    prefix: str, tmp_path: Path, etcd_server_private: Any
+) -> None:
+    served = Served(str(etcd_server_private.url), prefix, tmp_path)
+    try:
+        assert served.cli("set", "job=train", "gpus=0", "host=node1").code == 0
+        before = etcd_server_private.requests_served("Range")
+        assert served.get("/api/v1/usage?since=7d")[0] == 200
+        one_read = etcd_server_private.requests_served("Range") - before
+        before = etcd_server_private.requests_served("Range")
+        for query in ("since=6d", "since=5d&by=job", "since=4d&by=host", "by=team&limit=3"):
+            code, body, _ = served.get(f"/api/v1/usage?{query}")
+            assert code == 200 and json.loads(body)["rows"], query
+        # Other windows and groupings are answered from the same read, not a read each.
+        assert etcd_server_private.requests_served("Range") - before < one_read
+    finally:
+        served.close()
