@@ -29,14 +29,16 @@ The properties (each function returns its violations; none means it held):
   after that finish (a ``set`` that returned before the finish cannot be);
 * :func:`workers_lost`: every PID an agent acknowledged as running (in
   samples at least ``settle`` seconds apart, so a worker stopped before it
-  could journal its start is not counted) started a worker of that job.
+  could journal its start is not counted) started a worker of that job;
+* :func:`assignments_unserved`: once the clients are done, every job that
+  runs until stopped and holds an assignment has a live worker on its GPUs.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,7 @@ __all__ = [
     "ClientOp",
     "Span",
     "Violation",
+    "assignments_unserved",
     "changes_from_history",
     "duplicate_workers",
     "holdings_held_twice",
@@ -269,6 +272,24 @@ def workers_lost(acks: Sequence[Ack], spans: Sequence[Span], settle: float) -> l
                     "worker-lost",
                     f"{job}@{host}: the agent said PID {pid} ran it for "
                     f"{max(times) - min(times):.1f} s; no such worker ever started",
+                )
+            )
+    return found
+
+
+def assignments_unserved(
+    assigned: Mapping[tuple[str, str], tuple[int, ...]], spans: Sequence[Span]
+) -> list[Violation]:
+    """Assignments (``(host, job)``: GPUs) with no live worker of that job on those GPUs."""
+    live = _by_job(s for s in spans if s.end is None)
+    found = []
+    for (host, job), gpus in sorted(assigned.items()):
+        if not any(span.gpus == gpus for span in live.get((host, job), ())):
+            running = ", ".join(_describe(span) for span in live.get((host, job), ())) or "none"
+            found.append(
+                Violation(
+                    "worker-lost",
+                    f"{job}@{host} holds GPUs {','.join(map(str, gpus))}; live workers: {running}",
                 )
             )
     return found

@@ -9,6 +9,7 @@ from tests.support.chaos_check import (
     Change,
     ClientOp,
     Span,
+    assignments_unserved,
     changes_from_history,
     duplicate_workers,
     holdings_held_twice,
@@ -158,6 +159,20 @@ def test_an_acknowledged_worker_that_started_or_a_fleeting_one_is_not_lost() -> 
     assert workers_lost(brief, [], settle=1.0) == []
     stopping = [Ack(0.0, "h", "a", "stopped", (9,)), Ack(5.0, "h", "a", "stopped", (9,))]
     assert workers_lost(stopping, [], settle=1.0) == []
+
+
+def test_an_assignment_with_no_live_worker_on_its_gpus_is_unserved() -> None:
+    assigned = {("h", "a"): (0,), ("h", "b"): (1, 2)}
+    spans = [
+        _span(1, "a", 0.0, None),
+        _span(2, "b", 0.0, 1.0, gpus=(1, 2)),  # ended
+        _span(3, "b", 1.0, None, gpus=(1,)),  # live, on other GPUs
+    ]
+    (found,) = assignments_unserved(assigned, spans)
+    assert found.prop == "worker-lost" and "b@h holds GPUs 1,2" in found.detail
+    assert "PID 3" in found.detail
+    spans.append(_span(4, "b", 2.0, None, gpus=(1, 2)))
+    assert assignments_unserved(assigned, spans) == []
 
 
 # --- the journal --------------------------------------------------------------------
