@@ -70,6 +70,7 @@ class Observed:
     faults: Counter[str] = field(default_factory=Counter)
     history: list[dict[str, Any]] = field(default_factory=list)
     unserved: list[Violation] = field(default_factory=list)
+    seed: int = 0
     converged_s: float = 0.0
 
 
@@ -270,7 +271,7 @@ def run_chaos(workdir: Path, prefix: str, fault_seconds: float, seed: int) -> Ob
     """The whole run: workload and faults for ``fault_seconds``, then the record of it."""
     journal = workdir / "journal.jsonl"
     rng = random.Random(seed)
-    seen = Observed()
+    seen = Observed(seed=seed)
     with chaos_world(workdir, prefix) as (cluster, agents):
         world = agents[HOSTS[0]]
         sampler, watcher = Sampler(cluster.url, prefix), Watcher(journal)

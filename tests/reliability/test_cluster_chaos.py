@@ -9,7 +9,9 @@ the figures; ``ALLOCATOR_FAULT_SEED=N`` replays a run's choices.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import random
 import sys
 import uuid
@@ -38,15 +40,34 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def observed(tmp_path_factory: pytest.TempPathFactory) -> Observed:
-    """One fault run, shared by this module's checks."""
+def observed(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Observed:
+    """One fault run, shared by this module's checks (and by every pytest-xdist process).
+
+    Each test process that gets one of these tests would otherwise make its
+    own run, and three at once on two cores would be another test: the
+    first runs it and leaves it pickled in the directory all the processes'
+    temporary directories share; the others wait on a lock and read it.
+    """
+    if not hasattr(request.config, "workerinput"):  # one process: nobody to share with
+        return _run(tmp_path_factory)
+    shared = tmp_path_factory.getbasetemp().parent
+    with (shared / "cluster-chaos.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = shared / "cluster-chaos.pickle"
+        if saved.exists():
+            seen: Observed = pickle.loads(saved.read_bytes())
+            return seen
+        seen = _run(tmp_path_factory)
+        saved.write_bytes(pickle.dumps(seen))
+        return seen
+
+
+def _run(tmp_path_factory: pytest.TempPathFactory) -> Observed:
     seed = int(os.environ.get("ALLOCATOR_FAULT_SEED") or random.SystemRandom().randrange(10**6))
     if os.environ.get("CI"):
         seed = int(os.environ.get("ALLOCATOR_FAULT_SEED") or 271828)
     workdir = tmp_path_factory.mktemp("chaos")
-    seen = run_chaos(workdir, f"/t-{uuid.uuid4().hex[:12]}", scale(25, 120), seed)
-    seen.faults["seed"] = seed
-    return seen
+    return run_chaos(workdir, f"/t-{uuid.uuid4().hex[:12]}", scale(25, 120), seed)
 
 
 def _none(violations: list[Violation]) -> None:
@@ -55,7 +76,7 @@ def _none(violations: list[Violation]) -> None:
 
 def test_the_run_did_what_it_should(observed: Observed, figures: Figures) -> None:
     codes = Counter((op.kind, op.code) for op in observed.ops)
-    figures.add("seed", observed.faults.pop("seed", None))
+    figures.add("seed", observed.seed)
     figures.add("faults", dict(observed.faults))
     figures.add("commands (kind, exit code)", dict(sorted(codes.items(), key=str)))
     figures.add("workers started", len(observed.spans))
