@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from allocator.errors import StoreUnavailable
 from allocator.store import Store, open_store
 from tests.support.etcd_cluster import ClusterMember, EtcdCluster
 from tests.support.waiting import wait_for
@@ -22,6 +23,15 @@ def store(etcd_cluster: EtcdCluster) -> Iterator[Store]:
         yield opened
     finally:
         opened.close()
+
+
+def _put(store: Store, key: str, value: bytes) -> bool:
+    """Write, or say it could not yet (a new leader is being elected)."""
+    try:
+        store.put(key, value)
+    except StoreUnavailable:
+        return False
+    return True
 
 
 def _term(member: ClusterMember) -> int:
@@ -48,7 +58,7 @@ def test_a_killed_leader_is_replaced_and_rejoins_as_a_follower(
     assert killed.pid is not None, "the killed leader was not started again"
     assert _term(etcd_cluster.leader()) > term_before, "no new election"
     # Raft keeps what was committed; the cluster takes writes again.
-    wait_for("a write after the leader's death", lambda: store.put(f"{prefix}/k", b"after"))
+    wait_for("a write after the leader's death", lambda: _put(store, f"{prefix}/k", b"after"))
     item = store.get(f"{prefix}/k")
     assert item is not None and item.value == b"after"
     status = killed.status()
@@ -62,7 +72,7 @@ def test_a_frozen_member_leaves_the_other_two_serving(
     frozen.pause()
     try:
         assert frozen.status() is None  # it answers nothing while frozen
-        store.put(f"{prefix}/k", b"v")
+        wait_for("a write with one member frozen", lambda: _put(store, f"{prefix}/k", b"v"))
         item = store.get(f"{prefix}/k")
         assert item is not None and item.value == b"v"
         leader = etcd_cluster.leader()
