@@ -14,6 +14,7 @@ import os
 import pickle
 import random
 import sys
+import time
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.agent_harness import AgentHarness
+from tests.e2e.conftest import run_cli
 from tests.reliability.cluster_chaos import (
     HOSTS,
     JOURNAL_WORKER,
@@ -34,9 +36,11 @@ from tests.support.chaos_check import (
     duplicate_workers,
     holdings_held_twice,
     jobs_run_twice,
+    spans_from_journal,
     workers_held_twice,
     workers_lost,
 )
+from tests.support.etcd_cluster import EtcdCluster
 from tests.support.waiting import wait_for
 
 #: An acknowledgement counts once the agent has said so for this long.
@@ -104,6 +108,13 @@ def test_no_gpu_is_held_twice_in_the_store(observed: Observed, figures: Figures)
     _none(found)
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="a GPU released while its agent's etcd member is frozen is taken by another "
+    "holder before the agent stops the worker "
+    "(test_a_gpu_released_behind_a_frozen_member_is_not_used_twice); "
+    "not strict: a random run seldom freezes the agent's member at that moment",
+)
 def test_no_gpu_runs_workers_of_two_holdings_at_once(observed: Observed, figures: Figures) -> None:
     found = workers_held_twice(observed.spans, observed.until)
     figures.add("GPUs held twice (workers)", len(found))
@@ -178,6 +189,47 @@ def test_an_identical_set_while_a_job_runs_does_not_run_it_again_after_it_finish
         wait_for("the agent to record once finished", lambda: _state(world, "once") == "finished")
         starts = _lines(journal, "start", "once")
         assert len(starts) == 1, f"once ran {len(starts)} times with no set after it finished"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the agent keeps a released job's worker while its etcd member is frozen, "
+    "and the GPU is another holder's meanwhile",
+)
+def test_a_gpu_released_behind_a_frozen_member_is_not_used_twice(
+    tmp_path: Path, prefix: str, etcd_cluster: EtcdCluster
+) -> None:
+    """The fault run's other finding, minimized: one agent, one frozen member, two commands.
+
+    The agent talks to the first member; while that member is frozen, the
+    job is released and its GPU taken by ``run`` through the other two.
+    """
+    journal = tmp_path / "journal.jsonl"
+    worker = [sys.executable, str(JOURNAL_WORKER), "--journal", str(journal)]
+    policy = {
+        "version": 1,
+        "hosts": {"node1": {"gpus": 1}},
+        "jobs": {"train": {"command": worker, "grace_seconds": 1}},
+    }
+    world = AgentHarness(tmp_path, etcd_cluster.url, prefix, gpus=1)
+    others = "etcd://" + ",".join(m.endpoint for m in etcd_cluster.members[1:])
+    with world.running(policy=policy):
+        assert world.cli("set", "job=train", "gpus=0").code == 0
+        wait_for("train to start", lambda: _lines(journal, "start", "train"))
+        etcd_cluster.members[0].pause()
+        try:
+            env = {**world.env, "ALLOCATOR_STORE": others}
+            released = run_cli(["release", "job=train"], env)
+            assert released.code == 0, released.err
+            ran = run_cli(
+                ["run", "job=r1", "host=node1", "gpus=0", "--", *worker, "--exit-after", "1"], env
+            )
+            assert ran.code == 0, ran.err
+        finally:
+            etcd_cluster.members[0].resume()
+        wait_for("train's worker to stop", lambda: _lines(journal, "end", None)[1:], timeout=30)
+        spans = spans_from_journal(read_journal(journal))
+        _none(workers_held_twice(spans, time.time()))
 
 
 def _state(world: AgentHarness, job: str) -> str | None:
