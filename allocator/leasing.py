@@ -104,6 +104,11 @@ def lease(
         allocator.store.close()
 
 
+def _tell(line: str) -> None:
+    """A line for whoever watches the process (a notebook shows stderr)."""
+    print(f"allocator.lease: {line}", file=sys.stderr, flush=True)
+
+
 def _open(store: str | None, prefix: str | None) -> Any:
     from allocator.control.client import Allocator
     from allocator.records.keys import DEFAULT_PREFIX, validate_prefix
@@ -141,7 +146,14 @@ def _held(
     reason = f"allocator.lease() in pid {os.getpid()}"
     alarm = LostAlarm(on_lost)
     holding = take_waiting(
-        allocator, request, wait=wait, ttl=ttl, reason=reason, launched_by="lease", on_lost=alarm
+        allocator,
+        request,
+        wait=wait,
+        ttl=ttl,
+        reason=reason,
+        launched_by="lease",
+        on_lost=alarm,
+        tell=_tell,
     )
     status = 1
     saved: dict[str, str | None] = {}

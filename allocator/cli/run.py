@@ -187,7 +187,9 @@ def _take(
 
     reason = "allocator run: " + " ".join(argv)[:200]
     _check_workers(allocator, request.job, per_gpu)
-    holding = take_waiting(allocator, request, wait=wait, ttl=ttl, reason=reason, on_lost=_lost)
+    holding = take_waiting(
+        allocator, request, wait=wait, ttl=ttl, reason=reason, on_lost=_lost, tell=note
+    )
     try:
         envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)
         # Whatever the command starts carries the holding: the agent stops it once it ends.

@@ -46,9 +46,40 @@ def take_waiting(
     reason: str,
     on_lost: Callable[[str], None] | None = None,
     launched_by: str = "run",
+    tell: Callable[[str], None] = lambda _line: None,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Holding:
-    """Hold ``request``'s GPUs for this process; with ``wait`` (seconds), wait while refused."""
+    """Hold ``request``'s GPUs for this process; with ``wait`` (seconds), wait while refused.
+
+    The holding is returned only once no other job's worker still runs on its
+    GPUs (``tell`` says what it waits for), within what is left of ``wait``
+    (without one, :data:`~allocator.control.gpu_free.DEFAULT_BOUND`); past
+    that the holding is let go and it is a ``ConflictError``.
+    """
+    started = monotonic()
+    holding = _take(allocator, request, wait, ttl, reason, on_lost, launched_by, monotonic)
+    from allocator.control.gpu_free import DEFAULT_BOUND, wait_until_free
+    from allocator.control.leased import let_go
+
+    bound = DEFAULT_BOUND if wait is None else max(wait - (monotonic() - started), 0.0)
+    try:
+        wait_until_free(allocator, holding.assignment, bound=bound, tell=tell, monotonic=monotonic)
+    except BaseException:
+        let_go(allocator, holding, 1, "the GPUs' previous workers did not stop in time")
+        raise
+    return holding
+
+
+def _take(
+    allocator: Allocator,
+    request: Request,
+    wait: float | None,
+    ttl: float,
+    reason: str,
+    on_lost: Callable[[str], None] | None,
+    launched_by: str,
+    monotonic: Callable[[], float],
+) -> Holding:
     from allocator.control.leased import hold
 
     def attempt() -> Holding:

@@ -112,13 +112,6 @@ def test_no_gpu_is_held_twice_in_the_store(observed: Observed, figures: Figures)
     _none(found)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a GPU released while its agent's etcd member is frozen is taken by another "
-    "holder before the agent stops the worker "
-    "(test_a_gpu_released_behind_a_frozen_member_is_not_used_twice); "
-    "not strict: a random run seldom freezes the agent's member at that moment",
-)
 def test_no_gpu_runs_workers_of_two_holdings_at_once(observed: Observed, figures: Figures) -> None:
     found = workers_held_twice(observed.spans, observed.until)
     figures.add("GPUs held twice (workers)", len(found))
@@ -195,11 +188,6 @@ def test_an_identical_set_while_a_job_runs_does_not_run_it_again_after_it_finish
         assert len(starts) == 1, f"once ran {len(starts)} times with no set after it finished"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent keeps a released job's worker while its etcd member is frozen, "
-    "and the GPU is another holder's meanwhile",
-)
 def test_a_gpu_released_behind_a_frozen_member_is_not_used_twice(
     tmp_path: Path, prefix: str, etcd_cluster: EtcdCluster
 ) -> None:
@@ -220,6 +208,7 @@ def test_a_gpu_released_behind_a_frozen_member_is_not_used_twice(
     with world.running(policy=policy):
         assert world.cli("set", "job=train", "gpus=0").code == 0
         wait_for("train to start", lambda: _lines(journal, "start", "train"))
+        wait_for("the agent to publish train's worker", lambda: _state(world, "train") == "running")
         # The release is made in this process, on a connection opened beforehand: only
         # run's own start-up counts against the agent's deadline on the frozen member.
         store = open_store(others)
@@ -231,6 +220,7 @@ def test_a_gpu_released_behind_a_frozen_member_is_not_used_twice(
                 ["run", "job=r1", "host=node1", "gpus=0", "--", *worker, "--exit-after", "1"], env
             )
             assert ran.code == 0, ran.err
+            assert "waiting for train's worker on GPU 0 to stop" in ran.err
         finally:
             etcd_cluster.members[0].resume()
             store.close()

@@ -1,0 +1,103 @@
+"""``allocator run`` starts its command only once the GPU's previous worker is gone.
+
+A released job's worker that takes seconds to stop (a long stop grace, a
+slow checkpoint on SIGTERM) still runs on its GPU after the store says the
+GPU is free; ``run`` on that GPU waits for it, saying so, on SQLite and etcd.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.agent_harness import HOST, AgentHarness
+from tests.support.waiting import wait_for
+
+#: A worker that takes two seconds to stop after SIGTERM, and says when it ended.
+SLOW_STOPPER = """
+import signal, sys, time
+journal = sys.argv[1]
+def stop(*_):
+    time.sleep(2.0)
+    open(journal, "a").write(f"worker-end {time.time()}\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(journal, "a").write(f"worker-start {time.time()}\\n")
+while True:
+    signal.pause()
+"""
+#: The run's command: says when it started.
+RUN_COMMAND = "import sys, time; open(sys.argv[1], 'a').write(f'run-start {time.time()}\\n')"
+
+
+@pytest.fixture(params=["sqlite", "etcd"])
+def world(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> Iterator[AgentHarness]:
+    if request.param == "etcd":
+        url = str(request.getfixturevalue("etcd_server").url)
+    else:
+        url = f"sqlite://{tmp_path / 'store.db'}"
+    harness = AgentHarness(tmp_path, url, prefix, gpus=1)
+    journal = tmp_path / "journal"
+    policy = {
+        "version": 1,
+        "hosts": {HOST: {"gpus": 1}},
+        "jobs": {
+            "slow": {
+                "command": [sys.executable, "-c", SLOW_STOPPER, str(journal)],
+                "grace_seconds": 10,
+            }
+        },
+    }
+    with harness.running(policy=policy):
+        yield harness
+
+
+def _times(journal: Path, event: str) -> list[float]:
+    lines = journal.read_text().splitlines() if journal.exists() else []
+    return [float(line.split()[1]) for line in lines if line.split()[0] == event]
+
+
+def test_run_starts_only_once_the_released_jobs_slow_worker_stopped(
+    world: AgentHarness, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    assert world.cli("set", "job=slow", "gpus=0").code == 0
+    wait_for("slow's worker to start", lambda: _times(journal, "worker-start"))
+    wait_for("the agent to publish it", lambda: _state(world) == "running")
+    assert world.cli("release", "job=slow").code == 0
+    ran = world.cli(
+        "run", "job=r1", f"host={HOST}", "gpus=0", "--",
+        sys.executable, "-c", RUN_COMMAND, str(journal),
+    )  # fmt: skip
+    assert ran.code == 0, ran.err
+    ended, started = _times(journal, "worker-end"), _times(journal, "run-start")
+    assert ended, "run's command ran and ended while slow's worker still ran"
+    assert started[0] >= ended[0], f"run's command started {ended[0] - started[0]:.2f}s early"
+    assert "waiting for slow's worker on GPU 0 to stop" in ran.err
+
+
+def test_run_gives_up_with_exit_3_when_the_worker_outlasts_its_wait(
+    world: AgentHarness, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    assert world.cli("set", "job=slow", "gpus=0").code == 0
+    wait_for("the agent to publish slow's worker", lambda: _state(world) == "running")
+    assert world.cli("release", "job=slow").code == 0
+    ran = world.cli(
+        "run", "job=r1", f"host={HOST}", "gpus=0", "--wait=0s", "--",
+        sys.executable, "-c", RUN_COMMAND, str(journal),
+    )  # fmt: skip
+    assert ran.code == 3, ran.err
+    assert "slow's worker on GPU 0" in ran.err and "Traceback" not in ran.err
+    assert _times(journal, "run-start") == []
+    wait_for(
+        "the GPU to be free again", lambda: world.cli("status", "-o", "json").out.count('"r1"') == 0
+    )
+
+
+def _state(world: AgentHarness) -> str | None:
+    record = world.worker_record("slow")
+    return None if record is None else record.state
