@@ -48,7 +48,8 @@ def world(request: pytest.FixtureRequest, tmp_path: Path, prefix: str) -> Iterat
             "slow": {
                 "command": [sys.executable, "-c", SLOW_STOPPER, str(journal)],
                 "grace_seconds": 10,
-            }
+            },
+            "next": {"command": [sys.executable, "-c", RUN_COMMAND, str(journal)]},
         },
     }
     with harness.running(policy=policy):
@@ -96,6 +97,20 @@ def test_run_gives_up_with_exit_3_when_the_worker_outlasts_its_wait(
     wait_for(
         "the GPU to be free again", lambda: world.cli("status", "-o", "json").out.count('"r1"') == 0
     )
+
+
+def test_the_agents_next_worker_on_the_gpu_starts_only_once_the_released_one_stopped(
+    world: AgentHarness, tmp_path: Path
+) -> None:
+    journal = tmp_path / "journal"
+    assert world.cli("set", "job=slow", "gpus=0").code == 0
+    wait_for("the agent to publish slow's worker", lambda: _state(world) == "running")
+    assert world.cli("release", "job=slow").code == 0
+    assert world.cli("set", "job=next", "gpus=0").code == 0
+    started = wait_for("next's worker to start", lambda: _times(journal, "run-start"), timeout=20)
+    ended = _times(journal, "worker-end")
+    assert ended, "next's worker started while slow's worker still ran"
+    assert started[0] >= ended[0]
 
 
 def _state(world: AgentHarness) -> str | None:
