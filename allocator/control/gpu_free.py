@@ -8,49 +8,87 @@ store blinked). Only the new holder can wait, so ``run`` and ``lease()``
 read what the agent publishes for this host (its worker records, read
 after the holding was written) and start nothing while another job's
 worker still runs or stops on one of their GPUs
-(:func:`allocator.placement.busy_gpus.blockers`).
+(:func:`allocator.placement.busy_gpus.blockers`), nor while a process of
+this host that carries an ended holding's identity still runs on one
+(:func:`allocator.placement.busy_gpus.leftovers`: the agent stops those
+too, once it sees the holding end).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from allocator.errors import BadRecord, ConflictError
-from allocator.placement.busy_gpus import blockers, describe_blockers
+from allocator.placement.busy_gpus import blockers, describe_blockers, leftovers
 from allocator.records.codec import decode_record
+from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 from allocator.records.types import Assignment, WorkerRecord
 
 if TYPE_CHECKING:
     from allocator.control.client import Allocator
 
-__all__ = ["DEFAULT_BOUND", "busy_with", "wait_until_free"]
+__all__ = ["DEFAULT_BOUND", "busy_with", "carried_holdings", "wait_until_free"]
 
 #: Seconds a holding without ``--wait`` waits for its GPUs' previous workers to stop.
 DEFAULT_BOUND = 60.0
 _POLL_SECONDS = 0.2
 
 
-def busy_with(allocator: Allocator, assignment: Assignment) -> dict[str, tuple[int, ...]]:
-    """The other jobs whose workers still run on ``assignment``'s GPUs (job -> GPUs)."""
+def busy_with(
+    allocator: Allocator, assignment: Assignment, proc: Path = Path("/proc")
+) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """What still runs on ``assignment``'s GPUs: other jobs' workers, ended holdings' processes.
+
+    Each is job -> GPUs; both empty when the GPUs are free.
+    """
     if assignment.mode == "cpu" or not assignment.gpus:
-        return {}
+        return {}, {}
     layout, store = allocator.layout, allocator.store
     held: dict[str, tuple[int, ...]] = {}
+    current: list[str] = []
     for item in store.list(layout.host_jobs(assignment.host)).items:
         try:
             other = decode_record(item.value, Assignment, item.key)
         except BadRecord:
             continue  # a bad record is reported by its readers, never a reason to wait
         held[other.job] = other.gpus if other.mode == "gpu" else ()
+        current.append(holding_identity(other, layout.prefix) or "")
     workers = []
     for item in store.list(layout.host_workers(assignment.host)).items:
         try:
             workers.append(decode_record(item.value, WorkerRecord, item.key))
         except BadRecord:
             continue
-    return blockers(assignment.job, assignment.gpus, workers, held)
+    where = (layout.prefix, assignment.host)
+    left = leftovers(assignment.gpus, carried_holdings(proc), current, where)
+    return blockers(assignment.job, assignment.gpus, workers, held), left
+
+
+def carried_holdings(proc: Path = Path("/proc")) -> dict[str, tuple[int, ...]]:
+    """Holding identity -> GPUs, of the live processes here that carry one (``ALLOCATOR_GPUS``).
+
+    Another user's processes are unreadable without root: those are the
+    agent's to stop, and the wait cannot see them.
+    """
+    name, gpus_name = f"{HOLDING_VARIABLE}=".encode(), b"ALLOCATOR_GPUS="
+    found: dict[str, set[int]] = {}
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:  # a zombie's environment reads empty; a vanished process is gone anyway
+            variables = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        identity = next((v[len(name) :] for v in variables if v.startswith(name)), None)
+        raw = next((v[len(gpus_name) :] for v in variables if v.startswith(gpus_name)), b"")
+        if identity:
+            indices = {int(g) for g in raw.split(b",") if g.strip().isdigit()}
+            found.setdefault(identity.decode(errors="replace"), set()).update(indices)
+    return {identity: tuple(sorted(gpus)) for identity, gpus in found.items()}
 
 
 def wait_until_free(
@@ -66,10 +104,10 @@ def wait_until_free(
     deadline = monotonic() + bound
     told = ""
     while True:
-        found = busy_with(allocator, assignment)
-        if not found:
+        workers, left = busy_with(allocator, assignment)
+        if not workers and not left:
             return
-        what = describe_blockers(found)
+        what = describe_blockers(workers, left)
         if monotonic() >= deadline:
             raise ConflictError(f"gave up waiting for {what} to stop")
         if what != told:

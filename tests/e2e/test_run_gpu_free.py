@@ -7,6 +7,7 @@ GPU is free; ``run`` on that GPU waits for it, saying so, on SQLite and etcd.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,6 +112,32 @@ def test_the_agents_next_worker_on_the_gpu_starts_only_once_the_released_one_sto
     ended = _times(journal, "worker-end")
     assert ended, "next's worker started while slow's worker still ran"
     assert started[0] >= ended[0]
+
+
+def test_run_waits_for_a_process_an_ended_holding_left_on_its_gpu(
+    tmp_path: Path, prefix: str
+) -> None:
+    harness = AgentHarness(tmp_path, f"sqlite://{tmp_path / 'store.db'}", prefix, gpus=2)
+    with harness.running(start=False):  # no agent: nobody stops the leftover
+        leftover = subprocess.Popen(
+            [sys.executable, "-c", "import signal; signal.pause()"],
+            env={
+                **harness.env,
+                "ALLOCATOR_HOLDING": f"{prefix}:old@{HOST}/1.1",
+                "ALLOCATOR_GPUS": "0",
+            },
+        )
+        try:
+            busy = harness.cli("run", "job=r1", f"host={HOST}", "gpus=0", "--wait=1s", "--", "true")
+            assert busy.code == 3, busy.err
+            assert "old's ended holding's processes on GPU 0" in busy.err
+            other = harness.cli("run", "job=r2", f"host={HOST}", "gpus=1", "--", "true")
+            assert other.code == 0, other.err
+        finally:
+            leftover.kill()
+            leftover.wait(10)
+        ran = harness.cli("run", "job=r1", f"host={HOST}", "gpus=0", "--", "true")
+        assert ran.code == 0, ran.err
 
 
 def _state(world: AgentHarness) -> str | None:

@@ -1,4 +1,4 @@
-from allocator.placement.busy_gpus import blockers, describe_blockers
+from allocator.placement.busy_gpus import blockers, describe_blockers, leftovers
 from allocator.records.types import WorkerRecord
 
 
@@ -34,3 +34,22 @@ def test_own_workers_other_gpus_and_cpu_workers_block_nothing() -> None:
 def test_the_wait_names_each_worker_and_its_gpus() -> None:
     text = describe_blockers({"train": (0,), "eval": (1, 2)})
     assert text == "eval's worker on GPUs 1,2 and train's worker on GPU 0"
+
+
+def test_a_process_of_an_ended_holding_blocks_the_gpus_it_was_given() -> None:
+    where = ("/p", "node1")
+    carried = {
+        "/p:old@node1/10.5": (0, 1),  # ended: the store no longer has it
+        "/p:r1@node1/20.6": (0,),  # the new holding itself
+        "/p:mine@node1/30.7": (2,),  # ended, on another GPU
+        "/q:old@node1/10.5": (0,),  # another namespace's
+        "/p:old@node2/10.5": (0,),  # another host's
+    }
+    current = ["/p:r1@node1/20.6"]
+    assert leftovers([0], carried, current, where) == {"old": (0,)}
+    assert leftovers([0], carried, [*current, "/p:old@node1/10.5"], where) == {}
+
+
+def test_the_wait_names_leftover_processes_too() -> None:
+    text = describe_blockers({}, {"old": (0,)})
+    assert text == "old's ended holding's processes on GPU 0"
