@@ -140,6 +140,36 @@ def test_run_waits_for_a_process_an_ended_holding_left_on_its_gpu(
         assert ran.code == 0, ran.err
 
 
+def test_lease_waits_for_a_process_an_ended_holding_left_and_gives_up_in_time(
+    tmp_path: Path, prefix: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import allocator
+    from allocator.errors import ConflictError
+
+    url = f"sqlite://{tmp_path / 'store.db'}"
+    harness = AgentHarness(tmp_path, url, prefix, gpus=1)
+    with harness.running(start=False):
+        leftover = subprocess.Popen(
+            [sys.executable, "-c", "import signal; signal.pause()"],
+            env={
+                **harness.env,
+                "ALLOCATOR_HOLDING": f"{prefix}:old@{HOST}/1.1",
+                "ALLOCATOR_GPUS": "0",
+            },
+        )
+        try:
+            refused = pytest.raises(ConflictError, match="old's ended holding's processes on GPU 0")
+            with refused, allocator.lease(gpus=[0], host=HOST, wait=1, store=url, prefix=prefix):
+                pytest.fail("the lease began while the leftover ran on its GPU")
+            assert "waiting for old's ended holding's processes" in capsys.readouterr().err
+        finally:
+            leftover.kill()
+            leftover.wait(10)
+        # It let the GPU go: with the leftover gone, the next lease gets it at once.
+        with allocator.lease(gpus=[0], host=HOST, store=url, prefix=prefix) as grant:
+            assert grant.gpus == (0,)
+
+
 def _state(world: AgentHarness) -> str | None:
     record = world.worker_record("slow")
     return None if record is None else record.state
