@@ -15,6 +15,12 @@ __all__ = ["HOST", "POOL", "RESERVATION"]
 
 #: The GPU vendors a host or pool may name (those of allocator.gpus.vendors).
 _VENDOR = Enum("nvidia", "amd", "intel", "apple")
+_CDI_NAMES = Enum("card", "pci")
+_CDI_NAMES_HELP = (
+    "How the host's CDI spec names Intel GPUs, for container jobs: card (card<N>, the "
+    "default of Intel's device plugins' generator) or pci (0000-03-00-0-0x56c0, the default "
+    "of Intel's DRA driver). Other vendors have one naming."
+)
 
 HOST = Record(
     Host,
@@ -37,6 +43,7 @@ HOST = Record(
             "Whose GPUs the host has (nvidia, amd, intel, apple; the pool's when absent). "
             "The agent detects its vendor; status and doctor report a mismatch.",
         ),
+        Field("cdi_names", _CDI_NAMES, _CDI_NAMES_HELP + " The pool's when absent."),
     ),
     description="A host and its declared GPU inventory.",
 )
@@ -65,6 +72,7 @@ POOL = Record(
         ),
         Field("idle", IDLE, "Idle-holder rule for jobs on this pool's hosts."),
         Field("vendor", _VENDOR, "Whose GPUs this pool's hosts have (a host may say its own)."),
+        Field("cdi_names", _CDI_NAMES, _CDI_NAMES_HELP + " A host may say its own."),
     ),
     description="A group of hosts sharing placement rules.",
 )

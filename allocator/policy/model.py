@@ -56,6 +56,7 @@ VisibleDevices = Literal["uuid", "index"]
 IdleAction = Literal["warn", "release", "none"]
 ContainerEngine = Literal["podman", "docker"]
 ContainerDevices = Literal["cdi", "gpus"]
+CdiNames = Literal["card", "pci"]
 
 
 class IdleRule(Struct, frozen=True, omit_defaults=True):
@@ -82,6 +83,7 @@ class Host(Struct, frozen=True, omit_defaults=True):
     gpus: int
     pool: str | None = None
     vendor: str | None = None  # nvidia, amd, intel, apple; None: the pool's, or any
+    cdi_names: CdiNames | None = None  # how its CDI spec names Intel GPUs; None: the pool's
 
 
 class Sharing(Struct, frozen=True, omit_defaults=True):
@@ -117,6 +119,7 @@ class Pool(Struct, frozen=True, omit_defaults=True):
     max_gpus_per_job: int | None = None
     idle: IdleRule | None = None
     vendor: str | None = None  # the vendor of every host of the pool
+    cdi_names: CdiNames | None = None  # how its hosts' CDI specs name Intel GPUs
 
 
 class Reservation(Struct, frozen=True, omit_defaults=True):
@@ -282,6 +285,15 @@ class Policy(Struct, frozen=True, omit_defaults=True):
             return declared.vendor
         pool = self.pool_of(host)
         return pool.vendor if pool is not None else None
+
+    def cdi_names_of(self, host: str) -> CdiNames:
+        """How ``host``'s CDI spec names its GPUs where the vendor has two namings
+        (its own say, else its pool's, else ``card``, Intel's generator's default)."""
+        declared = self.hosts.get(host)
+        if declared is not None and declared.cdi_names is not None:
+            return declared.cdi_names
+        pool = self.pool_of(host)
+        return pool.cdi_names if pool is not None and pool.cdi_names is not None else "card"
 
     def names_host(self, host: str) -> bool:
         """Whether ``host`` is one of the policy's: in ``hosts``, a pool or a reservation.

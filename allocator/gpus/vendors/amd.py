@@ -25,7 +25,13 @@ from typing import Any
 
 from allocator.errors import AllocatorError
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
-from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
+from allocator.gpus.vendors.base import (
+    CdiNames,
+    TorchBuild,
+    VendorName,
+    check_device_ids,
+    container_indices,
+)
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["AMD", "Amd", "AmdSmiUnavailable", "load_amdsmi", "read_amd_gpus"]
@@ -135,6 +141,9 @@ class Amd:
         "GPU_DEVICE_ORDINAL",
         "CUDA_VISIBLE_DEVICES",
     )
+    # /dev/kfd and /dev/dri/renderD* belong to these (ROCm's install guide adds users
+    # to both; which one owns which node differs between distributions).
+    device_groups: tuple[str, ...] = ("render", "video")
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """amdsmi's (or the fake's) inventory; the declared count when it fails."""
@@ -168,9 +177,26 @@ class Amd:
         """``-1`` is no device's index or UUID: ROCr exposes nothing."""
         return {"ROCR_VISIBLE_DEVICES": "-1"}
 
-    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
-        """``amd.com/gpu=<id>``, as AMD's container toolkit names GPUs in its CDI spec."""
-        return [f"{self.cdi_kind}={device_id}" for device_id in ids]
+    def cdi_devices(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], naming: CdiNames
+    ) -> list[str]:
+        """``amd.com/gpu=<index>``: ROCm's container toolkit (``internal/cdi/cdi.go``)
+        names the GPUs ``0``...``n-1`` (and ``all``) in the order of the driver's PCI
+        devices, which is the inventory's PCI order."""
+        del known, naming
+        return [f"{self.cdi_kind}={gpu}" for gpu in gpus]
+
+    def container_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """ROCr's UUIDs (the same inside a container), else the container's numbers."""
+        ids = self.device_ids(gpus, known, prefer_uuid)
+        local = container_indices(gpus)
+        return [local[i] if entry.isdigit() else entry for i, entry in enumerate(ids)]
+
+    def container_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """As on the host: ``ROCR_VISIBLE_DEVICES`` only."""
+        return self.visible_env(ids)
 
     def torch_build_problem(self, build: TorchBuild) -> str | None:
         """A CUDA or CPU-only PyTorch cannot drive AMD GPUs."""

@@ -12,9 +12,11 @@ from allocator.gpus.fake import FakeNvml
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import keep_addresses
 from allocator.gpus.vendors import VENDORS, TorchBuild, read_host_inventory, vendor_named
+from allocator.gpus.vendors.base import CdiNames
 from allocator.gpus.vendors.intel import RealSysfs, read_intel_gpus
 from allocator.gpus.visible import worker_environments
 from allocator.policy.model import FallbackRule, Host, Job, Policy
+from allocator.records.gpu_info import GpuInfo, MigDevice
 from allocator.records.types import Assignment
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml
 
@@ -175,17 +177,33 @@ def test_nvidia_is_the_default_vendor() -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["ALLOCATOR_VENDOR"] == "nvidia"
 
 
+KNOWN = {
+    0: GpuInfo(
+        index=0, uuid="GPU-a", pci_bus_id="0000:03:00.0", drm_card=1, pci_device_id="0x56c0"
+    ),
+    1: GpuInfo(index=1, mig_enabled=True, mig_devices=(MigDevice(uuid="MIG-b"),)),
+}
+
+
 @pytest.mark.parametrize(
-    ("vendor", "ids", "names"),
+    ("vendor", "naming", "names"),
     [
-        ("nvidia", ["GPU-a", "MIG-b"], ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=MIG-b"]),
-        ("amd", ["GPU-c"], ["amd.com/gpu=GPU-c"]),
-        ("intel", ["1"], ["intel.com/gpu=1"]),
-        ("apple", ["0"], []),
+        # nvidia-ctk (pkg/nvcdi): by UUID, MIG instances by their UUID.
+        ("nvidia", "card", ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=MIG-b"]),
+        # ROCm's container toolkit: by index, whatever the UUID.
+        ("amd", "card", ["amd.com/gpu=0", "amd.com/gpu=1"]),
     ],
 )
-def test_cdi_device_names(vendor: str, ids: list[str], names: list[str]) -> None:
-    assert vendor_named(vendor).cdi_devices(ids) == names
+def test_cdi_device_names(vendor: str, naming: CdiNames, names: list[str]) -> None:
+    assert vendor_named(vendor).cdi_devices([0, 1], KNOWN, naming) == names
+
+
+def test_intel_cdi_names_follow_the_hosts_generator_and_apple_has_none() -> None:
+    intel = vendor_named("intel")
+    assert intel.cdi_devices([0], KNOWN, "card") == ["intel.com/gpu=card1"]
+    assert intel.cdi_devices([0], KNOWN, "pci") == ["intel.com/gpu=0000-03-00-0-0x56c0"]
+    with pytest.raises(RequestError, match="Apple"):
+        vendor_named("apple").cdi_devices([0], KNOWN, "card")
 
 
 CUDA_WHEEL = TorchBuild("2.5.1+cu124", cuda="12.4", hip=None, xpu=False, mps=False)
