@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from allocator.control.holder import quota_subjects, unix_groups
-from allocator.control.queue_order import Waiting, blockers, decode_queue
+from allocator.control.queue_order import Able, Waiting, blockers, decode_queue
 from allocator.control.quotas import ask_of_entry, counter_key, quota_refusal, read_counters
 from allocator.errors import AllocatorError, PermissionDenied
 from allocator.records.keys import KeyLayout
@@ -22,9 +22,10 @@ from allocator.store import Compare, KeyValue, Listing
 if TYPE_CHECKING:
     from allocator.control.client import Allocator
     from allocator.policy.model import Policy
+    from allocator.records.holders import QueueEntry
     from allocator.status.snapshots import HostSnapshot
 
-__all__ = ["QueueLine", "QuotaLook", "queue_lines", "queue_prefix", "usable_gpus"]
+__all__ = ["QueueLine", "QuotaLook", "able_gpus", "queue_lines", "queue_prefix"]
 
 
 class QuotaLook:
@@ -183,21 +184,44 @@ def _why(
         return str(refused)
     if placed.mode == "cpu":
         return placed.fallback_reason or "no GPUs now"
-    ahead = blockers(order, waiting.key, placed.gpus, usable_gpus(policy, state), look.over_quota)
+    able = able_gpus(policy, state, now)
+    ahead = blockers(order, waiting.key, placed.gpus, able, look.over_quota)
     if ahead:
         first = ahead[0].entry
         return f"behind {first.job} ({first.holder}, {first.requested})"
     return "its turn: taking the GPUs"
 
 
-def usable_gpus(policy: Policy, state: HostSnapshot) -> int:
-    """How many GPUs ``state``'s host has that are healthy (what a count=N can ever use)."""
+def able_gpus(policy: Policy, state: HostSnapshot, now: datetime) -> Able:
+    """What each waiting request of ``state``'s host could be given now (its turn's "could use").
+
+    A ``count=N`` request: the host's healthy GPUs not reserved for others,
+    none when N is over its pool's per-job limit; a ``gpus=`` request: the
+    GPUs not reserved for others (naming an unhealthy GPU is allowed).
+    """
     from allocator.placement.choose import host_gpu_indices
+    from allocator.placement.reservations import reserved_against
 
     agent = state.agent
     inventory = agent.gpus if agent and agent.gpus else None
     try:
-        count = len(host_gpu_indices(policy, state.host, inventory))
+        indices = frozenset(host_gpu_indices(policy, state.host, inventory))
     except AllocatorError:
-        return 0
-    return count - (len(agent.unhealthy) if agent else 0)
+        indices = frozenset()
+    sick = frozenset(agent.unhealthy) if agent else frozenset()
+    pool = policy.pool_of(state.host)
+    limit = pool.max_gpus_per_job if pool is not None else None
+    known: dict[tuple[str, bool], frozenset[int]] = {}
+
+    def able(entry: QueueEntry) -> frozenset[int]:
+        by_count = entry.count is not None
+        if by_count and limit is not None and (entry.count or 0) > limit:
+            return frozenset()
+        cached = known.get((entry.job, by_count))
+        if cached is None:
+            reserved = reserved_against(policy, state.host, entry.job, now)
+            cached = indices - reserved.keys() - (sick if by_count else frozenset())
+            known[(entry.job, by_count)] = cached
+        return cached
+
+    return able
