@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from allocator.records.holders import QueueEntry
     from allocator.status.snapshots import HostSnapshot
 
-__all__ = ["QueueLine", "QuotaLook", "able_gpus", "queue_lines", "queue_prefix"]
+__all__ = ["QueueLine", "QuotaLook", "able_gpus", "queue_lines", "queue_prefix", "remove_entry"]
 
 
 class QuotaLook:
@@ -145,6 +145,35 @@ def queue_lines(
     return lines
 
 
+def remove_entry(allocator: Allocator, host: str, name: str) -> QueueLine:
+    """Delete the queue entry ``name`` of ``host`` (a stuck one: no waiter will); what it was.
+
+    ``NotFound`` when there is none. The delete compares the entry's
+    revision, so it removes exactly what was read.
+    """
+    from allocator.errors import NotFound
+    from allocator.store import Delete
+
+    key = allocator.layout.queue_entry(host, name)
+    found = allocator.store.get(key)
+    if found is None:
+        raise NotFound(f"no queue entry {name!r} on {host} (`allocator queue` lists them)")
+    order = decode_queue([found], allocator.on_bad_record)
+    allocator.store.txn([Compare(key, found.mod_revision)], [Delete(key)])
+    entry = order[0].entry if order else None
+    return QueueLine(
+        0,
+        host,
+        entry.holder if entry else "",
+        entry.job if entry else "",
+        entry.requested if entry else "",
+        entry.since if entry else "",
+        entry.priority if entry else 0,
+        "removed",
+        name,
+    )
+
+
 def queue_prefix(layout: KeyLayout, host: str | None) -> str:
     """Where the queue of ``host`` (of every host: ``None``) is."""
     return layout.host_queue(host) if host else layout.queue
@@ -163,6 +192,11 @@ def _why(
 
     if policy is None or look is None:
         return "no policy applied"
+    if not waiting.leased:
+        return (
+            f"no lease: no waiter keeps it (allocator queue remove host={waiting.entry.host} "
+            f"entry={waiting.name})"
+        )
     over = look.refusal(waiting)
     if over is not None:
         return over

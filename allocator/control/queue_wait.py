@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -208,6 +209,7 @@ def wait_in_queue(
     why = first
     entry = _Entry(allocator, request, ttl)
     try:
+        _exit_on_sigterm()
         turn.me = entry.join()
         while True:
             if why:
@@ -226,6 +228,28 @@ def wait_in_queue(
             why = found
     finally:
         entry.leave()
+        _default_sigterm()
+
+
+def _on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through ``finally``: the entry is removed
+
+
+def _exit_on_sigterm() -> None:
+    """Let SIGTERM end this waiter through its ``finally`` (default: die and leave the entry).
+
+    Only where SIGTERM is left at its default, and only from the main thread
+    (where Python runs signal handlers); a program's own handler is kept.
+    """
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _default_sigterm() -> None:
+    if threading.current_thread() is threading.main_thread():
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _try(allocator: Allocator, take: Callable[[Gate], T], turn: _Turn) -> T | str:
