@@ -111,5 +111,5 @@ def wanted_ahead(
     able: Able,
     over_quota: Callable[[Waiting], bool] = lambda _w: False,
 ) -> set[int]:
-    """Which of ``gpus`` some entry ahead of ``me`` could use (a count waiter places around them)."""
+    """Which of ``gpus`` some entry ahead of ``me`` could use (a count waiter avoids them)."""
     return {g for g in gpus if blockers(order, me, (g,), able, over_quota)}

@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from allocator.control.queue_faults import Outage, default_sigterm, exit_on_sigterm
 from allocator.control.queue_order import blockers, decode_queue
 from allocator.errors import (
     AllocatorError,
+    AmbiguousWrite,
     CasConflict,
     ConflictError,
     LeaseLost,
     PlacementRefused,
+    StoreUnavailable,
 )
 from allocator.records.holders import QueueEntry
 from allocator.store import Compare, Delete, Op, Put, Read, Watch
@@ -90,9 +92,7 @@ class _Turn:
     self-service request never passes the queue).
     """
 
-    def __init__(
-        self, allocator: Allocator, request: Request, *, queued: bool = True
-    ) -> None:
+    def __init__(self, allocator: Allocator, request: Request, *, queued: bool = True) -> None:
         self.allocator = allocator
         self.host = request.host
         self.asked_gpus = not request.cpu
@@ -149,7 +149,7 @@ def _revision(listing: object) -> int:
 
 
 def queue_gate(allocator: Allocator, request: Request) -> Gate:
-    """The gate of a self-service request that does not wait: refused while the queue comes first."""
+    """The gate of a self-service request that does not wait: refused while others queue."""
     from allocator.records.codec import replace_struct
 
     host = request.host or allocator.default_host(allocator.require_policy().policy)
@@ -208,8 +208,9 @@ def wait_in_queue(
         return first
     why = first
     entry = _Entry(allocator, request, ttl)
+    outage = Outage(clock)
     try:
-        _exit_on_sigterm()
+        exit_on_sigterm()
         turn.me = entry.join()
         while True:
             if why:
@@ -220,36 +221,37 @@ def wait_in_queue(
                     f"timed out waiting for {request.describe()} on {host}: {why}", why
                 )
             entry.changes(min(RECHECK_S, left) if left is not None else RECHECK_S)
-            if entry.lost:
-                turn.me = entry.join()
-            found = _try(allocator, take, turn)
+            found = _round(allocator, take, turn, entry, outage)
             if not isinstance(found, str):
                 return found
             why = found
     finally:
         entry.leave()
-        _default_sigterm()
+        default_sigterm()
 
 
-def _on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)  # unwinds through ``finally``: the entry is removed
-
-
-def _exit_on_sigterm() -> None:
-    """Let SIGTERM end this waiter through its ``finally`` (default: die and leave the entry).
-
-    Only where SIGTERM is left at its default, and only from the main thread
-    (where Python runs signal handlers); a program's own handler is kept.
-    """
-    if threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _default_sigterm() -> None:
-    if threading.current_thread() is threading.main_thread():
-        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _round(
+    allocator: Allocator, take: Callable[[Gate], T], turn: _Turn, entry: _Entry, outage: Outage
+) -> T | str:
+    """One try of a queued waiter (rejoining first if its entry was lost); else why not."""
+    try:
+        if entry.lost:
+            turn.me = entry.join()
+    except StoreUnavailable as down:
+        entry.lost = True  # the next join starts over: the lease it may have got is revoked
+        return outage.ride(down)
+    try:
+        found = _try(allocator, take, turn)
+    except AmbiguousWrite as down:
+        # The take deletes this entry in its own transaction: while the entry
+        # is there, the take did not land and the waiter may go on.
+        if turn.me is None or allocator.store.get(turn.me) is None:
+            raise
+        return outage.ride(down)
+    except StoreUnavailable as down:
+        return outage.ride(down)
+    outage.since = None
+    return found
 
 
 def _try(allocator: Allocator, take: Callable[[Gate], T], turn: _Turn) -> T | str:

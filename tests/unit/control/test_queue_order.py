@@ -5,7 +5,6 @@ from __future__ import annotations
 from allocator.control.queue_order import Waiting, blockers, could_use, in_order, wanted_ahead
 from allocator.records.holders import QueueEntry
 
-
 FOUR = frozenset(range(4))
 
 
@@ -42,9 +41,7 @@ def test_small_requests_wait_behind_an_older_large_one_that_could_use_their_gpus
 
 def test_an_entry_over_quota_is_skipped() -> None:
     order = in_order([_waiting("greedy", 1, count=1), _waiting("next", 2, count=1)])
-    skipped = blockers(
-        order, "/q/next", [0], _all, over_quota=lambda w: w.entry.job == "greedy"
-    )
+    skipped = blockers(order, "/q/next", [0], _all, over_quota=lambda w: w.entry.job == "greedy")
     assert skipped == []
 
 
