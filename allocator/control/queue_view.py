@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 from allocator.control.holder import quota_subjects, unix_groups
 from allocator.control.queue_order import Able, Waiting, blockers, decode_queue
-from allocator.control.quotas import ask_of_entry, counter_key, quota_refusal, read_counters
+from allocator.control.quotas import (
+    absent_charges,
+    ask_of_entry,
+    charged_assignments,
+    counter_key,
+    quota_refusal,
+    read_counters,
+)
 from allocator.errors import AllocatorError, PermissionDenied
 from allocator.records.keys import KeyLayout
 from allocator.store import Compare, KeyValue, Listing
@@ -35,6 +42,8 @@ class QuotaLook:
         self.allocator, self.policy = allocator, policy
         self._seen: dict[str, KeyValue | None] = {}
         self._groups: dict[str, tuple[str, ...]] = {}
+        self._looked: set[str] = set()  # charges whose assignment key was read
+        self._gone: set[str] = set()  # those of them found absent
 
     def subjects(self, holder: str) -> tuple[str, ...]:
         """The quota subjects of ``holder`` (its unix groups as this machine knows them)."""
@@ -59,7 +68,22 @@ class QuotaLook:
         pool = self.policy.pool_of(entry.host)
         n = entry.count if entry.count is not None else len(entry.gpus or ())
         ask = ask_of_entry(self.policy, entry.host, n, entry.slots, entry.job)
-        return quota_refusal(self.policy, subjects, self._seen, pool.name if pool else "", ask)
+        where = pool.name if pool else ""
+        refused = quota_refusal(self.policy, subjects, self._seen, where, ask, self._gone)
+        if refused is None or refused.startswith("the quota counter"):
+            return refused
+        # Charges of assignments that vanished (a killed run's lease ran out) are
+        # given back by the holder's own next take: they put no one over quota.
+        listed = [c for c in charged_assignments(self._seen, subjects) if c not in self._looked]
+        if listed:
+            self._looked.update(listed)
+            try:
+                store, layout = self.allocator.store, self.allocator.layout
+                self._gone.update(absent_charges(store, layout, listed))
+            except PermissionDenied:  # a viewer who may not read them: counted as held
+                pass
+            refused = quota_refusal(self.policy, subjects, self._seen, where, ask, self._gone)
+        return refused
 
     def over_quota(self, waiting: Waiting) -> bool:
         """Whether ``waiting`` is skipped by the turn rule as over quota."""
