@@ -118,6 +118,7 @@ def plan_assign(
     if command is not None:
         check_adhoc_command(snapshot.policy, request.job)
     state, now = view.host, allocator.clock()
+    request = _with_asker(allocator, snapshot.policy, request)
     if held_by is not None and (request.job in state.assignments or view.index.hosts):
         raise ConflictError(
             f"job {request.job!r} already holds an assignment: "
@@ -169,6 +170,16 @@ def plan_assign(
     more = _charge(allocator, snapshot.policy, [before] if before else [], [assignment])
     more = (more[0] + gated[0], more[1] + gated[1])
     return (assignment, decision), with_extra(planned, *more)
+
+
+def _with_asker(allocator: Allocator, policy: Policy, request: Request) -> Request:
+    """``request`` with who asks (the holder's subjects a reservation names), for placement."""
+    from allocator.control.holder import asker_of
+
+    if request.asker or not any(r.who for r in policy.reservations):
+        return request
+    asker = asker_of(policy, allocator.holder, allocator.holder_groups(policy))
+    return replace_struct(request, asker=asker) if asker else request
 
 
 def _gated(

@@ -32,7 +32,15 @@ if TYPE_CHECKING:
     from allocator.records.holders import QueueEntry
     from allocator.status.snapshots import HostSnapshot
 
-__all__ = ["QueueLine", "QuotaLook", "able_gpus", "queue_lines", "queue_prefix", "remove_entry"]
+__all__ = [
+    "QueueLine",
+    "QuotaLook",
+    "able_gpus",
+    "entry_asker",
+    "queue_lines",
+    "queue_prefix",
+    "remove_entry",
+]
 
 
 class QuotaLook:
@@ -228,7 +236,13 @@ def _why(
     agent = state.agent
     try:
         request = Request(
-            job=entry.job, host=entry.host, gpus=entry.gpus, count=entry.count, slots=entry.slots
+            job=entry.job,
+            host=entry.host,
+            gpus=entry.gpus,
+            count=entry.count,
+            slots=entry.slots,
+            asker=entry_asker(policy, entry),
+            self_service=entry.self_service,
         )
         placed = place(
             policy,
@@ -250,6 +264,16 @@ def _why(
     return "its turn: taking the GPUs"
 
 
+def entry_asker(policy: Policy, entry: QueueEntry) -> tuple[str, ...]:
+    """Who asks for ``entry`` as reservations see it (its holder's groups on this machine)."""
+    from allocator.control.holder import asker_of, needs_groups
+
+    if not any(r.who for r in policy.reservations):
+        return ()
+    groups = unix_groups(entry.holder) if needs_groups(policy) else ()
+    return asker_of(policy, entry.holder, groups)
+
+
 def able_gpus(policy: Policy, state: HostSnapshot, now: datetime) -> Able:
     """What each waiting request of ``state``'s host could be given now (its turn's "could use").
 
@@ -269,17 +293,26 @@ def able_gpus(policy: Policy, state: HostSnapshot, now: datetime) -> Able:
     sick = frozenset(agent.unhealthy) if agent else frozenset()
     pool = policy.pool_of(state.host)
     limit = pool.max_gpus_per_job if pool is not None else None
-    known: dict[tuple[str, bool], frozenset[int]] = {}
+    known: dict[tuple[str, bool, str, bool], frozenset[int]] = {}
 
     def able(entry: QueueEntry) -> frozenset[int]:
         by_count = entry.count is not None
         if by_count and limit is not None and (entry.count or 0) > limit:
             return frozenset()
-        cached = known.get((entry.job, by_count))
+        key = (entry.job, by_count, entry.holder, entry.self_service)
+        cached = known.get(key)
         if cached is None:
-            reserved = reserved_against(policy, state.host, entry.job, now)
+            reserved = reserved_against(
+                policy,
+                state.host,
+                entry.job,
+                now,
+                None,
+                entry_asker(policy, entry),
+                self_service=entry.self_service,
+            )
             cached = indices - reserved.keys() - (sick if by_count else frozenset())
-            known[(entry.job, by_count)] = cached
+            known[key] = cached
         return cached
 
     return able

@@ -302,9 +302,13 @@ class _Entry:
             count=request.count,
             slots=request.slots,
             priority=priority_of(
-                policy, allocator.holder, allocator.holder_groups(policy), request.job
+                policy,
+                allocator.holder,
+                allocator.holder_groups(policy),
+                None if request.self_service else request.job,
             ),
             requested=request.describe(),
+            self_service=request.self_service,
         )
         store.txn(
             [],

@@ -51,6 +51,10 @@ def take_waiting(
     """Hold ``request``'s GPUs for this process; with ``wait`` (seconds), wait while refused."""
     from allocator.control.leased import hold
     from allocator.control.queue_wait import WaitTimedOut, queue_gate, wait_in_queue
+    from allocator.records.codec import replace_struct
+
+    # Its asker picks its job name: reservations and priorities look at who asks.
+    request = replace_struct(request, self_service=True)
 
     if wait is None:  # refused while a waiting request could use the GPUs: no one passes the queue
         return hold(

@@ -10,7 +10,7 @@ GPU at the window's start, as if it were unavailable).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from allocator.policy.model import Policy, Reservation
@@ -52,7 +52,8 @@ def describe_reservation(reservation: Reservation) -> str:
         if reservation.until is not None
         else "with no end"
     )
-    return f"reserved by '{reservation.name}' for {', '.join(reservation.for_jobs)} {until}"
+    kept_for = ", ".join((*reservation.for_jobs, *reservation.who))
+    return f"reserved by '{reservation.name}' for {kept_for} {until}"
 
 
 def active_reservations(policy: Policy, host: str, now: datetime) -> tuple[str, ...]:
@@ -65,16 +66,24 @@ def active_reservations(policy: Policy, host: str, now: datetime) -> tuple[str, 
 
 
 def reserved_against(
-    policy: Policy, host: str, job: str, now: datetime, gpus: Iterable[int] | None = None
+    policy: Policy,
+    host: str,
+    job: str,
+    now: datetime,
+    gpus: Iterable[int] | None = None,
+    asker: Sequence[str] = (),
+    *,
+    self_service: bool = False,
 ) -> dict[int, Reservation]:
     """GPU -> the first reservation on ``host`` in force at ``now`` that does not admit ``job``.
 
-    ``gpus`` limits the answer to those GPUs (all of the host's otherwise).
+    ``gpus`` limits the answer to those GPUs (all of the host's otherwise);
+    ``asker`` and ``self_service``: who asks (see ``Reservation.admits``).
     """
     wanted = None if gpus is None else set(gpus)
     blocked: dict[int, Reservation] = {}
     for reservation in on_host(policy, host):
-        if not reservation.active(now) or reservation.admits(job):
+        if not reservation.active(now) or reservation.admits(job, asker, self_service=self_service):
             continue
         for gpu in reservation.gpus:
             if wanted is None or gpu in wanted:
@@ -83,7 +92,14 @@ def reserved_against(
 
 
 def reserved_later(
-    policy: Policy, host: str, job: str, now: datetime, gpus: Iterable[int] | None = None
+    policy: Policy,
+    host: str,
+    job: str,
+    now: datetime,
+    gpus: Iterable[int] | None = None,
+    asker: Sequence[str] = (),
+    *,
+    self_service: bool = False,
 ) -> dict[int, Reservation]:
     """GPU -> the earliest reservation not admitting ``job`` that starts after ``now``."""
     wanted = None if gpus is None else set(gpus)
@@ -92,7 +108,7 @@ def reserved_later(
         start = reservation.start
         if start is None or start <= now:
             continue
-        if reservation.admits(job):
+        if reservation.admits(job, asker, self_service=self_service):
             continue
         for gpu in reservation.gpus:
             if wanted is not None and gpu not in wanted:
