@@ -240,6 +240,7 @@ def _new_assignment(
         run=held_by[0] if held_by is not None else None,
         holder=allocator.holder,
         charged=allocator.charged(snapshot.policy),
+        asker=request.asker[:64],
     )
 
 

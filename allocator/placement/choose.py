@@ -45,6 +45,7 @@ from allocator.errors import PlacementRefused, RequestError
 from allocator.placement.occupancy import Holding, gpu_holdings, refusal, slots_in_use
 from allocator.placement.request import Ask, Request, ask_of, pool_sharing
 from allocator.placement.reservations import (
+    asker_of_assignment,
     describe_reservation,
     reserved_against,
     reserved_later,
@@ -175,10 +176,12 @@ def unavailable_gpus(
     """
     if assignment.mode != "gpu":
         return {}, False
+    asker, own = asker_of_assignment(policy, assignment)
+    host, job, held = assignment.host, assignment.job, assignment.gpus
     reserved = (
         {}
         if now is None
-        else reserved_against(policy, assignment.host, assignment.job, now, assignment.gpus)
+        else reserved_against(policy, host, job, now, held, asker, self_service=own)
     )
     reasons: dict[int, str] = {}
     for gpu in assignment.gpus:

@@ -14,10 +14,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 from allocator.policy.model import Policy, Reservation
+from allocator.records.types import Assignment
 from allocator.util.times import format_time
 
 __all__ = [
     "active_reservations",
+    "asker_of_assignment",
     "describe_reservation",
     "on_host",
     "reserved_against",
@@ -54,6 +56,19 @@ def describe_reservation(reservation: Reservation) -> str:
     )
     kept_for = ", ".join((*reservation.for_jobs, *reservation.who))
     return f"reserved by '{reservation.name}' for {kept_for} {until}"
+
+
+def asker_of_assignment(policy: Policy, assignment: Assignment) -> tuple[tuple[str, ...], bool]:
+    """Who asked for ``assignment`` as reservations see it, and whether it is self-service.
+
+    Its recorded subjects, its holder (``user:``) and the holder's teams in
+    ``policy``; a holding of ``run`` or ``lease()`` is self-service.
+    """
+    holder = assignment.holder
+    subjects = {*assignment.asker, f"user:{holder}"} if holder else set(assignment.asker)
+    if holder:
+        subjects |= {f"team:{t.name}" for t in policy.teams.values() if holder in t.members}
+    return tuple(sorted(subjects)), assignment.run is not None
 
 
 def active_reservations(policy: Policy, host: str, now: datetime) -> tuple[str, ...]:
@@ -120,16 +135,26 @@ def reserved_later(
 
 
 def trespassers(
-    policy: Policy, host: str, holders: Mapping[int, list[str]], now: datetime
+    policy: Policy,
+    host: str,
+    holders: Mapping[int, list[str]],
+    now: datetime,
+    assignments: Mapping[str, Assignment] | None = None,
 ) -> dict[int, str]:
-    """GPU -> a line naming each holder inside a window in force that does not admit it."""
+    """GPU -> a line naming each holder inside a window in force that does not admit it.
+
+    ``assignments`` (job -> record): who asked for each, for reservations' ``who``.
+    """
     flagged: dict[int, str] = {}
     if not any(r.active(now) for r in on_host(policy, host)):
         return flagged
     for gpu, jobs in holders.items():
         outside: list[str] = []
         for job in jobs:
-            blocked = reserved_against(policy, host, job, now, (gpu,)).get(gpu)
+            record = (assignments or {}).get(job)
+            asker, own = asker_of_assignment(policy, record) if record else ((), False)
+            blocked = reserved_against(policy, host, job, now, (gpu,), asker, self_service=own)
+            blocked = blocked.get(gpu)
             if blocked is not None:
                 outside.append(f"'{job}' is not in reservation '{blocked.name}'")
         if outside:

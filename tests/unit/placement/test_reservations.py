@@ -155,3 +155,23 @@ def test_a_self_service_request_is_admitted_by_who_asks_never_by_its_job_name() 
         place(with_who, run, {}, DURING)
     mine = Request(job="x", host="node1", gpus=(2,), asker=("team:infra",), self_service=True)
     assert place(with_who, mine, {}, DURING).gpus == (2,)
+
+
+def test_the_agent_and_status_judge_a_holding_by_who_asked_for_it() -> None:
+    from msgspec.structs import replace
+
+    from allocator.records.types import RunHolder
+
+    kept = Reservation(
+        "eval", "node1", (3,), ("eval-*",), start=START, until=UNTIL, who=("team:x",)
+    )
+    p = replace(policy(), reservations=(kept,))
+    theirs = replace(held("train", 3), asker=("team:x",))  # set by someone the window keeps
+    assert want(p, theirs, DURING).device == "cuda"
+    run = replace(held("eval-mine", 3), run=RunHolder(pid=1), holder="bob")  # named after it
+    layout = KeyLayout("/a")
+    items = [KeyValue(layout.assignment("node1", a.job), a.to_json(), 1, 1) for a in (run,)]
+    (node1,) = build_status(p, items, layout, DURING)
+    assert {r.gpu: r.outside_reservation for r in node1.gpus}["3"] == (
+        "'eval-mine' is not in reservation 'eval'"
+    )
