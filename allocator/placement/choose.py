@@ -45,10 +45,10 @@ from allocator.errors import PlacementRefused, RequestError
 from allocator.placement.occupancy import Holding, gpu_holdings, refusal, slots_in_use
 from allocator.placement.request import Ask, Request, ask_of, pool_sharing
 from allocator.placement.reservations import (
-    asker_of_assignment,
     describe_reservation,
     reserved_against,
     reserved_later,
+    unavailable_gpus,
 )
 from allocator.policy.model import Policy, Reservation, Sharing
 from allocator.records.gpu_info import GpuInfo
@@ -158,38 +158,6 @@ def gpu_blockers(
         elif gpu in reserved:
             reasons[gpu] = describe_reservation(reserved[gpu])
     return reasons
-
-
-def unavailable_gpus(
-    policy: Policy,
-    assignment: Assignment,
-    unhealthy: Mapping[int, str],
-    now: datetime | None,
-) -> tuple[dict[int, str], bool]:
-    """Which of an assignment's GPUs it cannot use now, why, and whether a reservation is why.
-
-    The agent's decision at a window's start: a GPU held by a job the
-    reservation does not cover is unavailable to that job, like an unhealthy
-    one, so the job's fallback rule applies. ``now`` is the agent's clock;
-    ``None`` judges health alone. Reasons read ``unhealthy: XID 79`` or
-    ``reserved by 'r' for eval-* until ...``.
-    """
-    if assignment.mode != "gpu":
-        return {}, False
-    asker, own = asker_of_assignment(policy, assignment)
-    host, job, held = assignment.host, assignment.job, assignment.gpus
-    reserved = (
-        {}
-        if now is None
-        else reserved_against(policy, host, job, now, held, asker, self_service=own)
-    )
-    reasons: dict[int, str] = {}
-    for gpu in assignment.gpus:
-        if gpu in unhealthy:
-            reasons[gpu] = f"unhealthy: {unhealthy[gpu]}"
-        elif gpu in reserved:
-            reasons[gpu] = describe_reservation(reserved[gpu])
-    return reasons, any(gpu in reserved for gpu in reasons)
 
 
 # --- wording -------------------------------------------------------------------

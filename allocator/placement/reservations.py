@@ -25,6 +25,7 @@ __all__ = [
     "reserved_against",
     "reserved_later",
     "trespassers",
+    "unavailable_gpus",
     "upcoming_conflicts",
 ]
 
@@ -132,6 +133,38 @@ def reserved_later(
             if first is None or (first.start is not None and start < first.start):
                 later[gpu] = reservation
     return later
+
+
+def unavailable_gpus(
+    policy: Policy,
+    assignment: Assignment,
+    unhealthy: Mapping[int, str],
+    now: datetime | None,
+) -> tuple[dict[int, str], bool]:
+    """Which of an assignment's GPUs it cannot use now, why, and whether a reservation is why.
+
+    The agent's decision at a window's start: a GPU held by a job the
+    reservation does not cover is unavailable to that job, like an unhealthy
+    one, so the job's fallback rule applies. ``now`` is the agent's clock;
+    ``None`` judges health alone. Reasons read ``unhealthy: XID 79`` or
+    ``reserved by 'r' for eval-* until ...``.
+    """
+    if assignment.mode != "gpu":
+        return {}, False
+    asker, own = asker_of_assignment(policy, assignment)
+    host, job, held = assignment.host, assignment.job, assignment.gpus
+    reserved = (
+        {}
+        if now is None
+        else reserved_against(policy, host, job, now, held, asker, self_service=own)
+    )
+    reasons: dict[int, str] = {}
+    for gpu in assignment.gpus:
+        if gpu in unhealthy:
+            reasons[gpu] = f"unhealthy: {unhealthy[gpu]}"
+        elif gpu in reserved:
+            reasons[gpu] = describe_reservation(reserved[gpu])
+    return reasons, any(gpu in reserved for gpu in reasons)
 
 
 def trespassers(

@@ -131,6 +131,8 @@ def test_sigterm_removes_the_waiters_entry_at_once(
         waiter.communicate(timeout=30)
         assert waiter.returncode != 0
         wait_for("its entry to go", lambda: queued(client) == [], 3)  # well within the lease
+    timed = applied("run", "job=brief", "count=1", "host=node1", "--wait=1s", "--", "true")
+    assert timed.code == 3 and queued(client) == []  # out of time: its entry is gone at once
 
 
 def test_an_entry_with_no_lease_blocks_no_one_and_an_operator_removes_it(
