@@ -186,8 +186,8 @@ def trespassers(
         for job in jobs:
             record = (assignments or {}).get(job)
             asker, own = asker_of_assignment(policy, record) if record else ((), False)
-            blocked = reserved_against(policy, host, job, now, (gpu,), asker, self_service=own)
-            blocked = blocked.get(gpu)
+            against = reserved_against(policy, host, job, now, (gpu,), asker, self_service=own)
+            blocked = against.get(gpu)
             if blocked is not None:
                 outside.append(f"'{job}' is not in reservation '{blocked.name}'")
         if outside:
