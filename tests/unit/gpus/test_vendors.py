@@ -10,7 +10,7 @@ import pytest
 from allocator.errors import RequestError
 from allocator.gpus.fake import FakeNvml
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
-from allocator.gpus.inventory import keep_addresses
+from allocator.gpus.inventory import from_nvml, keep_addresses
 from allocator.gpus.vendors import VENDORS, TorchBuild, read_host_inventory, vendor_named
 from allocator.gpus.vendors.intel import RealSysfs, read_intel_gpus
 from allocator.gpus.vendors.rocr_filter import rocr_uuid, visible_devices
@@ -287,3 +287,15 @@ def test_amd_not_supported_is_no_signal(tmp_path: Path) -> None:
     gpus = read_host_inventory(environ=fake_environ(path)).gpus
     assert [(gpu.error, gpu.numa_node) for gpu in gpus] == [("", None), ("", None)]
     assert all(gpu.uuid and gpu.memory_total_mib for gpu in gpus)
+
+
+@pytest.mark.parametrize("mode", ["off", ""])
+def test_no_library_answering_means_the_policys_vendor(mode: str) -> None:
+    environ = {"ALLOCATOR_NVML": mode, "PATH": "/usr/bin:/bin"}
+    if from_nvml(read_host_inventory(2, environ=environ)):
+        pytest.skip("a device library answers on this machine")
+    inventory = read_host_inventory(2, environ=environ, vendor="amd")
+    assert (inventory.vendor, inventory.source, len(inventory.gpus)) == ("amd", "declared", 2)
+    (env,) = worker_environments(assign((1,)), inventory.gpus, policy(), vendor=inventory.vendor)
+    assert env["ROCR_VISIBLE_DEVICES"] == "1" and "CUDA_VISIBLE_DEVICES" not in env
+    assert read_host_inventory(2, environ=environ).vendor == "nvidia"  # no vendor said
