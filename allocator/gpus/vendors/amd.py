@@ -1,6 +1,6 @@
 """AMD GPUs: ``amdsmi`` for inventory and health, ``ROCR_VISIBLE_DEVICES`` for visibility.
 
-``amdsmi`` (AMD's own Python library, the ``amd`` extra) is imported here
+``amdsmi`` (AMD's Python interface, installed from the host's ROCm) is imported here
 and nowhere else, and only when an AMD host is being read; the fake
 (:mod:`allocator.gpus.vendors.fake_amdsmi`) answers with the same function
 names from the fake-GPU file when it says ``"vendor": "amd"``.
@@ -58,7 +58,7 @@ def load_amdsmi(environ: Mapping[str, str]) -> Any:
         import amdsmi
     except ImportError as exc:
         raise AmdSmiUnavailable(
-            "amdsmi is not installed (pip install 'gpu-allocator[amd]')"
+            "amdsmi is not installed (it comes with ROCm: pip install /opt/rocm/share/amd_smi)"
         ) from exc
     except Exception as exc:  # its import loads libamd_smi.so, which may be missing
         raise AmdSmiUnavailable(f"amdsmi cannot be loaded: {exc}") from exc

@@ -151,7 +151,8 @@ class FakeAmdSmi:
     def amdsmi_get_gpu_asic_info(self, handle: _Handle) -> dict[str, Any]:
         """The ASIC structure as amdsmi's Python binding returns it."""
         device = self._device(handle)
-        serial = f"0x{device.unique_id:016X}"  # the binding's format of the sysfs hex text
+        # The binding's format of the card's unique_id text; N/A where the card has none.
+        serial = f"0x{device.unique_id:016X}" if device.unique_id else "N/A"
         return {
             "market_name": device.name,
             "vendor_id": "0x1002",

@@ -299,3 +299,14 @@ def test_no_library_answering_means_the_policys_vendor(mode: str) -> None:
     (env,) = worker_environments(assign((1,)), inventory.gpus, policy(), vendor=inventory.vendor)
     assert env["ROCR_VISIBLE_DEVICES"] == "1" and "CUDA_VISIBLE_DEVICES" not in env
     assert read_host_inventory(2, environ=environ).vendor == "nvidia"  # no vendor said
+
+
+def test_amd_gpu_without_a_unique_id_is_named_by_index(tmp_path: Path) -> None:
+    # asic_serial N/A: ROCr gives the GPU no UUID, so every GPU of the job goes by index.
+    devices = [fake_device(0, unique_id=0), fake_device(1)]
+    path = write_fake_nvml(tmp_path / "amd.json", devices, vendor="amd")
+    inventory = read_host_inventory(environ=fake_environ(path)).gpus
+    assert inventory[0].uuid is None and inventory[1].uuid
+    (env,) = worker_environments(assign((1, 0)), inventory, policy(), vendor="amd")
+    assert env["ROCR_VISIBLE_DEVICES"] == "1,0"
+    assert rocr_sees(env, path) == [inventory[1].pci_bus_id, inventory[0].pci_bus_id]
