@@ -39,6 +39,8 @@ _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
 # amdsmi_status_t AMDSMI_STATUS_NOT_SUPPORTED (include/amd_smi/amdsmi.h); the value,
 # not the Python enum's member, whose name differs between amdsmi releases.
 _NOT_SUPPORTED = 2
+# asic_serial's "not supported" default in amdsmi (ffffffffffffffff).
+_UNSUPPORTED_SERIAL = (1 << 64) - 1
 
 
 class AmdSmiUnavailable(AllocatorError):
@@ -120,15 +122,16 @@ def _read_gpu(lib: Any, handle: Any) -> tuple[str, dict[str, Any]]:
 def rocr_uuid_of(asic_serial: object) -> str | None:
     """ROCr's ``GPU-`` token for amdsmi's ``asic_serial`` (``None``: ROCr names it by index).
 
-    amdsmi's binding prints the KFD ``unique_id`` as ``0x`` + 16 hex digits,
-    ``N/A`` when the card has none; ROCr matches ``GPU-`` + those digits.
+    amdsmi's binding prints the KFD ``unique_id`` as ``0x`` + 16 hex digits:
+    ``N/A`` when the card gave none, all ones when amdsmi could not read it
+    (its "not supported" default); neither names a GPU ROCr knows.
     """
     text = str(asic_serial or "").strip()
     try:
         unique_id = int(text, 16)
     except ValueError:  # "N/A"
         return None
-    return rocr_uuid(unique_id) if 0 < unique_id < 1 << 64 else None
+    return rocr_uuid(unique_id) if 0 < unique_id < _UNSUPPORTED_SERIAL else None
 
 
 def _supported(lib: Any, call: Any, handle: Any) -> Any:
