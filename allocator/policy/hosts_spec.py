@@ -5,6 +5,7 @@ from __future__ import annotations
 from allocator.policy.host_fields import HostList
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import Host, Pool, Reservation
+from allocator.policy.quotas_spec import Subject
 from allocator.policy.sharing_field import SharingKind
 from allocator.policy.spec_bounds import GPU_LIMIT, MAX_GLOBS, MAX_HOST_GPUS, MAX_HOSTS
 from allocator.policy.yamlspec.kinds import Enum, Glob, Int, Name, Timestamp
@@ -96,10 +97,16 @@ RESERVATION = Record(
         ),
         Field(
             "for",
-            ListOf(Glob(), min_items=1, max_items=MAX_GLOBS, unique=True, label="glob"),
-            "Job-name globs (fnmatch, case-sensitive) that may use the reserved GPUs.",
-            required=True,
+            ListOf(Glob(), min_items=0, max_items=MAX_GLOBS, unique=True, label="glob"),
+            "Job-name globs (fnmatch, case-sensitive) whose operator-set jobs may use the "
+            "reserved GPUs (never a self-service run or lease, whose job name its asker picks).",
             attr="for_jobs",
+        ),
+        Field(
+            "who",
+            ListOf(Subject(), min_items=0, max_items=1000, unique=True, label="subject"),
+            "Subjects (user:NAME, team:NAME, unix:GROUP) whose requests, self-service "
+            "included, may use the reserved GPUs.",
         ),
         Field(
             "start",

@@ -16,7 +16,7 @@ decodes a compiled policy, a millisecond of every ``set``.
 """
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -123,14 +123,20 @@ class Pool(Struct, frozen=True, omit_defaults=True):
 
 
 class Reservation(Struct, frozen=True, omit_defaults=True):
-    """GPUs on one host kept for jobs matching ``for_jobs`` during a window."""
+    """GPUs on one host kept during a window for jobs matching ``for_jobs`` or for ``who``.
+
+    Job-name globs admit an operator's ``set``; a self-service request
+    (``run``, ``lease()``, whose job name its asker picks) is admitted only
+    by ``who`` (subjects: ``user:``, ``team:``, ``unix:``), as is anyone's.
+    """
 
     name: str
     host: str
     gpus: tuple[int, ...]
-    for_jobs: tuple[str, ...]
+    for_jobs: tuple[str, ...] = ()
     start: datetime | None = None
     until: datetime | None = None
+    who: tuple[str, ...] = ()
 
     def active(self, now: datetime) -> bool:
         """Whether the reservation applies at ``now`` (start inclusive, until exclusive)."""
@@ -138,9 +144,16 @@ class Reservation(Struct, frozen=True, omit_defaults=True):
             return False
         return not (self.until is not None and now >= self.until)
 
-    def admits(self, job: str) -> bool:
-        """Whether ``job`` matches one of the reservation's globs."""
-        return any(fnmatch.fnmatchcase(job, pattern) for pattern in self.for_jobs)
+    def admits(self, job: str, asker: Sequence[str] = (), *, self_service: bool = False) -> bool:
+        """Whether a request for ``job`` by subjects ``asker`` may use the reserved GPUs."""
+        if not self.who_set.isdisjoint(asker):
+            return True
+        return not self_service and any(fnmatch.fnmatchcase(job, p) for p in self.for_jobs)
+
+    @property
+    def who_set(self) -> frozenset[str]:
+        """``who`` as a set."""
+        return frozenset(self.who)
 
 
 class FallbackRule(Struct, frozen=True, omit_defaults=True):

@@ -1,12 +1,15 @@
 """AMD GPUs: ``amdsmi`` for inventory and health, ``ROCR_VISIBLE_DEVICES`` for visibility.
 
-``amdsmi`` (AMD's own Python library, the ``amd`` extra) is imported here
+``amdsmi`` (AMD's Python interface, installed from the host's ROCm) is imported here
 and nowhere else, and only when an AMD host is being read; the fake
 (:mod:`allocator.gpus.vendors.fake_amdsmi`) answers with the same function
 names from the fake-GPU file when it says ``"vendor": "amd"``.
 
 Visibility: ROCm has three filters that stack. ROCr (the runtime under HIP
-and OpenCL) applies ``ROCR_VISIBLE_DEVICES`` first and takes GPU UUIDs;
+and OpenCL) applies ``ROCR_VISIBLE_DEVICES`` first and takes indices or
+UUIDs of its own form, ``GPU-`` + the 16 hex digits of the KFD ``unique_id``
+(amdsmi's ``asic_serial``; never amdsmi's 36-character device UUID, a token
+ROCr refuses, ending its list): see :mod:`~allocator.gpus.vendors.rocr_filter`.
 HIP then applies ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) as
 *indices into what ROCr left*. Filtering twice with physical numbers hides
 the wrong GPUs, so a worker gets only ``ROCR_VISIBLE_DEVICES``, with UUIDs
@@ -32,12 +35,18 @@ from allocator.gpus.vendors.base import (
     check_device_ids,
     container_indices,
 )
+from allocator.gpus.vendors.rocr_filter import rocr_uuid, token_problem
 from allocator.records.gpu_info import GpuInfo
 
-__all__ = ["AMD", "Amd", "AmdSmiUnavailable", "load_amdsmi", "read_amd_gpus"]
+__all__ = ["AMD", "Amd", "AmdSmiUnavailable", "load_amdsmi", "read_amd_gpus", "rocr_uuid_of"]
 
 # An index or a GPU- UUID: nothing ROCr would split or trim.
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+# amdsmi_status_t AMDSMI_STATUS_NOT_SUPPORTED (include/amd_smi/amdsmi.h); the value,
+# not the Python enum's member, whose name differs between amdsmi releases.
+_NOT_SUPPORTED = 2
+# asic_serial's "not supported" default in amdsmi (ffffffffffffffff).
+_UNSUPPORTED_SERIAL = (1 << 64) - 1
 
 
 class AmdSmiUnavailable(AllocatorError):
@@ -57,7 +66,7 @@ def load_amdsmi(environ: Mapping[str, str]) -> Any:
         import amdsmi
     except ImportError as exc:
         raise AmdSmiUnavailable(
-            "amdsmi is not installed (pip install 'gpu-allocator[amd]')"
+            "amdsmi is not installed (it comes with ROCm: pip install /opt/rocm/share/amd_smi)"
         ) from exc
     except Exception as exc:  # its import loads libamd_smi.so, which may be missing
         raise AmdSmiUnavailable(f"amdsmi cannot be loaded: {exc}") from exc
@@ -101,18 +110,54 @@ def _read_gpu(lib: Any, handle: Any) -> tuple[str, dict[str, Any]]:
     bdf = str(lib.amdsmi_get_gpu_device_bdf(handle))
     info: dict[str, Any] = {"uuid": None, "name": None, "memory": None, "numa": None, "error": ""}
     try:
-        raw_uuid = str(lib.amdsmi_get_gpu_device_uuid(handle))
-        # ROCr takes UUIDs as GPU-<uuid>; amdsmi answers without the prefix.
-        info["uuid"] = raw_uuid if raw_uuid.startswith("GPU-") else f"GPU-{raw_uuid}"
-        info["name"] = str(lib.amdsmi_get_gpu_asic_info(handle).get("market_name") or "AMD GPU")
-        info["memory"] = int(lib.amdsmi_get_gpu_vram_usage(handle)["vram_total"])
+        asic = _supported(lib, lib.amdsmi_get_gpu_asic_info, handle) or {}
+        info["uuid"] = rocr_uuid_of(asic.get("asic_serial"))
+        info["name"] = str(asic.get("market_name") or "AMD GPU")
+        vram = _supported(lib, lib.amdsmi_get_gpu_vram_usage, handle)
+        info["memory"] = int(vram["vram_total"]) if vram else None
         info["numa"] = _optional(lib, "amdsmi_topo_get_numa_node_number", handle)
-        uncorrectable = int(lib.amdsmi_get_gpu_total_ecc_count(handle)["uncorrectable_count"])
+        ecc = _supported(lib, lib.amdsmi_get_gpu_total_ecc_count, handle)
+        uncorrectable = int(ecc["uncorrectable_count"]) if ecc else 0
         if uncorrectable:
             info["error"] = f"{uncorrectable} uncorrectable ECC errors"
     except lib.AmdSmiException as exc:
         info["error"] = f"amdsmi failed: {exc}"
     return bdf, info
+
+
+def rocr_uuid_of(asic_serial: object) -> str | None:
+    """ROCr's ``GPU-`` token for amdsmi's ``asic_serial`` (``None``: ROCr names it by index).
+
+    amdsmi's binding prints the KFD ``unique_id`` as ``0x`` + 16 hex digits:
+    ``N/A`` when the card gave none, all ones when amdsmi could not read it
+    (its "not supported" default); neither names a GPU ROCr knows.
+    """
+    text = str(asic_serial or "").strip()
+    try:
+        unique_id = int(text, 16)
+    except ValueError:  # "N/A"
+        return None
+    return rocr_uuid(unique_id) if 0 < unique_id < _UNSUPPORTED_SERIAL else None
+
+
+def _supported(lib: Any, call: Any, handle: Any) -> Any:
+    """``call(handle)``, or ``None`` where amdsmi says NOT_SUPPORTED: no signal, not a fault.
+
+    amdsmi answers NOT_SUPPORTED for what the host cannot report (ECC
+    without DRM, as on VM guests); NVML's Not Supported is read the same way.
+    """
+    try:
+        return call(handle)
+    except lib.AmdSmiException as exc:
+        if _error_code(exc) == _NOT_SUPPORTED:
+            return None
+        raise
+
+
+def _error_code(exc: BaseException) -> int | None:
+    get = getattr(exc, "get_error_code", None)  # AmdSmiLibraryException's; not the base class's
+    code = get() if callable(get) else None
+    return int(code) if isinstance(code, int) else None
 
 
 def _optional(lib: Any, name: str, *args: Any) -> Any:
@@ -162,10 +207,16 @@ class Amd:
     def device_ids(
         self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
     ) -> list[str]:
-        """UUIDs whenever every one is known (ROCr's order may differ from PCI order)."""
+        """ROCr's UUIDs whenever every one is known (ROCr's order may differ from PCI order).
+
+        Only a UUID ROCr parses counts (``GPU-`` + 16 hex digits): a longer one,
+        such as amdsmi's 36-character UUID in an older agent's record, would
+        end ROCr's list and hide every GPU, so indices stand in for it.
+        """
         del prefer_uuid  # an index means ROCr's order, which only a UUID pins down
-        use_uuid = all(gpu in known and known[gpu].uuid for gpu in gpus)
-        ids = [str(known[gpu].uuid) if use_uuid else str(gpu) for gpu in gpus]
+        uuids = [known[gpu].uuid if gpu in known else None for gpu in gpus]
+        use_uuid = all(uuid and token_problem(uuid) is None for uuid in uuids)
+        ids = [str(uuid) for uuid in uuids] if use_uuid else [str(gpu) for gpu in gpus]
         check_device_ids(gpus, ids, _DEVICE_ID)
         return ids
 
