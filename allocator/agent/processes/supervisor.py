@@ -36,6 +36,7 @@ from typing import Any
 from allocator.agent.planning.types import (
     Accept,
     Action,
+    Confirm,
     DesiredJob,
     Finish,
     Forget,
@@ -151,6 +152,8 @@ class Supervisor(Reaping):
             self._signal(action)
         elif isinstance(action, Accept):
             self._accept(action.job, action.fingerprint)
+        elif isinstance(action, Confirm):
+            self._confirm(action)
         elif isinstance(action, ScheduleRestart):
             self._schedule(action)
         elif isinstance(action, GiveUp):
@@ -248,6 +251,12 @@ class Supervisor(Reaping):
             return
         job.accept(fingerprint)
         self._dirty = True
+
+    def _confirm(self, action: Confirm) -> None:
+        job = self._jobs.get(action.job)
+        if job is not None and job.alive() > 0 and not job.phase.stopping:
+            job.confirm(action.revision)
+            self._dirty = True  # saved: a restarted agent must know it too
 
     def _schedule(self, action: ScheduleRestart) -> None:
         job = self._jobs.get(action.job)
