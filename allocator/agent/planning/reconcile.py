@@ -170,7 +170,9 @@ def _confirm(want: DesiredJob, view: JobView) -> list[Action]:
     so an identical ``set`` never makes a finished job run again, and its
     ``release_on_exit`` releases the revision that holds now.
     """
-    if want.assignment_revision == view.assignment_revision:
+    # A worker's main process still runs: a set once all have ended (their shims
+    # still clearing up) came after the job's end, and runs it anew.
+    if want.assignment_revision == view.assignment_revision or None not in view.exit_codes:
         return []
     return [Confirm(want.job, want.assignment_revision)]
 

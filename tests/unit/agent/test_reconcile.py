@@ -265,6 +265,13 @@ RULES: list[tuple[str, DesiredJob | None, JobView | None, float, list[Action]]] 
     ),
     ("set again while it stops: nothing", want(revision=5), view(stopping=True), T0, []),
     (
+        "set again once every worker ended, shims clearing up: no note (a new run)",
+        want(revision=5),
+        view(exit_codes=(0, 0), alive=1),
+        T0,
+        [],
+    ),
+    (
         "set again while a rank crashed: the stop, no note",
         want(revision=5),
         view(exit_codes=(1, None)),
