@@ -15,7 +15,9 @@ revision: its job is then tracked like any other, so the planner keeps it,
 or stops it and starts the job again only once every copy is gone. So is a
 shim of this boot that ended while no agent ran, once its file says how its
 worker exited and under which assignment: the job is finished (or
-restarted, as its ``restart`` rule says), never started again as if new.
+restarted, as its ``restart`` rule says), never started again as if new;
+and one killed while its worker ran: what it left (a setsid rank in its
+cgroup, a container) is the job's, stopped before the job starts again.
 A status file from another boot is never acted on: its pids name other
 processes now.
 """
@@ -118,16 +120,21 @@ def from_status_files(
 
 
 def _adoptable(status: ShimStatus, boot_id: str) -> bool:
-    """A live shim of this boot, or one whose file says how its worker ended, and under what.
+    """A live shim of this boot; or a dead one that says how its worker ended, and under
+    what, or that was killed while its worker ran (what it leaves, a setsid rank in its
+    cgroup, a container, is the job's until stopped: never beside a new start).
 
     An ended one without the revision (an older agent wrote it) is left to
     the sweep: its job could not tell an old end from the current assignment's.
     """
     if _ours_and_alive(status, boot_id):
         return True
-    ended = status.state == "exited" and status.exit_code is not None
     of_this_boot = bool(status.boot_id) and status.boot_id == boot_id
-    return ended and of_this_boot and status.shim_pid > 0 and status.revision.isdigit()
+    if not of_this_boot or status.shim_pid <= 0 or status.shim_start_ticks is None:
+        return False
+    if status.state in ("starting", "running"):
+        return True  # its shim was killed: it wrote no end
+    return status.state == "exited" and status.exit_code is not None and status.revision.isdigit()
 
 
 def _ours_and_alive(status: ShimStatus, boot_id: str) -> bool:
