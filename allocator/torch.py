@@ -14,9 +14,11 @@
 The device type is the one the agent assigned (``ALLOCATOR_DEVICE``, from the
 host's vendor): ``cuda`` on NVIDIA and on AMD (PyTorch's ROCm build drives
 HIP devices as ``cuda``), ``xpu`` on Intel, ``mps`` on Apple silicon, ``cpu``
-on a CPU fallback. Visible devices are renumbered from 0 in the order the
-agent listed them, so a worker's first GPU is always ``cuda:0`` (``xpu:0``),
-never ``cuda:<physical id>``. Mixed precision uses the device-generic
+on a CPU fallback. Visible devices are renumbered from 0, so a worker's first
+GPU is always ``cuda:0`` (``xpu:0``), never ``cuda:<physical id>``: in the
+order the agent listed them under CUDA and ROCm, in PCI order under Level Zero
+(whose mask does not reorder; the agent lists Intel GPUs in that order, so
+``ALLOCATOR_GPUS`` names ``xpu:0`` first either way). Mixed precision uses the device-generic
 ``torch.amp`` API only.
 
 A worker assigned a GPU never trains on CPU by accident: when its device type
@@ -39,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from allocator import worker
-from allocator.gpus.probe import ProbeResult, run_deep_probe
+from allocator.gpus.probe import ProbeResult, default_probe_command, run_deep_probe
 
 __all__ = [
     "GpuUnavailableError",
@@ -242,5 +244,7 @@ def grad_scaler(dtype: _torch.dtype | None = None) -> _torch.amp.GradScaler:
 
 
 def health_check(timeout: float = 60.0) -> ProbeResult:
-    """Run the deep probe (a CUDA context in a separate process) with this worker's env."""
-    return run_deep_probe(dict(os.environ), timeout)
+    """Run the deep probe with this worker's env: a tensor on its device type (``cuda``,
+    also on ROCm; ``xpu``; ``mps``) in a separate process, killed after ``timeout`` s."""
+    command = default_probe_command(worker.device_kind())
+    return run_deep_probe(dict(os.environ), timeout, command)
