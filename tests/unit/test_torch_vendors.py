@@ -162,3 +162,17 @@ def test_the_health_check_opens_the_workers_own_device_type(
     # This CPU build has neither runtime: the probe fails, on that device type's own error.
     assert not result.ok and not result.timed_out
     assert opened in result.output and "not compiled with CUDA" not in result.output
+
+
+def test_mixed_precision_on_mps_too_old_for_it_is_refused_up_front(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given(monkeypatch, **APPLE)
+    devices_work(monkeypatch, mps=True)
+    monkeypatch.setattr(torch, "__version__", "2.7.1")
+    with pytest.raises(RuntimeError, match=r"GradScaler.step\(\) on mps .*PyTorch 2.8 or newer"):
+        atorch.grad_scaler()
+    assert not atorch.grad_scaler(torch.bfloat16).is_enabled()  # no scaling, nothing to refuse
+    monkeypatch.setattr(torch, "__version__", "2.4.1")
+    with pytest.raises(RuntimeError, match=r"autocast on mps .*PyTorch 2.5 or newer"):
+        atorch.autocast()

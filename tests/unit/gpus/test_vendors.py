@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from allocator.gpus.fake import FakeNvml
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import keep_addresses
 from allocator.gpus.vendors import VENDORS, TorchBuild, read_host_inventory, vendor_named
+from allocator.gpus.vendors.apple import mps_amp_problem
 from allocator.gpus.vendors.intel import RealSysfs, read_intel_gpus
 from allocator.gpus.visible import worker_environments
 from allocator.policy.model import FallbackRule, Host, Job, Policy
@@ -234,3 +236,38 @@ def test_a_card_gone_from_sysfs_keeps_its_index_and_is_marked(tmp_path: Path) ->
 def test_an_unknown_vendor_is_a_request_error() -> None:
     with pytest.raises(RequestError, match="host node1: unknown GPU vendor 'qualcomm'"):
         worker_environments(assign((0,)), None, policy(), vendor="qualcomm")
+
+
+@pytest.mark.parametrize(
+    ("version", "autocast", "scaler"),
+    [
+        ("2.3.1", "2.5", "2.8"),
+        ("2.4.1+cpu", "2.5", "2.8"),
+        ("2.5.0", None, "2.8"),
+        ("2.7.1", None, "2.8"),
+        ("2.8.0a0+gitabc123", None, None),
+        ("2.13.0", None, None),
+        ("10.0", None, None),
+        ("unknown", None, None),
+    ],
+)
+def test_mixed_precision_on_mps_by_torch_version(
+    version: str, autocast: str | None, scaler: str | None
+) -> None:
+    for feature, needed in (("autocast", autocast), ("grad_scaler", scaler)):
+        problem = mps_amp_problem(feature, version)  # type: ignore[arg-type]
+        assert (problem is None) == (needed is None), (feature, version)
+        if needed is not None:
+            assert f"needs PyTorch {needed} or newer" in str(problem)
+
+
+def test_the_torch_floor_has_autocast_on_mps_and_doctor_names_an_older_one() -> None:
+    extras = tomllib.loads(Path("pyproject.toml").read_text())["project"]["optional-dependencies"]
+    floor = next(req for req in extras["torch"] if req.startswith("torch>="))
+    assert mps_amp_problem("autocast", floor.removeprefix("torch>=")) is None
+    old = TorchBuild("2.4.1", cuda=None, hip=None, xpu=False, mps=True)
+    assert "autocast on mps" in (VENDORS["apple"].torch_build_problem(old) or "")
+    middle = TorchBuild("2.7.1", cuda=None, hip=None, xpu=False, mps=True)
+    assert "GradScaler.step() on mps" in (VENDORS["apple"].torch_build_problem(middle) or "")
+    new = TorchBuild("2.8.0", cuda=None, hip=None, xpu=False, mps=True)
+    assert VENDORS["apple"].torch_build_problem(new) is None
