@@ -168,3 +168,5 @@ def test_the_agent_probes_a_returning_intel_card_through_level_zero(tmp_path: Pa
     env = json.loads(wait_for("the probe", lambda: (seen.exists() and seen.read_text()) or None))
     assert (env["ZE_AFFINITY_MASK"], env["ALLOCATOR_DEVICE"]) == ("1", "xpu")
     assert "CUDA_VISIBLE_DEVICES" not in env
+    cards = [Card(gpu.pci_bus_id or "", 2) for gpu in reversed(state.inventory.gpus)]
+    assert level_zero_devices(env, cards) == [Device(cards[0].pci, (0, 1))]  # card 1 alone

@@ -262,7 +262,8 @@ def test_mixed_precision_on_mps_by_torch_version(
 
 
 def test_the_torch_floor_has_autocast_on_mps_and_doctor_names_an_older_one() -> None:
-    extras = tomllib.loads(Path("pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
     floor = next(req for req in extras["torch"] if req.startswith("torch>="))
     assert mps_amp_problem("autocast", floor.removeprefix("torch>=")) is None
     old = TorchBuild("2.4.1", cuda=None, hip=None, xpu=False, mps=True)
