@@ -4,8 +4,12 @@ Which variables make a worker's devices visible is the vendor's business
 (:mod:`allocator.gpus.vendors`: ``CUDA_VISIBLE_DEVICES`` on NVIDIA,
 ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel, nothing on
 Apple); every worker also gets ``ALLOCATOR_VENDOR`` and ``ALLOCATOR_DEVICE``
-(the PyTorch device type: ``cuda``, ``xpu``, ``mps``, or ``cpu``). On NVIDIA,
-the rules, from how CUDA reads its environment:
+(the PyTorch device type: ``cuda``, ``xpu``, ``mps``, or ``cpu``). Intel's
+``ZE_AFFINITY_MASK`` filters but never reorders (Level Zero keeps the
+driver's order, PCI order here), so an Intel worker's GPUs are listed in PCI
+order, mask and ``ALLOCATOR_GPUS`` alike: ``xpu:0`` is the lowest-PCI
+assigned GPU, whatever order the assignment gave. On NVIDIA, the rules, from
+how CUDA reads its environment:
 
 * ``CUDA_VISIBLE_DEVICES`` lists the job's GPUs in the assignment's order
   (CUDA renumbers visible devices from 0 in listed order, so the first
@@ -145,6 +149,10 @@ def worker_environments(
             env.update(_rank_env(0, 1, master_addr, port, assignment.job, group))
         return [env]
     gpus = _checked_gpus(assignment)
+    if devices.name == "intel":
+        # Level Zero keeps its (PCI) order whatever the mask's: listing the GPUs in
+        # that order keeps ALLOCATOR_GPUS[i] the GPU that is xpu:i.
+        gpus = tuple(sorted(gpus))
     known = _known(inventory, gpus)
     boxed = job is not None and job.container is not None
     prefer_uuid = policy.visible_devices == "uuid"

@@ -184,6 +184,7 @@ class GpuState:
             self.inventory.gpus or None,
             now,
             retry_after=30 * settings.interval_seconds,
+            vendor=self.inventory.vendor,
         )
         out, events = self.hold_down.update(self._probe_out, damping, now)
         if assignments is not None and policy is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from allocator.gpus.fake import FakeNvml
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import from_nvml, keep_addresses
 from allocator.gpus.vendors import VENDORS, TorchBuild, read_host_inventory, vendor_named
+from allocator.gpus.vendors.apple import mps_amp_problem
 from allocator.gpus.vendors.base import CdiNames
 from allocator.gpus.vendors.intel import RealSysfs, read_intel_gpus
 from allocator.gpus.vendors.rocr_filter import rocr_uuid, visible_devices
@@ -199,7 +201,7 @@ def test_amd_cpu_fallback_hides_every_gpu(tmp_path: Path) -> None:
 
 def test_intel_worker_gets_the_level_zero_mask() -> None:
     (env,) = worker_environments(assign((2, 0)), None, policy(), vendor="intel")
-    assert env["ZE_AFFINITY_MASK"] == "2,0"
+    assert env["ZE_AFFINITY_MASK"] == "0,2" == env["ALLOCATOR_GPUS"]  # Level Zero does not reorder
     assert env["ZE_ENABLE_PCI_ID_DEVICE_ORDER"] == "1"
     assert env["ONEAPI_DEVICE_SELECTOR"] == "level_zero:*"
     assert (env["ALLOCATOR_DEVICE"], env["ALLOCATOR_VENDOR"]) == ("xpu", "intel")
@@ -327,3 +329,39 @@ def test_amd_gpu_without_a_unique_id_is_named_by_index(tmp_path: Path) -> None:
     (env,) = worker_environments(assign((1, 0)), inventory, policy(), vendor="amd")
     assert env["ROCR_VISIBLE_DEVICES"] == "1,0"
     assert rocr_sees(env, path) == [inventory[1].pci_bus_id, inventory[0].pci_bus_id]
+
+
+@pytest.mark.parametrize(
+    ("version", "autocast", "scaler"),
+    [
+        ("2.3.1", "2.5", "2.8"),
+        ("2.4.1+cpu", "2.5", "2.8"),
+        ("2.5.0", None, "2.8"),
+        ("2.7.1", None, "2.8"),
+        ("2.8.0a0+gitabc123", None, None),
+        ("2.13.0", None, None),
+        ("10.0", None, None),
+        ("unknown", None, None),
+    ],
+)
+def test_mixed_precision_on_mps_by_torch_version(
+    version: str, autocast: str | None, scaler: str | None
+) -> None:
+    for feature, needed in (("autocast", autocast), ("grad_scaler", scaler)):
+        problem = mps_amp_problem(feature, version)  # type: ignore[arg-type]
+        assert (problem is None) == (needed is None), (feature, version)
+        if needed is not None:
+            assert f"needs PyTorch {needed} or newer" in str(problem)
+
+
+def test_the_torch_floor_has_autocast_on_mps_and_doctor_names_an_older_one() -> None:
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    floor = next(req for req in extras["torch"] if req.startswith("torch>="))
+    assert mps_amp_problem("autocast", floor.removeprefix("torch>=")) is None
+    old = TorchBuild("2.4.1", cuda=None, hip=None, xpu=False, mps=True)
+    assert "autocast on mps" in (VENDORS["apple"].torch_build_problem(old) or "")
+    middle = TorchBuild("2.7.1", cuda=None, hip=None, xpu=False, mps=True)
+    assert "GradScaler.step() on mps" in (VENDORS["apple"].torch_build_problem(middle) or "")
+    new = TorchBuild("2.8.0", cuda=None, hip=None, xpu=False, mps=True)
+    assert VENDORS["apple"].torch_build_problem(new) is None
