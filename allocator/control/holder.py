@@ -91,6 +91,7 @@ def priority_of(policy: Policy, holder: str, groups: Sequence[str], job: str) ->
 
 
 def needs_groups(policy: Policy) -> bool:
-    """Whether any quota or priority names a unix group (so the groups must be looked up)."""
+    """Whether any quota, priority or operator names a unix group (to look the groups up)."""
     whos = [q.who for q in policy.quotas] + [w for r in policy.priorities for w in r.who]
+    whos += policy.operators
     return any(w.startswith("unix:") for w in whos)

@@ -146,6 +146,7 @@ def plan_assign(
     )
     lease = held_by[1] if held_by is not None else None
     before = state.assignments.get(request.job)
+    allocator.check_owner(snapshot.policy, before)
     key = allocator.layout.assignment(state.host, request.job)
     planned = plan_change(
         allocator.layout,
@@ -230,6 +231,7 @@ def plan_release(
         raise job_not_found(job, host, list(state.assignments))
     compares = [] if if_revision is None else [Compare(key, if_revision)]
     held = current if isinstance(current, Assignment) else None
+    allocator.check_owner(view.policy.policy if view.policy is not None else None, held)
     stamp = format_time(allocator.clock())
     entry = release_entry(host, job, held, allocator.actor, stamp, reason, ended)
     planned = plan_change(

@@ -88,3 +88,26 @@ def test_the_documented_roles_let_each_researcher_set_run_and_release(
     refused = _as(roles, "alice", "policy", "apply", str(edited))
     assert refused.code == 5, refused.err
     wait_for("nothing held", lambda: _as(roles, "ops", "get", "job=probe").code == 6)
+
+
+def test_only_the_holder_or_an_operator_may_release_or_reset_a_holding(
+    roles: EtcdServer, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        EXAMPLE_POLICY.read_text()
+        + "\nteams:\n  vision:\n    members: [alice]\n    operators: [carol]\n"
+        + "operators: [user:ops]\n"
+    )
+    assert _as(roles, "ops", "policy", "apply", str(policy)).code == 0
+    assert _as(roles, "alice", "set", "job=train", "host=node1", "gpus=0").code == 0
+
+    for words in (("release", "job=train"), ("set", "job=train", "host=node1", "gpus=1")):
+        refused = _as(roles, "bob", *words)
+        assert refused.code == 5, refused
+        assert refused.err.count("\n") == 1 and "held by alice" in refused.err, refused.err
+    assert _as(roles, "alice", "get", "job=train").code == 0  # still alice's, unchanged
+    # The holder may; so may the policy's operators (a `set` makes the holding theirs).
+    moved = _as(roles, "alice", "set", "job=train", "host=node1", "gpus=1")
+    assert moved.code == 0, moved.err
+    assert _as(roles, "ops", "release", "job=train").code == 0
