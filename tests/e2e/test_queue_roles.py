@@ -111,3 +111,21 @@ def test_only_the_holder_or_an_operator_may_release_or_reset_a_holding(
     moved = _as(roles, "alice", "set", "job=train", "host=node1", "gpus=1")
     assert moved.code == 0, moved.err
     assert _as(roles, "ops", "release", "job=train").code == 0
+
+
+def test_a_refusal_names_the_operation_the_key_and_the_user(roles: EtcdServer) -> None:
+    assert _as(roles, "ops", "policy", "apply", str(EXAMPLE_POLICY)).code == 0
+    roles.etcdctl("role", "add", "reader")
+    roles.etcdctl("role", "grant-permission", "reader", "read", "/allocator/", "--prefix=true")
+    roles.etcdctl("user", "add", f"carol:{PASSWORDS['alice']}")
+    roles.etcdctl("user", "grant-role", "carol", "reader")
+    url = f"etcd://carol:{PASSWORDS['alice']}@{roles.endpoint}"
+    env = clean_env(ALLOCATOR_STORE=url, ALLOCATOR_DEBUG="1")
+    refused = run_cli(["set", "job=train", "host=node1", "gpus=0"], env)
+    assert refused.code == 5, refused
+    assert refused.err.count("\n") == 1, refused.err
+    key = "/allocator/v1/hosts/node1/jobs/train"
+    assert f"refused txn put {key} (user carol): grant a role of carol write on {key}" in (
+        refused.err
+    )
+    assert _as(roles, "ops", "get", "job=train").code == 6  # nothing written
