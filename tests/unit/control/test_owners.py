@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
+from allocator.control.client import Allocator
 from allocator.control.owners import check_owner, may_change
 from allocator.errors import EXIT_PERMISSION, NotPermitted
+from allocator.placement.choose import Request
 from allocator.policy.model import Policy, Team
+from allocator.store import Store
+from tests.unit.control.test_across_hosts import policy_text
+
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 
 POLICY = Policy(
     version=1,
@@ -44,3 +52,26 @@ def test_a_refusal_names_the_holding_and_its_holder_on_one_line() -> None:
     assert refused.value.exit_code == EXIT_PERMISSION
     text = str(refused.value)
     assert "job 'train' on node1 is held by alice" in text and "\n" not in text
+
+
+def _as(store: Store, holder: str) -> Allocator:
+    return Allocator(store, clock=lambda: NOW, actor=f"{holder}@h", holder=holder)
+
+
+def test_every_write_of_another_holders_assignment_is_refused(store: Store) -> None:
+    alice, bob, ops = _as(store, "alice"), _as(store, "bob"), _as(store, "ops")
+    alice.apply_policy(policy_text() + "operators: [user:ops]\n", "p.yaml")
+    alice.assign(Request(job="other", host="node0", gpus=(0,)))
+    alice.assign_across(Request(job="train", host="", count=1), ["node1", "node2"])
+    refusals = [
+        lambda: bob.release("node0", "other"),
+        lambda: bob.assign(Request(job="other", host="node0", gpus=(1,))),
+        lambda: bob.release_across("train"),
+        lambda: bob.assign_across(Request(job="train", host="", count=1), ["node1", "node3"]),
+    ]
+    for refused in refusals:
+        with pytest.raises(NotPermitted, match="held by alice"):
+            refused()
+    assert alice.host("node0").assignments["other"].gpus == (0,)
+    assert ops.release_across("train").released == ("node1", "node2")
+    assert ops.release("node0", "other")
