@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from allocator.control.history_entries import change_entry, release_entry
 from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
-from allocator.errors import BadRecord, CasConflict, ConflictError, RequestError
+from allocator.errors import BadRecord, CasConflict, ConflictError, NotPermitted, RequestError
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, RunHolder
@@ -67,7 +67,7 @@ def assign_once(
         request = asked if asked.host == host else replace_struct(asked, host=host)
         try:
             placed, planned = plan_assign(allocator, view, request, reason, extra)
-        except ConflictError:
+        except (ConflictError, NotPermitted):
             if fresh:
                 raise
             # A refusal decided from a kept view is only a guess too: the holder it
@@ -123,6 +123,8 @@ def plan_assign(
             f"job {request.job!r} already holds an assignment: "
             "`allocator run` takes GPUs for a job that holds none (pick another job=)"
         )
+    # Whose it is comes before whether it fits: a refusal names the holder, not a GPU.
+    allocator.check_owner(snapshot.policy, state.assignments.get(request.job))
     agent = state.agent
     decision = place(
         snapshot.policy,
@@ -146,7 +148,6 @@ def plan_assign(
     )
     lease = held_by[1] if held_by is not None else None
     before = state.assignments.get(request.job)
-    allocator.check_owner(snapshot.policy, before)
     key = allocator.layout.assignment(state.host, request.job)
     planned = plan_change(
         allocator.layout,

@@ -75,3 +75,14 @@ def test_every_write_of_another_holders_assignment_is_refused(store: Store) -> N
     assert alice.host("node0").assignments["other"].gpus == (0,)
     assert ops.release_across("train").released == ("node1", "node2")
     assert ops.release("node0", "other")
+
+
+def test_a_refusal_from_a_kept_view_is_checked_against_the_store(store: Store) -> None:
+    alice, bob = _as(store, "alice"), _as(store, "bob")
+    alice.apply_policy(policy_text(), "p.yaml")
+    bob.assign(Request(job="other", host="node0", gpus=(3,)))
+    bob.release("node0", "other")
+    alice.assign(Request(job="other", host="node0", gpus=(0,)))
+    bob.assign(Request(job="mine", host="node0", gpus=(2,)))  # bob's kept view: alice holds it
+    alice.release("node0", "other")
+    assert bob.assign(Request(job="other", host="node0", gpus=(1,)))[0].holder == "bob"
