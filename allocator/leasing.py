@@ -12,6 +12,15 @@ transaction as a ``set``, bound to a store lease kept alive by a daemon
 thread), and this process's environment gets what the agent gives a worker
 (``CUDA_VISIBLE_DEVICES`` and the rest) for the block; leaving the block
 releases them, and so does the interpreter's death (the lease expires).
+
+Losing the hold (an operator's ``release``, the store unreachable for the
+whole TTL, a process paused past it) is never silent: ``LeaseLost`` is
+raised in the thread that entered the block, at its next Python
+instruction (a call blocked in C, a long ``time.sleep``, raises when it
+returns), or, with ``on_lost=``, that callback is called instead (from the
+lease's thread) and the block decides. Whatever the block started carries
+the holding's identity (``ALLOCATOR_HOLDING``), so the host's agent stops
+it once the hold is gone.
 CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when it initialises: a process
 that already initialised CUDA is refused, since it would keep seeing the
 devices it saw then.
@@ -21,12 +30,13 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.errors import RequestError
+from allocator.errors import LeaseLost, RequestError
 
 __all__ = ["Grant", "cuda_initialised", "lease"]
 
@@ -70,13 +80,15 @@ def lease(
     wait: float | None = None,
     store: str | None = None,
     prefix: str | None = None,
+    on_lost: Callable[[str], None] | None = None,
 ) -> Iterator[Grant]:
     """Hold ``count`` GPUs (or exactly ``gpus``) on ``host`` (default: this machine) for the block.
 
     ``wait``: seconds to wait while they are busy (``ConflictError`` then);
     ``store``/``prefix``: as ``--store``/``--prefix`` (default: the
     environment's, as the CLI). Raises ``RequestError`` if CUDA is already
-    initialised in this process.
+    initialised in this process. Once the hold is lost, ``LeaseLost`` is
+    raised in this thread, or ``on_lost(why)`` called instead when given.
     """
     if cuda_initialised():
         raise RequestError(
@@ -86,7 +98,7 @@ def lease(
         )
     allocator = _open(store, prefix)
     try:
-        with _held(allocator, count, gpus, host, job, ttl, wait) as grant:
+        with _held(allocator, count, gpus, host, job, ttl, wait, on_lost) as grant:
             yield grant
     finally:
         allocator.store.close()
@@ -110,12 +122,14 @@ def _held(
     job: str | None,
     ttl: float,
     wait: float | None,
+    on_lost: Callable[[str], None] | None,
 ) -> Iterator[Grant]:
     from allocator.cli.env import worker_envs
     from allocator.cli.run import default_job_name
     from allocator.control.leased import let_go
     from allocator.control.waiting import take_waiting
     from allocator.placement.choose import Request
+    from allocator.records.holding import HOLDING_VARIABLE, holding_identity
     from allocator.util.identity import local_hostname, os_user
 
     request = Request(
@@ -125,23 +139,98 @@ def _held(
         count=None if gpus else count,
     )
     reason = f"allocator.lease() in pid {os.getpid()}"
+    alarm = LostAlarm(on_lost)
     holding = take_waiting(
-        allocator, request, wait=wait, ttl=ttl, reason=reason, launched_by="lease"
+        allocator, request, wait=wait, ttl=ttl, reason=reason, launched_by="lease", on_lost=alarm
     )
     status = 1
     saved: dict[str, str | None] = {}
     try:
         envs, _ = worker_envs(allocator, request.job, request.host)
-        env = envs[0]
+        held = holding.assignment
+        env = {**envs[0], HOLDING_VARIABLE: holding_identity(held, allocator.layout.prefix) or ""}
         saved = {key: os.environ.get(key) for key in env}
         os.environ.update(env)
-        held = holding.assignment
+        alarm.arm()
         yield Grant(held.job, held.host, held.gpus if held.mode == "gpu" else (), dict(env))
         status = 0
     finally:
+        raise_now = alarm.disarm() and status == 0  # lost, and no exception told the block
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
         let_go(allocator, holding, status, "allocator.lease() ended")
+    if raise_now:
+        raise alarm.error()
+
+
+class LostAlarm:
+    """Tells the holder the moment its hold is lost: ``on_lost``, else ``LeaseLost`` in its thread.
+
+    Called from the lease's thread. The exception is raised asynchronously
+    in the thread that took the lease (``PyThreadState_SetAsyncExc``), and
+    only while the block runs: leaving the block cancels one not yet raised.
+    """
+
+    def __init__(self, on_lost: Callable[[str], None] | None) -> None:
+        self._on_lost = on_lost
+        self._thread = threading.get_ident()
+        self._lock = threading.Lock()
+        self._armed = False
+        self._sent = False
+        self.why: str | None = None
+
+    def arm(self) -> None:
+        """The block begins: a loss from now on is the block's to hear of."""
+        with self._lock:
+            self._armed = True
+            lost_already = self.why is not None
+        if lost_already:
+            self._tell()
+
+    def __call__(self, why: str) -> None:
+        with self._lock:
+            self.why = why
+            armed = self._armed
+        if armed:
+            self._tell()
+
+    def _tell(self) -> None:
+        if self._on_lost is not None:
+            self._on_lost(self.why or "")
+            return
+        with self._lock:
+            if self._armed and not self._sent:
+                self._sent = _raise_in(self._thread, self.error_type())
+
+    def disarm(self) -> bool:
+        """The block ended: cancel an exception not yet raised; whether one is owed still."""
+        with self._lock:
+            self._armed = False
+            if self._sent:
+                _raise_in(self._thread, None)  # already raised, or cancelled here
+            return self._on_lost is None and self.why is not None and not self._sent
+
+    def error_type(self) -> type[LeaseLost]:
+        """``LeaseLost`` saying why (an asynchronous exception is raised from its class)."""
+        message = f"the GPUs' hold was lost: {self.why}"
+
+        class HoldLost(LeaseLost):
+            def __init__(self, *args: object) -> None:
+                super().__init__(*(args or (message,)))
+
+        return HoldLost
+
+    def error(self) -> LeaseLost:
+        """The exception to raise in the holder's thread."""
+        return self.error_type()()
+
+
+def _raise_in(thread: int, error: type[BaseException] | None) -> bool:
+    """Raise ``error`` in ``thread`` at its next instruction (None: cancel a pending one)."""
+    import ctypes
+
+    raised = ctypes.py_object(error) if error is not None else None
+    return bool(ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), raised) == 1)

@@ -105,6 +105,19 @@ def etcd_server_private(tmp_path: Path) -> Iterator[object]:
         server.stop()
 
 
+@pytest.fixture
+def etcd_cluster(tmp_path: Path) -> Iterator[object]:
+    """A real 3-member etcd cluster of this test's own, for tests that kill and freeze members."""
+    from tests.support.etcd_cluster import EtcdCluster
+
+    cluster = EtcdCluster(tmp_path / "etcd-cluster")
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture(scope="session")
 def consul_url() -> Iterator[str]:
     """A real Consul agent when CONSUL_HTTP_ADDR is set, else the KV test double.

@@ -38,13 +38,15 @@ from allocator.agent.gpu_care.observe import Observer
 from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
 from allocator.agent.log import DecisionLog, as_fields
 from allocator.agent.notify import notifier_from_environ
-from allocator.agent.planning.across_hosts import shares_still_running
 from allocator.agent.planning.action_log import action_fields, action_name
 from allocator.agent.planning.desired_cache import DesiredCache
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
+from allocator.agent.planning.types import Finish
+from allocator.agent.planning.whole_job_end import agents_gone_since, whole_job_end
+from allocator.agent.processes.holding_ends import HoldingEnds
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
 from allocator.agent.sync.history_decisions import DecisionRecorder
@@ -54,7 +56,7 @@ from allocator.agent.sync.store_sync import StoreSync
 from allocator.agent.sync.utilisation_report import UtilisationReport
 from allocator.placement.reservations import active_reservations
 from allocator.policy import Policy
-from allocator.records.types import HistoryEntry
+from allocator.records.types import Assignment, HistoryEntry
 from allocator.store import Store, open_store, resolve_store_url
 from allocator.util.times import format_time, utc_now
 
@@ -109,6 +111,7 @@ class Agent(Lifecycle):
         self.supervisor = Supervisor(
             config.worker_log_dir, config.agent_dir / "workers.json", clock=clock, logger=self.log
         )
+        self.holding_ends = HoldingEnds(self.log, config.prefix)
         self.sync = StoreSync(config, self.url, self.log, open_store=store_opener, clock=clock)
         self.care = GpuCare(environ, config.agent_dir, self.log, clock())
         self.wanted = DesiredCache(
@@ -127,6 +130,10 @@ class Agent(Lifecycle):
         self.reload_requested = False
         self.busy = False  # stopping or starting: the loop looks more often
         self.busy_since = 0.0
+        self.peers_gone: dict[str, float] = {}  # peer host -> when its agent was seen gone
+        self.held_back: dict[str, str] = {}  # finished share -> why its job is not released
+        self.finished_here: set[str] = set()  # jobs this agent saw finish (not adopted so)
+        self.results_recorded: set[tuple[str, int]] = set()  # (job, revision) "failed" entries
 
     # --- the loop -------------------------------------------------------------
 
@@ -162,6 +169,12 @@ class Agent(Lifecycle):
             self.guard.run("health", lambda: self._check_health(self.clock()))
             self.guard.run("usage", lambda: self._observe(self.clock()))
         self.guard.run("reap", self._reap)
+        if self.sync.have_state:
+            assignments, host = self.sync.assignments, self.config.host
+            self.guard.run(
+                "sweep", lambda: self.holding_ends.sweep(self.clock(), host, assignments)
+            )
+        self.guard.run("holdings", lambda: self.holding_ends.tick(self.clock()))
         if self.sync.have_state:
             started = self.clock()
             self.guard.run("reconcile", lambda: self._reconcile(self.clock()))
@@ -215,16 +228,49 @@ class Agent(Lifecycle):
         """Offer the link every release due: idle holders and finished ``release_on_exit`` jobs.
 
         One list (the link forgets a release no longer offered); a job across
-        hosts is released whole, once no other share of it still runs, and a
-        later assignment is never touched.
+        hosts is released whole, as all its shares judge it
+        (:mod:`allocator.agent.planning.whole_job_end`; a dead peer's after
+        the agent's own lease TTL), and a later assignment is never touched.
         """
-        held, peers = self.sync.assignments, self.sync.peers
-        finished = [
-            IdleRelease(job, revision, reason, kind="exit")
-            for job, (revision, reason) in self.supervisor.exit_releases().items()
-            if job not in held or not shares_still_running(held[job], peers)
-        ]
-        self.sync.link.release_idle([*self.observer.releases, *finished])
+        self.sync.link.release_idle([*self.observer.releases, *self._exit_releases()])
+
+    def _exit_releases(self) -> list[IdleRelease]:
+        """Finished ``release_on_exit`` jobs to release; why the others across hosts wait."""
+        held, peers, now = self.sync.assignments, self.sync.peers, self.clock()
+        self.peers_gone = agents_gone_since(self.peers_gone, peers, now)
+        gone_for = {host: now - since for host, since in self.peers_gone.items()}
+        finished, self.held_back, views = [], {}, self.supervisor.views()
+        # Before the first read the other shares are unknown, not ended: no exit release.
+        ends = self.supervisor.exit_releases() if self.sync.have_state else {}
+        for job, (revision, reason) in ends.items():
+            if job in held and len(held[job].nodes) > 1:
+                want, view = self.wanted.desired.get(job), views.get(job)
+                if want is None:  # its rules are not known yet: judged at the next step
+                    continue
+                restarts = view.crash_restarts if view is not None else 0
+                rule, ttl = want.release_on_exit, self.config.lease_ttl
+                end = whole_job_end(held[job], reason, rule, peers, gone_for, ttl, restarts)
+                if not end.release:  # the status says why, instead of a release not made
+                    self.held_back[job] = end.reason
+                    if end.failed:
+                        self._record_failed(held[job], revision, end.reason)
+                    continue
+                reason = end.reason
+            finished.append(IdleRelease(job, revision, reason, kind="exit"))
+        return finished
+
+    def _record_failed(self, held: Assignment, revision: int, reason: str) -> None:
+        """Record once that another share's crash ended a job whose share finished here.
+
+        Only by the agent that saw its share finish: one restarted since
+        finds the job ended already, and its entry (if any) made.
+        """
+        key, policy = (held.job, revision), self.sync.policy
+        if held.job not in self.finished_here or key in self.results_recorded or policy is None:
+            return
+        self.results_recorded.add(key)
+        entry = self.decisions.job_failed(held, reason, format_time(self.wall()))
+        self.sync.link.record_history([entry], policy.history)
 
     def _reap(self) -> None:
         for exited in self.supervisor.tick():
@@ -245,6 +291,8 @@ class Agent(Lifecycle):
         for action in actions:
             self.log(action_name(action), action_fields(action))
             self.supervisor.apply(action)
+            if isinstance(action, Finish):
+                self.finished_here.add(action.job)
         self._history(self.decisions.actions, actions, desired)
         self._hand_releases()  # cheap: the link hears only of releases new to it
         busy = bool(actions) or mps.waiting or any(v.stopping for v in views.values())
@@ -280,14 +328,20 @@ class Agent(Lifecycle):
             allowed_cpus=self.wanted.allowed_cpus,
             mps_dir=str(self.care.mps.root),
             vendor=self.care.inventory.vendor,
+            host_named=sync.host_named,
         )
 
     def _take_view(self) -> None:
-        """Take the newest read; record the end of run-held assignments it no longer has."""
+        """Take the newest read; end the run-held assignments it no longer has.
+
+        Their end goes to history, and whatever of them still runs on this
+        host is stopped (:mod:`allocator.agent.processes.holding_ends`).
+        """
         self.sync.take_view(self._policy_changed)
         policy, seen_gone = self.sync.policy, self.wall()
         keep = policy.history if policy is not None else None
         for held, revision in self.sync.vanished_runs:
+            self.holding_ends.end(held)
             entry = expiry_entry(held, self.config.host, seen_gone)
             self.sync.link.record_history([entry], keep, unless_ended_after=revision)
 
@@ -313,7 +367,9 @@ class Agent(Lifecycle):
         running, idle = self.supervisor.records(), self.observer.idle_since
         workers = None
         if self.reconciled:  # before that, the agent does not know yet what it runs
-            workers = worker_records(self.config.host, self.wanted.desired, running, idle)
+            workers = worker_records(
+                self.config.host, self.wanted.desired, running, idle, self.held_back
+            )
         self.utilisation.interval = self.config.utilisation_report_seconds  # reloadable
         utilisation = self.utilisation.update(self.observer.usage, self.clock())
         self.sync.link.offer(record, workers, utilisation)

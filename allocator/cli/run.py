@@ -7,9 +7,14 @@ stops, the GPUs are free again within the lease's TTL (``ttl=``, default
 15s). The command gets exactly the environment the agent would give a
 worker of the job (``allocator env``'s), on top of this shell's; Ctrl-C and
 SIGTERM are passed on to its process tree; its exit status is passed
-through (death by signal N: 128+N); history records its start and its end,
+through (death by signal N: 128+N); the GPUs are released only once
+nothing of the command's process tree is left (what it left behind gets
+SIGTERM, then SIGKILL after ``grace=``, default 10s); Ctrl-Z stops the
+whole tree and keeps the hold alive; history records its start and its end,
 with the exit status and the GPU-seconds it held. The host's agent counts
-these GPUs as held and never starts or stops the command.
+these GPUs as held and never starts the command; once the holding ends it
+stops whatever of the command is still running (it carries the holding's
+identity in its environment).
 """
 
 from __future__ import annotations
@@ -27,10 +32,10 @@ __all__ = ["default_job_name", "recorded_reason", "register", "split_command"]
 
 USAGE = (
     "allocator run [job=NAME] (count=N | gpus=LIST) [host=H] [slots=K] [ttl=DURATION]"
-    " [--wait[=DURATION]] [--per-gpu] [--no-record-args] -- CMD [ARGS...]"
+    " [grace=DURATION] [--wait[=DURATION]] [--per-gpu] [--no-record-args] -- CMD [ARGS...]"
 )
 #: The key=value words ``run`` takes.
-RUN_KEYS = ("job", "count", "gpus", "host", "slots", "ttl")
+RUN_KEYS = ("job", "count", "gpus", "host", "slots", "ttl", "grace")
 
 
 def register(commands: Any) -> None:
@@ -89,10 +94,12 @@ def default_job_name(user: str, token: bytes) -> str:
 def run(args: argparse.Namespace) -> int:
     """Take the GPUs, run the command, release them; the command's exit status."""
     from allocator.cli.args import parse_key_values
+    from allocator.cli.foreground import DEFAULT_GRACE
     from allocator.control.leased import DEFAULT_TTL
 
     kv = parse_key_values(args.words, RUN_KEYS)
     ttl = _ttl(kv.pop("ttl", None))
+    grace = _grace(kv.pop("grace", None), DEFAULT_GRACE)
     request = _request(kv)
     wait = _wait_seconds(args.wait)
     argv = list(getattr(args, "command_argv", None) or [])
@@ -102,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         reason = recorded_reason(argv, record_args=not args.no_record_args)
         envs, holding = _take(allocator, request, reason, wait, ttl or DEFAULT_TTL, args.per_gpu)
-        return _run_held(allocator, holding, argv, envs)
+        return _run_held(allocator, holding, argv, envs, grace, _store_url(args))
     finally:
         allocator.store.close()
 
@@ -120,6 +127,27 @@ def _ttl(raw: str | None) -> float | None:
     if not 1 <= seconds <= 3600:
         raise InvalidInput("ttl= must be from 1s to 1h")
     return seconds
+
+
+def _grace(raw: str | None, default: float) -> float:
+    """``grace=DURATION``: seconds from SIGTERM to SIGKILL when the command's tree is stopped."""
+    from allocator.util.durations import parse_duration
+
+    if raw is None:
+        return default
+    try:
+        seconds = parse_duration(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"grace=: {exc}") from None
+    if not 0 <= seconds <= 3600:
+        raise InvalidInput("grace= must be from 0s to 1h")
+    return seconds
+
+
+def _store_url(args: argparse.Namespace) -> str:
+    from allocator.store import resolve_store_url
+
+    return resolve_store_url(getattr(args, "store", None))
 
 
 def _request(kv: dict[str, str]) -> Any:
@@ -175,11 +203,15 @@ def _take(
     from allocator.cli.env import worker_envs
     from allocator.control.leased import let_go
     from allocator.control.waiting import take_waiting
+    from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 
     _check_workers(allocator, request.job, per_gpu)
     holding = take_waiting(allocator, request, wait=wait, ttl=ttl, reason=reason, on_lost=_lost)
     try:
         envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)
+        # Whatever the command starts carries the holding: the agent stops it once it ends.
+        identity = holding_identity(holding.assignment, allocator.layout.prefix) or ""
+        envs = [{**env, HOLDING_VARIABLE: identity} for env in envs]
     except BaseException:
         let_go(allocator, holding, 1, "allocator run: no environment for the command")
         raise
@@ -210,14 +242,23 @@ def _lost(why: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _run_held(allocator: Any, holding: Any, argv: list[str], envs: list[dict[str, str]]) -> int:
-    """Run the command's processes under the holding; release it however they end."""
+def _run_held(
+    allocator: Any,
+    holding: Any,
+    argv: list[str],
+    envs: list[dict[str, str]],
+    grace: float,
+    url: str,
+) -> int:
+    """Run the command's processes under the holding; release it once nothing of them is left."""
     import signal
 
     from allocator.cli.foreground import Children
     from allocator.control.leased import let_go
 
-    children = Children(argv, envs)
+    children = Children(
+        argv, envs, grace=grace, while_stopped=lambda: _keep_while_stopped(holding, url)
+    )
     status = 1
     previous = children.install_forwarding()
     try:
@@ -225,10 +266,49 @@ def _run_held(allocator: Any, holding: Any, argv: list[str], envs: list[dict[str
         status = children.wait()
         return status
     except KeyboardInterrupt:
+        children.stop()
         status = 130
         return status
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
+        children.close()
         let_go(allocator, holding, status, f"allocator run ended (exit {status})")
         sys.stdout.flush()
+
+
+def _keep_while_stopped(holding: Any, url: str) -> Any:
+    """Before ``run`` stops (Ctrl-Z): a helper keeps the lease alive; the call that ends it.
+
+    The store's URL goes through the helper's environment, never its command
+    line (where anyone could read a URL's credentials).
+    """
+    ttl = holding.assignment.run.ttl if holding.assignment.run else 15.0
+    try:
+        helper = _start_keeper(holding.lease, ttl, url)
+    except OSError as exc:
+        note(f"cannot keep the hold alive while stopped ({exc.strerror}): it lasts its TTL")
+        return lambda: None
+
+    def end() -> None:
+        helper.terminate()
+        helper.communicate(timeout=10)
+
+    return end
+
+
+def _start_keeper(lease: int, ttl: float, url: str) -> Any:
+    """Start the helper that refreshes ``lease`` while this process is stopped; wait till it has."""
+    import subprocess
+
+    helper = subprocess.Popen(
+        [sys.executable, "-m", "allocator.control.stopped_keeper", str(lease), str(ttl),
+         str(os.getpid())],
+        env={**os.environ, "ALLOCATOR_STORE": url},
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert helper.stdout is not None
+    if helper.stdout.readline() != b"ready\n":  # no store: stopped, the hold runs out its TTL
+        note("cannot keep the hold alive while stopped: the GPUs go when the lease expires")
+    return helper

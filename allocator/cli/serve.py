@@ -12,6 +12,8 @@ __all__ = ["DEFAULT_LISTEN", "default_allowed_hosts", "parse_listen", "register"
 DEFAULT_LISTEN = "127.0.0.1:8080"
 #: Connections served at once (event streams included); more get 503 at once.
 DEFAULT_MAX_CONNECTIONS = 256
+#: A client's share (its open pages' event streams included): one client never takes them all.
+DEFAULT_MAX_CLIENT_CONNECTIONS = 32
 #: Seconds a connection has to send a whole request head.
 DEFAULT_REQUEST_TIMEOUT = 10.0
 
@@ -51,6 +53,14 @@ def register(commands: Any) -> None:
         metavar="N",
         help=f"connections served at once, open pages included; more get 503 "
         f"(default {DEFAULT_MAX_CONNECTIONS})",
+    )
+    parser.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=DEFAULT_MAX_CLIENT_CONNECTIONS,
+        metavar="N",
+        help="connections one client address holds at once; more get 429, so one client "
+        f"cannot take every connection (default {DEFAULT_MAX_CLIENT_CONNECTIONS})",
     )
     parser.add_argument(
         "--request-timeout",
@@ -104,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     if not 1 <= args.max_connections <= 100_000:
         raise InvalidInput(f"--max-connections {args.max_connections}: expected 1 to 100000")
+    if not 1 <= args.max_client_connections <= 100_000:
+        raise InvalidInput(
+            f"--max-client-connections {args.max_client_connections}: expected 1 to 100000"
+        )
     if not 0.1 <= args.request_timeout <= 3600:
         raise InvalidInput(f"--request-timeout {args.request_timeout:g}: expected 0.1 to 3600")
     if not 0.1 <= args.sample_seconds <= 86400:
@@ -140,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=5,
-        http=guarded_protocol(args.request_timeout),
+        http=guarded_protocol(args.request_timeout, args.max_client_connections),
         limit_concurrency=args.max_connections,
         timeout_keep_alive=5,
     )

@@ -229,14 +229,14 @@ def _print_summary(
 ) -> int:
     """``--summary``: totals per pool, as a table or a document."""
     from allocator.cli.output import emit, render_table
-    from allocator.records.keys import split_host_key
-    from allocator.status.summary import summarize, summary_document, summary_table
+    from allocator.status.summary import (
+        queued_by_host,
+        summarize,
+        summary_document,
+        summary_table,
+    )
 
-    queued: dict[str, int] = {}
-    for item in queue_read[0].items if queue_read else ():
-        parsed = split_host_key(item.key, queue)
-        if parsed is not None:
-            queued[parsed[0]] = queued.get(parsed[0], 0) + 1
+    queued = queued_by_host(queue_read[0].items if queue_read else (), queue)
     if counted:  # each host's counts already (allocator.status.summary_count)
         from allocator.status.summary_count import summary_of_counts
 

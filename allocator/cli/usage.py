@@ -6,7 +6,9 @@ the window, grouped by who held it (``--by user``, the default), their team,
 the job, the host's pool or the host. A holding whose command was killed
 and whose lease expired has no end in history: it is counted as ending at
 its start, and the report says how many there were. Whoever held it is
-the assignment's holder where recorded, else the user who wrote it.
+the assignment's holder where recorded, else the user who wrote it; with
+``--by team`` each of that user's teams is credited in full. A holding
+whose start history no longer keeps counts from its assignment's time.
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ ACTIONS = {
     "fallback": "the agent moved a job off an unavailable GPU (to the CPU, or stopped it)",
     "recover": "the agent returned a job to its GPUs",
     "gave-up": "the agent stopped restarting a job (crash loop, or a `fail` fallback rule)",
+    "failed": "a job across hosts ended in another share's crash: the job's result, GPUs kept",
     "held": "the agent holds a job in its fallback: its GPUs flapped (flap_restart_limit)",
     "policy-apply": "a policy was applied",
 }

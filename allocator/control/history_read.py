@@ -237,6 +237,8 @@ def query_history(
     entries name neither). ``now``: the reader's clock, where the index is
     read from (``None``: the system clock).
     """
+    if limit is not None and limit <= 0:  # nothing to show: nothing to read
+        return []
     with_policy = job is None and gpu is None
     if host is not None:
         streams = [host_stream(layout, host), *([policy_stream(layout)] if with_policy else [])]

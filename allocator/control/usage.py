@@ -10,6 +10,17 @@ its lease expired) is not counted past its start, and the report says how
 many there were. Only the time inside the window (``--since`` .. now)
 counts.
 
+History keeps only its newest entries: a holding whose start entry was
+trimmed away is still counted, from its assignment's own time while it
+holds, else from the oldest entry its host's history kept (it held at
+least that long).
+
+Times are the writers' clocks, bounded by the store's order of the
+entries: an entry is never earlier than the nearest entry another machine
+wrote before it, never later than the nearest one another machine wrote
+after it, and never later than the reader's now. So one machine's clock
+set an hour off moves its entries only within what the store saw.
+
 Who held it: the assignment's ``holder`` where the entry records one, else
 the user part of who wrote it (``alice`` of ``alice@node1``).
 """
@@ -21,10 +32,10 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from allocator.control.history import Stored
-from allocator.records.types import HistoryEntry
+from allocator.records.types import Assignment, HistoryEntry
 from allocator.util.times import parse_time
 
-__all__ = ["BY", "Holding", "UsageRow", "holder_of", "holdings", "summarize"]
+__all__ = ["BY", "Holding", "UsageRow", "holder_of", "holdings", "store_times", "summarize"]
 
 #: Entries that end a job's holding on a host (``expired``: the agent saw a killed run's go).
 _ENDS = ("set", "move", "release", "expired")
@@ -71,38 +82,115 @@ def holder_of(entry: HistoryEntry) -> str:
     return entry.by.split("@", 1)[0] or entry.by
 
 
-def holdings(entries: Iterable[Stored], current: Mapping[tuple[str, str], object]) -> list[Holding]:
+def holdings(
+    entries: Iterable[Stored],
+    current: Mapping[tuple[str, str], object],
+    now: datetime | None = None,
+) -> list[Holding]:
     """Every holding ``entries`` record (any order); ``current``: the assignments that exist.
 
     Keyed (host, job); an open holding without a current assignment ended
-    unrecorded.
+    unrecorded; a current assignment whose start history no longer has
+    holds since its own time. ``now``: the reader's clock, the latest any
+    entry may be.
     """
     ordered = sorted(entries, key=lambda s: (s.revision, s.entry.seq))
     open_: dict[tuple[str, str], Holding] = {}
     done: list[Holding] = []
-    for stored in ordered:
+    oldest: dict[str, datetime] = {}  # each host's oldest entry kept: trimmed starts begin there
+    for stored, at in zip(ordered, store_times(ordered, now), strict=True):
         entry = stored.entry
-        at = parse_time(entry.at)
         if entry.host is None or entry.job is None or at is None:
             continue
+        start = oldest.setdefault(entry.host, at)
         key = (entry.host, entry.job)
-        if entry.action in _ENDS and key in open_:
-            done.append(_ended(open_.pop(key), at))
+        if entry.action in _ENDS:
+            if key in open_:
+                done.append(_ended(open_.pop(key), at))
+            elif entry.from_mode == "gpu" and entry.from_gpus:  # its start was trimmed
+                done.append(_holding(entry, entry.from_gpus, 1, start, at))
         if entry.action in ("set", "move") and entry.to_mode == "gpu" and entry.to_gpus:
-            open_[key] = Holding(
-                entry.host,
-                entry.job,
-                holder_of(entry),
-                len(entry.to_gpus),
-                entry.slots or 1,
-                at,
-                None,
-            )
+            open_[key] = _holding(entry, entry.to_gpus, entry.slots or 1, at, None)
     for key, holding in open_.items():
         if key not in current:
             holding = replace(holding, ended_unrecorded=True)
         done.append(holding)
+    done.extend(_untracked(current, open_, oldest, now))
     return done
+
+
+def store_times(ordered: Sequence[Stored], now: datetime | None) -> list[datetime | None]:
+    """Each entry's time (in store order), bounded by the entries other machines wrote around it.
+
+    The store's order is the one clock every writer shares: an entry cannot
+    have happened before one the store ordered ahead of it, nor after one
+    it ordered behind it. The nearest entry of another machine on each side
+    bounds it (a machine's own entries share its error and bound nothing);
+    bounds that contradict each other are left out.
+    """
+    raw = [parse_time(s.entry.at) for s in ordered]
+    if now is not None:
+        raw = [min(t, now) if t is not None else None for t in raw]
+    machines = [_machine(s.entry.by) for s in ordered]
+    before = _nearest_other(raw, machines)
+    after = _nearest_other(raw[::-1], machines[::-1])[::-1]
+    bounded: list[datetime | None] = []
+    for at, low, high in zip(raw, before, after, strict=True):
+        if at is not None and not (low is not None and high is not None and low > high):
+            at = max(at, low) if low is not None else at
+            at = min(at, high) if high is not None else at
+        bounded.append(at)
+    return bounded
+
+
+def _nearest_other(
+    times: Sequence[datetime | None], machines: Sequence[str]
+) -> list[datetime | None]:
+    """For each entry, the time of the nearest one before it that another machine wrote."""
+    found: list[datetime | None] = []
+    last: tuple[str, datetime] | None = None  # the latest timed entry: its machine and time
+    other: datetime | None = None  # the latest of a machine other than ``last``'s
+    for at, machine in zip(times, machines, strict=True):
+        found.append(None if last is None else last[1] if last[0] != machine else other)
+        if at is None:
+            continue
+        if last is not None and last[0] != machine:
+            other = last[1]
+        last = (machine, at)
+    return found
+
+
+def _machine(by: str) -> str:
+    """The machine part of who wrote an entry (``node1`` of ``alice@node1``)."""
+    return by.rpartition("@")[2]
+
+
+def _holding(
+    entry: HistoryEntry, gpus: Sequence[int], slots: int, start: datetime, end: datetime | None
+) -> Holding:
+    assert entry.host is not None and entry.job is not None
+    return Holding(entry.host, entry.job, holder_of(entry), len(gpus), slots, start, end)
+
+
+def _untracked(
+    current: Mapping[tuple[str, str], object],
+    tracked: Mapping[tuple[str, str], Holding],
+    oldest: Mapping[str, datetime],
+    now: datetime | None,
+) -> list[Holding]:
+    """The current assignments whose start history trimmed: open since their own time."""
+    found = []
+    for (host, job), held in current.items():
+        if (host, job) in tracked or not isinstance(held, Assignment) or held.mode != "gpu":
+            continue
+        start = parse_time(held.updated_at) or oldest.get(host)
+        if start is None or not held.gpus:
+            continue
+        if now is not None:
+            start = min(start, now)
+        holder = held.holder or held.updated_by.split("@", 1)[0] or held.updated_by
+        found.append(Holding(host, job, holder, len(held.gpus), held.slots, start, None))
+    return found
 
 
 def summarize(
@@ -110,19 +198,24 @@ def summarize(
     by: str,
     since: datetime,
     until: datetime,
-    group_of: Callable[[Holding], str],
+    group_of: Callable[[Holding], Sequence[str]],
 ) -> list[UsageRow]:
-    """Totals per group (``group_of`` names a holding's), most GPU-hours first (pure)."""
+    """Totals per group, most GPU-hours first (pure).
+
+    ``group_of`` names a holding's groups: each is credited in full (a user
+    in two teams counts for both, as both teams' quotas charge it).
+    """
     rows: dict[str, UsageRow] = {}
     for holding in found:
         seconds = holding.seconds(since, until)
         if seconds <= 0:
             continue
-        row = rows.setdefault(group_of(holding), UsageRow(group_of(holding)))
-        row.gpu_hours += holding.gpus * seconds / 3600
-        row.slot_hours += holding.gpus * holding.slots * seconds / 3600
-        row.holdings += 1
-        row.jobs.add(holding.job)
+        for group in group_of(holding):
+            row = rows.setdefault(group, UsageRow(group))
+            row.gpu_hours += holding.gpus * seconds / 3600
+            row.slot_hours += holding.gpus * holding.slots * seconds / 3600
+            row.holdings += 1
+            row.jobs.add(holding.job)
     return sorted(rows.values(), key=lambda r: (-r.gpu_hours, r.key))
 
 

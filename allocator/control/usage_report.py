@@ -1,12 +1,15 @@
 """The usage report (``allocator usage``, serve's ``/api/v1/usage``): one read, one document.
 
-History is read whole (every host's stream), the current assignments once;
-the pure parts in :mod:`allocator.control.usage` then count the holdings.
+History is read whole (every host's stream), the current assignments once
+(:func:`read_usage`); the pure parts in :mod:`allocator.control.usage` then
+count the holdings, and :func:`usage_document` makes any window and
+grouping's document from that one read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -17,19 +20,23 @@ if TYPE_CHECKING:
     from allocator.control.client import Allocator
     from allocator.policy import Policy
 
-__all__ = ["NO_POOL", "NO_TEAM", "usage_report"]
+__all__ = ["NO_POOL", "NO_TEAM", "UsageRead", "read_usage", "usage_document", "usage_report"]
 
 NO_TEAM = "(no team)"
 NO_POOL = "(no pool)"
 
 
-def usage_report(
-    allocator: Allocator, since: datetime, by: str, now: datetime, limit: int | None = None
-) -> tuple[dict[str, Any], list[UsageRow]]:
-    """The JSON document of the usage since ``since`` grouped ``by``, and its rows.
+@dataclass(frozen=True, slots=True)
+class UsageRead:
+    """What every usage document is counted from: one read of history and the assignments."""
 
-    ``limit``: keep only the first (largest) rows; ``rows_total`` says how many there were.
-    """
+    found: list[Holding]
+    policy: Policy | None
+    now: datetime
+
+
+def read_usage(allocator: Allocator, now: datetime) -> UsageRead:
+    """Read history whole and the current assignments once; find every holding (up to ``now``)."""
     from allocator.control.history import read_history
 
     entries = read_history(
@@ -37,14 +44,30 @@ def usage_report(
     )
     current = _current(allocator)
     snapshot = allocator.policy()
-    found = holdings(entries, current)
     policy = snapshot.policy if snapshot is not None else None
-    rows = summarize(found, by, since, now, group_of(by, policy))
-    unended = sum(1 for h in found if h.ended_unrecorded and h.start >= since)
+    return UsageRead(holdings(entries, current, now), policy, now)
+
+
+def usage_report(
+    allocator: Allocator, since: datetime, by: str, now: datetime, limit: int | None = None
+) -> tuple[dict[str, Any], list[UsageRow]]:
+    """The JSON document of the usage since ``since`` grouped ``by``, and its rows."""
+    return usage_document(read_usage(allocator, now), since, by, limit)
+
+
+def usage_document(
+    read: UsageRead, since: datetime, by: str, limit: int | None = None
+) -> tuple[dict[str, Any], list[UsageRow]]:
+    """The document of ``read``'s usage since ``since`` grouped ``by``, and its rows (pure).
+
+    ``limit``: keep only the first (largest) rows; ``rows_total`` says how many there were.
+    """
+    rows = summarize(read.found, by, since, read.now, group_of(by, read.policy))
+    unended = sum(1 for h in read.found if h.ended_unrecorded and h.start >= since)
     shown = rows if limit is None else rows[:limit]
     document = {
         "since": format_time(since),
-        "until": format_time(now),
+        "until": format_time(read.now),
         "by": by,
         "rows": [_row_document(row) for row in shown],
         "unended": unended,
@@ -54,17 +77,17 @@ def usage_report(
     return document, shown
 
 
-def group_of(by: str, policy: Policy | None) -> Callable[[Holding], str]:
-    """The function naming a holding's group for ``--by``."""
+def group_of(by: str, policy: Policy | None) -> Callable[[Holding], Sequence[str]]:
+    """The function naming a holding's groups for ``--by`` (a user's every team)."""
     if by == "user":
-        return lambda h: h.holder
+        return lambda h: (h.holder,)
     if by == "job":
-        return lambda h: h.job
+        return lambda h: (h.job,)
     if by == "host":
-        return lambda h: h.host
+        return lambda h: (h.host,)
     if by == "pool":
-        return lambda h: _pool(policy, h.host)
-    return lambda h: _team(policy, h.holder)
+        return lambda h: (_pool(policy, h.host),)
+    return lambda h: _teams(policy, h.holder)
 
 
 def _current(allocator: Allocator) -> dict[tuple[str, str], Any]:
@@ -81,14 +104,10 @@ def _pool(policy: Policy | None, host: str) -> str:
     return pool.name if pool is not None else NO_POOL
 
 
-def _team(policy: Policy | None, user: str) -> str:
-    """The policy's team of ``user`` (its ``teams:`` members)."""
-    if policy is None:
-        return NO_TEAM
-    for name, team in sorted(policy.teams.items()):
-        if user in team.members:
-            return str(name)
-    return NO_TEAM
+def _teams(policy: Policy | None, user: str) -> tuple[str, ...]:
+    """The policy's teams of ``user`` (its ``teams:`` members), each charged as quotas charge."""
+    teams = sorted(str(n) for n, t in (policy.teams if policy else {}).items() if user in t.members)
+    return tuple(teams) or (NO_TEAM,)
 
 
 def _row_document(row: UsageRow) -> dict[str, Any]:

@@ -16,7 +16,7 @@ decodes a compiled policy, a millisecond of every ``set``.
 """
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -56,6 +56,7 @@ VisibleDevices = Literal["uuid", "index"]
 IdleAction = Literal["warn", "release", "none"]
 ContainerEngine = Literal["podman", "docker"]
 ContainerDevices = Literal["cdi", "gpus"]
+CdiNames = Literal["card", "pci"]
 
 
 class IdleRule(Struct, frozen=True, omit_defaults=True):
@@ -82,6 +83,7 @@ class Host(Struct, frozen=True, omit_defaults=True):
     gpus: int
     pool: str | None = None
     vendor: str | None = None  # nvidia, amd, intel, apple; None: the pool's, or any
+    cdi_names: CdiNames | None = None  # how its CDI spec names Intel GPUs; None: the pool's
 
 
 class Sharing(Struct, frozen=True, omit_defaults=True):
@@ -117,17 +119,24 @@ class Pool(Struct, frozen=True, omit_defaults=True):
     max_gpus_per_job: int | None = None
     idle: IdleRule | None = None
     vendor: str | None = None  # the vendor of every host of the pool
+    cdi_names: CdiNames | None = None  # how its hosts' CDI specs name Intel GPUs
 
 
 class Reservation(Struct, frozen=True, omit_defaults=True):
-    """GPUs on one host kept for jobs matching ``for_jobs`` during a window."""
+    """GPUs on one host kept during a window for jobs matching ``for_jobs`` or for ``who``.
+
+    Job-name globs admit an operator's ``set``; a self-service request
+    (``run``, ``lease()``, whose job name its asker picks) is admitted only
+    by ``who`` (subjects: ``user:``, ``team:``, ``unix:``), as is anyone's.
+    """
 
     name: str
     host: str
     gpus: tuple[int, ...]
-    for_jobs: tuple[str, ...]
+    for_jobs: tuple[str, ...] = ()
     start: datetime | None = None
     until: datetime | None = None
+    who: tuple[str, ...] = ()
 
     def active(self, now: datetime) -> bool:
         """Whether the reservation applies at ``now`` (start inclusive, until exclusive)."""
@@ -135,9 +144,16 @@ class Reservation(Struct, frozen=True, omit_defaults=True):
             return False
         return not (self.until is not None and now >= self.until)
 
-    def admits(self, job: str) -> bool:
-        """Whether ``job`` matches one of the reservation's globs."""
-        return any(fnmatch.fnmatchcase(job, pattern) for pattern in self.for_jobs)
+    def admits(self, job: str, asker: Sequence[str] = (), *, self_service: bool = False) -> bool:
+        """Whether a request for ``job`` by subjects ``asker`` may use the reserved GPUs."""
+        if not self.who_set.isdisjoint(asker):
+            return True
+        return not self_service and any(fnmatch.fnmatchcase(job, p) for p in self.for_jobs)
+
+    @property
+    def who_set(self) -> frozenset[str]:
+        """``who`` as a set."""
+        return frozenset(self.who)
 
 
 class FallbackRule(Struct, frozen=True, omit_defaults=True):
@@ -287,6 +303,29 @@ class Policy(Struct, frozen=True, omit_defaults=True):
             return declared.vendor
         pool = self.pool_of(host)
         return pool.vendor if pool is not None else None
+
+    def cdi_names_of(self, host: str) -> CdiNames:
+        """How ``host``'s CDI spec names its GPUs where the vendor has two namings
+        (its own say, else its pool's, else ``card``, Intel's generator's default)."""
+        declared = self.hosts.get(host)
+        if declared is not None and declared.cdi_names is not None:
+            return declared.cdi_names
+        pool = self.pool_of(host)
+        return pool.cdi_names if pool is not None and pool.cdi_names is not None else "card"
+
+    def names_host(self, host: str) -> bool:
+        """Whether ``host`` is one of the policy's: in ``hosts``, a pool or a reservation.
+
+        A policy that names hosts takes no assignment on another and runs
+        nothing there, even with an agent reporting its GPUs (a host removed,
+        or never added); one that names no host at all goes by the GPUs the
+        agents report, on any host.
+        """
+        if host in self.hosts or self.pool_of(host) is not None:
+            return True
+        if any(reservation.host == host for reservation in self.reservations):
+            return True
+        return not (self.hosts or self.reservations or any(p.hosts for p in self.pools.values()))
 
     def pool_of(self, host: str) -> Pool | None:
         """Return the pool ``host`` belongs to, if any."""

@@ -118,7 +118,7 @@ PRIORITY = Record(
 
 
 def check_quotas(values: dict[str, Any], r: Reader) -> None:
-    """Report quotas and priorities naming unknown teams or pools, and empty quotas."""
+    """Report quotas, priorities and reservations naming unknown teams or pools, or no one."""
     teams = set(r.declared.get("teams", []))
     pools = set(r.declared.get("pools", []))
     seen: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -140,6 +140,13 @@ def check_quotas(values: dict[str, Any], r: Reader) -> None:
             _check_subject(who, teams, path, r)
         if not rule.who and not rule.jobs:
             r.error_on(path, "a priority rule needs who, jobs or both")
+    for index, reservation in enumerate(values.get("reservations", ())):
+        path = r.item_path("reservations", index)
+        for who in reservation.who:
+            _check_subject(who, teams, path, r)
+        refused = any((e.field or "").startswith(f"{path}.for") for e in r.errors)
+        if not reservation.who and not reservation.for_jobs and not refused:  # else reported
+            r.error_on(path, "a reservation needs for, who or both")
     for who in values.get("operators", ()):
         _check_subject(who, teams, "operators", r)
 

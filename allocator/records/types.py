@@ -55,7 +55,8 @@ class RunHolder(msgspec.Struct, frozen=True):
     Such an assignment lives by its store lease: it disappears when the
     process stops refreshing it. The agent counts its GPUs as held and the
     process tree below ``pid`` (started at ``start_ticks``, ``/proc``'s
-    field 22) as their legitimate user, but never starts or stops it.
+    field 22) as their legitimate user; it never starts it, and stops what is
+    left of it once the holding ends (:mod:`allocator.records.holding`).
     """
 
     pid: Count
@@ -97,6 +98,9 @@ class Assignment(msgspec.Struct, frozen=True):
     #: its release gives back to exactly these (:mod:`allocator.control.quotas`).
     charged: Annotated[tuple[Text, ...], msgspec.Meta(max_length=64)] = ()
     run: RunHolder | None = None
+    #: The holder's subjects that the policy's reservations named when it was
+    #: written (``team:infra``, ``unix:gpu``): a reservation's ``who`` admits by them.
+    asker: Annotated[tuple[Text, ...], msgspec.Meta(max_length=64)] = ()
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

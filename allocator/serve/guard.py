@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 __all__ = [
+    "DEFAULT_PER_CLIENT",
     "DEFAULT_REQUEST_SECONDS",
     "HeaderMiddleware",
     "guarded_protocol",
@@ -34,14 +35,35 @@ __all__ = [
 DEFAULT_REQUEST_SECONDS = 10.0
 
 
-def guarded_protocol(request_seconds: float) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol, closing a connection that sends no request head in time."""
+#: Connections one client address may hold at once (open pages' event streams included).
+DEFAULT_PER_CLIENT = 32
+_REFUSAL = b"too many connections from this address\n"
+_TOO_MANY = (
+    b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_REFUSAL), _REFUSAL)
+)
+
+
+def guarded_protocol(
+    request_seconds: float, per_client: int = DEFAULT_PER_CLIENT
+) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol: request-head deadline, ``per_client`` connections an address."""
+    held: dict[str, int] = {}  # open connections by client address (one event loop: no lock)
 
     class GuardedProtocol(H11Protocol):
         _deadline: asyncio.TimerHandle | None = None
+        _address: str | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            peer = transport.get_extra_info("peername")
+            address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            if held.get(address, 0) >= per_client:
+                transport.write(_TOO_MANY)
+                transport.close()
+                return
+            held[address] = held.get(address, 0) + 1
+            self._address = address
             self._arm()
 
         def on_response_complete(self) -> None:
@@ -51,6 +73,13 @@ def guarded_protocol(request_seconds: float) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             if self._deadline is not None:
                 self._deadline.cancel()
+            if self._address is not None:
+                left = held[self._address] - 1
+                if left:
+                    held[self._address] = left
+                else:
+                    del held[self._address]
+                self._address = None
             super().connection_lost(exc)
 
         def _arm(self) -> None:

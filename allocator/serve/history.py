@@ -2,7 +2,9 @@
 
 History entries live in their own keys (a stream per host), read on request
 the way the CLI reads them: they are not mirrored, so a large fleet's
-history costs no memory here. The history modules are looked up at run time:
+history costs no memory here. One request returns at most
+:data:`MAX_LIMIT` entries, :data:`DEFAULT_LIMIT` without ``limit``: a
+request never reads the whole of a fleet's history. The history modules are looked up at run time:
 an allocator built without them answers 501.
 """
 
@@ -16,7 +18,12 @@ from allocator.errors import AllocatorError
 from allocator.records.keys import KeyLayout, validate_name
 from allocator.store import Store
 
-__all__ = ["error_answer", "history_json"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "error_answer", "history_json"]
+
+#: Entries one request returns without ``limit``.
+DEFAULT_LIMIT = 100
+#: The most entries one request may ask for.
+MAX_LIMIT = 1000
 
 _LABELS = {2: "error", 4: "store unavailable", 5: "permission denied", 6: "not found"}
 
@@ -61,7 +68,9 @@ def _read(
     job = validate_name(query["job"], "job") if "job" in query else None
     host = validate_name(query["host"], "host") if "host" in query else None
     gpu = _count(query["gpu"], "gpu") if "gpu" in query else None
-    limit = _count(query["limit"], "limit") if "limit" in query else None
+    limit = _count(query["limit"], "limit") if "limit" in query else DEFAULT_LIMIT
+    if not 1 <= limit <= MAX_LIMIT:
+        raise _invalid(f"limit={limit}: expected a whole number from 1 to {MAX_LIMIT}")
     since = history.parse_since(query["since"], utc_now()) if "since" in query else None
     store = open_store()
     try:
@@ -82,8 +91,12 @@ def _read(
 
 
 def _count(raw: str, what: str) -> int:
+    if not raw.isdigit():
+        raise _invalid(f"{what}={raw!r}: expected a whole number")
+    return int(raw)
+
+
+def _invalid(message: str) -> AllocatorError:
     from allocator.errors import InvalidInput
 
-    if not raw.isdigit():
-        raise InvalidInput(f"{what}={raw!r}: expected a whole number")
-    return int(raw)
+    return InvalidInput(message)

@@ -27,6 +27,7 @@ from allocator.errors import BadRecord, PolicyError
 from allocator.policy import Policy
 from allocator.records.keys import KeyLayout, split_host_key
 from allocator.serve.utilisation import UtilisationTally
+from allocator.status.summary import is_request
 from allocator.store import Event, KeyValue, Listing, bad_key_records
 
 __all__ = ["FleetMirror"]
@@ -86,7 +87,8 @@ class FleetMirror:
             if item.key == self._policy_key:
                 policy = item
             elif item.key.startswith(self._queue_prefix):
-                queued.add(item.key)
+                if is_request(item.value):  # a damaged record waits for nothing
+                    queued.add(item.key)
             elif item.key.startswith(self._counts_prefix):
                 utilisation.put(item.key[len(self._counts_prefix) :], item.value)
             else:
@@ -118,7 +120,8 @@ class FleetMirror:
         """Apply one event; return whether the status shown changed (counts feed the series)."""
         gone = event.type == "delete" or event.value is None
         if event.key.startswith(self._queue_prefix):
-            (self._queued.discard if gone else self._queued.add)(event.key)
+            waiting = not gone and is_request(event.value)
+            (self._queued.add if waiting else self._queued.discard)(event.key)
             return True
         if event.key.startswith(self._counts_prefix):
             reporter = event.key[len(self._counts_prefix) :]

@@ -1,8 +1,10 @@
 """``/api/v1/usage``: the same document as ``allocator usage -o json``, and the page's top holders.
 
-History is read whole on request, as ``allocator usage`` reads it; an
-answer is kept for :data:`KEEP_SECONDS` per query, so a page open on many
-screens costs one read of history per interval, not one per screen.
+History is read whole on request, as ``allocator usage`` reads it, and the
+holdings found are kept for :data:`KEEP_SECONDS`: every query in that time
+(any window, grouping or limit) is counted from that one read, so neither
+a page open on many screens nor a client varying its query costs more than
+one read of history per interval.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ MAX_ROWS = 1000
 
 
 class UsageAnswers:
-    """Answers to usage queries, each kept a while (thread-safe)."""
+    """Answers to usage queries, every query from one read kept a while (thread-safe)."""
 
     def __init__(
         self,
@@ -37,44 +39,44 @@ class UsageAnswers:
         self._open_store = open_store
         self._layout = layout
         self._clock = clock
-        self._lock = threading.Lock()
-        self._kept: dict[tuple[str, str, int], tuple[float, dict[str, Any]]] = {}
+        self._lock = threading.Lock()  # one read at a time: the others wait for its answer
+        self._kept: tuple[float, Any] | None = None
 
     def answer(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
         """(HTTP status, document) for ``?since=30d&by=user&limit=N``."""
-        try:
-            key = _parsed(query)
-        except InvalidInput as exc:
-            return error_answer(exc)
-        now = self._clock()
-        with self._lock:
-            kept = self._kept.get(key)
-            if kept is not None and now - kept[0] < KEEP_SECONDS:
-                return 200, kept[1]
-        try:
-            document = self._read(*key)
-        except AllocatorError as exc:
-            return error_answer(exc)
-        with self._lock:
-            self._kept = {k: v for k, v in self._kept.items() if now - v[0] < KEEP_SECONDS}
-            self._kept[key] = (now, document)
-        return 200, document
-
-    def _read(self, since_text: str, by: str, limit: int) -> dict[str, Any]:
-        from allocator.control.client import Allocator
         from allocator.control.history import parse_since
-        from allocator.control.usage_report import usage_report
+        from allocator.control.usage_report import usage_document
         from allocator.util.times import utc_now
 
-        now = utc_now()
-        since = parse_since(since_text, now)
+        try:
+            since_text, by, limit = _parsed(query)
+            parse_since(since_text, utc_now())  # refused before any read
+            read = self._read()
+            since = parse_since(since_text, read.now)
+        except AllocatorError as exc:
+            return error_answer(exc)
+        return 200, usage_document(read, since, by, limit)[0]
+
+    def _read(self) -> Any:
+        """The kept read of history, or a new one when it is :data:`KEEP_SECONDS` old."""
+        with self._lock:
+            now = self._clock()
+            if self._kept is not None and now - self._kept[0] < KEEP_SECONDS:
+                return self._kept[1]
+            read = self._read_store()
+            self._kept = (now, read)
+            return read
+
+    def _read_store(self) -> Any:
+        from allocator.control.client import Allocator
+        from allocator.control.usage_report import read_usage
+        from allocator.util.times import utc_now
+
         store = self._open_store()
         try:
-            allocator = Allocator(store, prefix=self._layout.prefix)
-            document, _rows = usage_report(allocator, since, by, now, limit=limit)
+            return read_usage(Allocator(store, prefix=self._layout.prefix), utc_now())
         finally:
             store.close()
-        return document
 
 
 def _parsed(query: Mapping[str, str]) -> tuple[str, str, int]:

@@ -266,7 +266,11 @@ def _host_status(
     holders = {index: [hold.job for hold in holds] for index, holds in holdings.items()}
     sharing = pool_sharing(policy, snapshot.host) if policy is not None else Sharing()
     reservations = _reservation_labels(policy, snapshot.host, now)
-    outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
+    outside = (
+        trespassers(policy, snapshot.host, holders, now, snapshot.assignments)
+        if policy is not None
+        else {}
+    )
     idle = {
         job: idle_info(policy, snapshot.host, job, snapshot.workers.get(job), now)
         for job in snapshot.assignments

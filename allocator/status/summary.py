@@ -11,7 +11,9 @@ text. A row counts:
   ``idle``, ``unhealthy``, ``fallback`` (GPUs held by a job that runs on
   CPU by its fallback rule, and the jobs the fallback put on CPU);
 * ``reserved``: GPUs inside a reservation window in force;
-* ``queued``: requests waiting for the pool's hosts;
+* ``queued``: requests waiting for the pool's hosts (:func:`queued_by_host`:
+  a queue key whose record is not a request waits for nothing and is not
+  counted);
 * ``agents_down``: hosts whose agent is ``gone`` or ``none`` (no live key).
 
 Hosts of no pool are counted under the pool ``None`` (``-`` in the table).
@@ -31,6 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from allocator.errors import BadRecord
+from allocator.records.holders import QueueEntry
+from allocator.records.keys import split_host_key
 from allocator.status.filters import gpu_states, holders_of, row_holders
 
 if TYPE_CHECKING:
@@ -41,6 +46,8 @@ __all__ = [
     "PoolSummary",
     "Summary",
     "add_up",
+    "is_request",
+    "queued_by_host",
     "summarize",
     "summary_document",
     "summary_table",
@@ -127,6 +134,27 @@ def add_up(rows: Iterable[PoolSummary], revision: int = 0) -> Summary:
     for row in ordered:
         total.add(row)
     return Summary(ordered, total, revision)
+
+
+def is_request(value: bytes | None) -> bool:
+    """Whether a queue key's ``value`` is a request (a damaged record waits for nothing)."""
+    if value is None:
+        return False
+    try:
+        QueueEntry.from_json(value)
+    except BadRecord:
+        return False
+    return True
+
+
+def queued_by_host(items: Iterable[Any], queue: str) -> dict[str, int]:
+    """Requests waiting per host among the queue's key-values ``items`` (``queue``: its prefix)."""
+    queued: dict[str, int] = {}
+    for item in items:
+        parsed = split_host_key(item.key, queue)
+        if parsed is not None and is_request(item.value):
+            queued[parsed[0]] = queued.get(parsed[0], 0) + 1
+    return queued
 
 
 def _count_host(row: PoolSummary, host: HostStatus) -> None:

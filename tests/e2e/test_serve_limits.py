@@ -108,6 +108,7 @@ def test_named_hosts_replace_the_defaults(tmp_path: Path) -> None:
     ("args", "words"),
     [
         (["--max-connections", "0"], "--max-connections 0"),
+        (["--max-client-connections", "0"], "--max-client-connections 0"),
         (["--request-timeout", "0"], "--request-timeout 0"),
         (["--sample-seconds", "0"], "--sample-seconds 0"),
         (["--series-points", "0"], "--series-points 0"),

@@ -10,8 +10,9 @@ import pytest
 
 from allocator.control import compiled_policy
 from allocator.control.client import Allocator
+from allocator.records.host_counts import HostCounts
 from allocator.records.keys import KeyLayout
-from allocator.store import open_store
+from allocator.store import Store, open_store
 from bench.fleet import fleet_policy, host_name
 from tests.e2e.conftest import Cli, Result, clean_env, run_cli
 from tests.support.etcd_server import EtcdServer
@@ -204,3 +205,23 @@ def test_a_job_across_hosts_is_listed_whole_under_job_and_not_under_pool(own_fle
     assert group["job"] == "dist" and [s["host"] for s in group["shares"]] == ["node05", "node06"]
     assert _json(fleet, "pool=a")["jobs_across_hosts"] == []
     assert _json(fleet, "state=held")["jobs_across_hosts"] == []
+
+
+def test_a_pool_filtered_summary_from_agents_counts_counts_only_that_pool(
+    own_fleet: Cli, store: Store, prefix: str
+) -> None:
+    """Hosts of both pools have agents' counts: ``pool=b`` must count b's alone."""
+    layout = KeyLayout(prefix)
+    lease = store.grant_lease(60)  # counts are used only while an agent's lease keeps them
+    try:
+        for host, gpus, held in (("node03", 2, 1), ("node04", 2, 0), ("gpu-1", 4, 2)):
+            counts = HostCounts(host, tuple(range(gpus)), free=gpus - held, held=held)
+            store.put(layout.host_counts(host), counts.to_json(), lease=lease)
+        filtered = _json(own_fleet, "--summary", "pool=b")
+        assert [row["pool"] for row in filtered["pools"]] == ["b"]
+        total = filtered["total"]
+        assert (total["hosts"], total["gpus"], total["held"], total["free"]) == (1, 4, 2, 2)
+        everything = _json(own_fleet, "--summary")
+        assert everything["total"]["hosts"] == 14 and everything["total"]["held"] == 4
+    finally:
+        store.revoke_lease(lease)

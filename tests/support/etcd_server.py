@@ -257,6 +257,15 @@ class EtcdServer:
         return [*cmd, *self.extra_args]
 
     def _launch(self, timeout: float) -> None:
+        self._spawn()
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.kill()
+            raise
+
+    def _spawn(self) -> None:
+        """Start the process, not waiting for it (a cluster's members must all be up first)."""
         with self._log_file.open("ab") as log:
             self._proc = subprocess.Popen(
                 self._command(),
@@ -266,11 +275,6 @@ class EtcdServer:
                 start_new_session=True,
             )
         self._reaper = weakref.finalize(self, _reap, self._proc)
-        try:
-            self._wait_healthy(timeout)
-        except BaseException:
-            self.kill()
-            raise
 
     def _wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -58,7 +58,7 @@ AMD = {
     "ALLOCATOR_DEVICE": "cuda",
     "ALLOCATOR_VENDOR": "amd",
     "ALLOCATOR_GPUS": "1",
-    "ROCR_VISIBLE_DEVICES": "GPU-7a3e0c1d-0000-1000-8000-000000000001",
+    "ROCR_VISIBLE_DEVICES": "GPU-7A3E0C1D00000001",
 }
 APPLE = {"ALLOCATOR_DEVICE": "mps", "ALLOCATOR_VENDOR": "apple", "ALLOCATOR_GPUS": "0"}
 
@@ -101,7 +101,7 @@ def test_amd_worker_with_a_cuda_wheel_says_so(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(atorch.GpuUnavailableError) as caught:
         atorch.device()
     message = str(caught.value)
-    assert "AMD GPU 1" in message and "GPU-7a3e0c1d" in message
+    assert "AMD GPU 1" in message and "GPU-7A3E0C1D" in message
     assert "a CUDA build (CUDA 12.4), not a ROCm build" in message
 
 

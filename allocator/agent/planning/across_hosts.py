@@ -42,11 +42,7 @@ __all__ = [
     "peer_from_listing",
     "peer_jobs",
     "share_of",
-    "shares_still_running",
 ]
-
-#: What a share's worker record says while its workers run or have only just ended.
-_NOT_ENDED = frozenset({"running", "stopping", "exited"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,21 +200,3 @@ def _unreadable(peer: PeerHost | None) -> str:
     if peer is not None and not peer.readable:
         return "; this agent may not read that host's keys"
     return ""
-
-
-def shares_still_running(assignment: Assignment, peers: Mapping[str, PeerHost]) -> list[str]:
-    """The other hosts whose share of the job, as last read, has not ended yet.
-
-    A finished share waits for these before releasing the whole job, so the
-    rank that ends first (exit 0) never stops ranks still finishing their
-    work (a last checkpoint). A host it cannot read, with no current report
-    or whose share already ended (finished, crashed, gave up) holds nothing up.
-    """
-    waiting = []
-    for node in assignment.nodes:
-        peer = peers.get(node)
-        share = peer.shares.get(assignment.job) if peer is not None else None
-        worker = share.reports_on(assignment) if share is not None else None
-        if node != assignment.host and worker is not None and worker.state in _NOT_ENDED:
-            waiting.append(node)
-    return waiting

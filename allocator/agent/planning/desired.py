@@ -45,6 +45,8 @@ def desired_jobs(inputs: DesiredInputs) -> dict[str, DesiredJob]:
     and are left out. See :class:`DesiredInputs` for what each input means.
     """
     pins, host, inventory = inputs.pinned, inputs.host, inputs.inventory
+    if not inputs.host_named:
+        return _host_not_in_policy(inputs)
     result = {
         name: held_by_process(assignment, inputs.assignment_revisions.get(name, 0))
         if assignment.run is not None
@@ -74,6 +76,30 @@ def desired_jobs(inputs: DesiredInputs) -> dict[str, DesiredJob]:
             result, inputs.holders, pool.name if pool else None, fingerprint(())
         )
     return with_affinity(result, inputs.policy, inventory, inputs.allowed_cpus)
+
+
+def _host_not_in_policy(inputs: DesiredInputs) -> dict[str, DesiredJob]:
+    """Every job of a host the applied policy no longer names: stopped, and why.
+
+    Each stops with its own grace, as for any job the policy takes away;
+    a holding of ``allocator run`` is its process's to end, as ever.
+    """
+    host, policy = inputs.host, inputs.policy
+    message = (
+        f"host '{host}' is not in the applied policy, so none of its jobs run here; "
+        "`allocator release` frees its assignments"
+    )
+    result = {}
+    for name, assignment in sorted(inputs.assignments.items()):
+        revision = inputs.assignment_revisions.get(name, 0)
+        if assignment.host != host:
+            continue
+        if assignment.run is not None:
+            result[name] = held_by_process(assignment, revision)
+            continue
+        job = policy.jobs.get(name) or Job(name=name, command=())
+        result[name] = not_running(job, assignment, revision, "refused", message)
+    return result
 
 
 def held_by_process(assignment: Assignment, revision: int) -> DesiredJob:

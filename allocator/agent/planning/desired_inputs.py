@@ -66,6 +66,7 @@ class DesiredInputs:
     allowed_cpus: frozenset[int] = frozenset()
     mps_dir: str | None = None
     vendor: str = "nvidia"
+    host_named: bool = True  # the applied policy names the host (else nothing runs here)
 
     def __post_init__(self) -> None:
         """Freeze every mapping (a copy) and the inventory, so the value never changes."""

@@ -24,17 +24,21 @@ import signal
 from pathlib import Path
 
 __all__ = [
+    "RUNS_SCOPE",
     "agent_scope",
     "cgroup_members",
     "cgroup_populated",
     "create_worker_cgroup",
     "kill_cgroup",
+    "process_cgroup",
     "remove_cgroup",
     "signal_cgroup",
     "worker_cgroup_base",
 ]
 
 _BASE_NAME = "allocator"
+#: The scope below ``allocator/`` where ``allocator run`` puts its commands' cgroups.
+RUNS_SCOPE = "runs"
 
 
 def worker_cgroup_base(
@@ -95,6 +99,17 @@ def _own_cgroup(own: Path) -> str | None:
         if line.startswith("0::"):
             return line[3:] or "/"
     return None
+
+
+def process_cgroup(
+    pid: int, mountinfo: Path = Path("/proc/self/mountinfo"), proc: Path = Path("/proc")
+) -> Path | None:
+    """The cgroup (v2) directory process ``pid`` is in, as this process sees it; None if none."""
+    mount = _cgroup2_mount(mountinfo)
+    relative = _own_cgroup(proc / str(pid) / "cgroup")
+    if mount is None or relative is None:
+        return None
+    return mount / relative.lstrip("/")
 
 
 def create_worker_cgroup(base: Path, name: str) -> Path | None:

@@ -8,7 +8,7 @@ I/O) so the counting rules read on their own; the state-file form is in
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from allocator.agent.planning.types import DesiredJob, JobView, WorkerSpec
@@ -140,6 +140,10 @@ class JobRuntime:
         """A new spec taken on without a restart ends a crash loop's verdict: it may fix it."""
         self.fingerprint = fingerprint
         self.crash_restarts, self.next_restart_at = 0, None
+
+    def confirm(self, revision: int) -> None:
+        """The running workers serve assignment ``revision`` now (it was set again, same spec)."""
+        self.spec = replace(self.spec, assignment_revision=revision)
 
     def give_up(self, reason: str) -> None:
         """The crash-loop limit was reached (the move to GAVE_UP is made): say why."""

@@ -9,7 +9,10 @@ it wants now, for the same assignment:
 * ``recover``: it returns to its GPUs;
 * ``gave-up``: a ``fail`` fallback rule marks it failed, or its workers
   crash-looped past ``max_restarts``;
-* ``held``: the flap limit keeps it in its fallback although its GPUs are back.
+* ``held``: the flap limit keeps it in its fallback although its GPUs are back;
+* ``failed``: a share of a job across hosts finished here, and another
+  share's crash is the job's result (its GPUs are kept; recorded by the
+  agent that saw its share finish, once).
 
 A new assignment is the operator's entry, not a decision: only changes
 under one assignment revision are recorded. An agent that restarts compares
@@ -94,6 +97,10 @@ class DecisionRecorder:
                 was = (place_of(want, held) if want is not None else None) or held.mode
                 entries.append(self._entry("gave-up", held, was, "stopped", action.reason, at))
         return entries
+
+    def job_failed(self, held: Assignment, reason: str, at: str) -> HistoryEntry:
+        """The entry of a finished share whose job another share's crash ended (``failed``)."""
+        return self._entry("failed", held, held.mode, "stopped", reason, at)
 
     def _moved(
         self, old: DesiredJob, new: DesiredJob, held: Assignment, at: str

@@ -12,18 +12,24 @@ the policy record is newer than the shares' head (applied since by a user
 who may not write the shares), the agent reads the whole policy record, as
 it always did. The agent does not watch the head or the policy record for
 this: its periodic resync notices.
+
+A host without a share of its own is not in the applied policy (its jobs
+stop), unless no host has one: a policy that names no host at all. Only a
+host without a share makes one more read, of one key's name under the
+hosts' shares; a role that may not list them takes the missing share as
+the host's removal (which a policy naming hosts is far likelier to mean).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from allocator.errors import BadRecord, PermissionDenied
 from allocator.policy.model import Policy
 from allocator.policy.shares import HostPart, decode_common, decode_host_part
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
-from allocator.records.shares import PolicyShare
+from allocator.records.shares import PolicyShare, SharesHead
 from allocator.records.types import PolicyRecord
 from allocator.store import KeyValue, Listing, Read, Store
 
@@ -40,11 +46,20 @@ class SharedPolicy:
     host: PolicyShare | None = None
     part: HostPart | None = None
     host_revision: int = 0
+    host_named: bool = True  # false: other hosts have shares, this one none
+    applied_sha256: str = ""  # the applied policy's, as the shares' head names it
+
+    @property
+    def digest(self) -> str:
+        """The applied policy's digest (the common share's own, which an apply that
+        left it unchanged does not update, only while the head names none)."""
+        return self.applied_sha256 or self.common.policy_sha256
 
     @property
     def identity(self) -> str:
         """Names this pair of shares (the agent's key for "the policy changed")."""
-        return f"{self.common.sha256}:{self.host.sha256 if self.host else '-'}"
+        mine = self.host.sha256 if self.host else "-" if self.host_named else "unnamed"
+        return f"{self.common.sha256}:{mine}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +93,8 @@ class PolicyReader:
     def read(self, store: Store) -> tuple[Listing, PolicyRead]:
         """One request for the host's keys and the policy's revisions, then what moved."""
         reads = [Read(self._layout.host(self._host), prefix=True)]
-        reads += [Read(key, values=False) for key in self._keys]
+        # The head's value is a digest (tens of bytes): the policy in force, to log.
+        reads += [Read(key, values=key == self._layout.shares_head) for key in self._keys]
         try:
             listing, *heads = store.read_many(reads)
         except PermissionDenied:  # a role granted before there were shares: as it always read
@@ -89,7 +105,13 @@ class PolicyReader:
             # No shares, or a policy applied since without them (a user who may
             # not write them, an older version): the whole record.
             return listing, self._whole(store, whole)
-        return listing, self._shared(store, common, host) or self._whole(store, whole)
+        shared = self._shared(store, common, host)
+        if shared is None:
+            return listing, self._whole(store, whole)
+        if isinstance(shared.policy, SharedPolicy):
+            applied = replace(shared.policy, applied_sha256=_head_digest(head))
+            shared = replace(shared, policy=applied)
+        return listing, shared
 
     def _whole(self, store: Store, head: KeyValue | None, *, fetched: bool = False) -> PolicyRead:
         if head is None:
@@ -114,13 +136,25 @@ class PolicyReader:
         if not isinstance(found, tuple) or not isinstance(found[1], Policy):
             return None
         if host is None:
-            return PolicyRead(SharedPolicy(found[0], found[1], common.mod_revision), present=True)
+            named = not self._other_hosts_named(store)
+            shared = SharedPolicy(found[0], found[1], common.mod_revision, host_named=named)
+            return PolicyRead(shared, present=True)
         if not isinstance(host_found, tuple) or not isinstance(host_found[1], HostPart):
             return None
         shared = SharedPolicy(
             found[0], found[1], common.mod_revision, host_found[0], host_found[1], host.mod_revision
         )
         return PolicyRead(shared, present=True)
+
+    def _other_hosts_named(self, store: Store) -> bool:
+        """Whether any host has a share (one key's name read): the policy names hosts."""
+        try:
+            (found,) = store.read_many(
+                [Read(self._layout.host_shares, prefix=True, values=False, limit=1)]
+            )
+        except PermissionDenied:
+            return True
+        return bool(found.items)
 
     def _decoded(
         self, store: Store, head: KeyValue, item: KeyValue | None = None
@@ -146,3 +180,11 @@ class PolicyReader:
         if item.key == self._layout.common_share:
             return decode_common(item.value, item.key)
         return decode_host_part(item.value, item.key, self._host)
+
+
+def _head_digest(head: KeyValue) -> str:
+    """The policy the shares' head names; ``""`` while an apply writes them, or unreadable."""
+    try:
+        return decode_record(head.value, SharesHead, head.key).policy_sha256
+    except BadRecord:  # the shares are read all the same; only the log loses its digest
+        return ""

@@ -50,10 +50,13 @@ def worker_records(
     desired: Mapping[str, DesiredJob],
     running: Mapping[str, Mapping[str, Any]],
     idle_since: Mapping[str, str] | None = None,
+    held_back: Mapping[str, str] | None = None,
 ) -> dict[str, bytes]:
     """One encoded :class:`WorkerRecord` per job that runs or is held back.
 
-    ``idle_since`` gives, per idle job, when its GPUs went idle.
+    ``idle_since`` gives, per idle job, when its GPUs went idle; ``held_back``
+    what a finished share of a job across hosts says instead of its release
+    (waiting for the other shares, or another share's crash is the result).
     """
     out: dict[str, bytes] = {}
     for job in sorted(set(desired) | set(running)):
@@ -77,6 +80,8 @@ def worker_records(
             continue
         if idle_since and job in idle_since:
             record = replace_struct(record, idle_since=idle_since[job])
+        if held_back and job in held_back and have is not None:
+            record = replace_struct(record, message=held_back[job])
         out[job] = record.to_json()
     return out
 

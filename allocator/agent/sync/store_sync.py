@@ -50,6 +50,7 @@ class StoreSync:
         self.pending: HostView | None = None  # the newest read, not taken yet
         self.policy: Policy | None = None
         self.policy_sha = ""
+        self.host_named = True  # the policy in force names this host (else nothing runs)
         self._refused_sha = ""
         self._pending = ""  # shares seen not to agree yet (logged once)
         self._host = config.host
@@ -132,6 +133,7 @@ class StoreSync:
             self._log("bad-policy", {"sha256": record.sha256[:12], "error": str(exc)})
             return
         self.policy, self.policy_sha = policy, record.sha256
+        self._name_host(policy.names_host(self._host))
         on_policy(policy)
         self._log("policy", {"sha256": record.sha256[:12], "applied_by": record.applied_by})
 
@@ -155,8 +157,16 @@ class StoreSync:
             self._log("bad-policy", {"sha256": identity[:12], "error": str(exc)})
             return
         self.policy, self.policy_sha, self._pending = policy, identity, ""
+        self._name_host(shared.host_named)
         on_policy(policy)
-        self._log("policy", {"sha256": shared.common.policy_sha256[:12], "share": identity[:12]})
+        self._log("policy", {"sha256": shared.digest[:12], "share": identity[:12]})
+
+    def _name_host(self, named: bool) -> None:
+        """Take whether the policy now in force names this host; say so when it stops."""
+        if self.host_named and not named:
+            hint = "its jobs stop; `allocator release` frees their assignments"
+            self._log("host-not-in-policy", {"host": self._host, "hint": hint})
+        self.host_named = named
 
     def save_last_good(self) -> None:
         """Save the assignments, for a restart while the store holds a record damaged."""

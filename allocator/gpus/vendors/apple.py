@@ -16,7 +16,7 @@ from pathlib import Path
 from allocator.errors import RequestError
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import Inventory, declared_inventory
-from allocator.gpus.vendors.base import TorchBuild, VendorName
+from allocator.gpus.vendors.base import CdiNames, TorchBuild, VendorName, join_indices
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["APPLE", "Apple", "is_apple_silicon"]
@@ -36,6 +36,7 @@ class Apple:
     cdi_kind = ""  # containers on macOS run in a Linux VM with no GPU passed through
     torch_device_type = "mps"
     visibility_variables: tuple[str, ...] = ()
+    device_groups: tuple[str, ...] = ()
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """One GPU on Apple silicon (or in the fake file); the declared count elsewhere."""
@@ -71,10 +72,25 @@ class Apple:
         """Nothing to hide with: ``ALLOCATOR_DEVICE=cpu`` keeps the torch helpers off mps."""
         return {}
 
-    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
-        """None: no container engine on macOS passes the GPU through."""
-        del ids
-        return []
+    def cdi_devices(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], naming: CdiNames
+    ) -> list[str]:
+        """None can be: no container engine on macOS passes the GPU through."""
+        del known, naming
+        raise RequestError(
+            f"GPU {join_indices(gpus)} is an Apple GPU: no container engine passes it "
+            "through (run the job as a host process, without container:)"
+        )
+
+    def container_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """As on the host (never reached: :meth:`cdi_devices` refuses)."""
+        return self.device_ids(gpus, known, prefer_uuid)
+
+    def container_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """Nothing, as on the host."""
+        return self.visible_env(ids)
 
     def torch_build_problem(self, build: TorchBuild) -> str | None:
         """A PyTorch without MPS cannot use the GPU."""

@@ -27,10 +27,12 @@ How the Store semantics are kept (see :mod:`allocator.store.base`):
   elsewhere it polls, every ``poll_interval`` seconds after a change and
   less often while nothing happens) and reads only the new part of the log
   (see :mod:`allocator.store.sqlite.watch`).
-* Lease expiry times are wall-clock (``clock``, default ``time.time``)
-  because several processes compare them. Reads leave out keys whose lease
-  has expired without writing anything; writers (any write, and a watch
-  of a handle that has written) reap expired leases, with delete events.
+* Lease expiry times are on the host's lease clock (``clock``, default
+  :func:`~allocator.store.sqlite.lease_clock.lease_clock`: the same in
+  every process, never stepped; a lease of an earlier boot is over). Reads
+  leave out keys whose lease has expired without writing anything; writers
+  (any write, and a watch of a handle that has written) reap expired
+  leases, with delete events.
 
 ``sqlite3`` errors are translated into allocator errors here and only here.
 """
@@ -61,6 +63,7 @@ from allocator.store.base import (
     key_text,
 )
 from allocator.store.sqlite.database import Connections, transaction, translate
+from allocator.store.sqlite.lease_clock import EXPIRED, LIVE, lease_clock
 from allocator.store.sqlite.watch import FileChanges, SqliteWatch
 from allocator.store.urls import parse_sqlite_url, redact_url
 
@@ -71,8 +74,7 @@ _Events = list[Event]  # spelled here: inside SqliteStore, `list` is a method
 _SCHEME = "sqlite://"
 # A key is visible while it has no lease or its lease has not expired.
 _VISIBLE = (
-    "(kv.lease IS NULL OR EXISTS (SELECT 1 FROM leases WHERE leases.id = kv.lease"
-    " AND leases.expires_at > ?))"
+    f"(kv.lease IS NULL OR EXISTS (SELECT 1 FROM leases WHERE leases.id = kv.lease AND {LIVE}))"
 )
 # The key as bytes: a key written by hand (``sqlite3``) may not be UTF-8 text, and
 # sqlite3 would fail the whole read decoding it; such a key is skipped and reported.
@@ -100,7 +102,7 @@ class SqliteStore(local.ConditionalWrites):
         path: str | Path,
         *,
         url: str | None = None,
-        clock: Clock = time.time,
+        clock: Clock = lease_clock,
         history: int = local.DEFAULT_HISTORY,
         poll_interval: float = 0.025,
         busy_timeout: float = 10.0,
@@ -205,11 +207,14 @@ class SqliteStore(local.ConditionalWrites):
     def _reap(self, conn: sqlite3.Connection) -> None:
         """End every expired lease. In a write txn."""
         rows = conn.execute(
-            "SELECT id FROM leases WHERE expires_at <= ? ORDER BY expires_at, id",
-            (self._clock(),),
+            f"SELECT id FROM leases WHERE {EXPIRED} ORDER BY expires_at, id", self._now_twice()
         ).fetchall()
         for (lease_id,) in rows:
             self._end_lease(conn, int(lease_id))
+
+    def _now_twice(self) -> tuple[float, float]:  # LIVE and EXPIRED take it twice
+        now = self._clock()
+        return now, now
 
     # --- reads -----------------------------------------------------------------------
 
@@ -221,7 +226,7 @@ class SqliteStore(local.ConditionalWrites):
                 return None
             row = conn.execute(
                 f"SELECT {_COLUMNS} FROM kv WHERE kv.key = ? AND {_VISIBLE}",
-                (key, self._clock()),
+                (key, *self._now_twice()),
             ).fetchone()
         return _key_value(row) if row else None
 
@@ -238,7 +243,7 @@ class SqliteStore(local.ConditionalWrites):
                 rows = conn.execute(
                     f"SELECT {_COLUMNS} FROM kv WHERE kv.key >= ? AND kv.key < ?"
                     f" AND {_VISIBLE} ORDER BY kv.key {order} LIMIT ?",
-                    (low, high, self._clock(), cut),
+                    (low, high, *self._now_twice(), cut),
                 ).fetchall()
                 revision = self._revisions(conn)[0]
         return _listing(rows, revision)
@@ -286,7 +291,7 @@ class SqliteStore(local.ConditionalWrites):
             due = (
                 conn is not None
                 and conn.execute(
-                    "SELECT 1 FROM leases WHERE expires_at <= ? LIMIT 1", (self._clock(),)
+                    f"SELECT 1 FROM leases WHERE {EXPIRED} LIMIT 1", self._now_twice()
                 ).fetchone()
             )
         if due:

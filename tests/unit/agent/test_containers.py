@@ -124,7 +124,14 @@ def test_a_new_image_restarts_the_job_a_host_job_keeps_its_fingerprint() -> None
     other = _desired(_policy(msgspec.structs.replace(PODMAN, image="train:2")))
     assert len({d.fingerprint for d in (host, boxed, other)}) == 3
     # A host job's fingerprint is what it was before containers existed (no restart on upgrade).
-    plain = [replace(w, container=None) for w in boxed.workers]
+    # Only the container's own parts differ: its container, and the legacy NVIDIA hook
+    # told to inject nothing (the UUIDs in CUDA_VISIBLE_DEVICES mean the same inside).
+    host_env = host.workers[0].env
+    plain = [
+        replace(w, container=None, env={**w.env, "NVIDIA_VISIBLE_DEVICES": "GPU-0001"})
+        for w in boxed.workers
+    ]
+    assert host_env["NVIDIA_VISIBLE_DEVICES"] == "GPU-0001"
     assert fingerprint(plain) == host.fingerprint
 
 
@@ -139,7 +146,8 @@ def test_another_vendors_gpus_are_named_by_its_cdi_kind() -> None:
         inventory=INVENTORY,
         vendor="amd",
     )
-    assert run.device_options == ("--device", "amd.com/gpu=GPU-0000")
+    # ROCm's container toolkit names GPUs by index (internal/cdi/cdi.go), never by UUID.
+    assert run.device_options == ("--device", "amd.com/gpu=0")
 
 
 def test_an_engine_missing_from_the_agents_path_is_one_clear_error(tmp_path: Path) -> None:

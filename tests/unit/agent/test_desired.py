@@ -492,3 +492,20 @@ def test_a_job_held_by_allocator_run_is_counted_held_but_never_run_by_the_agent(
     want = one(policy(), held)  # train is declared: the agent would run it otherwise
     assert (want.state, want.workers, want.gpus) == ("undeclared", (), (2, 1))
     assert want.message == "held by `allocator run` (pid 4242); not run by the agent"
+
+
+def test_a_host_the_policy_no_longer_names_runs_none_of_its_jobs_and_says_why() -> None:
+    from allocator.records.types import RunHolder
+
+    held = msgspec.structs.replace(
+        assigned(job="notebook", gpus=(3,)), run=RunHolder(pid=42, launched_by="run")
+    )
+    inputs = DesiredInputs(
+        policy(), HOST, {"train": assigned(), "notebook": held}, {"train": 5, "notebook": 6},
+        INVENTORY, {}, {}, host_named=False,
+    )  # fmt: skip
+    result = desired_jobs(inputs)
+    assert result["train"].state == "refused" and not result["train"].workers
+    assert result["train"].message.startswith(f"host '{HOST}' is not in the applied policy")
+    assert result["train"].grace_seconds == TRAIN.grace_seconds  # stopped as the policy says
+    assert result["notebook"].state == "undeclared"  # a run's holding: its process ends it

@@ -61,6 +61,7 @@ CHANGED: dict[str, Any] = {
     "allowed_cpus": frozenset({0}),
     "mps_dir": "/elsewhere",
     "vendor": "amd",
+    "host_named": False,
 }
 # Stand-ins: the key compares the policy by its sha and the clock by the reservations.
 STOOD_IN = {"policy": "policy_sha", "now": "reservations"}

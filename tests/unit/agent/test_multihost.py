@@ -367,16 +367,3 @@ def test_a_master_addr_that_is_no_address_is_refused_in_one_line(bad: str) -> No
 
     with pytest.raises(InvalidInput, match="master_addr must be a host name or an IP address"):
         load_agent_config(None, {"host": "node1", "master_addr": bad})
-
-
-def test_a_finished_share_waits_for_the_shares_still_running_before_releasing_the_job() -> None:
-    from allocator.agent.planning.across_hosts import shares_still_running
-
-    mine = share("node1")
-    peers = {"node2": peer("node2", state="running"), "node3": peer("node3", state="finished")}
-    assert shares_still_running(mine, peers) == ["node2"]  # its rank 0 may be saving a checkpoint
-    peers["node2"] = peer("node2", state="finished")
-    assert shares_still_running(mine, peers) == []
-    stale = {"node2": peer("node2", state="running", revision=REVISION - 1)}
-    assert shares_still_running(mine, stale) == []  # a report on an older assignment: no wait
-    assert shares_still_running(mine, {}) == []  # hosts it cannot see hold nothing up

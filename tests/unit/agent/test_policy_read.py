@@ -77,3 +77,16 @@ def test_without_shares_or_behind_the_policy_the_whole_record_is_read() -> None:
         store.delete(item.key)
     _, none = PolicyReader(LAYOUT, HOST).read(counting)
     assert none.whole and none.present and not isinstance(none.policy, SharedPolicy)
+
+
+def test_a_host_without_a_share_is_named_only_by_a_policy_naming_no_host() -> None:
+    _, allocator, counting = _world()
+    allocator.apply_policy(_policy(), "p.yaml")
+    _, outside = PolicyReader(LAYOUT, "elsewhere").read(counting)
+    assert isinstance(outside.policy, SharedPolicy) and not outside.policy.host_named
+    _, inside = PolicyReader(LAYOUT, HOST).read(counting)
+    assert isinstance(inside.policy, SharedPolicy) and inside.policy.host_named
+
+    allocator.apply_policy("version: 1\njobs:\n  train: {command: [x]}\n", "p.yaml", force=True)
+    _, anywhere = PolicyReader(LAYOUT, "elsewhere").read(counting)
+    assert isinstance(anywhere.policy, SharedPolicy) and anywhere.policy.host_named

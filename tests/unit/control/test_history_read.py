@@ -164,3 +164,10 @@ def test_the_first_page_shares_twice_the_limit_among_the_streams(
     limit: int | None, streams: int, page: int | None
 ) -> None:
     assert first_page(limit, streams) == page
+
+
+@pytest.mark.parametrize("host", [None, "node1"])
+def test_a_limit_of_zero_shows_nothing_and_reads_nothing(fleet: Store, host: str | None) -> None:
+    counting = CountingStore(fleet)
+    assert query_history(counting, LAYOUT, no_bad, host=host, limit=0) == []
+    assert counting.keys_read == 0

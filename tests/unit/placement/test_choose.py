@@ -158,8 +158,14 @@ def test_cpu_request_on_unknown_host_is_refused() -> None:
         place(make_policy(), Request(job="train", host="node9", cpu=True), {}, NOW)
 
 
-def test_host_with_inventory_but_not_in_policy_is_usable() -> None:
-    result = place(make_policy(), count(2, host="gpu-box"), {}, NOW, inventory=inventory(2))
+def test_a_host_the_policy_does_not_name_is_refused_even_with_an_inventory() -> None:
+    # A host removed from the policy whose agent still reports its GPUs takes nothing.
+    with pytest.raises(RequestError, match=r"host 'gpu-box' is not in the policy \(hosts: node1"):
+        place(make_policy(), count(2, host="gpu-box"), {}, NOW, inventory=inventory(2))
+
+
+def test_a_policy_naming_no_host_goes_by_the_agents_inventory() -> None:
+    result = place(Policy(version=1), count(2, host="gpu-box"), {}, NOW, inventory=inventory(2))
     assert result == Placement(gpus=(0, 1), mode="gpu", picked="no topology known")
 
 
