@@ -103,7 +103,8 @@ def asker_of(policy: Policy, holder: str, groups: Sequence[str]) -> tuple[str, .
 
 
 def needs_groups(policy: Policy) -> bool:
-    """Whether a quota, priority or reservation names a unix group (so groups are looked up)."""
+    """Whether a quota, priority, reservation or operator names a unix group (look them up)."""
     whos = [q.who for q in policy.quotas] + [w for r in policy.priorities for w in r.who]
     whos += [w for r in policy.reservations for w in r.who]
+    whos += policy.operators
     return any(w.startswith("unix:") for w in whos)

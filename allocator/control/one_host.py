@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 
 from allocator.control.history_entries import change_entry, release_entry
 from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
-from allocator.errors import BadRecord, CasConflict, ConflictError, PlacementRefused, RequestError
+from allocator.errors import (
+    BadRecord,
+    CasConflict,
+    ConflictError,
+    NotPermitted,
+    PlacementRefused,
+    RequestError,
+)
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, RunHolder
@@ -67,7 +74,7 @@ def assign_once(
         request = asked if asked.host == host else replace_struct(asked, host=host)
         try:
             placed, planned = plan_assign(allocator, view, request, reason, extra)
-        except ConflictError:
+        except (ConflictError, NotPermitted):
             if fresh:
                 raise
             # A refusal decided from a kept view is only a guess too: the holder it
@@ -124,6 +131,8 @@ def plan_assign(
             f"job {request.job!r} already holds an assignment: "
             "`allocator run` takes GPUs for a job that holds none (pick another job=)"
         )
+    # Whose it is comes before whether it fits: a refusal names the holder, not a GPU.
+    allocator.check_owner(snapshot.policy, state.assignments.get(request.job))
     agent = state.agent
 
     def place_it(around: Mapping[int, str]) -> Placement:
@@ -269,6 +278,7 @@ def plan_release(
         raise job_not_found(job, host, list(state.assignments))
     compares = [] if if_revision is None else [Compare(key, if_revision)]
     held = current if isinstance(current, Assignment) else None
+    allocator.check_owner(view.policy.policy if view.policy is not None else None, held)
     stamp = format_time(allocator.clock())
     entry = release_entry(host, job, held, allocator.actor, stamp, reason, ended)
     planned = plan_change(

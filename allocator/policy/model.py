@@ -247,10 +247,14 @@ class HistorySettings(Struct, frozen=True, omit_defaults=True):
 
 
 class Team(Struct, frozen=True, omit_defaults=True):
-    """A named group of users, for quotas and priorities (``team:NAME``)."""
+    """A named group of users, for quotas and priorities (``team:NAME``).
+
+    ``operators``: users who may change or release what the members hold.
+    """
 
     name: str
     members: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
 
 
 class Quota(Struct, frozen=True, omit_defaults=True):
@@ -290,6 +294,7 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     teams: Mapping[str, Team] = field(default_factory=dict)
     quotas: tuple[Quota, ...] = ()
     priorities: tuple[PriorityRule, ...] = ()
+    operators: tuple[str, ...] = ()
 
     def vendor_of(self, host: str) -> str | None:
         """The GPU vendor the policy says ``host`` has (its own, else its pool's)."""
