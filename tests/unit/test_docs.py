@@ -84,3 +84,24 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "released train@node1" in result.stdout
+
+
+def test_the_manual_s_home_page_is_the_readme_built_strictly(tmp_path: Path) -> None:
+    """docs/index.md is the README at build time, never a copy of it left to go stale."""
+    site = tmp_path / "site"
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    home = (site / "index.html").read_text()
+    readme = (REPO / "README.md").read_text()
+    for line in ("Researchers take GPUs for their own commands", "The wait queue and quotas"):
+        assert line in readme and line in home, line
+    assert 'href="queue/"' in home  # the README's docs/queue.md, as the site names it
+    assert "config-driven GPU allocator" not in (DOCS / "index.md").read_text()  # no copy
