@@ -138,8 +138,8 @@ class _Turn:
 
     def _behind(self, first: QueueEntry) -> str:
         who = f"{first.job} ({first.holder}, {first.requested or '?'})"
-        if self.queued:
-            return f"waiting behind {who}"
+        if self.queued:  # said after "waiting: " and "timed out waiting for ...: "
+            return f"behind {who}"
         return f"a request waiting in the queue could use these GPUs: {who} (add --wait to queue)"
 
 

@@ -78,7 +78,7 @@ def test_a_killed_runs_charge_does_not_put_its_owner_over_quota(
     ghost.keeper.stop()  # killed: no release, the lease runs out, the charge stays
     wait_for("the run's lease to expire", lambda: "a-run" not in alice.host("node1").assignments)
     _queue(alice, "a-two", 2)  # 0 held really, 2 asked: within her quota, first in line
-    with pytest.raises(WaitTimedOut, match="waiting behind a-two"):
+    with pytest.raises(WaitTimedOut, match=": behind a-two"):
         wait_and_assign(bob, _count("b-1", 1), timeout=1.5)
 
 
