@@ -139,5 +139,8 @@ def test_a_job_user_sees_exactly_its_devices_numbered_as_its_container_numbers_t
         assert env["ROCR_VISIBLE_DEVICES"] == ",".join(ids)
         assert report["open"] == sorted([*opened, "ok /dev/kfd"])
     else:
-        assert env["ZE_AFFINITY_MASK"] == "1,0"
+        # Level Zero's mask filters but never reorders: the container's two cards are
+        # its 0 and 1 in PCI order, and the mask lists them so (ALLOCATOR_GPUS too).
+        assert env["ZE_AFFINITY_MASK"] == "0,1"
+        assert env["ALLOCATOR_GPUS"] == "1,3"
         assert report["open"] == opened

@@ -119,7 +119,8 @@ def test_per_gpu_containers_each_see_their_one_gpu_as_zero() -> None:
 
 def test_intel_and_amd_containers_get_container_numbers_or_the_rocr_uuid() -> None:
     (intel,) = _env("box", (3, 2), "intel", INTEL)
-    assert intel["ZE_AFFINITY_MASK"] == "1,0"
+    # Level Zero never reorders: the container's cards 0 and 1 in PCI order.
+    assert (intel["ZE_AFFINITY_MASK"], intel["ALLOCATOR_GPUS"]) == ("0,1", "2,3")
     (amd,) = _env("box", (2, 0), "amd", AMD)
     assert amd["ROCR_VISIBLE_DEVICES"] == f"{AMD[2].uuid},{AMD[0].uuid}"
     (no_uuid,) = _env("box", (2, 0), "amd", tuple(GpuInfo(index=i) for i in range(4)))
