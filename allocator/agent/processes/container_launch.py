@@ -95,6 +95,8 @@ def container_launch(
         user=f"{run_as.uid}:{run_as.gid}" if run_as is not None else None,
         engine_path=engine,
         group_ids=group_ids(run.device_groups),
+        cpus=spec.cpus,
+        mems=spec.mems,
     )
     stop = [engine, "stop", "-t", str(math.ceil(max(job.grace_seconds, 0.0))), name]
     return ContainerLaunch(
