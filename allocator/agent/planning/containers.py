@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from allocator.errors import RequestError
 from allocator.gpus.topology import cpu_list
@@ -46,6 +47,7 @@ __all__ = [
     "CDI_KINDS",
     "LABEL_PREFIX",
     "ContainerRun",
+    "cid_path",
     "container_argv",
     "container_name",
     "container_run",
@@ -140,6 +142,14 @@ def container_name(worker_key: str) -> str:
     return _NAME_PREFIX + worker_key
 
 
+def cid_path(status_path: str) -> str:
+    """Where the engine writes the id of the container of the worker with ``status_path``.
+
+    The agent finds the container's processes by it (docker's are not the shim's children).
+    """
+    return str(Path(status_path).with_suffix(".cid"))
+
+
 def container_argv(
     run: ContainerRun,
     *,
@@ -152,6 +162,7 @@ def container_argv(
     group_ids: Sequence[int] = (),
     cpus: Sequence[int] = (),
     mems: Sequence[int] = (),
+    cidfile: str | None = None,
 ) -> tuple[str, ...]:
     """The engine command line that runs ``argv`` in the container, in the foreground.
 
@@ -159,9 +170,12 @@ def container_argv(
     itself runs as the agent. ``engine_path``: the engine's resolved path.
     ``group_ids``: the host GIDs of ``run.device_groups``, added for a ``user``
     (root opens any device node). ``cpus``/``mems``: the worker's pinning, given
-    to the engine (a docker container does not inherit the shim's).
+    to the engine (a docker container does not inherit the shim's). ``cidfile``:
+    where the engine writes the container's id (:func:`cid_path`).
     """
     words = [engine_path or run.engine, "run", "--rm", "--name", name]
+    if cidfile is not None:
+        words.append(f"--cidfile={cidfile}")
     for key, value in run.labels:
         words += ["--label", f"{key}={value}"]
     for key in sorted(env_names):

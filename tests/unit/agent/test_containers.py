@@ -222,3 +222,6 @@ def test_the_launch_passes_the_workers_pinning_to_the_engine(tmp_path: Path) -> 
     (tmp_path / "docker").chmod(0o755)
     launch = container_launch(job, worker, {"PATH": str(tmp_path)}, None)
     assert "--cpuset-cpus=4-5" in launch.argv and "--cpuset-mems=1" in launch.argv
+    # The engine writes the container's id next to the status file: its GPU processes
+    # are found by it (docker's are the daemon's children, not the shim's).
+    assert f"--cidfile={tmp_path / 't.0.cid'}" in launch.argv
