@@ -169,8 +169,9 @@ CONTAINER = Record(
             "devices",
             Enum("cdi", "gpus"),
             "How the engine is told the worker's GPUs: cdi (CDI names such as "
-            "nvidia.com/gpu=UUID; the default under podman) or gpus (docker's --gpus with "
-            "NVIDIA's container toolkit; the default under docker).",
+            "nvidia.com/gpu=UUID; the default under podman, and under docker on AMD and Intel "
+            "hosts: docker 25 or later with CDI enabled) or gpus (docker's --gpus with "
+            "NVIDIA's container toolkit; the default under docker on NVIDIA hosts).",
         ),
     ),
     description="Run each worker as a container that sees exactly its GPUs.",

@@ -169,7 +169,8 @@ class Container(Struct, frozen=True, omit_defaults=True):
 
     ``devices``: ``cdi`` names each GPU by its CDI name (``nvidia.com/gpu=UUID``);
     ``gpus`` uses docker's ``--gpus`` (NVIDIA's container toolkit, no CDI).
-    ``None``: ``cdi`` under podman, ``gpus`` under docker.
+    ``None``: ``gpus`` under docker on an NVIDIA host, else ``cdi`` (docker's
+    ``--gpus`` reaches only NVIDIA's toolkit; docker 25 and later take CDI names).
     """
 
     image: str
@@ -178,12 +179,11 @@ class Container(Struct, frozen=True, omit_defaults=True):
     mounts: tuple[str, ...] = ()
     devices: ContainerDevices | None = None
 
-    @property
-    def device_naming(self) -> ContainerDevices:
-        """How the engine is told the devices: the field, else the engine's usual way."""
+    def device_naming(self, vendor: str) -> ContainerDevices:
+        """How the engine is told a ``vendor``'s devices: the field, else the engine's usual way."""
         if self.devices is not None:
             return self.devices
-        return "gpus" if self.engine == "docker" else "cdi"
+        return "gpus" if self.engine == "docker" and vendor == "nvidia" else "cdi"
 
 
 class Job(Struct, frozen=True, omit_defaults=True):

@@ -10,7 +10,8 @@ status and log are the container's (see docs/containers.md).
   NVIDIA by UUID, a MIG GPU by its instance's UUID; AMD by index; Intel
   ``card<N>`` or its PCI-based id, as the host's ``cdi_names`` says; Apple
   none, refused), or docker's ``--gpus '"device=UUID,UUID"'`` (NVIDIA's
-  toolkit without CDI; other vendors refused). On the CPU no device option
+  toolkit without CDI; other vendors refused, and docker on their hosts
+  defaults to CDI). On the CPU no device option
   at all: ``--gpus ""`` is read differently by different engines.
 * Groups: a job user (``--user UID:GID``) is added to the host groups that
   own the vendor's device nodes (``render``, ``video`` on AMD and Intel), by
@@ -21,6 +22,9 @@ status and log are the container's (see docs/containers.md).
   shim's hand-over), so no value is in any argv or ``ps``. Only the worker's
   variables go in (the agent's PATH or engine settings stay outside), and the
   worker's variables never hold a store credential.
+* CPUs: ``--cpuset-cpus``/``--cpuset-mems`` with the worker's pinning:
+  docker's containers are the daemon's children, so the shim's affinity
+  would not reach them (under podman it is the same set, said twice).
 * Labels: ``allocator.job``, ``allocator.host``, ``allocator.worker`` and
   ``allocator.revision`` (the assignment's), so that an operator, or an
   agent after a restart, can tell whose a container is.
@@ -30,8 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from allocator.errors import RequestError
+from allocator.gpus.topology import cpu_list
 from allocator.gpus.vendors import VENDORS, vendor_named
 from allocator.gpus.vendors.base import CdiNames
 from allocator.policy.model import Container
@@ -41,6 +47,7 @@ __all__ = [
     "CDI_KINDS",
     "LABEL_PREFIX",
     "ContainerRun",
+    "cid_path",
     "container_argv",
     "container_name",
     "container_run",
@@ -112,7 +119,7 @@ def _device_options(
     if not gpus:
         return ()  # the CPU: no device option at all
     known = {gpu.index: gpu for gpu in inventory or ()}
-    if container.device_naming == "gpus":
+    if container.device_naming(vendor) == "gpus":
         if vendor != "nvidia":
             raise RequestError(
                 f"devices: gpus is docker's NVIDIA-only option; {vendor} GPUs need devices: cdi"
@@ -135,6 +142,14 @@ def container_name(worker_key: str) -> str:
     return _NAME_PREFIX + worker_key
 
 
+def cid_path(status_path: str) -> str:
+    """Where the engine writes the id of the container of the worker with ``status_path``.
+
+    The agent finds the container's processes by it (docker's are not the shim's children).
+    """
+    return str(Path(status_path).with_suffix(".cid"))
+
+
 def container_argv(
     run: ContainerRun,
     *,
@@ -145,15 +160,22 @@ def container_argv(
     user: str | None = None,
     engine_path: str | None = None,
     group_ids: Sequence[int] = (),
+    cpus: Sequence[int] = (),
+    mems: Sequence[int] = (),
+    cidfile: str | None = None,
 ) -> tuple[str, ...]:
     """The engine command line that runs ``argv`` in the container, in the foreground.
 
     ``user`` (``UID:GID``) and ``cwd`` apply inside the container: the engine
     itself runs as the agent. ``engine_path``: the engine's resolved path.
     ``group_ids``: the host GIDs of ``run.device_groups``, added for a ``user``
-    (root opens any device node).
+    (root opens any device node). ``cpus``/``mems``: the worker's pinning, given
+    to the engine (a docker container does not inherit the shim's). ``cidfile``:
+    where the engine writes the container's id (:func:`cid_path`).
     """
     words = [engine_path or run.engine, "run", "--rm", "--name", name]
+    if cidfile is not None:
+        words.append(f"--cidfile={cidfile}")
     for key, value in run.labels:
         words += ["--label", f"{key}={value}"]
     for key in sorted(env_names):
@@ -166,5 +188,9 @@ def container_argv(
             words += ["--group-add", str(gid)]
     if cwd is not None:
         words += ["--workdir", cwd]
+    if cpus:
+        words.append(f"--cpuset-cpus={cpu_list(cpus)}")
+    if mems:
+        words.append(f"--cpuset-mems={cpu_list(mems)}")
     words += [*run.device_options, *run.args, run.image, *argv]
     return tuple(words)

@@ -222,5 +222,6 @@ def _sweep_status(path: Path, log: Log, boot_id: str) -> None:
         log("unknown-worker-stopped", {"status": str(path), "shim_pid": status.shim_pid})
         procs.signal_process(status.shim_pid, signal.SIGTERM)
         return  # its file goes once it is gone, at a later restart
-    with contextlib.suppress(OSError):
-        path.unlink()
+    for stale in (path, path.with_suffix(".cid")):  # and its container's id, if it had one
+        with contextlib.suppress(OSError):
+            stale.unlink()

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocator.agent.planning.containers import container_argv, container_name
+from allocator.agent.planning.containers import cid_path, container_argv, container_name
 from allocator.agent.planning.types import DesiredJob
 from allocator.agent.processes.job_state import WorkerRuntime
 from allocator.agent.processes.users import RunAs
@@ -95,6 +95,9 @@ def container_launch(
         user=f"{run_as.uid}:{run_as.gid}" if run_as is not None else None,
         engine_path=engine,
         group_ids=group_ids(run.device_groups),
+        cpus=spec.cpus,
+        mems=spec.mems,
+        cidfile=cid_path(worker.status_path),
     )
     stop = [engine, "stop", "-t", str(math.ceil(max(job.grace_seconds, 0.0))), name]
     return ContainerLaunch(

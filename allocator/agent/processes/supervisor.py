@@ -144,7 +144,7 @@ class Supervisor(Reaping):
         """Per job what the loop publishes as a WorkerRecord (see :meth:`JobRuntime.record`)."""
         return {name: job.record() for name, job in sorted(self._jobs.items())}
 
-    def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str], ...]]:
+    def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str, str], ...]]:
         """Per job, each live worker's tree root (see :meth:`JobRuntime.tree_roots`)."""
         return {name: job.tree_roots() for name, job in sorted(self._jobs.items())}
 

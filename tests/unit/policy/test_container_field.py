@@ -26,14 +26,15 @@ def test_a_container_reads_with_its_defaults() -> None:
     policy = _load("{image: 'registry.example/train:1.4', mounts: ['/data:/data:ro']}")
     container = policy.jobs["train"].container
     assert container == Container(image="registry.example/train:1.4", mounts=("/data:/data:ro",))
-    assert container.engine == "podman" and container.device_naming == "cdi"
+    assert container.engine == "podman" and container.device_naming("nvidia") == "cdi"
 
 
 def test_docker_names_devices_with_gpus_unless_told_cdi() -> None:
     docker = _load("{image: x, engine: docker}").jobs["train"].container
-    assert docker is not None and docker.device_naming == "gpus"
+    assert docker is not None and docker.device_naming("nvidia") == "gpus"
+    assert docker.device_naming("amd") == "cdi"
     cdi = _load("{image: x, engine: docker, devices: cdi}").jobs["train"].container
-    assert cdi is not None and cdi.device_naming == "cdi"
+    assert cdi is not None and cdi.device_naming("nvidia") == "cdi"
 
 
 @pytest.mark.parametrize(
