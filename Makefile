@@ -39,8 +39,8 @@ lint: $(VENV)/.dev
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict \
 		--site-dir "$$site"; status=$$?; rm -rf "$$site"; exit $$status
 
-# Debian's etcd, docker-compose, openssl, chromium, zsh, podman and busybox-static,
-# installed with apt-get when missing.
+# Debian's etcd, docker-compose, openssl, chromium, zsh, podman, busybox-static and
+# systemd (systemd-analyze), installed with apt-get when missing.
 servers:
 	tools/install-test-servers
 

@@ -31,6 +31,7 @@ __all__ = [
     "InvalidName",
     "LeaseLost",
     "NotFound",
+    "NotPermitted",
     "PermissionDenied",
     "PlacementRefused",
     "PolicyError",
@@ -150,6 +151,15 @@ class NotFound(AllocatorError):
     """The job or host asked about holds nothing (a script can tell this from a refusal)."""
 
     exit_code = EXIT_NOT_FOUND
+
+
+# --- not permitted (exit 5) -----------------------------------------------------
+
+
+class NotPermitted(AllocatorError):
+    """Allocator's own rules refuse this user the change (another holder's assignment)."""
+
+    exit_code = EXIT_PERMISSION
 
 
 # --- store errors --------------------------------------------------------------

@@ -14,9 +14,11 @@
 The device type is the one the agent assigned (``ALLOCATOR_DEVICE``, from the
 host's vendor): ``cuda`` on NVIDIA and on AMD (PyTorch's ROCm build drives
 HIP devices as ``cuda``), ``xpu`` on Intel, ``mps`` on Apple silicon, ``cpu``
-on a CPU fallback. Visible devices are renumbered from 0 in the order the
-agent listed them, so a worker's first GPU is always ``cuda:0`` (``xpu:0``),
-never ``cuda:<physical id>``. Mixed precision uses the device-generic
+on a CPU fallback. Visible devices are renumbered from 0, so a worker's first
+GPU is always ``cuda:0`` (``xpu:0``), never ``cuda:<physical id>``: in the
+order the agent listed them under CUDA and ROCm, in PCI order under Level Zero
+(whose mask does not reorder; the agent lists Intel GPUs in that order, so
+``ALLOCATOR_GPUS`` names ``xpu:0`` first either way). Mixed precision uses the device-generic
 ``torch.amp`` API only.
 
 A worker assigned a GPU never trains on CPU by accident: when its device type
@@ -39,7 +41,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from allocator import worker
-from allocator.gpus.probe import ProbeResult, run_deep_probe
+from allocator.gpus.probe import ProbeResult, default_probe_command, run_deep_probe
+from allocator.gpus.vendors.apple import MpsAmpFeature, mps_amp_problem
 
 __all__ = [
     "GpuUnavailableError",
@@ -224,23 +227,39 @@ def autocast_dtype(dtype: _torch.dtype | None = None) -> _torch.dtype:
 
 
 def autocast(dtype: _torch.dtype | None = None, *, enabled: bool = True) -> _torch.autocast:
-    """``torch.amp.autocast`` for this worker's device (see :func:`autocast_dtype`)."""
-    return _torch.amp.autocast(
-        device_type=device().type, dtype=autocast_dtype(dtype), enabled=enabled
-    )
+    """``torch.amp.autocast`` for this worker's device (see :func:`autocast_dtype`).
+
+    Raises ``RuntimeError`` on ``mps`` under a PyTorch older than 2.5, whose
+    autocast does not know the device type.
+    """
+    dev = device()
+    _check_mps_amp(dev, "autocast")
+    return _torch.amp.autocast(device_type=dev.type, dtype=autocast_dtype(dtype), enabled=enabled)
 
 
 def grad_scaler(dtype: _torch.dtype | None = None) -> _torch.amp.GradScaler:
     """A ``torch.amp.GradScaler`` for this worker's device, enabled only for float16 on a GPU.
 
     bfloat16 has float32's range, so it needs no loss scaling; on CPU the
-    scaler is a disabled pass-through.
+    scaler is a disabled pass-through. Raises ``RuntimeError`` for an enabled
+    scaler on ``mps`` under a PyTorch older than 2.8, whose ``step()`` fails there.
     """
     dev = device()
     enabled = dev.type != "cpu" and autocast_dtype(dtype) == _torch.float16
+    if enabled:
+        _check_mps_amp(dev, "grad_scaler")
     return _torch.amp.GradScaler(dev.type, enabled=enabled)
 
 
+def _check_mps_amp(dev: _torch.device, feature: MpsAmpFeature) -> None:
+    """Refuse now, with the version needed, what this PyTorch would fail at mid-training."""
+    problem = mps_amp_problem(feature, str(_torch.__version__)) if dev.type == "mps" else None
+    if problem is not None:
+        raise RuntimeError(problem)
+
+
 def health_check(timeout: float = 60.0) -> ProbeResult:
-    """Run the deep probe (a CUDA context in a separate process) with this worker's env."""
-    return run_deep_probe(dict(os.environ), timeout)
+    """Run the deep probe with this worker's env: a tensor on its device type (``cuda``,
+    also on ROCm; ``xpu``; ``mps``) in a separate process, killed after ``timeout`` s."""
+    command = default_probe_command(worker.device_kind())
+    return run_deep_probe(dict(os.environ), timeout, command)

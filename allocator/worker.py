@@ -124,7 +124,13 @@ def _entry(item: str, prefix: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class WorkerAssignment:
-    """Everything a worker was told through its environment."""
+    """Everything a worker was told through its environment.
+
+    ``gpus`` (``ALLOCATOR_GPUS``) are the physical GPUs in the order the
+    device type numbers them: ``gpus[i]`` is ``cuda:i`` or ``xpu:i`` (on Intel
+    the agent lists them in PCI order, as Level Zero's mask does not reorder).
+    ``visible`` is ``CUDA_VISIBLE_DEVICES`` as CUDA parses it (NVIDIA only).
+    """
 
     job: str | None
     host: str | None

@@ -239,6 +239,8 @@ def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str],
         from allocator.gpus.vendors import read_host_inventory
 
         declared = policy.hosts.get(host)
-        here = read_host_inventory(declared.gpus if declared else None, environ=os.environ)
+        here = read_host_inventory(
+            declared.gpus if declared else None, environ=os.environ, vendor=policy.vendor_of(host)
+        )
         return here.gpus or None, {}, here.vendor
     return None, {}, policy.vendor_of(host)

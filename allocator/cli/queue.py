@@ -3,6 +3,8 @@
 Position (in its host's queue), host, holder, job, what it asked for, since
 when, its priority, and why it waits: ``GPU 3 held by job 'train'``,
 ``over quota team-a 8/8 GPUs``, or the request ahead of it.
+``allocator queue remove host=H entry=NAME`` deletes a stuck entry (one
+whose waiter is gone but whose entry stayed: written without a lease).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from allocator.cli.common import add_words_command, open_allocator, output_forma
 
 __all__ = ["register"]
 
-USAGE = "allocator queue [host=H] [-o table|json|yaml]"
+USAGE = "allocator queue [host=H] [-o table|json|yaml] | allocator queue remove host=H entry=NAME"
 
 
 def register(commands: Any) -> None:
@@ -37,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from allocator.records.keys import validate_name
     from allocator.util.times import utc_now
 
+    if args.words[:1] == ["remove"]:
+        return _remove(args)
     kv = parse_key_values(args.words, ("host",))
     host = validate_name(kv["host"], "host") if "host" in kv else None
     allocator = open_allocator(args)
@@ -51,4 +55,26 @@ def run(args: argparse.Namespace) -> int:
     headers = ("POS", "HOST", "WHO", "JOB", "WHAT", "SINCE", "PRIO", "WHY")
     text = render_table(headers, rows) if rows else "no requests are waiting"
     emit({"queue": [q.to_dict() for q in lines]}, output_format(args), text)
+    return 0
+
+
+def _remove(args: argparse.Namespace) -> int:
+    """``queue remove host=H entry=NAME``: delete one entry; exit 6 if there is none."""
+    from allocator.cli.args import parse_key_values
+    from allocator.cli.common import note
+    from allocator.control.queue_view import remove_entry
+    from allocator.errors import InvalidInput
+    from allocator.records.keys import validate_name
+
+    kv = parse_key_values(args.words[1:], ("host", "entry"))
+    if "host" not in kv or "entry" not in kv:
+        raise InvalidInput("queue remove needs host=H and entry=NAME (`allocator queue -o json`)")
+    host = validate_name(kv["host"], "host")
+    name = validate_name(kv["entry"], "queue entry")
+    allocator = open_allocator(args)
+    try:
+        gone = remove_entry(allocator, host, name)
+    finally:
+        allocator.store.close()
+    note(f"removed queue entry {name} on {host} ({gone.job or 'damaged'}, {gone.holder or '?'})")
     return 0

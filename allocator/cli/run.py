@@ -28,11 +28,11 @@ from typing import Any
 from allocator.cli.common import add_words_command, note, open_allocator
 from allocator.errors import InvalidInput
 
-__all__ = ["default_job_name", "register", "split_command"]
+__all__ = ["default_job_name", "recorded_reason", "register", "split_command"]
 
 USAGE = (
     "allocator run [job=NAME] (count=N | gpus=LIST) [host=H] [slots=K] [ttl=DURATION]"
-    " [grace=DURATION] [--wait[=DURATION]] [--per-gpu] -- CMD [ARGS...]"
+    " [grace=DURATION] [--wait[=DURATION]] [--per-gpu] [--no-record-args] -- CMD [ARGS...]"
 )
 #: The key=value words ``run`` takes.
 RUN_KEYS = ("job", "count", "gpus", "host", "slots", "ttl", "grace")
@@ -54,6 +54,12 @@ def register(commands: Any) -> None:
         default=None,
         help="when the GPUs are busy, wait for them (at most DURATION, like 30m); exit 3 "
         "naming what it waited for if they stay busy",
+    )
+    parser.add_argument(
+        "--no-record-args",
+        action="store_true",
+        help="record only the program's name, none of its arguments (status, history and "
+        "serve show the rest masked: tokens, passwords, URL passwords)",
     )
     parser.add_argument(
         "--per-gpu",
@@ -101,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidInput("give the command to run after `--` (allocator run count=1 -- CMD)")
     allocator = open_allocator(args)
     try:
-        envs, holding = _take(allocator, request, argv, wait, ttl or DEFAULT_TTL, args.per_gpu)
+        reason = recorded_reason(argv, record_args=not args.no_record_args)
+        envs, holding = _take(allocator, request, reason, wait, ttl or DEFAULT_TTL, args.per_gpu)
         return _run_held(allocator, holding, argv, envs, grace, _store_url(args))
     finally:
         allocator.store.close()
@@ -176,8 +183,21 @@ def _wait_seconds(raw: str | None) -> float | None:
         raise InvalidInput(f"--wait: {exc}") from None
 
 
+def recorded_reason(argv: Sequence[str], *, record_args: bool = True) -> str:
+    """What the assignment and history say the command was (pure): secrets never, at most 200.
+
+    Masked as the store's own credentials are (:func:`~allocator.store.credentials.redact_args`);
+    with ``record_args`` off, the program's name alone.
+    """
+    from allocator.store.credentials import redact_args
+
+    if not record_args:
+        return f"allocator run: {os.path.basename(argv[0])} (arguments not recorded)"[:200]
+    return ("allocator run: " + " ".join(redact_args(argv)))[:200]
+
+
 def _take(
-    allocator: Any, request: Any, argv: list[str], wait: float | None, ttl: float, per_gpu: bool
+    allocator: Any, request: Any, reason: str, wait: float | None, ttl: float, per_gpu: bool
 ) -> tuple[list[dict[str, str]], Any]:
     """Hold the GPUs (waiting if asked) and compute the command's environments."""
     from allocator.cli.env import worker_envs
@@ -185,7 +205,6 @@ def _take(
     from allocator.control.waiting import take_waiting
     from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 
-    reason = "allocator run: " + " ".join(argv)[:200]
     _check_workers(allocator, request.job, per_gpu)
     holding = take_waiting(
         allocator, request, wait=wait, ttl=ttl, reason=reason, on_lost=_lost, tell=note

@@ -293,18 +293,18 @@ def _text(hosts: Any, render_table: Any, groups: Any = (), *, filtered: bool = F
     if not hosts:  # filtered to nothing: the header alone, as squeue prints it
         return str(table)
     agents = "\n".join(f"{h.host}: agent {h.agent}{_vendor(h)}" + _job_summary(h) for h in hosts)
-    picked = "".join(
-        f"\n{h.host}: {j.job} picked {j.gpus}: {j.picked}"
-        for h in hosts
-        for j in h.jobs
-        if j.picked
-    )
+    # Why count=N picked its GPUs is said once, by `set`; -o json keeps it (``picked``).
     bad = "".join(f"\n{h.host}: {line}" for h in hosts for line in h.bad_records)
     across = "\n\n" + "\n".join(g.summary() for g in groups) if groups else ""
-    return f"{table}\n\n{agents}{picked}{bad}{_usage_sections(hosts)}{across}"
+    return f"{table}\n\n{agents}{bad}{_usage_sections(hosts)}{across}"
 
 
 def _vendor(host: Any) -> str:
+    # An agent that saw no GPU (no NVML, say) knows no vendor: the name would be the policy's.
+    if host.inventory == "declared":
+        return ", GPUs not seen (no GPU library answered; the policy's count stands in)"
+    if host.inventory == "none":
+        return ", no GPUs found"
     if host.vendor_mismatch:
         return f", {host.vendor} GPUs (MISMATCH: {host.vendor_mismatch})"
     return f", {host.vendor} GPUs" if host.vendor else ""
@@ -354,6 +354,10 @@ def _job_summary(host: Any) -> str:
     parts = []
     for job in host.jobs:
         if job.matches is None:
+            continue
+        if host.agent not in ("alive", "stale"):
+            # No agent keeps the record: it is what one said before it went, not now.
+            parts.append(f"{job.job} last reported {job.workers}")
             continue
         state = "in sync" if job.matches else "NOT in sync"
         parts.append(f"{job.job} {job.workers} ({state})")

@@ -163,6 +163,8 @@ def plan_group_set(
     check_one_vendor(snapshot.policy, job, detected)
     placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
     held_here = any(job in state.assignments for state in states.values())
+    for state in states.values():
+        allocator.check_owner(snapshot.policy, state.assignments.get(job))
     indexed = snapshot.record.job_index and not held_here  # see writeview.settle_view
     entry = index_for_write(allocator.store, layout, job, allocator.on_bad_record, indexed=indexed)
     released = tuple(sorted(set(entry.hosts or ()) - set(nodes)))
@@ -290,6 +292,11 @@ def plan_group_release(
     touched = sorted([*held, *damaged])
     if not touched:
         raise job_not_found(job, None)
+    foreign = [s for s in held.values() if s.holder and s.holder != allocator.holder]
+    if foreign and not allocator.acts_for_policy:  # the policy is read only when it may matter
+        policy = allocator.known_policy()
+        for share in foreign:
+            allocator.check_owner(policy, share)
     _check_size(job, len(touched))
     index_compare, index_op = group_index_change(layout, entry, (), None)
     compares = [*(Compare(layout.host_generation(h), states[h].generation) for h in touched)]

@@ -258,6 +258,7 @@ def violations(
 
 def _refused(allocator: Allocator, policy: Policy, host_items: Sequence[KeyValue]) -> list[str]:
     from allocator.placement.choose import Request, place
+    from allocator.placement.reservations import asker_of_assignment
 
     found: list[str] = []
     now = allocator.clock()
@@ -268,7 +269,10 @@ def _refused(allocator: Allocator, policy: Policy, host_items: Sequence[KeyValue
                 continue
             others = {j: a for j, a in state.assignments.items() if j != job}
             slots = held.slots if held.slots > 1 else None
-            request = Request(job=job, host=host, gpus=held.gpus, slots=slots)
+            asker, own = asker_of_assignment(policy, held)
+            request = Request(
+                job=job, host=host, gpus=held.gpus, slots=slots, asker=asker, self_service=own
+            )
             try:
                 place(policy, request, others, now, inventory=inventory)
             except (PlacementRefused, RequestError) as exc:

@@ -79,6 +79,7 @@ class Allocator:
         attempts: int = DEFAULT_ATTEMPTS,
         on_bad_record: Callable[[BadRecord], None] | None = None,
         holder: str | None = None,
+        acts_for_policy: bool = False,
     ) -> None:
         self.store = store
         self.on_bad_record = on_bad_record or (lambda _bad: None)
@@ -87,6 +88,8 @@ class Allocator:
         self.actor = actor or default_actor(store.url)
         self.attempts = attempts
         self._holder = holder
+        # The host agent's idle release enforces the reviewed policy, whoever holds.
+        self.acts_for_policy = acts_for_policy
         self._groups: tuple[str, ...] | None = None
         self._cache: ViewCache | None = None  # what the last writes saw; made on first use
 
@@ -364,6 +367,17 @@ class Allocator:
         from allocator.control.apply_policy import violations
 
         return violations(self, policy)
+
+    def check_owner(self, policy: Policy | None, held: Assignment | None) -> None:
+        """``NotPermitted`` unless this client may change or release ``held`` (its holder's)."""
+        if held is None or not held.holder or self.acts_for_policy:
+            return
+        from allocator.control.owners import check_owner
+        from allocator.policy.model import Policy
+
+        rules = policy if policy is not None else Policy(version=1)
+        what = f"job {held.job!r} on {held.host}"
+        check_owner(rules, self.holder, self.holder_groups(rules), held.holder, what)
 
     def charged(self, policy: Policy) -> tuple[str, ...]:
         """The quota subjects a new assignment by this client's holder is charged to."""

@@ -24,6 +24,7 @@ from allocator.records.keys import MAX_NAME_LENGTH
 from allocator.util.identity import os_user
 
 __all__ = [
+    "asker_of",
     "holder_key_name",
     "holder_name",
     "needs_groups",
@@ -79,18 +80,31 @@ def quota_subjects(policy: Policy, holder: str, groups: Sequence[str]) -> tuple[
     return tuple(sorted({q.who for q in policy.quotas if q.who in mine}))
 
 
-def priority_of(policy: Policy, holder: str, groups: Sequence[str], job: str) -> int:
-    """The wait-queue priority of ``holder``'s request for ``job``: the highest rule's, else 0."""
+def priority_of(policy: Policy, holder: str, groups: Sequence[str], job: str | None) -> int:
+    """The wait-queue priority of ``holder``'s request for ``job``: the highest rule's, else 0.
+
+    ``job`` is ``None`` for a self-service request: its asker picks its job
+    name, so job-name rules give it nothing; only rules naming who asks do.
+    """
     mine = _subjects_of(policy, holder, groups)
     found = [
         rule.priority
         for rule in policy.priorities
-        if mine.intersection(rule.who) or any(fnmatch.fnmatchcase(job, g) for g in rule.jobs)
+        if mine.intersection(rule.who)
+        or (job is not None and any(fnmatch.fnmatchcase(job, g) for g in rule.jobs))
     ]
     return max(found, default=0)
 
 
+def asker_of(policy: Policy, holder: str, groups: Sequence[str]) -> tuple[str, ...]:
+    """The subjects of ``holder`` that some reservation names (what placement's ``asker`` is)."""
+    named = {w for r in policy.reservations for w in r.who}
+    return tuple(sorted(named & _subjects_of(policy, holder, groups))) if named else ()
+
+
 def needs_groups(policy: Policy) -> bool:
-    """Whether any quota or priority names a unix group (so the groups must be looked up)."""
+    """Whether a quota, priority, reservation or operator names a unix group (look them up)."""
     whos = [q.who for q in policy.quotas] + [w for r in policy.priorities for w in r.who]
+    whos += [w for r in policy.reservations for w in r.who]
+    whos += policy.operators
     return any(w.startswith("unix:") for w in whos)

@@ -12,12 +12,19 @@ again from; the retries around an attempt are the client's.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from allocator.control.history_entries import change_entry, release_entry
 from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
-from allocator.errors import BadRecord, CasConflict, ConflictError, RequestError
+from allocator.errors import (
+    BadRecord,
+    CasConflict,
+    ConflictError,
+    NotPermitted,
+    PlacementRefused,
+    RequestError,
+)
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, RunHolder
@@ -29,7 +36,7 @@ if TYPE_CHECKING:
     from allocator.control.client import Allocator, Gate
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
-    from allocator.status.snapshots import PolicySnapshot
+    from allocator.status.snapshots import HostSnapshot, PolicySnapshot
 
 __all__ = [
     "Extra",
@@ -67,7 +74,7 @@ def assign_once(
         request = asked if asked.host == host else replace_struct(asked, host=host)
         try:
             placed, planned = plan_assign(allocator, view, request, reason, extra)
-        except ConflictError:
+        except (ConflictError, NotPermitted):
             if fresh:
                 raise
             # A refusal decided from a kept view is only a guess too: the holder it
@@ -118,20 +125,27 @@ def plan_assign(
     if command is not None:
         check_adhoc_command(snapshot.policy, request.job)
     state, now = view.host, allocator.clock()
+    request = _with_asker(allocator, snapshot.policy, request)
     if held_by is not None and (request.job in state.assignments or view.index.hosts):
         raise ConflictError(
             f"job {request.job!r} already holds an assignment: "
             "`allocator run` takes GPUs for a job that holds none (pick another job=)"
         )
+    # Whose it is comes before whether it fits: a refusal names the holder, not a GPU.
+    allocator.check_owner(snapshot.policy, state.assignments.get(request.job))
     agent = state.agent
-    decision = place(
-        snapshot.policy,
-        request,
-        state.assignments,
-        now,
-        inventory=agent.gpus if agent and agent.gpus else None,
-        unhealthy=agent.unhealthy if agent else None,
-    )
+
+    def place_it(around: Mapping[int, str]) -> Placement:
+        return place(
+            snapshot.policy,
+            request,
+            state.assignments,
+            now,
+            inventory=agent.gpus if agent and agent.gpus else None,
+            unhealthy={**(agent.unhealthy if agent else {}), **around},
+        )
+
+    decision, gated = _gated(place_it, gate, state)
     stamp = format_time(now)
     assignment = _new_assignment(
         allocator,
@@ -163,10 +177,43 @@ def plan_assign(
         lease=lease,
     )
     more = _charge(allocator, snapshot.policy, [before] if before else [], [assignment])
-    if gate is not None:
-        gated = gate(state, decision)
-        more = (more[0] + gated[0], more[1] + gated[1])
+    more = (more[0] + gated[0], more[1] + gated[1])
     return (assignment, decision), with_extra(planned, *more)
+
+
+def _with_asker(allocator: Allocator, policy: Policy, request: Request) -> Request:
+    """``request`` with who asks (the holder's subjects a reservation names), for placement."""
+    from allocator.control.holder import asker_of
+
+    if request.asker or not any(r.who for r in policy.reservations):
+        return request
+    asker = asker_of(policy, allocator.holder, allocator.holder_groups(policy))
+    return replace_struct(request, asker=asker) if asker else request
+
+
+def _gated(
+    place_it: Callable[[Mapping[int, str]], Placement], gate: Gate | None, state: HostSnapshot
+) -> tuple[Placement, tuple[list[Compare], list[Op]]]:
+    """The placement and the wait queue's extra compares and writes (none without a gate).
+
+    A ``count=N`` placed on GPUs a request ahead could use is placed once
+    more around them (as if they were unavailable): other GPUs may be free
+    that no one ahead could use. Still blocked: not its turn.
+    """
+    decision = place_it({})
+    if gate is None:
+        return decision, ([], [])
+    from allocator.control.queue_wait import NotYourTurn, PlaceAround
+
+    try:
+        return decision, gate(state, decision)
+    except PlaceAround as around:
+        wanted = dict.fromkeys(around.gpus, "wanted by a request ahead in the queue")
+        try:
+            again = place_it(wanted)
+            return again, gate(state, again)
+        except (PlacementRefused, PlaceAround):
+            raise NotYourTurn(str(around)) from None
 
 
 def _new_assignment(
@@ -202,6 +249,7 @@ def _new_assignment(
         run=held_by[0] if held_by is not None else None,
         holder=allocator.holder,
         charged=allocator.charged(snapshot.policy),
+        asker=request.asker[:64],
     )
 
 
@@ -230,6 +278,7 @@ def plan_release(
         raise job_not_found(job, host, list(state.assignments))
     compares = [] if if_revision is None else [Compare(key, if_revision)]
     held = current if isinstance(current, Assignment) else None
+    allocator.check_owner(view.policy.policy if view.policy is not None else None, held)
     stamp = format_time(allocator.clock())
     entry = release_entry(host, job, held, allocator.actor, stamp, reason, ended)
     planned = plan_change(

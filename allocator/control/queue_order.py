@@ -9,9 +9,11 @@ no request ahead of it *could use any of them*:
 
 * a request for other GPUs (``gpus=`` that do not overlap) could not;
 * a request on another host is in another host's queue, never ahead;
-* a ``count=N`` request could use any GPU of its host, unless N is more
-  than the host has usable (healthy) GPUs: such a request cannot fit, and
-  nothing waits behind it;
+* a ``count=N`` request could use any GPU its host could give it (healthy,
+  not reserved for others, within its pool's limit), unless N is more than
+  those: such a request cannot be placed now, and nothing waits behind it;
+* an entry with no store lease (written by hand, or left by a bug) has no
+  waiter alive to keep it: it holds no one up;
 * a request whose holder is over a quota now is skipped too (its holder
   must release first); the take compares that holder's counters, so the
   skip holds only while they do not move.
@@ -24,14 +26,14 @@ that could use them). Requests for GPUs it will not use pass it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from allocator.errors import BadRecord
 from allocator.records.holders import QueueEntry
 from allocator.store import KeyValue
 
-__all__ = ["Waiting", "blockers", "could_use", "decode_queue", "in_order"]
+__all__ = ["Able", "Waiting", "blockers", "could_use", "decode_queue", "in_order", "wanted_ahead"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ class Waiting:
     entry: QueueEntry
     arrived: int  # the store revision that created the key
     revision: int  # its current mod_revision (what a take compares)
+    leased: bool = True  # written with a store lease: a live waiter keeps it
 
     @property
     def name(self) -> str:
@@ -58,7 +61,8 @@ def decode_queue(items: Iterable[KeyValue], on_bad: Callable[[BadRecord], None])
         except BadRecord as bad:
             on_bad(BadRecord(item.key, bad.reason))
             continue
-        found.append(Waiting(item.key, entry, item.create_revision, item.mod_revision))
+        leased = bool(item.lease)
+        found.append(Waiting(item.key, entry, item.create_revision, item.mod_revision, leased))
     return in_order(found)
 
 
@@ -67,18 +71,25 @@ def in_order(waiting: Iterable[Waiting]) -> list[Waiting]:
     return sorted(waiting, key=lambda w: (-w.entry.priority, w.arrived, w.key))
 
 
-def could_use(entry: QueueEntry, gpus: Sequence[int], usable: int) -> bool:
-    """Whether ``entry`` could use any of ``gpus`` on a host with ``usable`` healthy GPUs."""
+#: The GPUs a waiting request could be given on its host (health, reservations, limits).
+Able = Callable[[QueueEntry], Collection[int]]
+
+
+def could_use(entry: QueueEntry, gpus: Sequence[int], able: Collection[int]) -> bool:
+    """Whether ``entry`` could use any of ``gpus``, given the GPUs ``able`` it could be given."""
     if entry.gpus is not None:
-        return not set(entry.gpus).isdisjoint(gpus)
-    return entry.count is not None and entry.count <= usable
+        wanted = set(entry.gpus)
+        return wanted.issubset(able) and not wanted.isdisjoint(gpus)
+    if entry.count is None or entry.count > len(able):
+        return False  # it cannot be placed now: it holds no one up
+    return not set(able).isdisjoint(gpus)
 
 
 def blockers(
     order: Sequence[Waiting],
     me: str | None,
     gpus: Sequence[int],
-    usable: int,
+    able: Able,
     over_quota: Callable[[Waiting], bool] = lambda _w: False,
 ) -> list[Waiting]:
     """The entries ahead of ``me`` (all, when ``me`` is ``None``) that could use ``gpus``."""
@@ -86,6 +97,19 @@ def blockers(
     for waiting in order:
         if waiting.key == me:
             break
-        if could_use(waiting.entry, gpus, usable) and not over_quota(waiting):
+        if not waiting.leased:
+            continue
+        if could_use(waiting.entry, gpus, able(waiting.entry)) and not over_quota(waiting):
             found.append(waiting)
     return found
+
+
+def wanted_ahead(
+    order: Sequence[Waiting],
+    me: str | None,
+    gpus: Sequence[int],
+    able: Able,
+    over_quota: Callable[[Waiting], bool] = lambda _w: False,
+) -> set[int]:
+    """Which of ``gpus`` some entry ahead of ``me`` could use (a count waiter avoids them)."""
+    return {g for g in gpus if blockers(order, me, (g,), able, over_quota)}

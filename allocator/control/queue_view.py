@@ -13,8 +13,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from allocator.control.holder import quota_subjects, unix_groups
-from allocator.control.queue_order import Waiting, blockers, decode_queue
-from allocator.control.quotas import ask_of_entry, counter_key, quota_refusal, read_counters
+from allocator.control.queue_order import Able, Waiting, blockers, decode_queue
+from allocator.control.quotas import (
+    absent_charges,
+    ask_of_entry,
+    charged_assignments,
+    counter_key,
+    quota_refusal,
+    read_counters,
+)
 from allocator.errors import AllocatorError, PermissionDenied
 from allocator.records.keys import KeyLayout
 from allocator.store import Compare, KeyValue, Listing
@@ -22,9 +29,18 @@ from allocator.store import Compare, KeyValue, Listing
 if TYPE_CHECKING:
     from allocator.control.client import Allocator
     from allocator.policy.model import Policy
+    from allocator.records.holders import QueueEntry
     from allocator.status.snapshots import HostSnapshot
 
-__all__ = ["QueueLine", "QuotaLook", "queue_lines", "queue_prefix", "usable_gpus"]
+__all__ = [
+    "QueueLine",
+    "QuotaLook",
+    "able_gpus",
+    "entry_asker",
+    "queue_lines",
+    "queue_prefix",
+    "remove_entry",
+]
 
 
 class QuotaLook:
@@ -34,6 +50,8 @@ class QuotaLook:
         self.allocator, self.policy = allocator, policy
         self._seen: dict[str, KeyValue | None] = {}
         self._groups: dict[str, tuple[str, ...]] = {}
+        self._looked: set[str] = set()  # charges whose assignment key was read
+        self._gone: set[str] = set()  # those of them found absent
 
     def subjects(self, holder: str) -> tuple[str, ...]:
         """The quota subjects of ``holder`` (its unix groups as this machine knows them)."""
@@ -58,7 +76,22 @@ class QuotaLook:
         pool = self.policy.pool_of(entry.host)
         n = entry.count if entry.count is not None else len(entry.gpus or ())
         ask = ask_of_entry(self.policy, entry.host, n, entry.slots, entry.job)
-        return quota_refusal(self.policy, subjects, self._seen, pool.name if pool else "", ask)
+        where = pool.name if pool else ""
+        refused = quota_refusal(self.policy, subjects, self._seen, where, ask, self._gone)
+        if refused is None or refused.startswith("the quota counter"):
+            return refused
+        # Charges of assignments that vanished (a killed run's lease ran out) are
+        # given back by the holder's own next take: they put no one over quota.
+        listed = [c for c in charged_assignments(self._seen, subjects) if c not in self._looked]
+        if listed:
+            self._looked.update(listed)
+            try:
+                store, layout = self.allocator.store, self.allocator.layout
+                self._gone.update(absent_charges(store, layout, listed))
+            except PermissionDenied:  # a viewer who may not read them: counted as held
+                pass
+            refused = quota_refusal(self.policy, subjects, self._seen, where, ask, self._gone)
+        return refused
 
     def over_quota(self, waiting: Waiting) -> bool:
         """Whether ``waiting`` is skipped by the turn rule as over quota."""
@@ -144,6 +177,35 @@ def queue_lines(
     return lines
 
 
+def remove_entry(allocator: Allocator, host: str, name: str) -> QueueLine:
+    """Delete the queue entry ``name`` of ``host`` (a stuck one: no waiter will); what it was.
+
+    ``NotFound`` when there is none. The delete compares the entry's
+    revision, so it removes exactly what was read.
+    """
+    from allocator.errors import NotFound
+    from allocator.store import Delete
+
+    key = allocator.layout.queue_entry(host, name)
+    found = allocator.store.get(key)
+    if found is None:
+        raise NotFound(f"no queue entry {name!r} on {host} (`allocator queue` lists them)")
+    order = decode_queue([found], allocator.on_bad_record)
+    allocator.store.txn([Compare(key, found.mod_revision)], [Delete(key)])
+    entry = order[0].entry if order else None
+    return QueueLine(
+        0,
+        host,
+        entry.holder if entry else "",
+        entry.job if entry else "",
+        entry.requested if entry else "",
+        entry.since if entry else "",
+        entry.priority if entry else 0,
+        "removed",
+        name,
+    )
+
+
 def queue_prefix(layout: KeyLayout, host: str | None) -> str:
     """Where the queue of ``host`` (of every host: ``None``) is."""
     return layout.host_queue(host) if host else layout.queue
@@ -162,6 +224,11 @@ def _why(
 
     if policy is None or look is None:
         return "no policy applied"
+    if not waiting.leased:
+        return (
+            f"no lease: no waiter keeps it (allocator queue remove host={waiting.entry.host} "
+            f"entry={waiting.name})"
+        )
     over = look.refusal(waiting)
     if over is not None:
         return over
@@ -169,7 +236,13 @@ def _why(
     agent = state.agent
     try:
         request = Request(
-            job=entry.job, host=entry.host, gpus=entry.gpus, count=entry.count, slots=entry.slots
+            job=entry.job,
+            host=entry.host,
+            gpus=entry.gpus,
+            count=entry.count,
+            slots=entry.slots,
+            asker=entry_asker(policy, entry),
+            self_service=entry.self_service,
         )
         placed = place(
             policy,
@@ -183,21 +256,63 @@ def _why(
         return str(refused)
     if placed.mode == "cpu":
         return placed.fallback_reason or "no GPUs now"
-    ahead = blockers(order, waiting.key, placed.gpus, usable_gpus(policy, state), look.over_quota)
+    able = able_gpus(policy, state, now)
+    ahead = blockers(order, waiting.key, placed.gpus, able, look.over_quota)
     if ahead:
         first = ahead[0].entry
         return f"behind {first.job} ({first.holder}, {first.requested})"
     return "its turn: taking the GPUs"
 
 
-def usable_gpus(policy: Policy, state: HostSnapshot) -> int:
-    """How many GPUs ``state``'s host has that are healthy (what a count=N can ever use)."""
+def entry_asker(policy: Policy, entry: QueueEntry) -> tuple[str, ...]:
+    """Who asks for ``entry`` as reservations see it (its holder's groups on this machine)."""
+    from allocator.control.holder import asker_of, needs_groups
+
+    if not any(r.who for r in policy.reservations):
+        return ()
+    groups = unix_groups(entry.holder) if needs_groups(policy) else ()
+    return asker_of(policy, entry.holder, groups)
+
+
+def able_gpus(policy: Policy, state: HostSnapshot, now: datetime) -> Able:
+    """What each waiting request of ``state``'s host could be given now (its turn's "could use").
+
+    A ``count=N`` request: the host's healthy GPUs not reserved for others,
+    none when N is over its pool's per-job limit; a ``gpus=`` request: the
+    GPUs not reserved for others (naming an unhealthy GPU is allowed).
+    """
     from allocator.placement.choose import host_gpu_indices
+    from allocator.placement.reservations import reserved_against
 
     agent = state.agent
     inventory = agent.gpus if agent and agent.gpus else None
     try:
-        count = len(host_gpu_indices(policy, state.host, inventory))
+        indices = frozenset(host_gpu_indices(policy, state.host, inventory))
     except AllocatorError:
-        return 0
-    return count - (len(agent.unhealthy) if agent else 0)
+        indices = frozenset()
+    sick = frozenset(agent.unhealthy) if agent else frozenset()
+    pool = policy.pool_of(state.host)
+    limit = pool.max_gpus_per_job if pool is not None else None
+    known: dict[tuple[str, bool, str, bool], frozenset[int]] = {}
+
+    def able(entry: QueueEntry) -> frozenset[int]:
+        by_count = entry.count is not None
+        if by_count and limit is not None and (entry.count or 0) > limit:
+            return frozenset()
+        key = (entry.job, by_count, entry.holder, entry.self_service)
+        cached = known.get(key)
+        if cached is None:
+            reserved = reserved_against(
+                policy,
+                state.host,
+                entry.job,
+                now,
+                None,
+                entry_asker(policy, entry),
+                self_service=entry.self_service,
+            )
+            cached = indices - reserved.keys() - (sick if by_count else frozenset())
+            known[key] = cached
+        return cached
+
+    return able

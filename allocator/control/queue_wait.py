@@ -25,13 +25,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from allocator.control.queue_faults import Outage, default_sigterm, exit_on_sigterm
 from allocator.control.queue_order import blockers, decode_queue
 from allocator.errors import (
     AllocatorError,
+    AmbiguousWrite,
     CasConflict,
     ConflictError,
     LeaseLost,
     PlacementRefused,
+    StoreUnavailable,
 )
 from allocator.records.holders import QueueEntry
 from allocator.store import Compare, Delete, Op, Put, Read, Watch
@@ -45,7 +48,15 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-__all__ = ["QUEUE_TTL_S", "NotYourTurn", "WaitTimedOut", "wait_and_assign", "wait_in_queue"]
+__all__ = [
+    "QUEUE_TTL_S",
+    "NotYourTurn",
+    "PlaceAround",
+    "WaitTimedOut",
+    "queue_gate",
+    "wait_and_assign",
+    "wait_in_queue",
+]
 
 #: The lease of a queue entry: a dead waiter leaves the queue within this.
 QUEUE_TTL_S = 10.0
@@ -65,17 +76,33 @@ class WaitTimedOut(ConflictError):
         self.why = why
 
 
-class _Turn:
-    """The gate of one waiter's takes (see ``Allocator.assign``)."""
+class PlaceAround(NotYourTurn):
+    """A ``count=N`` take landed on GPUs a request ahead could use: place it around ``gpus``."""
 
-    def __init__(self, allocator: Allocator, host: str, asked_gpus: bool) -> None:
+    def __init__(self, message: str, gpus: frozenset[int]) -> None:
+        super().__init__(message)
+        self.gpus = gpus
+
+
+class _Turn:
+    """The gate of one request's takes (see ``Allocator.assign``).
+
+    ``queued``: the request waits in the queue (``--wait``); one that does
+    not is refused outright when a waiting request could use its GPUs (a
+    self-service request never passes the queue).
+    """
+
+    def __init__(self, allocator: Allocator, request: Request, *, queued: bool = True) -> None:
         self.allocator = allocator
-        self.host = host
-        self.asked_gpus = asked_gpus
+        self.host = request.host
+        self.asked_gpus = not request.cpu
+        self.by_count = request.count is not None
+        self.queued = queued
         self.me: str | None = None  # the entry's key once queued
 
     def __call__(self, state: HostSnapshot, placed: Placement) -> tuple[list[Compare], list[Op]]:
-        from allocator.control.queue_view import QuotaLook, usable_gpus
+        from allocator.control.queue_order import wanted_ahead
+        from allocator.control.queue_view import QuotaLook, able_gpus
 
         layout, store = self.allocator.layout, self.allocator.store
         if self.asked_gpus and placed.mode == "cpu":
@@ -97,19 +124,36 @@ class _Turn:
             ops.append(Delete(mine.key))
         policy = self.allocator.require_policy().policy
         look = QuotaLook(self.allocator, policy)
-        ahead = blockers(order, self.me, placed.gpus, usable_gpus(policy, state), look.over_quota)
+        able = able_gpus(policy, state, self.allocator.clock())
+        ahead = blockers(order, self.me, placed.gpus, able, look.over_quota)
         if ahead:
-            first = ahead[0].entry
-            raise NotYourTurn(
-                f"waiting behind {first.job} ({first.holder}, {first.requested or '?'})"
-            )
+            message = self._behind(ahead[0].entry)
+            every = sorted({g for w in order for g in able(w.entry)})
+            wanted = frozenset(wanted_ahead(order, self.me, every, able, look.over_quota))
+            if self.by_count and wanted:
+                raise PlaceAround(message, wanted)  # other GPUs may be free: try around them
+            raise NotYourTurn(message)
         compares += look.compares()
         return compares, ops
+
+    def _behind(self, first: QueueEntry) -> str:
+        who = f"{first.job} ({first.holder}, {first.requested or '?'})"
+        if self.queued:  # said after "waiting: " and "timed out waiting for ...: "
+            return f"behind {who}"
+        return f"a request waiting in the queue could use these GPUs: {who} (add --wait to queue)"
 
 
 def _revision(listing: object) -> int:
     items = getattr(listing, "items", ())
     return int(items[0].mod_revision) if items else 0
+
+
+def queue_gate(allocator: Allocator, request: Request) -> Gate:
+    """The gate of a self-service request that does not wait: refused while others queue."""
+    from allocator.records.codec import replace_struct
+
+    host = request.host or allocator.default_host(allocator.require_policy().policy)
+    return _Turn(allocator, replace_struct(request, host=host), queued=False)
 
 
 def wait_and_assign(
@@ -157,14 +201,16 @@ def wait_in_queue(
     from allocator.records.codec import replace_struct
 
     request = replace_struct(request, host=host)
-    turn = _Turn(allocator, host, not request.cpu)
+    turn = _Turn(allocator, request)
     deadline = None if timeout is None else clock() + timeout
     first = _try(allocator, take, turn)
     if not isinstance(first, str):
         return first
     why = first
     entry = _Entry(allocator, request, ttl)
+    outage = Outage(clock)
     try:
+        exit_on_sigterm()
         turn.me = entry.join()
         while True:
             if why:
@@ -175,14 +221,37 @@ def wait_in_queue(
                     f"timed out waiting for {request.describe()} on {host}: {why}", why
                 )
             entry.changes(min(RECHECK_S, left) if left is not None else RECHECK_S)
-            if entry.lost:
-                turn.me = entry.join()
-            found = _try(allocator, take, turn)
+            found = _round(allocator, take, turn, entry, outage)
             if not isinstance(found, str):
                 return found
             why = found
     finally:
         entry.leave()
+        default_sigterm()
+
+
+def _round(
+    allocator: Allocator, take: Callable[[Gate], T], turn: _Turn, entry: _Entry, outage: Outage
+) -> T | str:
+    """One try of a queued waiter (rejoining first if its entry was lost); else why not."""
+    try:
+        if entry.lost:
+            turn.me = entry.join()
+    except StoreUnavailable as down:
+        entry.lost = True  # the next join starts over: the lease it may have got is revoked
+        return outage.ride(down)
+    try:
+        found = _try(allocator, take, turn)
+    except AmbiguousWrite as down:
+        # The take deletes this entry in its own transaction: while the entry
+        # is there, the take did not land and the waiter may go on.
+        if turn.me is None or allocator.store.get(turn.me) is None:
+            raise
+        return outage.ride(down)
+    except StoreUnavailable as down:
+        return outage.ride(down)
+    outage.since = None
+    return found
 
 
 def _try(allocator: Allocator, take: Callable[[Gate], T], turn: _Turn) -> T | str:
@@ -233,9 +302,13 @@ class _Entry:
             count=request.count,
             slots=request.slots,
             priority=priority_of(
-                policy, allocator.holder, allocator.holder_groups(policy), request.job
+                policy,
+                allocator.holder,
+                allocator.holder_groups(policy),
+                None if request.self_service else request.job,
             ),
             requested=request.describe(),
+            self_service=request.self_service,
         )
         store.txn(
             [],

@@ -45,10 +45,12 @@ __all__ = [
     "MAX_HEALED",
     "Charge",
     "OverQuota",
+    "absent_charges",
     "ask_of_entry",
     "charge_name",
     "charged_assignments",
     "counter_key",
+    "damaged",
     "describe_quota",
     "heal_and_plan",
     "held_under",
@@ -109,9 +111,27 @@ def _decode(item: KeyValue | None, on_bad: Callable[[BadRecord], None]) -> Holde
         return HolderCount()
     try:
         return HolderCount.from_json(item.value)
-    except BadRecord as bad:  # damaged by hand: reported, then rewritten from zero
-        on_bad(bad)
+    except BadRecord as bad:  # damaged by hand: reported; a release rewrites it from zero
+        on_bad(BadRecord(item.key, bad.reason))
         return HolderCount()
+
+
+def damaged(subject: str, item: KeyValue | None) -> str | None:
+    """Why ``subject``'s counter cannot be read, or ``None``: a damaged one charges nothing more.
+
+    Read as zero it would let its subject take past the quota; so a write
+    that would charge it is refused until an operator repairs it.
+    """
+    if item is None:
+        return None
+    try:
+        HolderCount.from_json(item.value)
+    except BadRecord as bad:
+        return (
+            f"the quota counter of {subject} is damaged ({bad.reason}): it charges nothing "
+            f"more until an operator repairs or deletes {item.key}"
+        )
+    return None
 
 
 def charge_name(assignment: Assignment) -> str:
@@ -138,8 +158,12 @@ def plan_charge(
     touched = sorted({s for a in (*before, *after) for s in a.charged})
     compares: list[Compare] = []
     ops: list[Op] = []
+    adding = {s for a in after for s in a.charged}
     for subject in touched:
         item = counters.get(subject)
+        broken = damaged(subject, item) if subject in adding else None
+        if broken is not None:
+            raise OverQuota(broken)
         old = _decode(item, on_bad)
         charges = {n: c for n, c in old.charges.items() if n not in gone}
         base = HolderCount(charges=dict(charges))
@@ -218,13 +242,23 @@ def quota_refusal(
     counters: Mapping[str, KeyValue | None],
     pool: str,
     ask: tuple[int, int],
+    gone: Collection[str] = (),
 ) -> str | None:
-    """Why asking ``ask`` (GPUs, slots) more in ``pool`` is over a quota now, or ``None``."""
+    """Why asking ``ask`` (GPUs, slots) more in ``pool`` is over a quota now, or ``None``.
+
+    ``gone``: charges (``host/job``) whose assignment was found absent (a
+    killed ``run``'s lease expired): they count for nothing.
+    """
     mine = set(subjects)
     for quota in policy.quotas:
         if quota.who not in mine or (quota.pools and pool not in quota.pools):
             continue
-        held = held_under(quota, _decode(counters.get(quota.who), lambda _bad: None))
+        broken = damaged(quota.who, counters.get(quota.who))
+        if broken is not None:
+            return broken
+        count = _decode(counters.get(quota.who), lambda _bad: None)
+        live = {n: c for n, c in count.charges.items() if n not in gone}
+        held = held_under(quota, HolderCount(charges=live))
         for unit, have, more, limit in zip(
             ("GPUs", "slots"), held, ask, (quota.gpus, quota.slots), strict=True
         ):
@@ -245,15 +279,13 @@ def heal_and_plan(
     Reads the assignment keys the counters list (one request), and compares
     the absence of each one dropped; still over a quota: ``OverQuota``.
     """
-    layout, store = allocator.layout, allocator.store
+    layout = allocator.layout
     changing = {charge_name(a) for a in (*before, *after)}
     subjects = sorted({s for a in after for s in a.charged})
     listed = [n for n in charged_assignments(counters, subjects) if n not in changing]
     keys = [_assignment_key(layout, name) for name in listed]
-    found = store.read_many([Read(key) for key in keys if key]) if any(keys) else ()
-    present = {item.key for listing in found for item in listing.items}
-    gone = [n for n, k in zip(listed, keys, strict=True) if k is None or k not in present]
-    gone = gone[:MAX_HEALED]  # each costs a compare: enough to make room, within one transaction
+    # Each dropped charge costs a compare: enough to make room, within one transaction.
+    gone = absent_charges(allocator.store, layout, listed)[:MAX_HEALED]
     charge = plan_charge(
         policy, layout, counters, before, after, allocator.on_bad_record, gone=set(gone)
     )
@@ -262,6 +294,14 @@ def heal_and_plan(
         Compare(k, 0) for n, k in zip(listed, keys, strict=True) if n in dropped and k is not None
     ]
     return Charge([*charge.compares, *absent], charge.ops)
+
+
+def absent_charges(store: Store, layout: KeyLayout, names: Sequence[str]) -> list[str]:
+    """Which of the charges ``names`` (``host/job``) have no assignment key (one read)."""
+    keys = [_assignment_key(layout, name) for name in names]
+    found = store.read_many([Read(key) for key in keys if key]) if any(keys) else ()
+    present = {item.key for listing in found for item in listing.items}
+    return [n for n, k in zip(names, keys, strict=True) if k is None or k not in present]
 
 
 def _assignment_key(layout: KeyLayout, name: str) -> str | None:

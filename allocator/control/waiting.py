@@ -81,15 +81,22 @@ def _take(
     monotonic: Callable[[], float],
 ) -> Holding:
     from allocator.control.leased import hold
+    from allocator.control.queue_wait import WaitTimedOut, queue_gate, wait_in_queue
+    from allocator.records.codec import replace_struct
 
-    def attempt() -> Holding:
+    # Its asker picks its job name: reservations and priorities look at who asks.
+    request = replace_struct(request, self_service=True)
+
+    if wait is None:  # refused while a waiting request could use the GPUs: no one passes the queue
         return hold(
-            allocator, request, ttl=ttl, reason=reason, launched_by=launched_by, on_lost=on_lost
+            allocator,
+            request,
+            ttl=ttl,
+            reason=reason,
+            launched_by=launched_by,
+            on_lost=on_lost,
+            gate=queue_gate(allocator, request),
         )
-
-    if wait is None:
-        return attempt()
-    from allocator.control.queue_wait import WaitTimedOut, wait_in_queue
 
     def take(gate: Gate) -> Holding:
         return hold(

@@ -82,7 +82,8 @@ def run_checks(
     from allocator.gpus.vendors import read_host_inventory
 
     declared = _declared_count(policy, host)
-    inventory = read_host_inventory(declared, environ=environ)
+    said = policy.vendor_of(host) if policy is not None else None
+    inventory = read_host_inventory(declared, environ=environ, vendor=said)
     nvidia = inventory.vendor == "nvidia"
     library = nvml_findings(inventory, declared, environ) if nvidia else []
     findings = [

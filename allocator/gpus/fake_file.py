@@ -30,6 +30,7 @@ __all__ = [
     "FakeSystem",
     "default_mig_uuid",
     "default_pci_bus_id",
+    "default_unique_id",
     "default_uuid",
     "parse_fake_file",
 ]
@@ -77,6 +78,7 @@ _DEVICE_KEYS = {
     "utilization_gpu",
     "memory_used_mib",
     "processes",
+    "unique_id",
 }
 _MIG_KEYS = {"uuid", "name", "memory_total_mib"}
 _PROCESS_KEYS = {"pid", "used_memory_mib"}
@@ -127,6 +129,8 @@ class FakeDevice:
     utilization_gpu: int | None = 0  # percent; None: Not Supported (as on MIG GPUs)
     memory_used_mib: int = 0
     processes: tuple[FakeProcess, ...] = ()
+    #: AMD: the KFD topology's ``unique_id`` (0: the GPU reports none).
+    unique_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +149,11 @@ class FakeSystem:
 def default_uuid(index: int) -> str:
     """The UUID a fake GPU gets when the file gives none (stable per index)."""
     return f"GPU-00000000-0000-4000-8000-{index:012x}"
+
+
+def default_unique_id(index: int) -> int:
+    """The KFD ``unique_id`` a fake AMD GPU gets when the file gives none (never 0)."""
+    return 0x5E1F_0A2B_0000_0000 + index + 1
 
 
 def default_pci_bus_id(index: int) -> str:
@@ -268,7 +277,15 @@ def _device(item: Any, where: str) -> FakeDevice:
         utilization_gpu=_percent(data, "utilization_gpu", where),
         memory_used_mib=_typed(data, "memory_used_mib", int, 0, where),
         processes=_processes(data.get("processes", []), f"{where}.processes"),
+        unique_id=_unique_id(data, index, where),
     )
+
+
+def _unique_id(data: Mapping[str, Any], index: int, where: str) -> int:
+    value: int = _typed(data, "unique_id", int, default_unique_id(index), where)
+    if value >= 1 << 64:
+        raise _Bad(f"{where}.unique_id: must fit in 64 bits, got {value}")
+    return value
 
 
 def _cpu_affinity(data: Mapping[str, Any], where: str) -> frozenset[int] | None:

@@ -1,6 +1,9 @@
-"""The deep probe: create a CUDA context in a separate process, with a hard timeout.
+"""The deep probe: create a device context in a separate process, with a hard timeout.
 
-``torch.zeros(1, device="cuda")`` costs a CUDA context (hundreds of MB) and
+The probe creates one tensor on the worker's PyTorch device type and waits
+for it (:func:`probe_code`): ``cuda`` on NVIDIA and on AMD (PyTorch's ROCm
+build drives HIP devices as ``cuda``), ``xpu`` on Intel, ``mps`` on Apple
+silicon. ``torch.zeros(1, device="cuda")`` costs a CUDA context (hundreds of MB) and
 can hang forever on a bad GPU, so it never runs in the caller's process: it
 runs in a freshly executed Python in its own session
 (``start_new_session=True``), and when the timeout expires the whole
@@ -20,9 +23,22 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import IO
 
-__all__ = ["DEFAULT_PROBE_CODE", "ProbeResult", "default_probe_command", "run_deep_probe"]
+__all__ = [
+    "DEFAULT_PROBE_CODE",
+    "ProbeResult",
+    "default_probe_command",
+    "probe_code",
+    "run_deep_probe",
+]
 
 DEFAULT_PROBE_CODE = "import torch; torch.zeros(1, device='cuda'); torch.cuda.synchronize()"
+# Each device type's module has its own synchronize(); a tensor on the
+# device is what makes the runtime open it.
+_PROBE_CODE = {
+    "cuda": DEFAULT_PROBE_CODE,
+    "xpu": "import torch; torch.zeros(1, device='xpu'); torch.xpu.synchronize()",
+    "mps": "import torch; torch.zeros(1, device='mps'); torch.mps.synchronize()",
+}
 
 # After SIGKILL a process stuck in the driver (uninterruptible sleep) may
 # not die at once; wait this long for it before reporting it as stuck.
@@ -42,9 +58,18 @@ class ProbeResult:
     pid: int
 
 
-def default_probe_command() -> list[str]:
-    """The probe run when no command is given: this Python, creating a CUDA context."""
-    return [sys.executable, "-c", DEFAULT_PROBE_CODE]
+def probe_code(device_type: str = "cuda") -> str:
+    """The Python that opens a ``device_type`` device and waits for it.
+
+    ``cpu`` (and any type without a GPU runtime) gets the CUDA probe: a
+    worker with no GPU visible has nothing that can pass it.
+    """
+    return _PROBE_CODE.get(device_type, DEFAULT_PROBE_CODE)
+
+
+def default_probe_command(device_type: str = "cuda") -> list[str]:
+    """The probe run when no command is given: this Python, opening a ``device_type`` device."""
+    return [sys.executable, "-c", probe_code(device_type)]
 
 
 def run_deep_probe(

@@ -4,8 +4,12 @@ Which variables make a worker's devices visible is the vendor's business
 (:mod:`allocator.gpus.vendors`: ``CUDA_VISIBLE_DEVICES`` on NVIDIA,
 ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel, nothing on
 Apple); every worker also gets ``ALLOCATOR_VENDOR`` and ``ALLOCATOR_DEVICE``
-(the PyTorch device type: ``cuda``, ``xpu``, ``mps``, or ``cpu``). On NVIDIA,
-the rules, from how CUDA reads its environment:
+(the PyTorch device type: ``cuda``, ``xpu``, ``mps``, or ``cpu``). Intel's
+``ZE_AFFINITY_MASK`` filters but never reorders (Level Zero keeps the
+driver's order, PCI order here), so an Intel worker's GPUs are listed in PCI
+order, mask and ``ALLOCATOR_GPUS`` alike: ``xpu:0`` is the lowest-PCI
+assigned GPU, whatever order the assignment gave. On NVIDIA, the rules, from
+how CUDA reads its environment:
 
 * ``CUDA_VISIBLE_DEVICES`` lists the job's GPUs in the assignment's order
   (CUDA renumbers visible devices from 0 in listed order, so the first
@@ -25,6 +29,10 @@ the rules, from how CUDA reads its environment:
   is the empty string (never unset, never ``-1``), ``NVIDIA_VISIBLE_DEVICES=void``,
   ``ALLOCATOR_DEVICE=cpu``, ``ALLOCATOR_FALLBACK_REASON``, and
   ``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` from the job's fallback rule.
+* A job with ``container:`` runs each worker in a container holding exactly its
+  GPUs, which numbers them from 0: its visibility variables hold the
+  container's numbers, or ids its runtime takes (NVIDIA and AMD UUIDs), and
+  ``NVIDIA_VISIBLE_DEVICES=void`` (the engine injected the devices).
 * ``ALLOCATOR_GPU_COUNT``: how many GPUs the worker sees (0 on CPU), in
   every mode. ``workers: torchrun`` is one worker like ``single`` (the agent
   puts torchrun in front of its command).
@@ -141,23 +149,31 @@ def worker_environments(
             env.update(_rank_env(0, 1, master_addr, port, assignment.job, group))
         return [env]
     gpus = _checked_gpus(assignment)
+    if devices.name == "intel":
+        # Level Zero keeps its (PCI) order whatever the mask's: listing the GPUs in
+        # that order keeps ALLOCATOR_GPUS[i] the GPU that is xpu:i.
+        gpus = tuple(sorted(gpus))
     known = _known(inventory, gpus)
-    ids = devices.device_ids(gpus, known, policy.visible_devices == "uuid")
+    boxed = job is not None and job.container is not None
+    prefer_uuid = policy.visible_devices == "uuid"
     if per_gpu:
         return [
             {
                 **base,
-                **_gpu_env((gpu,), (ids[rank],), devices),
+                **_gpu_env(
+                    (gpu,), _ids((gpu,), known, prefer_uuid, devices, boxed), devices, boxed
+                ),
                 **_rank_env(rank, len(gpus), master_addr, port, assignment.job, group),
             }
             for rank, gpu in enumerate(gpus)
         ]
+    ids = _ids(gpus, known, prefer_uuid, devices, boxed)
     if len(gpus) > 1 and any(info.mig_enabled for info in known.values()):
         raise RequestError(
             f"job {assignment.job}: GPUs {_join(gpus)} in one worker include a MIG-enabled "
             "GPU; a process sees only one MIG device (assign it alone, or use workers: per-gpu)"
         )
-    return [{**base, **_gpu_env(gpus, tuple(ids), devices)}]
+    return [{**base, **_gpu_env(gpus, ids, devices, boxed)}]
 
 
 def render_exports(env: Mapping[str, str]) -> str:
@@ -200,9 +216,25 @@ def _known(inventory: Sequence[GpuInfo] | None, gpus: tuple[int, ...]) -> dict[i
     return {gpu: by_index[gpu] for gpu in gpus}
 
 
-def _gpu_env(gpus: Sequence[int], ids: Sequence[str], devices: DeviceVendor) -> dict[str, str]:
+def _ids(
+    gpus: Sequence[int],
+    known: Mapping[int, GpuInfo],
+    prefer_uuid: bool,
+    devices: DeviceVendor,
+    boxed: bool,
+) -> tuple[str, ...]:
+    """The visibility entries of ``gpus``: a container's own numbers (or ids its
+    runtime takes) when the worker runs in one, which holds exactly ``gpus``."""
+    if boxed:
+        return tuple(devices.container_ids(gpus, known, prefer_uuid))
+    return tuple(devices.device_ids(gpus, known, prefer_uuid))
+
+
+def _gpu_env(
+    gpus: Sequence[int], ids: Sequence[str], devices: DeviceVendor, boxed: bool
+) -> dict[str, str]:
     return {
-        **devices.visible_env(ids),
+        **(devices.container_env(ids) if boxed else devices.visible_env(ids)),
         "ALLOCATOR_DEVICE": devices.torch_device_type,
         "ALLOCATOR_GPUS": _join(gpus),
         "ALLOCATOR_GPU_COUNT": str(len(gpus)),

@@ -48,6 +48,7 @@ from allocator.placement.reservations import (
     describe_reservation,
     reserved_against,
     reserved_later,
+    unavailable_gpus,
 )
 from allocator.policy.model import Policy, Reservation, Sharing
 from allocator.records.gpu_info import GpuInfo
@@ -132,6 +133,9 @@ def gpu_blockers(
     inventory: Sequence[GpuInfo] | None = None,
     unhealthy: Mapping[int, str] | None = None,
     slots: int = 1,
+    asker: Sequence[str] = (),
+    *,
+    self_service: bool = False,
 ) -> dict[int, str]:
     """GPU index -> why ``job`` (asking ``slots``) cannot be given that GPU by ``count=N`` now.
 
@@ -144,7 +148,7 @@ def gpu_blockers(
     spec = policy.jobs.get(job)
     exclusive = spec is not None and spec.exclusive
     holdings = gpu_holdings(assignments)
-    reserved = reserved_against(policy, host, job, now)
+    reserved = reserved_against(policy, host, job, now, None, asker, self_service=self_service)
     sick = unhealthy or {}
     reasons: dict[int, str] = {}
     for gpu in indices:
@@ -158,36 +162,6 @@ def gpu_blockers(
         elif gpu in reserved:
             reasons[gpu] = describe_reservation(reserved[gpu])
     return reasons
-
-
-def unavailable_gpus(
-    policy: Policy,
-    assignment: Assignment,
-    unhealthy: Mapping[int, str],
-    now: datetime | None,
-) -> tuple[dict[int, str], bool]:
-    """Which of an assignment's GPUs it cannot use now, why, and whether a reservation is why.
-
-    The agent's decision at a window's start: a GPU held by a job the
-    reservation does not cover is unavailable to that job, like an unhealthy
-    one, so the job's fallback rule applies. ``now`` is the agent's clock;
-    ``None`` judges health alone. Reasons read ``unhealthy: XID 79`` or
-    ``reserved by 'r' for eval-* until ...``.
-    """
-    if assignment.mode != "gpu":
-        return {}, False
-    reserved = (
-        {}
-        if now is None
-        else reserved_against(policy, assignment.host, assignment.job, now, assignment.gpus)
-    )
-    reasons: dict[int, str] = {}
-    for gpu in assignment.gpus:
-        if gpu in unhealthy:
-            reasons[gpu] = f"unhealthy: {unhealthy[gpu]}"
-        elif gpu in reserved:
-            reasons[gpu] = describe_reservation(reserved[gpu])
-    return reasons, any(gpu in reserved for gpu in reasons)
 
 
 # --- wording -------------------------------------------------------------------
@@ -290,8 +264,9 @@ def _place_explicit(
     ask = ask_of(policy, request, len(gpus))
     sharing = pool_sharing(policy, host)
     holdings = gpu_holdings(assignments)
-    reserved = reserved_against(policy, host, job, now, gpus)
-    later = reserved_later(policy, host, job, now, gpus)
+    who = (request.asker, request.self_service)
+    reserved = reserved_against(policy, host, job, now, gpus, who[0], self_service=who[1])
+    later = reserved_later(policy, host, job, now, gpus, who[0], self_service=who[1])
     conflicts: list[str] = []
     notes: list[str] = []
     for gpu in gpus:
@@ -362,7 +337,16 @@ def _place_count(
             f"job '{job}' asks for {count} GPUs; {host} has {len(indices)} ({_ranges(indices)})"
         )
     blockers = gpu_blockers(
-        policy, host, job, assignments, now, inventory, unhealthy, slots=ask.slots
+        policy,
+        host,
+        job,
+        assignments,
+        now,
+        inventory,
+        unhealthy,
+        slots=ask.slots,
+        asker=request.asker,
+        self_service=request.self_service,
     )
     candidates = [g for g in indices if g not in blockers]
     if len(candidates) < count:
@@ -372,7 +356,9 @@ def _place_count(
             reason = f"not enough free GPUs on {host}: {shortage}"
             return Placement(gpus=(), mode="cpu", fallback_reason=reason)
         raise PlacementRefused(f"not enough free GPUs on {host} for job '{job}': {shortage}")
-    later = reserved_later(policy, host, job, now, candidates)
+    later = reserved_later(
+        policy, host, job, now, candidates, request.asker, self_service=request.self_service
+    )
     ranking = _ranking(policy, request, inventory, assignments, frozenset(later))
     chosen = ranking.choose(candidates, count)
     notes = tuple(_later_note(host, job, gpu, later[gpu]) for gpu in chosen if gpu in later)

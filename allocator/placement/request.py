@@ -27,7 +27,10 @@ class Request(Struct, frozen=True):
 
     ``slots`` is how many slots of each GPU of a shared pool the job takes
     (``None``: one); ``prefer="links"`` makes ``count=N`` in a shared pool
-    weigh links before free capacity. Construction validates the shape, so a
+    weigh links before free capacity. ``asker``: the subjects of who asks
+    (``user:``, ``team:``, ``unix:``), which reservations' ``who`` admit;
+    ``self_service``: a ``run``/``lease()`` request, whose job name its asker
+    picks, so reservations' job globs do not admit it. Construction validates the shape, so a
     malformed request never exists: :class:`RequestError` for an empty or
     duplicated GPU list, a negative index, ``count < 1``, slots out of range
     or on a CPU request, or not exactly one kind of request. A Struct (a
@@ -42,6 +45,8 @@ class Request(Struct, frozen=True):
     cpu: bool = False
     slots: int | None = None
     prefer: Prefer = "free"
+    asker: tuple[str, ...] = ()
+    self_service: bool = False
 
     def __post_init__(self) -> None:
         kinds = [k for k, v in (("gpus", self.gpus), ("count", self.count)) if v is not None]

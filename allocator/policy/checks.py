@@ -30,6 +30,7 @@ def check_policy(values: dict[str, Any], r: Reader) -> dict[str, Any]:
     _check_fleet_size(hosts, r)
     _check_reservations(values.get("reservations", ()), hosts, r)
     _check_jobs(values.get("jobs", {}), r)
+    _check_apple_containers(values.get("jobs", {}), hosts, pools, members, r)
     check_quotas(values, r)
     check_history_size(values, r)
     if hosts or pools:
@@ -194,6 +195,31 @@ def _windows_overlap(a: Reservation, b: Reservation) -> bool:
 
 def _iso(value: Any) -> str:
     return str(value.isoformat().replace("+00:00", "Z"))
+
+
+def _check_apple_containers(
+    jobs: dict[str, Job],
+    hosts: dict[str, Host],
+    pools: dict[str, Pool],
+    members: dict[str, tuple[str, str]],
+    r: Reader,
+) -> None:
+    """A container job in a fleet of Apple hosts only could never run: no engine on
+    macOS passes the GPU through (on a mixed fleet the agent refuses it on a Mac)."""
+
+    def vendor(name: str, host: Host) -> str | None:
+        pool = host.pool or members.get(name, ("", ""))[0]
+        return host.vendor or (pools[pool].vendor if pool in pools else None)
+
+    if not hosts or any(vendor(name, host) != "apple" for name, host in hosts.items()):
+        return
+    for job in jobs.values():
+        if job.container is not None:
+            r.error_on(
+                f"{r.origins[id(job)]}.container",
+                "every host is an Apple one, and no container engine passes an Apple GPU "
+                "through; run the job without container:",
+            )
 
 
 def _check_jobs(jobs: dict[str, Job], r: Reader) -> None:

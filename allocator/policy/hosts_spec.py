@@ -5,6 +5,7 @@ from __future__ import annotations
 from allocator.policy.host_fields import HostList
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import Host, Pool, Reservation
+from allocator.policy.quotas_spec import Subject
 from allocator.policy.sharing_field import SharingKind
 from allocator.policy.spec_bounds import GPU_LIMIT, MAX_GLOBS, MAX_HOST_GPUS, MAX_HOSTS
 from allocator.policy.yamlspec.kinds import Enum, Glob, Int, Name, Timestamp
@@ -15,6 +16,12 @@ __all__ = ["HOST", "POOL", "RESERVATION"]
 
 #: The GPU vendors a host or pool may name (those of allocator.gpus.vendors).
 _VENDOR = Enum("nvidia", "amd", "intel", "apple")
+_CDI_NAMES = Enum("card", "pci")
+_CDI_NAMES_HELP = (
+    "How the host's CDI spec names Intel GPUs, for container jobs: card (card<N>, the "
+    "default of Intel's device plugins' generator) or pci (0000-03-00-0-0x56c0, the default "
+    "of Intel's DRA driver). Other vendors have one naming."
+)
 
 HOST = Record(
     Host,
@@ -37,6 +44,7 @@ HOST = Record(
             "Whose GPUs the host has (nvidia, amd, intel, apple; the pool's when absent). "
             "The agent detects its vendor; status and doctor report a mismatch.",
         ),
+        Field("cdi_names", _CDI_NAMES, _CDI_NAMES_HELP + " The pool's when absent."),
     ),
     description="A host and its declared GPU inventory.",
 )
@@ -65,6 +73,7 @@ POOL = Record(
         ),
         Field("idle", IDLE, "Idle-holder rule for jobs on this pool's hosts."),
         Field("vendor", _VENDOR, "Whose GPUs this pool's hosts have (a host may say its own)."),
+        Field("cdi_names", _CDI_NAMES, _CDI_NAMES_HELP + " A host may say its own."),
     ),
     description="A group of hosts sharing placement rules.",
 )
@@ -88,10 +97,16 @@ RESERVATION = Record(
         ),
         Field(
             "for",
-            ListOf(Glob(), min_items=1, max_items=MAX_GLOBS, unique=True, label="glob"),
-            "Job-name globs (fnmatch, case-sensitive) that may use the reserved GPUs.",
-            required=True,
+            ListOf(Glob(), min_items=0, max_items=MAX_GLOBS, unique=True, label="glob"),
+            "Job-name globs (fnmatch, case-sensitive) whose operator-set jobs may use the "
+            "reserved GPUs (never a self-service run or lease, whose job name its asker picks).",
             attr="for_jobs",
+        ),
+        Field(
+            "who",
+            ListOf(Subject(), min_items=0, max_items=1000, unique=True, label="subject"),
+            "Subjects (user:NAME, team:NAME, unix:GROUP) whose requests, self-service "
+            "included, may use the reserved GPUs.",
         ),
         Field(
             "start",

@@ -16,7 +16,7 @@ decodes a compiled policy, a millisecond of every ``set``.
 """
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Literal
 
@@ -56,6 +56,7 @@ VisibleDevices = Literal["uuid", "index"]
 IdleAction = Literal["warn", "release", "none"]
 ContainerEngine = Literal["podman", "docker"]
 ContainerDevices = Literal["cdi", "gpus"]
+CdiNames = Literal["card", "pci"]
 
 
 class IdleRule(Struct, frozen=True, omit_defaults=True):
@@ -82,6 +83,7 @@ class Host(Struct, frozen=True, omit_defaults=True):
     gpus: int
     pool: str | None = None
     vendor: str | None = None  # nvidia, amd, intel, apple; None: the pool's, or any
+    cdi_names: CdiNames | None = None  # how its CDI spec names Intel GPUs; None: the pool's
 
 
 class Sharing(Struct, frozen=True, omit_defaults=True):
@@ -117,17 +119,24 @@ class Pool(Struct, frozen=True, omit_defaults=True):
     max_gpus_per_job: int | None = None
     idle: IdleRule | None = None
     vendor: str | None = None  # the vendor of every host of the pool
+    cdi_names: CdiNames | None = None  # how its hosts' CDI specs name Intel GPUs
 
 
 class Reservation(Struct, frozen=True, omit_defaults=True):
-    """GPUs on one host kept for jobs matching ``for_jobs`` during a window."""
+    """GPUs on one host kept during a window for jobs matching ``for_jobs`` or for ``who``.
+
+    Job-name globs admit an operator's ``set``; a self-service request
+    (``run``, ``lease()``, whose job name its asker picks) is admitted only
+    by ``who`` (subjects: ``user:``, ``team:``, ``unix:``), as is anyone's.
+    """
 
     name: str
     host: str
     gpus: tuple[int, ...]
-    for_jobs: tuple[str, ...]
+    for_jobs: tuple[str, ...] = ()
     start: datetime | None = None
     until: datetime | None = None
+    who: tuple[str, ...] = ()
 
     def active(self, now: datetime) -> bool:
         """Whether the reservation applies at ``now`` (start inclusive, until exclusive)."""
@@ -135,9 +144,16 @@ class Reservation(Struct, frozen=True, omit_defaults=True):
             return False
         return not (self.until is not None and now >= self.until)
 
-    def admits(self, job: str) -> bool:
-        """Whether ``job`` matches one of the reservation's globs."""
-        return any(fnmatch.fnmatchcase(job, pattern) for pattern in self.for_jobs)
+    def admits(self, job: str, asker: Sequence[str] = (), *, self_service: bool = False) -> bool:
+        """Whether a request for ``job`` by subjects ``asker`` may use the reserved GPUs."""
+        if not self.who_set.isdisjoint(asker):
+            return True
+        return not self_service and any(fnmatch.fnmatchcase(job, p) for p in self.for_jobs)
+
+    @property
+    def who_set(self) -> frozenset[str]:
+        """``who`` as a set."""
+        return frozenset(self.who)
 
 
 class FallbackRule(Struct, frozen=True, omit_defaults=True):
@@ -153,7 +169,8 @@ class Container(Struct, frozen=True, omit_defaults=True):
 
     ``devices``: ``cdi`` names each GPU by its CDI name (``nvidia.com/gpu=UUID``);
     ``gpus`` uses docker's ``--gpus`` (NVIDIA's container toolkit, no CDI).
-    ``None``: ``cdi`` under podman, ``gpus`` under docker.
+    ``None``: ``gpus`` under docker on an NVIDIA host, else ``cdi`` (docker's
+    ``--gpus`` reaches only NVIDIA's toolkit; docker 25 and later take CDI names).
     """
 
     image: str
@@ -162,12 +179,11 @@ class Container(Struct, frozen=True, omit_defaults=True):
     mounts: tuple[str, ...] = ()
     devices: ContainerDevices | None = None
 
-    @property
-    def device_naming(self) -> ContainerDevices:
-        """How the engine is told the devices: the field, else the engine's usual way."""
+    def device_naming(self, vendor: str) -> ContainerDevices:
+        """How the engine is told a ``vendor``'s devices: the field, else the engine's usual way."""
         if self.devices is not None:
             return self.devices
-        return "gpus" if self.engine == "docker" else "cdi"
+        return "gpus" if self.engine == "docker" and vendor == "nvidia" else "cdi"
 
 
 class Job(Struct, frozen=True, omit_defaults=True):
@@ -231,10 +247,14 @@ class HistorySettings(Struct, frozen=True, omit_defaults=True):
 
 
 class Team(Struct, frozen=True, omit_defaults=True):
-    """A named group of users, for quotas and priorities (``team:NAME``)."""
+    """A named group of users, for quotas and priorities (``team:NAME``).
+
+    ``operators``: users who may change or release what the members hold.
+    """
 
     name: str
     members: tuple[str, ...] = ()
+    operators: tuple[str, ...] = ()
 
 
 class Quota(Struct, frozen=True, omit_defaults=True):
@@ -274,6 +294,7 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     teams: Mapping[str, Team] = field(default_factory=dict)
     quotas: tuple[Quota, ...] = ()
     priorities: tuple[PriorityRule, ...] = ()
+    operators: tuple[str, ...] = ()
 
     def vendor_of(self, host: str) -> str | None:
         """The GPU vendor the policy says ``host`` has (its own, else its pool's)."""
@@ -282,6 +303,15 @@ class Policy(Struct, frozen=True, omit_defaults=True):
             return declared.vendor
         pool = self.pool_of(host)
         return pool.vendor if pool is not None else None
+
+    def cdi_names_of(self, host: str) -> CdiNames:
+        """How ``host``'s CDI spec names its GPUs where the vendor has two namings
+        (its own say, else its pool's, else ``card``, Intel's generator's default)."""
+        declared = self.hosts.get(host)
+        if declared is not None and declared.cdi_names is not None:
+            return declared.cdi_names
+        pool = self.pool_of(host)
+        return pool.cdi_names if pool is not None and pool.cdi_names is not None else "card"
 
     def names_host(self, host: str) -> bool:
         """Whether ``host`` is one of the policy's: in ``hosts``, a pool or a reservation.

@@ -18,7 +18,15 @@ from allocator.policy.yamlspec.structures import Field, ListOf, Record
 if TYPE_CHECKING:
     from yaml.nodes import Node
 
-__all__ = ["MAX_QUOTA", "PRIORITY", "QUOTA", "SUBJECT_KINDS", "TEAM", "check_quotas"]
+__all__ = [
+    "MAX_QUOTA",
+    "OPERATORS",
+    "PRIORITY",
+    "QUOTA",
+    "SUBJECT_KINDS",
+    "TEAM",
+    "check_quotas",
+]
 
 #: More GPUs (or slots) than one holder could ever hold: a typo's bound.
 MAX_QUOTA = 1_000_000
@@ -46,6 +54,8 @@ class Subject(Str):
 
 
 _SUBJECTS = ListOf(Subject(), min_items=1, max_items=1000, unique=True, label="subject")
+#: The policy's ``operators``: who may change or release anyone's assignments.
+OPERATORS = ListOf(Subject(), max_items=1000, unique=True, label="subject")
 
 TEAM = Record(
     Team,
@@ -54,6 +64,11 @@ TEAM = Record(
             "members",
             ListOf(Name("user"), unique=True, label="member", max_items=10_000),
             "User names of the team's members (the holder names of their requests).",
+        ),
+        Field(
+            "operators",
+            ListOf(Name("user"), unique=True, label="operator", max_items=1000),
+            "Users who may change or release what the team's members hold.",
         ),
     ),
     description="A named group of users (team:NAME in quotas and priorities).",
@@ -103,7 +118,7 @@ PRIORITY = Record(
 
 
 def check_quotas(values: dict[str, Any], r: Reader) -> None:
-    """Report quotas and priorities naming unknown teams or pools, and empty quotas."""
+    """Report quotas, priorities and reservations naming unknown teams or pools, or no one."""
     teams = set(r.declared.get("teams", []))
     pools = set(r.declared.get("pools", []))
     seen: dict[tuple[str, tuple[str, ...]], int] = {}
@@ -125,6 +140,15 @@ def check_quotas(values: dict[str, Any], r: Reader) -> None:
             _check_subject(who, teams, path, r)
         if not rule.who and not rule.jobs:
             r.error_on(path, "a priority rule needs who, jobs or both")
+    for index, reservation in enumerate(values.get("reservations", ())):
+        path = r.item_path("reservations", index)
+        for who in reservation.who:
+            _check_subject(who, teams, path, r)
+        refused = any((e.field or "").startswith(f"{path}.for") for e in r.errors)
+        if not reservation.who and not reservation.for_jobs and not refused:  # else reported
+            r.error_on(path, "a reservation needs for, who or both")
+    for who in values.get("operators", ()):
+        _check_subject(who, teams, "operators", r)
 
 
 def _check_subject(who: str, teams: set[str], path: str, r: Reader) -> None:

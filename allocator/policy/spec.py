@@ -18,7 +18,7 @@ from allocator.policy.host_fields import HostMap
 from allocator.policy.hosts_spec import HOST, POOL, RESERVATION
 from allocator.policy.jobs_spec import FALLBACK, JOB
 from allocator.policy.model import Policy
-from allocator.policy.quotas_spec import PRIORITY, QUOTA, TEAM
+from allocator.policy.quotas_spec import OPERATORS, PRIORITY, QUOTA, TEAM
 from allocator.policy.spec_bounds import MAX_HOSTS, MAX_JOBS, MAX_RESERVATIONS, MAX_SMALL_SECTION
 from allocator.policy.yamlspec.kinds import Const, Enum
 from allocator.policy.yamlspec.structures import Field, ListOf, NameMap, Record
@@ -86,6 +86,12 @@ POLICY = Record(
             "priorities",
             ListOf(PRIORITY, label="priority rule", max_items=MAX_SMALL_SECTION),
             "Wait-queue priorities (allocator set --wait).",
+            nullable=True,
+        ),
+        Field(
+            "operators",
+            OPERATORS,
+            "Subjects who may change or release anyone's assignments (docs/queue.md).",
             nullable=True,
         ),
     ),

@@ -57,6 +57,10 @@ class GpuInfo(msgspec.Struct, frozen=True):
     pcie_levels: Annotated[
         tuple[PcieLevel | None, ...], msgspec.Meta(max_length=MAX_GPU_INDEX + 1)
     ] = ()
+    #: Its DRM card number (``/dev/dri/card<N>``) and PCI device id (``0x56c0``), where the
+    #: device layer reads them (Intel's sysfs): what Intel's CDI generators name a GPU by.
+    drm_card: Count | None = None
+    pci_device_id: Text | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-ready dict."""

@@ -74,6 +74,7 @@ class QueueEntry(msgspec.Struct, frozen=True):
     slots: Slots | None = None
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
     requested: Text = ""
+    self_service: bool = False  # run / lease(): reservations and priorities bind to the holder
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

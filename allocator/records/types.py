@@ -98,6 +98,9 @@ class Assignment(msgspec.Struct, frozen=True):
     #: its release gives back to exactly these (:mod:`allocator.control.quotas`).
     charged: Annotated[tuple[Text, ...], msgspec.Meta(max_length=64)] = ()
     run: RunHolder | None = None
+    #: The holder's subjects that the policy's reservations named when it was
+    #: written (``team:infra``, ``unix:gpu``): a reservation's ``who`` admits by them.
+    asker: Annotated[tuple[Text, ...], msgspec.Meta(max_length=64)] = ()
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

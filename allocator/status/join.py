@@ -15,9 +15,7 @@ is leased, so it exists exactly while the agent keeps its lease alive.
   reach the store, with workers it ran);
 * ``none``: no key and nothing recorded.
 
-A job across several hosts is also shown as one (:func:`group_status`): its
-nodes in rank order, its MASTER_PORT, and per share the GPUs, the agent's
-state (a share whose agent is ``gone`` says so) and what the workers do.
+A job across several hosts is also shown as one (:func:`group_status`).
 """
 
 from __future__ import annotations
@@ -138,14 +136,26 @@ class GroupStatus(msgspec.Struct, frozen=True):
 
     def summary(self) -> str:
         """One line: ``train across node1,node2 (MASTER_PORT 2345): node1 rank 0 ...``."""
-        parts = []
-        for share in self.shares:
-            held = {"": "NO SHARE", "cpu": "cpu"}.get(share.gpus, f"gpus {share.gpus}")
-            agent = "" if share.agent == "alive" else f" AGENT {share.agent.upper()}"
-            sync = "" if share.matches is not False else " (NOT in sync)"
-            parts.append(f"{share.host} rank {share.rank} {held}{agent}: {share.workers}{sync}")
         port = f" (MASTER_PORT {self.master_port})" if self.master_port else ""
-        return f"{self.job} across {','.join(self.nodes)}{port}: " + "; ".join(parts)
+        parts = "; ".join(map(_share_text, self.shares))
+        return f"{self.job} across {','.join(self.nodes)}{port}: {parts}"
+
+
+def _share_text(share: GroupShare) -> str:
+    """``node2 rank 1 gpus 0,1: running pid 11``, saying so when no agent stands behind it."""
+    held = {"": "NO SHARE", "cpu": "cpu"}.get(share.gpus, f"gpus {share.gpus}")
+    head = f"{share.host} rank {share.rank} {held}"
+    if share.agent == "none":  # nothing recorded there at all: no workers to speak of
+        return f"{head}, no agent"
+    agent = "" if share.agent == "alive" else f", agent {share.agent}"
+    if not share.gpus:
+        return f"{head}{agent}"
+    if share.workers == "-":
+        return f"{head}{agent}: no worker reported"
+    if share.agent in ("gone", "unleased"):  # the record outlived its agent: no sync to claim
+        return f"{head}, AGENT {share.agent.upper()}: last reported {share.workers}"
+    sync = " (NOT in sync)" if share.matches is False else ""
+    return f"{head}{agent}: {share.workers}{sync}"
 
 
 class HostStatus(msgspec.Struct, frozen=True):
@@ -160,6 +170,9 @@ class HostStatus(msgspec.Struct, frozen=True):
     vendor: str = ""
     #: The policy's vendor for the host against the agent's finding, when they differ.
     vendor_mismatch: str = ""
+    #: Where the agent's GPU list came from (``nvml``, ``amdsmi``, ...; ``declared``: no
+    #: library answered and the policy's count stands in; ``none``); "" with no agent record.
+    inventory: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON/YAML-ready form: every field, rows as dicts (copies: the caller may edit them)."""
@@ -266,7 +279,11 @@ def _host_status(
     holders = {index: [hold.job for hold in holds] for index, holds in holdings.items()}
     sharing = pool_sharing(policy, snapshot.host) if policy is not None else Sharing()
     reservations = _reservation_labels(policy, snapshot.host, now)
-    outside = trespassers(policy, snapshot.host, holders, now) if policy is not None else {}
+    outside = (
+        trespassers(policy, snapshot.host, holders, now, snapshot.assignments)
+        if policy is not None
+        else {}
+    )
     idle = {
         job: idle_info(policy, snapshot.host, job, snapshot.workers.get(job), now)
         for job in snapshot.assignments
@@ -300,7 +317,8 @@ def _host_status(
     job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
     vendor, mismatch = _vendor(policy, snapshot)
-    return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad, vendor, mismatch)
+    source = snapshot.agent.inventory_source if snapshot.agent is not None else ""
+    return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad, vendor, mismatch, source)
 
 
 def _vendor(policy: Policy | None, snapshot: HostSnapshot) -> tuple[str, str]:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping
 
-from allocator.store.urls import redact_urls, url_secrets
+from allocator.store.urls import SECRET_WORDS, redact_urls, url_secrets
 
 __all__ = [
     "MASK",
@@ -46,6 +46,7 @@ __all__ = [
     "is_store_credential",
     "known_secrets",
     "redact",
+    "redact_args",
     "remember_secret",
     "remember_url",
     "secrets_in_environment",
@@ -104,6 +105,37 @@ def redact(text: str, extra: Iterable[str] = ()) -> str:
         elif text == secret:
             text = MASK
     return text
+
+
+def redact_args(argv: Iterable[str]) -> list[str]:
+    """A command line as it may be recorded: what :func:`redact` masks, and secret options.
+
+    ``--token=T``, ``TOKEN=T`` (any name holding a secret word, or ending
+    in ``key``) keep their name and lose their value; ``--password P``
+    loses the word after the option. The command itself never sees this.
+    """
+    masked: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            masked.append(MASK)
+            hide_next = False
+            continue
+        name, equals, _ = arg.partition("=")
+        if _names_secret(name):
+            masked.append(f"{name}={MASK}" if equals else arg)
+            hide_next = not equals and arg.startswith("-")
+            continue
+        masked.append(redact(arg))
+    return masked
+
+
+def _names_secret(name: str) -> bool:
+    """Whether an option or variable name says its value is secret (``--api-key``, ``HF_TOKEN``)."""
+    lowered = name.lstrip("-").lower()
+    if not lowered or not all(c.isalnum() or c in "_.-" for c in lowered):
+        return False  # not a name: a URL, a sentence
+    return any(word in lowered for word in SECRET_WORDS) or lowered.endswith("key")
 
 
 def secrets_in_environment(environ: Mapping[str, str]) -> frozenset[str]:

@@ -23,6 +23,7 @@ from allocator.errors import StoreConfigError
 __all__ = [
     "MAX_URL_LENGTH",
     "SCHEMES",
+    "SECRET_WORDS",
     "SQLITE_MODES",
     "SqliteUrl",
     "is_valid_host",
@@ -43,7 +44,8 @@ SQLITE_MODES = ("ro", "rw", "rwc")
 
 _MASK = "***"
 # Query parameters whose value is a secret (matched case-insensitively, as a substring).
-_SECRET_PARAMS = ("password", "passwd", "pwd", "token", "secret", "auth")
+SECRET_WORDS = ("password", "passwd", "pwd", "token", "secret", "auth")
+_SECRET_PARAMS = SECRET_WORDS
 # name=value after "?", "&" or ";" (or at the start), the name holding a secret word.
 _SECRET_PARAM = re.compile(
     r"((?:^|[?&;])[^=&;?#\s]*(?:" + "|".join(_SECRET_PARAMS) + r")[^=&;?#\s]*=)[^&;#\s]*",

@@ -30,6 +30,8 @@ def world(tmp_path: Path, store_url: str, prefix: str) -> Iterator[AgentHarness]
         "kept": _job("kept", tmp_path, "--exit-after", "0.2"),
         "once": _job("once", tmp_path, "--exit-after", "0.2", "--exit-code", "3", restart="never"),
         "again": _job("again", tmp_path, "--exit-after", "0.2", "--exit-code", "1", **quick),
+        "long": _job("long", tmp_path, "--exit-after", "1.5"),
+        "longdone": _job("longdone", tmp_path, "--exit-after", "1.5", release_on_exit=True),
     }
     policy["jobs"].update(ends)
     with harness.running(policy=policy):
@@ -82,3 +84,31 @@ def test_on_failure_restarts_a_non_zero_exit_only(world: AgentHarness) -> None:
     assert record.message == "finished (exit 0)"
     assert len(_starts(world, "kept")) == 1
     assert world.cli("get", "job=kept").code == 0  # kept its GPUs (no release_on_exit)
+
+
+def _after_another_reconcile(world: AgentHarness) -> None:
+    """Wait until the agent has planned again since now: a job set now has started."""
+    assert world.cli("set", "job=kept", "gpus=3").code == 0
+    wait_for("a later job's start", lambda: _starts(world, "kept"))
+
+
+@pytest.mark.parametrize("again", [("gpus=0",), ("count=1",)])
+def test_a_job_set_again_while_it_runs_runs_once(world: AgentHarness, again: tuple[str]) -> None:
+    assert world.cli("set", "job=long", "gpus=0").code == 0
+    wait_for("the job to run", lambda: _state(world, "long", "running"))
+    assert world.cli("set", "job=long", *again).code == 0  # the same GPU: nothing to change
+    wait_for("the job to finish", lambda: _state(world, "long", "finished"))
+    _after_another_reconcile(world)
+    assert len(_starts(world, "long")) == 1
+
+
+def test_a_release_on_exit_job_set_again_while_it_runs_is_released_once(
+    world: AgentHarness,
+) -> None:
+    assert world.cli("set", "job=longdone", "gpus=1").code == 0
+    wait_for("the job to run", lambda: _state(world, "longdone", "running"))
+    assert world.cli("set", "job=longdone", "gpus=1").code == 0
+    wait_for("the finished job's release", lambda: world.cli("get", "job=longdone").code == 6)
+    _after_another_reconcile(world)
+    assert len(_starts(world, "longdone")) == 1
+    assert world.events("exit-released", job="longdone")

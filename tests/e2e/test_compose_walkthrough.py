@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,11 +26,40 @@ COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
 
 
 def _walkthrough() -> list[list[str]]:
-    """The `docker compose exec|run --rm agent allocator ...` lines of the file's header."""
+    """The `docker-compose exec|run --rm agent allocator ...` lines of the file's header."""
     header = (REPO / "docker-compose.yml").read_text().split("services:")[0]
-    line = r"^#[ \t]+docker compose (?:exec|run --rm) agent (allocator [^#\n]+?)[ \t]*(?:#[^\n]*)?$"
+    line = r"^#[ \t]+docker-compose (?:exec|run --rm) agent (allocator [^#\n]+?)[ \t]*(?:#[^\n]*)?$"
     found = re.findall(line, header, re.M)
     return [line.split() for line in found]
+
+
+def _compose_lines() -> list[list[str]]:
+    """The compose command lines of the header (``docker-compose ...``), from the subcommand on."""
+    header = (REPO / "docker-compose.yml").read_text().split("services:")[0]
+    found = re.findall(r"^#[ \t]+docker-compose (.+?)[ \t]*(?:#[^\n]*)?$", header, re.M)
+    return [shlex.split(line) for line in found]
+
+
+def test_the_walkthrough_takes_only_options_the_installed_compose_knows() -> None:
+    """The test servers install Debian's docker-compose (v1; Debian ships no Compose v2): each
+    option the walk-through gives, global or of its subcommand, is one its help lists."""
+    compose = shutil.which("docker-compose")
+    assert compose is not None, "docker-compose is missing: run tools/install-test-servers"
+    lines = _compose_lines()
+    assert len(lines) >= 6
+    helps: dict[str, str] = {}
+    for sub, *rest in lines:
+        helps.setdefault(sub, _help(compose, sub))
+        for word in (w for w in rest if w.startswith("-")):
+            assert re.search(rf"(^|[\s,]){re.escape(word)}\b", helps[sub]), (sub, word)
+
+
+def _help(compose: str, *sub: str) -> str:
+    ran = subprocess.run(
+        [compose, *sub, "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
 
 
 def _health(harness: AgentHarness) -> int:

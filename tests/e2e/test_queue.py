@@ -297,3 +297,17 @@ def test_run_and_set_wait_in_one_queue_in_arrival_order(
         if ran.poll() is None:
             ran.kill()
         ran.communicate()
+
+
+def test_a_waiter_says_once_whom_it_waits_behind(
+    cli: Cli, tmp_path: Path, client: Allocator, waiter: Waiters
+) -> None:
+    _apply(cli, tmp_path, gpus=2, quota=100)
+    assert cli("set", "job=blocker", "count=1").code == 0
+    big = waiter("job=big", "count=2", "--wait=120s")  # first in line, for both GPUs
+    wait_for("big in the queue", lambda: _queued(client) == ["big"], 60)
+    small = cli("set", "job=small", "count=1", "--wait=1s")
+    assert small.code == 3
+    assert "waiting: behind big (" in small.err, small.err
+    assert "waiting behind" not in small.err, small.err
+    big.kill()

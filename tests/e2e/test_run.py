@@ -56,6 +56,13 @@ def _holds(cli: Cli, job: str) -> bool:
     return cli("get", f"job={job}").code == 0
 
 
+def _queued(cli: Cli) -> list[str]:
+    """The jobs waiting on node1, in queue order (a waiter refused once has its entry there)."""
+    result = cli("queue", "host=node1", "-o", "json")
+    assert result.code == 0, result.err
+    return [line["job"] for line in json.loads(result.out)["queue"]]
+
+
 def _last_release(cli: Cli, job: str) -> dict[str, object]:
     result = cli("history", f"job={job}", "-o", "json")
     assert result.code == 0, result.err
@@ -198,7 +205,7 @@ def test_wait_starts_the_moment_the_gpus_are_released_and_times_out_naming_them(
         "-c",
         f"open({str(started)!r}, 'w').write('x')",
     )
-    time.sleep(0.5)  # give it time to be refused at least once (not a wait for a result)
+    wait_for("next in the queue", lambda: _queued(applied) == ["next"], 60)
     assert not started.exists()
     assert applied("release", "job=train").code == 0
     released = time.monotonic()
@@ -294,7 +301,7 @@ def test_a_second_run_waiting_for_the_same_gpus_starts_the_moment_the_first_exit
     wait_for("the first run to hold the GPUs", lambda: _holds(applied, "first"))
     waiter = _start(cli_env, popen, "job=second", *TAKE_ALL, "--wait=60s", "--", sys.executable,
                     "-c", f"open({str(second)!r}, 'w').write('x')")  # fmt: skip
-    time.sleep(0.5)  # let it be refused (nothing to poll for: refusing writes nothing)
+    wait_for("second in the queue", lambda: _queued(applied) == ["second"], 60)
     assert waiter.poll() is None and not _holds(applied, "second") and not second.exists()
     go.write_text("")
     assert first.wait(15) == 0

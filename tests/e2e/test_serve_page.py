@@ -89,6 +89,21 @@ def _pixel(page: Any, host: str, gpu: int) -> list[int]:
     )
 
 
+def _inked(page: Any, host: str) -> bool:
+    """Whether text is drawn where ``host``'s name goes: dark pixels in its label's box."""
+    return page.evaluate(  # type: ignore[no-any-return]
+        """(host) => {
+            const dpr = window.devicePixelRatio || 1;
+            const box = heatmap.labelBox(heatmap.byName.get(host));
+            const data = $("heatmap").getContext("2d").getImageData(
+                box.x * dpr, box.y * dpr, box.w * dpr, box.h * dpr).data;
+            for (let i = 0; i < data.length; i += 4) if (data[i] < 120) return true;
+            return false;
+        }""",
+        host,
+    )
+
+
 def _colour(page: Any, state: str, dim: bool = False) -> list[int]:
     hex_colour: str = page.evaluate(
         "([s, dim]) => dim ? dimmed(STATE_COLOURS[s]) : STATE_COLOURS[s]", [state, dim]
@@ -132,6 +147,8 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
             "node2": ["held", "held", "held"] + ["free"] * 5,
         }
         wait_for("the page to draw the same", lambda: _drawn(page, "states")["idle"] == 1)
+        assert page.get_attribute("#heatmap", "data-host-labels") == "2"
+        assert all(_inked(page, host) for host in grid)  # each name drawn above its cells
         assert _drawn(page, "states") | {"unknown": 0} == {
             "free": 6, "held": 4, "idle": 1, "unassigned": 1, "unhealthy": 0,
             "fallback": 0, "reserved": 0, "unknown": 0,
@@ -179,7 +196,7 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         _filter(page, "#f-host", "", "", matching=12)
         page.focus("#heatmap")  # the keyboard: arrows move over the cells, Enter opens one
         page.keyboard.press("ArrowRight")
-        assert page.inner_text("#tooltip") == "node2 · GPU 1 · held · a100 · agent none"
+        assert page.inner_text("#tooltip") == "node2 · GPU 1 · held · a100 · no agent"
         page.keyboard.press("ArrowLeft")
         page.keyboard.press("Enter")
         page.wait_for_selector('#host-panel td[data-host="node2"][data-gpu="0"]')
@@ -205,7 +222,7 @@ def test_the_page_at_two_hosts_shows_totals_cells_filters_drill_down_queue_and_p
         assert page.locator('#unassigned tr[data-host="node1"]').inner_text().endswith("3")
         page.wait_for_selector("#queue td:text-is('late')")
         across = page.inner_text('#groups tr[data-group="dist"]')
-        assert "node1, node2" in across and "node2 rank 1: 2" in across
+        assert "node1, node2" in across and "node2 rank 1: 2 (no agent)" in across
 
         # Plots: serve samples every second here; the total's last point is the fleet now.
         page.wait_for_selector('#plots figure[data-plot="total"] canvas')

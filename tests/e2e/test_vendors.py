@@ -17,11 +17,14 @@ from typing import Any
 
 import pytest
 
+from allocator.gpus.fake_file import default_unique_id
 from tests.e2e.agent_harness import DUMMY, AgentHarness, hosts_of
 from tests.support.waiting import wait_for
 
 VENDOR_OF = {"nv1": "nvidia", "amd1": "amd", "intel1": "intel"}
 UUID_OF_GPU_1 = "GPU-00000000-0000-4000-8000-000000000001"  # the fake's default UUID
+# ROCr's name for AMD GPU 1: GPU- and the 16 hex digits of the fake's default KFD unique_id.
+ROCR_UUID_OF_GPU_1 = f"GPU-{default_unique_id(1):016X}"
 
 
 def vendor_policy(workdir: Path, intel_says: str = "intel") -> dict[str, Any]:
@@ -104,8 +107,8 @@ def test_three_vendors_each_worker_sees_exactly_its_gpu(
     assert nvidia["CUDA_VISIBLE_DEVICES"] == UUID_OF_GPU_1
     assert (nvidia["ALLOCATOR_VENDOR"], nvidia["ALLOCATOR_DEVICE"]) == ("nvidia", "cuda")
     assert "ROCR_VISIBLE_DEVICES" not in nvidia and "ZE_AFFINITY_MASK" not in nvidia
-    # AMD: ROCr's filter alone, by UUID; HIP's and CUDA's would index what ROCr left.
-    assert amd["ROCR_VISIBLE_DEVICES"] == UUID_OF_GPU_1
+    # AMD: ROCr's filter alone, by ROCr's UUID; HIP's and CUDA's would index what ROCr left.
+    assert amd["ROCR_VISIBLE_DEVICES"] == ROCR_UUID_OF_GPU_1
     assert "HIP_VISIBLE_DEVICES" not in amd and "CUDA_VISIBLE_DEVICES" not in amd
     assert (amd["ALLOCATOR_VENDOR"], amd["ALLOCATOR_DEVICE"]) == ("amd", "cuda")
     # Intel: the Level Zero mask by PCI-ordered index, SYCL over what it left.
@@ -147,7 +150,11 @@ def test_a_vendor_the_policy_does_not_expect_is_reported(
 
 # Per vendor: the variable showing GPU 1, the one hiding every GPU, and why GPU 1 went.
 LOSS = {
-    "amd1": (("ROCR_VISIBLE_DEVICES", UUID_OF_GPU_1), ("ROCR_VISIBLE_DEVICES", "-1"), "amdsmi"),
+    "amd1": (
+        ("ROCR_VISIBLE_DEVICES", ROCR_UUID_OF_GPU_1),
+        ("ROCR_VISIBLE_DEVICES", "-1"),
+        "amdsmi",
+    ),
     "intel1": (("ZE_AFFINITY_MASK", "1"), ("ONEAPI_DEVICE_SELECTOR", "opencl:cpu"), "gone"),
 }
 

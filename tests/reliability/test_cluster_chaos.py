@@ -124,12 +124,6 @@ def test_no_job_has_two_workers_at_once(observed: Observed, figures: Figures) ->
     _none(found)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="an identical set while a job runs makes it run again once it finishes "
-    "(test_an_identical_set_while_a_job_runs_does_not_run_it_again_after_it_finished); "
-    "not strict: a random run does not always make that move",
-)
 def test_no_finished_job_runs_again_without_a_new_set(observed: Observed, figures: Figures) -> None:
     found = jobs_run_twice(observed.spans, observed.ops)
     figures.add("jobs run twice", len(found))
@@ -155,10 +149,6 @@ def test_every_assignment_has_its_worker_once_the_clients_are_done(
     _none(observed.unserved)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the agent runs a finished job again when an identical set came while it ran",
-)
 def test_an_identical_set_while_a_job_runs_does_not_run_it_again_after_it_finished(
     tmp_path: Path, prefix: str, etcd_server: object
 ) -> None:

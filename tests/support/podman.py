@@ -29,7 +29,7 @@ __all__ = ["CDI_DIR", "Podman", "cdi_spec", "fake_uuid", "podman_or_skip"]
 
 CDI_DIR = Path("/var/run/cdi")
 _BUSYBOX = ("/bin/busybox", "/usr/bin/busybox")
-_APPLETS = ("sh", "ls", "cat", "env", "sleep", "echo", "hostname", "mkdir", "sort")
+_APPLETS = ("sh", "ls", "cat", "env", "sleep", "echo", "hostname", "mkdir", "sort", "id")
 _CONF = "[containers]\ndefault_ulimits = []\n"
 
 

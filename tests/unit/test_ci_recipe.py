@@ -202,3 +202,21 @@ def test_the_example_policy_names_its_schema_for_editors() -> None:
     assert match is not None
     schema = (EXAMPLE.parent / match.group(1)).resolve()
     assert schema == (REPO / "config" / "policy.schema.json").resolve() and schema.is_file()
+
+
+#: A requirement pinned to one commit of a git repository: name[extras] @ git+URL@<full sha>.
+_AT_COMMIT = re.compile(r"^[A-Za-z0-9_.-]+(\[[^\]]*\])? @ git\+https://\S+@[0-9a-f]{40}$")
+
+
+def test_each_install_step_pins_what_it_installs() -> None:
+    """The apply job holds the production credential: it installs one reviewed commit, not
+    whatever a package index serves under a name (nobody holds ``gpu-allocator`` yet)."""
+    for job in ("check", "apply"):
+        script = _steps(job)["Install allocator"]["run"]
+        words = shlex.split(script)
+        assert words[:4] == ["python", "-m", "pip", "install"], script
+        requirements = [w for w in words[4:] if not w.startswith("-")]
+        hashed = "--require-hashes" in words
+        assert requirements, script
+        for requirement in requirements:
+            assert hashed or _AT_COMMIT.match(requirement), (job, requirement)

@@ -84,3 +84,42 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "released train@node1" in result.stdout
+
+
+def test_the_manual_s_home_page_is_the_readme_built_strictly(tmp_path: Path) -> None:
+    """docs/index.md is the README at build time, never a copy of it left to go stale."""
+    site = tmp_path / "site"
+    built = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(site)],
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1", "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert built.returncode == 0, built.stderr
+    home = (site / "index.html").read_text()
+    readme = (REPO / "README.md").read_text()
+    for line in ("Researchers take GPUs for their own commands", "The wait queue and quotas"):
+        assert line in readme and line in home, line
+    assert 'href="queue/"' in home  # the README's docs/queue.md, as the site names it
+    assert "config-driven GPU allocator" not in (DOCS / "index.md").read_text()  # no copy
+
+
+def test_the_development_page_names_what_the_tree_has() -> None:
+    """Every make target, file and test folder docs/development.md names exists, and every
+    package tools/install-test-servers installs is named there."""
+    page = (DOCS / "development.md").read_text()
+    makefile = (REPO / "Makefile").read_text()
+    for target in re.findall(r"^make (\w+)", page, re.M):
+        assert re.search(rf"^{target}:", makefile, re.M), f"make {target}"
+    for path in re.findall(r"`((?:tests|tools|allocator|config)/[\w./<>-]+)`", page):
+        if "<" not in path:
+            assert (REPO / path).exists(), path
+    installer = (REPO / "tools" / "install-test-servers").read_text()
+    for package in re.findall(r"need\+=\(([\w-]+)\)", installer):
+        assert f"`{package}`" in page, package
+    assert "torch's 2.13.0 CPU wheel" not in page or "whl/cpu" in makefile
+    folders = {p.name for p in (REPO / "tests" / "unit").iterdir() if p.is_dir()}
+    assert folders - {"support", "__pycache__"} <= {p.name for p in (REPO / "allocator").iterdir()}

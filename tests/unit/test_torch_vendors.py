@@ -58,7 +58,7 @@ AMD = {
     "ALLOCATOR_DEVICE": "cuda",
     "ALLOCATOR_VENDOR": "amd",
     "ALLOCATOR_GPUS": "1",
-    "ROCR_VISIBLE_DEVICES": "GPU-7a3e0c1d-0000-1000-8000-000000000001",
+    "ROCR_VISIBLE_DEVICES": "GPU-7A3E0C1D00000001",
 }
 APPLE = {"ALLOCATOR_DEVICE": "mps", "ALLOCATOR_VENDOR": "apple", "ALLOCATOR_GPUS": "0"}
 
@@ -101,7 +101,7 @@ def test_amd_worker_with_a_cuda_wheel_says_so(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(atorch.GpuUnavailableError) as caught:
         atorch.device()
     message = str(caught.value)
-    assert "AMD GPU 1" in message and "GPU-7a3e0c1d" in message
+    assert "AMD GPU 1" in message and "GPU-7A3E0C1D" in message
     assert "a CUDA build (CUDA 12.4), not a ROCm build" in message
 
 
@@ -147,3 +147,32 @@ def test_cpu_fallback_turns_onednn_on_and_sets_threads(monkeypatch: pytest.Monke
     atorch.configure()
     assert torch.get_num_threads() == 2
     assert atorch.autocast_dtype() == torch.bfloat16 and not atorch.grad_scaler().is_enabled()
+
+
+@pytest.mark.parametrize(
+    ("env", "opened"),
+    # MPS's error is a dispatcher dump, of which only the tail comes back.
+    [(INTEL, "Torch not compiled with XPU enabled"), (APPLE, "AutogradMPS")],
+)
+def test_the_health_check_opens_the_workers_own_device_type(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], opened: str
+) -> None:
+    given(monkeypatch, **env)
+    result = atorch.health_check(timeout=120.0)
+    # This CPU build has neither runtime: the probe fails, on that device type's own error.
+    assert not result.ok and not result.timed_out
+    assert opened in result.output and "not compiled with CUDA" not in result.output
+
+
+def test_mixed_precision_on_mps_too_old_for_it_is_refused_up_front(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given(monkeypatch, **APPLE)
+    devices_work(monkeypatch, mps=True)
+    monkeypatch.setattr(torch, "__version__", "2.7.1")
+    with pytest.raises(RuntimeError, match=r"GradScaler.step\(\) on mps .*PyTorch 2.8 or newer"):
+        atorch.grad_scaler()
+    assert not atorch.grad_scaler(torch.bfloat16).is_enabled()  # no scaling, nothing to refuse
+    monkeypatch.setattr(torch, "__version__", "2.4.1")
+    with pytest.raises(RuntimeError, match=r"autocast on mps .*PyTorch 2.5 or newer"):
+        atorch.autocast()

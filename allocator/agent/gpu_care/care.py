@@ -71,7 +71,8 @@ class GpuCare:
     def read_inventory(self, policy: Policy | None, host: str, now: float) -> Inventory:
         """NVML's GPUs (the last good ones while it fails), else the count the policy declares."""
         declared = policy.hosts.get(host) if policy is not None else None
-        return self.state.reload(declared.gpus if declared else None, now)
+        vendor = policy.vendor_of(host) if policy is not None else None
+        return self.state.reload(declared.gpus if declared else None, now, vendor)
 
     def due(self, now: float) -> bool:
         """Whether a health check is due."""

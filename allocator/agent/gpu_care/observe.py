@@ -40,7 +40,7 @@ from allocator.status.metrics import Family, Histogram, start_metrics_server
 __all__ = ["RECONCILE_BUCKETS", "Observer", "working"]
 
 Log = Callable[[str, dict[str, Any]], None]
-Roots = Mapping[str, Sequence[tuple[int, int | None, str]]]
+Roots = Mapping[str, Sequence[tuple[int, int | None, str, str]]]
 
 #: Reconcile duration buckets, seconds: a reconcile is normally well under a millisecond.
 RECONCILE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)

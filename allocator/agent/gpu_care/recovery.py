@@ -2,7 +2,9 @@
 
 NVML's signals going quiet after an XID or a lost GPU does not prove the GPU
 can hold a CUDA context again. When the policy names a ``recovery_probe``
-command, the agent runs it with only that GPU visible, in a spawned process
+command, the agent runs it with only that GPU visible (through the host
+vendor's own visibility variables, from the device layer: a CUDA variable
+hides nothing from ROCm's or Level Zero's runtime), in a spawned process
 with a hard timeout (never in the agent, which must not touch CUDA), and keeps
 the GPU out of service until the probe passes. A failed probe is tried again
 ``retry_after`` seconds later (the agent uses 30 health-check intervals); a GPU
@@ -17,25 +19,41 @@ from dataclasses import dataclass
 
 from allocator.agent.processes.procs import reap_group
 from allocator.gpus.probe import ProbeResult, run_deep_probe
+from allocator.gpus.vendors import vendor_named
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["RecoveryProbes", "probe_environment"]
 
 ProbeRunner = Callable[[Mapping[str, str], float, Sequence[str]], ProbeResult]
+# The host's inventory and its vendor's name, as the health check has them.
+_Gpus = tuple[Sequence[GpuInfo] | None, str | None]
 
 
 def probe_environment(
-    base: Mapping[str, str], index: int, inventory: Sequence[GpuInfo] | None
+    base: Mapping[str, str],
+    index: int,
+    inventory: Sequence[GpuInfo] | None,
+    vendor: str | None = None,
 ) -> dict[str, str]:
-    """``base`` with exactly GPU ``index`` visible (by UUID when known), in PCI order."""
-    known = {gpu.index: gpu for gpu in inventory or ()}
-    info = known.get(index)
-    device = (info.uuid if info is not None and info.uuid else None) or str(index)
+    """``base`` with exactly GPU ``index`` visible, the way ``vendor``'s runtime reads it.
+
+    The variables are the ones a worker given that one GPU gets (by UUID where
+    the vendor uses one), plus ``ALLOCATOR_VENDOR``/``ALLOCATOR_DEVICE``/
+    ``ALLOCATOR_GPUS`` so a probe written with :mod:`allocator.torch` opens
+    the right device type. ``vendor`` ``None`` is NVIDIA.
+    """
+    devices = vendor_named(vendor)
+    known = {gpu.index: gpu for gpu in inventory or () if gpu.index == index}
+    ids = devices.device_ids((index,), known, True)
     return {
         **base,
-        "CUDA_VISIBLE_DEVICES": device,
-        "NVIDIA_VISIBLE_DEVICES": device,
-        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        **devices.visible_env(ids),
+        # NVML's indices are PCI-ordered, CUDA's by default are not.
+        **({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if devices.name == "nvidia" else {}),
+        "ALLOCATOR_VENDOR": devices.name,
+        "ALLOCATOR_DEVICE": devices.torch_device_type,
+        "ALLOCATOR_GPUS": str(index),
+        "ALLOCATOR_GPU_COUNT": "1",
     }
 
 
@@ -73,9 +91,11 @@ class RecoveryProbes:
         inventory: Sequence[GpuInfo] | None,
         now: float,
         retry_after: float = 60.0,
+        vendor: str | None = None,
     ) -> dict[int, str]:
         """GPUs to keep out of service: NVML's unhealthy ones, plus recovering GPUs
-        whose probe has not passed yet (index -> reason)."""
+        whose probe has not passed yet (index -> reason). ``vendor``: whose GPUs
+        (``None``: NVIDIA)."""
         out = dict(nvml_unhealthy)
         with self._lock:
             for index in set(self._probes) & set(nvml_unhealthy):
@@ -83,7 +103,9 @@ class RecoveryProbes:
         if command is None:
             return out
         for index in sorted(set(previously_out) - set(nvml_unhealthy)):
-            reason = self._recovering(index, command, timeout, inventory, now, retry_after)
+            reason = self._recovering(
+                index, command, timeout, (inventory, vendor), now, retry_after
+            )
             if reason is not None:
                 out[index] = reason
         return out
@@ -93,7 +115,7 @@ class RecoveryProbes:
         index: int,
         command: Sequence[str],
         timeout: float,
-        inventory: Sequence[GpuInfo] | None,
+        gpus: _Gpus,
         now: float,
         retry_after: float,
     ) -> str | None:
@@ -112,7 +134,7 @@ class RecoveryProbes:
             return f"re-test failed: {result.reason}"
         probe.result = None
         probe.retry_at = now + retry_after
-        self._start(index, probe, command, timeout, inventory)
+        self._start(index, probe, command, timeout, gpus)
         return "recovering: re-test running"
 
     def _start(
@@ -121,9 +143,9 @@ class RecoveryProbes:
         probe: _Probe,
         command: Sequence[str],
         timeout: float,
-        inventory: Sequence[GpuInfo] | None,
+        gpus: _Gpus,
     ) -> None:
-        env = probe_environment(self._base_env, index, inventory)
+        env = probe_environment(self._base_env, index, *gpus)
         self._log("gpu-retest", {"gpu": index, "command": list(command), "timeout": timeout})
 
         def run() -> None:

@@ -95,7 +95,7 @@ class GpuState:
         self._retry_at: float | None = None
         self._retries = 0
         self._written = b""
-        self.inventory = self._read(None, now)
+        self.inventory = self._read(None, now, None)
         same = _same_gpus(saved, self.inventory)
         self.monitor = HealthMonitor(environ=self._environ)
         health = _saved_health(saved, same)
@@ -114,14 +114,19 @@ class GpuState:
 
     # --- inventory --------------------------------------------------------------
 
-    def read_inventory(self, declared_gpus: int | None, now: float) -> Inventory:
-        """Read NVML now; on failure keep the last good inventory and schedule a retry."""
-        self.inventory = self._read(declared_gpus, now)
+    def read_inventory(
+        self, declared_gpus: int | None, now: float, vendor: str | None = None
+    ) -> Inventory:
+        """Read NVML now; on failure keep the last good inventory and schedule a retry.
+
+        ``vendor`` is the policy's for this host (whose GPUs it declares).
+        """
+        self.inventory = self._read(declared_gpus, now, vendor)
         self._save()
         return self.inventory
 
-    def _read(self, declared_gpus: int | None, now: float) -> Inventory:
-        fresh = read_host_inventory(declared_gpus, environ=self._environ)
+    def _read(self, declared_gpus: int | None, now: float, vendor: str | None) -> Inventory:
+        fresh = read_host_inventory(declared_gpus, environ=self._environ, vendor=vendor)
         # NVML keeps its indices when a GPU fails; sysfs and amdsmi renumber.
         keep = keep_last_good if fresh.vendor == "nvidia" else keep_addresses
         chosen = keep(self._last_good, fresh)
@@ -142,10 +147,10 @@ class GpuState:
                 )
         return chosen
 
-    def reload(self, declared_gpus: int | None, now: float) -> Inventory:
+    def reload(self, declared_gpus: int | None, now: float, vendor: str | None = None) -> Inventory:
         """SIGHUP: re-read the inventory and re-open NVML for health checks."""
         self.monitor.reopen(now)
-        return self.read_inventory(declared_gpus, now)
+        return self.read_inventory(declared_gpus, now, vendor)
 
     # --- health ------------------------------------------------------------------
 
@@ -164,10 +169,10 @@ class GpuState:
         settings = policy.health if policy is not None else HealthSettings()
         damping = Damping.from_policy(settings)
         if self.inventory.vendor != "nvidia":
-            verdicts = self._vendor_verdicts(_declared(policy, host), now)
+            verdicts = self._vendor_verdicts(_declared(policy, host), now, _vendor(policy, host))
         else:
             if self._retry_at is not None and now >= self._retry_at:
-                self.read_inventory(_declared(policy, host), now)
+                self.read_inventory(_declared(policy, host), now, _vendor(policy, host))
             state = self.monitor.check(now)
             self._note_health_error()
             verdicts = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
@@ -179,6 +184,7 @@ class GpuState:
             self.inventory.gpus or None,
             now,
             retry_after=30 * settings.interval_seconds,
+            vendor=self.inventory.vendor,
         )
         out, events = self.hold_down.update(self._probe_out, damping, now)
         if assignments is not None and policy is not None:
@@ -190,11 +196,13 @@ class GpuState:
         self._save()
         return out
 
-    def _vendor_verdicts(self, declared_gpus: int | None, now: float) -> dict[int, str]:
+    def _vendor_verdicts(
+        self, declared_gpus: int | None, now: float, vendor: str | None
+    ) -> dict[int, str]:
         """Another vendor's health: its library read afresh, each GPU it could not read
         (or that reports uncorrectable errors) out of service. NVML's signals (XIDs,
         counters rising) are NVIDIA's; a failed read keeps the last verdicts' GPUs."""
-        inventory = self.read_inventory(declared_gpus, now)
+        inventory = self.read_inventory(declared_gpus, now, vendor)
         return {gpu.index: gpu.error for gpu in inventory.gpus if gpu.error}
 
     def _note_health_error(self) -> None:
@@ -248,6 +256,10 @@ class GpuState:
 def _declared(policy: Policy | None, host: str) -> int | None:
     declared = policy.hosts.get(host) if policy is not None else None
     return declared.gpus if declared is not None else None
+
+
+def _vendor(policy: Policy | None, host: str) -> str | None:
+    return policy.vendor_of(host) if policy is not None else None
 
 
 def _load(path: Path, boot: str) -> dict[str, Any]:

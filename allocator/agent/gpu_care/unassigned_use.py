@@ -2,7 +2,12 @@
 
 A process belongs to a job when it is in one of the job's worker trees: below
 the worker's shim (a child subreaper, so nothing escapes it by ``setsid``),
-or in the worker's cgroup (which holds the tree even after the shim died).
+or in the worker's cgroup (which holds the tree even after the shim died),
+or in the worker's container: docker's containers are the daemon's children,
+not the shim's, so a containerised worker's processes are found by the
+container's id (which the engine wrote to the worker's ``--cidfile``) in
+their ``/proc/<pid>/cgroup`` (``docker-<ID>.scope``, ``/docker/<ID>``,
+``libpod-<ID>.scope``).
 Such a process on a GPU its job was given is the job's business; anything
 else on a GPU is reported: another user's notebook, a process started by
 hand, or one of our own workers on a GPU it was not given (it bypassed
@@ -33,6 +38,7 @@ __all__ = [
     "TreeRoot",
     "describe_process",
     "find_owners",
+    "read_proc_cgroup",
     "steady_memory",
     "unassigned_processes",
 ]
@@ -44,15 +50,30 @@ MEMORY_STEP_FRACTION = 0.25
 _MEMORY_STEP_MIB = 256
 _MAX_DEPTH = 128  # deeper than any real process tree; stops a /proc race from looping
 _COMMAND_LENGTH = 512
+_MIN_CONTAINER_ID = (
+    32  # docker's and podman's ids are 64 hex digits: no short one matches by chance
+)
 
 
 @dataclass(frozen=True, slots=True)
 class TreeRoot:
-    """The root of one worker's process tree: its shim (pid + start time) and its cgroup."""
+    """The root of one worker's process tree: its shim (pid + start time), cgroup, container.
+
+    ``cidfile``: where the engine writes the worker's container id ("" for a host worker).
+    """
 
     pid: int
     start_ticks: int | None
     cgroup: str = ""
+    cidfile: str = ""
+
+
+def read_proc_cgroup(pid: int, proc: Path = Path("/proc")) -> str:
+    """The text of ``/proc/<pid>/cgroup``; "" when the process is gone."""
+    try:
+        return (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return ""
 
 
 def find_owners(
@@ -61,6 +82,7 @@ def find_owners(
     *,
     read_stat: Callable[[int], procs.ProcStat | None] = procs.read_stat,
     members: Callable[[Path], list[int]] = cgroup_members,
+    read_cgroup: Callable[[int], str] = read_proc_cgroup,
 ) -> dict[int, str]:
     """The job each of ``pids`` belongs to (pids of no job are left out)."""
     wanted = set(pids)
@@ -76,7 +98,38 @@ def find_owners(
         owner = _owner_by_ancestry(pid, by_root, read_stat)
         if owner is not None:
             owners[pid] = owner
+    containers = _container_ids(roots)
+    for pid in sorted(wanted - owners.keys()) if containers else ():
+        owner = _owner_by_container(read_cgroup(pid), containers)
+        if owner is not None:
+            owners[pid] = owner
     return owners
+
+
+def _container_ids(roots: Mapping[str, Sequence[TreeRoot]]) -> dict[str, str]:
+    """Each containerised worker's container id (as its engine wrote it), to its job."""
+    found: dict[str, str] = {}
+    for job, job_roots in sorted(roots.items()):
+        for root in job_roots:
+            if not root.cidfile:
+                continue
+            try:
+                cid = Path(root.cidfile).read_text(encoding="ascii").strip()
+            except (OSError, UnicodeDecodeError):
+                continue  # not written yet (the engine writes it as the container starts)
+            if len(cid) >= _MIN_CONTAINER_ID:
+                found.setdefault(cid, job)
+    return found
+
+
+def _owner_by_container(cgroup: str, containers: Mapping[str, str]) -> str | None:
+    """The job whose container's id names one of the cgroups in ``cgroup`` (/proc's text)."""
+    for line in cgroup.splitlines():
+        path = line.rpartition(":")[2]
+        for cid, job in containers.items():
+            if cid in path:
+                return job
+    return None
 
 
 def _owner_by_ancestry(

@@ -5,17 +5,26 @@ A job with ``container:`` in the policy runs each worker as
 in the foreground, under the worker's shim: the shim's supervision, exit
 status and log are the container's (see docs/containers.md).
 
-* Devices: exactly the worker's GPUs, by their CDI names
-  (``nvidia.com/gpu=<UUID>``; a MIG GPU's instance ``nvidia.com/gpu=<MIG UUID>``,
-  as NVIDIA's generated spec names instances under the one kind;
-  ``amd.com/gpu=...``), or docker's ``--gpus '"device=UUID,UUID"'`` (NVIDIA's
-  toolkit without CDI). On the CPU no device option at all: ``--gpus ""``
-  is read differently by different engines.
+* Devices: exactly the worker's GPUs, by their CDI names as the vendor's
+  own generator writes them (:meth:`~allocator.gpus.vendors.base.DeviceVendor.cdi_devices`:
+  NVIDIA by UUID, a MIG GPU by its instance's UUID; AMD by index; Intel
+  ``card<N>`` or its PCI-based id, as the host's ``cdi_names`` says; Apple
+  none, refused), or docker's ``--gpus '"device=UUID,UUID"'`` (NVIDIA's
+  toolkit without CDI; other vendors refused, and docker on their hosts
+  defaults to CDI). On the CPU no device option
+  at all: ``--gpus ""`` is read differently by different engines.
+* Groups: a job user (``--user UID:GID``) is added to the host groups that
+  own the vendor's device nodes (``render``, ``video`` on AMD and Intel), by
+  GID: the nodes keep the host's GID in the container, and the image may
+  not know the names.
 * Environment: ``--env NAME`` for each of the worker's variables, never
   ``NAME=VALUE``: the engine takes the value from its own environment (the
   shim's hand-over), so no value is in any argv or ``ps``. Only the worker's
   variables go in (the agent's PATH or engine settings stay outside), and the
   worker's variables never hold a store credential.
+* CPUs: ``--cpuset-cpus``/``--cpuset-mems`` with the worker's pinning:
+  docker's containers are the daemon's children, so the shim's affinity
+  would not reach them (under podman it is the same set, said twice).
 * Labels: ``allocator.job``, ``allocator.host``, ``allocator.worker`` and
   ``allocator.revision`` (the assignment's), so that an operator, or an
   agent after a restart, can tell whose a container is.
@@ -25,8 +34,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from allocator.gpus.vendors import VENDORS
+from allocator.errors import RequestError
+from allocator.gpus.topology import cpu_list
+from allocator.gpus.vendors import VENDORS, vendor_named
+from allocator.gpus.vendors.base import CdiNames
 from allocator.policy.model import Container
 from allocator.records.gpu_info import GpuInfo
 
@@ -34,6 +47,7 @@ __all__ = [
     "CDI_KINDS",
     "LABEL_PREFIX",
     "ContainerRun",
+    "cid_path",
     "container_argv",
     "container_name",
     "container_run",
@@ -56,6 +70,7 @@ class ContainerRun:
     mounts: tuple[str, ...]
     device_options: tuple[str, ...]  # ("--device", "nvidia.com/gpu=GPU-1", ...) or ()
     labels: tuple[tuple[str, str], ...]
+    device_groups: tuple[str, ...] = ()  # host groups owning the device nodes
 
 
 def container_run(
@@ -68,11 +83,15 @@ def container_run(
     gpus: Sequence[int],
     inventory: Sequence[GpuInfo] | None,
     vendor: str = "nvidia",
+    cdi_names: CdiNames = "card",
 ) -> ContainerRun:
     """The container of worker ``index`` of ``job`` on ``host``, seeing exactly ``gpus``.
 
-    ``vendor``: whose GPUs the host has (its CDI kind, see :data:`CDI_KINDS`).
+    ``vendor``: whose GPUs the host has; ``cdi_names``: how its CDI spec names
+    them where the vendor has two namings. :class:`RequestError` for devices
+    no engine can be given (an Apple GPU; ``--gpus`` with another vendor's).
     """
+    devices = vendor_named(vendor)
     labels = (
         (f"{LABEL_PREFIX}job", job),
         (f"{LABEL_PREFIX}host", host),
@@ -84,25 +103,31 @@ def container_run(
         image=container.image,
         args=container.args,
         mounts=container.mounts,
-        device_options=_device_options(container, gpus, inventory, vendor),
+        device_options=_device_options(container, gpus, inventory, vendor, cdi_names),
         labels=labels,
+        device_groups=devices.device_groups if gpus else (),
     )
 
 
 def _device_options(
-    container: Container, gpus: Sequence[int], inventory: Sequence[GpuInfo] | None, vendor: str
+    container: Container,
+    gpus: Sequence[int],
+    inventory: Sequence[GpuInfo] | None,
+    vendor: str,
+    cdi_names: CdiNames,
 ) -> tuple[str, ...]:
     if not gpus:
         return ()  # the CPU: no device option at all
     known = {gpu.index: gpu for gpu in inventory or ()}
-    if container.device_naming == "gpus":
+    if container.device_naming(vendor) == "gpus":
+        if vendor != "nvidia":
+            raise RequestError(
+                f"devices: gpus is docker's NVIDIA-only option; {vendor} GPUs need devices: cdi"
+            )
         ids = ",".join(_plain_id(known.get(index), index) for index in gpus)
         return ("--gpus", f'"device={ids}"')  # quoted: docker reads the value as CSV
-    kind = CDI_KINDS.get(vendor, CDI_KINDS["nvidia"])
-    options: list[str] = []
-    for index in gpus:
-        options += ["--device", f"{kind}={_plain_id(known.get(index), index)}"]
-    return tuple(options)
+    names = vendor_named(vendor).cdi_devices(gpus, known, cdi_names)
+    return tuple(word for name in names for word in ("--device", name))
 
 
 def _plain_id(gpu: GpuInfo | None, index: int) -> str:
@@ -117,6 +142,14 @@ def container_name(worker_key: str) -> str:
     return _NAME_PREFIX + worker_key
 
 
+def cid_path(status_path: str) -> str:
+    """Where the engine writes the id of the container of the worker with ``status_path``.
+
+    The agent finds the container's processes by it (docker's are not the shim's children).
+    """
+    return str(Path(status_path).with_suffix(".cid"))
+
+
 def container_argv(
     run: ContainerRun,
     *,
@@ -126,13 +159,23 @@ def container_argv(
     cwd: str | None = None,
     user: str | None = None,
     engine_path: str | None = None,
+    group_ids: Sequence[int] = (),
+    cpus: Sequence[int] = (),
+    mems: Sequence[int] = (),
+    cidfile: str | None = None,
 ) -> tuple[str, ...]:
     """The engine command line that runs ``argv`` in the container, in the foreground.
 
     ``user`` (``UID:GID``) and ``cwd`` apply inside the container: the engine
     itself runs as the agent. ``engine_path``: the engine's resolved path.
+    ``group_ids``: the host GIDs of ``run.device_groups``, added for a ``user``
+    (root opens any device node). ``cpus``/``mems``: the worker's pinning, given
+    to the engine (a docker container does not inherit the shim's). ``cidfile``:
+    where the engine writes the container's id (:func:`cid_path`).
     """
     words = [engine_path or run.engine, "run", "--rm", "--name", name]
+    if cidfile is not None:
+        words.append(f"--cidfile={cidfile}")
     for key, value in run.labels:
         words += ["--label", f"{key}={value}"]
     for key in sorted(env_names):
@@ -141,7 +184,13 @@ def container_argv(
         words += ["--volume", mount]
     if user is not None:
         words += ["--user", user]
+        for gid in group_ids if run.device_groups else ():
+            words += ["--group-add", str(gid)]
     if cwd is not None:
         words += ["--workdir", cwd]
+    if cpus:
+        words.append(f"--cpuset-cpus={cpu_list(cpus)}")
+    if mems:
+        words.append(f"--cpuset-mems={cpu_list(mems)}")
     words += [*run.device_options, *run.args, run.image, *argv]
     return tuple(words)

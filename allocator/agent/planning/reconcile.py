@@ -16,6 +16,7 @@ from allocator.agent.planning.exit_codes import UNKNOWN_EXIT, describe_exit
 from allocator.agent.planning.types import (
     Accept,
     Action,
+    Confirm,
     DesiredJob,
     Finish,
     Forget,
@@ -152,16 +153,28 @@ def _same_spec(want: DesiredJob, view: JobView, now: float) -> list[Action]:
     if view.alive > 0:
         # One worker's crash ends the set (a collective misses a rank); one that
         # finished waits for the others.
-        return (
-            []
-            if crash is None
-            else [Stop(want.job, f"worker crashed: {crash}", want.grace_seconds)]
-        )
+        if crash is not None:
+            return [Stop(want.job, f"worker crashed: {crash}", want.grace_seconds)]
+        return _confirm(want, view)
     status = job_status(view)
     end = _end(want, status)
     if end is not None:
         return [end]
     return _restart(want, view, crash or f"workers exited with {describe_exit(status)}", now)
+
+
+def _confirm(want: DesiredJob, view: JobView) -> list[Action]:
+    """Running workers of the same spec serve an assignment set again: note its revision.
+
+    Only while they run: the job that ends then ended under that assignment,
+    so an identical ``set`` never makes a finished job run again, and its
+    ``release_on_exit`` releases the revision that holds now.
+    """
+    # A worker's main process still runs: a set once all have ended (their shims
+    # still clearing up) came after the job's end, and runs it anew.
+    if want.assignment_revision == view.assignment_revision or None not in view.exit_codes:
+        return []
+    return [Confirm(want.job, want.assignment_revision)]
 
 
 def job_status(view: JobView) -> int:

@@ -16,6 +16,7 @@ from allocator.agent.planning.containers import ContainerRun
 __all__ = [
     "Accept",
     "Action",
+    "Confirm",
     "DesiredJob",
     "DesiredState",
     "Device",
@@ -112,7 +113,7 @@ class JobView:
     waiting_until: float | None = None  # a start could not be recorded: try again from then
     finished: bool = False  # its workers ended and the job is done: never started again as is
     exit_status: int | None = None  # the first crash's code, when one is noted
-    assignment_revision: int = 0  # of the assignment its workers were started under
+    assignment_revision: int = 0  # of the assignment its workers last ran under (Confirm)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,18 @@ class Accept:
 
 
 @dataclass(frozen=True, slots=True)
+class Confirm:
+    """Record that the running workers now serve assignment ``revision`` (set again, same spec).
+
+    A finished job runs again only when set anew after it finished; the
+    revision its workers last ran under, kept in the state file, says when.
+    """
+
+    job: str
+    revision: int
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleRestart:
     """Record that a crash restart of the job is due at monotonic time ``at``."""
 
@@ -183,7 +196,7 @@ class Forget:
     job: str
 
 
-Action = Start | Stop | SignalJob | Accept | ScheduleRestart | GiveUp | Finish | Forget
+Action = Start | Stop | SignalJob | Accept | Confirm | ScheduleRestart | GiveUp | Finish | Forget
 
 
 @dataclass(frozen=True, slots=True)

@@ -78,7 +78,12 @@ def running(
     if refusal is not None:
         return not_running(job, assignment, revision, "refused", refusal)
     device: Device = "cpu" if assignment.mode == "cpu" else "cuda"
-    workers = _workers(job, assignment, argv, revision, inventory, rank, sharing, envs, device)
+    try:
+        workers = _workers(
+            policy, job, assignment, argv, revision, inventory, rank, sharing, envs, device
+        )
+    except RequestError as exc:  # devices no container engine can be given
+        return not_running(job, assignment, revision, "refused", _naming(job, str(exc)))
     return outcome(job, assignment, revision, "run", message, workers, device, fault)
 
 
@@ -95,6 +100,7 @@ def _mps_refusal(job: Job, assignment: Assignment, sharing: Sharing) -> str | No
 
 
 def _workers(
+    policy: Policy,
     job: Job,
     assignment: Assignment,
     argv: tuple[str, ...],
@@ -132,7 +138,7 @@ def _workers(
             user=job.user,
             group=job.group,
             container=_container(
-                job, assignment, index, revision, gpus[index], inventory, rank.vendor
+                policy, job, assignment, (index, revision), gpus[index], inventory, rank.vendor
             ),
         )
         for index, env in enumerate(full)
@@ -140,10 +146,10 @@ def _workers(
 
 
 def _container(
+    policy: Policy,
     job: Job,
     assignment: Assignment,
-    index: int,
-    revision: int,
+    worker: tuple[int, int],
     gpus: tuple[int, ...],
     inventory: Sequence[GpuInfo] | None,
     vendor: str | None,
@@ -152,6 +158,7 @@ def _container(
     None for a host process."""
     if job.container is None:
         return None
+    index, revision = worker
     return container_run(
         job.container,
         host=assignment.host,
@@ -161,6 +168,7 @@ def _container(
         gpus=gpus,
         inventory=inventory,
         vendor=vendor or "nvidia",
+        cdi_names=policy.cdi_names_of(assignment.host),
     )
 
 

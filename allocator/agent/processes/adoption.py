@@ -10,10 +10,16 @@ worker never started) is reported, for the supervisor to restart it whole.
 A live shim of this boot that no state entry names (the state file was
 unreadable, from a newer agent, or lost) is adopted from its own status
 file (:func:`from_status_files`), which holds its pid and start time, the
-job, the worker's index, the spec's fingerprint and GPUs: its job is then
-tracked like any other, so the planner keeps it, or stops it and starts
-the job again only once every copy is gone. A status file from another
-boot is never acted on: its pids name other processes now.
+job, the worker's index, the spec's fingerprint, GPUs and assignment
+revision: its job is then tracked like any other, so the planner keeps it,
+or stops it and starts the job again only once every copy is gone. So is a
+shim of this boot that ended while no agent ran, once its file says how its
+worker exited and under which assignment: the job is finished (or
+restarted, as its ``restart`` rule says), never started again as if new;
+and one killed while its worker ran: what it left (a setsid rank in its
+cgroup, a container) is the job's, stopped before the job starts again.
+A status file from another boot is never acted on: its pids name other
+processes now.
 """
 
 from __future__ import annotations
@@ -99,18 +105,36 @@ def _adopt(job: str, worker: WorkerRuntime) -> AdoptedWorker:
 def from_status_files(
     status_dir: Path, boot_id: str, jobs: Mapping[str, JobRuntime], now: float
 ) -> dict[str, JobRuntime]:
-    """Jobs not in ``jobs`` whose shims of this boot still run, rebuilt from their status files."""
+    """Jobs not in ``jobs`` whose shims of this boot run or ended, rebuilt from their files."""
     named = {worker.status_path for job in jobs.values() for worker in job.workers}
     found: dict[str, list[tuple[ShimStatus, Path]]] = {}
     with contextlib.suppress(OSError):
         for path in sorted(status_dir.glob("*.status")):
             status = read_shim_status(path)
-            if str(path) in named or status is None or not _ours_and_alive(status, boot_id):
+            if str(path) in named or status is None or not _adoptable(status, boot_id):
                 continue
             job = status.job or path.name.split(".", 1)[0]  # an older shim: its file's name
             if job not in jobs:
                 found.setdefault(job, []).append((status, path))
     return {job: _job_from_status(job, shims, now) for job, shims in sorted(found.items())}
+
+
+def _adoptable(status: ShimStatus, boot_id: str) -> bool:
+    """A live shim of this boot; or a dead one that says how its worker ended, and under
+    what, or that was killed while its worker ran (what it leaves, a setsid rank in its
+    cgroup, a container, is the job's until stopped: never beside a new start).
+
+    An ended one without the revision (an older agent wrote it) is left to
+    the sweep: its job could not tell an old end from the current assignment's.
+    """
+    if _ours_and_alive(status, boot_id):
+        return True
+    of_this_boot = bool(status.boot_id) and status.boot_id == boot_id
+    if not of_this_boot or status.shim_pid <= 0 or status.shim_start_ticks is None:
+        return False
+    if status.state in ("starting", "running"):
+        return True  # its shim was killed: it wrote no end
+    return status.state == "exited" and status.exit_code is not None and status.revision.isdigit()
 
 
 def _ours_and_alive(status: ShimStatus, boot_id: str) -> bool:
@@ -152,7 +176,7 @@ def _job_from_status(job: str, shims: list[tuple[ShimStatus, Path]], now: float)
         device=device,
         fallback_reason=None,
         message="",
-        assignment_revision=0,
+        assignment_revision=int(first.revision) if first.revision.isdigit() else 0,
     )
     return JobRuntime(desired, first.fingerprint, started_at=now, workers=workers)
 
@@ -198,5 +222,6 @@ def _sweep_status(path: Path, log: Log, boot_id: str) -> None:
         log("unknown-worker-stopped", {"status": str(path), "shim_pid": status.shim_pid})
         procs.signal_process(status.shim_pid, signal.SIGTERM)
         return  # its file goes once it is gone, at a later restart
-    with contextlib.suppress(OSError):
-        path.unlink()
+    for stale in (path, path.with_suffix(".cid")):  # and its container's id, if it had one
+        with contextlib.suppress(OSError):
+            stale.unlink()

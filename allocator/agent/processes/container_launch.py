@@ -7,7 +7,10 @@ status file, exit code (the engine's ``run`` exits with the container's),
 log (the engine's output is the container's), and adoption after the agent
 is killed (the shim outlives the agent, and so does the engine process under
 it). The engine runs as the agent; the job's user, if any, is the
-container's (``--user UID:GID``), and its ``cwd`` the container's
+container's (``--user UID:GID``), with the host GIDs of the groups that own
+the vendor's device nodes (``--group-add GID``: not ``keep-groups``, which
+keeps the engine's own groups, the agent's, and needs crun; not the names,
+which the image's /etc/group may lack), and its ``cwd`` the container's
 ``--workdir``.
 
 A stop is the engine's own: the shim is told, as a setting, the command
@@ -20,6 +23,7 @@ subreaper), as for a host worker.
 
 from __future__ import annotations
 
+import grp
 import math
 import os
 import shutil
@@ -28,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocator.agent.planning.containers import container_argv, container_name
+from allocator.agent.planning.containers import cid_path, container_argv, container_name
 from allocator.agent.planning.types import DesiredJob
 from allocator.agent.processes.job_state import WorkerRuntime
 from allocator.agent.processes.users import RunAs
@@ -39,6 +43,7 @@ __all__ = [
     "ContainerLaunch",
     "EngineMissing",
     "container_launch",
+    "group_ids",
     "remove_orphaned_container",
 ]
 
@@ -89,6 +94,10 @@ def container_launch(
         cwd=spec.cwd,
         user=f"{run_as.uid}:{run_as.gid}" if run_as is not None else None,
         engine_path=engine,
+        group_ids=group_ids(run.device_groups),
+        cpus=spec.cpus,
+        mems=spec.mems,
+        cidfile=cid_path(worker.status_path),
     )
     stop = [engine, "stop", "-t", str(math.ceil(max(job.grace_seconds, 0.0))), name]
     return ContainerLaunch(
@@ -100,6 +109,17 @@ def container_launch(
         status={"container": name, "engine": engine},
         name=name,
     )
+
+
+def group_ids(names: tuple[str, ...]) -> tuple[int, ...]:
+    """The host GIDs of the groups ``names`` (a group the host lacks owns no node)."""
+    found: list[int] = []
+    for name in names:
+        try:
+            found.append(grp.getgrnam(name).gr_gid)
+        except KeyError:
+            continue
+    return tuple(found)
 
 
 def remove_orphaned_container(name: str, engine: str, recorded_exit: int | None) -> bool:

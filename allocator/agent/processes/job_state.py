@@ -8,9 +8,10 @@ I/O) so the counting rules read on their own; the state-file form is in
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from allocator.agent.planning.containers import cid_path
 from allocator.agent.planning.types import DesiredJob, JobView, WorkerSpec
 from allocator.agent.processes import procs
 from allocator.agent.processes.job_phase import JobEvent, JobPhase, next_phase, published_state
@@ -141,6 +142,10 @@ class JobRuntime:
         self.fingerprint = fingerprint
         self.crash_restarts, self.next_restart_at = 0, None
 
+    def confirm(self, revision: int) -> None:
+        """The running workers serve assignment ``revision`` now (it was set again, same spec)."""
+        self.spec = replace(self.spec, assignment_revision=revision)
+
     def give_up(self, reason: str) -> None:
         """The crash-loop limit was reached (the move to GAVE_UP is made): say why."""
         # Keep what the workers said (a user that does not exist, a missing command):
@@ -186,14 +191,17 @@ class JobRuntime:
         self.state, self.since = state, stamp
         return True
 
-    def tree_roots(self) -> tuple[tuple[int, int | None, str], ...]:
-        """Each live worker's tree root: (shim pid, its start ticks, its cgroup or "").
+    def tree_roots(self) -> tuple[tuple[int, int | None, str, str], ...]:
+        """Each live worker's tree root: (shim pid, start ticks, cgroup or "", cidfile or "").
 
-        Everything below a root (the shim is a child subreaper) or in its
-        cgroup is the job's (see :mod:`allocator.agent.processes.tree`).
+        Everything below a root (the shim is a child subreaper), in its
+        cgroup (see :mod:`allocator.agent.processes.tree`) or in its
+        container (the id the engine wrote to the cidfile) is the job's.
         """
         return tuple(
-            (w.pid, w.start_ticks, w.cgroup) for w in self.workers if w.pid > 0 and not w.group_gone
+            (w.pid, w.start_ticks, w.cgroup, _cidfile(w))
+            for w in self.workers
+            if w.pid > 0 and not w.group_gone
         )
 
     def view(self) -> JobView:
@@ -250,3 +258,8 @@ class JobRuntime:
             "output_tail": list(self.output_tail),
             "log_path": self.log_path,
         }
+
+
+def _cidfile(worker: WorkerRuntime) -> str:
+    """Where a containerised worker's engine writes its container id ("" for a host worker)."""
+    return cid_path(worker.status_path) if worker.spec.container and worker.status_path else ""

@@ -15,6 +15,7 @@ user: a job cannot make the agent write through a link it planted.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
@@ -44,10 +45,13 @@ __all__ = [
     "Launch",
     "LogError",
     "launch_worker",
+    "log_header",
     "open_log",
     "prepare_worker",
+    "reserve_log",
     "shim_env",
     "start_under_shim",
+    "worker_log",
 ]
 
 #: The shim program, run by path with the agent's interpreter in isolated mode.
@@ -140,7 +144,8 @@ def start_under_shim(
     except (LogError, OSError) as exc:
         return Launch(0, None, None, _EXIT_CANNOT_RUN, str(exc))
     try:
-        os.write(log, header.encode(errors="replace") + b"\n")
+        if header:
+            os.write(log, header.encode(errors="replace") + b"\n")
     except OSError as exc:
         os.close(log)
         return Launch(0, None, None, _EXIT_CANNOT_RUN, f"cannot write log {log_path}: {exc}")
@@ -268,19 +273,16 @@ def launch_worker(
     stamp: str,
     warm: IdleShim | None = None,
     boot_id: str = "",
+    header_written: bool = False,
 ) -> tuple[str, dict[str, Any]]:
     """Start a prepared worker as its job's user; return the event to log.
 
-    ``warm``: an idle shim to hand the worker to (see :func:`start_under_shim`).
+    ``warm``: an idle shim to hand the worker to (see :func:`start_under_shim`);
+    ``header_written``: :func:`reserve_log` wrote the log's header already.
     A job whose user cannot be used, or a worker that cannot be started at
     all, leaves the worker ended with exit 126 and ``error`` saying why.
     """
     ws = worker.spec
-    name = f"{ws.job}.log" if len(job.workers) == 1 else f"{ws.job}.{ws.index}.log"
-    header = (
-        f"--- allocator {stamp}: starting job {ws.job} worker {ws.index} ({cause}) "
-        f"gpus={','.join(map(str, ws.gpus))} device={ws.device} argv={list(ws.argv)} ---"
-    )
     try:
         run_as = resolve_run_as(ws.user, ws.group, job=ws.job)
     except RunAsError as exc:
@@ -301,8 +303,8 @@ def launch_worker(
         argv,
         env,
         cwd=cwd,
-        log_path=log_dir / name,
-        header=header,
+        log_path=worker_log(log_dir, job, worker),
+        header="" if header_written else log_header(ws, cause, stamp),
         status_path=Path(worker.status_path),
         grace=job.grace_seconds,
         cgroup=Path(worker.cgroup) if worker.cgroup else None,
@@ -327,6 +329,43 @@ def launch_worker(
         "mems": cpu_list(ws.mems) or None,
         "container": fields.get("container"),
     }
+
+
+def worker_log(log_dir: Path, job: DesiredJob, worker: WorkerRuntime) -> Path:
+    """The worker's log file: ``<job>.log``, or ``<job>.<index>.log`` for one of several."""
+    ws = worker.spec
+    return log_dir / (f"{ws.job}.log" if len(job.workers) == 1 else f"{ws.job}.{ws.index}.log")
+
+
+def log_header(ws: WorkerSpec, cause: str, stamp: str) -> str:
+    """The line a worker's start writes to its log first."""
+    return (
+        f"--- allocator {stamp}: starting job {ws.job} worker {ws.index} ({cause}) "
+        f"gpus={','.join(map(str, ws.gpus))} device={ws.device} argv={list(ws.argv)} ---"
+    )
+
+
+def reserve_log(path: Path, header: str) -> str:
+    """Write the worker's log header before anything starts; "" if done, else why not.
+
+    Only a full disk (or quota) is a why: it passes, so the start waits and
+    says so, as for a full state disk, rather than counting as a crash the
+    job would be given up on. Any other error is the launch's to report.
+    """
+    try:
+        fd = open_log(path, None)
+    except (LogError, OSError):
+        return ""
+    line = memoryview(header.encode(errors="replace") + b"\n")
+    try:
+        while line:  # a short write is what the last free block takes: write on to the error
+            line = line[os.write(fd, line) :]
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return f"cannot write the worker's log {path}: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    return ""
 
 
 def _membound(argv: tuple[str, ...], mems: Sequence[int], path: str | None) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ from typing import Any
 from allocator.agent.planning.types import (
     Accept,
     Action,
+    Confirm,
     DesiredJob,
     Finish,
     Forget,
@@ -58,7 +59,15 @@ from allocator.agent.processes.adoption import (
 from allocator.agent.processes.cgroups import agent_scope, worker_cgroup_base
 from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
-from allocator.agent.processes.launch import SHIM, launch_worker, prepare_worker, shim_env
+from allocator.agent.processes.launch import (
+    SHIM,
+    launch_worker,
+    log_header,
+    prepare_worker,
+    reserve_log,
+    shim_env,
+    worker_log,
+)
 from allocator.agent.processes.output_tail import failed_output
 from allocator.agent.processes.procs import clean_base_env
 from allocator.agent.processes.reaping import Reaping
@@ -135,7 +144,7 @@ class Supervisor(Reaping):
         """Per job what the loop publishes as a WorkerRecord (see :meth:`JobRuntime.record`)."""
         return {name: job.record() for name, job in sorted(self._jobs.items())}
 
-    def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str], ...]]:
+    def process_roots(self) -> dict[str, tuple[tuple[int, int | None, str, str], ...]]:
         """Per job, each live worker's tree root (see :meth:`JobRuntime.tree_roots`)."""
         return {name: job.tree_roots() for name, job in sorted(self._jobs.items())}
 
@@ -151,6 +160,8 @@ class Supervisor(Reaping):
             self._signal(action)
         elif isinstance(action, Accept):
             self._accept(action.job, action.fingerprint)
+        elif isinstance(action, Confirm):
+            self._confirm(action)
         elif isinstance(action, ScheduleRestart):
             self._schedule(action)
         elif isinstance(action, GiveUp):
@@ -187,7 +198,7 @@ class Supervisor(Reaping):
         self._jobs[action.job] = job
         # Before any fork: a restarted agent finds every shim this start makes, and
         # a worker it could not find (nothing recorded) is a worker never started.
-        why = self._record_launch(job)
+        why = self._record_launch(job, action.cause)
         if why:
             self._hold(job, why)
             return
@@ -197,14 +208,21 @@ class Supervisor(Reaping):
                 self._pending_exits.append(self._exited(job, worker, worker.exit_code))
         self._dirty = True
 
-    def _record_launch(self, job: JobRuntime) -> str:
-        """Save the state, then each worker's first status file; "" if done, else why not."""
+    def _record_launch(self, job: JobRuntime, cause: str) -> str:
+        """Save the state, then each worker's first status file and log line; "" or why not.
+
+        A full log disk is no crash of the job's: like a full state disk, the
+        start waits and says why, and is never given up on.
+        """
         why = self._save()
+        stamp = format_time(self._wall())
         for worker in job.workers:
             if why:
                 break
             fields = status_fields(job.spec, worker, self.boot_id)
             why = record_status(Path(worker.status_path), fields)
+            header = log_header(worker.spec, cause, stamp)
+            why = why or reserve_log(worker_log(self.log_dir, job.spec, worker), header)
         return why
 
     def _hold(self, job: JobRuntime, why: str) -> None:
@@ -226,6 +244,7 @@ class Supervisor(Reaping):
             stamp=format_time(self._wall()),
             warm=self.warm.take(),
             boot_id=self.boot_id,
+            header_written=True,  # by _record_launch
         )
         self._log(event, fields)
 
@@ -248,6 +267,12 @@ class Supervisor(Reaping):
             return
         job.accept(fingerprint)
         self._dirty = True
+
+    def _confirm(self, action: Confirm) -> None:
+        job = self._jobs.get(action.job)
+        if job is not None and job.alive() > 0 and not job.phase.stopping:
+            job.confirm(action.revision)
+            self._dirty = True  # saved: a restarted agent must know it too
 
     def _schedule(self, action: ScheduleRestart) -> None:
         job = self._jobs.get(action.job)

@@ -27,6 +27,7 @@ import os
 import signal
 from pathlib import Path
 
+from allocator.agent.planning.containers import cid_path
 from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
 from allocator.agent.processes import procs
 from allocator.agent.processes.cgroups import (
@@ -296,9 +297,10 @@ def settle(worker: WorkerRuntime) -> None:
 
 
 def discard(worker: WorkerRuntime) -> None:
-    """Remove the worker's status file and cgroup once nothing of it is tracked any more."""
+    """Remove the worker's status file, cidfile and cgroup once nothing of it is tracked."""
     if worker.status_path:
-        with contextlib.suppress(OSError):
-            os.unlink(worker.status_path)
+        for path in (worker.status_path, cid_path(worker.status_path)):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
     if worker.cgroup:
         remove_cgroup(Path(worker.cgroup))

@@ -46,6 +46,7 @@ class ShimStatus(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     boot_id: str = ""
     container: str = ""  # the worker's container, when it runs in one
     engine: str = ""  # and the engine's path
+    revision: str = ""  # of the assignment the worker was started under
 
 
 def status_fields(job: DesiredJob, worker: WorkerRuntime, boot_id: str) -> dict[str, str]:
@@ -59,6 +60,7 @@ def status_fields(job: DesiredJob, worker: WorkerRuntime, boot_id: str) -> dict[
         "grace": repr(float(job.grace_seconds)),
         "cgroup": worker.cgroup,
         "boot_id": boot_id,
+        "revision": str(job.assignment_revision),
     }
 
 

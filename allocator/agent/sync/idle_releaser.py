@@ -100,7 +100,9 @@ class IdleReleaser:
         item = store.get(key)
         if item is None or item.mod_revision != release.revision:
             return "release-overtaken", "the assignment changed since it was judged idle"
-        allocator = Allocator(store, prefix=self.layout.prefix, actor=f"agent@{self.host}")
+        allocator = Allocator(
+            store, prefix=self.layout.prefix, actor=f"agent@{self.host}", acts_for_policy=True
+        )
         try:
             if _across_hosts(item.value, key, release.job, self.host):
                 allocator.release_across(

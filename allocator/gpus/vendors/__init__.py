@@ -68,17 +68,31 @@ def fake_file_vendor(environ: Mapping[str, str]) -> str | None:
 
 
 def read_host_inventory(
-    declared_gpus: int | None = None, *, environ: Mapping[str, str]
+    declared_gpus: int | None = None, *, environ: Mapping[str, str], vendor: str | None = None
 ) -> Inventory:
-    """This host's devices, of whichever vendor it has; never raises for a missing library."""
+    """This host's devices, of whichever vendor it has; never raises for a missing library.
+
+    ``vendor`` is the policy's for this host: when no library answers (an AMD
+    host without amdsmi, detection off), the declared GPUs are that vendor's,
+    so its workers get its variables rather than NVIDIA's.
+    """
     faked = fake_file_vendor(environ)
     if faked is not None:
         return VENDORS[faked].read_inventory(declared_gpus, environ)
     nvidia = NVIDIA.read_inventory(declared_gpus, environ)
-    if from_nvml(nvidia) or environ.get("ALLOCATOR_NVML", "") not in ("", "on"):
+    if from_nvml(nvidia):
         return nvidia
-    for vendor in (AMD, INTEL, APPLE):
-        found = vendor.read_inventory(declared_gpus, environ)
+    expected = VENDORS.get(vendor or "nvidia", NVIDIA)
+    mode = environ.get("ALLOCATOR_NVML", "")
+    if mode == "off":
+        return nvidia if expected is NVIDIA else expected.read_inventory(declared_gpus, environ)
+    if mode != "on" and mode:  # a broken fake file: NVML's reader reports it
+        return nvidia
+    unanswered = {"nvidia": nvidia}
+    for other in (AMD, INTEL, APPLE):
+        found = other.read_inventory(declared_gpus, environ)
         if from_nvml(found) and found.gpus:
             return found
-    return nvidia  # nothing anywhere: NVML's reason, and the declared count
+        unanswered[other.name] = found
+    # Nothing anywhere: the expected vendor's reason (why its library said nothing).
+    return unanswered[expected.name]

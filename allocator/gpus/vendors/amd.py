@@ -1,12 +1,15 @@
 """AMD GPUs: ``amdsmi`` for inventory and health, ``ROCR_VISIBLE_DEVICES`` for visibility.
 
-``amdsmi`` (AMD's own Python library, the ``amd`` extra) is imported here
+``amdsmi`` (AMD's Python interface, installed from the host's ROCm) is imported here
 and nowhere else, and only when an AMD host is being read; the fake
 (:mod:`allocator.gpus.vendors.fake_amdsmi`) answers with the same function
 names from the fake-GPU file when it says ``"vendor": "amd"``.
 
 Visibility: ROCm has three filters that stack. ROCr (the runtime under HIP
-and OpenCL) applies ``ROCR_VISIBLE_DEVICES`` first and takes GPU UUIDs;
+and OpenCL) applies ``ROCR_VISIBLE_DEVICES`` first and takes indices or
+UUIDs of its own form, ``GPU-`` + the 16 hex digits of the KFD ``unique_id``
+(amdsmi's ``asic_serial``; never amdsmi's 36-character device UUID, a token
+ROCr refuses, ending its list): see :mod:`~allocator.gpus.vendors.rocr_filter`.
 HIP then applies ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) as
 *indices into what ROCr left*. Filtering twice with physical numbers hides
 the wrong GPUs, so a worker gets only ``ROCR_VISIBLE_DEVICES``, with UUIDs
@@ -25,13 +28,25 @@ from typing import Any
 
 from allocator.errors import AllocatorError
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
-from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
+from allocator.gpus.vendors.base import (
+    CdiNames,
+    TorchBuild,
+    VendorName,
+    check_device_ids,
+    container_indices,
+)
+from allocator.gpus.vendors.rocr_filter import rocr_uuid, token_problem
 from allocator.records.gpu_info import GpuInfo
 
-__all__ = ["AMD", "Amd", "AmdSmiUnavailable", "load_amdsmi", "read_amd_gpus"]
+__all__ = ["AMD", "Amd", "AmdSmiUnavailable", "load_amdsmi", "read_amd_gpus", "rocr_uuid_of"]
 
 # An index or a GPU- UUID: nothing ROCr would split or trim.
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*\Z")
+# amdsmi_status_t AMDSMI_STATUS_NOT_SUPPORTED (include/amd_smi/amdsmi.h); the value,
+# not the Python enum's member, whose name differs between amdsmi releases.
+_NOT_SUPPORTED = 2
+# asic_serial's "not supported" default in amdsmi (ffffffffffffffff).
+_UNSUPPORTED_SERIAL = (1 << 64) - 1
 
 
 class AmdSmiUnavailable(AllocatorError):
@@ -51,7 +66,7 @@ def load_amdsmi(environ: Mapping[str, str]) -> Any:
         import amdsmi
     except ImportError as exc:
         raise AmdSmiUnavailable(
-            "amdsmi is not installed (pip install 'gpu-allocator[amd]')"
+            "amdsmi is not installed (it comes with ROCm: pip install /opt/rocm/share/amd_smi)"
         ) from exc
     except Exception as exc:  # its import loads libamd_smi.so, which may be missing
         raise AmdSmiUnavailable(f"amdsmi cannot be loaded: {exc}") from exc
@@ -95,18 +110,54 @@ def _read_gpu(lib: Any, handle: Any) -> tuple[str, dict[str, Any]]:
     bdf = str(lib.amdsmi_get_gpu_device_bdf(handle))
     info: dict[str, Any] = {"uuid": None, "name": None, "memory": None, "numa": None, "error": ""}
     try:
-        raw_uuid = str(lib.amdsmi_get_gpu_device_uuid(handle))
-        # ROCr takes UUIDs as GPU-<uuid>; amdsmi answers without the prefix.
-        info["uuid"] = raw_uuid if raw_uuid.startswith("GPU-") else f"GPU-{raw_uuid}"
-        info["name"] = str(lib.amdsmi_get_gpu_asic_info(handle).get("market_name") or "AMD GPU")
-        info["memory"] = int(lib.amdsmi_get_gpu_vram_usage(handle)["vram_total"])
+        asic = _supported(lib, lib.amdsmi_get_gpu_asic_info, handle) or {}
+        info["uuid"] = rocr_uuid_of(asic.get("asic_serial"))
+        info["name"] = str(asic.get("market_name") or "AMD GPU")
+        vram = _supported(lib, lib.amdsmi_get_gpu_vram_usage, handle)
+        info["memory"] = int(vram["vram_total"]) if vram else None
         info["numa"] = _optional(lib, "amdsmi_topo_get_numa_node_number", handle)
-        uncorrectable = int(lib.amdsmi_get_gpu_total_ecc_count(handle)["uncorrectable_count"])
+        ecc = _supported(lib, lib.amdsmi_get_gpu_total_ecc_count, handle)
+        uncorrectable = int(ecc["uncorrectable_count"]) if ecc else 0
         if uncorrectable:
             info["error"] = f"{uncorrectable} uncorrectable ECC errors"
     except lib.AmdSmiException as exc:
         info["error"] = f"amdsmi failed: {exc}"
     return bdf, info
+
+
+def rocr_uuid_of(asic_serial: object) -> str | None:
+    """ROCr's ``GPU-`` token for amdsmi's ``asic_serial`` (``None``: ROCr names it by index).
+
+    amdsmi's binding prints the KFD ``unique_id`` as ``0x`` + 16 hex digits:
+    ``N/A`` when the card gave none, all ones when amdsmi could not read it
+    (its "not supported" default); neither names a GPU ROCr knows.
+    """
+    text = str(asic_serial or "").strip()
+    try:
+        unique_id = int(text, 16)
+    except ValueError:  # "N/A"
+        return None
+    return rocr_uuid(unique_id) if 0 < unique_id < _UNSUPPORTED_SERIAL else None
+
+
+def _supported(lib: Any, call: Any, handle: Any) -> Any:
+    """``call(handle)``, or ``None`` where amdsmi says NOT_SUPPORTED: no signal, not a fault.
+
+    amdsmi answers NOT_SUPPORTED for what the host cannot report (ECC
+    without DRM, as on VM guests); NVML's Not Supported is read the same way.
+    """
+    try:
+        return call(handle)
+    except lib.AmdSmiException as exc:
+        if _error_code(exc) == _NOT_SUPPORTED:
+            return None
+        raise
+
+
+def _error_code(exc: BaseException) -> int | None:
+    get = getattr(exc, "get_error_code", None)  # AmdSmiLibraryException's; not the base class's
+    code = get() if callable(get) else None
+    return int(code) if isinstance(code, int) else None
 
 
 def _optional(lib: Any, name: str, *args: Any) -> Any:
@@ -135,6 +186,9 @@ class Amd:
         "GPU_DEVICE_ORDINAL",
         "CUDA_VISIBLE_DEVICES",
     )
+    # /dev/kfd and /dev/dri/renderD* belong to these (ROCm's install guide adds users
+    # to both; which one owns which node differs between distributions).
+    device_groups: tuple[str, ...] = ("render", "video")
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """amdsmi's (or the fake's) inventory; the declared count when it fails."""
@@ -153,10 +207,16 @@ class Amd:
     def device_ids(
         self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
     ) -> list[str]:
-        """UUIDs whenever every one is known (ROCr's order may differ from PCI order)."""
+        """ROCr's UUIDs whenever every one is known (ROCr's order may differ from PCI order).
+
+        Only a UUID ROCr parses counts (``GPU-`` + 16 hex digits): a longer one,
+        such as amdsmi's 36-character UUID in an older agent's record, would
+        end ROCr's list and hide every GPU, so indices stand in for it.
+        """
         del prefer_uuid  # an index means ROCr's order, which only a UUID pins down
-        use_uuid = all(gpu in known and known[gpu].uuid for gpu in gpus)
-        ids = [str(known[gpu].uuid) if use_uuid else str(gpu) for gpu in gpus]
+        uuids = [known[gpu].uuid if gpu in known else None for gpu in gpus]
+        use_uuid = all(uuid and token_problem(uuid) is None for uuid in uuids)
+        ids = [str(uuid) for uuid in uuids] if use_uuid else [str(gpu) for gpu in gpus]
         check_device_ids(gpus, ids, _DEVICE_ID)
         return ids
 
@@ -168,9 +228,26 @@ class Amd:
         """``-1`` is no device's index or UUID: ROCr exposes nothing."""
         return {"ROCR_VISIBLE_DEVICES": "-1"}
 
-    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
-        """``amd.com/gpu=<id>``, as AMD's container toolkit names GPUs in its CDI spec."""
-        return [f"{self.cdi_kind}={device_id}" for device_id in ids]
+    def cdi_devices(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], naming: CdiNames
+    ) -> list[str]:
+        """``amd.com/gpu=<index>``: ROCm's container toolkit (``internal/cdi/cdi.go``)
+        names the GPUs ``0``...``n-1`` (and ``all``) in the order of the driver's PCI
+        devices, which is the inventory's PCI order."""
+        del known, naming
+        return [f"{self.cdi_kind}={gpu}" for gpu in gpus]
+
+    def container_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """ROCr's UUIDs (the same inside a container), else the container's numbers."""
+        ids = self.device_ids(gpus, known, prefer_uuid)
+        local = container_indices(gpus)
+        return [local[i] if entry.isdigit() else entry for i, entry in enumerate(ids)]
+
+    def container_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """As on the host: ``ROCR_VISIBLE_DEVICES`` only."""
+        return self.visible_env(ids)
 
     def torch_build_problem(self, build: TorchBuild) -> str | None:
         """A CUDA or CPU-only PyTorch cannot drive AMD GPUs."""

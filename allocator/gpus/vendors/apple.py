@@ -10,16 +10,47 @@ stands in for that.
 from __future__ import annotations
 
 import platform
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Literal
 
 from allocator.errors import RequestError
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import Inventory, declared_inventory
-from allocator.gpus.vendors.base import TorchBuild, VendorName
+from allocator.gpus.vendors.base import CdiNames, TorchBuild, VendorName, join_indices
 from allocator.records.gpu_info import GpuInfo
 
-__all__ = ["APPLE", "Apple", "is_apple_silicon"]
+__all__ = ["APPLE", "MPS_AMP_SINCE", "Apple", "is_apple_silicon", "mps_amp_problem"]
+
+MpsAmpFeature = Literal["autocast", "grad_scaler"]
+
+#: The first PyTorch release whose MPS backend does each mixed-precision step.
+#: autocast: pytorch/pytorch#99272, released in 2.5.0; before it,
+#: ``torch.autocast("mps")`` raises "User specified an unsupported autocast
+#: device_type 'mps'". GradScaler: ``step()`` raised "Cannot convert a MPS Tensor
+#: to float64 dtype" (``unscale_`` inverted the scale in float64; pytorch/pytorch#142397)
+#: until pytorch/pytorch#150255 gave MPS its unscale and update kernels and kept
+#: the scale in float32 there, merged after 2.7's branch cut, so first in 2.8.0.
+MPS_AMP_SINCE: dict[MpsAmpFeature, tuple[int, int]] = {"autocast": (2, 5), "grad_scaler": (2, 8)}
+_RELEASE = re.compile(r"([0-9]+)\.([0-9]+)")
+
+
+def mps_amp_problem(feature: MpsAmpFeature, version: str) -> str | None:
+    """Why PyTorch ``version`` cannot do ``feature`` on ``mps`` (``None``: it can).
+
+    ``version`` is ``torch.__version__`` (``2.7.1``, ``2.8.0a0+git...``); one
+    that does not start with a release number is taken to be new enough.
+    """
+    match = _RELEASE.match(version)
+    since = MPS_AMP_SINCE[feature]
+    if match is None or (int(match[1]), int(match[2])) >= since:
+        return None
+    what = "autocast" if feature == "autocast" else "GradScaler.step()"
+    return (
+        f"PyTorch {version} cannot run {what} on mps (it needs PyTorch "
+        f"{since[0]}.{since[1]} or newer); upgrade PyTorch"
+    )
 
 
 def is_apple_silicon(system: str | None = None, machine: str | None = None) -> bool:
@@ -36,6 +67,7 @@ class Apple:
     cdi_kind = ""  # containers on macOS run in a Linux VM with no GPU passed through
     torch_device_type = "mps"
     visibility_variables: tuple[str, ...] = ()
+    device_groups: tuple[str, ...] = ()
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """One GPU on Apple silicon (or in the fake file); the declared count elsewhere."""
@@ -71,16 +103,34 @@ class Apple:
         """Nothing to hide with: ``ALLOCATOR_DEVICE=cpu`` keeps the torch helpers off mps."""
         return {}
 
-    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
-        """None: no container engine on macOS passes the GPU through."""
-        del ids
-        return []
+    def cdi_devices(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], naming: CdiNames
+    ) -> list[str]:
+        """None can be: no container engine on macOS passes the GPU through."""
+        del known, naming
+        raise RequestError(
+            f"GPU {join_indices(gpus)} is an Apple GPU: no container engine passes it "
+            "through (run the job as a host process, without container:)"
+        )
+
+    def container_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """As on the host (never reached: :meth:`cdi_devices` refuses)."""
+        return self.device_ids(gpus, known, prefer_uuid)
+
+    def container_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """Nothing, as on the host."""
+        return self.visible_env(ids)
 
     def torch_build_problem(self, build: TorchBuild) -> str | None:
-        """A PyTorch without MPS cannot use the GPU."""
-        if build.mps:
-            return None
-        return f"PyTorch {build.version} was built without MPS; install the macOS arm64 wheel"
+        """A PyTorch without MPS cannot use the GPU; one too old for mixed precision on it
+        cannot train with :func:`allocator.torch.autocast` and ``grad_scaler``."""
+        if not build.mps:
+            return f"PyTorch {build.version} was built without MPS; install the macOS arm64 wheel"
+        return mps_amp_problem("autocast", build.version) or mps_amp_problem(
+            "grad_scaler", build.version
+        )
 
 
 def _declared(declared_gpus: int | None, reason: str) -> Inventory:

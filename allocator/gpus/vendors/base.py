@@ -9,7 +9,9 @@ library is imported, and each answers the same questions:
   that makes none visible (:meth:`DeviceVendor.visible_env`,
   :meth:`DeviceVendor.no_device_env`), from ids :meth:`DeviceVendor.device_ids`
   chooses;
-* the CDI names of those devices, for container engines (:attr:`DeviceVendor.cdi_kind`);
+* the CDI names of those devices, as the vendor's own spec generator writes
+  them (:meth:`DeviceVendor.cdi_devices`), and the ids a container that holds
+  exactly them numbers them by (:meth:`DeviceVendor.container_ids`);
 * the PyTorch device type that drives them, and what is wrong with a PyTorch
   build for them (:meth:`DeviceVendor.torch_build_problem`, for ``doctor``).
 """
@@ -27,15 +29,20 @@ from allocator.records.gpu_info import GpuInfo
 
 __all__ = [
     "VENDOR_NAMES",
+    "CdiNames",
     "DeviceVendor",
     "TorchBuild",
     "VendorName",
     "check_device_ids",
+    "container_indices",
     "join_indices",
 ]
 
 VendorName = Literal["nvidia", "amd", "intel", "apple"]
 VENDOR_NAMES: tuple[VendorName, ...] = ("nvidia", "amd", "intel", "apple")
+#: How a host's CDI spec names devices where its vendor's generators differ (Intel:
+#: ``card<N>`` from its device plugins' generator, or the DRA driver's PCI-based id).
+CdiNames = Literal["card", "pci"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,9 @@ class DeviceVendor(Protocol):
     #: Every variable its visibility environment sets: the agent never passes
     #: its own values of these to a worker.
     visibility_variables: tuple[str, ...]
+    #: The host groups owning its device nodes (which a container keeps): a
+    #: container's non-root user must be in them to open its GPUs.
+    device_groups: tuple[str, ...]
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """The host's devices of this vendor; never raises for a missing library."""
@@ -80,8 +90,21 @@ class DeviceVendor(Protocol):
         """The variables that make no device of this vendor visible (the CPU fallback)."""
         ...
 
-    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
-        """The fully qualified CDI device names of ``ids`` (``kind=name``)."""
+    def cdi_devices(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], naming: CdiNames
+    ) -> list[str]:
+        """The fully qualified CDI names (``kind=name``) of ``gpus``, as the vendor's
+        generator names them; :class:`RequestError` where none can be formed."""
+        ...
+
+    def container_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """The visibility entries of ``gpus`` inside a container holding exactly them."""
+        ...
+
+    def container_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """:meth:`visible_env` for a container, whose devices the engine injected."""
         ...
 
     def torch_build_problem(self, build: TorchBuild) -> str | None:
@@ -97,6 +120,17 @@ def check_device_ids(gpus: Sequence[int], ids: Sequence[str], pattern: re.Patter
     if len(set(ids)) != len(ids):
         listed = join_indices(gpus)
         raise RequestError(f"GPUs {listed} resolve to a repeated device id: {list(ids)}")
+
+
+def container_indices(gpus: Sequence[int]) -> list[str]:
+    """Each GPU's number inside a container holding exactly ``gpus``.
+
+    Runtimes number what they can see from 0 in PCI order (CUDA with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, Level Zero with PCI ordering), and host
+    indices are PCI order too: a GPU's number is its rank among ``gpus``.
+    """
+    rank = {gpu: str(position) for position, gpu in enumerate(sorted(gpus))}
+    return [rank[gpu] for gpu in gpus]
 
 
 def join_indices(values: Sequence[int]) -> str:

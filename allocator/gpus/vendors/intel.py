@@ -23,9 +23,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
+from allocator.errors import RequestError
 from allocator.gpus.fake_file import FakeFileError, FakeSystem, parse_fake_file
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
-from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
+from allocator.gpus.vendors.base import (
+    CdiNames,
+    TorchBuild,
+    VendorName,
+    check_device_ids,
+    container_indices,
+)
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["INTEL", "FakeSysfs", "Intel", "RealSysfs", "Sysfs", "read_intel_gpus"]
@@ -99,7 +106,7 @@ class FakeSysfs:
 
 def read_intel_gpus(sysfs: Sysfs) -> tuple[GpuInfo, ...]:
     """Every Intel GPU sysfs shows, indexed in PCI order."""
-    found: list[tuple[str, str, int | None]] = []
+    found: list[tuple[str, str, int | None, int]] = []
     for card in sysfs.listdir("class/drm"):
         if not _CARD.match(card):
             continue
@@ -109,7 +116,8 @@ def read_intel_gpus(sysfs: Sysfs) -> tuple[GpuInfo, ...]:
         slot = _uevent(sysfs.read(f"{base}/uevent") or "").get("PCI_SLOT_NAME", "")
         device_id = (sysfs.read(f"{base}/device") or "").strip()
         numa = (sysfs.read(f"{base}/numa_node") or "").strip()
-        found.append((slot, device_id, int(numa) if _INDEX.match(numa) else None))
+        number = int(card.removeprefix("card"))
+        found.append((slot, device_id, int(numa) if _INDEX.match(numa) else None, number))
     found.sort()
     return tuple(
         GpuInfo(
@@ -117,8 +125,10 @@ def read_intel_gpus(sysfs: Sysfs) -> tuple[GpuInfo, ...]:
             pci_bus_id=slot or None,
             name=f"Intel GPU {device_id}" if device_id else "Intel GPU",
             numa_node=numa,
+            drm_card=number,
+            pci_device_id=device_id or None,
         )
-        for index, (slot, device_id, numa) in enumerate(found)
+        for index, (slot, device_id, numa, number) in enumerate(found)
     )
 
 
@@ -139,6 +149,9 @@ class Intel:
         "ZE_FLAT_DEVICE_HIERARCHY",
         "ONEAPI_DEVICE_SELECTOR",
     )
+    # /dev/dri/renderD* is group render, card* group video (Intel's container guides:
+    # --group-add with the render node's GID).
+    device_groups: tuple[str, ...] = ("render", "video")
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """sysfs's (or the fake's) Intel GPUs; the declared count when there are none."""
@@ -177,9 +190,25 @@ class Intel:
         """SYCL (and so PyTorch's xpu) sees the CPU only."""
         return {"ONEAPI_DEVICE_SELECTOR": "opencl:cpu"}
 
-    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
-        """``intel.com/gpu=<index>``."""
-        return [f"{self.cdi_kind}={device_id}" for device_id in ids]
+    def cdi_devices(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], naming: CdiNames
+    ) -> list[str]:
+        """``intel.com/gpu=card<N>`` (the DRM card, as intel-device-plugins' CDI
+        generator names it) or, under ``pci``, the DRA driver's id
+        (intel-resource-drivers-for-kubernetes ``DeviceUIDFromPCIinfo``:
+        ``0000:03:00.0`` and ``0x56c0`` make ``0000-03-00-0-0x56c0``)."""
+        return [f"{self.cdi_kind}={_cdi_name(gpu, known.get(gpu), naming)}" for gpu in gpus]
+
+    def container_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """The container's numbers: Level Zero renumbers what it sees from 0, in PCI order."""
+        del known, prefer_uuid
+        return container_indices(gpus)
+
+    def container_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """As on the host, with the container's numbers."""
+        return self.visible_env(ids)
 
     def torch_build_problem(self, build: TorchBuild) -> str | None:
         """A PyTorch without XPU support cannot drive Intel GPUs."""
@@ -189,6 +218,23 @@ class Intel:
             f"PyTorch {build.version} was built without XPU support on an Intel GPU host; "
             "install PyTorch's XPU build (https://pytorch.org/get-started/locally/)"
         )
+
+
+def _cdi_name(gpu: int, info: GpuInfo | None, naming: CdiNames) -> str:
+    if naming == "pci":
+        if info is None or not info.pci_bus_id or not info.pci_device_id:
+            raise RequestError(
+                f"Intel GPU {gpu}: its PCI address and device id are unknown, and this "
+                "host's CDI spec (cdi_names: pci) names GPUs by them"
+            )
+        address = info.pci_bus_id.lower().replace(":", "-").replace(".", "-")
+        return f"{address}-{info.pci_device_id.lower()}"
+    if info is None or info.drm_card is None:
+        raise RequestError(
+            f"Intel GPU {gpu}: its DRM card number is unknown (no sysfs inventory), and "
+            "Intel's CDI spec names GPUs card<N>"
+        )
+    return f"card{info.drm_card}"
 
 
 def _fake_sysfs(path: str) -> FakeSysfs:

@@ -24,13 +24,20 @@ from collections.abc import Mapping, Sequence
 
 from allocator.errors import RequestError
 from allocator.gpus.inventory import Inventory, read_inventory
-from allocator.gpus.vendors.base import TorchBuild, VendorName, check_device_ids
+from allocator.gpus.vendors.base import (
+    CdiNames,
+    TorchBuild,
+    VendorName,
+    check_device_ids,
+    container_indices,
+)
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["NVIDIA", "Nvidia"]
 
 # An index, a GPU-/MIG- UUID, or MIG-GPU-<uuid>/<gi>/<ci>: nothing CUDA would split or trim.
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_-]*\Z")
+_INDEX = re.compile(r"[0-9]+\Z")
 
 
 class Nvidia:
@@ -44,6 +51,7 @@ class Nvidia:
         "NVIDIA_VISIBLE_DEVICES",
         "CUDA_DEVICE_ORDER",
     )
+    device_groups: tuple[str, ...] = ()  # /dev/nvidia* are 0666: any user opens them
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """NVML's (or the fake NVML's) inventory; the declared count when NVML fails."""
@@ -78,10 +86,38 @@ class Nvidia:
         """Empty (not unset: unset means every GPU), and ``void`` for the container runtime."""
         return {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
 
-    def cdi_devices(self, ids: Sequence[str]) -> list[str]:
-        """``nvidia.com/gpu=<id>``: NVIDIA's generated CDI spec names GPUs and MIG
-        instances by index and by UUID under the one kind."""
-        return [f"{self.cdi_kind}={device_id}" for device_id in ids]
+    def cdi_devices(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], naming: CdiNames
+    ) -> list[str]:
+        """``nvidia.com/gpu=<UUID>``, a MIG GPU's instance by its UUID, else the index.
+
+        ``nvidia-ctk cdi generate`` (``pkg/nvcdi``) names every GPU by its index
+        and by its UUID since v1.15 (``--device-name-strategy`` defaults to both),
+        and MIG instances by UUID: the UUID names the GPU whatever the bus order.
+        """
+        del naming  # one naming: both are in NVIDIA's spec
+        names: list[str] = []
+        for gpu in gpus:
+            info = known.get(gpu)
+            if info is not None and info.mig_enabled and info.mig_devices:
+                names.append(f"{self.cdi_kind}={info.mig_devices[0].uuid}")
+            else:
+                name = info.uuid if info is not None and info.uuid else str(gpu)
+                names.append(f"{self.cdi_kind}={name}")
+        return names
+
+    def container_ids(
+        self, gpus: Sequence[int], known: Mapping[int, GpuInfo], prefer_uuid: bool
+    ) -> list[str]:
+        """UUIDs (CUDA takes them inside a container too), else the container's numbers."""
+        ids = self.device_ids(gpus, known, prefer_uuid)
+        local = container_indices(gpus)
+        return [local[i] if _INDEX.match(entry) else entry for i, entry in enumerate(ids)]
+
+    def container_env(self, ids: Sequence[str]) -> dict[str, str]:
+        """CUDA's list; ``NVIDIA_VISIBLE_DEVICES=void``: the engine injected the devices,
+        and a legacy runtime hook would read the list with the host's numbers."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(ids), "NVIDIA_VISIBLE_DEVICES": "void"}
 
     def torch_build_problem(self, build: TorchBuild) -> str | None:
         """A ROCm or CPU-only PyTorch cannot drive NVIDIA GPUs."""

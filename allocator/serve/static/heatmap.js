@@ -13,8 +13,16 @@ const STATE_WORDS = {
   unknown: "unknown",
 };
 const LABEL_HEIGHT = 18;
+const HOST_LABEL = 14;    // a line above each host's cells for its name, when cells are this big:
+const NAMED_SIZE = 10;    // a small fleet's; at fleet scale the tooltip and the search name hosts
+const NAMED_BLOCK = 84;   // the least width of a named host's block, for its name
 const MAX_HEIGHT = 900;   // the cell size is the largest that fits the fleet in this height
 const DIM = 0.82;         // how far a cell that does not match is faded towards white
+
+// "agent alive", "agent gone"; a host no agent ever reported from: "no agent", not "agent none".
+function agentWords(agent) {
+  return agent === "none" ? "no agent" : "agent " + agent;
+}
 
 function dimmed(hex) {
   const n = parseInt(hex.slice(1), 16);
@@ -74,17 +82,20 @@ class Heatmap {
       if (height <= MAX_HEIGHT) break;
     }
     size = Math.max(size, 2);
+    const named = size >= NAMED_SIZE;
+    if (named) { block = Math.max(block, NAMED_BLOCK); perRow = Math.max(1, Math.floor(width / block)); }
+    const rowPitch = pitch + (named ? HOST_LABEL : 0), cellTop = named ? HOST_LABEL : 0;
     let y = 0;
     this.sections = order.map((pool) => {
       const list = groups.get(pool);
       const section = {pool, hosts: list, label: y, top: y + LABEL_HEIGHT};
-      y = section.top + Math.ceil(list.length / perRow) * pitch;
+      y = section.top + Math.ceil(list.length / perRow) * rowPitch;
       section.bottom = y;
       return section;
     });
     this.place = new Int32Array(hosts.length * 2);  // each host's section and position in it
     this.sections.forEach((s, n) => s.hosts.forEach((h, k) => { this.place[2 * h] = n; this.place[2 * h + 1] = k; }));
-    Object.assign(this, {size, pitch, block, perRow, width, height: Math.max(y, 1)});
+    Object.assign(this, {size, pitch, block, perRow, width, named, rowPitch, cellTop, height: Math.max(y, 1)});
   }
 
   hostMatches(i) {
@@ -111,7 +122,8 @@ class Heatmap {
     let cells = 0, matching = 0;
     for (const section of this.sections) {
       section.hosts.forEach((i, k) => {
-        const x0 = (k % this.perRow) * this.block, y = section.top + Math.floor(k / this.perRow) * this.pitch;
+        const x0 = (k % this.perRow) * this.block;
+        const y = section.top + Math.floor(k / this.perRow) * this.rowPitch + this.cellTop;
         const row = hosts[i], text = row[3], hostOk = this.hostMatches(i);
         const chosen = f.cells ? f.cells.get(row[0]) : null;
         const top = Math.round(y * dpr) * width;
@@ -134,18 +146,45 @@ class Heatmap {
       const count = section.hosts.length;
       ctx.fillText(name + " · " + count.toLocaleString("en-US") + (count === 1 ? " host" : " hosts"), 0, section.label + 13);
     }
+    const labels = this.drawNames(ctx);
     const byName = (list) => JSON.stringify(Object.fromEntries(names.map((s, n) => [s, list[n]])));
-    Object.assign(canvas.dataset, {cells, matching, hosts: hosts.length, states: byName(counts), matched: byName(matched),
+    Object.assign(canvas.dataset, {cells, matching, hosts: hosts.length, hostLabels: labels,
+      states: byName(counts), matched: byName(matched),
       drawMs: (performance.now() - started).toFixed(1)});
     this.counts = counts; this.matched = matched; this.matching = matching; this.cells = cells;
     this.showCursor();
+  }
+
+  // Each host's name above its cells, cut to its block's width; how many were written.
+  drawNames(ctx) {
+    if (!this.named) return 0;
+    ctx.font = "11px system-ui, sans-serif";
+    const room = this.block - 6;
+    let written = 0;
+    for (const section of this.sections) {
+      for (const i of section.hosts) {
+        let name = this.fleet.hosts[i][0];
+        while (name.length > 1 && ctx.measureText(name).width > room) name = name.slice(0, -2) + "…";
+        const box = this.labelBox(i);
+        ctx.fillText(name, box.x, box.y + 11);
+        written++;
+      }
+    }
+    return written;
+  }
+
+  // Where host i's name goes (a small fleet's), in CSS pixels.
+  labelBox(i) {
+    const section = this.sections[this.place[2 * i]], k = this.place[2 * i + 1];
+    const y = section.top + Math.floor(k / this.perRow) * this.rowPitch;
+    return {x: (k % this.perRow) * this.block, y, w: this.block - 6, h: HOST_LABEL};
   }
 
   // The box of host i's GPU g on the canvas, in CSS pixels.
   cellBox(i, g) {
     const section = this.sections[this.place[2 * i]], k = this.place[2 * i + 1];
     const x = (k % this.perRow) * this.block + g * this.pitch;
-    const y = section.top + Math.floor(k / this.perRow) * this.pitch;
+    const y = section.top + Math.floor(k / this.perRow) * this.rowPitch + this.cellTop;
     return {x, y, w: this.size, h: this.size};
   }
 
@@ -155,7 +194,9 @@ class Heatmap {
     if (!section) return null;
     const column = Math.floor(x / this.block);
     if (column >= this.perRow) return null;
-    const k = Math.floor((y - section.top) / this.pitch) * this.perRow + column;
+    const row = Math.floor((y - section.top) / this.rowPitch);
+    if (y - section.top - row * this.rowPitch < this.cellTop) return null;  // a host's name
+    const k = row * this.perRow + column;
     const g = Math.floor((x - column * this.block) / this.pitch);
     const host = section.hosts[k];
     if (host === undefined || g >= this.fleet.hosts[host][3].length) return null;
@@ -166,7 +207,7 @@ class Heatmap {
     const [name, pool, agent, text] = this.fleet.hosts[hit.host];
     const state = this.fleet.states[text.charCodeAt(hit.gpu) - 48] || "unknown";
     const poolName = pool < 0 ? "no pool" : this.fleet.pools[pool];
-    return name + " · GPU " + hit.gpu + " · " + (STATE_WORDS[state] || state) + " · " + poolName + " · agent " + agent;
+    return name + " · GPU " + hit.gpu + " · " + (STATE_WORDS[state] || state) + " · " + poolName + " · " + agentWords(agent);
   }
 
   hover(e) {

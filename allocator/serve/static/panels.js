@@ -101,7 +101,7 @@ function renderGroups(groups, pick) {
   return table(["job", "hosts", "port", "shares"], groups.map((g) => el("tr", {"data-group": g.job},
     el("td", {}, g.job), el("td", {}, hostLinks(g.nodes, pick)), el("td", {}, g.master_port ?? ""),
     el("td", {}, g.shares.map((s) => s.host + " rank " + s.rank + ": " + (s.gpus || "no share") +
-      (s.agent === "alive" ? "" : " (agent " + s.agent + ")")).join("; ")))));
+      (s.agent === "alive" ? "" : " (" + agentWords(s.agent) + ")")).join("; ")))));
 }
 
 function hostLinks(names, pick) {

@@ -36,6 +36,7 @@ __all__ = [
     "guard_op",
     "key_value",
     "random_flags",
+    "refusal_text",
     "session_id",
     "take_over",
     "txn_failure",
@@ -139,6 +140,17 @@ class LockHeld(Exception):
         self.keys = tuple(keys)
 
 
+def refusal_text(verb: str, key: str, what: str) -> str:
+    """``txn set KEY (Permission denied): grant ...``: the operation, the key, what to grant."""
+    need = "read" if verb in ("get", "get-tree", "check-index", "check-session") else "write"
+    if "ACL not found" in what:
+        return f"txn {verb} {key} ({what}): the token is unknown to Consul"
+    return (
+        f"txn {verb} {key} ({what}): grant the token's ACL policy "
+        f'key "{key.lstrip("/")}" {{ policy = "{need}" }}'
+    )
+
+
 def txn_failure(
     address: str, payload: Sequence[Mapping[str, Any]], keys: Sequence[str], errors: Any
 ) -> Exception:
@@ -152,8 +164,9 @@ def txn_failure(
         at = int(error["OpIndex"])
         failed.append((str(payload[at]["KV"]["Verb"]), keys[at], str(error["What"])))
     whats = "; ".join(f"{key}: {what}" for _, key, what in failed)
-    if any("Permission denied" in what or "ACL not found" in what for _, _, what in failed):
-        return PermissionDenied(f"Consul at {address} refused the write: {whats}")
+    refused = [f for f in failed if "Permission denied" in f[2] or "ACL not found" in f[2]]
+    if refused:
+        return PermissionDenied(f"Consul at {address} refused {refusal_text(*refused[0])}")
     locks = [(key, what) for verb, key, what in failed if verb == "lock"]
     if any("session" in what and "held" not in what for _, what in locks):
         return LeaseLost(f"cannot write with a lease that expired or was revoked: {whats}")

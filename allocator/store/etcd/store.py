@@ -37,7 +37,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from allocator.errors import Compacted, LeaseLost, StoreError
+from allocator.errors import Compacted, LeaseLost, PermissionDenied, StoreError
 from allocator.store.base import (
     Compare,
     Delete,
@@ -116,7 +116,8 @@ class EtcdStore:
 
     def get(self, key: str) -> KeyValue | None:
         """Return the current version of ``key``, or ``None``."""
-        reply = self._calls.call("/v3/kv/range", range_request(check_key(key)), idempotent=True)
+        with self._naming("range", key):
+            reply = self._calls.call("/v3/kv/range", range_request(check_key(key)), idempotent=True)
         kvs = reply.get("kvs") or []
         return key_value_of(kvs[0]) if kvs else None
 
@@ -134,7 +135,8 @@ class EtcdStore:
         def send(endpoint: Endpoint, until: float) -> Listing:
             return endpoint.post_as("/v3/kv/range", request, until, range_listing)
 
-        return self._calls.run(send, idempotent=True)
+        with self._naming("range", prefix, prefix=True):
+            return self._calls.run(send, idempotent=True)
 
     def list_parts(
         self, prefix: str, revision: int, splits: Sequence[str] = ()
@@ -207,7 +209,8 @@ class EtcdStore:
         request: Json = {"key": b64(key), "value": b64(value)}
         if _lease_of(lease):
             request["lease"] = str(lease)
-        return _revision(self._calls.call("/v3/kv/put", request))
+        with self._naming("put", key):
+            return _revision(self._calls.call("/v3/kv/put", request))
 
     def delete(self, key: str, *, expect_revision: int | None = None) -> bool:
         """Delete ``key``; return whether it existed."""
@@ -222,7 +225,7 @@ class EtcdStore:
 
     def _txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> Json:
         check_txn(compares, ops, self.max_txn_ops)
-        reply = self._calls.call("/v3/kv/txn", txn_request(compares, ops))
+        reply = self._txn_call(txn_request(compares, ops), (compares, ops, ()))
         if not reply.get("succeeded"):
             raise conflict_of(compares, reply)
         return reply
@@ -231,7 +234,7 @@ class EtcdStore:
         """One listing per item of ``reads``: one transaction of range reads, at one revision."""
         check_reads(reads)
         request = {"success": read_ops(reads)}
-        reply = self._calls.call("/v3/kv/txn", request, idempotent=True)
+        reply = self._txn_call(request, ((), (), reads), idempotent=True)
         return listings_of(reply.get("responses") or [], _revision(reply))
 
     def txn_or_read(
@@ -240,12 +243,42 @@ class EtcdStore:
         """``txn``; when a compare fails, the ``reads`` from the same request's failure branch."""
         check_txn(compares, ops, self.max_txn_ops)
         check_reads(reads)
-        reply = self._calls.call("/v3/kv/txn", txn_request(compares, ops, reads))
+        reply = self._txn_call(txn_request(compares, ops, reads), (compares, ops, reads))
         if reply.get("succeeded"):
             return TxnOutcome(True, _revision(reply))
         changed = conflict_of(compares, reply).keys
         found = listings_of((reply.get("responses") or [])[len(compares) :], _revision(reply))
         return TxnOutcome(False, _revision(reply), changed, found)
+
+    def _txn_call(
+        self,
+        request: Json,
+        txn: tuple[Sequence[Compare], Sequence[Op], Sequence[Read]],
+        *,
+        idempotent: bool = False,
+    ) -> Json:
+        """One transaction; a refusal names the operation and key etcd refused."""
+        try:
+            return self._calls.call("/v3/kv/txn", request, idempotent=idempotent)
+        except PermissionDenied as exc:
+            from allocator.store.etcd.refusals import refused_txn
+
+            def probe(body: Json) -> object:
+                return self._calls.call("/v3/kv/txn", body, idempotent=True)
+
+            raise refused_txn(exc, probe, txn, self.config.username) from exc
+
+    @contextlib.contextmanager
+    def _naming(self, verb: str, key: str, *, prefix: bool = False) -> Iterator[None]:
+        """A refusal inside names ``verb`` and ``key`` (etcd's says only "permission denied")."""
+        try:
+            yield
+        except PermissionDenied as exc:
+            from allocator.store.etcd.refusals import is_refusal, named
+
+            if not is_refusal(exc):
+                raise
+            raise named(exc, verb, key, self.config.username, prefix=prefix) from exc
 
     # --- watches -------------------------------------------------------------
 
@@ -258,7 +291,8 @@ class EtcdStore:
         from allocator.store.etcd.watch import EtcdWatch, open_watch_stream
 
         request = watch_request(check_prefix(prefix), start_revision)
-        opened = self._calls.run(lambda ep, until: open_watch_stream(ep, request, until), True)
+        with self._naming("watch", prefix, prefix=True):
+            opened = self._calls.run(lambda ep, until: open_watch_stream(ep, request, until), True)
         watch = EtcdWatch(opened, self._forget)
         with self._lock:
             if self._calls.closed:

@@ -124,7 +124,14 @@ def test_a_new_image_restarts_the_job_a_host_job_keeps_its_fingerprint() -> None
     other = _desired(_policy(msgspec.structs.replace(PODMAN, image="train:2")))
     assert len({d.fingerprint for d in (host, boxed, other)}) == 3
     # A host job's fingerprint is what it was before containers existed (no restart on upgrade).
-    plain = [replace(w, container=None) for w in boxed.workers]
+    # Only the container's own parts differ: its container, and the legacy NVIDIA hook
+    # told to inject nothing (the UUIDs in CUDA_VISIBLE_DEVICES mean the same inside).
+    host_env = host.workers[0].env
+    plain = [
+        replace(w, container=None, env={**w.env, "NVIDIA_VISIBLE_DEVICES": "GPU-0001"})
+        for w in boxed.workers
+    ]
+    assert host_env["NVIDIA_VISIBLE_DEVICES"] == "GPU-0001"
     assert fingerprint(plain) == host.fingerprint
 
 
@@ -139,7 +146,8 @@ def test_another_vendors_gpus_are_named_by_its_cdi_kind() -> None:
         inventory=INVENTORY,
         vendor="amd",
     )
-    assert run.device_options == ("--device", "amd.com/gpu=GPU-0000")
+    # ROCm's container toolkit names GPUs by index (internal/cdi/cdi.go), never by UUID.
+    assert run.device_options == ("--device", "amd.com/gpu=0")
 
 
 def test_an_engine_missing_from_the_agents_path_is_one_clear_error(tmp_path: Path) -> None:
@@ -166,3 +174,54 @@ def test_an_engine_missing_from_the_agents_path_is_one_clear_error(tmp_path: Pat
         "allocator-t.0.ab",
     ]
     assert "SECRET_OF_AGENT" not in launch.argv  # only the worker's own variables go in
+
+
+def test_the_workers_cpu_set_is_given_to_the_engine_not_inherited() -> None:
+    # docker's containers are the daemon's children: the shim's affinity never reaches them.
+    run = container_run(
+        DOCKER, host=HOST, job="train", index=0, revision=1, gpus=(0,), inventory=INVENTORY
+    )
+    argv = container_argv(run, name="n", env_names=(), argv=("go",), cpus=(0, 1, 2, 8), mems=(0,))
+    assert "--cpuset-cpus=0-2,8" in argv and "--cpuset-mems=0" in argv
+    assert argv.index("--cpuset-cpus=0-2,8") < argv.index("train:1")
+    unpinned = container_argv(run, name="n", env_names=(), argv=("go",))
+    assert not any(word.startswith("--cpuset") for word in unpinned)
+
+
+def test_docker_on_amd_and_intel_defaults_to_cdi_nvidia_keeps_gpus() -> None:
+    intel = (GpuInfo(index=0, drm_card=1),)
+    for vendor, name, known in (
+        ("amd", "amd.com/gpu=0", ()),
+        ("intel", "intel.com/gpu=card1", intel),
+    ):
+        run = container_run(
+            DOCKER,
+            host=HOST,
+            job="t",
+            index=0,
+            revision=1,
+            gpus=(0,),
+            inventory=known,
+            vendor=vendor,
+        )
+        assert run.device_options == ("--device", name)
+    nvidia = container_run(
+        DOCKER, host=HOST, job="t", index=0, revision=1, gpus=(0,), inventory=INVENTORY
+    )
+    assert nvidia.device_options == ("--gpus", '"device=GPU-0000"')
+
+
+def test_the_launch_passes_the_workers_pinning_to_the_engine(tmp_path: Path) -> None:
+    from allocator.agent.processes.container_launch import container_launch
+    from allocator.agent.processes.job_state import WorkerRuntime
+
+    job = _desired(_policy(DOCKER))
+    spec = replace(job.workers[0], cpus=(4, 5), mems=(1,))
+    worker = WorkerRuntime(spec=spec, pid=0, start_ticks=None, status_path=str(tmp_path / "t.0.s"))
+    (tmp_path / "docker").write_text("#!/bin/sh\n")
+    (tmp_path / "docker").chmod(0o755)
+    launch = container_launch(job, worker, {"PATH": str(tmp_path)}, None)
+    assert "--cpuset-cpus=4-5" in launch.argv and "--cpuset-mems=1" in launch.argv
+    # The engine writes the container's id next to the status file: its GPU processes
+    # are found by it (docker's are the daemon's children, not the shim's).
+    assert f"--cidfile={tmp_path / 't.0.cid'}" in launch.argv

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 
+from allocator.agent.gpu_care.care import GpuCare
 from allocator.agent.gpu_care.state import GpuState
-from allocator.policy.model import HealthSettings, Policy
+from allocator.agent.log import DecisionLog
+from allocator.policy.model import HealthSettings, Host, Policy
 from tests.support.clock import FakeClock
 from tests.support.fake_gpus import FakeGpus
 
@@ -144,3 +147,15 @@ def test_an_idle_agent_does_not_rewrite_its_state_file(tmp_path: Path, gpus: Fak
     for _ in range(3):
         agent.check()
     assert agent.path.stat().st_mtime_ns == stamp
+
+
+def test_gpus_no_library_reads_are_the_vendor_the_policy_says(tmp_path: Path) -> None:
+    # An AMD host whose amdsmi cannot answer: its workers still get AMD's variables.
+    policy = Policy(version=1, hosts={"node1": Host("node1", 2, vendor="amd")})
+    clock = FakeClock(100.0)
+    log = DecisionLog("json", "node1", stream=io.StringIO())
+    care = GpuCare({"ALLOCATOR_NVML": "off"}, tmp_path, log, clock())
+    assert care.read_inventory(policy, "node1", clock()).vendor == "amd"
+    clock.advance(60.0)
+    care.state.check(clock(), policy, "node1", None)  # health checks re-read it
+    assert (care.inventory.vendor, len(care.inventory.gpus)) == ("amd", 2)

@@ -327,8 +327,8 @@ def test_status_shows_a_job_across_hosts_as_one_line_naming_a_gone_agent() -> No
     assert isinstance(group, GroupStatus)
     assert group.summary() == (
         f"train across node1,node2,node3 (MASTER_PORT {PORT}): node1 rank 0 gpus 0,1: "
-        "running pid 10; node2 rank 1 gpus 0,1 AGENT GONE: running pid 11; "
-        "node3 rank 2 NO SHARE: -"
+        "running pid 10; node2 rank 1 gpus 0,1, AGENT GONE: last reported running pid 11; "
+        "node3 rank 2 NO SHARE"
     )
 
 

@@ -15,6 +15,7 @@ from allocator.agent.planning.reconcile import change_signal, crash_backoff, pla
 from allocator.agent.planning.types import (
     Accept,
     Action,
+    Confirm,
     DesiredJob,
     DesiredState,
     Finish,
@@ -43,6 +44,7 @@ def want(
     backoff_max: float = 30.0,
     grace_seconds: float = 5.0,
     message: str = "",
+    revision: int = 1,
 ) -> DesiredJob:
     """A desired job; its workers do not matter to the planner."""
     return DesiredJob(
@@ -59,7 +61,7 @@ def want(
         device=device,
         fallback_reason=None,
         message=message,
-        assignment_revision=1,
+        assignment_revision=revision,
     )
 
 
@@ -76,6 +78,7 @@ def view(
     gpus: tuple[int, ...] = (0, 1),
     device: Literal["cuda", "cpu"] = "cuda",
     grace_seconds: float = 7.0,
+    revision: int = 1,
 ) -> JobView:
     """The supervisor's view of a job; ``alive`` defaults to the workers still running."""
     return JobView(
@@ -92,6 +95,7 @@ def view(
         gpus=gpus,
         device=device,
         grace_seconds=grace_seconds,
+        assignment_revision=revision,
     )
 
 
@@ -253,6 +257,28 @@ RULES: list[tuple[str, DesiredJob | None, JobView | None, float, list[Action]]] 
     ),
     ("one rank finished early: nothing", want(), view(exit_codes=(0, None)), T0, []),
     (
+        "set again, same spec, while it runs: the new revision noted",
+        want(revision=5),
+        view(),
+        T0,
+        [Confirm("train", 5)],
+    ),
+    ("set again while it stops: nothing", want(revision=5), view(stopping=True), T0, []),
+    (
+        "set again once every worker ended, shims clearing up: no note (a new run)",
+        want(revision=5),
+        view(exit_codes=(0, 0), alive=1),
+        T0,
+        [],
+    ),
+    (
+        "set again while a rank crashed: the stop, no note",
+        want(revision=5),
+        view(exit_codes=(1, None)),
+        T0,
+        [Stop("train", "worker crashed: worker 0 exited with 1", 5.0)],
+    ),
+    (
         "workers gone without exit codes: a crash",
         want(),
         view(exit_codes=(None, None), alive=0),
@@ -376,6 +402,7 @@ class FakeRuntime:
     change_restarts: int = 0
     next_restart_at: float | None = None
     gave_up: bool = False
+    assignment_revision: int = 0
 
     @property
     def alive(self) -> int:
@@ -396,6 +423,7 @@ class FakeRuntime:
             gpus=self.gpus,
             device=self.device,
             grace_seconds=self.grace_seconds,
+            assignment_revision=self.assignment_revision,
         )
 
 
@@ -420,6 +448,10 @@ class FakeSupervisor:
         elif isinstance(action, SignalJob | Accept):
             assert runtime.alive > 0 and not runtime.stopping, f"{action} with nothing to tell"
             runtime.fingerprint = action.fingerprint
+        elif isinstance(action, Confirm):
+            assert runtime.alive > 0 and not runtime.stopping, f"{action} of no running workers"
+            assert runtime.assignment_revision != action.revision, f"needless {action}"
+            runtime.assignment_revision = action.revision
         elif isinstance(action, ScheduleRestart):
             assert runtime.next_restart_at is None, f"rescheduled: {action}"
             runtime.next_restart_at = action.at
@@ -456,6 +488,7 @@ class FakeSupervisor:
             started_at=now,
             crash_restarts=crashes,
             change_restarts=changes + (action.cause == "change"),
+            assignment_revision=spec.assignment_revision,
         )
 
     @staticmethod

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from allocator.agent.gpu_care.recovery import RecoveryProbes, probe_environment
+from allocator.agent.gpu_care.state import GpuState
 from allocator.gpus.probe import ProbeResult
+from allocator.gpus.vendors.amd import AMD
+from allocator.policy.model import HealthSettings, Policy
 from allocator.records.gpu_info import GpuInfo
+from tests.support.fake_gpus import FakeGpus
+from tests.support.level_zero import Card, Device, level_zero_devices
 from tests.support.waiting import wait_for
 
 COMMAND = ("probe",)
@@ -112,3 +118,55 @@ def test_a_real_probe_process_that_hangs_is_killed_and_counts_as_a_failure(tmp_p
         return reason if reason.startswith("re-test failed") else None
 
     assert "did not finish within 0.5s" in wait_for("the timeout", failed)
+
+
+def test_on_an_intel_host_the_probe_sees_the_recovering_card_alone() -> None:
+    pci = ["0000:18:00.0", "0000:42:00.0", "0000:6c:00.0"]
+    inventory = [GpuInfo(index, pci_bus_id=slot) for index, slot in enumerate(pci)]
+    env = probe_environment({"PATH": "/bin"}, 2, inventory, "intel")
+    assert env == {
+        "PATH": "/bin",
+        "ZE_AFFINITY_MASK": "2",
+        "ZE_ENABLE_PCI_ID_DEVICE_ORDER": "1",
+        "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE",
+        "ONEAPI_DEVICE_SELECTOR": "level_zero:*",
+        "ALLOCATOR_VENDOR": "intel",
+        "ALLOCATOR_DEVICE": "xpu",
+        "ALLOCATOR_GPUS": "2",
+        "ALLOCATOR_GPU_COUNT": "1",
+    }
+    cards = [Card(pci[1], 2), Card(pci[2], 2), Card(pci[0], 2)]
+    assert level_zero_devices(env, cards) == [Device(pci[2], (0, 1))]
+
+
+def test_on_an_amd_host_the_probe_gets_rocr_s_filter_from_the_device_layer() -> None:
+    info = GpuInfo(1, uuid="GPU-4c2a3f1e5d6b7a80", pci_bus_id="0000:c1:00.0")
+    env = probe_environment({"PATH": "/bin"}, 1, [GpuInfo(0), info], "amd")
+    assert (
+        env["ROCR_VISIBLE_DEVICES"]
+        == AMD.visible_env(AMD.device_ids([1], {1: info}, True))["ROCR_VISIBLE_DEVICES"]
+    )
+    assert not {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"} & set(env)
+    assert (env["ALLOCATOR_DEVICE"], env["ALLOCATOR_VENDOR"]) == ("cuda", "amd")
+
+
+def test_the_agent_probes_a_returning_intel_card_through_level_zero(tmp_path: Path) -> None:
+    gpus = FakeGpus(tmp_path / "intel.json", 2, vendor="intel")
+    seen = tmp_path / "probe-env.json"
+    # Written aside and renamed, so the test never reads half a file.
+    record = (
+        f"import json, os; f = open({str(seen)!r} + '.tmp', 'w'); json.dump(dict(os.environ), f); "
+        f"f.close(); os.rename({str(seen)!r} + '.tmp', {str(seen)!r})"
+    )
+    health = HealthSettings(recovery_probe=(sys.executable, "-c", record), hold_down_seconds=0.0)
+    policy = Policy(version=1, health=health)
+    state = GpuState(gpus.environ, tmp_path / "gpus.json", lambda e, f: None, 100.0, boot_id="b")
+    gpus.update(1, lost=True)
+    assert list(state.check(101.0, policy, "node1", None)) == [1]
+    gpus.update(1, lost=False)
+    state.check(102.0, policy, "node1", None)
+    env = json.loads(wait_for("the probe", lambda: (seen.exists() and seen.read_text()) or None))
+    assert (env["ZE_AFFINITY_MASK"], env["ALLOCATOR_DEVICE"]) == ("1", "xpu")
+    assert "CUDA_VISIBLE_DEVICES" not in env
+    cards = [Card(gpu.pci_bus_id or "", 2) for gpu in reversed(state.inventory.gpus)]
+    assert level_zero_devices(env, cards) == [Device(cards[0].pci, (0, 1))]  # card 1 alone

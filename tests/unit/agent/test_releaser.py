@@ -119,3 +119,11 @@ def test_the_same_release_offered_on_every_sample_is_done_once(world: World) -> 
     world.releaser.run(world.store)
     assert not world.releaser.offer([release])
     assert [e for e, _ in world.events] == ["idle-released"]
+
+
+def test_the_agent_releases_whoever_holds_the_idle_assignment(world: World) -> None:
+    world.operator = Allocator(world.store, clock=lambda: NOW, actor="x@h", holder="someone-else")
+    judged = world.set_train()
+    assert world.operator.host("node1").assignments["train"].holder == "someone-else"
+    assert world.release(judged) == "idle-released"  # the policy's rule, not a user's release
+    assert world.holds() is None

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from allocator.control.queue_order import Waiting, blockers, could_use, in_order
+from allocator.control.queue_order import Waiting, blockers, could_use, in_order, wanted_ahead
 from allocator.records.holders import QueueEntry
 
+FOUR = frozenset(range(4))
 
-def _waiting(name: str, arrived: int, *, priority: int = 0, **ask: object) -> Waiting:
+
+def _waiting(
+    name: str, arrived: int, *, priority: int = 0, leased: bool = True, **ask: object
+) -> Waiting:
     entry = QueueEntry(job=name, host="node1", holder="u", since="t", priority=priority, **ask)  # type: ignore[arg-type]
-    return Waiting(f"/q/{name}", entry, arrived, arrived)
+    return Waiting(f"/q/{name}", entry, arrived, arrived, leased)
+
+
+def _all(_entry: QueueEntry) -> frozenset[int]:
+    return FOUR
 
 
 def test_higher_priority_first_then_first_come_first_served() -> None:
@@ -18,21 +26,43 @@ def test_higher_priority_first_then_first_come_first_served() -> None:
 
 
 def test_a_request_for_other_gpus_or_one_that_cannot_fit_blocks_no_one() -> None:
-    assert not could_use(_waiting("x", 1, gpus=(2, 3)).entry, [0, 1], usable=8)
-    assert could_use(_waiting("x", 1, gpus=(1, 3)).entry, [0, 1], usable=8)
-    assert could_use(_waiting("x", 1, count=8).entry, [0], usable=8)
-    assert not could_use(_waiting("x", 1, count=9).entry, [0], usable=8)  # can never fit
+    eight = range(8)
+    assert not could_use(_waiting("x", 1, gpus=(2, 3)).entry, [0, 1], eight)
+    assert could_use(_waiting("x", 1, gpus=(1, 3)).entry, [0, 1], eight)
+    assert could_use(_waiting("x", 1, count=8).entry, [0], eight)
+    assert not could_use(_waiting("x", 1, count=9).entry, [0], eight)  # can never fit
 
 
 def test_small_requests_wait_behind_an_older_large_one_that_could_use_their_gpus() -> None:
     order = in_order([_waiting("large", 1, count=4), _waiting("small", 2, count=1)])
-    assert [w.entry.job for w in blockers(order, "/q/small", [0], usable=4)] == ["large"]
-    assert blockers(order, "/q/large", [0, 1, 2, 3], usable=4) == []
+    assert [w.entry.job for w in blockers(order, "/q/small", [0], _all)] == ["large"]
+    assert blockers(order, "/q/large", [0, 1, 2, 3], _all) == []
 
 
 def test_an_entry_over_quota_is_skipped() -> None:
     order = in_order([_waiting("greedy", 1, count=1), _waiting("next", 2, count=1)])
-    skipped = blockers(
-        order, "/q/next", [0], usable=4, over_quota=lambda w: w.entry.job == "greedy"
-    )
+    skipped = blockers(order, "/q/next", [0], _all, over_quota=lambda w: w.entry.job == "greedy")
     assert skipped == []
+
+
+def test_could_use_counts_only_the_gpus_the_request_could_be_given() -> None:
+    three = frozenset({0, 1, 2})  # GPU 3 reserved for others, say
+    assert not could_use(_waiting("x", 1, count=4).entry, [0], three)  # can never be placed
+    assert could_use(_waiting("x", 1, count=3).entry, [0], three)
+    assert not could_use(_waiting("x", 1, count=1).entry, [3], three)  # never its GPU
+    assert not could_use(_waiting("x", 1, gpus=(2, 3)).entry, [2], three)  # can never have 3
+
+
+def test_an_unplaceable_request_ahead_blocks_no_one_behind_it() -> None:
+    order = in_order([_waiting("big", 1, count=4), _waiting("small", 2, count=1)])
+    assert blockers(order, "/q/small", [0], lambda _e: frozenset({0, 1, 2})) == []
+
+
+def test_an_entry_without_a_lease_blocks_no_one() -> None:
+    order = in_order([_waiting("ghost", 1, count=1, leased=False), _waiting("me", 2, count=1)])
+    assert blockers(order, "/q/me", [0], _all) == []
+
+
+def test_wanted_ahead_names_the_gpus_an_explicit_request_ahead_could_use() -> None:
+    order = in_order([_waiting("pair", 1, gpus=(0, 1)), _waiting("me", 2, count=1)])
+    assert wanted_ahead(order, "/q/me", sorted(FOUR), _all) == {0, 1}

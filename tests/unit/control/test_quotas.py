@@ -97,13 +97,15 @@ def test_a_release_gives_back_and_a_move_within_the_quota_passes() -> None:
     assert moved.compares == [] and moved.ops == []  # same pool, same count: nothing to write
 
 
-def test_a_damaged_counter_is_reported_and_rewritten_from_zero() -> None:
-    bad: list[object] = []
+def test_a_damaged_counter_charges_nothing_more_and_a_release_leaves_it() -> None:
     counters = {"user:alice": KeyValue("k", b"garbage", 3, 3)}
-    found = plan_charge(_policy(), LAYOUT, counters, [], [_held("a", "node1", (0,))], bad.append)
-    assert len(bad) == 1
-    rewritten = HolderCount.from_json(found.ops[1].value)  # type: ignore[union-attr]
-    assert rewritten.totals() == ({"big": 1}, {})
+    with pytest.raises(OverQuota, match="quota counter of user:alice is damaged"):
+        plan_charge(_policy(), LAYOUT, counters, [], [_held("a", "node1", (0,))])
+    why = quota_refusal(_policy(), ["user:alice"], counters, "big", (1, 0))
+    assert why is not None and "damaged" in why
+    bad: list[object] = []
+    found = plan_charge(_policy(), LAYOUT, counters, [_held("a", "node1", (0,))], [], bad.append)
+    assert len(bad) == 1 and found.ops == []  # reported; the release goes on, the counter stays
 
 
 def test_quota_refusal_says_why_a_waiting_request_is_over() -> None:

@@ -8,7 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-from allocator.gpus.probe import DEFAULT_PROBE_CODE, default_probe_command, run_deep_probe
+from allocator.gpus.probe import (
+    DEFAULT_PROBE_CODE,
+    default_probe_command,
+    probe_code,
+    run_deep_probe,
+)
 
 ENV = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
@@ -104,3 +109,11 @@ def test_default_probe_creates_a_cuda_context_in_a_fresh_python() -> None:
     assert default_probe_command() == [sys.executable, "-c", DEFAULT_PROBE_CODE]
     assert "torch.zeros(1, device='cuda')" in DEFAULT_PROBE_CODE
     assert "torch.cuda.synchronize()" in DEFAULT_PROBE_CODE
+
+
+def test_each_device_type_gets_a_probe_of_its_own() -> None:
+    for kind in ("cuda", "xpu", "mps"):
+        assert default_probe_command(kind) == [sys.executable, "-c", probe_code(kind)]
+        assert f"device='{kind}'" in probe_code(kind)
+        assert f"torch.{kind}.synchronize()" in probe_code(kind)
+    assert probe_code("cpu") == DEFAULT_PROBE_CODE  # nothing a CPU worker can pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -10,15 +11,21 @@ import pytest
 from allocator.errors import RequestError
 from allocator.gpus.fake import FakeNvml
 from allocator.gpus.fake_file import FakeFileError, parse_fake_file
-from allocator.gpus.inventory import keep_addresses
+from allocator.gpus.inventory import from_nvml, keep_addresses
 from allocator.gpus.vendors import VENDORS, TorchBuild, read_host_inventory, vendor_named
+from allocator.gpus.vendors.apple import mps_amp_problem
+from allocator.gpus.vendors.base import CdiNames
 from allocator.gpus.vendors.intel import RealSysfs, read_intel_gpus
+from allocator.gpus.vendors.rocr_filter import rocr_uuid, visible_devices
 from allocator.gpus.visible import worker_environments
 from allocator.policy.model import FallbackRule, Host, Job, Policy
+from allocator.records.gpu_info import GpuInfo, MigDevice
 from allocator.records.types import Assignment
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml
 
-AMD_UUID = "GPU-7a3e0c1d-0000-1000-8000-00000000000{}".format
+# KFD unique_ids of the two AMD GPUs, and ROCr's names for them.
+AMD_SERIAL = (0x7A3E0C1D00000010, 0x7A3E0C1D00000021)
+AMD_UUID = ("GPU-7A3E0C1D00000010", "GPU-7A3E0C1D00000021")
 
 
 def policy() -> Policy:
@@ -43,9 +50,16 @@ def assign(gpus: tuple[int, ...], mode: str = "gpu") -> Assignment:
 
 def amd_file(tmp_path: Path, **system: Any) -> Path:
     # File order is not PCI order: the reader must index GPUs by PCI address.
+    # File order stands for KFD order, which need not be PCI order either.
     devices = [
-        fake_device(0, uuid=AMD_UUID(0), pci_bus_id="00000000:C1:00.0", name="AMD Instinct MI300X"),
-        fake_device(1, uuid=AMD_UUID(1), pci_bus_id="00000000:03:00.0", name="AMD Instinct MI300X"),
+        fake_device(
+            n,
+            unique_id=AMD_SERIAL[n],
+            pci_bus_id=bus,
+            name="AMD Instinct MI300X",
+            ecc_uncorrected=0,
+        )
+        for n, bus in enumerate(("00000000:C1:00.0", "00000000:03:00.0"))
     ]
     return write_fake_nvml(tmp_path / "amd.json", devices, vendor="amd", **system)
 
@@ -54,7 +68,7 @@ def test_amd_inventory_through_fake_amdsmi_in_pci_order(tmp_path: Path) -> None:
     inventory = read_host_inventory(environ=fake_environ(amd_file(tmp_path)))
     assert (inventory.vendor, inventory.source, inventory.error) == ("amd", "fake", None)
     assert [gpu.pci_bus_id for gpu in inventory.gpus] == ["0000:03:00.0", "0000:c1:00.0"]
-    assert [gpu.uuid for gpu in inventory.gpus] == [AMD_UUID(1), AMD_UUID(0)]
+    assert [gpu.uuid for gpu in inventory.gpus] == [AMD_UUID[1], AMD_UUID[0]]
     assert inventory.gpus[0].name == "AMD Instinct MI300X"
 
 
@@ -134,26 +148,60 @@ def test_unknown_vendor_in_fake_file_is_refused() -> None:
         parse_fake_file(b'{"vendor": "matrox", "devices": []}', "f.json")
 
 
-def test_amd_worker_sees_only_rocr_uuids(tmp_path: Path) -> None:
-    inventory = read_host_inventory(environ=fake_environ(amd_file(tmp_path))).gpus
-    (env,) = worker_environments(assign((1, 0)), inventory, policy(), vendor="amd")
-    assert env["ROCR_VISIBLE_DEVICES"] == f"{AMD_UUID(0)},{AMD_UUID(1)}"
-    # Nothing filters a second time: HIP's variables would index what ROCr left.
-    for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
-        assert name not in env
-    assert (env["ALLOCATOR_DEVICE"], env["ALLOCATOR_VENDOR"]) == ("cuda", "amd")
-    assert "CUDA_DEVICE_ORDER" not in env
+def rocr_sees(env: dict[str, str], path: Path) -> list[str]:
+    """The PCI addresses of the GPUs ROCr surfaces under ``env``, in device order."""
+    system = parse_fake_file(path.read_bytes(), str(path))  # file order = KFD order
+    kfd = [rocr_uuid(device.unique_id) for device in system.devices]
+    shown = visible_devices(env.get("ROCR_VISIBLE_DEVICES"), kfd)
+    return [system.devices[n].pci_bus_id[-12:].lower() for n in shown]
 
 
-def test_amd_cpu_fallback_hides_every_gpu() -> None:
+@pytest.mark.parametrize("gpus", [(1, 0), (0,), (1,)])
+def test_amd_worker_sees_exactly_its_gpus_in_order(tmp_path: Path, gpus: tuple[int, ...]) -> None:
+    path = amd_file(tmp_path)
+    inventory = read_host_inventory(environ=fake_environ(path)).gpus
+    (env,) = worker_environments(assign(gpus), inventory, policy(), vendor="amd")
+    assert rocr_sees(env, path) == [inventory[gpu].pci_bus_id for gpu in gpus]
+    # The whole environment: ROCr's filter alone (HIP's would index what ROCr left).
+    assert env == {
+        "ALLOCATOR_JOB": "train",
+        "ALLOCATOR_HOST": "node1",
+        "ALLOCATOR_VENDOR": "amd",
+        "ROCR_VISIBLE_DEVICES": ",".join(inventory[gpu].uuid or "" for gpu in gpus),
+        "ALLOCATOR_DEVICE": "cuda",
+        "ALLOCATOR_GPUS": ",".join(map(str, gpus)),
+        "ALLOCATOR_GPU_COUNT": str(len(gpus)),
+    }
+
+
+def test_amd_uuid_rocr_would_refuse_gives_way_to_indices() -> None:
+    # An older agent's record: amdsmi's 36-character UUID, which would hide every GPU.
+    inventory = [GpuInfo(index=0, uuid="GPU-7a3e0c1d-0000-1000-8000-000000000001")]
+    (env,) = worker_environments(assign((0,)), inventory, policy(), vendor="amd")
+    assert env["ROCR_VISIBLE_DEVICES"] == "0"
+
+
+def test_amd_cpu_fallback_hides_every_gpu(tmp_path: Path) -> None:
     (env,) = worker_environments(assign((), mode="cpu"), None, policy(), vendor="amd")
-    assert env["ROCR_VISIBLE_DEVICES"] == "-1"
-    assert (env["ALLOCATOR_DEVICE"], env["OMP_NUM_THREADS"]) == ("cpu", "4")
+    assert rocr_sees(env, amd_file(tmp_path)) == []
+    assert env == {
+        "ALLOCATOR_JOB": "train",
+        "ALLOCATOR_HOST": "node1",
+        "ALLOCATOR_VENDOR": "amd",
+        "ROCR_VISIBLE_DEVICES": "-1",
+        "ALLOCATOR_DEVICE": "cpu",
+        "ALLOCATOR_GPUS": "",
+        "ALLOCATOR_GPU_COUNT": "0",
+        "ALLOCATOR_FALLBACK_REASON": "assigned to CPU",
+        "OMP_NUM_THREADS": "4",
+        "MKL_NUM_THREADS": "4",
+        "ALLOCATOR_THREADS": "4",
+    }
 
 
 def test_intel_worker_gets_the_level_zero_mask() -> None:
     (env,) = worker_environments(assign((2, 0)), None, policy(), vendor="intel")
-    assert env["ZE_AFFINITY_MASK"] == "2,0"
+    assert env["ZE_AFFINITY_MASK"] == "0,2" == env["ALLOCATOR_GPUS"]  # Level Zero does not reorder
     assert env["ZE_ENABLE_PCI_ID_DEVICE_ORDER"] == "1"
     assert env["ONEAPI_DEVICE_SELECTOR"] == "level_zero:*"
     assert (env["ALLOCATOR_DEVICE"], env["ALLOCATOR_VENDOR"]) == ("xpu", "intel")
@@ -175,17 +223,33 @@ def test_nvidia_is_the_default_vendor() -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["ALLOCATOR_VENDOR"] == "nvidia"
 
 
+KNOWN = {
+    0: GpuInfo(
+        index=0, uuid="GPU-a", pci_bus_id="0000:03:00.0", drm_card=1, pci_device_id="0x56c0"
+    ),
+    1: GpuInfo(index=1, mig_enabled=True, mig_devices=(MigDevice(uuid="MIG-b"),)),
+}
+
+
 @pytest.mark.parametrize(
-    ("vendor", "ids", "names"),
+    ("vendor", "naming", "names"),
     [
-        ("nvidia", ["GPU-a", "MIG-b"], ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=MIG-b"]),
-        ("amd", ["GPU-c"], ["amd.com/gpu=GPU-c"]),
-        ("intel", ["1"], ["intel.com/gpu=1"]),
-        ("apple", ["0"], []),
+        # nvidia-ctk (pkg/nvcdi): by UUID, MIG instances by their UUID.
+        ("nvidia", "card", ["nvidia.com/gpu=GPU-a", "nvidia.com/gpu=MIG-b"]),
+        # ROCm's container toolkit: by index, whatever the UUID.
+        ("amd", "card", ["amd.com/gpu=0", "amd.com/gpu=1"]),
     ],
 )
-def test_cdi_device_names(vendor: str, ids: list[str], names: list[str]) -> None:
-    assert vendor_named(vendor).cdi_devices(ids) == names
+def test_cdi_device_names(vendor: str, naming: CdiNames, names: list[str]) -> None:
+    assert vendor_named(vendor).cdi_devices([0, 1], KNOWN, naming) == names
+
+
+def test_intel_cdi_names_follow_the_hosts_generator_and_apple_has_none() -> None:
+    intel = vendor_named("intel")
+    assert intel.cdi_devices([0], KNOWN, "card") == ["intel.com/gpu=card1"]
+    assert intel.cdi_devices([0], KNOWN, "pci") == ["intel.com/gpu=0000-03-00-0-0x56c0"]
+    with pytest.raises(RequestError, match="Apple"):
+        vendor_named("apple").cdi_devices([0], KNOWN, "card")
 
 
 CUDA_WHEEL = TorchBuild("2.5.1+cu124", cuda="12.4", hip=None, xpu=False, mps=False)
@@ -234,3 +298,70 @@ def test_a_card_gone_from_sysfs_keeps_its_index_and_is_marked(tmp_path: Path) ->
 def test_an_unknown_vendor_is_a_request_error() -> None:
     with pytest.raises(RequestError, match="host node1: unknown GPU vendor 'qualcomm'"):
         worker_environments(assign((0,)), None, policy(), vendor="qualcomm")
+
+
+def test_amd_not_supported_is_no_signal(tmp_path: Path) -> None:
+    # No ECC count and no NUMA node (amdsmi: NOT_SUPPORTED, as without DRM on a VM guest).
+    path = write_fake_nvml(tmp_path / "amd.json", [fake_device(0), fake_device(1)], vendor="amd")
+    gpus = read_host_inventory(environ=fake_environ(path)).gpus
+    assert [(gpu.error, gpu.numa_node) for gpu in gpus] == [("", None), ("", None)]
+    assert all(gpu.uuid and gpu.memory_total_mib for gpu in gpus)
+
+
+@pytest.mark.parametrize("mode", ["off", ""])
+def test_no_library_answering_means_the_policys_vendor(mode: str) -> None:
+    environ = {"ALLOCATOR_NVML": mode, "PATH": "/usr/bin:/bin"}
+    if from_nvml(read_host_inventory(2, environ=environ)):
+        pytest.skip("a device library answers on this machine")
+    inventory = read_host_inventory(2, environ=environ, vendor="amd")
+    assert (inventory.vendor, inventory.source, len(inventory.gpus)) == ("amd", "declared", 2)
+    (env,) = worker_environments(assign((1,)), inventory.gpus, policy(), vendor=inventory.vendor)
+    assert env["ROCR_VISIBLE_DEVICES"] == "1" and "CUDA_VISIBLE_DEVICES" not in env
+    assert read_host_inventory(2, environ=environ).vendor == "nvidia"  # no vendor said
+
+
+def test_amd_gpu_without_a_unique_id_is_named_by_index(tmp_path: Path) -> None:
+    # asic_serial N/A: ROCr gives the GPU no UUID, so every GPU of the job goes by index.
+    devices = [fake_device(0, unique_id=0), fake_device(1)]
+    path = write_fake_nvml(tmp_path / "amd.json", devices, vendor="amd")
+    inventory = read_host_inventory(environ=fake_environ(path)).gpus
+    assert inventory[0].uuid is None and inventory[1].uuid
+    (env,) = worker_environments(assign((1, 0)), inventory, policy(), vendor="amd")
+    assert env["ROCR_VISIBLE_DEVICES"] == "1,0"
+    assert rocr_sees(env, path) == [inventory[1].pci_bus_id, inventory[0].pci_bus_id]
+
+
+@pytest.mark.parametrize(
+    ("version", "autocast", "scaler"),
+    [
+        ("2.3.1", "2.5", "2.8"),
+        ("2.4.1+cpu", "2.5", "2.8"),
+        ("2.5.0", None, "2.8"),
+        ("2.7.1", None, "2.8"),
+        ("2.8.0a0+gitabc123", None, None),
+        ("2.13.0", None, None),
+        ("10.0", None, None),
+        ("unknown", None, None),
+    ],
+)
+def test_mixed_precision_on_mps_by_torch_version(
+    version: str, autocast: str | None, scaler: str | None
+) -> None:
+    for feature, needed in (("autocast", autocast), ("grad_scaler", scaler)):
+        problem = mps_amp_problem(feature, version)  # type: ignore[arg-type]
+        assert (problem is None) == (needed is None), (feature, version)
+        if needed is not None:
+            assert f"needs PyTorch {needed} or newer" in str(problem)
+
+
+def test_the_torch_floor_has_autocast_on_mps_and_doctor_names_an_older_one() -> None:
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    floor = next(req for req in extras["torch"] if req.startswith("torch>="))
+    assert mps_amp_problem("autocast", floor.removeprefix("torch>=")) is None
+    old = TorchBuild("2.4.1", cuda=None, hip=None, xpu=False, mps=True)
+    assert "autocast on mps" in (VENDORS["apple"].torch_build_problem(old) or "")
+    middle = TorchBuild("2.7.1", cuda=None, hip=None, xpu=False, mps=True)
+    assert "GradScaler.step() on mps" in (VENDORS["apple"].torch_build_problem(middle) or "")
+    new = TorchBuild("2.8.0", cuda=None, hip=None, xpu=False, mps=True)
+    assert VENDORS["apple"].torch_build_problem(new) is None

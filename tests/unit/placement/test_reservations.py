@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import DesiredJob
+from allocator.errors import PlacementRefused
 from allocator.placement.choose import Request, place
 from allocator.placement.reservations import active_reservations, upcoming_conflicts
 from allocator.policy.model import FallbackRule, Host, Job, Policy, Reservation
@@ -139,3 +142,36 @@ def test_upcoming_conflicts_name_each_held_gpu_a_window_will_take() -> None:
         "train@node1: GPU 3 is reserved by 'eval' for eval-* until 2030-01-02T00:00:00Z "
         "from 2030-01-01T00:00:00Z"
     ]
+
+
+def test_a_self_service_request_is_admitted_by_who_asks_never_by_its_job_name() -> None:
+    kept = Reservation("mine", "node1", (2,), ("eval-*",), who=("team:infra",))
+    assert kept.admits("eval-x")  # an operator's set: by name
+    assert not kept.admits("eval-x", ("user:bob",), self_service=True)  # a run named after it
+    assert kept.admits("anything", ("team:infra",), self_service=True)  # who asks
+    with_who = Policy(version=1, hosts={"node1": Host("node1", 4)}, reservations=(kept,))
+    run = Request(job="eval-x", host="node1", gpus=(2,), self_service=True)
+    with pytest.raises(PlacementRefused, match="reserved by 'mine'"):
+        place(with_who, run, {}, DURING)
+    mine = Request(job="x", host="node1", gpus=(2,), asker=("team:infra",), self_service=True)
+    assert place(with_who, mine, {}, DURING).gpus == (2,)
+
+
+def test_the_agent_and_status_judge_a_holding_by_who_asked_for_it() -> None:
+    from msgspec.structs import replace
+
+    from allocator.records.types import RunHolder
+
+    kept = Reservation(
+        "eval", "node1", (3,), ("eval-*",), start=START, until=UNTIL, who=("team:x",)
+    )
+    p = replace(policy(), reservations=(kept,))
+    theirs = replace(held("train", 3), asker=("team:x",))  # set by someone the window keeps
+    assert want(p, theirs, DURING).device == "cuda"
+    run = replace(held("eval-mine", 3), run=RunHolder(pid=1), holder="bob")  # named after it
+    layout = KeyLayout("/a")
+    items = [KeyValue(layout.assignment("node1", a.job), a.to_json(), 1, 1) for a in (run,)]
+    (node1,) = build_status(p, items, layout, DURING)
+    assert {r.gpu: r.outside_reservation for r in node1.gpus}["3"] == (
+        "'eval-mine' is not in reservation 'eval'"
+    )

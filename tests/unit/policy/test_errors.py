@@ -78,7 +78,7 @@ def test_unknown_key_without_a_close_match_lists_the_allowed_keys() -> None:
         """
     )
     assert (error.line, error.field) == (3, "hosts.node1.colour")
-    assert error.reason == "unknown key 'colour' (allowed: gpus, pool, vendor)"
+    assert error.reason == "unknown key 'colour' (allowed: gpus, pool, vendor, cdi_names)"
 
 
 def test_unknown_top_level_section() -> None:

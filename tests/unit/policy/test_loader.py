@@ -230,6 +230,7 @@ def test_policy_to_dict_spells_out_every_field() -> None:
         "host": "node1",
         "gpus": [3],
         "for": ["eval-*"],
+        "who": [],
         "start": None,
         "until": "2030-01-01T00:00:00Z",
     }

@@ -128,6 +128,7 @@ def _document_the_old_way(hosts: list[HostStatus], groups: list[Any]) -> dict[st
                 "bad_records": list(h.bad_records),
                 "vendor": h.vendor,
                 "vendor_mismatch": h.vendor_mismatch,
+                "inventory": h.inventory,
             }
             for h in hosts
         ],

@@ -172,3 +172,22 @@ def test_a_shared_gpu_shows_its_slots_in_use_and_every_holder() -> None:
         ("1", "c(whole)", "4/4 slots"),
     ]
     assert [j.picked for j in n1.jobs] == ["NVLink pair", "", ""]
+
+
+def test_a_job_across_hosts_says_plainly_which_share_has_no_agent() -> None:
+    from allocator.status.join import HostStatus, JobRow, group_status
+
+    nodes = ("n1", "n2", "n3")
+
+    def row(host: str) -> JobRow:
+        return JobRow(host, "ring", "0", "gpu", "t", "ops", "", "running pid 7", True, nodes, 29500)
+
+    hosts = [
+        HostStatus("n1", "alive", (), (row("n1"),)),
+        HostStatus("n2", "gone", (), (row("n2"),)),
+    ]
+    (group,) = group_status(hosts)  # n3 not read: no agent and no share of it
+    assert group.summary() == (
+        "ring across n1,n2,n3 (MASTER_PORT 29500): n1 rank 0 gpus 0: running pid 7; "
+        "n2 rank 1 gpus 0, AGENT GONE: last reported running pid 7; n3 rank 2 NO SHARE, no agent"
+    )

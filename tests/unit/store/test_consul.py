@@ -443,3 +443,20 @@ def test_concurrent_stores_share_one_double(double: ConsulDouble, prefix: str) -
         assert len(check.list(f"{prefix}/").items) == 20
     finally:
         check.close()
+
+
+def test_a_refused_write_names_the_operation_the_key_and_what_to_grant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CONSUL_HTTP_TOKEN", "ops")
+    with ConsulDouble(acl_tokens={"ops": "allocator/"}) as double:
+        s, address = open_consul(double.url), double.address
+        try:
+            with pytest.raises(PermissionDenied) as caught:
+                s.txn([], [Put("/allocator/v1/a", b"v"), Delete("/elsewhere/b")])
+        finally:
+            s.close()
+    text = str(caught.value)
+    assert f"Consul at http://{address} refused txn delete /elsewhere/b" in text, text
+    assert 'grant the token\'s ACL policy key "elsewhere/b" { policy = "write" }' in text, text
+    assert "\n" not in text

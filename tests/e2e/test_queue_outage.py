@@ -1,0 +1,88 @@
+"""Waiters ride out a short store outage and keep their place (a real etcd, restarted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from allocator.control.client import Allocator
+from allocator.control.queue_order import decode_queue
+from allocator.store import open_store
+from tests.e2e.conftest import EXAMPLE_POLICY, Result, clean_env, run_cli
+from tests.support.waiting import wait_for
+
+
+@pytest.fixture
+def world(etcd_server_private: Any, prefix: str) -> Iterator[tuple[Any, dict[str, str]]]:
+    env = clean_env(ALLOCATOR_STORE=str(etcd_server_private.url), ALLOCATOR_PREFIX=prefix)
+    assert run_cli(["policy", "apply", str(EXAMPLE_POLICY)], env).code == 0
+    yield etcd_server_private, env
+
+
+def _entries(env: dict[str, str]) -> list[tuple[str, str]]:
+    """(job, entry key) of node1's queue, in order; read with a fresh client each time."""
+    store = open_store(env["ALLOCATOR_STORE"])
+    try:
+        client = Allocator(store, prefix=env["ALLOCATOR_PREFIX"])
+        listing = store.list(client.layout.host_queue("node1"))
+        return [(w.entry.job, w.key) for w in decode_queue(listing.items, lambda _bad: None)]
+    finally:
+        store.close()
+
+
+def _start(env: dict[str, str], *words: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "allocator", *words],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finished(proc: subprocess.Popen[str]) -> Result:
+    out, err = proc.communicate(timeout=60)
+    return Result(proc.returncode, out, err)
+
+
+def _outage(seconds: float, procs: list[subprocess.Popen[str]]) -> None:
+    """Keep the store down ``seconds`` (the fault's length), ending early if a waiter exits."""
+    end = time.monotonic() + seconds
+    wait_for(
+        "the outage",
+        lambda: time.monotonic() >= end or any(p.poll() is not None for p in procs),
+        seconds + 5,
+    )
+
+
+def test_set_and_run_waiters_keep_their_place_across_an_etcd_restart(
+    world: tuple[Any, dict[str, str]], tmp_path: Any
+) -> None:
+    server, env = world
+    assert run_cli(["set", "job=hold", "count=3", "host=node1"], env).code == 0
+    procs = [_start(env, "set", "job=first", "count=1", "host=node1", "--wait=60s")]
+    wait_for("first queued", lambda: [j for j, _ in _entries(env)] == ["first"], 30)
+    procs.append(_start(env, "run", "job=second", "count=1", "host=node1", "--wait=60s",
+                        "--", sys.executable, "-c", "pass"))  # fmt: skip
+    wait_for("second queued", lambda: len(_entries(env)) == 2, 30)
+    before = _entries(env)
+    try:
+        server.kill()  # a crash, two seconds down, and a restart
+        _outage(2.0, procs)
+        server.restart()
+        assert all(p.poll() is None for p in procs), [_finished(p) for p in procs]
+        assert _entries(env) == before  # the same entries, in the same order
+        assert all(p.poll() is None for p in procs), [_finished(p) for p in procs]
+        assert run_cli(["release", "job=hold"], env).code == 0
+        results = [_finished(p) for p in procs]
+        assert [r.code for r in results] == [0, 0], [r.err for r in results]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
