@@ -238,8 +238,9 @@ class Children:
         if first is None:
             time.sleep(_POLL_SECONDS)
             return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            first.wait(_POLL_SECONDS)
+        if not _wait_for_exit(first.pid, _POLL_SECONDS):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                first.wait(_POLL_SECONDS)  # no pidfd here: subprocess's own (sleeping) poll
 
     def suspend(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
         """Ctrl-Z: stop the whole tree, keep the hold alive, then stop ``run`` itself."""
@@ -273,27 +274,112 @@ class Children:
         }
 
 
+def _wait_for_exit(pid: int, timeout: float) -> bool:
+    """Block until ``pid`` exits or ``timeout`` passes; False where pidfds are not to be had.
+
+    A pidfd wakes the moment the child ends; ``Popen.wait(timeout)`` sleeps
+    in growing steps and overshoots a short command's end by milliseconds.
+    """
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(timeout * 1000)
+    finally:
+        os.close(fd)
+    return True
+
+
 def _below_us(kept: set[int]) -> list[int]:
     """Every live process below this one (as a subreaper, orphans too); their zombies reaped.
 
     ``kept``: our direct children, which ``subprocess`` reaps itself (reaping
     one here would lose its exit status).
     """
-    import psutil  # only once the command runs: kept off the CLI's start-up
-
+    found = _proc_descendants(os.getpid())
+    if found is None:
+        found = _psutil_descendants()
     alive: list[int] = []
+    for pid, zombie in found:
+        if zombie and pid not in kept:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        elif not zombie:
+            alive.append(pid)
+    return alive
+
+
+def _proc_descendants(root: int) -> list[tuple[int, bool]] | None:
+    """Each process below ``root`` and whether it is a zombie, from ``/proc``'s children lists.
+
+    ``None`` where the kernel keeps no such lists (psutil then scans every
+    process, which costs its import and a read of each one's stat).
+    """
+    found: list[tuple[int, bool]] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        children = _children_of(pid)
+        if children is None:
+            if pid == root:
+                return None
+            continue  # gone meanwhile
+        for child in children:
+            state = _state_of(child)
+            if state is None:
+                continue
+            found.append((child, state == "Z"))
+            todo.append(child)
+    return found
+
+
+def _children_of(pid: int) -> list[int] | None:
+    """The children of every thread of ``pid`` (``/proc/PID/task/TID/children``)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    children: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as handle:
+                children.extend(int(word) for word in handle.read().split())
+        except FileNotFoundError:
+            if pid == os.getpid():
+                return None  # no children lists in this kernel
+        except (OSError, ValueError):
+            continue
+    return children
+
+
+def _state_of(pid: int) -> str | None:
+    """The state letter of ``pid`` (R, S, Z...), or ``None`` once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    after = raw.rfind(")")  # the name may hold spaces and parentheses
+    return raw[after + 2 : after + 3] or None
+
+
+def _psutil_descendants() -> list[tuple[int, bool]]:
+    """What :func:`_proc_descendants` finds, by psutil's scan of every process."""
+    import psutil  # only without /proc's children lists: kept off the CLI's start-up
+
     try:
         below = psutil.Process().children(recursive=True)
     except psutil.Error:
         return []
+    found: list[tuple[int, bool]] = []
     for process in below:
         try:
-            zombie = process.status() == psutil.STATUS_ZOMBIE
+            found.append((process.pid, process.status() == psutil.STATUS_ZOMBIE))
         except psutil.Error:
             continue  # gone meanwhile
-        if zombie and process.pid not in kept:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(process.pid, os.WNOHANG)
-        elif not zombie:
-            alive.append(process.pid)
-    return alive
+    return found
