@@ -16,7 +16,6 @@ too, once it sees the holding end).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from allocator.placement.busy_gpus import blockers, describe_blockers, leftovers
 from allocator.records.codec import decode_record
 from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 from allocator.records.types import Assignment, WorkerRecord
+from allocator.util.process_environ import variables_of_processes
 
 if TYPE_CHECKING:
     from allocator.control.client import Allocator
@@ -74,18 +74,11 @@ def carried_holdings(proc: Path = Path("/proc")) -> dict[str, tuple[int, ...]]:
     Another user's processes are unreadable without root: those are the
     agent's to stop, and the wait cannot see them.
     """
-    name, gpus_name = f"{HOLDING_VARIABLE}=".encode(), b"ALLOCATOR_GPUS="
     found: dict[str, set[int]] = {}
-    for entry in proc.iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:  # a zombie's environment reads empty; a vanished process is gone anyway
-            variables = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        identity = next((v[len(name) :] for v in variables if v.startswith(name)), None)
-        raw = next((v[len(gpus_name) :] for v in variables if v.startswith(gpus_name)), b"")
+    for _pid, variables in variables_of_processes((HOLDING_VARIABLE, "ALLOCATOR_GPUS"), proc):
+        identity = variables.get(HOLDING_VARIABLE)
         if identity:
+            raw = variables.get("ALLOCATOR_GPUS", b"")
             indices = {int(g) for g in raw.split(b",") if g.strip().isdigit()}
             found.setdefault(identity.decode(errors="replace"), set()).update(indices)
     return {identity: tuple(sorted(gpus)) for identity, gpus in found.items()}

@@ -28,7 +28,6 @@ yet) is never mistaken for one that ended.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -45,6 +44,7 @@ from allocator.agent.processes.cgroups import (
 )
 from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 from allocator.records.types import Assignment
+from allocator.util.process_environ import variables_of_processes
 
 __all__ = [
     "HOLDING_GRACE",
@@ -115,21 +115,14 @@ def carriers(identities: set[str] | None, proc: Path = Path("/proc")) -> dict[st
 
     Per identity: pid -> start ticks.
     """
-    name = f"{HOLDING_VARIABLE}=".encode()
     found: dict[str, dict[int, int]] = {}
-    own = os.getpid()
-    for entry in proc.iterdir() if identities is None or identities else ():
-        if not entry.name.isdigit() or int(entry.name) == own:
+    if identities is not None and not identities:
+        return found
+    for pid, variables in variables_of_processes((HOLDING_VARIABLE,), proc):
+        text = variables[HOLDING_VARIABLE].decode(errors="replace")
+        if identities is not None and text not in identities:
             continue
-        try:  # another user's process needs root to read; a vanished one is gone anyway
-            variables = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        identity = next((v[len(name) :] for v in variables if v.startswith(name)), None)
-        text = identity.decode(errors="replace") if identity is not None else None
-        if text is None or (identities is not None and text not in identities):
-            continue
-        stat = procs.read_stat(int(entry.name))
+        stat = procs.read_stat(pid)
         if stat is not None and stat.state != "Z":
             found.setdefault(text, {})[stat.pid] = stat.start_ticks
     return found
