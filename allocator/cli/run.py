@@ -116,31 +116,24 @@ def run(args: argparse.Namespace) -> int:
 
 def _ttl(raw: str | None) -> float | None:
     """``ttl=DURATION`` in seconds."""
-    from allocator.util.durations import parse_duration
-
-    if raw is None:
-        return None
-    try:
-        seconds = parse_duration(raw)
-    except ValueError as exc:
-        raise InvalidInput(f"ttl=: {exc}") from None
-    if not 1 <= seconds <= 3600:
-        raise InvalidInput("ttl= must be from 1s to 1h")
-    return seconds
+    return None if raw is None else _seconds("ttl", raw, 1, "1s")
 
 
 def _grace(raw: str | None, default: float) -> float:
     """``grace=DURATION``: seconds from SIGTERM to SIGKILL when the command's tree is stopped."""
+    return default if raw is None else _seconds("grace", raw, 0, "0s")
+
+
+def _seconds(word: str, raw: str, least: float, least_text: str) -> float:
+    """The duration ``word=raw`` in seconds, from ``least`` to one hour."""
     from allocator.util.durations import parse_duration
 
-    if raw is None:
-        return default
     try:
         seconds = parse_duration(raw)
     except ValueError as exc:
-        raise InvalidInput(f"grace=: {exc}") from None
-    if not 0 <= seconds <= 3600:
-        raise InvalidInput("grace= must be from 0s to 1h")
+        raise InvalidInput(f"{word}=: {exc}") from None
+    if not least <= seconds <= 3600:
+        raise InvalidInput(f"{word}= must be from {least_text} to 1h")
     return seconds
 
 

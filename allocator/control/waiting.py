@@ -87,17 +87,6 @@ def _take(
     # Its asker picks its job name: reservations and priorities look at who asks.
     request = replace_struct(request, self_service=True)
 
-    if wait is None:  # refused while a waiting request could use the GPUs: no one passes the queue
-        return hold(
-            allocator,
-            request,
-            ttl=ttl,
-            reason=reason,
-            launched_by=launched_by,
-            on_lost=on_lost,
-            gate=queue_gate(allocator, request),
-        )
-
     def take(gate: Gate) -> Holding:
         return hold(
             allocator,
@@ -109,6 +98,8 @@ def _take(
             gate=gate,
         )
 
+    if wait is None:  # refused while a waiting request could use the GPUs: no one passes the queue
+        return take(queue_gate(allocator, request))
     started = monotonic()
     timeout = wait if math.isfinite(wait) else None
     try:
