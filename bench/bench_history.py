@@ -2,7 +2,7 @@
 
 A real etcd holds ``hosts`` streams of ``per_host`` entries (each ~480 B,
 written as the library writes them: entry keys and a head per stream).
-Ours: :func:`~allocator.control.history_read.query_history` with a limit of
+Ours: :func:`~allocator.history.read.query_history` with a limit of
 20, fleet-wide, as ``allocator history --limit 20`` and
 ``/api/v1/history?limit=20`` read; baseline: every entry of every stream
 read and decoded, then cut to 20 (what both did before), interleaved.
@@ -26,10 +26,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from allocator.control.history import Stream, host_stream, read_history, select
-from allocator.control.history_index import pointer_key
-from allocator.control.history_read import first_page, query_history
 from allocator.errors import BadRecord
+from allocator.history.index import pointer_key
+from allocator.history.read import first_page, query_history
+from allocator.history.stream import Stream, host_stream, read_history, select
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry, HistoryHead
 from allocator.store import Put, Store, open_store

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from allocator.cli.common import add_words_command, open_allocator, output_format
 
 if TYPE_CHECKING:
-    from allocator.control.history import Stored
+    from allocator.history.stream import Stored
 
 __all__ = ["register"]
 
@@ -55,8 +55,8 @@ def run(args: argparse.Namespace) -> int:
         return _prune(args)
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
-    from allocator.control.history import parse_since
-    from allocator.control.history_read import query_history
+    from allocator.history.read import query_history
+    from allocator.history.stream import parse_since
     from allocator.records.keys import validate_name
     from allocator.status.documents import history_document
     from allocator.util.times import utc_now
@@ -89,8 +89,8 @@ def run(args: argparse.Namespace) -> int:
 def _prune(args: argparse.Namespace) -> int:
     """Drop entries past ``history.max_age`` from every stream; print what went."""
     from allocator.cli.output import emit
-    from allocator.control.history_prune import prune_history
     from allocator.errors import InvalidInput
+    from allocator.history.prune import prune_history
     from allocator.util.durations import duration_text
 
     if len(args.words) > 1 or args.since is not None or args.limit is not None:

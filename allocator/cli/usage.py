@@ -25,7 +25,7 @@ USAGE = "allocator usage [--since 30d|RFC3339] [--by user|team|job|pool|host] [-
 
 def register(commands: Any) -> None:
     """Add the ``usage`` command."""
-    from allocator.control.usage import BY
+    from allocator.history.usage import BY
 
     parser = commands.add_parser(
         "usage", help="GPU-hours held per user, team, job, pool or host", usage=USAGE
@@ -40,8 +40,8 @@ def register(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Read every host's history and the current assignments; print the totals."""
     from allocator.cli.output import emit
-    from allocator.control.history import parse_since
-    from allocator.control.usage_report import usage_report
+    from allocator.history.stream import parse_since
+    from allocator.status.usage_report import usage_report
     from allocator.util.times import utc_now
 
     now = utc_now()

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from allocator.control.history import host_stream
-from allocator.control.history_append import prepare_append
-from allocator.control.history_entries import change_entry, release_entry
-from allocator.control.history_index import index_ops
 from allocator.control.job_index import group_index_change, index_for_write
 from allocator.control.master_port import choose_master_port
 from allocator.control.quotas import charge
 from allocator.errors import RequestError
+from allocator.history.append import prepare_append
+from allocator.history.entries import change_entry, release_entry
+from allocator.history.index import index_ops
+from allocator.history.stream import host_stream
 from allocator.placement.vendors import check_one_vendor
 from allocator.records.codec import replace_struct
 from allocator.records.types import Assignment, HistoryEntry

@@ -52,10 +52,10 @@ def apply_once(
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
     from allocator.control.compiled_policy import refresh_compiled
-    from allocator.control.history import policy_stream
-    from allocator.control.history_append import prepare_append
-    from allocator.control.history_entries import policy_entry
     from allocator.control.policy_shares import refresh_shares
+    from allocator.history.append import prepare_append
+    from allocator.history.entries import policy_entry
+    from allocator.history.stream import policy_stream
     from allocator.policy import policy_sha256
 
     current = allocator.store.get(allocator.layout.policy)

@@ -20,7 +20,7 @@ What an expiry leaves correct, and why:
   assignment is never reused (see :class:`~allocator.control.write_cache.ViewCache`);
 * history has the start entry but no end entry: ``allocator usage`` ends
   such a holding at its last sign of life it can know (see
-  :mod:`allocator.control.usage`).
+  :mod:`allocator.history.usage`).
 """
 
 from __future__ import annotations

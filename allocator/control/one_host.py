@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from allocator.control.history_entries import change_entry, release_entry
 from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
 from allocator.errors import (
     BadRecord,
@@ -25,6 +24,7 @@ from allocator.errors import (
     PlacementRefused,
     RequestError,
 )
+from allocator.history.entries import change_entry, release_entry
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, RunHolder

@@ -23,8 +23,9 @@ from dataclasses import dataclass, replace
 from threading import Lock
 from typing import TypeVar
 
-from allocator.control.history import host_stream
-from allocator.control.history_append import (
+from allocator.control.job_index import IndexEntry, complete_index, index_change, index_of
+from allocator.errors import BadRecord
+from allocator.history.append import (
     Head,
     append_plan,
     head_of,
@@ -32,8 +33,7 @@ from allocator.control.history_append import (
     oldest_times,
     recover_head,
 )
-from allocator.control.job_index import IndexEntry, complete_index, index_change, index_of
-from allocator.errors import BadRecord
+from allocator.history.stream import host_stream
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout

@@ -315,7 +315,7 @@ def _check_nodes(nodes: tuple[str, ...], master_port: int | None) -> None:
         raise ValueError("a job across several hosts needs its master_port")
 
 
-#: What a history entry records: lower-case words (see :mod:`allocator.control.history`);
+#: What a history entry records: lower-case words (see :mod:`allocator.history.stream`);
 #: a pattern, not a fixed list, so an entry a newer allocator writes still reads.
 HistoryAction = Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z-]{0,31}\Z")]
 #: Where a job was before or after a change: on GPUs, on the CPU, or stopped.

@@ -43,8 +43,8 @@ def history_json(
 ) -> tuple[int, dict[str, Any]]:
     """(HTTP status, document) for a history request with ``query``'s filters."""
     try:
-        history = importlib.import_module("allocator.control.history")
-        reading = importlib.import_module("allocator.control.history_read")
+        history = importlib.import_module("allocator.history.stream")
+        reading = importlib.import_module("allocator.history.read")
         documents = importlib.import_module("allocator.status.documents")
         render = documents.history_document
     except (ImportError, AttributeError):

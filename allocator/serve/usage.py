@@ -44,8 +44,8 @@ class UsageAnswers:
 
     def answer(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
         """(HTTP status, document) for ``?since=30d&by=user&limit=N``."""
-        from allocator.control.history import parse_since
-        from allocator.control.usage_report import usage_document
+        from allocator.history.stream import parse_since
+        from allocator.status.usage_report import usage_document
         from allocator.util.times import utc_now
 
         try:
@@ -69,7 +69,7 @@ class UsageAnswers:
 
     def _read_store(self) -> Any:
         from allocator.control.client import Allocator
-        from allocator.control.usage_report import read_usage
+        from allocator.status.usage_report import read_usage
         from allocator.util.times import utc_now
 
         store = self._open_store()
@@ -80,7 +80,7 @@ class UsageAnswers:
 
 
 def _parsed(query: Mapping[str, str]) -> tuple[str, str, int]:
-    from allocator.control.usage import BY
+    from allocator.history.usage import BY
 
     since = query.get("since", "30d")
     by = query.get("by", "user")

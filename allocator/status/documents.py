@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # status pulls in placement and the policy, which history does not need
-    from allocator.control.history import Stored
+    from allocator.history.stream import Stored
     from allocator.status.join import GroupStatus, HostStatus
 
 __all__ = [

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from allocator.control import history_index
 from allocator.control.across_hosts import MAX_JOB_HOSTS
 from allocator.control.client import Allocator
+from allocator.history import index as history_index
 from allocator.placement.choose import Request
 from allocator.records.keys import KeyLayout
 from allocator.store import Delete, Store

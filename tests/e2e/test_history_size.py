@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from allocator.control.client import Allocator
-from allocator.control.history import host_stream, policy_stream
+from allocator.history.stream import host_stream, policy_stream
 from allocator.placement.choose import Request
 from allocator.records.codec import decode_record, replace_struct
 from allocator.records.keys import KeyLayout

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 # The project's own module: one that does not import is a failure, never a skip.
-import allocator.control.history  # noqa: F401
+import allocator.history.stream  # noqa: F401
 from allocator.serve.watcher import QUIET_SECONDS
 from tests.e2e.serve_harness import Served
 from tests.support.prometheus import parse_exposition

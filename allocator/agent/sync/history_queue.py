@@ -3,7 +3,7 @@
 The loop decides (a job falls back to the CPU, returns to its GPUs, is given
 up on) and must never wait for the store, so it only queues the entry; the
 link writes queued entries whenever it is connected, oldest first, each in a
-transaction that compares the host's history head (see :mod:`allocator.control.history_append`).
+transaction that compares the host's history head (see :mod:`allocator.history.append`).
 An entry may carry a guard (:meth:`HistoryQueue.add` ``unless_ended_after``):
 it is written only if the host's history does not already end that job's
 holding (see :mod:`allocator.agent.sync.run_expiry`), checked after the
@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from allocator.agent.sync.run_expiry import ended_after
-from allocator.control.history import OnBad, Stored, Stream, decode_entry, host_stream
-from allocator.control.history_append import append_ops, read_head
 from allocator.errors import BadRecord, CasConflict, PermissionDenied
+from allocator.history.append import append_ops, read_head
+from allocator.history.stream import OnBad, Stored, Stream, decode_entry, host_stream
 from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from allocator.agent.sync.history_decisions import agent_actor
-from allocator.control.history import Stored
+from allocator.history.stream import Stored
 from allocator.records.types import Assignment, HistoryEntry
 from allocator.util.times import format_time, parse_time
 

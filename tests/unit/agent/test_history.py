@@ -15,8 +15,8 @@ from allocator.agent.planning.types import DesiredJob, GiveUp, Pin, Stop
 from allocator.agent.sync.history_decisions import DecisionRecorder
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.sync.store_thread import StoreLink
-from allocator.control.history import read_history
 from allocator.errors import PermissionDenied, StoreUnavailable, ValueTooLarge
+from allocator.history.stream import read_history
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout

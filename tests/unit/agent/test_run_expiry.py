@@ -9,8 +9,8 @@ from typing import Any
 
 from allocator.agent.sync.history_queue import HistoryQueue, write_pending
 from allocator.agent.sync.run_expiry import EXPIRED_REASON, expiry_entry, vanished_runs
-from allocator.control.history import host_stream, read_history
-from allocator.control.history_append import prepare_append
+from allocator.history.append import prepare_append
+from allocator.history.stream import host_stream, read_history
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, HistoryEntry, RunHolder
 from allocator.store import Compare, Op, Store, open_store

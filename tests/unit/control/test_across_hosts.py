@@ -14,10 +14,10 @@ from allocator.control.across_hosts import (
     RESERVED_OPS_PER_HOST,
 )
 from allocator.control.client import Allocator
-from allocator.control.history import host_stream, read_stream
 from allocator.control.job_index import read_index
 from allocator.errors import ConflictError, PlacementRefused, RequestError
 from allocator.gpus.visible import default_master_port
+from allocator.history.stream import host_stream, read_stream
 from allocator.placement.choose import Request
 from allocator.placement.ports import first_free_port
 from allocator.records.types import Assignment, JobIndex, WorkerRecord

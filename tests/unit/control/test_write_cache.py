@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.history import host_stream, read_stream
-from allocator.control.history_append import prepare_append
 from allocator.errors import BadRecord, PlacementRefused, RequestError
+from allocator.history.append import prepare_append
+from allocator.history.stream import host_stream, read_stream
 from allocator.placement.choose import Request
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import AgentRecord, Assignment, HistoryEntry

@@ -8,20 +8,20 @@ from typing import Any
 
 import pytest
 
-from allocator.control.history import (
+from allocator.history.append import prepare_append
+from allocator.history.read import (
+    SINCE_PAGE,
+    first_page,
+    newest_entries,
+    query_history,
+)
+from allocator.history.stream import (
     Stored,
     Stream,
     host_stream,
     policy_stream,
     read_history,
     select,
-)
-from allocator.control.history_append import prepare_append
-from allocator.control.history_read import (
-    SINCE_PAGE,
-    first_page,
-    newest_entries,
-    query_history,
 )
 from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout

@@ -1,7 +1,7 @@
 """The entries of history: what a ``set``, a ``release`` and a ``policy apply`` record.
 
 Pure: each builds the :class:`~allocator.records.types.HistoryEntry` its
-change appends (see :mod:`allocator.control.history_append`).
+change appends (see :mod:`allocator.history.append`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ a ``--since`` window ends a stream's reading at its first older entry.
 
 A fleet-wide read with a limit (and no ``job`` or ``gpu``) asks the
 fleet's index of recent entries first (:func:`read_recent`,
-:mod:`allocator.control.history_index`): three requests, about twice the
+:mod:`allocator.history.index`): three requests, about twice the
 limit in keys, whatever the fleet's size. When the index cannot answer
 alone it falls back to what follows.
 
@@ -35,8 +35,9 @@ import math
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 
-from allocator.control import history_index
-from allocator.control.history import (
+from allocator.errors import BadRecord, InvalidName
+from allocator.history import index as history_index
+from allocator.history.stream import (
     OnBad,
     Stored,
     Stream,
@@ -45,7 +46,6 @@ from allocator.control.history import (
     policy_stream,
     select,
 )
-from allocator.errors import BadRecord, InvalidName
 from allocator.records.keys import KeyLayout, validate_name
 from allocator.store import MAX_TXN_OPS, KeyValue, Listing, Read, Store
 from allocator.util.times import parse_time, utc_now

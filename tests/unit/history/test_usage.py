@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from allocator.control.history import Stored
-from allocator.control.usage import Holding, holder_of, holdings, summarize
+from allocator.history.stream import Stored
+from allocator.history.usage import Holding, holder_of, holdings, summarize
 from allocator.records.types import Assignment, HistoryEntry
 
 T0 = datetime(2026, 6, 1, tzinfo=UTC)
@@ -75,7 +75,7 @@ def test_the_holder_is_the_recorded_holder_else_the_writers_user() -> None:
 
 
 def test_set_and_release_entries_record_the_assignments_holder() -> None:
-    from allocator.control.history_entries import change_entry, release_entry
+    from allocator.history.entries import change_entry, release_entry
     from allocator.records.types import Assignment
 
     held = Assignment(
@@ -111,8 +111,8 @@ def test_a_holding_whose_start_history_trimmed_still_counts() -> None:
 
 
 def test_by_team_credits_every_team_of_the_holder_as_quotas_charge_each() -> None:
-    from allocator.control.usage_report import group_of
     from allocator.policy.loader import load_policy
+    from allocator.status.usage_report import group_of
 
     policy = load_policy(
         "version: 1\nhosts: {node1: {gpus: 4}}\n"

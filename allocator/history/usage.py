@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from allocator.control.history import Stored
+from allocator.history.stream import Stored
 from allocator.records.types import Assignment, HistoryEntry
 from allocator.util.times import parse_time
 

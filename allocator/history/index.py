@@ -15,7 +15,7 @@ limit: etcd walks every key of a range to count it, limit or not, so no
 read spans the whole index. Then one read of the pointers of the last
 second reached (entries of one second are ranked by the revision that
 wrote them, which a pointer shares with its entry), and one batched read
-of the entries (:func:`allocator.control.history_read.read_recent`); it
+of the entries (:func:`allocator.history.read.read_recent`); it
 never ranks 12,500 heads. The
 tail of the key is the entry's key below ``history/``, so the value is empty;
 a transaction that appends to several hosts at once writes one pointer,
@@ -28,7 +28,7 @@ etcd's DeleteRange, Consul's ``delete-tree``), so the index holds about
 the last two hours of appends. An hour nobody appended in is left for
 ``allocator history prune`` (:func:`stale_hours`). A pointer whose entry was
 dropped meanwhile is harmless: the reader sees the entry gone and falls back
-to ranking the streams' heads (:mod:`allocator.control.history_read`), as it
+to ranking the streams' heads (:mod:`allocator.history.read`), as it
 does when the index holds fewer entries than asked for (a quiet fleet, or
 entries written by a version without the index).
 """

@@ -1,7 +1,7 @@
 """The usage report (``allocator usage``, serve's ``/api/v1/usage``): one read, one document.
 
 History is read whole (every host's stream), the current assignments once
-(:func:`read_usage`); the pure parts in :mod:`allocator.control.usage` then
+(:func:`read_usage`); the pure parts in :mod:`allocator.history.usage` then
 count the holdings, and :func:`usage_document` makes any window and
 grouping's document from that one read.
 """
@@ -11,19 +11,42 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from allocator.control.usage import Holding, UsageRow, holdings, summarize
+from allocator.history.usage import Holding, UsageRow, holdings, summarize
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
+    from allocator.errors import BadRecord
     from allocator.policy import Policy
+    from allocator.records.keys import KeyLayout
+    from allocator.status.snapshots import PolicySnapshot
+    from allocator.store import Store
 
-__all__ = ["NO_POOL", "NO_TEAM", "UsageRead", "read_usage", "usage_document", "usage_report"]
+__all__ = [
+    "NO_POOL",
+    "NO_TEAM",
+    "UsageRead",
+    "UsageSource",
+    "read_usage",
+    "usage_document",
+    "usage_report",
+]
 
 NO_TEAM = "(no team)"
 NO_POOL = "(no pool)"
+
+
+class UsageSource(Protocol):
+    """What the report reads through (an :class:`~allocator.control.client.Allocator` is one)."""
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def layout(self) -> KeyLayout: ...
+    @property
+    def on_bad_record(self) -> Callable[[BadRecord], None]: ...
+    def policy(self) -> PolicySnapshot | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +58,9 @@ class UsageRead:
     now: datetime
 
 
-def read_usage(allocator: Allocator, now: datetime) -> UsageRead:
+def read_usage(allocator: UsageSource, now: datetime) -> UsageRead:
     """Read history whole and the current assignments once; find every holding (up to ``now``)."""
-    from allocator.control.history import read_history
+    from allocator.history.stream import read_history
 
     entries = read_history(
         allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
@@ -49,7 +72,7 @@ def read_usage(allocator: Allocator, now: datetime) -> UsageRead:
 
 
 def usage_report(
-    allocator: Allocator, since: datetime, by: str, now: datetime, limit: int | None = None
+    allocator: UsageSource, since: datetime, by: str, now: datetime, limit: int | None = None
 ) -> tuple[dict[str, Any], list[UsageRow]]:
     """The JSON document of the usage since ``since`` grouped ``by``, and its rows."""
     return usage_document(read_usage(allocator, now), since, by, limit)
@@ -90,7 +113,7 @@ def group_of(by: str, policy: Policy | None) -> Callable[[Holding], Sequence[str
     return lambda h: _teams(policy, h.holder)
 
 
-def _current(allocator: Allocator) -> dict[tuple[str, str], Any]:
+def _current(allocator: UsageSource) -> dict[tuple[str, str], Any]:
     """Every assignment that exists now, keyed (host, job): one read of the hosts' keys."""
     from allocator.status.snapshots import snapshots_by_host
 

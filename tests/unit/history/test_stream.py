@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.history import (
+from allocator.errors import BadRecord, CasConflict, InvalidInput
+from allocator.history.append import MAX_TRIM, prepare_append
+from allocator.history.stream import (
     Stored,
     host_stream,
     parse_since,
@@ -16,8 +18,6 @@ from allocator.control.history import (
     read_stream,
     select,
 )
-from allocator.control.history_append import MAX_TRIM, prepare_append
-from allocator.errors import BadRecord, CasConflict, InvalidInput
 from allocator.placement.choose import Request
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import replace_struct

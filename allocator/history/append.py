@@ -6,7 +6,7 @@ never disagree with the assignments. The append compares the stream's head,
 so two writers never take one sequence number; the head names the oldest
 entry, so the entry to drop once the stream is over its limit is known
 without reading the stream. Each append also writes the entry's pointer in
-the fleet's index of recent entries (:mod:`allocator.control.history_index`),
+the fleet's index of recent entries (:mod:`allocator.history.index`),
 and cuts its oldest hour.
 
 The limit is the policy's ``history.entries_per_host``, and its
@@ -18,7 +18,7 @@ hand (``release``) keeps the limit and age the head was last written with.
 A lowered limit (or a newly set age) drops at most :data:`MAX_TRIM` old
 entries per append, so every transaction stays small; the stream shrinks
 over the next appends. A stream nobody appends to any more (a host that
-left) is cut by ``allocator history prune`` (:mod:`allocator.control.history_prune`).
+left) is cut by ``allocator history prune`` (:mod:`allocator.history.prune`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from dataclasses import replace as replace_dataclass
 from datetime import timedelta
 
-from allocator.control.history import OnBad, Stream, decode_entry
-from allocator.control.history_index import index_ops
 from allocator.errors import BadRecord
+from allocator.history.index import index_ops
+from allocator.history.stream import OnBad, Stream, decode_entry
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import decode_record, replace_struct
 from allocator.records.types import HistoryEntry, HistoryHead

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from allocator.control.client import Allocator
-from allocator.control.history import host_stream, read_history
-from allocator.control.history_append import MAX_TRIM, Head, aged_count, append_plan
-from allocator.control.history_prune import prune_history
+from allocator.history.append import MAX_TRIM, Head, aged_count, append_plan
+from allocator.history.prune import prune_history
+from allocator.history.stream import host_stream, read_history
 from allocator.placement.choose import Request
 from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout

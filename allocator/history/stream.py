@@ -11,10 +11,10 @@ Each host has a stream of entries, and so does the policy::
 This module names the streams and their keys, decodes their entries and
 reads streams whole, and parses ``--since``. An entry is appended in the
 same transaction as the change it records, bounded by the stream's limit
-and age (:mod:`allocator.control.history_append`); the entries are ordinary
+and age (:mod:`allocator.history.append`); the entries are ordinary
 keys, not etcd's MVCC history, so compacting etcd loses none of them.
-Reading newest first is :mod:`allocator.control.history_read`; what each
-change records, :mod:`allocator.control.history_entries`.
+Reading newest first is :mod:`allocator.history.read`; what each
+change records, :mod:`allocator.history.entries`.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Stream:
     prefix: str
     host: str | None = None
     #: Where every history key lives (``history/``): the index's pointers go below it
-    #: (:mod:`allocator.control.history_index`); empty: no pointers.
+    #: (:mod:`allocator.history.index`); empty: no pointers.
     root: str = ""
 
     def entry_key(self, seq: int) -> str:

@@ -1,7 +1,7 @@
 """``allocator history prune``: age out the streams nobody appends to any more.
 
 An append drops its own stream's entries older than ``history.max_age``
-(:func:`allocator.control.history_append.append_plan`), so a stream that is
+(:func:`allocator.history.append.append_plan`), so a stream that is
 written to stays within the age. A stream nobody writes to does not: a
 host that left the fleet, or one whose jobs never change. Prune reads every
 stream's oldest entries (a page of :data:`PAGE`, the streams' first pages
@@ -10,7 +10,7 @@ transaction, each comparing the stream's head, so it races no append. A
 stream of a host the applied policy no longer declares loses its head too
 once it has no entry left: ``history`` then lists the host no more. Prune
 also cuts the hours of the fleet's index that no append cut (an hour
-nobody appended in: :mod:`allocator.control.history_index`).
+nobody appended in: :mod:`allocator.history.index`).
 
 It is safe to run at any time and as often as wanted (a cron job, daily):
 what it drops the next append would have dropped.
@@ -22,10 +22,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from allocator.control import history_index
-from allocator.control.history import OnBad, Stream, host_stream, policy_stream
-from allocator.control.history_append import Head, aged_count, head_of, oldest_times, recover_head
 from allocator.errors import CasConflict
+from allocator.history import index as history_index
+from allocator.history.append import Head, aged_count, head_of, oldest_times, recover_head
+from allocator.history.stream import OnBad, Stream, host_stream, policy_stream
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryHead
 from allocator.store import Compare, Delete, Listing, Op, Put, Read, Store
@@ -154,7 +154,7 @@ def _head(store: Store, stream: Stream, read: Listing, on_bad: OnBad) -> Head:
 
 
 def _host_streams(store: Store, layout: KeyLayout, on_bad: OnBad) -> list[Stream]:
-    from allocator.control.history_read import head_hosts
+    from allocator.history.read import head_hosts
 
     (heads,) = store.read_many([Read(layout.history_heads, prefix=True, values=False)])
     return [host_stream(layout, name) for _kv, name in head_hosts(heads, layout, on_bad)]

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from allocator.control import history_index
-from allocator.control.history import Stored, Stream, host_stream, policy_stream, read_history
-from allocator.control.history_append import prepare_append
-from allocator.control.history_prune import prune_history
-from allocator.control.history_read import query_history, read_recent
+from allocator.history import index as history_index
+from allocator.history.append import prepare_append
+from allocator.history.prune import prune_history
+from allocator.history.read import query_history, read_recent
+from allocator.history.stream import Stored, Stream, host_stream, policy_stream, read_history
 from allocator.policy.model import HistorySettings
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryEntry
