@@ -45,7 +45,7 @@ from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
+    from allocator.control.writer import Writer
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
     from allocator.policy.model import HistorySettings
@@ -142,7 +142,7 @@ def as_one_job(job: str, placements: Mapping[str, Placement]) -> dict[str, Place
 
 
 def plan_group_set(
-    allocator: Allocator,
+    writer: Writer,
     snapshot: PolicySnapshot,
     request: Request,
     hosts: Sequence[str],
@@ -154,22 +154,22 @@ def plan_group_set(
     ``why`` is the operator's reason and ad-hoc command (already allowed),
     recorded in every share with who and when.
     """
-    job, layout = request.job, allocator.layout
+    job, layout = request.job, writer.layout
     nodes = check_hosts(job, hosts)
-    now = allocator.clock()
-    template = _template(allocator, snapshot, request, nodes[0], why)
-    states = {host: allocator.host(host) for host in nodes}
+    now = writer.clock()
+    template = _template(writer, snapshot, request, nodes[0], why)
+    states = {host: writer.host(host) for host in nodes}
     detected = {h: s.agent.vendor if s.agent is not None else None for h, s in states.items()}
     check_one_vendor(snapshot.policy, job, detected)
     placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
     held_here = any(job in state.assignments for state in states.values())
     for state in states.values():
-        allocator.check_owner(snapshot.policy, state.assignments.get(job))
+        writer.check_owner(snapshot.policy, state.assignments.get(job))
     indexed = snapshot.record.job_index and not held_here  # see writeview.settle_view
-    entry = index_for_write(allocator.store, layout, job, allocator.on_bad_record, indexed=indexed)
+    entry = index_for_write(writer.store, layout, job, writer.on_bad_record, indexed=indexed)
     released = tuple(sorted(set(entry.hosts or ()) - set(nodes)))
     _check_size(job, len(nodes) + len(released))
-    states.update({host: allocator.host(host) for host in released})
+    states.update({host: writer.host(host) for host in released})
     port = choose_master_port(
         snapshot.policy, job, states[nodes[0]], states[nodes[0]].assignments.get(job)
     )
@@ -183,29 +183,29 @@ def plan_group_set(
     ]
     ops: list[Op] = [Put(layout.assignment(s.host, job), s.to_json()) for s in shares]
     ops += [Delete(layout.assignment(host, job)) for host in released]
-    ops += _bumps(allocator, touched, generation)
+    ops += _bumps(writer, touched, generation)
     ops.append(index_op)
     keep = snapshot.policy.history
     entries = [
-        change_entry(states[s.host].assignments.get(job), s, allocator.actor, s.updated_at, why[0])
+        change_entry(states[s.host].assignments.get(job), s, writer.actor, s.updated_at, why[0])
         for s in shares
     ]
     entries += [
         release_entry(
-            host, job, states[host].assignments.get(job), allocator.actor, template.updated_at, ""
+            host, job, states[host].assignments.get(job), writer.actor, template.updated_at, ""
         )
         for host in released
     ]
-    _with_history(allocator, entries, keep, compares, ops)
+    _with_history(writer, entries, keep, compares, ops)
     before = [a for a in (states[h].assignments.get(job) for h in touched) if a is not None]
-    _with_charge(allocator, snapshot.policy, before, shares, compares, ops)
+    _with_charge(writer, snapshot.policy, before, shares, compares, ops)
     notes = tuple(n for host in nodes for n in placed[host].notes)
     notes += tuple(f"job {job!r} no longer holds anything on {host}" for host in released)
     return GroupWrite(compares, ops, GroupResult(job, nodes, port, shares, released, (), notes))
 
 
 def _template(
-    allocator: Allocator,
+    writer: Writer,
     snapshot: PolicySnapshot,
     request: Request,
     first: str,
@@ -219,14 +219,14 @@ def _template(
         host=first,
         gpus=(),
         mode="cpu",
-        updated_by=allocator.actor,
-        updated_at=format_time(allocator.clock()),
+        updated_by=writer.actor,
+        updated_at=format_time(writer.clock()),
         reason=why[0],
         requested=describe_request(request),
         policy_revision=snapshot.revision,
         command=why[1],
-        holder=allocator.holder,
-        charged=allocator.charged(snapshot.policy),
+        holder=writer.holder,
+        charged=writer.charged(snapshot.policy),
     )
 
 
@@ -269,19 +269,17 @@ def replace_share(
     )
 
 
-def plan_group_release(
-    allocator: Allocator, job: str, generation: bytes, reason: str = ""
-) -> GroupWrite:
+def plan_group_release(writer: Writer, job: str, generation: bytes, reason: str = "") -> GroupWrite:
     """Build the one transaction releasing ``job`` on every host where it holds anything.
 
     ``reason`` goes into every host's history entry.
     """
     from allocator.status.snapshots import job_not_found
 
-    layout = allocator.layout
-    entry = index_for_write(allocator.store, layout, job, allocator.on_bad_record)
+    layout = writer.layout
+    entry = index_for_write(writer.store, layout, job, writer.on_bad_record)
     hosts = sorted(set(entry.hosts or ()) | set(entry.nodes))
-    states = {host: allocator.host(host) for host in hosts}
+    states = {host: writer.host(host) for host in hosts}
     held: dict[str, Assignment] = {}
     damaged: list[str] = []
     for host, state in states.items():
@@ -292,26 +290,26 @@ def plan_group_release(
     touched = sorted([*held, *damaged])
     if not touched:
         raise job_not_found(job, None)
-    foreign = [s for s in held.values() if s.holder and s.holder != allocator.holder]
-    if foreign and not allocator.acts_for_policy:  # the policy is read only when it may matter
-        policy = allocator.known_policy()
+    foreign = [s for s in held.values() if s.holder and s.holder != writer.holder]
+    if foreign and not writer.acts_for_policy:  # the policy is read only when it may matter
+        policy = writer.known_policy()
         for share in foreign:
-            allocator.check_owner(policy, share)
+            writer.check_owner(policy, share)
     _check_size(job, len(touched))
     index_compare, index_op = group_index_change(layout, entry, (), None)
     compares = [*(Compare(layout.host_generation(h), states[h].generation) for h in touched)]
     compares.append(index_compare)
     ops: list[Op] = [Delete(layout.assignment(host, job)) for host in touched]
-    ops += _bumps(allocator, touched, generation)
+    ops += _bumps(writer, touched, generation)
     ops.append(index_op)
-    at = format_time(allocator.clock())
+    at = format_time(writer.clock())
     entries = [
-        release_entry(host, job, held.get(host), allocator.actor, at, reason) for host in touched
+        release_entry(host, job, held.get(host), writer.actor, at, reason) for host in touched
     ]
-    _with_history(allocator, entries, None, compares, ops)
+    _with_history(writer, entries, None, compares, ops)
     if any(a.charged for a in held.values()):
-        policy = allocator.require_policy().policy
-        _with_charge(allocator, policy, list(held.values()), [], compares, ops)
+        policy = writer.require_policy().policy
+        _with_charge(writer, policy, list(held.values()), [], compares, ops)
     order = entry.nodes or tuple(touched)
     shares = tuple(held[h] for h in order if h in held)
     result = GroupResult(
@@ -321,7 +319,7 @@ def plan_group_release(
 
 
 def _with_history(
-    allocator: Allocator,
+    writer: Writer,
     entries: Sequence[HistoryEntry],
     keep: HistorySettings | None,
     compares: list[Compare],
@@ -332,19 +330,19 @@ def _with_history(
     written: list[str] = []
     for entry in entries:
         assert entry.host is not None  # every entry of an assignment change names its host
-        stream = host_stream(allocator.layout, entry.host)
+        stream = host_stream(writer.layout, entry.host)
         compare, appended = prepare_append(
-            allocator.store, stream, entry, keep, allocator.on_bad_record, max_trim=0, indexed=False
+            writer.store, stream, entry, keep, writer.on_bad_record, max_trim=0, indexed=False
         )
         compares.append(compare)
         ops += appended
         written.append(appended[0].key)  # the entry itself comes first
     if entries:
-        ops += index_ops(allocator.layout.history, entries[0].at, written, trim=False)
+        ops += index_ops(writer.layout.history, entries[0].at, written, trim=False)
 
 
 def _with_charge(
-    allocator: Allocator,
+    writer: Writer,
     policy: Policy,
     before: Sequence[Assignment],
     after: Sequence[Assignment],
@@ -352,7 +350,7 @@ def _with_charge(
     ops: list[Op],
 ) -> None:
     """Add the quota counters' compares and writes; refuse a transaction grown too large."""
-    more_compares, more_ops = charge(allocator, policy, before, after)
+    more_compares, more_ops = charge(writer, policy, before, after)
     if len(compares) + len(ops) + len(more_compares) + len(more_ops) > MAX_TXN_OPS:
         raise RequestError(
             f"job {before[0].job if before else after[0].job!r} spans too many hosts for its "
@@ -362,8 +360,8 @@ def _with_charge(
     ops += more_ops
 
 
-def _bumps(allocator: Allocator, hosts: Sequence[str], generation: bytes) -> list[Op]:
-    layout = allocator.layout
+def _bumps(writer: Writer, hosts: Sequence[str], generation: bytes) -> list[Op]:
+    layout = writer.layout
     ops: list[Op] = [Put(layout.host_generation(host), generation) for host in hosts]
     ops.append(Put(layout.fleet_generation, generation))
     return ops

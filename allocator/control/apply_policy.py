@@ -29,7 +29,7 @@ from allocator.store import MAX_TXN_OPS, Compare, KeyValue, Op, Put, Read, txn_s
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
+    from allocator.control.writer import Writes
     from allocator.policy import Policy
 
 __all__ = ["ApplyResult", "apply_once", "violations"]
@@ -48,7 +48,7 @@ class ApplyResult:
 
 
 def apply_once(
-    allocator: Allocator, policy: Policy, text: str, source: str, force: bool, reason: str
+    writer: Writes, policy: Policy, text: str, source: str, force: bool, reason: str
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
     from allocator.control.compiled_policy import refresh_compiled
@@ -58,28 +58,28 @@ def apply_once(
     from allocator.history.stream import policy_stream
     from allocator.policy import policy_sha256
 
-    current = allocator.store.get(allocator.layout.policy)
+    current = writer.store.get(writer.layout.policy)
     digest = policy_sha256(text)
     old: PolicyRecord | None = None
     if current is not None:
         try:
             old = decode_record(current.value, PolicyRecord, current.key)
         except BadRecord as exc:  # a damaged record is what apply is there to replace
-            allocator.on_bad_record(exc)
+            writer.on_bad_record(exc)
         else:
             if old.sha256 == digest:
                 revision = current.mod_revision
                 fresh = refresh_compiled(
-                    allocator.store, allocator.layout, policy, current.value, digest, revision
+                    writer.store, writer.layout, policy, current.value, digest, revision
                 )
-                refresh_shares(allocator.store, allocator.layout, policy, digest, revision)
+                refresh_shares(writer.store, writer.layout, policy, digest, revision)
                 return ApplyResult(False, old, revision, compiled=fresh)
     # Read before the assignments are checked: any assignment change after this
     # read moves it, and the compare below then sends apply round to check again.
-    (fleet_read,) = allocator.store.read_many([Read(allocator.layout.fleet_generation)])
+    (fleet_read,) = writer.store.read_many([Read(writer.layout.fleet_generation)])
     fleet = fleet_read.items[0] if fleet_read.items else None
-    before = _old_policy(allocator, old)
-    refused, indexed = _check(allocator, policy, before, old, fleet_read.revision)
+    before = _old_policy(writer, old)
+    refused, indexed = _check(writer, policy, before, old, fleet_read.revision)
     if refused and not force:
         raise PlacementRefused(
             f"the new policy conflicts with {len(refused)} current assignment(s): "
@@ -90,26 +90,26 @@ def apply_once(
     record = PolicyRecord(
         yaml=text,
         sha256=digest,
-        applied_by=allocator.actor,
-        applied_at=format_time(allocator.clock()),
+        applied_by=writer.actor,
+        applied_at=format_time(writer.clock()),
         source=source,
         job_index=indexed,
     )
     compares = [
-        Compare(allocator.layout.policy, current.mod_revision if current is not None else 0),
-        Compare(allocator.layout.fleet_generation, fleet.mod_revision if fleet is not None else 0),
+        Compare(writer.layout.policy, current.mod_revision if current is not None else 0),
+        Compare(writer.layout.fleet_generation, fleet.mod_revision if fleet is not None else 0),
     ]
     entry = policy_entry(record, old, reason, len(refused))
     head_compare, history_ops = prepare_append(
-        allocator.store,
-        policy_stream(allocator.layout),
+        writer.store,
+        policy_stream(writer.layout),
         entry,
         policy.history,
-        allocator.on_bad_record,
+        writer.on_bad_record,
     )
     stored = record.to_json()
     revision, with_compiled, with_shares = _store(
-        allocator, (before, old), policy, digest, stored, [*compares, head_compare], history_ops
+        writer, (before, old), policy, digest, stored, [*compares, head_compare], history_ops
     )
     return ApplyResult(
         True, record, revision, tuple(refused), compiled=with_compiled, shares=with_shares
@@ -117,7 +117,7 @@ def apply_once(
 
 
 def _store(
-    allocator: Allocator,
+    writer: Writes,
     replaced: tuple[Policy | None, PolicyRecord | None],
     policy: Policy,
     digest: str,
@@ -144,7 +144,7 @@ def _store(
         write_before,
     )
 
-    store, layout = allocator.store, allocator.layout
+    store, layout = writer.store, writer.layout
     ops: list[Op] = [Put(layout.policy, stored), *history_ops]
     room = MAX_TXN_OPS - txn_size(compares, ops) - 1, (TXN_VALUE_BUDGET - len(stored)) // 2
     old_policy, old = replaced
@@ -159,7 +159,7 @@ def _store(
     compiled, parts = compiled_op(store, layout, policy, digest, len(stored) + in_txn)
     try:
         revision, with_compiled = write_with_compiled(
-            allocator.txn, compares, [*ops, *share_ops], compiled
+            writer.txn, compares, [*ops, *share_ops], compiled
         )
     except PermissionDenied:
         if not share_ops:
@@ -167,7 +167,7 @@ def _store(
         # A role granted before there were shares: the policy without them (agents
         # then read the whole record: the shares' head no longer matches it).
         share_ops = []
-        revision, with_compiled = write_with_compiled(allocator.txn, compares, ops, compiled)
+        revision, with_compiled = write_with_compiled(writer.txn, compares, ops, compiled)
     if share_ops:
         write_after(store, shares)
     if before is not None or parts is not None:
@@ -176,7 +176,7 @@ def _store(
 
 
 def _check(
-    allocator: Allocator,
+    writer: Writes,
     policy: Policy,
     before: Policy | None,
     old: PolicyRecord | None,
@@ -196,40 +196,40 @@ def _check(
     scope = affected_hosts(before, policy)
     if scope is None or old is None or not old.job_index:
         try:
-            return _check_every_host(allocator, policy, before, revision)
+            return _check_every_host(writer, policy, before, revision)
         except Compacted as exc:  # the revision read at is gone: an attempt lost, like a race
-            key = allocator.layout.fleet_generation
+            key = writer.layout.fleet_generation
             raise CasConflict(f"revision {revision} was compacted", keys=(key,)) from exc
     refused: list[str] = []
-    for items in read_hosts(allocator.store, allocator.layout, scope):
-        refused += _refused(allocator, policy, items)
+    for items in read_hosts(writer.store, writer.layout, scope):
+        refused += _refused(writer, policy, items)
     return refused, old.job_index
 
 
-def _old_policy(allocator: Allocator, old: PolicyRecord | None) -> Policy | None:
+def _old_policy(writer: Writes, old: PolicyRecord | None) -> Policy | None:
     """The applied policy ``old`` holds; ``None`` if it no longer loads (every host is checked)."""
     from allocator.status.applied_policy import applied_policy
 
     if old is None:
         return None
     try:
-        return applied_policy(allocator.store, allocator.layout, old, allocator.on_bad_record)
+        return applied_policy(writer.store, writer.layout, old, writer.on_bad_record)
     except PolicyError:
         return None
 
 
 def _check_every_host(
-    allocator: Allocator, policy: Policy, before: Policy | None, revision: int
+    writer: Writes, policy: Policy, before: Policy | None, revision: int
 ) -> tuple[list[str], bool]:
     """Every host's assignments checked, read in ranges; and whether every one is indexed."""
     from allocator.control.apply_scope import read_every_host, read_index_entries
 
-    store, layout = allocator.store, allocator.layout
+    store, layout = writer.store, writer.layout
     declared = set(policy.hosts).union(before.hosts if before is not None else ())
     refused: list[str] = []
     held: dict[str, set[str]] = {}
     for items in read_every_host(store, layout, declared, revision):
-        refused += _refused(allocator, policy, items)
+        refused += _refused(writer, policy, items)
         for job, hosts in holders(items, layout).items():
             held.setdefault(job, set()).update(hosts)
     entries = itertools.chain.from_iterable(read_index_entries(store, layout, held, revision))
@@ -237,7 +237,7 @@ def _check_every_host(
 
 
 def violations(
-    allocator: Allocator, policy: Policy, host_items: Sequence[KeyValue] | None = None
+    writer: Writes, policy: Policy, host_items: Sequence[KeyValue] | None = None
 ) -> list[str]:
     """Current assignments that ``policy`` would refuse, one line each.
 
@@ -246,23 +246,23 @@ def violations(
     :func:`allocator.control.apply_scope.read_every_host`).
     """
     if host_items is not None:
-        return _refused(allocator, policy, host_items)
+        return _refused(writer, policy, host_items)
     from allocator.control.apply_scope import read_every_host
 
-    (head,) = allocator.store.read_many([Read(allocator.layout.fleet_generation)])
+    (head,) = writer.store.read_many([Read(writer.layout.fleet_generation)])
     found: list[str] = []
-    for items in read_every_host(allocator.store, allocator.layout, policy.hosts, head.revision):
-        found += _refused(allocator, policy, items)
+    for items in read_every_host(writer.store, writer.layout, policy.hosts, head.revision):
+        found += _refused(writer, policy, items)
     return found
 
 
-def _refused(allocator: Allocator, policy: Policy, host_items: Sequence[KeyValue]) -> list[str]:
+def _refused(writer: Writes, policy: Policy, host_items: Sequence[KeyValue]) -> list[str]:
     from allocator.placement.choose import Request, place
     from allocator.placement.reservations import asker_of_assignment
 
     found: list[str] = []
-    now = allocator.clock()
-    for host, state in sorted(snapshots_by_host(host_items, allocator.layout, 0).items()):
+    now = writer.clock()
+    for host, state in sorted(snapshots_by_host(host_items, writer.layout, 0).items()):
         inventory = state.agent.gpus if state.agent and state.agent.gpus else None
         for job, held in sorted(state.assignments.items()):
             if held.mode == "cpu":

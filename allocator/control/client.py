@@ -53,12 +53,10 @@ from allocator.util.times import format_time, utc_now
 if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need not pay
     from allocator.control.across_hosts import GroupResult
     from allocator.control.apply_policy import ApplyResult
+    from allocator.control.gate import Gate
     from allocator.control.write_cache import Planned, ViewCache, WriteView
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
-
-    #: The wait queue's turn: (host state, placement) -> (compares, writes) to add.
-    Gate = Callable[[HostSnapshot, Placement], tuple[list[Compare], list[Op]]]
 
 __all__ = ["Allocator"]
 

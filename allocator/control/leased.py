@@ -37,7 +37,8 @@ from allocator.errors import AllocatorError, LeaseLost, StoreError
 from allocator.records.types import Assignment, RunHolder
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator, Gate
+    from allocator.control.client import Allocator
+    from allocator.control.gate import Gate
     from allocator.placement.choose import Request
     from allocator.store import Store
 

@@ -33,7 +33,8 @@ from allocator.store import Compare, Delete, Op, Put, Read
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator, Gate
+    from allocator.control.gate import Gate
+    from allocator.control.writer import Writer
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
     from allocator.status.snapshots import HostSnapshot, PolicySnapshot
@@ -55,7 +56,7 @@ Extra = tuple[tuple[str, ...] | None, tuple[RunHolder, int] | None, "Gate | None
 
 
 def assign_once(
-    allocator: Allocator, asked: Request, reason: str, extra: Extra, *, first: bool
+    writer: Writer, asked: Request, reason: str, extra: Extra, *, first: bool
 ) -> tuple[Assignment, Placement]:
     """One attempt: decided from the kept view if there is one, else from one fresh read.
 
@@ -64,52 +65,52 @@ def assign_once(
     again from that. A write decided from state read for this call (on a
     later attempt, what the lost race brought back) that loses is a lost race.
     """
-    host = asked.host or allocator.default_host(allocator.known_policy())
-    view = allocator.kept_views().get(host, asked.job)
+    host = asked.host or writer.default_host(writer.known_policy())
+    view = writer.kept_views().get(host, asked.job)
     fresh = view is None or not first
     if view is None:
-        view = allocator.read_view(host, asked.job)
+        view = writer.read_view(host, asked.job)
     while True:
         # replace() would validate the request again; it was when it was made.
         request = asked if asked.host == host else replace_struct(asked, host=host)
         try:
-            placed, planned = plan_assign(allocator, view, request, reason, extra)
+            placed, planned = plan_assign(writer, view, request, reason, extra)
         except (ConflictError, NotPermitted):
             if fresh:
                 raise
             # A refusal decided from a kept view is only a guess too: the holder it
             # names may be gone (released by another client, or its lease expired).
-            view, fresh = allocator.read_view(host, asked.job), True
+            view, fresh = writer.read_view(host, asked.job), True
             continue
-        outcome = allocator.write(planned, view_reads_for(allocator.layout, host, asked.job))
+        outcome = writer.write(planned, view_reads_for(writer.layout, host, asked.job))
         if outcome.succeeded:
-            allocator.kept_views().keep(planned.after(outcome.revision))
+            writer.kept_views().keep(planned.after(outcome.revision))
             return placed
-        view = allocator.settle(host, asked.job, outcome.reads)
+        view = writer.settle(host, asked.job, outcome.reads)
         if fresh:
             raise CasConflict("a compared key changed", keys=outcome.changed)
         fresh = True
 
 
 def release_once(
-    allocator: Allocator,
+    writer: Writer,
     host: str,
     job: str,
     reason: str,
     conditions: tuple[int | None, tuple[int, float] | None],
 ) -> Assignment | BadRecord:
     """One attempt of a release, decided from a fresh read (see :func:`plan_release`)."""
-    view = allocator.read_view(host, job)
-    current, planned = plan_release(allocator, view, job, reason, conditions)
+    view = writer.read_view(host, job)
+    current, planned = plan_release(writer, view, job, reason, conditions)
     # A release is decided from fresh state, so a plain transaction: a lost
     # compare is a lost race, and the retry reads again.
-    revision = allocator.txn(planned.compares, planned.ops)
-    allocator.kept_views().keep(planned.after(revision))
+    revision = writer.txn(planned.compares, planned.ops)
+    writer.kept_views().keep(planned.after(revision))
     return current
 
 
 def plan_assign(
-    allocator: Allocator, view: WriteView, request: Request, reason: str, extra: Extra
+    writer: Writer, view: WriteView, request: Request, reason: str, extra: Extra
 ) -> tuple[tuple[Assignment, Placement], Planned]:
     """Place ``request`` on ``view``'s host and plan its write: (record, placement), the plan.
 
@@ -121,18 +122,18 @@ def plan_assign(
     command, held_by, gate = extra
     snapshot = view.policy
     if snapshot is None:
-        raise allocator.no_policy_error()
+        raise writer.no_policy_error()
     if command is not None:
         check_adhoc_command(snapshot.policy, request.job)
-    state, now = view.host, allocator.clock()
-    request = _with_asker(allocator, snapshot.policy, request)
+    state, now = view.host, writer.clock()
+    request = _with_asker(writer, snapshot.policy, request)
     if held_by is not None and (request.job in state.assignments or view.index.hosts):
         raise ConflictError(
             f"job {request.job!r} already holds an assignment: "
             "`allocator run` takes GPUs for a job that holds none (pick another job=)"
         )
     # Whose it is comes before whether it fits: a refusal names the holder, not a GPU.
-    allocator.check_owner(snapshot.policy, state.assignments.get(request.job))
+    writer.check_owner(snapshot.policy, state.assignments.get(request.job))
     agent = state.agent
 
     def place_it(around: Mapping[int, str]) -> Placement:
@@ -148,7 +149,7 @@ def plan_assign(
     decision, gated = _gated(place_it, gate, state)
     stamp = format_time(now)
     assignment = _new_assignment(
-        allocator,
+        writer,
         snapshot,
         request,
         decision,
@@ -160,34 +161,34 @@ def plan_assign(
     )
     lease = held_by[1] if held_by is not None else None
     before = state.assignments.get(request.job)
-    key = allocator.layout.assignment(state.host, request.job)
+    key = writer.layout.assignment(state.host, request.job)
     planned = plan_change(
-        allocator.layout,
+        writer.layout,
         view,
         Put(key, assignment.to_json(), lease),
-        change_entry(before, assignment, allocator.actor, stamp, reason),
+        change_entry(before, assignment, writer.actor, stamp, reason),
         assignment,
         # The agent's record (inventory, health) was checked too: compare it.
         compares=[
-            Compare(allocator.layout.policy, snapshot.revision),
-            Compare(allocator.layout.agent(state.host), state.agent_revision),
+            Compare(writer.layout.policy, snapshot.revision),
+            Compare(writer.layout.agent(state.host), state.agent_revision),
         ],
         history=snapshot.policy.history,
-        generation=allocator.generation_value(stamp),
+        generation=writer.generation_value(stamp),
         lease=lease,
     )
-    more = _charge(allocator, snapshot.policy, [before] if before else [], [assignment])
+    more = _charge(writer, snapshot.policy, [before] if before else [], [assignment])
     more = (more[0] + gated[0], more[1] + gated[1])
     return (assignment, decision), with_extra(planned, *more)
 
 
-def _with_asker(allocator: Allocator, policy: Policy, request: Request) -> Request:
+def _with_asker(writer: Writer, policy: Policy, request: Request) -> Request:
     """``request`` with who asks (the holder's subjects a reservation names), for placement."""
     from allocator.control.holder import asker_of
 
     if request.asker or not any(r.who for r in policy.reservations):
         return request
-    asker = asker_of(policy, allocator.holder, allocator.holder_groups(policy))
+    asker = asker_of(policy, writer.holder, writer.holder_groups(policy))
     return replace_struct(request, asker=asker) if asker else request
 
 
@@ -203,7 +204,7 @@ def _gated(
     decision = place_it({})
     if gate is None:
         return decision, ([], [])
-    from allocator.control.queue_wait import NotYourTurn, PlaceAround
+    from allocator.control.gate import NotYourTurn, PlaceAround
 
     try:
         return decision, gate(state, decision)
@@ -217,7 +218,7 @@ def _gated(
 
 
 def _new_assignment(
-    allocator: Allocator,
+    writer: Writer,
     snapshot: PolicySnapshot,
     request: Request,
     decision: Placement,
@@ -228,7 +229,7 @@ def _new_assignment(
     command: tuple[str, ...] | None,
     held_by: tuple[RunHolder, int] | None,
 ) -> Assignment:
-    """The record ``decision`` makes of ``request`` on ``host``, by ``allocator``'s holder."""
+    """The record ``decision`` makes of ``request`` on ``host``, by ``writer``'s holder."""
     from allocator.placement.request import describe_request
 
     return Assignment(
@@ -236,7 +237,7 @@ def _new_assignment(
         host=host,
         gpus=decision.gpus,
         mode=decision.mode,
-        updated_by=allocator.actor,
+        updated_by=writer.actor,
         updated_at=stamp,
         reason=reason,
         requested=describe_request(request),
@@ -247,14 +248,14 @@ def _new_assignment(
         exclusive=decision.exclusive,
         picked=decision.picked,
         run=held_by[0] if held_by is not None else None,
-        holder=allocator.holder,
-        charged=allocator.charged(snapshot.policy),
+        holder=writer.holder,
+        charged=writer.charged(snapshot.policy),
         asker=request.asker[:64],
     )
 
 
 def plan_release(
-    allocator: Allocator,
+    writer: Writer,
     view: WriteView,
     job: str,
     reason: str,
@@ -270,7 +271,7 @@ def plan_release(
     if_revision, ended = conditions
     state = view.host
     host = state.host
-    key = allocator.layout.assignment(host, job)
+    key = writer.layout.assignment(host, job)
     current: Assignment | BadRecord | None = state.assignments.get(job)
     if current is None:
         current = next((bad for bad in state.bad_records if bad.key == key), None)
@@ -278,25 +279,25 @@ def plan_release(
         raise job_not_found(job, host, list(state.assignments))
     compares = [] if if_revision is None else [Compare(key, if_revision)]
     held = current if isinstance(current, Assignment) else None
-    allocator.check_owner(view.policy.policy if view.policy is not None else None, held)
-    stamp = format_time(allocator.clock())
-    entry = release_entry(host, job, held, allocator.actor, stamp, reason, ended)
+    writer.check_owner(view.policy.policy if view.policy is not None else None, held)
+    stamp = format_time(writer.clock())
+    entry = release_entry(host, job, held, writer.actor, stamp, reason, ended)
     planned = plan_change(
-        allocator.layout,
+        writer.layout,
         view,
         Delete(key),
         entry,
         None,
         compares=compares,
-        generation=allocator.generation_value(stamp),
+        generation=writer.generation_value(stamp),
     )
     if held is not None and held.charged and view.policy is not None:
-        planned = with_extra(planned, *_charge(allocator, view.policy.policy, [held], []))
+        planned = with_extra(planned, *_charge(writer, view.policy.policy, [held], []))
     return current, planned
 
 
 def _charge(
-    allocator: Allocator,
+    writer: Writer,
     policy: Policy,
     before: Sequence[Assignment],
     after: Sequence[Assignment],
@@ -306,7 +307,7 @@ def _charge(
         return [], []
     from allocator.control.quotas import charge
 
-    return charge(allocator, policy, before, after)
+    return charge(writer, policy, before, after)
 
 
 def view_reads_for(layout: KeyLayout, host: str, job: str) -> list[Read]:

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from allocator.control.gate import NotYourTurn, PlaceAround
 from allocator.control.queue_faults import Outage, default_sigterm, exit_on_sigterm
 from allocator.control.queue_order import blockers, decode_queue
 from allocator.errors import (
@@ -41,7 +42,8 @@ from allocator.store import Compare, Delete, Op, Put, Read, Watch
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator, Gate
+    from allocator.control.client import Allocator
+    from allocator.control.gate import Gate
     from allocator.placement.choose import Placement, Request
     from allocator.records.types import Assignment
     from allocator.status.snapshots import HostSnapshot
@@ -64,24 +66,12 @@ QUEUE_TTL_S = 10.0
 RECHECK_S = 2.0
 
 
-class NotYourTurn(ConflictError):
-    """A request ahead of this one could use the GPUs it would take."""
-
-
 class WaitTimedOut(ConflictError):
     """``--wait=DURATION`` passed without the GPUs (exit 3, naming what it waited for)."""
 
     def __init__(self, message: str, why: str) -> None:
         super().__init__(message)
         self.why = why
-
-
-class PlaceAround(NotYourTurn):
-    """A ``count=N`` take landed on GPUs a request ahead could use: place it around ``gpus``."""
-
-    def __init__(self, message: str, gpus: frozenset[int]) -> None:
-        super().__init__(message)
-        self.gpus = gpus
 
 
 class _Turn:

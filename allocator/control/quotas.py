@@ -39,7 +39,7 @@ from allocator.records.types import Assignment
 from allocator.store import Compare, KeyValue, Op, Put, Read, Store
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
+    from allocator.control.writer import Writes
 
 __all__ = [
     "MAX_HEALED",
@@ -268,7 +268,7 @@ def quota_refusal(
 
 
 def heal_and_plan(
-    allocator: Allocator,
+    writer: Writes,
     policy: Policy,
     counters: Mapping[str, KeyValue | None],
     before: Sequence[Assignment],
@@ -279,15 +279,15 @@ def heal_and_plan(
     Reads the assignment keys the counters list (one request), and compares
     the absence of each one dropped; still over a quota: ``OverQuota``.
     """
-    layout = allocator.layout
+    layout = writer.layout
     changing = {charge_name(a) for a in (*before, *after)}
     subjects = sorted({s for a in after for s in a.charged})
     listed = [n for n in charged_assignments(counters, subjects) if n not in changing]
     keys = [_assignment_key(layout, name) for name in listed]
     # Each dropped charge costs a compare: enough to make room, within one transaction.
-    gone = absent_charges(allocator.store, layout, listed)[:MAX_HEALED]
+    gone = absent_charges(writer.store, layout, listed)[:MAX_HEALED]
     charge = plan_charge(
-        policy, layout, counters, before, after, allocator.on_bad_record, gone=set(gone)
+        policy, layout, counters, before, after, writer.on_bad_record, gone=set(gone)
     )
     dropped = set(gone)
     absent = [
@@ -316,7 +316,7 @@ def _assignment_key(layout: KeyLayout, name: str) -> str | None:
 
 
 def charge(
-    allocator: Allocator,
+    writer: Writes,
     policy: Policy,
     before: Sequence[Assignment],
     after: Sequence[Assignment],
@@ -329,10 +329,10 @@ def charge(
     subjects = {s for a in (*before, *after) for s in a.charged}
     if not subjects:
         return [], []
-    layout, on_bad = allocator.layout, allocator.on_bad_record
-    counters = read_counters(allocator.store, layout, subjects)
+    layout, on_bad = writer.layout, writer.on_bad_record
+    counters = read_counters(writer.store, layout, subjects)
     try:
         found = plan_charge(policy, layout, counters, before, after, on_bad)
     except OverQuota:  # maybe charges of assignments that vanished: drop them, try again
-        found = heal_and_plan(allocator, policy, counters, before, after)
+        found = heal_and_plan(writer, policy, counters, before, after)
     return found.compares, found.ops

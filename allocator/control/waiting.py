@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 from allocator.errors import ConflictError
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator, Gate
+    from allocator.control.client import Allocator
+    from allocator.control.gate import Gate
     from allocator.control.leased import Holding
     from allocator.placement.choose import Request
 
