@@ -247,7 +247,7 @@ def run_diff(args: argparse.Namespace) -> int:
 
 def _hosts_changed(applied: Policy | None, policy: Policy) -> list[str] | None:
     """The hosts whose placement ``policy`` changes (sorted); ``None``: every host."""
-    from allocator.control.apply_scope import affected_hosts
+    from allocator.control.apply.scope import affected_hosts
 
     hosts = affected_hosts(applied, policy)
     return None if hosts is None else sorted(hosts)
@@ -268,7 +268,7 @@ def _upcoming(allocator: Allocator, policy: Policy) -> list[str]:
 
     Only the reserved hosts are read: a fleet's other hosts cannot conflict.
     """
-    from allocator.control.apply_scope import read_hosts
+    from allocator.control.apply.scope import read_hosts
     from allocator.placement.reservations import upcoming_conflicts
     from allocator.status.snapshots import snapshots_by_host
 

@@ -19,7 +19,7 @@ This module is the client's state (its kept views, its holder) and its
 operations; one attempt of each lives beside it: ``set`` and ``release`` of
 a job on one host in :mod:`allocator.control.one_host`, of a job across
 hosts in :mod:`allocator.control.across_hosts`, ``policy apply`` in
-:mod:`allocator.control.apply_policy`.
+:mod:`allocator.control.apply.policy`.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from allocator.util.times import format_time, utc_now
 
 if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need not pay
     from allocator.control.across_hosts import GroupResult
-    from allocator.control.apply_policy import ApplyResult
+    from allocator.control.apply.policy import ApplyResult
     from allocator.control.gate import Gate
     from allocator.control.write_cache import Planned, ViewCache, WriteView
     from allocator.placement.choose import Placement, Request
@@ -356,13 +356,13 @@ class Allocator:
     def _apply_once(
         self, policy: Policy, text: str, source: str, force: bool, reason: str
     ) -> ApplyResult:
-        from allocator.control.apply_policy import apply_once
+        from allocator.control.apply.policy import apply_once
 
         return apply_once(self, policy, text, source, force, reason)
 
     def violations(self, policy: Policy) -> list[str]:
         """Current assignments that ``policy`` would refuse, one line each."""
-        from allocator.control.apply_policy import violations
+        from allocator.control.apply.policy import violations
 
         return violations(self, policy)
 

@@ -1,7 +1,7 @@
 """The applied policy in compiled form: built once by ``policy apply``, read by every command.
 
 This module builds and decodes the record (pure); :mod:`allocator.status.applied_policy`
-reads it from the store and :mod:`allocator.control.compiled_policy` writes it.
+reads it from the store and :mod:`allocator.control.apply.compiled` writes it.
 
 Parsing YAML is most of what a quick command like ``allocator set`` would
 spend on the policy (PyYAML's import alone, then the loader). So ``policy

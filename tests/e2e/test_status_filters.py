@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.control import compiled_policy
+from allocator.control.apply import compiled as compiled_policy
 from allocator.control.client import Allocator
 from allocator.records.host_counts import HostCounts
 from allocator.records.keys import KeyLayout

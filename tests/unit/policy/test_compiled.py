@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from allocator.control import compiled_policy
+from allocator.control.apply import compiled as compiled_policy
 from allocator.control.client import Allocator
 from allocator.errors import BadRecord
 from allocator.placement.choose import Request

@@ -51,8 +51,8 @@ def apply_once(
     writer: Writes, policy: Policy, text: str, source: str, force: bool, reason: str
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
-    from allocator.control.compiled_policy import refresh_compiled
-    from allocator.control.policy_shares import refresh_shares
+    from allocator.control.apply.compiled import refresh_compiled
+    from allocator.control.apply.shares import refresh_shares
     from allocator.history.append import prepare_append
     from allocator.history.entries import policy_entry
     from allocator.history.stream import policy_stream
@@ -130,14 +130,14 @@ def _store(
     Compiled parts and the shares that do not fit are written before, stale
     parts and the shares of hosts that left after.
     """
-    from allocator.control.compiled_policy import (
+    from allocator.control.apply.compiled import (
         TXN_VALUE_BUDGET,
         compiled_op,
         drop_stale_parts,
         previous_parts,
         write_with_compiled,
     )
-    from allocator.control.policy_shares import (
+    from allocator.control.apply.shares import (
         SharesPlan,
         plan_shares,
         write_after,
@@ -185,13 +185,13 @@ def _check(
     """The assignments ``policy`` refuses where it changes anything, and whether the index is whole.
 
     Only the hosts the change can affect are read (see
-    :mod:`allocator.control.apply_scope`); the job index's completeness is
+    :mod:`allocator.control.apply.scope`); the job index's completeness is
     then the old record's, which every write since has kept. A first apply,
     a change that can affect every host, or one over a policy applied before
     the index was whole (a store from before there was one) reads every host
     in ranges.
     """
-    from allocator.control.apply_scope import affected_hosts, read_hosts
+    from allocator.control.apply.scope import affected_hosts, read_hosts
 
     scope = affected_hosts(before, policy)
     if scope is None or old is None or not old.job_index:
@@ -222,7 +222,7 @@ def _check_every_host(
     writer: Writes, policy: Policy, before: Policy | None, revision: int
 ) -> tuple[list[str], bool]:
     """Every host's assignments checked, read in ranges; and whether every one is indexed."""
-    from allocator.control.apply_scope import read_every_host, read_index_entries
+    from allocator.control.apply.scope import read_every_host, read_index_entries
 
     store, layout = writer.store, writer.layout
     declared = set(policy.hosts).union(before.hosts if before is not None else ())
@@ -243,11 +243,11 @@ def violations(
 
     ``host_items``: the hosts' keys to check, if the caller read them
     already; else every host's are read, in ranges (see
-    :func:`allocator.control.apply_scope.read_every_host`).
+    :func:`allocator.control.apply.scope.read_every_host`).
     """
     if host_items is not None:
         return _refused(writer, policy, host_items)
-    from allocator.control.apply_scope import read_every_host
+    from allocator.control.apply.scope import read_every_host
 
     (head,) = writer.store.read_many([Read(writer.layout.fleet_generation)])
     found: list[str] = []

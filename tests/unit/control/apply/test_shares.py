@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from allocator.control import compiled_policy
+from allocator.control.apply import compiled as compiled_policy
 from allocator.control.client import Allocator
 from allocator.errors import RequestError
 from allocator.placement.choose import Request

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from allocator.control import apply_scope
-from allocator.control.apply_scope import affected_hosts
+from allocator.control.apply import scope as apply_scope
+from allocator.control.apply.scope import affected_hosts
 from allocator.control.client import Allocator
 from allocator.errors import PlacementRefused
 from allocator.policy import load_policy
