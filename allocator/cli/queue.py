@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     """Read the queue (of one host, or all), print it."""
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
-    from allocator.control.queue_view import queue_lines
+    from allocator.recipes.queue.view import queue_lines
     from allocator.records.keys import validate_name
     from allocator.util.times import utc_now
 
@@ -62,8 +62,8 @@ def _remove(args: argparse.Namespace) -> int:
     """``queue remove host=H entry=NAME``: delete one entry; exit 6 if there is none."""
     from allocator.cli.args import parse_key_values
     from allocator.cli.common import note
-    from allocator.control.queue_view import remove_entry
     from allocator.errors import InvalidInput
+    from allocator.recipes.queue.view import remove_entry
     from allocator.records.keys import validate_name
 
     kv = parse_key_values(args.words[1:], ("host", "entry"))

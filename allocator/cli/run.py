@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     """Take the GPUs, run the command, release them; the command's exit status."""
     from allocator.cli.args import parse_key_values
     from allocator.cli.foreground import DEFAULT_GRACE
-    from allocator.control.leased import DEFAULT_TTL
+    from allocator.recipes.holding import DEFAULT_TTL
 
     kv = parse_key_values(args.words, RUN_KEYS)
     ttl = _ttl(kv.pop("ttl", None))
@@ -194,8 +194,8 @@ def _take(
 ) -> tuple[list[dict[str, str]], Any]:
     """Hold the GPUs (waiting if asked) and compute the command's environments."""
     from allocator.cli.env import worker_envs
-    from allocator.control.leased import let_go
-    from allocator.control.waiting import take_waiting
+    from allocator.recipes.holding import let_go
+    from allocator.recipes.waiting import take_waiting
     from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 
     _check_workers(allocator, request.job, per_gpu)
@@ -249,7 +249,7 @@ def _run_held(
     import signal
 
     from allocator.cli.foreground import Children
-    from allocator.control.leased import let_go
+    from allocator.recipes.holding import let_go
 
     children = Children(
         argv, envs, grace=grace, while_stopped=lambda: _keep_while_stopped(holding, url)
@@ -297,7 +297,7 @@ def _start_keeper(lease: int, ttl: float, url: str) -> Any:
     import subprocess
 
     helper = subprocess.Popen(
-        [sys.executable, "-m", "allocator.control.stopped_keeper", str(lease), str(ttl),
+        [sys.executable, "-m", "allocator.recipes.stopped_keeper", str(lease), str(ttl),
          str(os.getpid())],
         env={**os.environ, "ALLOCATOR_STORE": url},
         stdout=subprocess.PIPE,

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                 request, reason=parsed.reason, command=parsed.command
             )
         else:
-            from allocator.control.queue_wait import wait_and_assign
+            from allocator.recipes.queue.wait import wait_and_assign
 
             assignment, placement = wait_and_assign(
                 allocator,

@@ -100,7 +100,7 @@ def _show(args: argparse.Namespace) -> int:
             written.update((host.host, status_host_json(host)) for host in hosts)
         return hosts
 
-    from allocator.control.queue_view import queue_prefix
+    from allocator.recipes.queue.view import queue_prefix
 
     queue_read: list[Any] = []  # read with the policy (none where the user may not read it)
     pick = _picker(allocator, wanted, pools) if only_host is None else None
@@ -188,7 +188,7 @@ def _waiting(
     allocator: Any, now: Any, only_host: str | None, queue_read: list[Any], wanted: Any, hosts: Any
 ) -> list[Any]:
     """The waiting requests to show: for the hosts shown (and ``job=``'s jobs) when filtered."""
-    from allocator.control.queue_view import queue_lines
+    from allocator.recipes.queue.view import queue_lines
 
     if not queue_read:
         return []

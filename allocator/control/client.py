@@ -182,7 +182,7 @@ class Allocator:
         ``request.host`` may be empty: the default host is used then.
         ``held_by`` (the holding process, a store lease): the assignment and its
         job index entry are written under that lease, so they disappear when the
-        lease does (see :mod:`allocator.control.leased`); the job must hold nothing yet.
+        lease does (see :mod:`allocator.recipes.holding`); the job must hold nothing yet.
         ``gate`` (the wait queue's turn): called with the host's state and the
         placement decided; it returns what else the transaction compares and
         writes, or raises to refuse.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     #: The wait queue's turn: (host state, placement) -> (compares, writes) to add.
     Gate: TypeAlias = Callable[[HostSnapshot, Placement], tuple[list[Compare], list[Op]]]
 
-__all__ = ["Gate", "NotYourTurn", "PlaceAround"]
+__all__ = ["NotYourTurn", "PlaceAround"]  # and the type ``Gate``, for annotations
 
 
 class NotYourTurn(ConflictError):

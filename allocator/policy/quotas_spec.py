@@ -3,7 +3,7 @@
 A quota or priority names its subject as ``user:NAME``, ``team:NAME`` (a
 team of this policy) or ``unix:GROUP`` (a group of the machine the request
 is made on). What the sections mean at write time is
-:mod:`allocator.control.quotas` and :mod:`allocator.control.queue_order`.
+:mod:`allocator.control.quotas` and :mod:`allocator.recipes.queue.order`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ __all__ = ["queue_json"]
 def queue_json(open_store: Callable[[], Store], layout: KeyLayout) -> tuple[int, dict[str, Any]]:
     """(HTTP status, document) of every waiting request, with why it waits."""
     from allocator.control.client import Allocator
-    from allocator.control.queue_view import queue_lines
+    from allocator.recipes.queue.view import queue_lines
     from allocator.util.times import utc_now
 
     try:

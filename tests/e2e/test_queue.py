@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.queue_wait import QUEUE_TTL_S
+from allocator.recipes.queue.wait import QUEUE_TTL_S
 from allocator.records.holders import HolderCount
 from allocator.store import Store
 from tests.e2e.conftest import Cli
@@ -81,7 +81,7 @@ def waiter(cli_env: dict[str, str]) -> Iterator[Waiters]:
 
 def _queued(client: Allocator) -> list[str]:
     """The jobs waiting on node1, in queue order."""
-    from allocator.control.queue_order import decode_queue
+    from allocator.recipes.queue.order import decode_queue
 
     listing = client.store.list(client.layout.host_queue("node1"))
     return [w.entry.job for w in decode_queue(listing.items, lambda _bad: None)]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.queue_order import decode_queue
+from allocator.recipes.queue.order import decode_queue
 from allocator.store import open_store
 from tests.e2e.conftest import EXAMPLE_POLICY, Result, clean_env, run_cli
 from tests.support.waiting import wait_for

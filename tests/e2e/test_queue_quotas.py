@@ -11,11 +11,11 @@ from collections.abc import Iterator
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.leased import hold
-from allocator.control.queue_wait import WaitTimedOut, wait_and_assign
 from allocator.control.quotas import counter_key
 from allocator.errors import ConflictError
 from allocator.placement.choose import Request
+from allocator.recipes.holding import hold
+from allocator.recipes.queue.wait import WaitTimedOut, wait_and_assign
 from allocator.records.holders import QueueEntry
 from allocator.store import Put, Store, open_store
 from tests.support.waiting import wait_for

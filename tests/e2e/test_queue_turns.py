@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.queue_order import decode_queue
+from allocator.recipes.queue.order import decode_queue
 from allocator.records.holders import QueueEntry
 from allocator.store import Put, Store
 from tests.e2e.conftest import Cli

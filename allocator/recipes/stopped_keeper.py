@@ -1,11 +1,11 @@
 """Keep a holding's lease alive while the process that holds it is stopped (Ctrl-Z).
 
-A stopped process runs no thread, so its own :class:`~allocator.control.leased.LeaseKeeper`
+A stopped process runs no thread, so its own :class:`~allocator.recipes.holding.LeaseKeeper`
 stops too, and after the TTL its GPUs would go to someone else while its
 command (stopped with it) still holds them in memory. So before ``allocator
 run`` stops itself it starts this small process::
 
-    python -m allocator.control.stopped_keeper LEASE TTL PID
+    python -m allocator.recipes.stopped_keeper LEASE TTL PID
 
 which refreshes lease ``LEASE`` (the store from ``ALLOCATOR_STORE``, never
 the command line, where anyone could read a URL's credentials) while
@@ -53,8 +53,8 @@ def keep_while_stopped(
 
     A refresh that fails is tried at the next look; ``LeaseLost`` ends it (nothing to keep).
     """
-    from allocator.control.leased import refresh_interval
     from allocator.errors import LeaseLost, StoreError
+    from allocator.recipes.holding import refresh_interval
 
     refresh()
     announce()

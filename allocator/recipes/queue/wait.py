@@ -10,7 +10,7 @@ every compare ``set`` makes), the quota counters, the deletion of its own
 entry (compared, so a lapsed lease cannot be taken over), and the host's
 arrivals key (compared, so a request that joined meanwhile, maybe ahead
 of it, makes it decide again). The turn rule is
-:mod:`allocator.control.queue_order`'s.
+:mod:`allocator.recipes.queue.order`'s.
 
 :func:`wait_and_assign` is the one entry point (``set --wait`` and ``run
 --wait``).
@@ -26,8 +26,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from allocator.control.gate import NotYourTurn, PlaceAround
-from allocator.control.queue_faults import Outage, default_sigterm, exit_on_sigterm
-from allocator.control.queue_order import blockers, decode_queue
 from allocator.errors import (
     AllocatorError,
     AmbiguousWrite,
@@ -37,14 +35,16 @@ from allocator.errors import (
     PlacementRefused,
     StoreUnavailable,
 )
+from allocator.recipes.queue.faults import Outage, default_sigterm, exit_on_sigterm
+from allocator.recipes.queue.order import blockers, decode_queue
 from allocator.records.holders import QueueEntry
 from allocator.store import Compare, Delete, Op, Put, Read, Watch
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
     from allocator.control.gate import Gate
     from allocator.placement.choose import Placement, Request
+    from allocator.recipes.context import Context
     from allocator.records.types import Assignment
     from allocator.status.snapshots import HostSnapshot
 
@@ -82,7 +82,7 @@ class _Turn:
     self-service request never passes the queue).
     """
 
-    def __init__(self, allocator: Allocator, request: Request, *, queued: bool = True) -> None:
+    def __init__(self, allocator: Context, request: Request, *, queued: bool = True) -> None:
         self.allocator = allocator
         self.host = request.host
         self.asked_gpus = not request.cpu
@@ -91,8 +91,8 @@ class _Turn:
         self.me: str | None = None  # the entry's key once queued
 
     def __call__(self, state: HostSnapshot, placed: Placement) -> tuple[list[Compare], list[Op]]:
-        from allocator.control.queue_order import wanted_ahead
-        from allocator.control.queue_view import QuotaLook, able_gpus
+        from allocator.recipes.queue.order import wanted_ahead
+        from allocator.recipes.queue.view import QuotaLook, able_gpus
 
         layout, store = self.allocator.layout, self.allocator.store
         if self.asked_gpus and placed.mode == "cpu":
@@ -138,7 +138,7 @@ def _revision(listing: object) -> int:
     return int(items[0].mod_revision) if items else 0
 
 
-def queue_gate(allocator: Allocator, request: Request) -> Gate:
+def queue_gate(allocator: Context, request: Request) -> Gate:
     """The gate of a self-service request that does not wait: refused while others queue."""
     from allocator.records.codec import replace_struct
 
@@ -147,7 +147,7 @@ def queue_gate(allocator: Allocator, request: Request) -> Gate:
 
 
 def wait_and_assign(
-    allocator: Allocator,
+    allocator: Context,
     request: Request,
     *,
     reason: str = "",
@@ -168,7 +168,7 @@ def wait_and_assign(
 
 
 def wait_in_queue(
-    allocator: Allocator,
+    allocator: Context,
     request: Request,
     take: Callable[[Gate], T],
     *,
@@ -221,7 +221,7 @@ def wait_in_queue(
 
 
 def _round(
-    allocator: Allocator, take: Callable[[Gate], T], turn: _Turn, entry: _Entry, outage: Outage
+    allocator: Context, take: Callable[[Gate], T], turn: _Turn, entry: _Entry, outage: Outage
 ) -> T | str:
     """One try of a queued waiter (rejoining first if its entry was lost); else why not."""
     try:
@@ -244,7 +244,7 @@ def _round(
     return found
 
 
-def _try(allocator: Allocator, take: Callable[[Gate], T], turn: _Turn) -> T | str:
+def _try(allocator: Context, take: Callable[[Gate], T], turn: _Turn) -> T | str:
     """What the take returned if it succeeded, else why not (one line)."""
     allocator.forget_views()
     try:
@@ -260,7 +260,7 @@ def _try(allocator: Allocator, take: Callable[[Gate], T], turn: _Turn) -> T | st
 class _Entry:
     """This waiter's queue entry, its lease kept alive by a thread, and its change watches."""
 
-    def __init__(self, allocator: Allocator, request: Request, ttl: float) -> None:
+    def __init__(self, allocator: Context, request: Request, ttl: float) -> None:
         self.allocator, self.request, self.ttl = allocator, request, ttl
         self.lease: int | None = None
         self.key: str | None = None

@@ -37,9 +37,9 @@ from allocator.errors import AllocatorError, LeaseLost, StoreError
 from allocator.records.types import Assignment, RunHolder
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
     from allocator.control.gate import Gate
     from allocator.placement.choose import Request
+    from allocator.recipes.context import Context
     from allocator.store import Store
 
 __all__ = [
@@ -142,7 +142,7 @@ class Holding:
 
 
 def hold(
-    allocator: Allocator,
+    allocator: Context,
     request: Request,
     *,
     ttl: float = DEFAULT_TTL,
@@ -153,7 +153,7 @@ def hold(
 ) -> Holding:
     """Take ``request``'s GPUs for this process under a new lease; keep the lease alive.
 
-    ``gate``: the wait queue's turn (:mod:`allocator.control.queue_wait`), handed to
+    ``gate``: the wait queue's turn (:mod:`allocator.recipes.queue.wait`), handed to
     ``Allocator.assign``.
 
     ``allocator`` is an :class:`~allocator.control.client.Allocator`, ``request``
@@ -194,7 +194,7 @@ def hold(
     return Holding(assignment, lease, keeper, time.monotonic(), lost)
 
 
-def let_go(allocator: Allocator, holding: Holding, exit_status: int, reason: str = "") -> bool:
+def let_go(allocator: Context, holding: Holding, exit_status: int, reason: str = "") -> bool:
     """Release ``holding`` (history: its exit status and GPU-seconds); revoke its lease.
 
     Returns whether the assignment was still this holding's to release (its

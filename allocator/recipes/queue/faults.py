@@ -1,6 +1,6 @@
 """What a waiter rides out (a store it cannot reach), and how SIGTERM ends it with its entry gone.
 
-Kept apart from :mod:`allocator.control.queue_wait`'s loop: both are about
+Kept apart from :mod:`allocator.recipes.queue.wait`'s loop: both are about
 faults around a wait, not about whose turn it is.
 """
 

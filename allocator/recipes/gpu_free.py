@@ -29,7 +29,7 @@ from allocator.records.types import Assignment, WorkerRecord
 from allocator.util.process_environ import variables_of_processes
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
+    from allocator.recipes.context import Context
 
 __all__ = ["DEFAULT_BOUND", "busy_with", "carried_holdings", "wait_until_free"]
 
@@ -39,7 +39,7 @@ _POLL_SECONDS = 0.2
 
 
 def busy_with(
-    allocator: Allocator, assignment: Assignment, proc: Path = Path("/proc")
+    allocator: Context, assignment: Assignment, proc: Path = Path("/proc")
 ) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """What still runs on ``assignment``'s GPUs: other jobs' workers, ended holdings' processes.
 
@@ -85,7 +85,7 @@ def carried_holdings(proc: Path = Path("/proc")) -> dict[str, tuple[int, ...]]:
 
 
 def wait_until_free(
-    allocator: Allocator,
+    allocator: Context,
     assignment: Assignment,
     *,
     bound: float,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.control.queue_order import Waiting, blockers, could_use, in_order, wanted_ahead
+from allocator.recipes.queue.order import Waiting, blockers, could_use, in_order, wanted_ahead
 from allocator.records.holders import QueueEntry
 
 FOUR = frozenset(range(4))

@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from allocator.control.holder import quota_subjects, unix_groups
-from allocator.control.queue_order import Able, Waiting, blockers, decode_queue
 from allocator.control.quotas import (
     absent_charges,
     ask_of_entry,
@@ -23,12 +22,13 @@ from allocator.control.quotas import (
     read_counters,
 )
 from allocator.errors import AllocatorError, PermissionDenied
+from allocator.recipes.queue.order import Able, Waiting, blockers, decode_queue
 from allocator.records.keys import KeyLayout
 from allocator.store import Compare, KeyValue, Listing
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
     from allocator.policy.model import Policy
+    from allocator.recipes.context import Context
     from allocator.records.holders import QueueEntry
     from allocator.status.snapshots import HostSnapshot
 
@@ -46,7 +46,7 @@ __all__ = [
 class QuotaLook:
     """Whether a waiting request's holder is over a quota now; the counters it looked at."""
 
-    def __init__(self, allocator: Allocator, policy: Policy) -> None:
+    def __init__(self, allocator: Context, policy: Policy) -> None:
         self.allocator, self.policy = allocator, policy
         self._seen: dict[str, KeyValue | None] = {}
         self._groups: dict[str, tuple[str, ...]] = {}
@@ -136,7 +136,7 @@ class QueueLine:
 
 
 def queue_lines(
-    allocator: Allocator, now: datetime, host: str | None = None, listing: Listing | None = None
+    allocator: Context, now: datetime, host: str | None = None, listing: Listing | None = None
 ) -> list[QueueLine]:
     """Every waiting request (of ``host``, or of all hosts), in each host's order, with why.
 
@@ -177,7 +177,7 @@ def queue_lines(
     return lines
 
 
-def remove_entry(allocator: Allocator, host: str, name: str) -> QueueLine:
+def remove_entry(allocator: Context, host: str, name: str) -> QueueLine:
     """Delete the queue entry ``name`` of ``host`` (a stuck one: no waiter will); what it was.
 
     ``NotFound`` when there is none. The delete compares the entry's
@@ -212,7 +212,7 @@ def queue_prefix(layout: KeyLayout, host: str | None) -> str:
 
 
 def _why(
-    allocator: Allocator,
+    allocator: Context,
     policy: Policy | None,
     state: HostSnapshot,
     order: list[Waiting],

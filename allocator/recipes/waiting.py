@@ -3,7 +3,7 @@
 :func:`take_waiting` is the one entry point ``run`` and ``lease()`` call. It
 tries the holding's transaction; while the GPUs are refused (held, reserved,
 unhealthy, over a quota) it waits in the host's fair queue
-(:func:`allocator.control.queue_wait.wait_in_queue`: a leased entry, a watch,
+(:func:`allocator.recipes.queue.wait.wait_in_queue`: a leased entry, a watch,
 its turn taken in the holding's own transaction) until the deadline. Running
 out of time is a ``ConflictError`` (exit 3) naming what it waited for and
 why it never got it.
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 from allocator.errors import ConflictError
 
 if TYPE_CHECKING:
-    from allocator.control.client import Allocator
     from allocator.control.gate import Gate
-    from allocator.control.leased import Holding
     from allocator.placement.choose import Request
+    from allocator.recipes.context import Context
+    from allocator.recipes.holding import Holding
 
 __all__ = ["take_waiting", "waited_for"]
 
@@ -39,7 +39,7 @@ def waited_for(request: Request, seconds: float, why: str) -> str:
 
 
 def take_waiting(
-    allocator: Allocator,
+    allocator: Context,
     request: Request,
     *,
     wait: float | None,
@@ -54,13 +54,13 @@ def take_waiting(
 
     The holding is returned only once no other job's worker still runs on its
     GPUs (``tell`` says what it waits for), within what is left of ``wait``
-    (without one, :data:`~allocator.control.gpu_free.DEFAULT_BOUND`); past
+    (without one, :data:`~allocator.recipes.gpu_free.DEFAULT_BOUND`); past
     that the holding is let go and it is a ``ConflictError``.
     """
     started = monotonic()
     holding = _take(allocator, request, wait, ttl, reason, on_lost, launched_by, monotonic)
-    from allocator.control.gpu_free import DEFAULT_BOUND, wait_until_free
-    from allocator.control.leased import let_go
+    from allocator.recipes.gpu_free import DEFAULT_BOUND, wait_until_free
+    from allocator.recipes.holding import let_go
 
     bound = DEFAULT_BOUND if wait is None else max(wait - (monotonic() - started), 0.0)
     try:
@@ -72,7 +72,7 @@ def take_waiting(
 
 
 def _take(
-    allocator: Allocator,
+    allocator: Context,
     request: Request,
     wait: float | None,
     ttl: float,
@@ -81,8 +81,8 @@ def _take(
     launched_by: str,
     monotonic: Callable[[], float],
 ) -> Holding:
-    from allocator.control.leased import hold
-    from allocator.control.queue_wait import WaitTimedOut, queue_gate, wait_in_queue
+    from allocator.recipes.holding import hold
+    from allocator.recipes.queue.wait import WaitTimedOut, queue_gate, wait_in_queue
     from allocator.records.codec import replace_struct
 
     # Its asker picks its job name: reservations and priorities look at who asks.

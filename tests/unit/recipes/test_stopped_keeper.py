@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from allocator.control.stopped_keeper import keep_while_stopped, process_state
 from allocator.errors import LeaseLost, StoreUnavailable
+from allocator.recipes.stopped_keeper import keep_while_stopped, process_state
 
 
 class Clock:
