@@ -41,6 +41,7 @@ from allocator.history.stream import host_stream
 from allocator.placement.vendors import check_one_vendor
 from allocator.records.codec import replace_struct
 from allocator.records.types import Assignment, HistoryEntry
+from allocator.status.snapshots import job_not_found
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
 from allocator.util.times import format_time
 
@@ -253,7 +254,6 @@ def replace_share(
     template: Assignment, host: str, placed: Placement, nodes: tuple[str, ...], port: int
 ) -> Assignment:
     """One host's share of the job, from the template and that host's placement."""
-    from allocator.records.codec import replace_struct
 
     return replace_struct(
         template,
@@ -274,7 +274,6 @@ def plan_group_release(writer: Writer, job: str, generation: bytes, reason: str 
 
     ``reason`` goes into every host's history entry.
     """
-    from allocator.status.snapshots import job_not_found
 
     layout = writer.layout
     entry = index_for_write(writer.store, layout, job, writer.on_bad_record)

@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from allocator.control.gate import NotYourTurn, PlaceAround
+from allocator.control.holder import asker_of
+from allocator.control.quotas import charge
 from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
 from allocator.errors import (
     BadRecord,
@@ -184,7 +187,6 @@ def plan_assign(
 
 def _with_asker(writer: Writer, policy: Policy, request: Request) -> Request:
     """``request`` with who asks (the holder's subjects a reservation names), for placement."""
-    from allocator.control.holder import asker_of
 
     if request.asker or not any(r.who for r in policy.reservations):
         return request
@@ -204,7 +206,6 @@ def _gated(
     decision = place_it({})
     if gate is None:
         return decision, ([], [])
-    from allocator.control.gate import NotYourTurn, PlaceAround
 
     try:
         return decision, gate(state, decision)
@@ -302,11 +303,9 @@ def _charge(
     before: Sequence[Assignment],
     after: Sequence[Assignment],
 ) -> tuple[list[Compare], list[Op]]:
-    """:func:`allocator.control.quotas.charge`, loaded only when someone is charged."""
+    """The quota counters' compares and writes; nothing read when no one is charged."""
     if not any(a.charged for a in (*before, *after)):
         return [], []
-    from allocator.control.quotas import charge
-
     return charge(writer, policy, before, after)
 
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from allocator.errors import BadRecord, ConflictError
+from allocator.errors import BadRecord, ConflictError, InvalidName
 from allocator.policy.model import Policy, Quota
 from allocator.records.holders import Charge as HeldCharge
 from allocator.records.holders import HolderCount
@@ -306,7 +306,6 @@ def absent_charges(store: Store, layout: KeyLayout, names: Sequence[str]) -> lis
 
 def _assignment_key(layout: KeyLayout, name: str) -> str | None:
     """The assignment key of a charge ``host/job`` (``None``: a damaged name, dropped)."""
-    from allocator.errors import InvalidName
 
     host, _, job = name.partition("/")
     try:

@@ -25,6 +25,7 @@ from datetime import datetime
 from allocator.errors import CasConflict
 from allocator.history import index as history_index
 from allocator.history.append import Head, aged_count, head_of, oldest_times, recover_head
+from allocator.history.read import head_hosts
 from allocator.history.stream import OnBad, Stream, host_stream, policy_stream
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryHead
@@ -154,7 +155,6 @@ def _head(store: Store, stream: Stream, read: Listing, on_bad: OnBad) -> Head:
 
 
 def _host_streams(store: Store, layout: KeyLayout, on_bad: OnBad) -> list[Stream]:
-    from allocator.history.read import head_hosts
 
     (heads,) = store.read_many([Read(layout.history_heads, prefix=True, values=False)])
     return [host_stream(layout, name) for _kv, name in head_hosts(heads, layout, on_bad)]

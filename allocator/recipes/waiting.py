@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from allocator.errors import ConflictError
+from allocator.recipes.holding import hold, let_go
+from allocator.records.codec import replace_struct
 
 if TYPE_CHECKING:
     from allocator.control.gate import Gate
@@ -60,7 +62,6 @@ def take_waiting(
     started = monotonic()
     holding = _take(allocator, request, wait, ttl, reason, on_lost, launched_by, monotonic)
     from allocator.recipes.gpu_free import DEFAULT_BOUND, wait_until_free
-    from allocator.recipes.holding import let_go
 
     bound = DEFAULT_BOUND if wait is None else max(wait - (monotonic() - started), 0.0)
     try:
@@ -81,9 +82,7 @@ def _take(
     launched_by: str,
     monotonic: Callable[[], float],
 ) -> Holding:
-    from allocator.recipes.holding import hold
     from allocator.recipes.queue.wait import WaitTimedOut, queue_gate, wait_in_queue
-    from allocator.records.codec import replace_struct
 
     # Its asker picks its job name: reservations and priorities look at who asks.
     request = replace_struct(request, self_service=True)

@@ -12,6 +12,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from allocator.control.apply.compiled import (
+    TXN_VALUE_BUDGET,
+    compiled_op,
+    drop_stale_parts,
+    previous_parts,
+    refresh_compiled,
+    write_with_compiled,
+)
+from allocator.control.apply.scope import (
+    affected_hosts,
+    read_every_host,
+    read_hosts,
+    read_index_entries,
+)
+from allocator.control.apply.shares import (
+    SharesPlan,
+    plan_shares,
+    refresh_shares,
+    write_after,
+    write_before,
+)
 from allocator.control.job_index import holders, index_covers
 from allocator.errors import (
     BadRecord,
@@ -22,8 +43,12 @@ from allocator.errors import (
     PolicyError,
     RequestError,
 )
+from allocator.history.append import prepare_append
+from allocator.history.entries import policy_entry
+from allocator.history.stream import policy_stream
 from allocator.records.codec import decode_record
 from allocator.records.types import PolicyRecord
+from allocator.status.applied_policy import applied_policy
 from allocator.status.snapshots import snapshots_by_host
 from allocator.store import MAX_TXN_OPS, Compare, KeyValue, Op, Put, Read, txn_size
 from allocator.util.times import format_time
@@ -51,11 +76,6 @@ def apply_once(
     writer: Writes, policy: Policy, text: str, source: str, force: bool, reason: str
 ) -> ApplyResult:
     """One attempt of ``policy apply`` (see :meth:`Allocator.apply_policy`)."""
-    from allocator.control.apply.compiled import refresh_compiled
-    from allocator.control.apply.shares import refresh_shares
-    from allocator.history.append import prepare_append
-    from allocator.history.entries import policy_entry
-    from allocator.history.stream import policy_stream
     from allocator.policy import policy_sha256
 
     current = writer.store.get(writer.layout.policy)
@@ -130,19 +150,6 @@ def _store(
     Compiled parts and the shares that do not fit are written before, stale
     parts and the shares of hosts that left after.
     """
-    from allocator.control.apply.compiled import (
-        TXN_VALUE_BUDGET,
-        compiled_op,
-        drop_stale_parts,
-        previous_parts,
-        write_with_compiled,
-    )
-    from allocator.control.apply.shares import (
-        SharesPlan,
-        plan_shares,
-        write_after,
-        write_before,
-    )
 
     store, layout = writer.store, writer.layout
     ops: list[Op] = [Put(layout.policy, stored), *history_ops]
@@ -191,7 +198,6 @@ def _check(
     the index was whole (a store from before there was one) reads every host
     in ranges.
     """
-    from allocator.control.apply.scope import affected_hosts, read_hosts
 
     scope = affected_hosts(before, policy)
     if scope is None or old is None or not old.job_index:
@@ -208,7 +214,6 @@ def _check(
 
 def _old_policy(writer: Writes, old: PolicyRecord | None) -> Policy | None:
     """The applied policy ``old`` holds; ``None`` if it no longer loads (every host is checked)."""
-    from allocator.status.applied_policy import applied_policy
 
     if old is None:
         return None
@@ -222,7 +227,6 @@ def _check_every_host(
     writer: Writes, policy: Policy, before: Policy | None, revision: int
 ) -> tuple[list[str], bool]:
     """Every host's assignments checked, read in ranges; and whether every one is indexed."""
-    from allocator.control.apply.scope import read_every_host, read_index_entries
 
     store, layout = writer.store, writer.layout
     declared = set(policy.hosts).union(before.hosts if before is not None else ())
@@ -247,7 +251,6 @@ def violations(
     """
     if host_items is not None:
         return _refused(writer, policy, host_items)
-    from allocator.control.apply.scope import read_every_host
 
     (head,) = writer.store.read_many([Read(writer.layout.fleet_generation)])
     found: list[str] = []

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from allocator.control.holder import quota_subjects, unix_groups
+from allocator.control.holder import asker_of, needs_groups, quota_subjects, unix_groups
 from allocator.control.quotas import (
     absent_charges,
     ask_of_entry,
@@ -21,10 +21,10 @@ from allocator.control.quotas import (
     quota_refusal,
     read_counters,
 )
-from allocator.errors import AllocatorError, PermissionDenied
+from allocator.errors import AllocatorError, NotFound, PermissionDenied
 from allocator.recipes.queue.order import Able, Waiting, blockers, decode_queue
 from allocator.records.keys import KeyLayout
-from allocator.store import Compare, KeyValue, Listing
+from allocator.store import Compare, Delete, KeyValue, Listing
 
 if TYPE_CHECKING:
     from allocator.policy.model import Policy
@@ -183,8 +183,6 @@ def remove_entry(allocator: Context, host: str, name: str) -> QueueLine:
     ``NotFound`` when there is none. The delete compares the entry's
     revision, so it removes exactly what was read.
     """
-    from allocator.errors import NotFound
-    from allocator.store import Delete
 
     key = allocator.layout.queue_entry(host, name)
     found = allocator.store.get(key)
@@ -266,7 +264,6 @@ def _why(
 
 def entry_asker(policy: Policy, entry: QueueEntry) -> tuple[str, ...]:
     """Who asks for ``entry`` as reservations see it (its holder's groups on this machine)."""
-    from allocator.control.holder import asker_of, needs_groups
 
     if not any(r.who for r in policy.reservations):
         return ()

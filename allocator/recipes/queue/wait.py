@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from allocator.control.gate import NotYourTurn, PlaceAround
+from allocator.control.holder import priority_of
 from allocator.errors import (
     AllocatorError,
     AmbiguousWrite,
@@ -36,7 +37,9 @@ from allocator.errors import (
     StoreUnavailable,
 )
 from allocator.recipes.queue.faults import Outage, default_sigterm, exit_on_sigterm
-from allocator.recipes.queue.order import blockers, decode_queue
+from allocator.recipes.queue.order import blockers, decode_queue, wanted_ahead
+from allocator.recipes.queue.view import QuotaLook, able_gpus
+from allocator.records.codec import replace_struct
 from allocator.records.holders import QueueEntry
 from allocator.store import Compare, Delete, Op, Put, Read, Watch
 from allocator.util.times import format_time
@@ -91,8 +94,6 @@ class _Turn:
         self.me: str | None = None  # the entry's key once queued
 
     def __call__(self, state: HostSnapshot, placed: Placement) -> tuple[list[Compare], list[Op]]:
-        from allocator.recipes.queue.order import wanted_ahead
-        from allocator.recipes.queue.view import QuotaLook, able_gpus
 
         layout, store = self.allocator.layout, self.allocator.store
         if self.asked_gpus and placed.mode == "cpu":
@@ -140,7 +141,6 @@ def _revision(listing: object) -> int:
 
 def queue_gate(allocator: Context, request: Request) -> Gate:
     """The gate of a self-service request that does not wait: refused while others queue."""
-    from allocator.records.codec import replace_struct
 
     host = request.host or allocator.default_host(allocator.require_policy().policy)
     return _Turn(allocator, replace_struct(request, host=host), queued=False)
@@ -188,7 +188,6 @@ def wait_in_queue(
     holding); a refusal it raises (``ConflictError``) means: wait.
     """
     host = request.host or allocator.default_host(allocator.require_policy().policy)
-    from allocator.records.codec import replace_struct
 
     request = replace_struct(request, host=host)
     turn = _Turn(allocator, request)
@@ -271,7 +270,6 @@ class _Entry:
 
     def join(self) -> str:
         """Write the entry (new lease, new arrival) and return its key."""
-        from allocator.control.holder import priority_of
 
         allocator, request = self.allocator, self.request
         layout, store = allocator.layout, allocator.store
