@@ -19,7 +19,9 @@ This module is the client's state (its kept views, its holder) and its
 operations; one attempt of each lives beside it: ``set`` and ``release`` of
 a job on one host in :mod:`allocator.control.one_host`, of a job across
 hosts in :mod:`allocator.control.across_hosts`, ``policy apply`` in
-:mod:`allocator.control.apply.policy`.
+:mod:`allocator.control.apply.policy`. Each attempt takes this client as
+the few calls :mod:`allocator.control.writer` names, not as an ``Allocator``,
+so none of them imports this module back.
 """
 
 from __future__ import annotations

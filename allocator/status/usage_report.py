@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from allocator.errors import BadRecord
     from allocator.policy import Policy
     from allocator.records.keys import KeyLayout
+    from allocator.records.types import Assignment
     from allocator.status.snapshots import PolicySnapshot
     from allocator.store import Store
 
@@ -113,7 +114,7 @@ def group_of(by: str, policy: Policy | None) -> Callable[[Holding], Sequence[str
     return lambda h: _teams(policy, h.holder)
 
 
-def _current(allocator: UsageSource) -> dict[tuple[str, str], Any]:
+def _current(allocator: UsageSource) -> dict[tuple[str, str], Assignment]:
     """Every assignment that exists now, keyed (host, job): one read of the hosts' keys."""
     from allocator.status.snapshots import snapshots_by_host
 
