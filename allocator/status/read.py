@@ -2,12 +2,13 @@
 
 One batch reads the policy record and its compiled form; the hosts' records
 are then read at that batch's revision, on a second thread while this one
-decodes the policy and loads the modules that join and print. On etcd's
-JSON gateway the hosts are read as several key ranges at once
-(:meth:`~allocator.store.etcd.store.EtcdStore.list_at`), cut between the
-policy's hosts: etcd marshals a fleet's 10 MB answer on one core per
-request, and that was most of what status waited for. Where the compiled
-form is missing the hosts are read in one range, as on every other store.
+decodes the policy and loads the modules that join and print. The hosts
+are read in parts cut between the policy's hosts
+(:meth:`~allocator.store.base.Store.list_parts`): etcd reads them as
+several key ranges at once, as it marshals a fleet's 10 MB answer on one
+core per request, and that was most of what status waited for; the other
+stores read them whole and cut them. Where the compiled form is missing
+the hosts are read in one range.
 
 Policy, assignments, agents and workers then come from one snapshot (the
 policy used to be read a moment before the hosts).
@@ -152,19 +153,18 @@ def read_status(
         return decoded[0]
 
     compiled = _first(compiled_read)
-    list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
-    if only_host is None and not splits and compiled is not None and list_parts is not None:
+    if only_host is None and not splits and compiled is not None:
         # A compiled policy stored in parts names its hosts only once decoded: a
         # large fleet's, which must not be read in one range (past a call's budget).
         policy = policy_of()
         splits = split_points(layout, policy.hosts) if policy is not None else []
-    if only_host is None and splits and list_parts is not None:
-        parts = list_parts(prefix, policy_read.revision, splits)
+    if only_host is None and splits:
+        parts = store.list_parts(prefix, policy_read.revision, splits)
         policy = policy_of()
         try:
-            rows = _join_parts(allocator, policy, parts, splits, join)
-            return policy, policy_read.revision, rows
+            revision, rows = _join_parts(allocator, policy, parts, splits, join)
+            return policy, revision, rows
         except Compacted:  # the revision read at is gone already: read the present, whole
             pass
         listing = store.list(prefix)
@@ -212,14 +212,17 @@ def _join_parts(
     parts: Iterable[Listing],
     splits: list[str],
     join: JoinPart[_Row],
-) -> list[_Row]:
+) -> tuple[int, list[_Row]]:
+    """The revision the parts were read at (the last's) and ``join``'s rows of them."""
     layout: KeyLayout = allocator.layout
     declared = declared_by_part(layout, policy.hosts if policy is not None else (), splits)
     rows: list[_Row] = []
+    revision = 0
     for part, hosts in zip(parts, declared, strict=True):
         report_bad_keys(allocator, part)
         rows.extend(join(policy, part.items, hosts))
-    return rows
+        revision = part.revision
+    return revision, rows
 
 
 def declared_by_part(
