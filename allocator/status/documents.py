@@ -13,10 +13,10 @@ every document follows:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:  # status pulls in placement and the policy, which history does not need
-    from allocator.control.history import Stored
+    from allocator.records.types import HistoryEntry
     from allocator.status.join import GroupStatus, HostStatus
 
 __all__ = [
@@ -120,6 +120,20 @@ def _nulls(row: dict[str, Any], optional: Sequence[str]) -> dict[str, Any]:
         if row[name] in ("", "-"):
             row[name] = None
     return row
+
+
+class Stored(Protocol):
+    """A history entry as read, with the store revision that wrote it (history's ``Stored``)."""
+
+    @property
+    def entry(self) -> HistoryEntry:
+        """The entry."""
+        ...
+
+    @property
+    def revision(self) -> int:
+        """The store revision that wrote it."""
+        ...
 
 
 def history_document(entries: Iterable[Stored]) -> dict[str, Any]:
