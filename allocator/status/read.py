@@ -22,13 +22,17 @@ from __future__ import annotations
 import bisect
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
 from allocator.errors import BadRecord, Compacted, InvalidName, PermissionDenied
 from allocator.records.keys import KeyLayout
-from allocator.store import KeyValue, Listing, Read, bad_key_records
+from allocator.status.source import StatusSource
+from allocator.store import KeyValue, Listing, Read, Store, bad_key_records
+
+if TYPE_CHECKING:
+    from allocator.policy.model import Policy
 
 __all__ = [
     "HOSTS_PER_PART",
@@ -105,19 +109,19 @@ def _valid_host(layout: KeyLayout, host: str) -> bool:
 
 
 #: Joins one part of the hosts' keys, and the policy's hosts that fall in it, into rows.
-JoinPart = Callable[[Any, Sequence[KeyValue], Iterable[str]], list[_Row]]
+JoinPart = Callable[["Policy | None", Sequence[KeyValue], Iterable[str]], list[_Row]]
 
 
 def read_status(
-    allocator: Any,
+    allocator: StatusSource,
     prefix: str,
     *,
     only_host: str | None,
     while_reading: Callable[[], None],
     join: JoinPart[_Row],
     queue: tuple[str, Callable[[Listing], None]] | None = None,
-    pick: Callable[[Any], Sequence[str] | None] | None = None,
-) -> tuple[Any, int, list[_Row]]:
+    pick: Callable[[Policy | None], Sequence[str] | None] | None = None,
+) -> tuple[Policy | None, int, list[_Row]]:
     """The applied policy, the revision read at and ``join``'s rows of every key under ``prefix``.
 
     The policy is ``None`` when none is applied, or its record is damaged
@@ -136,7 +140,7 @@ def read_status(
     store = allocator.store
     shares = _share_reads(layout, only_host)
     policy_read, compiled_read, *found = _policy_records(store, layout, queue, shares)
-    decoded: list[Any] = []
+    decoded: list[Policy | None] = []
     if pick is not None:
         while_reading()
         decoded.append(_policy(allocator, _first(policy_read), compiled_read))
@@ -145,7 +149,7 @@ def read_status(
             rows = _join_picked(allocator, decoded[0], picked, policy_read.revision, join)
             return decoded[0], policy_read.revision, rows
 
-    def policy_of() -> Any:
+    def policy_of() -> Policy | None:
         if not decoded:
             while_reading()
             first = _first(policy_read)
@@ -182,7 +186,11 @@ def read_status(
 
 
 def _join_picked(
-    allocator: Any, policy: Any, picked: Sequence[str], revision: int, join: JoinPart[_Row]
+    allocator: StatusSource,
+    policy: Policy | None,
+    picked: Sequence[str],
+    revision: int,
+    join: JoinPart[_Row],
 ) -> list[_Row]:
     """``join``'s rows of the ``picked`` hosts only, read in key ranges at ``revision``."""
     from allocator.status.read_hosts import host_runs, picked_items, read_picked
@@ -200,15 +208,15 @@ def _join_picked(
     return rows
 
 
-def report_bad_keys(allocator: Any, listing: Listing) -> None:
+def report_bad_keys(allocator: StatusSource, listing: Listing) -> None:
     """Report each key of ``listing`` that is not UTF-8 text as a bad record (it was skipped)."""
     for bad in bad_key_records(listing):
         allocator.on_bad_record(bad)
 
 
 def _join_parts(
-    allocator: Any,
-    policy: Any,
+    allocator: StatusSource,
+    policy: Policy | None,
     parts: Iterable[Listing],
     splits: list[str],
     join: JoinPart[_Row],
@@ -246,7 +254,7 @@ def _share_reads(layout: KeyLayout, host: str | None) -> list[Read]:
 
 
 def _policy_records(
-    store: Any,
+    store: Store,
     layout: KeyLayout,
     queue: tuple[str, Callable[[Listing], None]] | None = None,
     shares: Sequence[Read] = (),
@@ -285,12 +293,12 @@ def _first(listing: Listing) -> KeyValue | None:
 
 
 def _policy(
-    allocator: Any,
+    allocator: StatusSource,
     item: KeyValue | None,
     compiled: Listing,
     shares: Sequence[Listing] = (),
     host: str | None = None,
-) -> Any:
+) -> Policy | None:
     """The applied policy: ``host``'s share of it when ``shares`` are the policy's, else whole."""
     from allocator.records.codec import decode_record
     from allocator.records.types import PolicyRecord
@@ -312,7 +320,7 @@ def _policy(
 
 def _host_share(
     sha256: str, shares: Sequence[Listing], host: str, on_bad: Callable[[BadRecord], None]
-) -> Any:
+) -> Policy | None:
     """``host``'s policy from its share and the common one, if both are stored and current."""
     from allocator.policy.shares import host_policy
 
@@ -329,7 +337,7 @@ def _host_share(
 class _ListingReader(threading.Thread):
     """Reads every key under a prefix in one range; what it raised is raised by :meth:`result`."""
 
-    def __init__(self, store: Any, prefix: str) -> None:
+    def __init__(self, store: Store, prefix: str) -> None:
         super().__init__(name="status-listing", daemon=True)
         self._store, self._prefix = store, prefix
         self._listing: Listing | None = None

@@ -13,9 +13,9 @@ prefix read of a batch (``MAX_TXN_OPS`` to a batch).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 from allocator.records.keys import KeyLayout, split_host_key
+from allocator.status.source import StatusSource
 from allocator.store import KeyValue, Listing, Read, Store
 
 __all__ = [
@@ -97,7 +97,7 @@ def read_picked(
     return store.list_runs([[layout.host(host) for host in run] for run in runs], revision)
 
 
-def job_hosts(allocator: Any, jobs: Sequence[str]) -> list[str] | None:
+def job_hosts(allocator: StatusSource, jobs: Sequence[str]) -> list[str] | None:
     """The hosts the job index names for ``jobs``; ``None`` when one has no usable entry.
 
     (A store written before the index, an entry damaged by hand, or a role
