@@ -20,7 +20,6 @@ picks, in key ranges at the same revision (:mod:`allocator.status.read_hosts`).
 from __future__ import annotations
 
 import bisect
-import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -30,6 +29,7 @@ from allocator.errors import BadRecord, Compacted, InvalidName, PermissionDenied
 from allocator.records.keys import KeyLayout
 from allocator.status.source import StatusSource
 from allocator.store import KeyValue, Listing, Read, Store, bad_key_records
+from allocator.store.parts import ListingReader
 
 if TYPE_CHECKING:
     from allocator.policy.model import Policy
@@ -173,7 +173,7 @@ def read_status(
             pass
         listing = store.list(prefix)
     else:
-        reader = _ListingReader(store, prefix)
+        reader = ListingReader(store, prefix)
         reader.start()
         try:
             policy = policy_of()
@@ -332,26 +332,3 @@ def _host_share(
     except BadRecord as exc:
         on_bad(exc)
         return None
-
-
-class _ListingReader(threading.Thread):
-    """Reads every key under a prefix in one range; what it raised is raised by :meth:`result`."""
-
-    def __init__(self, store: Store, prefix: str) -> None:
-        super().__init__(name="status-listing", daemon=True)
-        self._store, self._prefix = store, prefix
-        self._listing: Listing | None = None
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._listing = self._store.list(self._prefix)
-        except BaseException as exc:  # raised again on the caller's thread
-            self._error = exc
-
-    def result(self) -> Listing:
-        """The listing read, or what reading it raised."""
-        if self._error is not None:
-            raise self._error
-        assert self._listing is not None
-        return self._listing

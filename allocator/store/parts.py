@@ -13,6 +13,7 @@ at (``revision`` or later).
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,38 @@ from allocator.store.base import MAX_TXN_OPS, KeyValue, Listing, Read
 if TYPE_CHECKING:
     from allocator.store.base import Store
 
-__all__ = ["cuts_of", "pages_of_whole", "parts_of_whole", "runs_read_each", "under_any"]
+__all__ = [
+    "ListingReader",
+    "cuts_of",
+    "pages_of_whole",
+    "parts_of_whole",
+    "runs_read_each",
+    "under_any",
+]
+
+
+class ListingReader(threading.Thread):
+    """Reads every key under a prefix in one read; what it raised is raised by :meth:`result`."""
+
+    def __init__(self, store: Store, prefix: str) -> None:
+        super().__init__(name="store-listing", daemon=True)
+        self._store, self._prefix = store, prefix
+        self._listing: Listing | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._listing = self._store.list(self._prefix)
+        except BaseException as exc:  # raised again on the caller's thread
+            self._error = exc
+
+    def result(self) -> Listing:
+        """The listing read, or what reading it raised (once the read has ended)."""
+        self.join()
+        if self._error is not None:
+            raise self._error
+        assert self._listing is not None
+        return self._listing
 
 
 def cuts_of(prefix: str, splits: Sequence[str]) -> list[str]:
@@ -32,13 +64,19 @@ def cuts_of(prefix: str, splits: Sequence[str]) -> list[str]:
 def parts_of_whole(store: Store, prefix: str, splits: Sequence[str]) -> Iterator[Listing]:
     """Every key under ``prefix`` in one read, as ``len(cuts) + 1`` listings cut at ``splits``.
 
-    Part ``i`` holds the keys from the ``i``-th cut (the prefix for the
-    first) up to the next; a key that is not text goes with the part its
-    escaped name falls in. (UTF-8's byte order is its code points' order,
-    so this is etcd's key order.)
+    The read starts now, on a thread of its own, as etcd's parts do: the
+    caller works on while it runs. Part ``i`` holds the keys from the
+    ``i``-th cut (the prefix for the first) up to the next; a key that is
+    not text goes with the part its escaped name falls in. (UTF-8's byte
+    order is its code points' order, so this is etcd's key order.)
     """
-    whole = store.list(prefix)
-    cuts = cuts_of(prefix, splits)
+    reader = ListingReader(store, prefix)
+    reader.start()
+    return _cut(reader, cuts_of(prefix, splits))
+
+
+def _cut(reader: ListingReader, cuts: list[str]) -> Iterator[Listing]:
+    whole = reader.result()
     items: list[list[KeyValue]] = [[] for _ in range(len(cuts) + 1)]
     bad: list[list[str]] = [[] for _ in range(len(cuts) + 1)]
     for item in whole.items:
