@@ -8,7 +8,6 @@ included.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from allocator.util.identity import clean_name, local_hostname, os_user
@@ -22,15 +21,11 @@ def store_user(url: str | None, env: Mapping[str, str] | None = None) -> str | N
     etcd: the user in the URL or ``ETCDCTL_USER``. Consul ACL tokens carry no
     user name and SQLite has no users: ``None``.
     """
-    if url is None or not url.startswith(("etcd://", "etcds://")):
+    if url is None:
         return None
-    from allocator.errors import StoreConfigError
-    from allocator.store.etcd.config import parse_etcd_url
+    from allocator.store import store_username
 
-    try:
-        name = parse_etcd_url(url, os.environ if env is None else env).username
-    except StoreConfigError:
-        return None
+    name = store_username(url, env)
     return clean_name(name) if name else None
 
 

@@ -30,7 +30,7 @@ good policy until they agree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 from msgspec.structs import replace
@@ -41,9 +41,6 @@ from allocator.policy.model import Host, Policy, Reservation
 from allocator.records.codec import decode_record
 from allocator.records.shares import PolicyShare, SharesHead
 from allocator.util.digest import sha256_hex
-
-if TYPE_CHECKING:
-    from allocator.store import KeyValue
 
 __all__ = [
     "HostPart",
@@ -157,6 +154,17 @@ def decode_host_part(raw: bytes, key: str, host: str) -> tuple[PolicyShare, Host
     return found[0], part
 
 
+class StoredShare(Protocol):
+    """A share as read from the store (a store's ``KeyValue``): the policy never imports one."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def value(self) -> bytes: ...
+    @property
+    def mod_revision(self) -> int: ...
+
+
 def shares_agree(
     common: PolicyShare, common_revision: int, host: PolicyShare | None, host_revision: int
 ) -> bool:
@@ -167,7 +175,7 @@ def shares_agree(
 
 
 def host_policy(
-    sha256: str, head: bytes, common: KeyValue, mine: KeyValue, host: str
+    sha256: str, head: bytes, common: StoredShare, mine: StoredShare, host: str
 ) -> Policy | None:
     """``host``'s policy from stored shares, if they are the applied policy's (``sha256``).
 

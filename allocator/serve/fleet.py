@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from allocator.serve.fleet_api import StatusQuery, metrics_text, status_json
 from allocator.serve.fleet_view import FleetView
@@ -21,6 +21,9 @@ from allocator.serve.series import COUNTED, DEFAULT_POINTS, DEFAULT_SAMPLE_SECON
 from allocator.serve.watcher import FleetWatcher
 from allocator.store import Store
 from allocator.util.times import format_time, utc_now
+
+if TYPE_CHECKING:
+    from allocator.status.summary import PoolSummary
 
 __all__ = ["Fleet"]
 
@@ -99,5 +102,5 @@ class Fleet:
         return self.read(counts)
 
 
-def _counted(row: Any) -> dict[str, int]:
+def _counted(row: PoolSummary) -> dict[str, int]:
     return {name: getattr(row, name) for name in COUNTED}

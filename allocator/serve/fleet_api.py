@@ -18,7 +18,7 @@ from allocator.serve.host_view import CELL_STATES, metric_value
 
 if TYPE_CHECKING:
     from allocator.serve.select import Selection
-    from allocator.status.join import HostStatus
+    from allocator.status.join import GroupStatus, HostStatus
 
 __all__ = [
     "DEFAULT_PER_PAGE",
@@ -113,7 +113,7 @@ def _unpicked(names: Sequence[str]) -> list[tuple[str, HostStatus | None]]:
     return [(name, None) for name in names]
 
 
-def _groups_shown(filters: Mapping[str, str]) -> Callable[[Any], bool] | None:
+def _groups_shown(filters: Mapping[str, str]) -> Callable[[GroupStatus], bool] | None:
     """Which jobs across hosts a filtered page lists, as ``allocator status`` does.
 
     None under ``host=``, ``pool=`` or ``state=`` (their other shares may be
@@ -134,7 +134,7 @@ def _status(
     view: FleetView,
     hosts: Sequence[tuple[str, HostStatus | None]],
     paging: dict[str, int] | None,
-    shown: Callable[[Any], bool] | None = None,
+    shown: Callable[[GroupStatus], bool] | None = None,
 ) -> bytes:
     import msgspec
 

@@ -7,15 +7,14 @@ history and the rest of the prefix are never read: on a busy machine a
 12,500-host fleet's whole prefix in one range outlasted that deadline, and
 ``serve`` never came up.
 
-Where the hosts cannot be read at the batch's revision (another store, or
-that revision compacted already) they are read as they are now, at a
-later revision; the watch starts after the batch's revision either way, so
-the changes in between are applied again (to the same final state).
+Where the hosts cannot be read at the batch's revision (another store
+reads them as they are now; on etcd that revision may be compacted
+already) they are read as they are now, at a later revision; the watch
+starts after the batch's revision either way, so the changes in between
+are applied again (to the same final state).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 from allocator.errors import Compacted
 from allocator.records.keys import KeyLayout
@@ -42,33 +41,7 @@ def read_fleet(store: Store, layout: KeyLayout) -> Listing:
 
 
 def _hosts(store: Store, prefix: str, revision: int) -> list[Listing]:
-    if getattr(store, "read_range", None) is not None:
-        try:
-            return list(_pages(store, prefix, revision))
-        except Compacted:
-            pass
-    return [store.list(prefix)]
-
-
-def _pages(store: Store, prefix: str, revision: int) -> Iterator[Listing]:
-    """Every key under ``prefix`` as at ``revision``, :data:`PAGE_KEYS` at a time (etcd)."""
-    from allocator.store.etcd.parts import ranged_request
-    from allocator.store.etcd.rules import prefix_range_end
-
-    start, end = prefix.encode(), prefix_range_end(prefix.encode())
-    while True:
-        request = {**ranged_request(start, end, revision), "limit": str(PAGE_KEYS)}
-        page: Listing = store.read_range(request)  # type: ignore[attr-defined]
-        yield page
-        if not page.items or len(page.items) + len(page.bad_keys) < PAGE_KEYS:
-            return
-        start = _after(page)
-
-
-def _after(page: Listing) -> bytes:
-    """The first key after ``page``'s last text key (keys come sorted).
-
-    Keys that are not text after it are read again with the next page (and
-    reported twice): they are named escaped, not as their bytes.
-    """
-    return page.items[-1].key.encode() + b"\0"
+    try:
+        return list(store.list_pages(prefix, revision, PAGE_KEYS))
+    except Compacted:
+        return [store.list(prefix)]

@@ -25,7 +25,7 @@ from allocator.serve.mirror import FleetMirror
 
 if TYPE_CHECKING:
     from allocator.policy import Policy
-    from allocator.status.join import HostStatus
+    from allocator.status.join import GroupStatus, HostStatus
     from allocator.status.summary import PoolSummary
 
 __all__ = ["TIMED_SECONDS", "FleetView", "Totals"]
@@ -164,7 +164,7 @@ class FleetView:
         views = self.views
         return [views[name].status for name in names]
 
-    def groups(self) -> list[Any]:
+    def groups(self) -> list[GroupStatus]:
         """Every job across hosts (joined from the hosts that hold a share, and their nodes)."""
         from allocator.status.join import group_status
 

@@ -4,19 +4,22 @@ History entries live in their own keys (a stream per host), read on request
 the way the CLI reads them: they are not mirrored, so a large fleet's
 history costs no memory here. One request returns at most
 :data:`MAX_LIMIT` entries, :data:`DEFAULT_LIMIT` without ``limit``: a
-request never reads the whole of a fleet's history. The history modules are looked up at run time:
-an allocator built without them answers 501.
+request never reads the whole of a fleet's history.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
 
 from allocator.errors import AllocatorError
 from allocator.records.keys import KeyLayout, validate_name
 from allocator.store import Store
+
+if TYPE_CHECKING:
+    from allocator.errors import BadRecord
+    from allocator.history.stream import Stored
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "error_answer", "history_json"]
 
@@ -24,6 +27,30 @@ __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "error_answer", "history_json"]
 DEFAULT_LIMIT = 100
 #: The most entries one request may ask for.
 MAX_LIMIT = 1000
+
+
+class _Query(Protocol):
+    """``query_history``: the newest entries matching the filters, newest first."""
+
+    def __call__(
+        self,
+        store: Store,
+        layout: KeyLayout,
+        on_bad: Callable[[BadRecord], None],
+        *,
+        host: str | None,
+        job: str | None,
+        gpu: int | None,
+        since: datetime | None,
+        limit: int | None,
+        now: datetime | None,
+    ) -> Sequence[Stored]: ...
+
+
+#: ``parse_since``: ``30m``, ``7d`` or an RFC 3339 time, before the given now.
+_Since = Callable[[str, datetime], datetime]
+#: ``history_document``: the entries as ``allocator history -o json`` prints them.
+_Render = Callable[[Sequence["Stored"]], dict[str, Any]]
 
 _LABELS = {2: "error", 4: "store unavailable", 5: "permission denied", 6: "not found"}
 
@@ -42,23 +69,21 @@ def history_json(
     open_store: Callable[[], Store], layout: KeyLayout, query: Mapping[str, str]
 ) -> tuple[int, dict[str, Any]]:
     """(HTTP status, document) for a history request with ``query``'s filters."""
+    # Looked up here, not at import: serve's start loads no history code until asked.
+    from allocator.history.read import query_history
+    from allocator.history.stream import parse_since
+    from allocator.status.documents import history_document as render
+
     try:
-        history = importlib.import_module("allocator.history.stream")
-        reading = importlib.import_module("allocator.history.read")
-        documents = importlib.import_module("allocator.status.documents")
-        render = documents.history_document
-    except (ImportError, AttributeError):
-        return 501, _error(1, "this allocator has no history")
-    try:
-        return 200, _read(history, reading, render, open_store, layout, query)
+        return 200, _read(parse_since, query_history, render, open_store, layout, query)
     except AllocatorError as exc:
         return error_answer(exc)
 
 
 def _read(
-    history: Any,
-    reading: Any,
-    render: Callable[[Any], dict[str, Any]],
+    parse_since: _Since,
+    query_history: _Query,
+    render: _Render,
     open_store: Callable[[], Store],
     layout: KeyLayout,
     query: Mapping[str, str],
@@ -71,10 +96,10 @@ def _read(
     limit = _count(query["limit"], "limit") if "limit" in query else DEFAULT_LIMIT
     if not 1 <= limit <= MAX_LIMIT:
         raise _invalid(f"limit={limit}: expected a whole number from 1 to {MAX_LIMIT}")
-    since = history.parse_since(query["since"], utc_now()) if "since" in query else None
+    since = parse_since(query["since"], utc_now()) if "since" in query else None
     store = open_store()
     try:
-        chosen = reading.query_history(
+        chosen = query_history(
             store,
             layout,
             lambda _bad: None,

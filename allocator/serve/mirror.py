@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from allocator.errors import BadRecord, PolicyError
 from allocator.policy import Policy
@@ -29,6 +29,9 @@ from allocator.records.keys import KeyLayout, split_host_key
 from allocator.serve.utilisation import UtilisationTally
 from allocator.status.summary import is_request
 from allocator.store import Event, KeyValue, Listing, bad_key_records
+
+if TYPE_CHECKING:
+    from allocator.status.join import HostStatus
 
 __all__ = ["FleetMirror"]
 
@@ -206,7 +209,7 @@ class FleetMirror:
         self._policy = (item.value, parsed)
         return parsed
 
-    def status(self, now: datetime, on_bad: Callable[[str], None]) -> tuple[list[Any], int]:
+    def status(self, now: datetime, on_bad: Callable[[str], None]) -> tuple[list[HostStatus], int]:
         """``build_status`` of the whole mirrored fleet at ``now``, and the revision it shows.
 
         Every host joined again: what the host-by-host view must equal.

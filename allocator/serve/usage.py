@@ -12,12 +12,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.errors import AllocatorError, InvalidInput
 from allocator.records.keys import KeyLayout
 from allocator.serve.history import error_answer
 from allocator.store import Store
+
+if TYPE_CHECKING:
+    from allocator.status.usage_report import UsageRead
 
 __all__ = ["KEEP_SECONDS", "UsageAnswers"]
 
@@ -40,7 +43,7 @@ class UsageAnswers:
         self._layout = layout
         self._clock = clock
         self._lock = threading.Lock()  # one read at a time: the others wait for its answer
-        self._kept: tuple[float, Any] | None = None
+        self._kept: tuple[float, UsageRead] | None = None
 
     def answer(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
         """(HTTP status, document) for ``?since=30d&by=user&limit=N``."""
@@ -57,7 +60,7 @@ class UsageAnswers:
             return error_answer(exc)
         return 200, usage_document(read, since, by, limit)[0]
 
-    def _read(self) -> Any:
+    def _read(self) -> UsageRead:
         """The kept read of history, or a new one when it is :data:`KEEP_SECONDS` old."""
         with self._lock:
             now = self._clock()
@@ -67,7 +70,7 @@ class UsageAnswers:
             self._kept = (now, read)
             return read
 
-    def _read_store(self) -> Any:
+    def _read_store(self) -> UsageRead:
         from allocator.control.client import Allocator
         from allocator.status.usage_report import read_usage
         from allocator.util.times import utc_now

@@ -2,12 +2,13 @@
 
 One batch reads the policy record and its compiled form; the hosts' records
 are then read at that batch's revision, on a second thread while this one
-decodes the policy and loads the modules that join and print. On etcd's
-JSON gateway the hosts are read as several key ranges at once
-(:meth:`~allocator.store.etcd.store.EtcdStore.list_at`), cut between the
-policy's hosts: etcd marshals a fleet's 10 MB answer on one core per
-request, and that was most of what status waited for. Where the compiled
-form is missing the hosts are read in one range, as on every other store.
+decodes the policy and loads the modules that join and print. The hosts
+are read in parts cut between the policy's hosts
+(:meth:`~allocator.store.base.Store.list_parts`): etcd reads them as
+several key ranges at once, as it marshals a fleet's 10 MB answer on one
+core per request, and that was most of what status waited for; the other
+stores read them whole and cut them. Where the compiled form is missing
+the hosts are read in one range.
 
 Policy, assignments, agents and workers then come from one snapshot (the
 policy used to be read a moment before the hosts).
@@ -19,15 +20,19 @@ picks, in key ranges at the same revision (:mod:`allocator.status.read_hosts`).
 from __future__ import annotations
 
 import bisect
-import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import msgspec
 
 from allocator.errors import BadRecord, Compacted, InvalidName, PermissionDenied
 from allocator.records.keys import KeyLayout
-from allocator.store import KeyValue, Listing, Read, bad_key_records
+from allocator.status.source import StatusSource
+from allocator.store import KeyValue, Listing, Read, Store, bad_key_records
+from allocator.store.parts import ListingReader
+
+if TYPE_CHECKING:
+    from allocator.policy.model import Policy
 
 __all__ = [
     "HOSTS_PER_PART",
@@ -104,19 +109,19 @@ def _valid_host(layout: KeyLayout, host: str) -> bool:
 
 
 #: Joins one part of the hosts' keys, and the policy's hosts that fall in it, into rows.
-JoinPart = Callable[[Any, Sequence[KeyValue], Iterable[str]], list[_Row]]
+JoinPart = Callable[["Policy | None", Sequence[KeyValue], Iterable[str]], list[_Row]]
 
 
 def read_status(
-    allocator: Any,
+    allocator: StatusSource,
     prefix: str,
     *,
     only_host: str | None,
     while_reading: Callable[[], None],
     join: JoinPart[_Row],
     queue: tuple[str, Callable[[Listing], None]] | None = None,
-    pick: Callable[[Any], Sequence[str] | None] | None = None,
-) -> tuple[Any, int, list[_Row]]:
+    pick: Callable[[Policy | None], Sequence[str] | None] | None = None,
+) -> tuple[Policy | None, int, list[_Row]]:
     """The applied policy, the revision read at and ``join``'s rows of every key under ``prefix``.
 
     The policy is ``None`` when none is applied, or its record is damaged
@@ -135,7 +140,7 @@ def read_status(
     store = allocator.store
     shares = _share_reads(layout, only_host)
     policy_read, compiled_read, *found = _policy_records(store, layout, queue, shares)
-    decoded: list[Any] = []
+    decoded: list[Policy | None] = []
     if pick is not None:
         while_reading()
         decoded.append(_policy(allocator, _first(policy_read), compiled_read))
@@ -144,7 +149,7 @@ def read_status(
             rows = _join_picked(allocator, decoded[0], picked, policy_read.revision, join)
             return decoded[0], policy_read.revision, rows
 
-    def policy_of() -> Any:
+    def policy_of() -> Policy | None:
         if not decoded:
             while_reading()
             first = _first(policy_read)
@@ -152,24 +157,23 @@ def read_status(
         return decoded[0]
 
     compiled = _first(compiled_read)
-    list_parts = getattr(store, "list_parts", None)
     splits = split_points(layout, host_names(compiled.value)) if compiled else []
-    if only_host is None and not splits and compiled is not None and list_parts is not None:
+    if only_host is None and not splits and compiled is not None:
         # A compiled policy stored in parts names its hosts only once decoded: a
         # large fleet's, which must not be read in one range (past a call's budget).
         policy = policy_of()
         splits = split_points(layout, policy.hosts) if policy is not None else []
-    if only_host is None and splits and list_parts is not None:
-        parts = list_parts(prefix, policy_read.revision, splits)
+    if only_host is None and splits:
+        parts = store.list_parts(prefix, policy_read.revision, splits)
         policy = policy_of()
         try:
-            rows = _join_parts(allocator, policy, parts, splits, join)
-            return policy, policy_read.revision, rows
+            revision, rows = _join_parts(allocator, policy, parts, splits, join)
+            return policy, revision, rows
         except Compacted:  # the revision read at is gone already: read the present, whole
             pass
         listing = store.list(prefix)
     else:
-        reader = _ListingReader(store, prefix)
+        reader = ListingReader(store, prefix)
         reader.start()
         try:
             policy = policy_of()
@@ -182,7 +186,11 @@ def read_status(
 
 
 def _join_picked(
-    allocator: Any, policy: Any, picked: Sequence[str], revision: int, join: JoinPart[_Row]
+    allocator: StatusSource,
+    policy: Policy | None,
+    picked: Sequence[str],
+    revision: int,
+    join: JoinPart[_Row],
 ) -> list[_Row]:
     """``join``'s rows of the ``picked`` hosts only, read in key ranges at ``revision``."""
     from allocator.status.read_hosts import host_runs, picked_items, read_picked
@@ -200,26 +208,29 @@ def _join_picked(
     return rows
 
 
-def report_bad_keys(allocator: Any, listing: Listing) -> None:
+def report_bad_keys(allocator: StatusSource, listing: Listing) -> None:
     """Report each key of ``listing`` that is not UTF-8 text as a bad record (it was skipped)."""
     for bad in bad_key_records(listing):
         allocator.on_bad_record(bad)
 
 
 def _join_parts(
-    allocator: Any,
-    policy: Any,
+    allocator: StatusSource,
+    policy: Policy | None,
     parts: Iterable[Listing],
     splits: list[str],
     join: JoinPart[_Row],
-) -> list[_Row]:
+) -> tuple[int, list[_Row]]:
+    """The revision the parts were read at (the last's) and ``join``'s rows of them."""
     layout: KeyLayout = allocator.layout
     declared = declared_by_part(layout, policy.hosts if policy is not None else (), splits)
     rows: list[_Row] = []
+    revision = 0
     for part, hosts in zip(parts, declared, strict=True):
         report_bad_keys(allocator, part)
         rows.extend(join(policy, part.items, hosts))
-    return rows
+        revision = part.revision
+    return revision, rows
 
 
 def declared_by_part(
@@ -243,7 +254,7 @@ def _share_reads(layout: KeyLayout, host: str | None) -> list[Read]:
 
 
 def _policy_records(
-    store: Any,
+    store: Store,
     layout: KeyLayout,
     queue: tuple[str, Callable[[Listing], None]] | None = None,
     shares: Sequence[Read] = (),
@@ -282,12 +293,12 @@ def _first(listing: Listing) -> KeyValue | None:
 
 
 def _policy(
-    allocator: Any,
+    allocator: StatusSource,
     item: KeyValue | None,
     compiled: Listing,
     shares: Sequence[Listing] = (),
     host: str | None = None,
-) -> Any:
+) -> Policy | None:
     """The applied policy: ``host``'s share of it when ``shares`` are the policy's, else whole."""
     from allocator.records.codec import decode_record
     from allocator.records.types import PolicyRecord
@@ -309,7 +320,7 @@ def _policy(
 
 def _host_share(
     sha256: str, shares: Sequence[Listing], host: str, on_bad: Callable[[BadRecord], None]
-) -> Any:
+) -> Policy | None:
     """``host``'s policy from its share and the common one, if both are stored and current."""
     from allocator.policy.shares import host_policy
 
@@ -321,26 +332,3 @@ def _host_share(
     except BadRecord as exc:
         on_bad(exc)
         return None
-
-
-class _ListingReader(threading.Thread):
-    """Reads every key under a prefix in one range; what it raised is raised by :meth:`result`."""
-
-    def __init__(self, store: Any, prefix: str) -> None:
-        super().__init__(name="status-listing", daemon=True)
-        self._store, self._prefix = store, prefix
-        self._listing: Listing | None = None
-        self._error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._listing = self._store.list(self._prefix)
-        except BaseException as exc:  # raised again on the caller's thread
-            self._error = exc
-
-    def result(self) -> Listing:
-        """The listing read, or what reading it raised."""
-        if self._error is not None:
-            raise self._error
-        assert self._listing is not None
-        return self._listing

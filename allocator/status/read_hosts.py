@@ -13,10 +13,10 @@ prefix read of a batch (``MAX_TXN_OPS`` to a batch).
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 from allocator.records.keys import KeyLayout, split_host_key
-from allocator.store import KeyValue, Listing, Read
+from allocator.status.source import StatusSource
+from allocator.store import KeyValue, Listing, Read, Store
 
 __all__ = [
     "HOSTS_PER_RANGE",
@@ -91,30 +91,13 @@ def picked_items(layout: KeyLayout, items: Sequence[KeyValue], picked: set[str])
 
 
 def read_picked(
-    store: Any, layout: KeyLayout, runs: Sequence[Sequence[str]], revision: int
+    store: Store, layout: KeyLayout, runs: Sequence[Sequence[str]], revision: int
 ) -> Iterator[Listing]:
     """One listing per run of :func:`host_runs`, in order (etcd: as at ``revision``)."""
-    list_ranges = getattr(store, "list_ranges", None)
-    if list_ranges is not None:
-        ranges = [(layout.host(run[0]), layout.host(run[-1])) for run in runs]
-        yield from list_ranges(ranges, revision)
-        return
-    from allocator.store import MAX_TXN_OPS
-
-    for run in runs:
-        items: list[KeyValue] = []
-        bad: list[str] = []
-        last = revision
-        for start in range(0, len(run), MAX_TXN_OPS):
-            reads = [Read(layout.host(h), prefix=True) for h in run[start : start + MAX_TXN_OPS]]
-            for listing in store.read_many(reads):
-                items.extend(listing.items)
-                bad.extend(listing.bad_keys)
-                last = listing.revision
-        yield Listing(tuple(items), last, tuple(bad))
+    return store.list_runs([[layout.host(host) for host in run] for run in runs], revision)
 
 
-def job_hosts(allocator: Any, jobs: Sequence[str]) -> list[str] | None:
+def job_hosts(allocator: StatusSource, jobs: Sequence[str]) -> list[str] | None:
     """The hosts the job index names for ``jobs``; ``None`` when one has no usable entry.
 
     (A store written before the index, an entry damaged by hand, or a role

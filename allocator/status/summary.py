@@ -28,7 +28,7 @@ totals them for either.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -40,6 +40,7 @@ from allocator.status.filters import gpu_states, holders_of, row_holders
 
 if TYPE_CHECKING:
     from allocator.status.join import HostStatus
+    from allocator.store import KeyValue
 
 __all__ = [
     "COUNTS",
@@ -147,7 +148,7 @@ def is_request(value: bytes | None) -> bool:
     return True
 
 
-def queued_by_host(items: Iterable[Any], queue: str) -> dict[str, int]:
+def queued_by_host(items: Iterable[KeyValue], queue: str) -> dict[str, int]:
     """Requests waiting per host among the queue's key-values ``items`` (``queue``: its prefix)."""
     queued: dict[str, int] = {}
     for item in items:
@@ -182,9 +183,11 @@ def summary_document(summary: Summary) -> dict[str, Any]:
     return data
 
 
-def summary_table(summary: Summary, render_table: Any) -> str:
+def summary_table(
+    summary: Summary, render_table: Callable[[list[str], list[list[str]]], str]
+) -> str:
     """The text form: a row per pool and a ``TOTAL`` row (``render_table(headers, rows)``)."""
     headers = ["POOL", *(name.upper().replace("_", " ") for name in COUNTS)]
     rows = [[row.pool or "-", *(str(getattr(row, n)) for n in COUNTS)] for row in summary.pools]
     rows.append(["TOTAL", *(str(getattr(summary.total, n)) for n in COUNTS)])
-    return str(render_table(headers, rows))
+    return render_table(headers, rows)

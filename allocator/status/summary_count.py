@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -23,6 +23,9 @@ from allocator.records.keys import KeyLayout
 from allocator.status.host_count import count_host
 from allocator.status.summary import PoolSummary, Summary, add_up
 from allocator.store import KeyValue
+
+if TYPE_CHECKING:
+    from allocator.policy.model import Policy
 
 __all__ = ["HostCount", "count_part", "pool_counts", "reported_counts", "summary_of_counts"]
 
@@ -72,7 +75,7 @@ class _Host:
 
 
 def count_part(
-    policy: Any,
+    policy: Policy | None,
     items: Sequence[KeyValue],
     layout: KeyLayout,
     now: datetime,
@@ -89,7 +92,7 @@ def count_part(
 
 
 def reported_counts(
-    policy: Any,
+    policy: Policy | None,
     items: Sequence[KeyValue],
     layout: KeyLayout,
     now: datetime,
@@ -166,7 +169,9 @@ def _decoded(items: Sequence[KeyValue], layout: KeyLayout) -> dict[str, _Host]:
     return hosts
 
 
-def _count(policy: Any, name: str, host: _Host, now: datetime, pool: str | None) -> PoolSummary:
+def _count(
+    policy: Policy | None, name: str, host: _Host, now: datetime, pool: str | None
+) -> PoolSummary:
     agent = host.agent
     indices = _indices(policy, name, agent)
     counted = count_host(name, host.held, host.workers, indices, agent.unhealthy if agent else {})
@@ -175,7 +180,9 @@ def _count(policy: Any, name: str, host: _Host, now: datetime, pool: str | None)
     return summary
 
 
-def pool_counts(policy: Any, counted: HostCounts, now: datetime, pool: str | None) -> PoolSummary:
+def pool_counts(
+    policy: Policy | None, counted: HostCounts, now: datetime, pool: str | None
+) -> PoolSummary:
     """One host's row of a summary: its ``counted`` GPUs, those reserved now, in ``pool``."""
     reserved = _reserved(policy, counted.host, now)
     return PoolSummary(
@@ -191,14 +198,14 @@ def pool_counts(policy: Any, counted: HostCounts, now: datetime, pool: str | Non
     )
 
 
-def _indices(policy: Any, name: str, agent: _Agent | None) -> Iterable[int]:
+def _indices(policy: Policy | None, name: str, agent: _Agent | None) -> Iterable[int]:
     if agent is not None and agent.gpus:
         return {gpu.index for gpu in agent.gpus}
     declared = policy.hosts.get(name) if policy is not None else None
     return range(declared.gpus) if declared is not None else ()
 
 
-def _reserved(policy: Any, name: str, now: datetime) -> set[int]:
+def _reserved(policy: Policy | None, name: str, now: datetime) -> set[int]:
     if policy is None or not policy.reservations:
         return set()
     from allocator.placement.reservations import on_host

@@ -17,11 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from allocator.errors import PermissionDenied
 from allocator.records.keys import KeyLayout
+from allocator.status.source import StatusSource
 from allocator.status.summary_count import HostCount, reported_counts
+
+if TYPE_CHECKING:
+    from allocator.policy.model import Policy
 
 __all__ = ["CountsPicker"]
 
@@ -36,10 +40,10 @@ class CountsPicker:
 
     def __init__(
         self,
-        allocator: Any,
+        allocator: StatusSource,
         now: datetime,
-        pools_of: Callable[[Any], dict[str, str]],
-        narrow: Callable[[Any], Sequence[str] | None] | None = None,
+        pools_of: Callable[[Policy], dict[str, str]],
+        narrow: Callable[[Policy | None], Sequence[str] | None] | None = None,
     ) -> None:
         self._allocator = allocator
         self._now = now
@@ -47,7 +51,7 @@ class CountsPicker:
         self._narrow = narrow
         self.reported: list[HostCount] = []
 
-    def __call__(self, policy: Any) -> list[str] | None:
+    def __call__(self, policy: Policy | None) -> list[str] | None:
         """The hosts to read (sorted), or ``None``: every host's records."""
         wanted = self._narrow(policy) if self._narrow is not None else None
         if policy is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from allocator.store.base import (
@@ -55,6 +56,7 @@ __all__ = [
     "open_store",
     "redact_url",
     "resolve_store_url",
+    "store_username",
     "txn_size",
 ]
 
@@ -106,3 +108,21 @@ def open_store(url: str, *, create: bool = False) -> Store:
     module = importlib.import_module(module_name)
     store: Store = getattr(module, factory_name)(url, create=create)
     return store
+
+
+def store_username(url: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The user ``url``'s store authenticates the client as, where its store has one.
+
+    etcd: the user in the URL or ``ETCDCTL_USER`` (``env``, else the
+    process's environment). Consul ACL tokens carry no user name and SQLite
+    has no users: ``None``; a malformed etcd URL names none either.
+    """
+    if not url.startswith(("etcd://", "etcds://")):
+        return None
+    from allocator.errors import StoreConfigError
+    from allocator.store.etcd.config import parse_etcd_url
+
+    try:
+        return parse_etcd_url(url, env).username or None
+    except StoreConfigError:
+        return None

@@ -48,7 +48,7 @@ them at start-up, and a dataclass takes about half a millisecond to define.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from msgspec import Struct
@@ -295,6 +295,39 @@ class Store(Protocol):
         """Like :meth:`txn`, but a failed compare returns ``reads`` instead of raising.
 
         Nothing is written then; the outcome names the failed keys.
+        """
+        ...
+
+    def list_parts(
+        self, prefix: str, revision: int, splits: Sequence[str] = ()
+    ) -> Iterator[Listing]:
+        """Every key under ``prefix`` as at ``revision``: one listing per part, in key order.
+
+        The parts are ``prefix``'s key range cut at ``splits`` (those under
+        it, sorted, each once). etcd reads them as key ranges at ``revision``,
+        a few at once, each as soon as it is in, and raises ``Compacted`` if
+        that revision is gone; the other stores read the prefix as it is now
+        and cut it (:mod:`allocator.store.parts`).
+        """
+        ...
+
+    def list_runs(self, runs: Sequence[Sequence[str]], revision: int) -> Iterator[Listing]:
+        """One listing per run: every key under each of its prefixes, as at ``revision``.
+
+        A run's prefixes are in key order, none under another.
+
+        etcd reads each run as one key range from its first prefix through
+        its last, at ``revision`` (``Compacted`` if gone), and keeps the keys
+        under the run's prefixes; the others read the prefixes in batches.
+        """
+        ...
+
+    def list_pages(self, prefix: str, revision: int, page_keys: int) -> Iterator[Listing]:
+        """Every key under ``prefix`` as at ``revision``, ``page_keys`` keys to a listing.
+
+        etcd reads one range request per page at ``revision`` (``Compacted``
+        if gone), each well within a call's budget; the others read the
+        prefix as it is now, whole, and cut it.
         """
         ...
 

@@ -8,7 +8,7 @@ errors those produce.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, cast
 
 from allocator.errors import CasConflict, Compacted, InvalidInput, ValueTooLarge
@@ -25,6 +25,7 @@ from allocator.store.base import (
     txn_size,
     txn_then_read,
 )
+from allocator.store.parts import pages_of_whole, parts_of_whole, runs_read_each
 
 if TYPE_CHECKING:
     from allocator.store.base import Listing, Store
@@ -262,3 +263,17 @@ class ConditionalWrites:
     ) -> TxnOutcome:
         """``txn``; when a compare fails, the ``reads`` instead of ``CasConflict``."""
         return txn_then_read(cast("Store", self), compares, ops, reads)
+
+    def list_parts(
+        self, prefix: str, revision: int, splits: Sequence[str] = ()
+    ) -> Iterator[Listing]:
+        """Every key under ``prefix`` as it is now, cut at ``splits`` (see Store)."""
+        return parts_of_whole(cast("Store", self), prefix, splits)
+
+    def list_runs(self, runs: Sequence[Sequence[str]], revision: int) -> Iterator[Listing]:
+        """Every key under each run's prefixes as it is now, one listing per run (see Store)."""
+        return runs_read_each(cast("Store", self), runs, revision)
+
+    def list_pages(self, prefix: str, revision: int, page_keys: int) -> Iterator[Listing]:
+        """Every key under ``prefix`` as it is now, ``page_keys`` to a listing (see Store)."""
+        return pages_of_whole(cast("Store", self), prefix, page_keys)

@@ -110,9 +110,8 @@ def _ranged(
     """Every key under ``prefix``: cut at every ``per_call``-th of ``keys`` where the store can."""
     keys.sort()
     splits = keys[per_call::per_call]
-    list_parts = getattr(store, "list_parts", None)
-    if not splits or list_parts is None:
+    if not splits:
         yield store.list(prefix).items
         return
-    for listing in list_parts(prefix, revision, splits):
+    for listing in store.list_parts(prefix, revision, splits):
         yield listing.items

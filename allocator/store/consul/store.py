@@ -49,7 +49,7 @@ import json
 import math
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from allocator.errors import CasConflict, InvalidInput, LeaseLost, StoreUnavailable, ValueTooLarge
 from allocator.store import local
@@ -84,6 +84,7 @@ from allocator.store.consul.writes import (
     read_key,
     write,
 )
+from allocator.store.parts import pages_of_whole, parts_of_whole, runs_read_each
 from allocator.store.urls import redact_url
 
 __all__ = ["MAX_TXN_OPS", "ConsulStore", "ConsulWatch", "open_consul"]
@@ -262,6 +263,20 @@ class ConsulStore:
     ) -> TxnOutcome:
         """``txn``; when a compare fails, the ``reads`` instead of ``CasConflict``."""
         return txn_then_read(self, compares, ops, reads)
+
+    def list_parts(
+        self, prefix: str, revision: int, splits: Sequence[str] = ()
+    ) -> Iterator[Listing]:
+        """Every key under ``prefix`` as it is now (Consul keeps no past), cut at ``splits``."""
+        return parts_of_whole(self, prefix, splits)
+
+    def list_runs(self, runs: Sequence[Sequence[str]], revision: int) -> Iterator[Listing]:
+        """Every key under each run's prefixes as it is now, one listing per run (see Store)."""
+        return runs_read_each(self, runs, revision)
+
+    def list_pages(self, prefix: str, revision: int, page_keys: int) -> Iterator[Listing]:
+        """Every key under ``prefix`` as it is now, ``page_keys`` to a listing (see Store)."""
+        return pages_of_whole(self, prefix, page_keys)
 
     def watch(self, prefix: str, start_revision: int) -> ConsulWatch:
         """Watch ``prefix`` for changes with revision >= ``start_revision`` (<= 0: from now).

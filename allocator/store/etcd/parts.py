@@ -22,16 +22,40 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from allocator.store.base import Listing
+from allocator.store.etcd.config import EtcdConfig
+from allocator.store.etcd.connection import Endpoint
 from allocator.store.etcd.json_api import Json, b64, range_listing
 from allocator.store.etcd.rules import prefix_range_end
 
-if TYPE_CHECKING:
-    from allocator.store.etcd.store import EtcdStore
+__all__ = [
+    "AT_ONCE",
+    "RangeSource",
+    "key_ranges",
+    "list_in_pages",
+    "list_in_parts",
+    "list_in_ranges",
+    "ranged_request",
+]
 
-__all__ = ["AT_ONCE", "key_ranges", "list_in_parts", "list_in_ranges", "ranged_request"]
+
+class RangeSource(Protocol):
+    """What the parts are read through: the etcd store's range calls and its connections."""
+
+    @property
+    def config(self) -> EtcdConfig:
+        """The store's settings (its call budget)."""
+        ...
+
+    def read_range(self, request: Json) -> Listing:
+        """One range request's keys, with failover and the call's budget."""
+        ...
+
+    def spare_connection(self) -> Endpoint:
+        """A second connection to the endpoint in use (not yet open)."""
+        ...
 
 
 def key_ranges(prefix: str, splits: Sequence[str]) -> list[tuple[bytes, bytes]]:
@@ -58,6 +82,29 @@ def ranged_request(start: bytes, end: bytes, revision: int) -> Json:
     }
 
 
+def list_in_pages(
+    store: RangeSource, prefix: str, revision: int, page_keys: int
+) -> Iterator[Listing]:
+    """Every key under ``prefix`` as at ``revision``: one range request per ``page_keys`` keys."""
+    start, end = prefix.encode(), prefix_range_end(prefix.encode())
+    while True:
+        request = {**ranged_request(start, end, revision), "limit": str(page_keys)}
+        page = store.read_range(request)
+        yield page
+        if not page.items or len(page.items) + len(page.bad_keys) < page_keys:
+            return
+        start = _after(page)
+
+
+def _after(page: Listing) -> bytes:
+    """The first key after ``page``'s last text key (keys come sorted).
+
+    Keys that are not text after it are read again with the next page (and
+    reported twice): they are named escaped, not as their bytes.
+    """
+    return page.items[-1].key.encode() + b"\0"
+
+
 #: Parts read at a time: enough to keep etcd busy on another core while this
 #: process decodes the part before, few enough that the first part comes
 #: back soon (etcd shares its cores among every range it is marshalling).
@@ -65,7 +112,7 @@ AT_ONCE = 3
 
 
 def list_in_parts(
-    store: EtcdStore,
+    store: RangeSource,
     prefix: str,
     revision: int,
     splits: Sequence[str],
@@ -82,7 +129,7 @@ def list_in_parts(
 
 
 def list_in_ranges(
-    store: EtcdStore,
+    store: RangeSource,
     ranges: Sequence[tuple[bytes, bytes]],
     revision: int,
     at_once: int = AT_ONCE,
@@ -100,7 +147,7 @@ def list_in_ranges(
     return _in_order(store, parts, revision)
 
 
-def _in_order(store: EtcdStore, parts: list[_Part], revision: int) -> Iterator[Listing]:
+def _in_order(store: RangeSource, parts: list[_Part], revision: int) -> Iterator[Listing]:
     try:
         for part in parts:
             part.join()  # started: every part before it has ended
@@ -132,7 +179,7 @@ class _Part(threading.Thread):
     """One part's read: the first on the store's own connection, the others on spare ones."""
 
     def __init__(
-        self, store: EtcdStore, request: Json, *, spare: bool, done: Callable[[], None]
+        self, store: RangeSource, request: Json, *, spare: bool, done: Callable[[], None]
     ) -> None:
         super().__init__(name="etcd-range-part", daemon=True)
         self._done = done
@@ -162,7 +209,7 @@ class _Part(threading.Thread):
             if self.abandoned:  # closed while connecting: this connection is new
                 self.close()
 
-    def listing(self, store: EtcdStore) -> Listing:
+    def listing(self, store: RangeSource) -> Listing:
         """What the part read (after :meth:`join`).
 
         A spare connection's failure is read again on the store's own,

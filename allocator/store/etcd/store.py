@@ -65,7 +65,7 @@ from allocator.store.etcd.json_api import (
     txn_request,
     watch_request,
 )
-from allocator.store.etcd.rules import MAX_TXN_OPS, Code, EtcdStatus
+from allocator.store.etcd.rules import MAX_TXN_OPS, Code, EtcdStatus, prefix_range_end
 from allocator.store.local import (
     check_key,
     check_limit,
@@ -151,22 +151,32 @@ class EtcdStore:
 
         return list_in_parts(self, check_prefix(prefix), revision, splits)
 
-    def list_ranges(self, ranges: Sequence[tuple[str, str]], revision: int) -> Iterator[Listing]:
-        """The keys from each ``first`` up to the end of those under ``last``, as at ``revision``.
+    def list_runs(self, runs: Sequence[Sequence[str]], revision: int) -> Iterator[Listing]:
+        """One listing per run of key prefixes (in key order), as at ``revision``.
 
-        ``ranges``: ``(first, last)`` key prefixes, in key order, not
-        overlapping (several hosts' keys in one range: ``first`` the first
-        host's prefix, ``last`` the last one's). Read and returned as
-        :meth:`list_parts` reads its parts.
+        Each run is one key range, from its first prefix through the end of
+        its last, read as :meth:`list_parts` reads its parts; the keys
+        between that are under none of the run's prefixes are left out.
         """
         from allocator.store.etcd.parts import list_in_ranges
-        from allocator.store.etcd.rules import prefix_range_end
+        from allocator.store.parts import under_any
 
         spans = [
-            (check_prefix(first).encode(), prefix_range_end(check_prefix(last).encode()))
-            for first, last in ranges
+            (check_prefix(run[0]).encode(), prefix_range_end(check_prefix(run[-1]).encode()))
+            for run in runs
         ]
-        return list_in_ranges(self, spans, revision)
+        listings = list_in_ranges(self, spans, revision)
+        return (under_any(listing, run) for run, listing in zip(runs, listings, strict=True))
+
+    def list_pages(self, prefix: str, revision: int, page_keys: int) -> Iterator[Listing]:
+        """Every key under ``prefix`` as at ``revision``: one range request per ``page_keys`` keys.
+
+        Each request is well within a call's budget, however large the
+        prefix; a compacted ``revision`` raises :class:`~allocator.errors.Compacted`.
+        """
+        from allocator.store.etcd.parts import list_in_pages
+
+        return list_in_pages(self, check_prefix(prefix), revision, page_keys)
 
     def read_range(self, request: Json) -> Listing:
         """One range request's keys, with failover and the call's budget, as every call.

@@ -147,3 +147,26 @@ def test_status_whose_revision_is_compacted_meanwhile_reads_the_present(
     assert sorted(h.host for h in hosts) == sorted(host_name(n) for n in range(300))
     seventh = next(h for h in hosts if h.host == host_name(7))
     assert [(g.gpu, g.holder) for g in seventh.gpus if g.holder != "-"] == [("5", "late")]
+
+
+def test_runs_and_pages_read_at_a_revision_hold_what_was_there_then(
+    etcd_server: Any, prefix: str
+) -> None:
+    store = open_etcd(etcd_server.url)
+    try:
+        before = _write(store, prefix, 12)
+        names = _names(prefix, 12)
+        store.txn([], [Put(names[1], b"changed"), Delete(names[5]), Put(names[0] + "x", b"new")])
+        runs = [[f"{prefix}/k000/", f"{prefix}/k001/"], [f"{prefix}/k005/", f"{prefix}/k007/"]]
+        found = list(store.list_runs(runs, before.revision))
+        pages = list(store.list_pages(prefix + "/", before.revision, 5))
+    finally:
+        store.close()
+    old = {kv.key: kv for kv in before.items}
+    # k006 lies between k005 and k007: read with the range, left out of the run.
+    assert [list(listing.items) for listing in found] == [
+        [old[names[0]], old[names[1]]],
+        [old[names[5]], old[names[7]]],
+    ]
+    assert [len(page.items) for page in pages] == [5, 5, 2]
+    assert tuple(kv for page in pages for kv in page.items) == before.items

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from allocator.errors import StoreConfigError
-from allocator.store import open_store
+from allocator.store import open_store, store_username
 from allocator.store.etcd.config import parse_etcd_url
 from allocator.store.urls import (
     SqliteUrl,
@@ -165,3 +165,20 @@ def test_tls_files_for_a_plaintext_consul_connection_are_refused(tmp_path: Path)
     with pytest.raises(StoreConfigError, match="plaintext"):
         parse_consul_url("consul://h:8500", {"CONSUL_CACERT": str(ca)})
     assert parse_consul_url("consuls://h:8501", {"CONSUL_CACERT": str(ca)}).scheme == "https"
+
+
+@pytest.mark.parametrize(
+    ("url", "env", "user"),
+    [
+        ("etcd://ops:pw@127.0.0.1:2379", {}, "ops"),
+        ("etcds://127.0.0.1:2379", {"ETCDCTL_USER": "ci:pw"}, "ci"),
+        ("etcd://127.0.0.1:2379", {}, None),
+        ("etcd://[bad", {}, None),  # malformed: names no one
+        ("consul://127.0.0.1:8500?token=t", {"ETCDCTL_USER": "ci:pw"}, None),
+        ("sqlite:///var/lib/a.db", {"ETCDCTL_USER": "ci:pw"}, None),
+    ],
+)
+def test_store_username_is_the_etcd_user_the_url_or_environment_names(
+    url: str, env: dict[str, str], user: str | None
+) -> None:
+    assert store_username(url, env) == user

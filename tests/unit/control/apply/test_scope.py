@@ -88,7 +88,7 @@ class Counting:
         return found
 
     def list_parts(self, prefix: str, revision: int, splits: Sequence[str]) -> Iterator[Listing]:
-        for listing in self._store.list_parts(prefix, revision, splits):  # type: ignore[attr-defined]
+        for listing in self._store.list_parts(prefix, revision, splits):
             self._count([listing])
             yield listing
 
