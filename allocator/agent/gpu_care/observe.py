@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from allocator.agent.gpu_care.idle import IdleRelease, IdleTracker, idle_actions
+from allocator.agent.gpu_care.idle import IdleTracker, idle_actions
 from allocator.agent.gpu_care.tree_cpu import TreeCpu
 from allocator.agent.gpu_care.unassigned_use import (
     TreeRoot,
@@ -29,7 +29,7 @@ from allocator.agent.gpu_care.unassigned_use import (
     unassigned_processes,
 )
 from allocator.agent.metrics import AgentMetricsState, agent_families
-from allocator.agent.planning.types import DesiredJob, JobView
+from allocator.agent.planning.types import DesiredJob, IdleRelease, JobView
 from allocator.errors import InvalidInput
 from allocator.gpus.inventory import Inventory
 from allocator.gpus.usage import GpuUsage, UsageSampler

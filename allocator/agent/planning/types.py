@@ -23,6 +23,7 @@ __all__ = [
     "Finish",
     "Forget",
     "GiveUp",
+    "IdleRelease",
     "JobView",
     "Pin",
     "ScheduleRestart",
@@ -209,3 +210,17 @@ class WorkerExit:
     exit_code: int
     crash: bool
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRelease:
+    """Release ``job`` from this host if its assignment is still at ``revision``.
+
+    ``kind`` says what decided it (``idle``, or ``exit`` for a job whose
+    ``release_on_exit`` status ended it); it names the release's log events.
+    """
+
+    job: str
+    revision: int
+    reason: str
+    kind: str = "idle"

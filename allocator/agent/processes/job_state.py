@@ -11,9 +11,9 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.containers import cid_path
 from allocator.agent.planning.types import DesiredJob, JobView, WorkerSpec
-from allocator.agent.processes import procs
 from allocator.agent.processes.job_phase import JobEvent, JobPhase, next_phase, published_state
 
 __all__ = ["STABLE_RUN_SECONDS", "JobRuntime", "WorkerRuntime"]

@@ -43,7 +43,7 @@ from dataclasses import replace
 from typing import Any, assert_never
 
 from allocator.agent.config import AgentConfig
-from allocator.agent.gpu_care.idle import IdleRelease
+from allocator.agent.planning.types import IdleRelease
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.sync.host_records import host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser

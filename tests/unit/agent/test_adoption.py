@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import Finish, ScheduleRestart, Start
-from allocator.agent.processes import procs
 from tests.support import supervision
 from tests.support.supervision import (
     DUMMY,

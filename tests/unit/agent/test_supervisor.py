@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.exit_codes import UNKNOWN_EXIT, describe_exit
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import (
@@ -34,7 +35,6 @@ from allocator.agent.planning.types import (
     StartCause,
     Stop,
 )
-from allocator.agent.processes import procs
 from allocator.agent.processes.job_state import STABLE_RUN_SECONDS
 from allocator.agent.processes.supervisor import clean_base_env
 from tests.support import supervision
