@@ -41,6 +41,7 @@ from allocator.agent.planning.action_log import action_fields, action_name
 from allocator.agent.planning.desired_cache import DesiredCache
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
+from allocator.agent.planning.job_phase import Stopping
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import Finish, IdleRelease
@@ -307,7 +308,8 @@ class Agent:
                 self.finished_here.add(action.job)
         self._history(self.decisions.actions, actions, desired)
         self._hand_releases()  # cheap: the link hears only of releases new to it
-        busy = bool(actions) or mps.waiting or any(v.stopping for v in views.values())
+        stopping = any(isinstance(view.phase, Stopping) for view in views.values())
+        busy = bool(actions) or mps.waiting or stopping
         if busy and not self.busy:
             self.busy_since = now
         self.busy = busy

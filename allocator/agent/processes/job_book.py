@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from allocator.agent.processes.job_phase import JobEvent
+from allocator.agent.planning.job_phase import JobEvent
 from allocator.agent.processes.job_state import JobRuntime
 from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
 from allocator.util.times import format_time

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from allocator.agent.kernel.cgroups import remove_cgroup
 from allocator.agent.planning.exit_codes import describe_exit
+from allocator.agent.planning.job_phase import JobEvent, JobPhase
 from allocator.agent.planning.types import WorkerExit
 from allocator.agent.processes import tree
 from allocator.agent.processes.job_book import JobBook, Logger
-from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 from allocator.agent.processes.launch import SHIM_REFUSALS
 from allocator.agent.processes.warm_shim import WarmShims

@@ -37,6 +37,7 @@ from typing import Any
 from allocator.agent.kernel import procs
 from allocator.agent.kernel.cgroups import agent_scope, worker_cgroup_base
 from allocator.agent.kernel.procs import clean_base_env
+from allocator.agent.planning.job_phase import JobEvent, JobPhase
 from allocator.agent.planning.types import (
     Accept,
     Action,
@@ -61,7 +62,6 @@ from allocator.agent.processes.adoption import (
     take_over,
 )
 from allocator.agent.processes.job_book import JobBook, Logger, log_to_logging
-from allocator.agent.processes.job_phase import JobEvent, JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 from allocator.agent.processes.launch import (
     SHIM,
