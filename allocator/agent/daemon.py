@@ -33,7 +33,6 @@ from typing import Any
 from allocator import __version__
 from allocator.agent.config import AgentConfig
 from allocator.agent.gpu_care.care import GpuCare
-from allocator.agent.gpu_care.idle import IdleRelease
 from allocator.agent.gpu_care.observe import Observer
 from allocator.agent.lifecycle import WITHDRAW_SECONDS, Lifecycle
 from allocator.agent.log import DecisionLog, as_fields
@@ -42,9 +41,10 @@ from allocator.agent.planning.action_log import action_fields, action_name
 from allocator.agent.planning.desired_cache import DesiredCache
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
+from allocator.agent.planning.job_phase import Stopping
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
-from allocator.agent.planning.types import Finish
+from allocator.agent.planning.types import Finish, IdleRelease
 from allocator.agent.planning.whole_job_end import agents_gone_since, whole_job_end
 from allocator.agent.processes.holding_ends import HoldingEnds
 from allocator.agent.processes.supervisor import Supervisor
@@ -77,7 +77,7 @@ def busy_tick(busy_for: float) -> float:
     return min(BUSY_TICK_SECONDS, max(FIRST_BUSY_TICK_SECONDS, busy_for / 10))
 
 
-class Agent(Lifecycle):
+class Agent:
     """One host's agent. ``run()`` returns when SIGTERM/SIGINT arrives.
 
     Its parts own their state: ``sync`` (the store link and what the store
@@ -98,7 +98,6 @@ class Agent(Lifecycle):
         store_opener: Callable[[str], Store] = open_store,
     ) -> None:
         self.config = config
-        self.reload_config = reload_config
         self.clock = clock
         self.wall = wall
         # systemd's variables leave the environment here, so no worker inherits them.
@@ -126,8 +125,19 @@ class Agent(Lifecycle):
             clock, self.log, lambda: {"keeping_workers": len(self.supervisor.views())}
         )
         self.reconciled = False  # the agent knows what it runs (and publishes its workers)
-        self.stop_requested = False
-        self.reload_requested = False
+        self.lifecycle = Lifecycle(
+            reload_config=reload_config,
+            log=self.log,
+            sync=self.sync,
+            supervisor=self.supervisor,
+            care=self.care,
+            notifier=self.notifier,
+            observer=self.observer,
+            guard=self.guard,
+            clock=clock,
+            read_inventory=self._read_inventory,
+            offer=self._offer,
+        )
         self.busy = False  # stopping or starting: the loop looks more often
         self.busy_since = 0.0
         self.peers_gone: dict[str, float] = {}  # peer host -> when its agent was seen gone
@@ -141,7 +151,7 @@ class Agent(Lifecycle):
         """Adopt, then supervise and reconcile until asked to stop; return an exit code."""
         if self.config.metrics_port is not None:  # a port in use is refused before anything
             self.observer.serve_metrics(self.config.metrics_address, self.config.metrics_port)
-        self._install_signal_handlers()
+        self.lifecycle.install_signal_handlers()
         report = self.supervisor.adopt()
         self.log("adopt", {"adopted": sorted(report.adopted), "stale": sorted(report.stale)})
         self.log(
@@ -152,15 +162,15 @@ class Agent(Lifecycle):
         self.notifier.ready(f"supervising {len(report.adopted)} adopted job(s); connecting")
         orderly = False
         try:
-            while not self.stop_requested:
+            while not self.lifecycle.stop_requested:
                 self._step()
             orderly = True
         finally:
-            self._shutdown(orderly)
+            self.lifecycle.shutdown(self.config, orderly=orderly, reconciled=self.reconciled)
         return 0
 
     def _step(self) -> None:
-        if self.reload_requested:
+        if self.lifecycle.reload_requested:
             self.guard.run("reload", self._reload)
         self._drain(self._sleep_for(self.clock()))
         if self.sync.pending is not None:
@@ -205,6 +215,9 @@ class Agent(Lifecycle):
 
     def _policy_changed(self, policy: Policy) -> None:
         self.care.use_policy(policy, self.config.host, self.clock())
+
+    def _reload(self) -> None:
+        self.config = self.lifecycle.reload(self.config)
 
     def _read_inventory(self) -> None:
         """NVML's GPUs (the last good ones while it fails), else the count the policy declares."""
@@ -295,7 +308,8 @@ class Agent(Lifecycle):
                 self.finished_here.add(action.job)
         self._history(self.decisions.actions, actions, desired)
         self._hand_releases()  # cheap: the link hears only of releases new to it
-        busy = bool(actions) or mps.waiting or any(v.stopping for v in views.values())
+        stopping = any(isinstance(view.phase, Stopping) for view in views.values())
+        busy = bool(actions) or mps.waiting or stopping
         if busy and not self.busy:
             self.busy_since = now
         self.busy = busy

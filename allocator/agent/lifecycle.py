@@ -1,8 +1,8 @@
 """The agent's life cycle: signals, reload on SIGHUP, and the orderly (or not) end.
 
-A part of :class:`allocator.agent.daemon.Agent`, kept apart to keep the loop's
-module small: what SIGTERM, SIGINT and SIGHUP do, what a reload may change
-while the agent runs, and what is stopped, kept and withdrawn at the end.
+A collaborator the loop's :class:`allocator.agent.daemon.Agent` makes and
+holds: what SIGTERM, SIGINT and SIGHUP do, what a reload may change while the
+agent runs, and what is stopped, kept and withdrawn at the end.
 """
 
 from __future__ import annotations
@@ -35,32 +35,44 @@ WITHDRAW_SECONDS = 2.0
 
 
 class Lifecycle:
-    """Signals, reload and shutdown: a part of :class:`~allocator.agent.daemon.Agent`."""
+    """Signals, reload and shutdown of one agent: a part the loop's Agent holds and calls.
 
-    config: AgentConfig
-    reload_config: Callable[[], AgentConfig] | None
-    log: DecisionLog
-    sync: StoreSync
-    supervisor: Supervisor
-    care: GpuCare
-    notifier: Notifier
-    observer: Observer
-    clock: Callable[[], float]
-    stop_requested: bool
-    reload_requested: bool
-    reconciled: bool
+    The signal handlers only raise flags (:attr:`stop_requested`,
+    :attr:`reload_requested`) that the loop reads between steps.
+    """
 
-    guard: StepGuard
+    def __init__(
+        self,
+        *,
+        reload_config: Callable[[], AgentConfig] | None,
+        log: DecisionLog,
+        sync: StoreSync,
+        supervisor: Supervisor,
+        care: GpuCare,
+        notifier: Notifier,
+        observer: Observer,
+        guard: StepGuard,
+        clock: Callable[[], float],
+        read_inventory: Callable[[], None],
+        offer: Callable[[], None],
+    ) -> None:
+        self._reload_config = reload_config
+        self._log = log
+        self._sync = sync
+        self._supervisor = supervisor
+        self._care = care
+        self._notifier = notifier
+        self._observer = observer
+        self._guard = guard
+        self._clock = clock
+        self._read_inventory = read_inventory  # the loop's: NVML or the policy's count
+        self._offer = offer  # the loop's: hands the link what to publish
+        self.stop_requested = False
+        self.reload_requested = False
 
-    def _read_inventory(self) -> None:  # the loop's (it re-reads NVML or the policy's count)
-        raise NotImplementedError
+    def install_signal_handlers(self) -> None:
+        """SIGTERM and SIGINT ask for an orderly stop, SIGHUP for a reload."""
 
-    def _offer(self) -> None:  # the loop's (it hands the link what to publish)
-        raise NotImplementedError
-
-    # --- signals, reload, shutdown -----------------------------------------------
-
-    def _install_signal_handlers(self) -> None:
         def stop(signum: int, _frame: FrameType | None) -> None:
             self.stop_requested = True
 
@@ -71,57 +83,64 @@ class Lifecycle:
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGHUP, reload)
 
-    def _reload(self) -> None:
-        """SIGHUP: re-read settings, inventory and the store state; workers are left alone."""
+    def reload(self, config: AgentConfig) -> AgentConfig:
+        """SIGHUP: re-read settings, inventory and the store state; workers are left alone.
+
+        Returns the settings in force from now on (``config`` when the file was refused).
+        """
         self.reload_requested = False
-        self._reload_settings()
+        config = self._reload_settings(config)
         self._read_inventory()
-        inventory = self.care.inventory
-        self.log("reload", {"inventory": inventory.source, "gpus": len(inventory.gpus)})
-        self.sync.link.resync()
+        inventory = self._care.inventory
+        self._log("reload", {"inventory": inventory.source, "gpus": len(inventory.gpus)})
+        self._sync.link.resync()
+        return config
 
-    def _reload_settings(self) -> None:
-        if self.reload_config is None:
-            return
+    def _reload_settings(self, config: AgentConfig) -> AgentConfig:
+        if self._reload_config is None:
+            return config
         try:
-            new = self.reload_config()
+            new = self._reload_config()
         except AllocatorError as exc:  # a typo in the file must not take the agent down
-            self.log("reload-refused", {"error": str(exc)})
-            return
+            self._log("reload-refused", {"error": str(exc)})
+            return config
         fixed = ("host", "store", "prefix", "state_dir", "log_dir")
-        ignored = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
+        ignored = [name for name in fixed if getattr(new, name) != getattr(config, name)]
         if ignored:
-            self.log("reload-needs-restart", {"settings": ignored})
-            new = replace(new, **{name: getattr(self.config, name) for name in ignored})
-        self.config = new
-        self.log.fmt = new.log_format
-        self.sync.link.reconfigure(new)
-        self.log("settings", {k: str(v) for k, v in asdict(new).items()})
+            self._log("reload-needs-restart", {"settings": ignored})
+            new = replace(new, **{name: getattr(config, name) for name in ignored})
+        self._log.fmt = new.log_format
+        self._sync.link.reconfigure(new)
+        self._log("settings", {k: str(v) for k, v in asdict(new).items()})
+        return new
 
-    def _shutdown(self, orderly: bool) -> None:
-        """Stop workers (orderly stop only, unless told to keep them), then withdraw."""
-        self.notifier.stopping()
-        keep = self.config.keep_workers_on_exit or not orderly
-        jobs = sorted(self.supervisor.views())
+    def shutdown(self, config: AgentConfig, *, orderly: bool, reconciled: bool) -> None:
+        """Stop workers (orderly stop only, unless told to keep them), then withdraw.
+
+        ``reconciled``: the agent knows what it runs, so its kept workers are published.
+        """
+        self._notifier.stopping()
+        keep = config.keep_workers_on_exit or not orderly
+        jobs = sorted(self._supervisor.views())
         if not orderly:
-            self.log("crashed-keeping-workers", {"jobs": jobs})
+            self._log("crashed-keeping-workers", {"jobs": jobs})
         elif keep:
-            self.log("exit-keeping-workers", {"jobs": jobs})
+            self._log("exit-keeping-workers", {"jobs": jobs})
         else:
-            self.log("stopping-workers", {"jobs": jobs})
-            self.supervisor.stop_all()
-            self.care.mps.stop_all(self.clock())
-        if keep and orderly and self.reconciled:
-            self.guard.run("publish", self._offer)
-        if not self.sync.link.close(keep_worker_records=keep, timeout=WITHDRAW_SECONDS):
-            self.log(
+            self._log("stopping-workers", {"jobs": jobs})
+            self._supervisor.stop_all()
+            self._care.mps.stop_all(self._clock())
+        if keep and orderly and reconciled:
+            self._guard.run("publish", self._offer)
+        if not self._sync.link.close(keep_worker_records=keep, timeout=WITHDRAW_SECONDS):
+            self._log(
                 "withdraw-skipped",
                 {
                     "reason": f"the store did not answer within {WITHDRAW_SECONDS:g} s; "
                     "the lease expires on its own"
                 },
             )
-        self.care.close()
-        self.observer.close()
-        self.notifier.close()
-        self.log("stopped", {})
+        self._care.close()
+        self._observer.close()
+        self._notifier.close()
+        self._log("stopped", {})

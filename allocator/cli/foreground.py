@@ -51,7 +51,7 @@ _PR_SET_PDEATHSIG = 1
 
 def _run_cgroup() -> Path | None:
     """A fresh cgroup for the command, where the host allows one (None elsewhere)."""
-    from allocator.agent.processes.cgroups import (
+    from allocator.agent.kernel.cgroups import (
         RUNS_SCOPE,
         create_worker_cgroup,
         worker_cgroup_base,
@@ -70,7 +70,7 @@ def _remove_abandoned(base: Path) -> None:
     A cgroup still in use is never removed: the kernel refuses to remove
     one with members, and one whose run still lives is left alone.
     """
-    from allocator.agent.processes.cgroups import remove_cgroup
+    from allocator.agent.kernel.cgroups import remove_cgroup
 
     with contextlib.suppress(OSError):
         for cgroup in base.glob("run-*-*"):
@@ -138,7 +138,7 @@ class Children:
 
     def start(self) -> None:
         """Start one process per environment (each on top of this process's own)."""
-        from allocator.agent.processes.procs import become_subreaper
+        from allocator.agent.kernel.procs import become_subreaper
 
         become_subreaper()  # orphans of the command come to us, not to init
         self._cgroup = _run_cgroup()
@@ -166,13 +166,13 @@ class Children:
                 os.kill(pid, signum)
 
     def _in_cgroup(self) -> list[int]:
-        from allocator.agent.processes.cgroups import cgroup_members
+        from allocator.agent.kernel.cgroups import cgroup_members
 
         return cgroup_members(self._cgroup) if self._cgroup is not None else []
 
     def close(self) -> None:
         """Remove the command's cgroup (once nothing is left in it)."""
-        from allocator.agent.processes.cgroups import remove_cgroup
+        from allocator.agent.kernel.cgroups import remove_cgroup
 
         if self._cgroup is not None:
             remove_cgroup(self._cgroup)

@@ -115,7 +115,7 @@ def test_what_a_killed_lease_holder_started_is_stopped_when_its_lease_expires(
 def test_a_process_that_cleared_its_environment_is_stopped_through_the_runs_cgroup(
     world: AgentHarness, left: list[int]
 ) -> None:
-    from allocator.agent.processes.cgroups import RUNS_SCOPE, worker_cgroup_base
+    from allocator.agent.kernel.cgroups import RUNS_SCOPE, worker_cgroup_base
 
     if worker_cgroup_base(scope=RUNS_SCOPE)[0] is None:
         pytest.skip("this host lets no process create a cgroup")

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.types import DesiredJob, Device, WorkerSpec
-from allocator.agent.processes import procs
 from allocator.agent.processes.launch import SHIM
 from allocator.agent.processes.supervisor import Supervisor, WorkerExit
 from tests.support.clock import FakeClock

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from allocator.agent.planning.types import IdleRelease
 from allocator.gpus.usage import GpuUsage
 from allocator.policy.model import IdleRule
 from allocator.util.durations import format_duration
@@ -35,7 +36,6 @@ __all__ = [
     "DEFAULT_THRESHOLD_PERCENT",
     "PUBLISH_AFTER_SECONDS",
     "IdleActions",
-    "IdleRelease",
     "IdleTracker",
     "idle_actions",
     "release_reason",
@@ -112,20 +112,6 @@ def _idle(usage: GpuUsage | None, threshold: float) -> bool:
         and usage.utilization_percent is not None
         and usage.utilization_percent < threshold
     )
-
-
-@dataclass(frozen=True, slots=True)
-class IdleRelease:
-    """Release ``job`` from this host if its assignment is still at ``revision``.
-
-    ``kind`` says what decided it (``idle``, or ``exit`` for a job whose
-    ``release_on_exit`` status ended it); it names the release's log events.
-    """
-
-    job: str
-    revision: int
-    reason: str
-    kind: str = "idle"
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, assert_never
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.gpu_shares import daemon_device, mps_log_dir, mps_pipe_dir
 from allocator.agent.planning.types import Action, DesiredJob, JobView, Start
-from allocator.agent.processes import procs
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = [

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from allocator.agent.gpu_care.idle import IdleRelease, IdleTracker, idle_actions
+from allocator.agent.gpu_care.idle import IdleTracker, idle_actions
 from allocator.agent.gpu_care.tree_cpu import TreeCpu
 from allocator.agent.gpu_care.unassigned_use import (
     TreeRoot,
@@ -29,7 +29,8 @@ from allocator.agent.gpu_care.unassigned_use import (
     unassigned_processes,
 )
 from allocator.agent.metrics import AgentMetricsState, agent_families
-from allocator.agent.planning.types import DesiredJob, JobView
+from allocator.agent.planning.job_phase import BackingOff, GaveUp, Stopping
+from allocator.agent.planning.types import DesiredJob, IdleRelease, JobView
 from allocator.errors import InvalidInput
 from allocator.gpus.inventory import Inventory
 from allocator.gpus.usage import GpuUsage, UsageSampler
@@ -54,9 +55,7 @@ def working(view: JobView | None, gpus: Sequence[int]) -> bool:
     """
     return (
         view is not None
-        and not view.stopping
-        and not view.gave_up
-        and view.next_restart_at is None
+        and not isinstance(view.phase, Stopping | GaveUp | BackingOff)
         and bool(view.exit_codes)
         and all(code is None for code in view.exit_codes)
         and view.alive == len(view.exit_codes)

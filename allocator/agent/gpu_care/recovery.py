@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from allocator.agent.processes.procs import reap_group
+from allocator.agent.kernel.procs import reap_group
 from allocator.gpus.probe import ProbeResult, run_deep_probe
 from allocator.gpus.vendors import vendor_named
 from allocator.records.gpu_info import GpuInfo

@@ -30,8 +30,8 @@ from typing import Any
 
 from allocator.agent.gpu_care.hold_down import Damping, Event, FlapLimit, GpuHoldDown, JobGpus
 from allocator.agent.gpu_care.recovery import RecoveryProbes
+from allocator.agent.kernel.procs import clean_base_env
 from allocator.agent.planning.types import Pin
-from allocator.agent.processes.procs import clean_base_env
 from allocator.gpus.health import GpuHealth, HealthMonitor, HealthState
 from allocator.gpus.inventory import Inventory, from_nvml, keep_addresses, keep_last_good
 from allocator.gpus.vendors import read_host_inventory

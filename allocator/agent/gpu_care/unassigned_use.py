@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocator.agent.processes import procs
-from allocator.agent.processes.cgroups import cgroup_members
+from allocator.agent.kernel import procs
+from allocator.agent.kernel.cgroups import cgroup_members
 from allocator.gpus.usage import GpuUsage
 from allocator.records.types import GpuProcess
 

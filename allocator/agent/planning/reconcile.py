@@ -13,6 +13,14 @@ import signal
 from collections.abc import Mapping
 
 from allocator.agent.planning.exit_codes import UNKNOWN_EXIT, describe_exit
+from allocator.agent.planning.job_phase import (
+    BackingOff,
+    Finished,
+    GaveUp,
+    Stopped,
+    Stopping,
+    Waiting,
+)
 from allocator.agent.planning.types import (
     Accept,
     Action,
@@ -36,7 +44,7 @@ def plan(
 ) -> list[Action]:
     """Return what to do, sorted by job, to move ``running`` towards ``desired``.
 
-    ``now`` is the monotonic time that ``JobView.next_restart_at`` is measured in.
+    ``now`` is the monotonic time that the timers of each ``JobView.phase`` are measured in.
     """
     actions: list[Action] = []
     for job in sorted(desired.keys() | running.keys()):
@@ -50,7 +58,7 @@ def _gpus_still_held(running: Mapping[str, JobView], actions: list[Action]) -> d
     stopping_now = {a.job for a in actions if isinstance(a, Stop)}
     held: dict[int, str] = {}
     for job, view in running.items():
-        leaving = view.stopping or (job in stopping_now and view.alive > 0)
+        leaving = isinstance(view.phase, Stopping) or (job in stopping_now and view.alive > 0)
         if view.device == "cuda" and leaving:
             for gpu in view.gpus:
                 held[gpu] = job
@@ -103,7 +111,7 @@ def _plan_job(job: str, want: DesiredJob | None, view: JobView | None, now: floa
 
 def _retire(view: JobView, want: DesiredJob | None) -> list[Action]:
     """Rule 1: the job should not run; stop its workers, then forget it."""
-    if view.stopping:
+    if isinstance(view.phase, Stopping):
         return []
     if view.alive == 0:
         return [Forget(view.job)]
@@ -120,7 +128,7 @@ def _change(want: DesiredJob, view: JobView) -> list[Action]:
     signum = change_signal(want.on_change)
     # Signal/accept need live workers to hand the change to; with none left, or a
     # stop already under way, the new spec can only take effect by starting it.
-    in_place = view.alive > 0 and not view.stopping and not moved
+    in_place = view.alive > 0 and not isinstance(view.phase, Stopping) and not moved
     if in_place and signum is not None:
         return [SignalJob(want.job, signum, want.fingerprint)]
     if in_place and want.on_change == "none":
@@ -130,7 +138,7 @@ def _change(want: DesiredJob, view: JobView) -> list[Action]:
 
 def _replace(want: DesiredJob, view: JobView) -> list[Action]:
     """Stop the old workers, wait until every group is gone, then start ``want``."""
-    if view.stopping:
+    if isinstance(view.phase, Stopping):
         return []
     if view.alive > 0:
         return [Stop(want.job, "assignment changed", want.grace_seconds)]
@@ -139,13 +147,14 @@ def _replace(want: DesiredJob, view: JobView) -> list[Action]:
 
 def _same_spec(want: DesiredJob, view: JobView, now: float) -> list[Action]:
     """Rule 4: the workers run the desired spec; handle crashes and finished jobs."""
-    if view.waiting_until is not None:  # nothing ran: no crash, no restart to count
-        return [Start(want.job, want, "new")] if now >= view.waiting_until else []
-    if view.finished and want.assignment_revision != view.assignment_revision:
+    phase = view.phase
+    if isinstance(phase, Waiting):  # nothing ran: no crash, no restart to count
+        return [Start(want.job, want, "new")] if now >= phase.until else []
+    if isinstance(phase, Finished) and want.assignment_revision != view.assignment_revision:
         return [Start(want.job, want, "new")]  # set again after it finished: a new run
-    if view.stopping or view.gave_up or view.finished:
+    if isinstance(phase, Stopping | GaveUp | Finished):
         return []
-    if view.stopped:
+    if isinstance(phase, Stopped):
         # The agent stopped them (released and set again, a "wait" GPU back, ...)
         # and they are gone: that was no crash, so start them again at once.
         return [Start(want.job, want, "change")]
@@ -216,10 +225,10 @@ def _restart(want: DesiredJob, view: JobView, crash: str, now: float) -> list[Ac
             f"(max_restarts {want.max_restarts}); waiting for the assignment or policy to change"
         )
         return [GiveUp(want.job, reason)]
-    if view.next_restart_at is None:
+    if not isinstance(view.phase, BackingOff):
         delay = crash_backoff(view.crash_restarts, want.backoff_base, want.backoff_max)
         return [ScheduleRestart(want.job, now + delay)]
-    if now >= view.next_restart_at:
+    if now >= view.phase.until:
         return [Start(want.job, want, "crash")]
     return []
 

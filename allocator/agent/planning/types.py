@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from allocator.agent.planning.containers import ContainerRun
+from allocator.agent.planning.job_phase import JobState
 
 __all__ = [
     "Accept",
@@ -23,6 +24,7 @@ __all__ = [
     "Finish",
     "Forget",
     "GiveUp",
+    "IdleRelease",
     "JobView",
     "Pin",
     "ScheduleRestart",
@@ -94,24 +96,23 @@ class Pin:
 
 @dataclass(frozen=True, slots=True)
 class JobView:
-    """The supervisor's snapshot of one job it tracks, input to ``plan``."""
+    """The supervisor's snapshot of one job it tracks, input to ``plan``.
+
+    ``phase`` is where the supervisor's transition table has the job, as one
+    record per phase carrying that phase's own timer (see
+    :func:`~allocator.agent.planning.job_phase.phase_record`).
+    """
 
     job: str
     fingerprint: str  # of the spec its workers run (or accepted via on_change none/signal)
     alive: int  # workers whose process group still has live processes
-    stopping: bool  # a graceful stop is in progress
+    phase: JobState
     exit_codes: tuple[int | None, ...]  # per worker: None = running; 128+N for signal N
     crash_restarts: int
     change_restarts: int
-    next_restart_at: float | None  # monotonic time a crash restart is due
-    gave_up: bool  # crash-loop limit reached; stays until the fingerprint changes
-    started_at: float  # monotonic time the current workers started
     gpus: tuple[int, ...] = field(default=())  # GPUs the running workers were started on
     device: Device = "cuda"  # device the running workers were started on
     grace_seconds: float = 10.0  # of the spec they were started with; stops an undeclared job
-    stopped: bool = False  # the agent stopped them (not a crash) and none is left
-    waiting_until: float | None = None  # a start could not be recorded: try again from then
-    finished: bool = False  # its workers ended and the job is done: never started again as is
     exit_status: int | None = None  # the first crash's code, when one is noted
     assignment_revision: int = 0  # of the assignment its workers last ran under (Confirm)
 
@@ -209,3 +210,17 @@ class WorkerExit:
     exit_code: int
     crash: bool
     message: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRelease:
+    """Release ``job`` from this host if its assignment is still at ``revision``.
+
+    ``kind`` says what decided it (``idle``, or ``exit`` for a job whose
+    ``release_on_exit`` status ended it); it names the release's log events.
+    """
+
+    job: str
+    revision: int
+    reason: str
+    kind: str = "idle"

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from allocator.agent.kernel import procs
+from allocator.agent.kernel.cgroups import remove_cgroup
 from allocator.agent.planning.types import DesiredJob, WorkerSpec
-from allocator.agent.processes import procs, tree
-from allocator.agent.processes.cgroups import remove_cgroup
+from allocator.agent.processes import tree
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 from allocator.agent.processes.state_file import job_from_state
 from allocator.agent.processes.worker_status import ShimStatus, read_shim_status

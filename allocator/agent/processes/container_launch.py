@@ -137,7 +137,7 @@ def remove_orphaned_container(name: str, engine: str, recorded_exit: int | None)
     if not name or name in _REMOVED or (recorded_exit is not None and recorded_exit != 128 + 9):
         return True
     # The engine's own settings (CONTAINERS_CONF...) but no store credential.
-    from allocator.agent.processes.procs import clean_base_env
+    from allocator.agent.kernel.procs import clean_base_env
 
     quick = ["-t", "0"] if os.path.basename(engine) == "podman" else []
     try:

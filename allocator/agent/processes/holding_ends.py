@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from allocator.agent.processes import procs
-from allocator.agent.processes.cgroups import (
+from allocator.agent.kernel import procs
+from allocator.agent.kernel.cgroups import (
     RUNS_SCOPE,
     cgroup_members,
     process_cgroup,

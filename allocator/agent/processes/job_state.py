@@ -11,10 +11,16 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.containers import cid_path
+from allocator.agent.planning.job_phase import (
+    JobEvent,
+    JobPhase,
+    next_phase,
+    phase_record,
+    published_state,
+)
 from allocator.agent.planning.types import DesiredJob, JobView, WorkerSpec
-from allocator.agent.processes import procs
-from allocator.agent.processes.job_phase import JobEvent, JobPhase, next_phase, published_state
 
 __all__ = ["STABLE_RUN_SECONDS", "JobRuntime", "WorkerRuntime"]
 
@@ -206,23 +212,26 @@ class JobRuntime:
 
     def view(self) -> JobView:
         """The planner's snapshot of this job."""
+        alive = self.alive()
+        phase = phase_record(
+            self.phase,
+            alive=alive,
+            started_at=self.started_at,
+            stop_deadline=self.stop_deadline,
+            restart_at=self.next_restart_at,
+            retry_at=self.retry_at,
+        )
         return JobView(
             job=self.spec.job,
             fingerprint=self.fingerprint,
-            alive=self.alive(),
-            stopping=self.phase.stopping,
+            alive=alive,
+            phase=phase,
             exit_codes=tuple(worker.exit_code for worker in self.workers),
             crash_restarts=self.crash_restarts,
             change_restarts=self.change_restarts,
-            next_restart_at=self.next_restart_at,
-            gave_up=self.phase is JobPhase.GAVE_UP,
-            started_at=self.started_at,
             gpus=self.spec.gpus,
             device=self.spec.device,
             grace_seconds=self.spec.grace_seconds,
-            stopped=self.phase is JobPhase.STOPPED and self.alive() == 0,
-            waiting_until=self.retry_at if self.phase is JobPhase.WAITING else None,
-            finished=self.phase is JobPhase.FINISHED,
             exit_status=self.last_exit if self.crash_noted else None,
             assignment_revision=self.spec.assignment_revision,
         )

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from allocator.agent.kernel import procs
+from allocator.agent.kernel.cgroups import create_worker_cgroup
 from allocator.agent.planning.types import DesiredJob, WorkerSpec
-from allocator.agent.processes import procs
-from allocator.agent.processes.cgroups import create_worker_cgroup
 from allocator.agent.processes.container_launch import EngineMissing, container_launch
 from allocator.agent.processes.job_state import WorkerRuntime
 from allocator.agent.processes.pause_points import pause_point

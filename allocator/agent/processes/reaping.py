@@ -1,11 +1,11 @@
-"""Stopping and reaping: a part of :class:`~allocator.agent.processes.supervisor.Supervisor`.
+"""Stopping and reaping: the supervisor's collaborator for the end of a worker's tree.
 
 A stop is SIGTERM to every process of a worker's tree and a deadline;
-:meth:`Reaping.tick` (called by the loop every few hundred milliseconds)
+:meth:`Reaper.tick` (called by the loop every few hundred milliseconds)
 reaps exits, escalates a stop past its deadline to SIGKILL, again on every
 pass for forks that raced it, and marks the trees that are gone. Only
-:meth:`Reaping.stop_all` waits, for shutdown. Kept apart to keep the
-supervisor's module small.
+:meth:`Reaper.stop_all` waits, for shutdown. The :class:`Reaper` and the
+supervisor share one :class:`~allocator.agent.processes.job_book.JobBook`.
 """
 
 from __future__ import annotations
@@ -14,20 +14,18 @@ import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
+from allocator.agent.kernel.cgroups import remove_cgroup
 from allocator.agent.planning.exit_codes import describe_exit
+from allocator.agent.planning.job_phase import JobEvent, JobPhase
 from allocator.agent.planning.types import WorkerExit
 from allocator.agent.processes import tree
-from allocator.agent.processes.cgroups import remove_cgroup
-from allocator.agent.processes.job_phase import JobEvent, JobPhase
+from allocator.agent.processes.job_book import JobBook, Logger
+from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 from allocator.agent.processes.launch import SHIM_REFUSALS
+from allocator.agent.processes.warm_shim import WarmShims
 
-if TYPE_CHECKING:
-    from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
-    from allocator.agent.processes.warm_shim import WarmShims
-
-__all__ = ["Reaping"]
+__all__ = ["Reaper"]
 
 _STOP_POLL_SECONDS = 0.02
 _KILL_WAIT_SECONDS = 10.0  # after SIGKILL, how long stop_all waits for the kernel to finish
@@ -35,28 +33,29 @@ _KILL_PASS_SECONDS = 0.1  # while killing, how often the tree is walked again (f
 _SHIM_STUCK_SECONDS = 5.0  # a shim still there this long after its tree was killed goes too
 
 
-class Reaping:
-    """Stops, SIGKILL and reaped exits: a part of the supervisor (see the module doc)."""
+class Reaper:
+    """Stops, SIGKILL and reaped exits of the jobs in ``book`` (see the module doc)."""
 
-    _jobs: dict[str, JobRuntime]
-    _pending_exits: list[WorkerExit]
-    _dirty: bool
-    _clock: Callable[[], float]
-    _log: Callable[[str, dict[str, Any]], None]
-    warm: WarmShims
-    cgroup_base: Path | None
+    def __init__(
+        self,
+        book: JobBook,
+        warm: WarmShims,
+        cgroup_base: Path | None,
+        *,
+        clock: Callable[[], float],
+        log: Logger,
+    ) -> None:
+        self._book = book
+        self._warm = warm
+        self._cgroup_base = cgroup_base
+        self._clock = clock
+        self._log = log
+        #: Exits found outside :meth:`tick` (a worker that could not even start),
+        #: handed out by the next tick.
+        self.pending_exits: list[WorkerExit] = []
 
-    def _move(self, job: JobRuntime, event: JobEvent) -> bool:  # the supervisor's
-        raise NotImplementedError
-
-    def _settle(self) -> None:  # the supervisor's
-        raise NotImplementedError
-
-    def _save(self) -> str:  # the supervisor's
-        raise NotImplementedError
-
-    def _stop(self, name: str, reason: str, grace: float) -> None:
-        job = self._jobs.get(name)
+    def stop(self, name: str, reason: str, grace: float) -> None:
+        job = self._book.jobs.get(name)
         if job is None or job.alive() == 0:
             return
         deadline = self._clock() + max(grace, 0.0)
@@ -64,10 +63,10 @@ class Reaping:
             if job.stop_deadline is None or deadline < job.stop_deadline:
                 job.stop_deadline = deadline  # a shorter grace asked later wins
             return
-        if not self._move(job, JobEvent.STOP):
+        if not self._book.move(job, JobEvent.STOP):
             return
         job.begin_stop(deadline, reason)
-        self._save()  # recorded before the signal: a restarted agent never counts it a crash
+        self._book.save()  # recorded before the signal: a restarted agent never counts it a crash
         for worker in job.workers:
             if not worker.group_gone:
                 tree.stop_tree(worker, signal.SIGTERM)
@@ -75,14 +74,14 @@ class Reaping:
 
     def tick(self) -> list[WorkerExit]:
         """Reap exits, escalate overdue stops to SIGKILL, mark gone trees; return the exits."""
-        exits, self._pending_exits = self._pending_exits, []
+        exits, self.pending_exits = self.pending_exits, []
         now = self._clock()
-        self.warm.tick()
-        for job in self._jobs.values():
+        self._warm.tick()
+        for job in self._book.jobs.values():
             exits.extend(self._collect(job))
             if job.phase.stopping and job.stop_deadline is not None and now >= job.stop_deadline:
                 self._kill(job, now)
-        self._settle()
+        self._book.settle()
         return exits
 
     def _collect(self, job: JobRuntime) -> list[WorkerExit]:
@@ -93,16 +92,16 @@ class Reaping:
             known = worker.main_pid
             code = tree.observe(worker)
             if worker.main_pid != known:
-                self._dirty = True  # a restarted agent should name the worker's pid too
+                self._book.dirty = True  # a restarted agent should name the worker's pid too
             if code is not None:
-                exits.append(self._exited(job, worker, code))
+                exits.append(self.exited(job, worker, code))
             if worker.exit_code is not None and tree.finished(worker):
                 worker.group_gone = True
                 tree.settle(worker)
-                self._dirty = True
+                self._book.dirty = True
         return exits
 
-    def _exited(self, job: JobRuntime, worker: WorkerRuntime, code: int) -> WorkerExit:
+    def exited(self, job: JobRuntime, worker: WorkerRuntime, code: int) -> WorkerExit:
         worker.exit_code = code
         crash = code != 0 and not worker.stop_sent and not job.phase.stopping
         index = worker.spec.index
@@ -111,11 +110,11 @@ class Reaping:
         message = worker.error or f"worker {index} exited with {describe_exit(code)}"
         if crash:
             first = job.phase is JobPhase.RUNNING
-            if self._move(job, JobEvent.CRASH) and first:
+            if self._book.move(job, JobEvent.CRASH) and first:
                 job.note_crash(code, message, self._clock() - job.started_at)
         elif not job.crash_noted:
             job.last_exit = code  # a crash's code stays the one shown
-        self._dirty = True
+        self._book.dirty = True
         pid = worker.shown_pid
         fields = dict(job=job.spec.job, index=index, pid=pid, exit_code=code, crash=crash)
         self._log("worker-exited", fields)
@@ -134,7 +133,7 @@ class Reaping:
             if not worker.group_gone:
                 tree.kill_tree(worker, shim_too=stuck)
         if first:
-            self._dirty = True
+            self._book.dirty = True
             self._log("killed", {"job": job.spec.job, "reason": "grace period over"})
 
     def stop_all(self, grace: float | None = None, wait: bool = True) -> None:
@@ -144,22 +143,22 @@ class Reaping:
         the injected clock. Gives up waiting (and logs) if some group outlives
         its SIGKILL by :data:`_KILL_WAIT_SECONDS`, e.g. a process stuck in the kernel.
         """
-        self.warm.close()
+        self._warm.close()
         longest = 0.0
-        for name, job in sorted(self._jobs.items()):
+        for name, job in sorted(self._book.jobs.items()):
             job_grace = job.spec.grace_seconds if grace is None else grace
             longest = max(longest, job_grace)
-            self._stop(name, "agent stopping", job_grace)
-        self._settle()
+            self.stop(name, "agent stopping", job_grace)
+        self._book.settle()
         if not wait:
             return
         give_up_at = time.monotonic() + longest + _KILL_WAIT_SECONDS
         while True:
             self.tick()
-            alive = sorted(name for name, job in self._jobs.items() if job.alive() > 0)
+            alive = sorted(name for name, job in self._book.jobs.items() if job.alive() > 0)
             if not alive:
-                if self.cgroup_base is not None:
-                    remove_cgroup(self.cgroup_base)  # this agent's own directory, once empty
+                if self._cgroup_base is not None:
+                    remove_cgroup(self._cgroup_base)  # this agent's own directory, once empty
                 return
             if time.monotonic() > give_up_at:
                 self._log("stop-incomplete", {"jobs": alive})

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from allocator.agent.processes import procs
+from allocator.agent.kernel import procs
 from allocator.agent.processes.launch import SHIM
 from allocator.agent.processes.worker_status import read_shim_status
 from allocator.agent.shim.main import IDLE

@@ -26,9 +26,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from allocator.agent.kernel import procs
+from allocator.agent.planning.job_phase import JobPhase
 from allocator.agent.planning.types import DesiredJob, Device, WorkerSpec
-from allocator.agent.processes import procs
-from allocator.agent.processes.job_phase import JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 
 __all__ = [

@@ -15,8 +15,10 @@ Nothing here blocks for a grace period: :meth:`Supervisor.apply` sends
 signals and records deadlines, :meth:`Supervisor.tick` (called by the loop
 every few hundred milliseconds) reaps, escalates overdue stops and notices
 trees that are gone. Only :meth:`Supervisor.stop_all` waits, for shutdown.
-Stopping and reaping are :mod:`allocator.agent.processes.reaping`, a part of
-the :class:`Supervisor` kept in a module of its own.
+Stopping and reaping are the :class:`~allocator.agent.processes.reaping.Reaper`'s,
+and the tracked jobs with their state file the
+:class:`~allocator.agent.processes.job_book.JobBook`'s: collaborators the
+supervisor makes and holds.
 
 The agent makes itself a child subreaper (see :func:`procs.become_subreaper`):
 if a shim is killed outright, its orphans come to the agent, which reaps them.
@@ -24,7 +26,6 @@ if a shim is killed outright, its orphans come to the agent, which reaps them.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -33,6 +34,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from allocator.agent.kernel import procs
+from allocator.agent.kernel.cgroups import agent_scope, worker_cgroup_base
+from allocator.agent.kernel.procs import clean_base_env
+from allocator.agent.planning.job_phase import JobEvent, JobPhase
 from allocator.agent.planning.types import (
     Accept,
     Action,
@@ -48,7 +53,7 @@ from allocator.agent.planning.types import (
     Stop,
     WorkerExit,
 )
-from allocator.agent.processes import procs, tree
+from allocator.agent.processes import tree
 from allocator.agent.processes.adoption import (
     AdoptedWorker,
     AdoptReport,
@@ -56,8 +61,7 @@ from allocator.agent.processes.adoption import (
     sweep,
     take_over,
 )
-from allocator.agent.processes.cgroups import agent_scope, worker_cgroup_base
-from allocator.agent.processes.job_phase import JobEvent, JobPhase
+from allocator.agent.processes.job_book import JobBook, Logger, log_to_logging
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 from allocator.agent.processes.launch import (
     SHIM,
@@ -69,27 +73,19 @@ from allocator.agent.processes.launch import (
     worker_log,
 )
 from allocator.agent.processes.output_tail import failed_output
-from allocator.agent.processes.procs import clean_base_env
-from allocator.agent.processes.reaping import Reaping
+from allocator.agent.processes.reaping import Reaper
 from allocator.agent.processes.shim_census import wait_for_starting_shims
-from allocator.agent.processes.state_file import StateFileError, read_state_file, write_state_file
 from allocator.agent.processes.warm_shim import WarmShims
 from allocator.agent.processes.worker_status import record_status, status_fields
 from allocator.util.times import format_time, utc_now
 
 __all__ = ["AdoptReport", "AdoptedWorker", "Logger", "Supervisor", "WorkerExit", "clean_base_env"]
 
-Logger = Callable[[str, dict[str, Any]], None]
-
 #: A start that could not be recorded (a full disk) is tried again this much later.
 RECORD_RETRY_SECONDS = 5.0
 
 
-def _log_to_logging(event: str, fields: dict[str, Any]) -> None:
-    logging.getLogger("allocator.agent").info("%s %s", event, fields)
-
-
-class Supervisor(Reaping):
+class Supervisor:
     """Starts, stops, reaps and adopts the worker processes of this host's jobs."""
 
     def __init__(
@@ -112,13 +108,11 @@ class Supervisor(Reaping):
         self._base_env = clean_base_env(os.environ if base_env is None else base_env)
         self._clock = clock
         self._wall = wall
-        self._log: Logger = logger or _log_to_logging
-        self._jobs: dict[str, JobRuntime] = {}
-        self._pending_exits: list[WorkerExit] = []
-        self._dirty = False
-        self._save_error = ""  # why the last save failed ("": it did not)
+        self._log: Logger = logger or log_to_logging
         # Adoption is per boot: a pid recorded before a reboot names someone else now.
         self.boot_id = procs.current_boot_id() if boot_id is None else boot_id
+        self._book = JobBook(self.state_file, self.boot_id, wall=wall, log=self._log)
+        self._jobs = self._book.jobs  # the same dict: the book's jobs, read here often
         # See the module docstring: orphans of a shim killed outright come to us.
         self.subreaper = procs.become_subreaper() if subreaper else False
         scope = agent_scope(self.state_file.parent)
@@ -129,12 +123,21 @@ class Supervisor(Reaping):
         self.warm = WarmShims(
             SHIM, self.state_file.parent, shim_env, clock=clock, enabled=warm_shim
         )
+        self._reaper = Reaper(self._book, self.warm, self.cgroup_base, clock=clock, log=self._log)
 
     # --- snapshots ----------------------------------------------------------------
 
     def next_due(self) -> float | None:
         """When :meth:`tick` has something to do that is not a process event (None: nothing)."""
         return self.warm.due()
+
+    def tick(self) -> list[WorkerExit]:
+        """Reap exits, escalate overdue stops to SIGKILL, mark gone trees; return the exits."""
+        return self._reaper.tick()
+
+    def stop_all(self, grace: float | None = None, wait: bool = True) -> None:
+        """Gracefully stop every job and wait until all are gone (see :meth:`Reaper.stop_all`)."""
+        self._reaper.stop_all(grace, wait)
 
     def views(self) -> dict[str, JobView]:
         """Snapshot of every tracked job for ``plan()`` (call :meth:`tick` first)."""
@@ -155,7 +158,7 @@ class Supervisor(Reaping):
         if isinstance(action, Start):
             self._start(action)
         elif isinstance(action, Stop):
-            self._stop(action.job, action.reason, action.grace_seconds)
+            self._reaper.stop(action.job, action.reason, action.grace_seconds)
         elif isinstance(action, SignalJob):
             self._signal(action)
         elif isinstance(action, Accept):
@@ -170,7 +173,7 @@ class Supervisor(Reaping):
             self._finish(action)
         elif isinstance(action, Forget):
             self._forget(action.job)
-        self._settle()
+        self._book.settle()
 
     def _start(self, action: Start) -> None:
         old = self._jobs.get(action.job)
@@ -184,7 +187,7 @@ class Supervisor(Reaping):
                 "start-refused", {"job": action.job, "reason": f"nothing to run ({spec.state})"}
             )
             return
-        if old is not None and not self._move(old, JobEvent.START):
+        if old is not None and not self._book.move(old, JobEvent.START):
             return
         job = JobRuntime(spec=spec, fingerprint=spec.fingerprint, started_at=self._clock())
         if old is not None:
@@ -205,8 +208,9 @@ class Supervisor(Reaping):
         for worker in job.workers:
             self._launch(spec, worker, action.cause)
             if worker.exit_code is not None:  # could not even start: an immediate crash
-                self._pending_exits.append(self._exited(job, worker, worker.exit_code))
-        self._dirty = True
+                crash = self._reaper.exited(job, worker, worker.exit_code)
+                self._reaper.pending_exits.append(crash)
+        self._book.dirty = True
 
     def _record_launch(self, job: JobRuntime, cause: str) -> str:
         """Save the state, then each worker's first status file and log line; "" or why not.
@@ -214,7 +218,7 @@ class Supervisor(Reaping):
         A full log disk is no crash of the job's: like a full state disk, the
         start waits and says why, and is never given up on.
         """
-        why = self._save()
+        why = self._book.save()
         stamp = format_time(self._wall())
         for worker in job.workers:
             if why:
@@ -229,10 +233,10 @@ class Supervisor(Reaping):
         """Launch nothing of ``job``: it waits (and says why) until a retry can record it."""
         for worker in job.workers:
             tree.discard(worker)  # a prepared status file or cgroup, where there was room
-        if self._move(job, JobEvent.HOLD):
+        if self._book.move(job, JobEvent.HOLD):
             job.hold(why, self._clock() + RECORD_RETRY_SECONDS)
         self._log("start-held", {"job": job.spec.job, "reason": why})
-        self._dirty = True
+        self._book.dirty = True
 
     def _launch(self, spec: DesiredJob, worker: WorkerRuntime, cause: str) -> None:
         event, fields = launch_worker(
@@ -263,38 +267,40 @@ class Supervisor(Reaping):
 
     def _accept(self, name: str, fingerprint: str) -> None:
         job = self._jobs.get(name)
-        if job is None or job.fingerprint == fingerprint or not self._move(job, JobEvent.ACCEPT):
+        if job is None or job.fingerprint == fingerprint:
+            return
+        if not self._book.move(job, JobEvent.ACCEPT):
             return
         job.accept(fingerprint)
-        self._dirty = True
+        self._book.dirty = True
 
     def _confirm(self, action: Confirm) -> None:
         job = self._jobs.get(action.job)
         if job is not None and job.alive() > 0 and not job.phase.stopping:
             job.confirm(action.revision)
-            self._dirty = True  # saved: a restarted agent must know it too
+            self._book.dirty = True  # saved: a restarted agent must know it too
 
     def _schedule(self, action: ScheduleRestart) -> None:
         job = self._jobs.get(action.job)
-        if job is not None and self._move(job, JobEvent.SCHEDULE_RESTART):
+        if job is not None and self._book.move(job, JobEvent.SCHEDULE_RESTART):
             job.next_restart_at = action.at
-            self._dirty = True
+            self._book.dirty = True
 
     def _give_up(self, action: GiveUp) -> None:
         job = self._jobs.get(action.job)
         if job is None or job.phase is JobPhase.GAVE_UP:
             return
-        if self._move(job, JobEvent.GIVE_UP):
+        if self._book.move(job, JobEvent.GIVE_UP):
             job.give_up(action.reason)
             job.output_tail, job.log_path = failed_output(job, self.log_dir)
-            self._dirty = True
+            self._book.dirty = True
             self._log("gave-up", {"job": action.job, "reason": action.reason})
 
     def _finish(self, action: Finish) -> None:
         job = self._jobs.get(action.job)
-        if job is not None and self._move(job, JobEvent.FINISH):
+        if job is not None and self._book.move(job, JobEvent.FINISH):
             job.finish(action.status, action.reason, action.release)
-            self._dirty = True
+            self._book.dirty = True
             self._log("finished", {"job": action.job, "reason": action.reason})
 
     def exit_releases(self) -> dict[str, tuple[int, str]]:
@@ -316,56 +322,9 @@ class Supervisor(Reaping):
         for worker in job.workers:
             tree.discard(worker)
         del self._jobs[name]
-        self._dirty = True
-
-    def _move(self, job: JobRuntime, event: JobEvent) -> bool:
-        """Move ``job`` by the transition table; a refused move is a bug: logged, not raised."""
-        before = job.phase
-        if job.move(event):
-            return True
-        fields = {"job": job.spec.job, "phase": before.value, "event": event.value}
-        self._log("illegal-transition", fields)
-        return False
-
-    def _settle(self) -> None:
-        """Finish stops whose groups are all gone, refresh states, save if anything changed."""
-        stamp = format_time(self._wall())
-        for job in self._jobs.values():
-            if job.phase.stopping and job.alive() == 0:
-                # STOPPED (its workers went because we said so), or back to CRASHED.
-                self._move(job, JobEvent.STOP_DONE)
-                job.stop_deadline = None
-                self._dirty = True
-                self._log("stopped", {"job": job.spec.job, "reason": job.stop_reason})
-            if job.refresh_state(stamp):
-                self._dirty = True
-        if self._dirty:
-            self._save()
+        self._book.dirty = True
 
     # --- state file and adoption ---------------------------------------------------------
-
-    def _save(self) -> str:
-        """Rewrite the state file; "" if done, else why not (logged)."""
-        try:
-            write_state_file(self.state_file, self._jobs, self.boot_id)
-        except OSError as exc:
-            if str(exc) != self._save_error:  # once per cause: a full disk retries every tick
-                self._log("state-write-failed", {"path": str(self.state_file), "error": str(exc)})
-            self._save_error = str(exc)
-            return f"cannot save the agent's state file {self.state_file}: {exc.strerror or exc}"
-        if self._save_error:
-            self._log("state-write-recovered", {"path": str(self.state_file)})
-        self._dirty, self._save_error = False, ""
-        return ""
-
-    def _load(self) -> dict[str, Any]:
-        """The state file's jobs; {} when it cannot be used (the status files then say)."""
-        try:
-            return read_state_file(self.state_file, self.boot_id)
-        except StateFileError as exc:
-            fields = {"path": str(self.state_file), "error": str(exc), "adopting": "status files"}
-            self._log("state-unreadable", fields)
-            return {}
 
     def adopt(self) -> AdoptReport:
         """After an agent restart: take over every recorded job; start nothing twice.
@@ -378,7 +337,7 @@ class Supervisor(Reaping):
         silent = wait_for_starting_shims(self.state_file.parent, self.status_dir, ours=ours)
         if silent:  # they run a worker no file names: the sweep cannot know them either
             self._log("shims-silent", {"pids": silent})
-        jobs, report = take_over(self._load(), set(self._jobs), self._log)
+        jobs, report = take_over(self._book.load(), set(self._jobs), self._log)
         self._jobs.update(jobs)
         found = from_status_files(self.status_dir, self.boot_id, self._jobs, self._clock())
         self._jobs.update(found)
@@ -388,12 +347,12 @@ class Supervisor(Reaping):
         sweep(self.status_dir, self.cgroup_base, self._jobs, self._log, self.boot_id)
         for name in report.half_started:
             if jobs[name].alive() > 0:
-                self._stop(name, "the agent restarted while starting the job", 0.0)
+                self._reaper.stop(name, "the agent restarted while starting the job", 0.0)
             elif jobs[name].phase is JobPhase.RUNNING:  # as if stopped: it starts again whole
                 jobs[name].move(JobEvent.STOP)
                 jobs[name].move(JobEvent.STOP_DONE)
-        self._dirty = True
-        self._settle()
+        self._book.dirty = True
+        self._book.settle()
         for outcome in report.workers:  # the loop logs the job lists; this says why, per worker
             self._log("adopt-worker", asdict(outcome))
         return report

@@ -27,16 +27,16 @@ import os
 import signal
 from pathlib import Path
 
-from allocator.agent.planning.containers import cid_path
-from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
-from allocator.agent.processes import procs
-from allocator.agent.processes.cgroups import (
+from allocator.agent.kernel import procs
+from allocator.agent.kernel.cgroups import (
     cgroup_members,
     cgroup_populated,
     kill_cgroup,
     remove_cgroup,
     signal_cgroup,
 )
+from allocator.agent.planning.containers import cid_path
+from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
 from allocator.agent.processes.container_launch import remove_orphaned_container
 from allocator.agent.processes.job_state import WorkerRuntime
 from allocator.agent.processes.worker_status import read_shim_status, status_signature

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from allocator.agent.processes import procs
+from allocator.agent.kernel import procs
 from allocator.agent.processes.pause_points import pause_point
 from allocator.agent.shim.main import IDLE, encode_handover
 

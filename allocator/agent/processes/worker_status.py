@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgspec
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.types import DesiredJob
-from allocator.agent.processes import procs
 from allocator.agent.processes.job_state import WorkerRuntime
 
 __all__ = ["ShimStatus", "read_shim_status", "record_status", "status_fields", "status_signature"]

@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from allocator.agent.gpu_care.idle import IdleRelease
+from allocator.agent.planning.types import IdleRelease
 from allocator.errors import (
     AllocatorError,
     BadRecord,

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from allocator.agent.processes.procs import write_json_atomic
+from allocator.agent.kernel.procs import write_json_atomic
 from allocator.errors import BadRecord
 from allocator.records.codec import decode_record
 from allocator.records.types import Assignment

@@ -43,11 +43,23 @@ from dataclasses import replace
 from typing import Any, assert_never
 
 from allocator.agent.config import AgentConfig
-from allocator.agent.gpu_care.idle import IdleRelease
+from allocator.agent.planning.types import IdleRelease
 from allocator.agent.sync.history_queue import PER_TICK, HistoryQueue, write_pending
 from allocator.agent.sync.host_records import host_view
 from allocator.agent.sync.idle_releaser import IdleReleaser
 from allocator.agent.sync.link_failures import judge
+from allocator.agent.sync.link_phase import (
+    Connected,
+    Connecting,
+    LinkPhase,
+    Outage,
+    Refused,
+    Resyncing,
+    Stopped,
+    Watching,
+    read_due_now,
+    with_store,
+)
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
 from allocator.agent.sync.outbox import Outbox
 from allocator.agent.sync.peer_reads import read_peers
@@ -109,18 +121,12 @@ class StoreLink:
         self.publisher = Publisher(self.layout, config.host, log)
         self.releaser = IdleReleaser(self.layout, config.host, log)
         self.retry = RetryTimer(config.retry_max_seconds)
-        self.store: Store | None = None
+        self.phase: LinkPhase = Connecting()  # see link_phase: store handle and read timer
         self.watches: list[WatchThread] = []
         self.watched_peers: tuple[str, ...] = ()
         self.refused_peers: set[str] = set()
         self.refused_watches: set[str] = set()  # said once each
         self.epoch = 0
-        self.up = False  # connected: the first read after opening the store succeeded
-        self.observed = False  # the agent's own keys have been read since connecting
-        self.stale = False  # reads are refused while the lease still works
-        self.read_due = False
-        self.next_connect = 0.0
-        self.next_read = 0.0
         self.next_keepalive = 0.0
         self.revision = 0
         self.bad_seen: dict[str, int] = {}
@@ -208,8 +214,15 @@ class StoreLink:
                 return messages
 
     def _sleep_for(self, now: float) -> float:
-        connected = self.store is not None
-        due = min(self.next_keepalive, self.next_read) if connected else self.next_connect
+        match self.phase:
+            case Connecting(retry_at=due) | Outage(retry_at=due):
+                pass
+            case Watching(read_at=read_at) | Refused(read_at=read_at):
+                due = min(self.next_keepalive, read_at)
+            case Resyncing() | Stopped():  # never waited in: a connect reads at once
+                due = now
+            case _:
+                assert_never(self.phase)
         return max(0.0, due - now)
 
     def _handle(self, messages: list[ToLink]) -> None:
@@ -218,11 +231,13 @@ class StoreLink:
                 case Settings():
                     self._apply_settings(message.config)
                 case Wake():
-                    self.read_due = self.read_due or message.resync
+                    if message.resync:
+                        self.phase = read_due_now(self.phase)
                 case Close():
                     pass  # taken by _run, after the rest
                 case WatchEvents():
-                    self.read_due = self.read_due or message.epoch == self.epoch
+                    if message.epoch == self.epoch:  # an old watch's events are ignored
+                        self.phase = read_due_now(self.phase)
                 case WatchError():
                     if message.epoch == self.epoch:  # an old watch's error is ignored
                         self._watch_failed(message.prefix, message.error)
@@ -243,21 +258,24 @@ class StoreLink:
             raise error
         self.log("watch-compacted", {"revision": self.revision, "compact": error.compact_revision})
         self._stop_watches()
-        self.read_due = True
+        self.phase = read_due_now(self.phase)
 
     def _apply_settings(self, config: AgentConfig) -> None:
         self.config = config
         self.retry = RetryTimer(config.retry_max_seconds)
-        self.next_read = min(self.next_read, self._clock() + config.resync_seconds)
+        if isinstance(self.phase, Connected):
+            read_at = min(self.phase.read_at, self._clock() + config.resync_seconds)
+            self.phase = replace(self.phase, read_at=read_at)
         self.next_keepalive = min(self.next_keepalive, self._clock() + config.heartbeat_seconds)
 
     def _tick(self, now: float) -> None:
-        if self.store is None:
-            if now < self.next_connect:
+        phase = self.phase
+        if isinstance(phase, Connecting | Outage):
+            if now < phase.retry_at:
                 return
             self._connect(now)
         store = self._require_store()
-        if self.read_due or now >= self.next_read:
+        if not isinstance(self.phase, Connected) or now >= self.phase.read_at:
             self._read(store, now)
         if now >= self.next_keepalive:
             self.publisher.keep_alive(store, self.config.lease_ttl)
@@ -268,23 +286,25 @@ class StoreLink:
             self._inbox.put(Wake())  # more are waiting: write them after what else is due
 
     def _connect(self, now: float) -> None:
-        self.store = self._open_store(self.url)
-        self.publisher.keep_alive(self.store, self.config.lease_ttl)
+        lost_since = self.phase.since if isinstance(self.phase, Outage) else None
+        store = self._open_store(self.url)
+        self.phase = Resyncing(store, lost_since)
+        self.publisher.keep_alive(store, self.config.lease_ttl)
         self.next_keepalive = now + self.config.heartbeat_seconds
-        self._read(self.store, now)
+        self._read(store, now)  # Watching, or Refused
         self.retry.connected(now)
-        self.up = True
         self.log("store-connected", {"store": self.url, "revision": self.revision})
         self.to_loop.put(LinkState(True, f"connected at revision {self.revision}"))
 
     def _read(self, store: Store, now: float) -> None:
         """One level-based read of the host and the policy; watches start after the first."""
-        self.read_due = False
-        self.next_read = now + self.config.resync_seconds
+        read_at = now + self.config.resync_seconds
+        if isinstance(self.phase, Connected):  # not again at once, whatever this read meets
+            self.phase = replace(self.phase, read_at=read_at)
         try:
             listing, policy = self.policy_reader.read(store)
         except PermissionDenied as exc:
-            self._refused(exc, now)
+            self._refused(store, exc, now)
             return
         view = host_view(listing, None, self.layout, self.config.host, read=policy)
         peers, bad = read_peers(
@@ -293,10 +313,10 @@ class StoreLink:
         view = replace(view, peers=peers, bad=(*view.bad, *bad))
         self.revision = view.revision  # the store's own, even if it went back (a restore)
         self.publisher.observe(view.own)
-        self.observed = True
+        was_refused = isinstance(self.phase, Refused)
+        self.phase = Watching(store, read_at)
         self.assignments = view.assignments
-        if self.stale:
-            self.stale = False
+        if was_refused:
             self.log("store-readable", {"revision": self.revision})
         for error, revision in view.bad:
             self._bad_record(error, revision)
@@ -307,7 +327,7 @@ class StoreLink:
             # A run-held assignment ends when its lease expires, and a store may delete
             # an expired lease's keys only at its next write (SQLite): read again soon,
             # so a killed run's end is seen, and recorded, when its lease runs out.
-            self.next_read = min(self.next_read, now + RUN_READ_SECONDS)
+            self.phase = Watching(store, min(read_at, now + RUN_READ_SECONDS))
         # A host the store will not show is not watched either: a refused watch would
         # read as this agent's own permission problem and drop the connection.
         watched = tuple(host for host, peer in peers.items() if peer.readable)
@@ -315,10 +335,11 @@ class StoreLink:
             self.whole_policy = policy.whole
             self._start_watches(watched)
 
-    def _refused(self, error: PermissionDenied, now: float) -> None:
+    def _refused(self, store: Store, error: PermissionDenied, now: float) -> None:
         """Reads refused but the lease works: say so in the record, retry slowly."""
-        self.stale = True
-        self.next_read = now + self.retry.cap_seconds
+        phase = self.phase
+        own_read = isinstance(phase, Watching) or (isinstance(phase, Refused) and phase.own_read)
+        self.phase = Refused(store, now + self.retry.cap_seconds, own_read)
         self.log(
             "store-permission-denied",
             {
@@ -337,8 +358,11 @@ class StoreLink:
 
     def _publish(self, store: Store) -> None:
         agent, workers, utilisation = self.outbox.take()
-        encoded = encode_record(replace_struct(agent, store_stale=self.stale)) if agent else None
-        if not self.observed or workers is None:
+        phase = self.phase
+        stale = isinstance(phase, Refused)
+        encoded = encode_record(replace_struct(agent, store_stale=stale)) if agent else None
+        own_read = isinstance(phase, Watching) or (isinstance(phase, Refused) and phase.own_read)
+        if not own_read or workers is None:
             self.publisher.publish(store, encoded, None)
             return
         counts = None
@@ -365,7 +389,10 @@ class StoreLink:
     # --- failures and the end ------------------------------------------------------
 
     def _failed(self, error: Exception) -> None:
-        verdict = judge(error, connected=self.up, has_store=self.store is not None)
+        before = self.phase
+        was_connected = isinstance(before, Connected)
+        has_store = with_store(before) is not None
+        verdict = judge(error, connected=was_connected, has_store=has_store)
         if verdict.action == "lease":  # a write under a lease that expired meanwhile
             self.log(verdict.event, {"lease": self.publisher.lease, **verdict.fields})
             self.publisher.lease_lost()
@@ -374,12 +401,11 @@ class StoreLink:
         if verdict.action == "refused":  # the store answered "no" to one request
             self.log(verdict.event, verdict.fields)
             return
-        was_connected = self.up
         self._drop()
         now = self._clock()
-        slow = verdict.slowly
-        self.next_connect = self.retry.failed_slowly(now) if slow else self.retry.failed(now)
-        fields = {**verdict.fields, "retry_in": round(self.next_connect - now, 2)}
+        retry_at = self.retry.failed_slowly(now) if verdict.slowly else self.retry.failed(now)
+        self.phase = _after_failure(before, now, retry_at)
+        fields = {**verdict.fields, "retry_in": round(retry_at - now, 2)}
         self.log(verdict.event, {**fields, "first": not was_connected})
         if was_connected:
             self.to_loop.put(LinkState(False, verdict.text))
@@ -387,8 +413,7 @@ class StoreLink:
     def _drop(self) -> None:
         self._stop_watches()
         self.publisher.forget()
-        self.observed = self.up = False
-        store, self.store = self.store, None
+        store, self.phase = with_store(self.phase), Stopped()  # the caller says what follows
         if store is not None:
             try:
                 store.close()
@@ -397,7 +422,7 @@ class StoreLink:
 
     def _finish(self, closing: Close) -> None:
         self._stop_watches()
-        store = self.store
+        store = with_store(self.phase)
         if store is not None:
             try:
                 write_pending(store, self.layout, self.config.host, self.history, self.log)
@@ -412,5 +437,17 @@ class StoreLink:
         self._drop()
 
     def _require_store(self) -> Store:
-        assert self.store is not None
-        return self.store
+        store = with_store(self.phase)
+        assert store is not None
+        return store
+
+
+def _after_failure(before: LinkPhase, now: float, retry_at: float) -> LinkPhase:
+    """Where a link that was in ``before`` is after a failure that dropped its connection."""
+    match before:
+        case Watching() | Refused():
+            return Outage(now, retry_at)
+        case Outage(since=since) | Resyncing(lost_since=float() as since):
+            return Outage(since, retry_at)
+        case _:
+            return Connecting(retry_at)

@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.exit_codes import UNKNOWN_EXIT
+from allocator.agent.planning.job_phase import BackingOff, Stopping
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import Finish, ScheduleRestart, Start
-from allocator.agent.processes import procs
 from tests.support import supervision
 from tests.support.supervision import (
     DUMMY,
@@ -145,7 +146,7 @@ def test_a_stop_under_way_when_the_agent_died_is_finished_and_is_not_a_crash(
     agent.stop("train", 0.3)  # SIGTERM sent, SIGKILL due in 0.3 s ...
     agent.kill_9()  # ... but the agent that was to send it is gone
     assert h.sup.adopt().adopted == ("train",)
-    assert h.sup.views()["train"].stopping
+    assert isinstance(h.sup.views()["train"].phase, Stopping)
     h.until(lambda: h.sup.views()["train"].alive == 0, "the stop to be finished")
     assert not alive(report["pid"])
     assert [(e.exit_code, e.crash) for e in h.exits] == [(137, False)]
@@ -347,5 +348,5 @@ def test_the_state_file_records_the_phase_and_reads_an_older_agents_flags(h: Har
     )
     assert second.adopt().ended == ("train",)
     assert second.records()["train"]["state"] == "backoff"
-    assert second.views()["train"].next_restart_at == 1000.0
+    assert second.views()["train"].phase == BackingOff(1000.0)
     assert _state(h)["jobs"]["train"]["phase"] == "backoff"

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import DesiredJob, Start, Stop
-from allocator.agent.processes import procs
 from tests.support import supervision
 from tests.support.supervision import DUMMY, Harness, OtherAgent, alive, job_spec, poll
 

@@ -12,6 +12,15 @@ from dataclasses import replace
 
 import pytest
 
+from allocator.agent.planning.job_phase import (
+    BackingOff,
+    Finished,
+    JobEvent,
+    JobPhase,
+    Running,
+    next_phase,
+    published_state,
+)
 from allocator.agent.planning.reconcile import job_status, plan, restarts_after
 from allocator.agent.planning.types import (
     Action,
@@ -23,7 +32,6 @@ from allocator.agent.planning.types import (
     Start,
     Stop,
 )
-from allocator.agent.processes.job_phase import JobEvent, JobPhase, next_phase, published_state
 
 T0 = 1000.0
 
@@ -51,13 +59,10 @@ def ended(*codes: int | None, alive: int = 0, **fields: object) -> JobView:
         job="train",
         fingerprint="fp",
         alive=alive,
-        stopping=False,
+        phase=Running(T0 - 100),
         exit_codes=codes,
         crash_restarts=0,
         change_restarts=0,
-        next_restart_at=None,
-        gave_up=False,
-        started_at=T0 - 100,
         assignment_revision=7,
     )
     return replace(base, **fields)  # type: ignore[arg-type]
@@ -103,7 +108,7 @@ def test_restart_never_leaves_a_crashed_job_finished_with_its_status() -> None:
 
 def test_restart_always_restarts_a_clean_exit_after_the_backoff() -> None:
     assert planned(ended(0), "always") == [ScheduleRestart("train", T0 + 2.0)]
-    assert planned(ended(0, next_restart_at=T0), "always") == [
+    assert planned(ended(0, phase=BackingOff(T0)), "always") == [
         Start("train", replace(WANT, restart="always"), "crash")
     ]
 
@@ -130,7 +135,7 @@ def test_a_crash_stops_the_other_ranks_first_and_its_code_is_the_jobs_status() -
 
 
 def test_a_finished_job_is_never_restarted_until_it_is_set_again() -> None:
-    done = ended(0, finished=True, exit_status=None)
+    done = ended(0, phase=Finished(), exit_status=None)
     assert planned(done, "always") == []
     assert planned(done, "always", (0,)) == []
     again = plan({"train": replace(WANT, assignment_revision=9)}, {"train": done}, T0)

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from allocator.agent.processes.job_phase import (
+from allocator.agent.planning.job_phase import (
     TRANSITIONS,
     JobEvent,
     JobPhase,

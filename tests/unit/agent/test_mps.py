@@ -19,6 +19,7 @@ import pytest
 from allocator.agent.gpu_care.mps import PID_FILE, MpsDaemons, QuitMps, RunMps
 from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.desired_inputs import DesiredInputs
+from allocator.agent.planning.job_phase import Running
 from allocator.agent.planning.types import DesiredJob, JobView, Start
 from allocator.policy.model import Host, Job, Policy, Pool, Sharing
 from allocator.records.gpu_info import GpuInfo
@@ -91,7 +92,7 @@ def alive(pid: int) -> bool:
 
 
 def view(job: str, alive_workers: int) -> JobView:
-    return JobView(job, "f", alive_workers, False, (None,), 0, 0, None, False, 0.0, (0,))
+    return JobView(job, "f", alive_workers, Running(0.0), (None,), 0, 0, (0,))
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import DesiredJob
 from allocator.agent.sync.host_records import HostView
+from allocator.agent.sync.link_phase import Watching
 from allocator.agent.sync.reports import worker_records
 from allocator.agent.sync.store_thread import StoreLink
 from allocator.errors import PermissionDenied
@@ -286,7 +287,7 @@ def test_a_peer_the_store_will_not_show_is_unknown_and_said_once() -> None:
     finally:
         link._stop_watches()
     view: HostView = to_loop.get_nowait()
-    assert view.peers["node1"].readable is False and not link.stale
+    assert view.peers["node1"].readable is False and isinstance(link.phase, Watching)
     assert [fields["peer"] for event, fields in logged if event == "peer-unreadable"] == [
         "node1",
         "node3",

@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 
-from allocator.agent.gpu_care.idle import IdleRelease
 from allocator.agent.gpu_care.observe import Observer
 from allocator.agent.gpu_care.tree_cpu import TreeCpu
-from allocator.agent.planning.types import Start
+from allocator.agent.planning.types import IdleRelease, Start
 from allocator.policy import load_policy
 from allocator.records.types import Assignment
 from tests.support import supervision

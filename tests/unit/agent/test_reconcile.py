@@ -11,6 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from allocator.agent.planning.job_phase import BackingOff, GaveUp, JobState, Running, Stopping
 from allocator.agent.planning.reconcile import change_signal, crash_backoff, plan
 from allocator.agent.planning.types import (
     Accept,
@@ -65,6 +66,17 @@ def want(
     )
 
 
+def phase_of(stopping: bool, gave_up: bool, restart_at: float | None, since: float) -> JobState:
+    """The phase record a supervisor reports for a job in that state."""
+    if stopping:
+        return Stopping(None)
+    if gave_up:
+        return GaveUp()
+    if restart_at is not None:
+        return BackingOff(restart_at)
+    return Running(since)
+
+
 def view(
     job: str = "train",
     fingerprint: str = "fp-1",
@@ -85,13 +97,10 @@ def view(
         job=job,
         fingerprint=fingerprint,
         alive=sum(code is None for code in exit_codes) if alive is None else alive,
-        stopping=stopping,
+        phase=phase_of(stopping, gave_up, next_restart_at, T0 - 100),
         exit_codes=exit_codes,
         crash_restarts=crash_restarts,
         change_restarts=0,
-        next_restart_at=next_restart_at,
-        gave_up=gave_up,
-        started_at=T0 - 100,
         gpus=gpus,
         device=device,
         grace_seconds=grace_seconds,
@@ -350,7 +359,7 @@ def test_actions_come_sorted_by_job_and_plan_is_deterministic() -> None:
 def test_a_crash_loop_gives_up_exactly_once() -> None:
     runtime = view(exit_codes=(1, 143), crash_restarts=3)
     assert [type(a) for a in plan_one(want(), runtime)] == [GiveUp]
-    assert plan_one(want(), dataclasses.replace(runtime, gave_up=True)) == []
+    assert plan_one(want(), dataclasses.replace(runtime, phase=GaveUp())) == []
 
 
 @pytest.mark.parametrize(
@@ -413,13 +422,10 @@ class FakeRuntime:
             job=job,
             fingerprint=self.fingerprint,
             alive=self.alive,
-            stopping=self.stopping,
+            phase=phase_of(self.stopping, self.gave_up, self.next_restart_at, self.started_at),
             exit_codes=tuple(self.exit_codes),
             crash_restarts=self.crash_restarts,
             change_restarts=self.change_restarts,
-            next_restart_at=self.next_restart_at,
-            gave_up=self.gave_up,
-            started_at=self.started_at,
             gpus=self.gpus,
             device=self.device,
             grace_seconds=self.grace_seconds,

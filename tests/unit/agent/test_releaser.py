@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from allocator.agent.gpu_care.idle import IdleRelease
+from allocator.agent.planning.types import IdleRelease
 from allocator.agent.sync.idle_releaser import IdleReleaser
 from allocator.control.client import Allocator
 from allocator.errors import PermissionDenied

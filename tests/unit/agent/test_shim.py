@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from allocator.agent.processes import procs
+from allocator.agent.kernel import procs
 from allocator.agent.processes.launch import SHIM
 from allocator.agent.processes.worker_status import read_shim_status
 from allocator.agent.shim.main import EXIT_HANDOVER, EXIT_NO_STATUS, frame

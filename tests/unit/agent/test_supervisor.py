@@ -21,7 +21,16 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.kernel import procs
 from allocator.agent.planning.exit_codes import UNKNOWN_EXIT, describe_exit
+from allocator.agent.planning.job_phase import (
+    BackingOff,
+    Crashed,
+    GaveUp,
+    Running,
+    Stopped,
+    Stopping,
+)
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import (
     Accept,
@@ -34,7 +43,6 @@ from allocator.agent.planning.types import (
     StartCause,
     Stop,
 )
-from allocator.agent.processes import procs
 from allocator.agent.processes.job_state import STABLE_RUN_SECONDS
 from allocator.agent.processes.supervisor import clean_base_env
 from tests.support import supervision
@@ -66,7 +74,7 @@ def test_worker_starts_with_the_specs_environment_in_its_own_session(h: Harness)
     assert report["pgid"] == report["sid"] == shim != os.getpid()
     assert procs.read_stat(shim).session == shim  # type: ignore[union-attr]
     view = h.sup.views()["train"]
-    assert (view.alive, view.exit_codes, view.stopping) == (1, (None,), False)
+    assert (view.alive, view.exit_codes, type(view.phase)) == (1, (None,), Running)
     assert (view.fingerprint, view.gpus, view.device) == (spec.fingerprint, (2, 3), "cuda")
     assert h.pids("train") == [report["pid"]]  # the worker's own pid, not its shim's
     record = h.sup.records()["train"]
@@ -158,12 +166,12 @@ def test_stop_terminates_the_group_and_is_not_a_crash(h: Harness) -> None:
     h.sup.apply(Start("train", job_spec(h.tmp, args=("--spawn-child",)), "new"))
     report = h.wait_report("train")
     h.sup.apply(Stop("train", "assignment released", 5.0))
-    assert h.sup.views()["train"].stopping
+    assert isinstance(h.sup.views()["train"].phase, Stopping)
     h.until(lambda: h.sup.views()["train"].alive == 0, "group gone")
     assert not alive(report["pid"]) and not alive(report["child_pid"])
     view = h.sup.views()["train"]
     assert view.exit_codes == (128 + signal.SIGTERM,)
-    assert not view.stopping
+    assert view.phase == Stopped()
     assert [(e.exit_code, e.crash) for e in h.exits] == [(143, False)]
     assert h.sup.records()["train"]["state"] == "stopped"
     assert "killed" not in h.event_names()  # SIGTERM sufficed: no escalation
@@ -356,20 +364,20 @@ def test_crash_restarts_are_counted_apart_from_change_restarts(h: Harness) -> No
     _start_and_fail(h, crashing, "new")
     h.sup.apply(ScheduleRestart("train", h.clock() + 1.0))
     view = h.sup.views()["train"]
-    assert view.next_restart_at == h.clock() + 1.0
+    assert view.phase == BackingOff(h.clock() + 1.0)
     assert h.sup.records()["train"]["state"] == "backoff"
     _start_and_fail(h, crashing, "crash")
     _start_and_fail(h, crashing, "crash")
     view = h.sup.views()["train"]
-    assert (view.crash_restarts, view.change_restarts, view.next_restart_at) == (2, 0, None)
+    assert (view.crash_restarts, view.change_restarts, view.phase) == (2, 0, Crashed())
     h.sup.apply(GiveUp("train", "crash loop"))
-    assert h.sup.views()["train"].gave_up
+    assert h.sup.views()["train"].phase == GaveUp()
     assert h.sup.records()["train"]["state"] == "gave-up"
     assert h.sup.records()["train"]["restarts"] == 2
     fixed = job_spec(h.tmp, gpus=(1,))
     h.sup.apply(Start("train", fixed, "change"))
     view = h.sup.views()["train"]
-    assert (view.crash_restarts, view.change_restarts, view.gave_up) == (0, 1, False)
+    assert (view.crash_restarts, view.change_restarts, type(view.phase)) == (0, 1, Running)
     assert h.sup.records()["train"]["restarts"] == 3
 
 
@@ -453,7 +461,7 @@ def test_a_job_stopped_and_wanted_again_within_its_grace_restarts_without_a_cras
     reconcile({"train": spec})
     first = h.wait_report("train")
     reconcile(interim)  # SIGTERM, which the worker ignores
-    assert h.sup.views()["train"].stopping
+    assert isinstance(h.sup.views()["train"].phase, Stopping)
     reconcile({"train": spec})  # wanted again while the stop is under way
     h.clock.advance(5.1)  # the grace is over: SIGKILL
 
@@ -464,7 +472,7 @@ def test_a_job_stopped_and_wanted_again_within_its_grace_restarts_without_a_cras
 
     poll(restarted, "the job to start again")
     view = h.sup.views()["train"]
-    assert (view.crash_restarts, view.change_restarts, view.gave_up) == (0, 1, False)
+    assert (view.crash_restarts, view.change_restarts, type(view.phase)) == (0, 1, Running)
     assert not [a for a in seen if isinstance(a, GiveUp | ScheduleRestart)]
     assert [getattr(a, "cause", None) for a in seen if isinstance(a, Start)] == ["new", "change"]
     assert [(e.exit_code, e.crash) for e in h.exits] == [(137, False)]
@@ -481,5 +489,5 @@ def test_a_move_the_transition_table_refuses_is_logged_and_changes_nothing(h: Ha
     refused = [fields for name, fields in h.events if name == "illegal-transition"]
     assert refused == [{"job": "train", "phase": "stopping", "event": "schedule-restart"}]
     view = h.sup.views()["train"]
-    assert view.stopping and view.next_restart_at is None
+    assert isinstance(view.phase, Stopping)  # no restart timer: the move was refused
     assert h.sup.records()["train"]["state"] == "stopping"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from allocator.agent.kernel.cgroups import cgroup_members, worker_cgroup_base
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import DesiredJob, Start, Stop
-from allocator.agent.processes.cgroups import cgroup_members, worker_cgroup_base
 from tests.support import supervision
 from tests.support.supervision import Harness, alive, exists, job_spec
 
@@ -163,7 +163,7 @@ def test_where_no_cgroup_can_be_made_the_agent_says_why(tmp_path: Path) -> None:
 
 def test_agents_sharing_a_cgroup_never_sweep_each_others_worker_cgroups(tmp_path: Path) -> None:
     """Two agents on one machine (or two test processes): each sweeps only its own."""
-    from allocator.agent.processes.cgroups import agent_scope, create_worker_cgroup, remove_cgroup
+    from allocator.agent.kernel.cgroups import agent_scope, create_worker_cgroup, remove_cgroup
     from allocator.agent.processes.supervisor import Supervisor
 
     mine, why = worker_cgroup_base(scope=agent_scope(tmp_path / "a"))

@@ -17,9 +17,9 @@ from allocator.agent.gpu_care.unassigned_use import (
     steady_memory,
     unassigned_processes,
 )
+from allocator.agent.kernel import procs
+from allocator.agent.kernel.cgroups import worker_cgroup_base
 from allocator.agent.planning.types import Start
-from allocator.agent.processes import procs
-from allocator.agent.processes.cgroups import worker_cgroup_base
 from allocator.gpus.usage import GpuUsage, ProcessOnGpu
 from allocator.records.types import GpuProcess
 from tests.support import supervision

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 
 import pytest
 
+from allocator.agent.kernel.procs import clean_base_env
 from allocator.agent.log import DecisionLog
-from allocator.agent.processes.procs import clean_base_env
 from allocator.store.credentials import redact, remember_secret, strip_store_credentials
 
 PASSWORD = "agent-store-pw-91"

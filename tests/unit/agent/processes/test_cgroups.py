@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from allocator.agent.processes.cgroups import process_cgroup
+from allocator.agent.kernel.cgroups import process_cgroup
 
 
 def test_a_process_is_in_the_cgroup_its_proc_entry_names(tmp_path: Path) -> None:

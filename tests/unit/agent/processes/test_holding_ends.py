@@ -124,7 +124,7 @@ def test_a_holding_ended_unseen_is_of_this_host_not_current_and_its_holder_gone(
 def test_a_sweep_ends_an_unseen_holding_only_once_its_processes_settled(
     carrier: subprocess.Popen[bytes], request: pytest.FixtureRequest
 ) -> None:
-    from allocator.agent.processes import procs
+    from allocator.agent.kernel import procs
 
     stat = procs.read_stat(carrier.pid)
     assert stat is not None

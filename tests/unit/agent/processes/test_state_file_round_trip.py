@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from allocator.agent.planning.job_phase import JobPhase
 from allocator.agent.planning.types import DesiredJob, WorkerSpec
-from allocator.agent.processes.job_phase import JobPhase
 from allocator.agent.processes.job_state import JobRuntime, WorkerRuntime
 from allocator.agent.processes.state_file import job_from_state, job_to_state
 

@@ -27,8 +27,25 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-__all__ = ["TRANSITIONS", "JobEvent", "JobPhase", "next_phase", "published_state"]
+__all__ = [
+    "TRANSITIONS",
+    "BackingOff",
+    "Crashed",
+    "Finished",
+    "GaveUp",
+    "JobEvent",
+    "JobPhase",
+    "JobState",
+    "Running",
+    "Stopped",
+    "Stopping",
+    "Waiting",
+    "next_phase",
+    "phase_record",
+    "published_state",
+]
 
 
 class JobPhase(enum.Enum):
@@ -136,3 +153,98 @@ def published_state(phase: JobPhase, alive: int, exit_codes: Sequence[int | None
     if all(code == 0 for code in exit_codes):
         return "exited"
     return "stopped"
+
+
+# --- the phase as the planner reads it: one record per phase, with its own timer ---------
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """Workers launched (or adopted) at ``since``; no stop ordered, no crash noted.
+
+    Its workers may all have ended by themselves: the planner judges that end.
+    """
+
+    since: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stopping:
+    """A stop is under way: SIGTERM sent, SIGKILL at ``deadline``.
+
+    ``after_crash``: the stop clears the rest of a crashed set (CLEARING).
+    """
+
+    deadline: float | None
+    after_crash: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """The agent's stop finished and nothing of the workers is left: no crash."""
+
+
+@dataclass(frozen=True, slots=True)
+class Crashed:
+    """A worker crashed; no restart is scheduled yet."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackingOff:
+    """The workers are gone and a restart is due at ``until`` (monotonic)."""
+
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class GaveUp:
+    """The crash-loop limit was reached: nothing starts until the spec changes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A start could not be recorded: nothing was launched; it is tried again at ``until``."""
+
+    until: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The workers ended and the job's rules say it is done: never started again as is."""
+
+
+JobState = Running | Stopping | Stopped | Crashed | BackingOff | GaveUp | Waiting | Finished
+
+
+def phase_record(
+    phase: JobPhase,
+    *,
+    alive: int,
+    started_at: float,
+    stop_deadline: float | None,
+    restart_at: float | None,
+    retry_at: float | None,
+) -> JobState:
+    """The planner's record of a job in ``phase``, carrying that phase's own timer.
+
+    A restart that was scheduled before a stop (or for adopted workers gone
+    without an exit code) is still due: such a job is :class:`BackingOff`
+    whatever the table calls it, since a restart time is all the planner
+    waits on.
+    """
+    if phase.stopping:
+        return Stopping(stop_deadline, after_crash=phase is JobPhase.CLEARING)
+    if phase is JobPhase.GAVE_UP:
+        return GaveUp()
+    if phase is JobPhase.FINISHED:
+        return Finished()
+    if phase is JobPhase.WAITING:
+        return Waiting(0.0 if retry_at is None else retry_at)
+    if phase is JobPhase.STOPPED and alive == 0:
+        return Stopped()
+    if restart_at is not None:
+        return BackingOff(restart_at)
+    if phase in (JobPhase.CRASHED, JobPhase.BACKOFF):
+        return Crashed()
+    # RUNNING (and a STOPPED job with live processes, which no move makes).
+    return Running(started_at)
