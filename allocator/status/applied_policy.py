@@ -61,11 +61,12 @@ def _compiled_in(
             return None
         if not head.parts:
             return decode_compiled(head.policy, item.key)
-        assert head.body_sha256 is not None  # read_compiled_head checked it
-        # One range read; the parts are named by their hash, so whatever it
-        # returns is this record's or is refused by join_parts.
-        listing = store.list(layout.compiled_parts(head.body_sha256))
-        body = join_parts(head, [part.value for part in listing.items])
+        # One range read of every stored part (this policy's, and the few
+        # the previous one does not share with it); join_parts takes only
+        # the ones the record names, and checks what they make.
+        root = layout.compiled_parts_root
+        listing = store.list(root)
+        body = join_parts(head, {part.key[len(root) :]: part.value for part in listing.items})
         if body is None:
             on_bad(BadRecord(item.key, f"its {head.parts} part(s) are missing or damaged"))
             return None
