@@ -21,6 +21,8 @@ from allocator.policy import load_policy, policy_sha256
 from allocator.policy.compiled import compile_policy, compiled_format, cut_parts, read_compiled
 from allocator.records.keys import KeyLayout
 from allocator.records.types import CompiledPolicyRecord
+from allocator.status import applied_policy as applied_module
+from allocator.status.part_cache import PartCache
 from allocator.store import Read, Store, open_store
 from allocator.util.digest import sha256_hex
 from bench.bench_scale import ranged_policy
@@ -264,6 +266,7 @@ def test_stale_parts_are_dropped_but_the_previous_policys_are_kept_for_its_reade
 def test_parts_that_do_not_join_to_the_named_policy_are_never_used(
     store: Store, monkeypatch: pytest.MonkeyPatch, damage: str
 ) -> None:
+    monkeypatch.setattr(applied_module, "PARTS", PartCache())  # kept parts of no other test
     monkeypatch.setattr(compiled_policy, "TXN_VALUE_BUDGET", 1000)
     monkeypatch.setattr(compiled_policy, "PART_BYTES", 700)
     other = EXAMPLE.replace("gpus: 4", "gpus: 16", 1)

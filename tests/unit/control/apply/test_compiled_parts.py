@@ -16,8 +16,10 @@ from allocator.policy import load_policy
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
 from allocator.records.types import PolicyRecord
+from allocator.status import applied_policy as applied_module
 from allocator.status.applied_policy import applied_policy
-from allocator.store import Listing, Op, Put, Store, open_store
+from allocator.status.part_cache import PartCache
+from allocator.store import Listing, Op, Put, Read, Store, open_store
 from bench.bench_scale import ranged_policy
 
 PREFIX = f"/fleet{uuid.uuid4().hex[:8]}"
@@ -88,6 +90,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 def test_a_one_host_change_at_12500_hosts_writes_only_what_changed(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(applied_module, "PARTS", PartCache())  # kept parts of no other test
     whole, changed = ranged_policy(HOSTS), ranged_policy(HOSTS, exception_gpus=7)
     Allocator(store, prefix=PREFIX, actor="ops@h").apply_policy(whole, "p.yaml")
     old_record = store.get(LAYOUT.policy)
@@ -95,7 +98,7 @@ def test_a_one_host_change_at_12500_hosts_writes_only_what_changed(
     assert old_record is not None and old_compiled is not None
 
     counted = _Writes(store)
-    result = Allocator(counted, prefix=PREFIX, actor="ops@h").apply_policy(changed, "p.yaml")  # type: ignore[arg-type]
+    result = Allocator(counted, prefix=PREFIX, actor="ops@h").apply_policy(changed, "p.yaml")
     assert result.changed and result.compiled and result.shares
     print(f"bytes written by a one-host apply at {HOSTS:,} hosts: {counted.bytes}")
     assert counted.bytes <= MOST_BYTES
@@ -115,3 +118,47 @@ def test_a_one_host_change_at_12500_hosts_writes_only_what_changed(
         before = applied_policy(store, LAYOUT, record, bad.append, compiled=listing)
     assert before == load_policy(whole)
     assert bad == []
+
+
+class _PartReads:
+    """A store that counts the compiled parts' bytes read through it."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.bytes = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def _count(self, listings: Sequence[Listing]) -> None:
+        root = LAYOUT.compiled_parts_root
+        items = [item for listing in listings for item in listing.items]
+        self.bytes += sum(len(item.value) for item in items if item.key.startswith(root))
+
+    def list(self, prefix: str, **kw: Any) -> Listing:
+        listing = self._store.list(prefix, **kw)
+        self._count([listing])
+        return listing
+
+    def read_many(self, reads: Sequence[Read]) -> tuple[Listing, ...]:
+        found = self._store.read_many(reads)
+        self._count(found)
+        return found
+
+
+def test_a_long_lived_reader_reads_only_the_parts_a_change_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(applied_module, "PARTS", PartCache())
+    store = open_store(f"memory://{uuid.uuid4().hex}")
+    whole, changed = ranged_policy(HOSTS), ranged_policy(HOSTS, exception_gpus=7)
+    Allocator(store, prefix=PREFIX, actor="ops@h").apply_policy(whole, "p.yaml")
+    reads = _PartReads(store)
+    reader = Allocator(reads, prefix=PREFIX, actor="ops@h")
+    assert reader.require_policy().policy == load_policy(whole)
+    assert reads.bytes > 400_000  # every part, the first time
+
+    Allocator(store, prefix=PREFIX, actor="ops@h").apply_policy(changed, "p.yaml")
+    reads.bytes = 0
+    assert reader.require_policy().policy == load_policy(changed)
+    assert 0 < reads.bytes <= 40_000  # the part or two the change made
