@@ -33,6 +33,7 @@ find or join are as if there were no compiled record.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Mapping
 from functools import cache
@@ -127,20 +128,21 @@ def split_compiled(
     Parts hold at most ``part_bytes`` each, about a quarter of that on average.
     """
     body = msgspec.json.encode(policy)
-    inline = CompiledPolicyRecord(sha256, compiled_format(), msgspec.Raw(body)).to_json()
-    if len(inline) <= inline_budget:
-        return Compiled(inline)
+    if len(body) < inline_budget:  # the record is larger than the JSON it holds
+        inline = CompiledPolicyRecord(sha256, compiled_format(), msgspec.Raw(body)).to_json()
+        if len(inline) <= inline_budget:
+            return Compiled(inline)
     cut = cut_parts(policy, part_bytes)
-    parts = {sha256_hex(part): part for part in cut}
+    names = tuple(sha256_hex(part) for part in cut)
     head = CompiledPolicyRecord(
         sha256,
         compiled_format(),
         _NULL,
         parts=len(cut),
         body_sha256=sha256_hex(body),
-        part_sha256=tuple(sha256_hex(part) for part in cut),
+        part_sha256=names,
     )
-    return Compiled(head.to_json(), parts)
+    return Compiled(head.to_json(), dict(zip(names, cut, strict=True)))
 
 
 def cut_parts(policy: Policy, part_bytes: int) -> list[bytes]:
@@ -154,26 +156,39 @@ def cut_parts(policy: Policy, part_bytes: int) -> list[bytes]:
     frame = _ENCODER.encode(msgspec.structs.replace(policy, hosts=_HOSTS_MARK))
     # The mark is a NUL byte, which JSON strings escape: its one place is the hosts'.
     at = frame.index(b"\x00")
-    target = max(1, part_bytes // 4)
-    parts: list[bytes] = []
-    current = bytearray(frame[:at] + b"{")
-    for index, (name, host) in enumerate(policy.hosts.items()):
-        entry = (b"," if index else b"") + _ENCODER.encode(name) + b":" + _ENCODER.encode(host)
-        if len(current) + len(entry) > part_bytes and current:
-            parts.append(bytes(current))
-            current = bytearray()
-        current += entry
-        if zlib.crc32(name.encode()) % target < len(entry):
-            parts.append(bytes(current))
-            current = bytearray()
-    current += b"}" + frame[at + 1 :]
-    parts.append(bytes(current))
+    entries = [
+        _ENCODER.encode(name) + b":" + _ENCODER.encode(h) for name, h in policy.hosts.items()
+    ]
+    ends = _cuts(list(policy.hosts), [len(entry) + 1 for entry in entries], part_bytes)
+    parts = [
+        (b"," if start else b"") + b",".join(entries[start:end])
+        for start, end in itertools.pairwise([0, *ends])
+    ]
+    parts[0] = frame[:at] + b"{" + parts[0]
+    parts[-1] += b"}" + frame[at + 1 :]
     return [
         part[start : start + part_bytes]
         for part in parts
-        if part
         for start in range(0, len(part), part_bytes)
     ]
+
+
+def _cuts(names: list[str], sizes: list[int], part_bytes: int) -> list[int]:
+    """Where the hosts' entries are cut (the index after each part's last), the last included."""
+    target = max(1, part_bytes // 4)
+    ends: list[int] = []
+    size = 0
+    for index, (name, grows) in enumerate(zip(names, sizes, strict=True)):
+        if size + grows > part_bytes and size:
+            ends.append(index)
+            size = 0
+        size += grows
+        if zlib.crc32(name.encode()) % target < grows:
+            ends.append(index + 1)
+            size = 0
+    if not ends or ends[-1] != len(names):
+        ends.append(len(names))
+    return ends
 
 
 def read_compiled_head(raw: bytes, key: str, sha256: str) -> CompiledPolicyRecord | None:
