@@ -17,7 +17,8 @@ parts. Rows (each a ratio of the large fleet to the small, interleaved):
 * ``status --summary`` of the large fleet against its whole ``status -o
   json``: within 0.3x;
 * ``allocator serve`` over the large fleet (:mod:`bench.bench_serve`);
-* what one apply costs an agent (:mod:`bench.bench_shares`).
+* what one apply costs an agent, and writes to the store
+  (:mod:`bench.bench_shares`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@
   (:func:`allocator.agent.sync.watches.agent_watch_keys`) while another
   host's entry changes; at most 4 KB. The baseline is the whole policy
   record, which every agent was sent on every apply before shares.
+* bytes written to the store per one-host apply: every key and value the
+  apply puts (and every key it deletes) under the fleet's prefix, seen by
+  a watch on it; at most 50 KB. The baseline is the compiled policy, which
+  every apply rewrote whole before its parts were named by their content.
 * agent CPU per policy apply: the agent's policy-taking path (its read,
   the values fetched and decoded, its host's policy put together), 12,500
   hosts against 1,000; within 2x.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from allocator.agent.sync.host_records import host_view
@@ -26,7 +31,7 @@ from bench.common import Row, allocator_cli, interleaved, ratio_row, value_row
 from bench.common import timed_run as run_timed
 from bench.fleet import host_name
 
-__all__ = ["rows"]
+__all__ = ["BytesSeen", "bytes_seen", "rows", "written_row"]
 
 #: How long the watches are drained after the apply returned (its events are already sent).
 _DRAIN_SECONDS = 1.0
@@ -39,9 +44,9 @@ def rows(
     files: tuple[Path, Path],
     rounds: int,
 ) -> list[Row]:
-    """Both rows; ``env`` and ``files`` (a one-host change, then back) are the large fleet's."""
+    """The rows; ``env`` and ``files`` (a one-host change, then back) are the large fleet's."""
     small, large = sizes
-    delivered, whole = _bytes_delivered(url, f"/s{large}", host_name(large // 2), env, files)
+    seen = bytes_seen(url, f"/s{large}", host_name(large // 2), env, files)
     runs: dict[str, Callable[[], float]] = {
         str(size): _agent_take(url, f"/s{size}", host_name(size // 2)) for size in sizes
     }
@@ -49,11 +54,12 @@ def rows(
     return [
         value_row(
             f"policy bytes delivered per agent per one-host apply elsewhere, {large:,} hosts",
-            delivered,
+            seen.delivered,
             4096,
             "bytes",
-            note=f"the whole policy record, which every agent was sent before: {whole} bytes",
+            note=f"the whole policy record, which every agent was sent before: {seen.whole} bytes",
         ),
+        written_row(large, seen),
         ratio_row(
             f"agent CPU per policy apply, {large:,} vs {small:,} hosts",
             samples[str(large)],
@@ -63,25 +69,49 @@ def rows(
     ]
 
 
-def _bytes_delivered(
+@dataclass(frozen=True, slots=True)
+class BytesSeen:
+    """The most bytes one of two one-host applies sent one agent, and wrote to the store."""
+
+    delivered: int
+    written: int
+    whole: int  # the policy record's size
+    compiled: int  # the compiled policy's: its record's and its parts'
+
+
+def written_row(hosts: int, seen: BytesSeen) -> Row:
+    """Bytes written to the store per one-host apply (see the module doc)."""
+    return value_row(
+        f"bytes written to the store per one-host policy apply, {hosts:,} hosts",
+        seen.written,
+        50_000,
+        "bytes",
+        note=f"the compiled policy, which every apply rewrote before: {seen.compiled} bytes",
+    )
+
+
+def bytes_seen(
     url: str, prefix: str, host: str, env: dict[str, str], files: tuple[Path, Path]
-) -> tuple[float, int]:
-    """The most event bytes one agent's watches saw over two applies of another host's entry."""
+) -> BytesSeen:
+    """What two applies of another host's entry sent ``host``'s watches and wrote (the most)."""
     layout = KeyLayout(prefix)
     store = open_store(url)
     try:
-        most = 0
+        most, written = 0, 0
         for path in files:
             revision = store.list(layout.shares, limit=1).revision
             watches = [store.watch(key, revision + 1) for key in agent_watch_keys(layout, host)]
+            everything = store.watch(f"{layout.root}/", revision + 1)
             try:
                 run_timed(allocator_cli("policy", "apply", str(path)), env)
                 most = max(most, _drained(watches))
+                written = max(written, _drained([everything]))
             finally:
-                for watch in watches:
+                for watch in [*watches, everything]:
                     watch.close()
         item = store.get(layout.policy)
-        return float(most), len(item.value) if item else 0
+        compiled = sum(len(i.value) for i in store.list(f"{layout.root}/compiled/").items)
+        return BytesSeen(most, written, len(item.value) if item else 0, compiled)
     finally:
         store.close()
 

@@ -21,15 +21,21 @@ commands a policy names, keeps reading the YAML.
 Both records travel in one transaction, whose body Consul limits to 512
 KiB with values base64-encoded. A compiled policy too large to travel
 beside the YAML (a fleet of thousands of hosts) is stored in parts: the
-record then holds no policy but the number of parts and the SHA-256 of
-their joined JSON, and the parts, written before the transaction, live
-under keys named by that SHA-256. A reader joins them and checks the hash,
-so it never combines parts of two different compiled policies; parts it
-cannot find or join are as if there were no compiled record.
+record then holds no policy but the SHA-256 of each part, in order, and of
+their joined JSON. A part lives under a key named by its own SHA-256, so a
+part two policies share is stored once: the parts are cut between hosts,
+where a host's name says so (:func:`cut_parts`), and a change to one host
+writes the part that holds it and the record, not the whole policy. A
+reader joins the parts its record names and checks the whole hash, so it
+never combines parts of two different compiled policies; parts it cannot
+find or join are as if there were no compiled record.
 """
 
 from __future__ import annotations
 
+import itertools
+import zlib
+from collections.abc import Mapping
 from functools import cache
 
 import msgspec
@@ -48,6 +54,7 @@ __all__ = [
     "Compiled",
     "compile_policy",
     "compiled_format",
+    "cut_parts",
     "decode_compiled",
     "join_parts",
     "read_compiled",
@@ -57,11 +64,15 @@ __all__ = [
 
 #: Bumped when the loader builds a different policy from the same YAML with the
 #: same types (the model's types are fingerprinted on their own). 2: in parts.
-COMPILED_FORMAT = 2
-#: The most bytes of compiled JSON one part holds: the store's value limit
-#: (Consul's 512 KiB; a part is one put, never inside a transaction).
-PART_BYTES = 512 * 1024
+#: 3: parts named by their own hash, cut between hosts.
+COMPILED_FORMAT = 3
+#: The most bytes of compiled JSON one part holds. Small, so that a change to
+#: one host rewrites little; the record names every part, so not tiny either.
+PART_BYTES = 16 * 1024
 _NULL = msgspec.Raw(b"null")
+#: Stands for the hosts while the rest of the policy is encoded around them.
+_HOSTS_MARK = msgspec.Raw(b"\x00")
+_ENCODER = msgspec.json.Encoder()
 
 
 @cache
@@ -101,54 +112,111 @@ def compile_policy(policy: Policy, sha256: str) -> bytes:
 class Compiled(msgspec.Struct, frozen=True):
     """A compiled policy ready to store: its record, and its parts when it needs them.
 
-    ``parts`` are the JSON's pieces, in order; empty when ``record`` holds the policy.
+    ``parts``: each part's JSON by its SHA-256 (its key's name), in order;
+    empty when ``record`` holds the policy.
     """
 
     record: bytes
-    body_sha256: str
-    parts: tuple[bytes, ...] = ()
+    parts: dict[str, bytes] = msgspec.field(default_factory=dict)
 
 
-def split_compiled(policy: Policy, sha256: str, inline_budget: int, part_bytes: int) -> Compiled:
+def split_compiled(
+    policy: Policy, sha256: str, inline_budget: int, part_bytes: int = PART_BYTES
+) -> Compiled:
     """``policy`` compiled: in its record if at most ``inline_budget`` bytes, else in parts.
 
-    Parts hold at most ``part_bytes`` each.
+    Parts hold at most ``part_bytes`` each, about a quarter of that on average.
     """
     body = msgspec.json.encode(policy)
-    digest = sha256_hex(body)
-    inline = CompiledPolicyRecord(sha256, compiled_format(), msgspec.Raw(body)).to_json()
-    if len(inline) <= inline_budget:
-        return Compiled(inline, digest)
-    parts = tuple(body[start : start + part_bytes] for start in range(0, len(body), part_bytes))
+    if len(body) < inline_budget:  # the record is larger than the JSON it holds
+        inline = CompiledPolicyRecord(sha256, compiled_format(), msgspec.Raw(body)).to_json()
+        if len(inline) <= inline_budget:
+            return Compiled(inline)
+    cut = cut_parts(policy, part_bytes)
+    names = tuple(sha256_hex(part) for part in cut)
     head = CompiledPolicyRecord(
-        sha256, compiled_format(), _NULL, parts=len(parts), body_sha256=digest
+        sha256,
+        compiled_format(),
+        _NULL,
+        parts=len(cut),
+        body_sha256=sha256_hex(body),
+        part_sha256=names,
     )
-    return Compiled(head.to_json(), digest, parts)
+    return Compiled(head.to_json(), dict(zip(names, cut, strict=True)))
+
+
+def cut_parts(policy: Policy, part_bytes: int) -> list[bytes]:
+    """The compiled JSON of ``policy`` in pieces that join to it, cut between hosts.
+
+    A cut follows a host whose name's CRC-32 falls below its entry's share
+    of ``part_bytes // 4``: a choice that depends on that host alone, so a
+    change to one host's entry rewrites the part that holds it, not every
+    part after it. A part that would grow past ``part_bytes`` is cut there.
+    """
+    frame = _ENCODER.encode(msgspec.structs.replace(policy, hosts=_HOSTS_MARK))
+    # The mark is a NUL byte, which JSON strings escape: its one place is the hosts'.
+    at = frame.index(b"\x00")
+    entries = [
+        _ENCODER.encode(name) + b":" + _ENCODER.encode(h) for name, h in policy.hosts.items()
+    ]
+    ends = _cuts(list(policy.hosts), [len(entry) + 1 for entry in entries], part_bytes)
+    parts = [
+        (b"," if start else b"") + b",".join(entries[start:end])
+        for start, end in itertools.pairwise([0, *ends])
+    ]
+    parts[0] = frame[:at] + b"{" + parts[0]
+    parts[-1] += b"}" + frame[at + 1 :]
+    return [
+        part[start : start + part_bytes]
+        for part in parts
+        for start in range(0, len(part), part_bytes)
+    ]
+
+
+def _cuts(names: list[str], sizes: list[int], part_bytes: int) -> list[int]:
+    """Where the hosts' entries are cut (the index after each part's last), the last included."""
+    target = max(1, part_bytes // 4)
+    ends: list[int] = []
+    size = 0
+    for index, (name, grows) in enumerate(zip(names, sizes, strict=True)):
+        if size + grows > part_bytes and size:
+            ends.append(index)
+            size = 0
+        size += grows
+        if zlib.crc32(name.encode()) % target < grows:
+            ends.append(index + 1)
+            size = 0
+    if not ends or ends[-1] != len(names):
+        ends.append(len(names))
+    return ends
 
 
 def read_compiled_head(raw: bytes, key: str, sha256: str) -> CompiledPolicyRecord | None:
     """The compiled record, if it was built from ``sha256`` by this loader.
 
     ``None`` for a record of another policy or another format; ``BadRecord``
-    for one that does not decode strictly, or says it has parts but no hash.
+    for one that does not decode strictly, or says it has parts but does not
+    name them and their joined JSON.
     """
     record = decode_record(raw, CompiledPolicyRecord, key)
     if record.sha256 != sha256 or record.format != compiled_format():
         return None
-    if record.parts < 0 or (record.parts > 0 and record.body_sha256 is None):
-        raise BadRecord(key, "a compiled policy in parts needs their count and hash")
+    if record.parts < 0 or (
+        record.parts > 0 and (record.body_sha256 is None or len(record.part_sha256) != record.parts)
+    ):
+        raise BadRecord(key, "a compiled policy in parts needs their hashes and their JSON's")
     return record
 
 
-def join_parts(head: CompiledPolicyRecord, values: list[bytes]) -> bytes | None:
-    """The compiled JSON ``values`` (the parts, in key order) make, if they are ``head``'s.
+def join_parts(head: CompiledPolicyRecord, stored: Mapping[str, bytes]) -> bytes | None:
+    """The compiled JSON ``head``'s parts make, from ``stored`` (parts by their hash).
 
-    ``None`` when parts are missing or extra, or the joined bytes are not the
-    ones ``head`` names (parts of another compiled policy cannot pass).
+    ``None`` when a part is missing or the joined bytes are not the ones
+    ``head`` names (a part altered in place cannot pass).
     """
-    if len(values) != head.parts:
+    if not all(name in stored for name in head.part_sha256):
         return None
-    body = b"".join(values)
+    body = b"".join(stored[name] for name in head.part_sha256)
     return body if sha256_hex(body) == head.body_sha256 else None
 
 

@@ -89,13 +89,9 @@ class KeyLayout(Struct, frozen=True):
         """Prefix of every compiled policy's parts (trailing slash included)."""
         return f"{self.root}/compiled/parts/"
 
-    def compiled_parts(self, body_sha256: str) -> str:
-        """Prefix of the parts of one compiled policy, named by its JSON's SHA-256."""
-        return f"{self.compiled_parts_root}{body_sha256}/"
-
-    def compiled_part(self, body_sha256: str, index: int) -> str:
-        """One part of a compiled policy too large for one value (parts sort by index)."""
-        return f"{self.compiled_parts(body_sha256)}{index:06d}"
+    def compiled_part(self, part_sha256: str) -> str:
+        """One part of a compiled policy too large for one value, named by its SHA-256."""
+        return f"{self.compiled_parts_root}{part_sha256}"
 
     @property
     def shares(self) -> str:

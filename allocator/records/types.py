@@ -166,10 +166,12 @@ class CompiledPolicyRecord(msgspec.Struct, frozen=True):
     policy: msgspec.Raw
     schema_version: int = SCHEMA_VERSION
     #: When ``parts`` > 0 the policy is too large for this record: ``policy`` is
-    #: ``null`` and its JSON is in that many part keys under ``body_sha256``
-    #: (the SHA-256 of the whole JSON, checked when the parts are joined).
+    #: ``null`` and its JSON is in that many part keys, each named by the
+    #: SHA-256 of its value (``part_sha256``, in order); ``body_sha256`` is the
+    #: whole JSON's, checked when the parts are joined.
     parts: int = 0
     body_sha256: Sha256 | None = None
+    part_sha256: tuple[Sha256, ...] = ()
 
     def to_json(self) -> bytes:
         """Encode for the store."""

@@ -13,6 +13,7 @@ from allocator.policy.compiled import decode_compiled, join_parts, read_compiled
 from allocator.policy.model import Policy
 from allocator.records.keys import KeyLayout
 from allocator.records.types import PolicyRecord
+from allocator.status.part_cache import PARTS
 from allocator.store.base import KeyValue, Listing, Store
 
 __all__ = ["OnBad", "applied_policy", "current_compiled"]
@@ -61,14 +62,13 @@ def _compiled_in(
             return None
         if not head.parts:
             return decode_compiled(head.policy, item.key)
-        assert head.body_sha256 is not None  # read_compiled_head checked it
-        # One range read; the parts are named by their hash, so whatever it
-        # returns is this record's or is refused by join_parts.
-        listing = store.list(layout.compiled_parts(head.body_sha256))
-        body = join_parts(head, [part.value for part in listing.items])
+        # join_parts takes only the parts the record names, and checks what they make.
+        parts = PARTS.read(store, layout, head.part_sha256)
+        body = join_parts(head, parts)
         if body is None:
             on_bad(BadRecord(item.key, f"its {head.parts} part(s) are missing or damaged"))
             return None
+        PARTS.keep(head.part_sha256, parts)
         return decode_compiled(body, item.key)
     except BadRecord as exc:
         on_bad(exc)

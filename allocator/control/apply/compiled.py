@@ -2,19 +2,22 @@
 
 See :mod:`allocator.policy.compiled` for what the compiled record is. A
 compiled policy too large to travel beside the YAML in one transaction is
-written in parts first (one put each, named by the SHA-256 of their joined
-JSON, so writing them twice or for a losing apply harms no reader); the
-transaction then stores the record naming them. Parts no record names any
-more are deleted after a successful apply, except the previous policy's,
-which a reader may still be joining.
+written in parts, each under a key named by the SHA-256 of its content:
+those not stored yet are written first (in a few transactions; writing
+them twice or for a losing apply harms no reader), then the apply's
+transaction stores the record naming them, the commit point. A one-host
+change so writes the part or two that changed and the record. Parts no
+record names any more are deleted after a successful apply, except the
+previous policy's, which a reader may still be joining.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
+from allocator.control.apply.shares import batches
 from allocator.errors import BadRecord, PermissionDenied
-from allocator.policy.compiled import PART_BYTES, Compiled, split_compiled
+from allocator.policy.compiled import PART_BYTES, split_compiled
 from allocator.policy.model import Policy
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
@@ -46,28 +49,41 @@ def compiled_op(
     sha256: str,
     record_size: int,
     part_bytes: int | None = None,
-) -> tuple[Op, str | None]:
-    """What the apply's transaction does with the compiled record; its parts written first.
+) -> tuple[Op, frozenset[str]]:
+    """What the apply's transaction does with the compiled record; its new parts written first.
 
     A put of ``policy`` compiled: in the record itself when it fits next to
     the policy record (``record_size`` bytes) in one transaction, else
-    naming its parts, which are stored here. A user who may not write the
-    parts gets a delete of any older record instead (commands then parse
-    the YAML). The second item is the parts' hash, when there are parts.
+    naming its parts, of which those not stored yet are stored here. A
+    user who may not write the parts gets a delete of any older record
+    instead (commands then parse the YAML). The second item names the parts.
     """
     size = PART_BYTES if part_bytes is None else part_bytes
     compiled = split_compiled(policy, sha256, TXN_VALUE_BUDGET - record_size, size)
     try:
-        _put_parts(store, layout, compiled)
+        _put_parts(store, layout, compiled.parts)
     except PermissionDenied:
-        return Delete(layout.compiled_policy), None
-    parts = compiled.body_sha256 if compiled.parts else None
-    return Put(layout.compiled_policy, compiled.record), parts
+        return Delete(layout.compiled_policy), frozenset()
+    return Put(layout.compiled_policy, compiled.record), frozenset(compiled.parts)
 
 
-def _put_parts(store: Store, layout: KeyLayout, compiled: Compiled) -> None:
-    for index, part in enumerate(compiled.parts):
-        store.put(layout.compiled_part(compiled.body_sha256, index), part)
+def _put_parts(store: Store, layout: KeyLayout, parts: Mapping[str, bytes]) -> None:
+    """The parts not stored yet, a few transactions of them (a part's key names its content)."""
+    if not parts:
+        return
+    stored = _stored_parts(store, layout)
+    puts: list[Op] = [
+        Put(layout.compiled_part(name), part) for name, part in parts.items() if name not in stored
+    ]
+    for batch in batches(puts):
+        store.txn([], batch)
+
+
+def _stored_parts(store: Store, layout: KeyLayout) -> set[str]:
+    """The names of the parts stored now (their keys only); an old format's name its hash."""
+    root = layout.compiled_parts_root
+    (listing,) = store.read_many([Read(root, prefix=True, values=False)])
+    return {item.key[len(root) :] for item in listing.items}
 
 
 def write_with_compiled(
@@ -85,30 +101,31 @@ def write_with_compiled(
         return txn(compares, ops), False
 
 
-def previous_parts(store: Store, layout: KeyLayout) -> str | None:
-    """The parts' hash of the compiled record stored now, if it has parts (read before an apply)."""
+def previous_parts(store: Store, layout: KeyLayout) -> frozenset[str]:
+    """The parts the compiled record stored now names (read before an apply)."""
     item = store.get(layout.compiled_policy)
     if item is None:
-        return None
+        return frozenset()
     try:
         record = decode_record(item.value, CompiledPolicyRecord, item.key)
     except BadRecord:  # a damaged record names no parts worth keeping
-        return None
-    return record.body_sha256
+        return frozenset()
+    return frozenset(record.part_sha256)
 
 
-def drop_stale_parts(store: Store, layout: KeyLayout, keep: set[str]) -> None:
-    """Delete the parts of every compiled policy whose hash is not in ``keep``.
+def drop_stale_parts(store: Store, layout: KeyLayout, keep: frozenset[str]) -> None:
+    """Delete every stored part whose name is not in ``keep``.
 
     Best effort: a user who may not delete them leaves them (they cost
     space, never a wrong read).
     """
-    root = layout.compiled_parts_root
     try:
-        (listing,) = store.read_many([Read(root, prefix=True, values=False)])
-        for item in listing.items:
-            if item.key[len(root) :].split("/", 1)[0] not in keep:
-                store.delete(item.key)
+        stale: list[Op] = [
+            Delete(layout.compiled_part(name))
+            for name in sorted(_stored_parts(store, layout) - keep)
+        ]
+        for batch in batches(stale):
+            store.txn([], batch)
     except PermissionDenied:
         return
 

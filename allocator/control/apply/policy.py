@@ -177,8 +177,8 @@ def _store(
         revision, with_compiled = write_with_compiled(writer.txn, compares, ops, compiled)
     if share_ops:
         write_after(store, shares)
-    if before is not None or parts is not None:
-        drop_stale_parts(store, layout, {name for name in (before, parts) if name})
+    if before or parts:
+        drop_stale_parts(store, layout, before | parts)
     return revision, with_compiled, bool(share_ops)
 
 

@@ -29,7 +29,7 @@ from allocator.records.keys import KeyLayout
 from allocator.records.shares import SharesHead
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put, Read, Store
 
-__all__ = ["SharesPlan", "plan_shares", "refresh_shares", "write_after", "write_before"]
+__all__ = ["SharesPlan", "batches", "plan_shares", "refresh_shares", "write_after", "write_before"]
 
 #: Bytes of share records one batch transaction carries (well inside every backend's body).
 BATCH_BYTES = 256 * 1024
@@ -82,8 +82,8 @@ def plan_shares(
     puts = [Put(layout.host_share(h), share_record(b, sha256)) for h, b in changed.items()]
     return SharesPlan(
         [common, head],
-        before=list(_batches(puts)),
-        after=list(_batches(deletes)),
+        before=list(batches(puts)),
+        after=list(batches(deletes)),
         dirty_head=SharesHead("").to_json(),
     )
 
@@ -142,7 +142,8 @@ def _size(ops: Sequence[Op]) -> int:
     return sum(len(op.key) + (len(op.value) if isinstance(op, Put) else 0) for op in ops)
 
 
-def _batches(ops: Sequence[Op]) -> Iterator[list[Op]]:
+def batches(ops: Sequence[Op]) -> Iterator[list[Op]]:
+    """``ops`` in transactions of at most MAX_TXN_OPS writes and about BATCH_BYTES."""
     batch: list[Op] = []
     size = 0
     for op in ops:

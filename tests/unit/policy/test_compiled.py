@@ -18,11 +18,14 @@ from allocator.errors import BadRecord
 from allocator.placement.choose import Request
 from allocator.policy import compiled as compiled_module
 from allocator.policy import load_policy, policy_sha256
-from allocator.policy.compiled import compile_policy, compiled_format, read_compiled
+from allocator.policy.compiled import compile_policy, compiled_format, cut_parts, read_compiled
 from allocator.records.keys import KeyLayout
 from allocator.records.types import CompiledPolicyRecord
+from allocator.status import applied_policy as applied_module
+from allocator.status.part_cache import PartCache
 from allocator.store import Read, Store, open_store
 from allocator.util.digest import sha256_hex
+from bench.bench_scale import ranged_policy
 from bench.fleet import fleet_policy
 
 EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()
@@ -215,9 +218,9 @@ def test_a_current_compiled_policy_is_not_rewritten_by_a_reapply(store: Store) -
 
 
 def _parts(store: Store) -> set[str]:
-    """The hashes of the compiled policies whose parts are stored."""
+    """The names (hashes) of the stored parts."""
     root = LAYOUT.compiled_parts_root
-    return {kv.key[len(root) :].split("/")[0] for kv in store.list(root).items}
+    return {kv.key[len(root) :] for kv in store.list(root).items}
 
 
 def _no_yaml(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,7 +240,8 @@ def test_a_policy_too_large_to_share_the_transaction_is_stored_in_parts(
     assert item is not None
     head = msgspec.json.decode(item.value, type=CompiledPolicyRecord)
     assert head.parts > 1 and head.body_sha256 is not None
-    assert _parts(store) == {head.body_sha256}
+    assert len(head.part_sha256) == head.parts
+    assert _parts(store) == set(head.part_sha256)
     with monkeypatch.context() as patch:
         _no_yaml(patch)
         assert _allocator(store).require_policy().policy == load_policy(EXAMPLE)
@@ -253,14 +257,16 @@ def test_stale_parts_are_dropped_but_the_previous_policys_are_kept_for_its_reade
     for text in texts:
         _allocator(store).apply_policy(text, "p.yaml")
         head = msgspec.json.decode(store.get(KEY).value, type=CompiledPolicyRecord)  # type: ignore[union-attr]
-        seen.append(head.body_sha256)
-    assert _parts(store) == {seen[1], seen[2]}
+        seen.append(set(head.part_sha256))
+    assert seen[0] - seen[1]  # each apply changed a part
+    assert _parts(store) == seen[1] | seen[2]
 
 
 @pytest.mark.parametrize("damage", ["missing", "altered", "foreign"])
 def test_parts_that_do_not_join_to_the_named_policy_are_never_used(
     store: Store, monkeypatch: pytest.MonkeyPatch, damage: str
 ) -> None:
+    monkeypatch.setattr(applied_module, "PARTS", PartCache())  # kept parts of no other test
     monkeypatch.setattr(compiled_policy, "TXN_VALUE_BUDGET", 1000)
     monkeypatch.setattr(compiled_policy, "PART_BYTES", 700)
     other = EXAMPLE.replace("gpus: 4", "gpus: 16", 1)
@@ -268,8 +274,8 @@ def test_parts_that_do_not_join_to_the_named_policy_are_never_used(
     foreign = sorted(kv.key for kv in store.list(LAYOUT.compiled_parts_root).items)
     _allocator(store).apply_policy(EXAMPLE, "p.yaml")
     head = msgspec.json.decode(store.get(KEY).value, type=CompiledPolicyRecord)  # type: ignore[union-attr]
-    assert head.body_sha256 is not None
-    first = LAYOUT.compiled_part(head.body_sha256, 0)
+    first = LAYOUT.compiled_part(head.part_sha256[0])
+    foreign = [key for key in foreign if key != first]
     if damage == "missing":
         store.delete(first)
     elif damage == "altered":
@@ -357,3 +363,14 @@ def test_set_on_a_damaged_compiled_policy_notes_it_once_and_succeeds(
     err = capsys.readouterr().err.splitlines()
     assert [line for line in err if KEY in line] == [err[0]]
     assert err[0].startswith("allocator: note: skipped bad record at")
+
+
+def test_parts_are_cut_between_hosts_so_a_one_host_change_moves_few_of_them() -> None:
+    before = load_policy(ranged_policy(3000))
+    after = load_policy(ranged_policy(3000, exception_gpus=7))
+    old, new = cut_parts(before, 4096), cut_parts(after, 4096)
+    assert b"".join(old) == msgspec.json.encode(before)
+    assert b"".join(new) == msgspec.json.encode(after)
+    assert len(old) > 20 and max(map(len, old)) <= 4096
+    # node0042's part (its entry leaves it for the end) and the last part.
+    assert len(set(new) - set(old)) <= 2
