@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from allocator.control.apply.shares import batches
-from allocator.errors import BadRecord, PermissionDenied
+from allocator.errors import BadRecord, CasConflict, PermissionDenied
 from allocator.policy.compiled import PART_BYTES, split_compiled
 from allocator.policy.model import Policy
 from allocator.records.codec import decode_record
@@ -113,20 +113,32 @@ def previous_parts(store: Store, layout: KeyLayout) -> frozenset[str]:
     return frozenset(record.part_sha256)
 
 
-def drop_stale_parts(store: Store, layout: KeyLayout, keep: frozenset[str]) -> None:
-    """Delete every stored part whose name is not in ``keep``.
+def drop_stale_parts(
+    store: Store, layout: KeyLayout, keep: frozenset[str], revision: int, stored: bool
+) -> None:
+    """Delete every stored part whose name is not in ``keep``, as of this apply's ``revision``.
+
+    ``stored``: whether the apply's transaction wrote the compiled record (else
+    it deleted it, or left the old one where its writer may not write).
 
     Best effort: a user who may not delete them leaves them (they cost
-    space, never a wrong read).
+    space, never a wrong read). Another apply may run meanwhile: a part
+    written after ``revision`` is its, and each batch is deleted only while
+    the compiled record is still the one this apply wrote, so a later apply's
+    record never names a part deleted here.
     """
+    root = layout.compiled_parts_root
     try:
+        (listing,) = store.read_many([Read(root, prefix=True, values=False)])
         stale: list[Op] = [
-            Delete(layout.compiled_part(name))
-            for name in sorted(_stored_parts(store, layout) - keep)
+            Delete(item.key)
+            for item in listing.items
+            if item.key[len(root) :] not in keep and item.mod_revision <= revision
         ]
-        for batch in batches(stale):
-            store.txn([], batch)
-    except PermissionDenied:
+        still_ours = [Compare(layout.compiled_policy, revision if stored else 0)]
+        for batch in batches(stale, room=1):
+            store.txn(still_ours, batch)
+    except (PermissionDenied, CasConflict):  # not ours to delete, or another apply's now
         return
 
 

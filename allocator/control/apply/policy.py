@@ -178,7 +178,7 @@ def _store(
     if share_ops:
         write_after(store, shares)
     if before or parts:
-        drop_stale_parts(store, layout, before | parts)
+        drop_stale_parts(store, layout, before | parts, revision, with_compiled)
     return revision, with_compiled, bool(share_ops)
 
 

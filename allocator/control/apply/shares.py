@@ -142,13 +142,16 @@ def _size(ops: Sequence[Op]) -> int:
     return sum(len(op.key) + (len(op.value) if isinstance(op, Put) else 0) for op in ops)
 
 
-def batches(ops: Sequence[Op]) -> Iterator[list[Op]]:
-    """``ops`` in transactions of at most MAX_TXN_OPS writes and about BATCH_BYTES."""
+def batches(ops: Sequence[Op], room: int = 0) -> Iterator[list[Op]]:
+    """``ops`` in transactions of at most MAX_TXN_OPS writes and about BATCH_BYTES.
+
+    ``room``: operations each transaction keeps free for its compares.
+    """
     batch: list[Op] = []
     size = 0
     for op in ops:
         grows = len(op.key) + (len(op.value) if isinstance(op, Put) else 0)
-        if batch and (len(batch) >= MAX_TXN_OPS or size + grows > BATCH_BYTES):
+        if batch and (len(batch) >= MAX_TXN_OPS - room or size + grows > BATCH_BYTES):
             yield batch
             batch, size = [], 0
         batch.append(op)

@@ -162,3 +162,25 @@ def test_a_long_lived_reader_reads_only_the_parts_a_change_made(
     reads.bytes = 0
     assert reader.require_policy().policy == load_policy(changed)
     assert 0 < reads.bytes <= 40_000  # the part or two the change made
+
+
+def test_cleanup_spares_what_a_later_apply_wrote_or_named() -> None:
+    """An apply's cleanup deletes only parts older than its record, and nothing once another
+    apply's record replaced its own: a later apply never names a part deleted under it."""
+    from allocator.control.apply.compiled import drop_stale_parts
+
+    store = open_store("memory://")
+    layout = KeyLayout(f"/race{uuid.uuid4().hex[:8]}")
+    old = store.put(layout.compiled_part("old"), b"o")
+    ours = store.put(layout.compiled_policy, b"record of this apply")
+    later = store.put(layout.compiled_part("later"), b"l")  # another apply's, after ours
+    assert old < ours < later
+    drop_stale_parts(store, layout, frozenset({"kept"}), ours, stored=True)
+    keys = {i.key for i in store.list(layout.compiled_parts_root).items}
+    assert keys == {layout.compiled_part("later")}
+
+    store.put(layout.compiled_part("old"), b"o")
+    store.put(layout.compiled_policy, b"record of a later apply")  # ours is replaced
+    drop_stale_parts(store, layout, frozenset(), ours, stored=True)
+    keys = {i.key for i in store.list(layout.compiled_parts_root).items}
+    assert keys == {layout.compiled_part("later"), layout.compiled_part("old")}
