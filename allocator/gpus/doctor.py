@@ -15,12 +15,14 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.gpus.findings import Finding, Status, TorchReport
 from allocator.gpus.inventory import Inventory, cuda_version_text
 from allocator.gpus.probe import run_deep_probe
-from allocator.policy.model import Policy
+
+if TYPE_CHECKING:  # the policy is the layer above: read here, never imported
+    from allocator.policy.model import Policy
 
 __all__ = [
     "Finding",

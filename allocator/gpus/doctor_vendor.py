@@ -10,10 +10,14 @@ available": one clear line, a failure).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from allocator.gpus.findings import Finding, TorchReport
 from allocator.gpus.inventory import Inventory, from_nvml
 from allocator.gpus.vendors import TorchBuild, vendor_named
-from allocator.policy.model import Policy
+
+if TYPE_CHECKING:  # the policy is the layer above: read here, never imported
+    from allocator.policy.model import Policy
 
 __all__ = ["LIBRARY", "device_library_findings", "vendor_findings", "vendor_torch_findings"]
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from allocator.gpus.nvml import NvmlUnavailable, load_nvml
+from allocator.gpus.nvml_codes import DEFAULT_IGNORED_XIDS
 from allocator.gpus.signals import COUNTERS, GpuSignals, NvmlSignalReader
-from allocator.policy.model import DEFAULT_IGNORED_XIDS
 
 __all__ = [
     "DEFAULT_RECOVER_AFTER",

@@ -57,12 +57,15 @@ import shlex
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from allocator.errors import RequestError
 from allocator.gpus.vendors import DeviceVendor, vendor_named
-from allocator.policy.model import Policy
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment
+
+if TYPE_CHECKING:  # the policy is the layer above: read here, never imported
+    from allocator.policy.model import Policy
 
 __all__ = [
     "MASTER_PORT_RANGE",

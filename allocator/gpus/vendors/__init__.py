@@ -37,10 +37,12 @@ __all__ = [
 ]
 
 VENDORS: dict[str, DeviceVendor] = {"nvidia": NVIDIA, "amd": AMD, "intel": INTEL, "apple": APPLE}
-#: Every vendor's device filters and orderings: a worker sees only what its own
-#: environment names, never the agent's values of these.
-VISIBILITY_VARIABLES = frozenset(
-    v for vendor in VENDORS.values() for v in vendor.visibility_variables
+#: Every vendor's device filters and orderings, once each: a worker sees only what
+#: its own environment names, never the agent's values of these, and a job's ``env``
+#: may not set them (a second filter would hide the wrong devices, another order or
+#: hierarchy would renumber them).
+VISIBILITY_VARIABLES: tuple[str, ...] = tuple(
+    dict.fromkeys(v for vendor in VENDORS.values() for v in vendor.visibility_variables)
 )
 
 

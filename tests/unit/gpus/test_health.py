@@ -15,8 +15,8 @@ from allocator.gpus.health import (
     check_health,
     signal_problems,
 )
+from allocator.gpus.nvml_codes import DEFAULT_IGNORED_XIDS
 from allocator.gpus.signals import COUNTERS, GpuSignals
-from allocator.policy.model import DEFAULT_IGNORED_XIDS
 from tests.support.fake_gpus import FakeGpus
 
 IGNORED = DEFAULT_IGNORED_XIDS
