@@ -236,7 +236,7 @@ def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str],
     if agent is not None and agent.gpus:
         return agent.gpus, dict(agent.unhealthy), agent.vendor or policy.vendor_of(host)
     if host == local_hostname() or os.environ.get("ALLOCATOR_NVML"):
-        from allocator.gpus.vendors import read_host_inventory
+        from allocator.gpus.vendors.registry import read_host_inventory
 
         declared = policy.hosts.get(host)
         here = read_host_inventory(

@@ -81,7 +81,7 @@ def run_checks(
         vendor_findings,
         vendor_torch_findings,
     )
-    from allocator.gpus.vendors import read_host_inventory
+    from allocator.gpus.vendors.registry import read_host_inventory
 
     declared = _declared_count(policy, host)
     said = policy.vendor_of(host) if policy is not None else None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from allocator.gpus.findings import Finding, TorchReport
 from allocator.gpus.inventory import Inventory, from_nvml
-from allocator.gpus.vendors import TorchBuild, vendor_named
+from allocator.gpus.vendors.registry import TorchBuild, vendor_named
 
 if TYPE_CHECKING:  # the policy is the layer above: read here, never imported
     from allocator.policy.model import Policy

@@ -1,4 +1,4 @@
-"""Parsing and validating the fake-NVML JSON file (see :mod:`allocator.gpus.fake`).
+"""Parsing and validating the fake-NVML JSON file (see :mod:`allocator.gpus.vendors.nvidia.fake`).
 
 Unknown fields are refused so that a typo (``"heathy": false``) is an error
 naming the file and field rather than a silently healthy GPU.
@@ -142,7 +142,7 @@ class FakeSystem:
     cuda_driver_version: int = DEFAULT_CUDA_DRIVER_VERSION
     init_error: str | None = None
     nvml_error: str | None = None
-    #: Whose device library the file stands in for (see :mod:`allocator.gpus.vendors`).
+    #: Whose device library the file stands in for (see :mod:`allocator.gpus.vendors.registry`).
     vendor: str = "nvidia"
 
 

@@ -1,7 +1,7 @@
 """The environment each worker of a job starts with (pure).
 
 Which variables make a worker's devices visible is the vendor's business
-(:mod:`allocator.gpus.vendors`: ``CUDA_VISIBLE_DEVICES`` on NVIDIA,
+(:mod:`allocator.gpus.vendors.registry`: ``CUDA_VISIBLE_DEVICES`` on NVIDIA,
 ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel, nothing on
 Apple); every worker also gets ``ALLOCATOR_VENDOR`` and ``ALLOCATOR_DEVICE``
 (the PyTorch device type: ``cuda``, ``xpu``, ``mps``, or ``cpu``). Intel's
@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from allocator.errors import RequestError
-from allocator.gpus.vendors import DeviceVendor, vendor_named
+from allocator.gpus.vendors.registry import DeviceVendor, vendor_named
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment
 

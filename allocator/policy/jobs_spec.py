@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.gpus.vendors import VISIBILITY_VARIABLES
+from allocator.gpus.vendors.registry import VISIBILITY_VARIABLES
 from allocator.policy.container_field import CONTAINER
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import FallbackRule, Job

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from allocator.errors import placed_fields, placed_text
-from allocator.gpus.vendors import VISIBILITY_VARIABLES
+from allocator.gpus.vendors.registry import VISIBILITY_VARIABLES
 from allocator.policy.globs import glob_matches_every_name
 from allocator.policy.history_field import STORE_QUOTA_BYTES, size_text
 from allocator.policy.model import Policy, Reservation

@@ -22,7 +22,7 @@ from typing import Literal
 
 from msgspec import Struct, field
 
-from allocator.gpus.nvml_codes import DEFAULT_IGNORED_XIDS
+from allocator.gpus.vendors.nvidia.nvml_codes import DEFAULT_IGNORED_XIDS
 
 __all__ = [
     "DEFAULT_HISTORY_BYTES",

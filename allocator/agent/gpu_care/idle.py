@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from allocator.gpus.usage import GpuUsage
+from allocator.gpus.vendors.nvidia.usage import GpuUsage
 from allocator.policy.model import IdleRule
 from allocator.util.durations import format_duration
 from allocator.util.times import format_time

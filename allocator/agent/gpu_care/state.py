@@ -1,7 +1,7 @@
 """The agent's view of its GPUs: inventory, health verdicts, hold-down and flap limit.
 
 Each health check runs one pipeline: NVML's verdicts
-(:class:`~allocator.gpus.health.HealthMonitor`), then the recovery probe for
+(:class:`~allocator.gpus.vendors.nvidia.health.HealthMonitor`), then the recovery probe for
 GPUs NVML calls healthy again (:class:`~allocator.agent.gpu_care.recovery.RecoveryProbes`),
 then the hold-down and the per-job flap limit (:mod:`allocator.agent.gpu_care.hold_down`).
 The result is the set of GPUs out of service, and the jobs held in their fallback.
@@ -32,9 +32,9 @@ from allocator.agent.gpu_care.hold_down import Damping, Event, FlapLimit, GpuHol
 from allocator.agent.gpu_care.recovery import RecoveryProbes
 from allocator.agent.planning.types import Pin
 from allocator.agent.processes.procs import clean_base_env
-from allocator.gpus.health import GpuHealth, HealthMonitor, HealthState
 from allocator.gpus.inventory import Inventory, from_nvml, keep_addresses, keep_last_good
-from allocator.gpus.vendors import read_host_inventory
+from allocator.gpus.vendors.nvidia.health import GpuHealth, HealthMonitor, HealthState
+from allocator.gpus.vendors.registry import read_host_inventory
 from allocator.policy.model import HealthSettings, Policy
 from allocator.records.types import Assignment
 

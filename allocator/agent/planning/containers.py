@@ -38,8 +38,8 @@ from pathlib import Path
 
 from allocator.errors import RequestError
 from allocator.gpus.topology import cpu_list
-from allocator.gpus.vendors import VENDORS, vendor_named
 from allocator.gpus.vendors.base import CdiNames
+from allocator.gpus.vendors.registry import VENDORS, vendor_named
 from allocator.policy.model import Container
 from allocator.records.gpu_info import GpuInfo
 

@@ -20,7 +20,7 @@ from allocator.agent.gpu_care.unassigned_use import (
 from allocator.agent.planning.types import Start
 from allocator.agent.processes import procs
 from allocator.agent.processes.cgroups import worker_cgroup_base
-from allocator.gpus.usage import GpuUsage, ProcessOnGpu
+from allocator.gpus.vendors.nvidia.usage import GpuUsage, ProcessOnGpu
 from allocator.records.types import GpuProcess
 from tests.support import supervision
 from tests.support.supervision import Harness, job_spec

@@ -22,7 +22,8 @@ from allocator.gpus.doctor import (
     run_checks,
     torch_findings,
 )
-from allocator.gpus.inventory import Inventory, read_inventory
+from allocator.gpus.inventory import Inventory
+from allocator.gpus.vendors.nvidia.vendor import read_inventory
 from allocator.policy.model import Host, Policy
 from allocator.records.gpu_info import GpuInfo
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml

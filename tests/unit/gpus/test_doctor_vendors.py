@@ -8,7 +8,7 @@ import torch
 
 from allocator.gpus.doctor import Finding, TorchReport, overall, run_checks
 from allocator.gpus.doctor_vendor import vendor_torch_findings
-from allocator.gpus.vendors import read_host_inventory
+from allocator.gpus.vendors.registry import read_host_inventory
 from allocator.policy.model import Host, Policy
 from tests.support.fake_gpus import fake_environ, write_fake_nvml
 

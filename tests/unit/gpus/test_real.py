@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory
 from allocator.gpus.probe import run_deep_probe
+from allocator.gpus.vendors.nvidia.health import HealthMonitor
 from allocator.gpus.visible import worker_environments
 from allocator.policy.model import Host, Job, Policy
 from allocator.records.types import Assignment
