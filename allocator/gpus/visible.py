@@ -142,8 +142,7 @@ def worker_environments(
         "ALLOCATOR_JOB": assignment.job,
         "ALLOCATOR_HOST": assignment.host,
         "ALLOCATOR_VENDOR": devices.name,
-        # NVIDIA only: NVML's indices are PCI-ordered, CUDA's by default are not.
-        **({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if devices.name == "nvidia" else {}),
+        **devices.order_env(),
         **(group.env() if group is not None else {}),
     }
     if assignment.mode == "cpu" or fallback_reason is not None:
@@ -152,9 +151,9 @@ def worker_environments(
             env.update(_rank_env(0, 1, master_addr, port, assignment.job, group))
         return [env]
     gpus = _checked_gpus(assignment)
-    if devices.name == "intel":
-        # Level Zero keeps its (PCI) order whatever the mask's: listing the GPUs in
-        # that order keeps ALLOCATOR_GPUS[i] the GPU that is xpu:i.
+    if devices.numbers_in_pci_order:
+        # Listing the GPUs in the runtime's (PCI) order keeps ALLOCATOR_GPUS[i]
+        # the GPU that is device i.
         gpus = tuple(sorted(gpus))
     known = _known(inventory, gpus)
     boxed = job is not None and job.container is not None

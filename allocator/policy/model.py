@@ -179,7 +179,11 @@ class Container(Struct, frozen=True, omit_defaults=True):
         """How the engine is told a ``vendor``'s devices: the field, else the engine's usual way."""
         if self.devices is not None:
             return self.devices
-        return "gpus" if self.engine == "docker" and vendor == "nvidia" else "cdi"
+        from allocator.gpus.vendors.registry import VENDORS  # loads no device library
+
+        devices = VENDORS.get(vendor)
+        docker_gpus = devices is not None and devices.docker_gpus
+        return "gpus" if self.engine == "docker" and docker_gpus else "cdi"
 
 
 class Job(Struct, frozen=True, omit_defaults=True):

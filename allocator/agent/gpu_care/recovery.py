@@ -48,8 +48,7 @@ def probe_environment(
     return {
         **base,
         **devices.visible_env(ids),
-        # NVML's indices are PCI-ordered, CUDA's by default are not.
-        **({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if devices.name == "nvidia" else {}),
+        **devices.order_env(),
         "ALLOCATOR_VENDOR": devices.name,
         "ALLOCATOR_DEVICE": devices.torch_device_type,
         "ALLOCATOR_GPUS": str(index),

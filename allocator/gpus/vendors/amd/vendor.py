@@ -31,6 +31,7 @@ from allocator.gpus.inventory import Inventory, InventorySource, declared_invent
 from allocator.gpus.vendors.amd.rocr_filter import rocr_uuid, token_problem
 from allocator.gpus.vendors.base import (
     CdiNames,
+    HealthSource,
     TorchBuild,
     VendorName,
     check_device_ids,
@@ -189,6 +190,10 @@ class Amd:
     # /dev/kfd and /dev/dri/renderD* belong to these (ROCm's install guide adds users
     # to both; which one owns which node differs between distributions).
     device_groups: tuple[str, ...] = ("render", "video")
+    health_source: HealthSource = "inventory"
+    keeps_indices = False
+    docker_gpus = False
+    numbers_in_pci_order = False
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """amdsmi's (or the fake's) inventory; the declared count when it fails."""
@@ -223,6 +228,10 @@ class Amd:
     def visible_env(self, ids: Sequence[str]) -> dict[str, str]:
         """``ROCR_VISIBLE_DEVICES`` only: HIP's filters would index what ROCr left."""
         return {"ROCR_VISIBLE_DEVICES": ",".join(ids)}
+
+    def order_env(self) -> dict[str, str]:
+        """Nothing: its runtime numbers devices as its inventory does."""
+        return {}
 
     def no_device_env(self) -> dict[str, str]:
         """``-1`` is no device's index or UUID: ROCr exposes nothing."""

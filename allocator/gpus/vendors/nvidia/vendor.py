@@ -27,6 +27,7 @@ from allocator.errors import RequestError
 from allocator.gpus.inventory import Inventory, declared_inventory
 from allocator.gpus.vendors.base import (
     CdiNames,
+    HealthSource,
     TorchBuild,
     VendorName,
     check_device_ids,
@@ -90,6 +91,10 @@ class Nvidia:
         "CUDA_DEVICE_ORDER",
     )
     device_groups: tuple[str, ...] = ()  # /dev/nvidia* are 0666: any user opens them
+    health_source: HealthSource = "signals"
+    keeps_indices = True
+    docker_gpus = True
+    numbers_in_pci_order = False
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """NVML's (or the fake NVML's) inventory; the declared count when NVML fails."""
@@ -119,6 +124,10 @@ class Nvidia:
         """``CUDA_VISIBLE_DEVICES`` and, for containers, ``NVIDIA_VISIBLE_DEVICES``."""
         visible = ",".join(ids)
         return {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
+
+    def order_env(self) -> dict[str, str]:
+        """CUDA numbers devices by PCI bus id, as NVML does."""
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def no_device_env(self) -> dict[str, str]:
         """Empty (not unset: unset means every GPU), and ``void`` for the container runtime."""
