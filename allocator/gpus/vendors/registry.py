@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import Inventory, from_nvml
 from allocator.gpus.vendors.amd.vendor import AMD
 from allocator.gpus.vendors.apple.vendor import APPLE
 from allocator.gpus.vendors.base import VENDOR_NAMES, DeviceVendor, TorchBuild, VendorName
+from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.vendors.intel.vendor import INTEL
 from allocator.gpus.vendors.nvidia.vendor import NVIDIA
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.gpus.fake_file import default_uuid
+from allocator.gpus.vendors.fake_file import default_uuid
 from allocator.gpus.vendors.nvidia.health import (
     GpuHealth,
     HealthMonitor,

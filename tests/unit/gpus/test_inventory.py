@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator.gpus.fake_file import DEFAULT_MEMORY_MIB, DEFAULT_NAME, default_uuid
 from allocator.gpus.inventory import Inventory, cuda_version_text, keep_last_good
+from allocator.gpus.vendors.fake_file import DEFAULT_MEMORY_MIB, DEFAULT_NAME, default_uuid
 from allocator.gpus.vendors.nvidia.vendor import read_inventory
 from allocator.records.gpu_info import GpuInfo
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml

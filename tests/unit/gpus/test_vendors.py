@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from allocator.errors import RequestError
-from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import from_nvml, keep_addresses
 from allocator.gpus.vendors.amd.rocr_filter import rocr_uuid, visible_devices
 from allocator.gpus.vendors.apple.vendor import mps_amp_problem
 from allocator.gpus.vendors.base import CdiNames
+from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.vendors.intel.vendor import RealSysfs, read_intel_gpus
 from allocator.gpus.vendors.nvidia.fake import FakeNvml
 from allocator.gpus.vendors.registry import VENDORS, TorchBuild, read_host_inventory, vendor_named

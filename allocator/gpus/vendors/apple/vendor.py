@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Literal
 
 from allocator.errors import RequestError
-from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import Inventory, declared_inventory
 from allocator.gpus.vendors.base import (
     CdiNames,
@@ -25,6 +24,7 @@ from allocator.gpus.vendors.base import (
     VendorName,
     join_indices,
 )
+from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["APPLE", "MPS_AMP_SINCE", "Apple", "is_apple_silicon", "mps_amp_problem"]

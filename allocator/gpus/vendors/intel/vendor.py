@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Protocol
 
 from allocator.errors import RequestError
-from allocator.gpus.fake_file import FakeFileError, FakeSystem, parse_fake_file
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
 from allocator.gpus.vendors.base import (
     CdiNames,
@@ -34,6 +33,7 @@ from allocator.gpus.vendors.base import (
     check_device_ids,
     container_indices,
 )
+from allocator.gpus.vendors.fake_file import FakeFileError, FakeSystem, parse_fake_file
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["INTEL", "FakeSysfs", "Intel", "RealSysfs", "Sysfs", "read_intel_gpus"]

@@ -58,8 +58,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from allocator.gpus.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
 from allocator.gpus.topology import nvml_code
+from allocator.gpus.vendors.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
 from allocator.gpus.vendors.nvidia.nvml_codes import (
     ERROR_DRIVER_NOT_LOADED,
     ERROR_GPU_IS_LOST,

@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from allocator.errors import InvalidInput
 from allocator.gpus.topology import parse_cpu_list
+from allocator.gpus.vendors.base import VENDOR_NAMES
 from allocator.records.fields import PCIE_LEVELS, PcieLevel
 from allocator.records.gpu_info import MigDevice
 
@@ -53,7 +54,7 @@ _SYSTEM_KEYS = {
     "vendor",
 }
 #: Values of ``vendor``: whose library the file stands in for (NVML by default).
-FAKE_VENDORS = ("nvidia", "amd", "intel", "apple")
+FAKE_VENDORS = VENDOR_NAMES
 _DEVICE_KEYS = {
     "index",
     "uuid",
