@@ -42,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from allocator import worker
 from allocator.gpus.probe import ProbeResult, default_probe_command, run_deep_probe
-from allocator.gpus.vendors.apple import MpsAmpFeature, mps_amp_problem
+from allocator.gpus.vendors.apple.vendor import MpsAmpFeature, mps_amp_problem
 
 __all__ = [
     "GpuUnavailableError",

@@ -1,7 +1,7 @@
 """What a worker process reads from its environment. Imports no torch.
 
 The agent starts each worker with the variables of
-:func:`allocator.gpus.visible.worker_environments`; this module reads them
+:func:`allocator.placement.worker_env.worker_environments`; this module reads them
 back: job, host, device (``cuda``/``cpu``), physical GPUs, the visible
 device list as CUDA will parse it, torchrun-style ranks, the CPU-fallback
 reason and thread count, and the share of a shared GPU's memory.

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
 
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit, render_table
+    from allocator.doctor.checks import Finding, overall, run_checks
     from allocator.errors import EXIT_INVALID, AllocatorError
-    from allocator.gpus.doctor import Finding, overall, run_checks
     from allocator.records.keys import validate_name
     from allocator.util.identity import local_hostname
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _agent_check(allocator: Any, host: str) -> Any:
-    from allocator.gpus.doctor import Finding
+    from allocator.doctor.checks import Finding
 
     return lambda: _agent_finding(allocator, host, Finding)
 

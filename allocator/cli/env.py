@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from allocator.cli.args import parse_key_values
     from allocator.cli.output import emit
     from allocator.errors import ConflictError, InvalidInput
-    from allocator.gpus.visible import render_exports
+    from allocator.placement.worker_env import render_exports
     from allocator.records.keys import validate_name
 
     kv = parse_key_values(args.words, ("job", "host", "worker"))
@@ -182,7 +182,7 @@ def _undeclared_environments(
     MASTER_ADDR is the first host's advertised address; until its agent has
     published one, the first host's name (what the policy calls it) stands in.
     """
-    from allocator.gpus.visible import NodeGroup, worker_environments
+    from allocator.placement.worker_env import NodeGroup, worker_environments
 
     if share is None:
         envs = worker_environments(assignment, inventory, policy, vendor=vendor, per_gpu=per_gpu)
@@ -236,7 +236,7 @@ def _inventory(state: Any, policy: Any, host: str) -> tuple[Any, dict[int, str],
     if agent is not None and agent.gpus:
         return agent.gpus, dict(agent.unhealthy), agent.vendor or policy.vendor_of(host)
     if host == local_hostname() or os.environ.get("ALLOCATOR_NVML"):
-        from allocator.gpus.vendors import read_host_inventory
+        from allocator.gpus.vendors.registry import read_host_inventory
 
         declared = policy.hosts.get(host)
         here = read_host_inventory(

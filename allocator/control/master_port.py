@@ -25,8 +25,8 @@ def choose_master_port(
     policy: Policy, job: str, first: HostSnapshot, current: Assignment | None
 ) -> int:
     """The job's one MASTER_PORT, on its first host's behalf (see the module docstring)."""
-    from allocator.gpus.visible import default_master_port
     from allocator.placement.ports import declared_master_port, first_free_port
+    from allocator.placement.worker_env import default_master_port
 
     spec = policy.jobs.get(job)
     declared = declared_master_port(spec) if spec is not None else None

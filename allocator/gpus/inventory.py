@@ -12,12 +12,10 @@ transient failure never swaps UUIDs for indices in a worker's environment.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from allocator.gpus.nvml import NvmlUnavailable, load_nvml, nvml_session, read_devices, source_kind
 from allocator.records.codec import replace_struct
 from allocator.records.gpu_info import GpuInfo
 
@@ -29,7 +27,6 @@ __all__ = [
     "from_nvml",
     "keep_addresses",
     "keep_last_good",
-    "read_inventory",
 ]
 
 InventorySource = Literal["nvml", "fake", "declared", "none", "amdsmi", "sysfs", "system"]
@@ -44,7 +41,7 @@ class Inventory:
     ``cuda_driver_version`` is NVML's ``nvmlSystemGetCudaDriverVersion``:
     the newest CUDA the driver supports, as ``1000*major + 10*minor``.
     ``error`` says why NVML was not used (``None`` when it was).
-    ``vendor`` is whose devices these are (:mod:`allocator.gpus.vendors`).
+    ``vendor`` is whose devices these are (:mod:`allocator.gpus.vendors.registry`).
     """
 
     gpus: tuple[GpuInfo, ...]
@@ -94,36 +91,6 @@ def cuda_version_text(version: int | None) -> str | None:
     if version is None:
         return None
     return f"{version // 1000}.{(version % 1000) // 10}"
-
-
-def read_inventory(
-    declared_gpus: int | None = None, *, environ: Mapping[str, str] | None = None
-) -> Inventory:
-    """Read the GPUs NVML sees, or fall back to ``declared_gpus`` (the policy's count).
-
-    ``environ`` (default ``os.environ``) is consulted for ``ALLOCATOR_NVML``
-    (``off``, or ``fake:PATH``). Never raises for a missing or failing NVML.
-    """
-    env = os.environ if environ is None else environ
-    try:
-        lib = load_nvml(env)
-    except NvmlUnavailable as exc:
-        return declared_inventory(declared_gpus, str(exc))
-    try:
-        with nvml_session(lib):
-            reading = read_devices(lib)
-    except NvmlUnavailable as exc:
-        return declared_inventory(declared_gpus, str(exc))
-    except lib.NVMLError as exc:
-        # A call failing after init (driver gone mid-read, fake file broken
-        # mid-read): still "no GPUs found", with why.
-        return declared_inventory(declared_gpus, f"NVML failed: {exc}")
-    return Inventory(
-        gpus=reading.gpus,
-        source=source_kind(env),
-        driver_version=reading.driver_version,
-        cuda_driver_version=reading.cuda_driver_version,
-    )
 
 
 def from_nvml(inventory: Inventory) -> bool:

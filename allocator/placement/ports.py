@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 
-from allocator.gpus.visible import MASTER_PORT_RANGE, default_master_port
+from allocator.placement.worker_env import MASTER_PORT_RANGE, default_master_port
 from allocator.policy.model import Job, Policy
 from allocator.records.types import Assignment
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 
+from allocator.gpus.vendors.registry import VENDORS
 from allocator.policy.history_field import check_history_size
 from allocator.policy.model import Host, Job, Pool, Reservation
 from allocator.policy.quotas_spec import check_quotas
@@ -211,7 +212,11 @@ def _check_apple_containers(
         pool = host.pool or members.get(name, ("", ""))[0]
         return host.vendor or (pools[pool].vendor if pool in pools else None)
 
-    if not hosts or any(vendor(name, host) != "apple" for name, host in hosts.items()):
+    def passes_gpus_through(name: str, host: Host) -> bool:
+        devices = VENDORS.get(vendor(name, host) or "")
+        return devices is None or bool(devices.cdi_kind)
+
+    if not hosts or any(passes_gpus_through(name, host) for name, host in hosts.items()):
         return
     for job in jobs.values():
         if job.container is not None:

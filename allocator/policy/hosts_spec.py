@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from allocator.gpus.vendors.base import VENDOR_NAMES
 from allocator.policy.host_fields import HostList
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import Host, Pool, Reservation
@@ -14,8 +15,8 @@ from allocator.records.fields import MAX_GPU_INDEX
 
 __all__ = ["HOST", "POOL", "RESERVATION"]
 
-#: The GPU vendors a host or pool may name (those of allocator.gpus.vendors).
-_VENDOR = Enum("nvidia", "amd", "intel", "apple")
+#: The GPU vendors a host or pool may name.
+_VENDOR = Enum(*VENDOR_NAMES)
 _CDI_NAMES = Enum("card", "pci")
 _CDI_NAMES_HELP = (
     "How the host's CDI spec names Intel GPUs, for container jobs: card (card<N>, the "

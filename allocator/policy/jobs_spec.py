@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from allocator.gpus.vendors.registry import VISIBILITY_VARIABLES
 from allocator.policy.container_field import CONTAINER
 from allocator.policy.idle_rule import IDLE
 from allocator.policy.model import FallbackRule, Job
@@ -22,22 +23,8 @@ from allocator.policy.yamlspec.structures import EnvMap, Field, ListOf, OnlyWhen
 
 __all__ = ["FALLBACK", "JOB", "RESERVED_ENV", "RESERVED_ENV_PREFIX"]
 
-#: Set by the agent from the assignment; a job's ``env`` may not override them
-#: (every vendor's device filters and orderings: a second filter would hide the
-#: wrong devices, another order or hierarchy would renumber them). The same set as
-#: ``allocator.gpus.vendors.VISIBILITY_VARIABLES`` (a test holds them equal).
-RESERVED_ENV = (
-    "CUDA_VISIBLE_DEVICES",
-    "NVIDIA_VISIBLE_DEVICES",
-    "CUDA_DEVICE_ORDER",
-    "ROCR_VISIBLE_DEVICES",
-    "HIP_VISIBLE_DEVICES",
-    "GPU_DEVICE_ORDINAL",
-    "ZE_AFFINITY_MASK",
-    "ZE_ENABLE_PCI_ID_DEVICE_ORDER",
-    "ZE_FLAT_DEVICE_HIERARCHY",
-    "ONEAPI_DEVICE_SELECTOR",
-)
+#: Set by the agent from the assignment; a job's ``env`` may not override them.
+RESERVED_ENV = VISIBILITY_VARIABLES
 RESERVED_ENV_PREFIX = "ALLOCATOR_"
 
 JOB = Record(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from allocator.errors import placed_fields, placed_text
+from allocator.gpus.vendors.registry import VISIBILITY_VARIABLES
 from allocator.policy.globs import glob_matches_every_name
 from allocator.policy.history_field import STORE_QUOTA_BYTES, size_text
 from allocator.policy.model import Policy, Reservation
@@ -168,9 +169,7 @@ def _history_size_warnings(policy: Policy) -> list[tuple[str, str]]:
 #: What the agent sets in a worker's environment (besides the job's env), for ``$(NAME)``.
 _WORKER_NAMES = frozenset(
     {
-        "CUDA_VISIBLE_DEVICES",
-        "NVIDIA_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
+        *VISIBILITY_VARIABLES,
         "MASTER_ADDR",
         "MASTER_PORT",
         "RANK",

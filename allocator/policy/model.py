@@ -22,6 +22,8 @@ from typing import Literal
 
 from msgspec import Struct, field
 
+from allocator.gpus.vendors.nvidia.nvml_codes import DEFAULT_IGNORED_XIDS
+
 __all__ = [
     "DEFAULT_HISTORY_BYTES",
     "DEFAULT_IGNORED_XIDS",
@@ -40,12 +42,6 @@ __all__ = [
     "Sharing",
     "Team",
 ]
-
-#: Application-caused XIDs that say nothing about the GPU's health (NVIDIA's
-#: XID catalogue: 13 graphics engine exception, 31 MMU fault, 43 reset
-#: channel, 45 preemptive cleanup, 68 video processor exception, 109 context
-#: switch timeout).
-DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 
 SharingMode = Literal["exclusive", "time-slice", "mps"]
 CpuAffinity = Literal["local", "none"]
@@ -183,7 +179,11 @@ class Container(Struct, frozen=True, omit_defaults=True):
         """How the engine is told a ``vendor``'s devices: the field, else the engine's usual way."""
         if self.devices is not None:
             return self.devices
-        return "gpus" if self.engine == "docker" and vendor == "nvidia" else "cdi"
+        from allocator.gpus.vendors.registry import VENDORS  # loads no device library
+
+        devices = VENDORS.get(vendor)
+        docker_gpus = devices is not None and devices.docker_gpus
+        return "gpus" if self.engine == "docker" and docker_gpus else "cdi"
 
 
 class Job(Struct, frozen=True, omit_defaults=True):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from allocator.gpus.vendors import VENDORS
+from allocator.gpus.vendors.registry import VENDORS
 from tests.e2e.agent_harness import HOST, AgentHarness
 from tests.support.cdi_specs import FakeNodes, amd_spec, installed_spec, intel_spec, nvidia_spec
 from tests.support.podman import Podman, podman_or_skip

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from allocator.gpus.fake_file import default_unique_id
+from allocator.gpus.vendors.fake_file import default_unique_id
 from tests.e2e.agent_harness import DUMMY, AgentHarness, hosts_of
 from tests.support.waiting import wait_for
 

@@ -68,7 +68,7 @@ class FakeGpus:
 
 def real_nvml_or_skip() -> Any:
     """The real inventory for ``gpu``-marked tests; skips where NVML finds no GPU."""
-    from allocator.gpus.inventory import read_inventory
+    from allocator.gpus.vendors.nvidia.vendor import read_inventory
 
     env = {k: v for k, v in os.environ.items() if k != "ALLOCATOR_NVML"}
     inventory = read_inventory(environ=env)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.gpus.visible import default_master_port
+from allocator.placement.worker_env import default_master_port
 
 __all__ = ["colliding_job_names"]
 

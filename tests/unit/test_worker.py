@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from allocator.errors import InvalidInput
-from allocator.gpus.visible import worker_environments
+from allocator.placement.worker_env import worker_environments
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records.types import Assignment
 from allocator.worker import (

@@ -15,8 +15,8 @@ from allocator.agent.gpu_care.mps import MpsDaemons
 from allocator.agent.gpu_care.state import GpuState
 from allocator.agent.log import DecisionLog
 from allocator.agent.planning.types import Pin
-from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory
+from allocator.gpus.vendors.nvidia.health import HealthMonitor
 from allocator.policy.model import Policy
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment

@@ -33,7 +33,7 @@ from allocator.agent.planning.job_phase import BackingOff, GaveUp, Stopping
 from allocator.agent.planning.types import DesiredJob, IdleRelease, JobView
 from allocator.errors import InvalidInput
 from allocator.gpus.inventory import Inventory
-from allocator.gpus.usage import GpuUsage, UsageSampler
+from allocator.gpus.vendors.nvidia.usage import GpuUsage, UsageSampler
 from allocator.policy.model import IdleRule, Policy
 from allocator.records.types import Assignment, GpuProcess
 from allocator.status.metrics import Family, Histogram, start_metrics_server

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from allocator.agent.kernel.procs import reap_group
 from allocator.gpus.probe import ProbeResult, run_deep_probe
-from allocator.gpus.vendors import vendor_named
+from allocator.gpus.vendors.registry import vendor_named
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["RecoveryProbes", "probe_environment"]
@@ -48,8 +48,7 @@ def probe_environment(
     return {
         **base,
         **devices.visible_env(ids),
-        # NVML's indices are PCI-ordered, CUDA's by default are not.
-        **({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if devices.name == "nvidia" else {}),
+        **devices.order_env(),
         "ALLOCATOR_VENDOR": devices.name,
         "ALLOCATOR_DEVICE": devices.torch_device_type,
         "ALLOCATOR_GPUS": str(index),

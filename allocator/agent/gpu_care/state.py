@@ -1,7 +1,7 @@
 """The agent's view of its GPUs: inventory, health verdicts, hold-down and flap limit.
 
 Each health check runs one pipeline: NVML's verdicts
-(:class:`~allocator.gpus.health.HealthMonitor`), then the recovery probe for
+(:class:`~allocator.gpus.vendors.nvidia.health.HealthMonitor`), then the recovery probe for
 GPUs NVML calls healthy again (:class:`~allocator.agent.gpu_care.recovery.RecoveryProbes`),
 then the hold-down and the per-job flap limit (:mod:`allocator.agent.gpu_care.hold_down`).
 The result is the set of GPUs out of service, and the jobs held in their fallback.
@@ -32,9 +32,9 @@ from allocator.agent.gpu_care.hold_down import Damping, Event, FlapLimit, GpuHol
 from allocator.agent.gpu_care.recovery import RecoveryProbes
 from allocator.agent.kernel.procs import clean_base_env
 from allocator.agent.planning.types import Pin
-from allocator.gpus.health import GpuHealth, HealthMonitor, HealthState
 from allocator.gpus.inventory import Inventory, from_nvml, keep_addresses, keep_last_good
-from allocator.gpus.vendors import read_host_inventory
+from allocator.gpus.vendors.nvidia.health import GpuHealth, HealthMonitor, HealthState
+from allocator.gpus.vendors.registry import VENDORS, read_host_inventory
 from allocator.policy.model import HealthSettings, Policy
 from allocator.records.types import Assignment
 
@@ -128,7 +128,8 @@ class GpuState:
     def _read(self, declared_gpus: int | None, now: float, vendor: str | None) -> Inventory:
         fresh = read_host_inventory(declared_gpus, environ=self._environ, vendor=vendor)
         # NVML keeps its indices when a GPU fails; sysfs and amdsmi renumber.
-        keep = keep_last_good if fresh.vendor == "nvidia" else keep_addresses
+        devices = VENDORS.get(fresh.vendor)
+        keep = keep_last_good if devices is not None and devices.keeps_indices else keep_addresses
         chosen = keep(self._last_good, fresh)
         if from_nvml(fresh):
             self._last_good, self._retry_at, self._retries = chosen, None, 0
@@ -168,7 +169,8 @@ class GpuState:
         """
         settings = policy.health if policy is not None else HealthSettings()
         damping = Damping.from_policy(settings)
-        if self.inventory.vendor != "nvidia":
+        devices = VENDORS.get(self.inventory.vendor)
+        if devices is None or devices.health_source != "signals":
             verdicts = self._vendor_verdicts(_declared(policy, host), now, _vendor(policy, host))
         else:
             if self._retry_at is not None and now >= self._retry_at:

@@ -198,7 +198,7 @@ def clean_base_env(environ: Mapping[str, str]) -> dict[str, str]:
     or any value holding the store password): the list is documented in
     :mod:`allocator.store.credentials`.
     """
-    from allocator.gpus.vendors import VISIBILITY_VARIABLES
+    from allocator.gpus.vendors.registry import VISIBILITY_VARIABLES
     from allocator.store.credentials import strip_store_credentials
 
     kept = strip_store_credentials(environ)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from allocator.errors import BadRecord
-from allocator.gpus.visible import NodeGroup
+from allocator.placement.worker_env import NodeGroup
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, Assignment, WorkerRecord

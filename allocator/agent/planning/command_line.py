@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from allocator.gpus.visible import NodeGroup, default_master_port
+from allocator.placement.worker_env import NodeGroup, default_master_port
 from allocator.policy.model import Job
 from allocator.policy.references import expand_references
 

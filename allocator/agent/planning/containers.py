@@ -38,8 +38,8 @@ from pathlib import Path
 
 from allocator.errors import RequestError
 from allocator.gpus.topology import cpu_list
-from allocator.gpus.vendors import VENDORS, vendor_named
 from allocator.gpus.vendors.base import CdiNames
+from allocator.gpus.vendors.registry import VENDORS, vendor_named
 from allocator.policy.model import Container
 from allocator.records.gpu_info import GpuInfo
 
@@ -120,7 +120,7 @@ def _device_options(
         return ()  # the CPU: no device option at all
     known = {gpu.index: gpu for gpu in inventory or ()}
     if container.device_naming(vendor) == "gpus":
-        if vendor != "nvidia":
+        if not _takes_docker_gpus(vendor):
             raise RequestError(
                 f"devices: gpus is docker's NVIDIA-only option; {vendor} GPUs need devices: cdi"
             )
@@ -128,6 +128,11 @@ def _device_options(
         return ("--gpus", f'"device={ids}"')  # quoted: docker reads the value as CSV
     names = vendor_named(vendor).cdi_devices(gpus, known, cdi_names)
     return tuple(word for name in names for word in ("--device", name))
+
+
+def _takes_docker_gpus(vendor: str) -> bool:
+    devices = VENDORS.get(vendor)
+    return devices is not None and devices.docker_gpus
 
 
 def _plain_id(gpu: GpuInfo | None, index: int) -> str:

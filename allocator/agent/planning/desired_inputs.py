@@ -44,7 +44,7 @@ class DesiredInputs:
     hosts and ``address`` the address this agent advertises. ``allowed_cpus``
     are the CPUs workers may be pinned to (none: no pinning); ``mps_dir`` is
     where the agent runs its MPS control daemons. ``vendor`` is whose GPUs the
-    host has (:mod:`allocator.gpus.vendors`), which says how a worker is shown its own.
+    host has (:mod:`allocator.gpus.vendors.registry`), which says how a worker is shown its own.
     """
 
     policy: Policy = field(compare=False)  # in the key as policy_sha

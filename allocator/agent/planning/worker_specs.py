@@ -16,8 +16,8 @@ from allocator.agent.planning.gpu_shares import share_env
 from allocator.agent.planning.outcomes import not_running, outcome
 from allocator.agent.planning.types import DesiredJob, Device, WorkerSpec
 from allocator.errors import RequestError
-from allocator.gpus.visible import NodeGroup
 from allocator.placement.choose import pool_sharing
+from allocator.placement.worker_env import NodeGroup
 from allocator.policy.model import Job, Policy, Sharing
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment
@@ -55,7 +55,7 @@ def running(
 ) -> DesiredJob:
     """A job that should run: one WorkerSpec per rendered environment."""
     # Imported here: the sibling module is the one place environments are rendered.
-    from allocator.gpus.visible import worker_environments
+    from allocator.placement.worker_env import worker_environments
 
     if rank.share is not None and rank.group is None:  # its ranks would have nowhere to meet
         waiting = "; ".join(m for m in (message, rank.share.waiting_for) if m)

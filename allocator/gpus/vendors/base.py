@@ -31,6 +31,7 @@ __all__ = [
     "VENDOR_NAMES",
     "CdiNames",
     "DeviceVendor",
+    "HealthSource",
     "TorchBuild",
     "VendorName",
     "check_device_ids",
@@ -43,6 +44,8 @@ VENDOR_NAMES: tuple[VendorName, ...] = ("nvidia", "amd", "intel", "apple")
 #: How a host's CDI spec names devices where its vendor's generators differ (Intel:
 #: ``card<N>`` from its device plugins' generator, or the DRA driver's PCI-based id).
 CdiNames = Literal["card", "pci"]
+#: Where a vendor's health verdicts come from (:attr:`DeviceVendor.health_source`).
+HealthSource = Literal["signals", "inventory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,18 @@ class DeviceVendor(Protocol):
     #: The host groups owning its device nodes (which a container keeps): a
     #: container's non-root user must be in them to open its GPUs.
     device_groups: tuple[str, ...]
+    #: Where its health comes from: ``signals`` a monitor watches between reads
+    #: (NVML's XIDs and error counters), or ``inventory``: it has no such source,
+    #: and a fresh read's unreadable GPUs are all it says.
+    health_source: HealthSource
+    #: Whether its library keeps every GPU's index when one fails (NVML does;
+    #: amdsmi and sysfs renumber, so a GPU is known again by its address).
+    keeps_indices: bool
+    #: Whether docker's ``--gpus`` (NVIDIA's container toolkit) hands it its devices.
+    docker_gpus: bool
+    #: Whether its runtime numbers the visible devices in PCI order whatever order
+    #: the mask lists them in (Level Zero): a worker's GPUs are then listed sorted.
+    numbers_in_pci_order: bool
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """The host's devices of this vendor; never raises for a missing library."""
@@ -84,6 +99,10 @@ class DeviceVendor(Protocol):
 
     def visible_env(self, ids: Sequence[str]) -> dict[str, str]:
         """The variables that make exactly ``ids`` visible, in that order."""
+        ...
+
+    def order_env(self) -> dict[str, str]:
+        """The variables that make its runtime number devices as the inventory does."""
         ...
 
     def no_device_env(self) -> dict[str, str]:

@@ -7,7 +7,7 @@ import pytest
 
 from allocator.agent.planning.containers import container_argv, container_run
 from allocator.errors import RequestError
-from allocator.gpus.visible import worker_environments
+from allocator.placement.worker_env import worker_environments
 from allocator.policy import load_policy
 from allocator.policy.model import Container, Policy
 from allocator.records.gpu_info import GpuInfo, MigDevice

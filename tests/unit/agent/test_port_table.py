@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from allocator.agent.planning.port_table import PortTable, port_is_free
-from allocator.gpus.visible import default_master_port
 from allocator.placement.ports import allocate_master_ports, shared_declared_ports
+from allocator.placement.worker_env import default_master_port
 from allocator.policy.model import Job, Policy
 from allocator.records.types import Assignment
 from tests.support.ports import colliding_job_names

@@ -11,7 +11,7 @@ from pathlib import Path
 from allocator.agent.gpu_care.recovery import RecoveryProbes, probe_environment
 from allocator.agent.gpu_care.state import GpuState
 from allocator.gpus.probe import ProbeResult
-from allocator.gpus.vendors.amd import AMD
+from allocator.gpus.vendors.amd.vendor import AMD
 from allocator.policy.model import HealthSettings, Policy
 from allocator.records.gpu_info import GpuInfo
 from tests.support.fake_gpus import FakeGpus

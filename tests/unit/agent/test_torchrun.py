@@ -8,7 +8,7 @@ from allocator.agent.planning.command_line import expand_references
 from allocator.agent.planning.desired import desired_job
 from allocator.agent.planning.fingerprint import fingerprint
 from allocator.agent.planning.types import WorkerSpec
-from allocator.gpus.visible import NodeGroup, default_master_port
+from allocator.placement.worker_env import NodeGroup, default_master_port
 from allocator.policy.model import FallbackRule, Job, Policy
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment

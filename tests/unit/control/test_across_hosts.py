@@ -16,10 +16,10 @@ from allocator.control.across_hosts import (
 from allocator.control.client import Allocator
 from allocator.control.job_index import read_index
 from allocator.errors import ConflictError, PlacementRefused, RequestError
-from allocator.gpus.visible import default_master_port
 from allocator.history.stream import host_stream, read_stream
 from allocator.placement.choose import Request
 from allocator.placement.ports import first_free_port
+from allocator.placement.worker_env import default_master_port
 from allocator.records.types import Assignment, JobIndex, WorkerRecord
 from allocator.store import MAX_TXN_OPS, Compare, Op, Store
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from allocator.gpus.fake import FakeHandle, FakeNvml, FakeNvmlError
-from allocator.gpus.nvml import NvmlUnavailable, load_nvml
-from allocator.gpus.nvml_codes import (
+from allocator.gpus.vendors.nvidia.fake import FakeHandle, FakeNvml, FakeNvmlError
+from allocator.gpus.vendors.nvidia.nvml import NvmlUnavailable, load_nvml
+from allocator.gpus.vendors.nvidia.nvml_codes import (
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from allocator.gpus.fake_file import default_uuid
-from allocator.gpus.health import (
+from allocator.gpus.vendors.fake_file import default_uuid
+from allocator.gpus.vendors.nvidia.health import (
     GpuHealth,
     HealthMonitor,
     HealthState,
     check_health,
     signal_problems,
 )
-from allocator.gpus.signals import COUNTERS, GpuSignals
-from allocator.policy.model import DEFAULT_IGNORED_XIDS
+from allocator.gpus.vendors.nvidia.nvml_codes import DEFAULT_IGNORED_XIDS
+from allocator.gpus.vendors.nvidia.signals import COUNTERS, GpuSignals
 from tests.support.fake_gpus import FakeGpus
 
 IGNORED = DEFAULT_IGNORED_XIDS

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from allocator.gpus.fake_file import DEFAULT_MEMORY_MIB, DEFAULT_NAME, default_uuid
-from allocator.gpus.inventory import Inventory, cuda_version_text, keep_last_good, read_inventory
+from allocator.gpus.inventory import Inventory, cuda_version_text, keep_last_good
+from allocator.gpus.vendors.fake_file import DEFAULT_MEMORY_MIB, DEFAULT_NAME, default_uuid
+from allocator.gpus.vendors.nvidia.vendor import read_inventory
 from allocator.records.gpu_info import GpuInfo
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml
 
@@ -160,7 +161,7 @@ def test_nvml_init_failure_means_no_gpus_with_the_reason(
 def test_missing_nvidia_ml_py_is_reported_with_the_extra_to_install() -> None:
     code = (
         "import sys, json; sys.modules['pynvml'] = None\n"
-        "from allocator.gpus.inventory import read_inventory\n"
+        "from allocator.gpus.vendors.nvidia.vendor import read_inventory\n"
         "inv = read_inventory(3, environ={})\n"
         "print(json.dumps([inv.source, len(inv.gpus), inv.error]))\n"
     )
@@ -200,8 +201,9 @@ def test_inventory_dict_round_trips_through_gpu_info(tmp_path: Path) -> None:
 def test_gpu_modules_import_neither_pynvml_nor_torch() -> None:
     code = (
         "import sys\n"
-        "import allocator.gpus.doctor, allocator.gpus.health, allocator.gpus.inventory\n"
-        "import allocator.gpus.probe, allocator.gpus.visible, allocator.worker\n"
+        "import allocator.doctor.checks, allocator.gpus.inventory\n"
+        "import allocator.gpus.vendors.nvidia.health\n"
+        "import allocator.gpus.probe, allocator.placement.worker_env, allocator.worker\n"
         "print(sorted({'pynvml', 'torch'} & set(sys.modules)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

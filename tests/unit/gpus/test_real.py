@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory
 from allocator.gpus.probe import run_deep_probe
-from allocator.gpus.visible import worker_environments
+from allocator.gpus.vendors.nvidia.health import HealthMonitor
+from allocator.placement.worker_env import worker_environments
 from allocator.policy.model import Host, Job, Policy
 from allocator.records.types import Assignment
 from tests.support.fake_gpus import real_nvml_or_skip

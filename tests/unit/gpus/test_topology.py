@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocator.gpus.fake import FakeNvml
-from allocator.gpus.fake_file import FakeFileError, parse_fake_file
-from allocator.gpus.inventory import read_inventory
 from allocator.gpus.topology import Links, cpu_list, cpus_from_mask, parse_cpu_list
+from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
+from allocator.gpus.vendors.nvidia.fake import FakeNvml
+from allocator.gpus.vendors.nvidia.vendor import read_inventory
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import AgentRecord
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator.gpus.fake_file import FakeFileError, parse_fake_file
-from allocator.gpus.usage import GpuUsage, ProcessOnGpu, UsageSampler
+from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
+from allocator.gpus.vendors.nvidia.usage import GpuUsage, ProcessOnGpu, UsageSampler
 from tests.support.clock import FakeClock
 from tests.support.fake_gpus import FakeGpus
 

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 
 from allocator.errors import RequestError
-from allocator.gpus.fake import FakeNvml
-from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import from_nvml, keep_addresses
-from allocator.gpus.vendors import VENDORS, TorchBuild, read_host_inventory, vendor_named
-from allocator.gpus.vendors.apple import mps_amp_problem
+from allocator.gpus.vendors.amd.rocr_filter import rocr_uuid, visible_devices
+from allocator.gpus.vendors.apple.vendor import mps_amp_problem
 from allocator.gpus.vendors.base import CdiNames
-from allocator.gpus.vendors.intel import RealSysfs, read_intel_gpus
-from allocator.gpus.vendors.rocr_filter import rocr_uuid, visible_devices
-from allocator.gpus.visible import worker_environments
+from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
+from allocator.gpus.vendors.intel.vendor import RealSysfs, read_intel_gpus
+from allocator.gpus.vendors.nvidia.fake import FakeNvml
+from allocator.gpus.vendors.registry import VENDORS, TorchBuild, read_host_inventory, vendor_named
+from allocator.placement.worker_env import worker_environments
 from allocator.policy.model import FallbackRule, Host, Job, Policy
 from allocator.records.gpu_info import GpuInfo, MigDevice
 from allocator.records.types import Assignment

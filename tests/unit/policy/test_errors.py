@@ -773,10 +773,20 @@ def test_cross_reference_errors_point_at_the_written_item_after_skipped_ones() -
     }
 
 
-def test_every_vendor_s_device_variables_are_reserved_from_a_job_s_env() -> None:
-    from allocator.gpus.vendors import VISIBILITY_VARIABLES
-    from allocator.policy.jobs_spec import RESERVED_ENV
-
+@pytest.mark.parametrize(
+    "name", ["ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "ZE_FLAT_DEVICE_HIERARCHY"]
+)
+def test_every_vendor_s_device_variables_are_reserved_from_a_job_s_env(name: str) -> None:
     # ZE_FLAT_DEVICE_HIERARCHY=FLAT in a job's env would renumber the tiles the
     # agent's ZE_AFFINITY_MASK names: refused, as the filters are.
-    assert set(RESERVED_ENV) == VISIBILITY_VARIABLES
+    error = only_error(
+        f"""
+        version: 1
+        jobs:
+          a:
+            command: [x]
+            env:
+              {name}: "0"
+        """
+    )
+    assert error.reason == f"{name} is set by the agent from the assignment; a job cannot set it"

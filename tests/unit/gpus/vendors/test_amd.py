@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.gpus.vendors.amd import rocr_uuid_of
+from allocator.gpus.vendors.amd.vendor import rocr_uuid_of
 
 
 @pytest.mark.parametrize(

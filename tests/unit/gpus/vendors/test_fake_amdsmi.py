@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.gpus.vendors.fake_amdsmi import (
+from allocator.gpus.vendors.amd.fake_amdsmi import (
     AmdSmiLibraryException,
     AmdSmiRetCode,
     FakeAmdSmi,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.gpus.vendors.rocr_filter import rocr_uuid, token_problem, visible_devices
+from allocator.gpus.vendors.amd.rocr_filter import rocr_uuid, token_problem, visible_devices
 
 # Three GPUs in KFD order; the third reports no unique_id (ROCr's "Invalid-UUID").
 UUIDS = [rocr_uuid(0x1122334455667788), rocr_uuid(0x11223344AABBCCDD), rocr_uuid(0)]

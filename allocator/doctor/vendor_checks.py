@@ -1,7 +1,7 @@
 """``doctor``'s vendor checks: whose GPUs this host has, against the policy and PyTorch.
 
 The NVIDIA checks (NVML, the CUDA driver against PyTorch's CUDA) stay in
-:mod:`allocator.gpus.doctor`; this module adds what every vendor shares: the
+:mod:`allocator.doctor.checks`; this module adds what every vendor shares: the
 vendor found against the one the policy names for the host, the device
 library's answer on a non-NVIDIA host, and the PyTorch build against the
 vendor (a CUDA wheel on an AMD host is the ROCm-era "no kernel image is
@@ -10,10 +10,14 @@ available": one clear line, a failure).
 
 from __future__ import annotations
 
-from allocator.gpus.findings import Finding, TorchReport
+from typing import TYPE_CHECKING
+
+from allocator.doctor.findings import Finding, TorchReport
 from allocator.gpus.inventory import Inventory, from_nvml
-from allocator.gpus.vendors import TorchBuild, vendor_named
-from allocator.policy.model import Policy
+from allocator.gpus.vendors.registry import TorchBuild, vendor_named
+
+if TYPE_CHECKING:  # the policy is the layer above: read here, never imported
+    from allocator.policy.model import Policy
 
 __all__ = ["LIBRARY", "device_library_findings", "vendor_findings", "vendor_torch_findings"]
 
@@ -49,7 +53,7 @@ def vendor_findings(inventory: Inventory, policy: Policy | None, host: str) -> l
 
 def device_library_findings(inventory: Inventory) -> list[Finding]:
     """A non-NVIDIA host's device library and what it answered (its GPUs' errors are
-    :func:`~allocator.gpus.doctor.gpu_count_findings`'s)."""
+    :func:`~allocator.doctor.checks.gpu_count_findings`'s)."""
     library = (
         "fake " + inventory.vendor
         if inventory.source == "fake"

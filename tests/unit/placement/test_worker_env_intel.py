@@ -8,7 +8,7 @@ reorder, so ``xpu:0`` is the assigned GPU lowest in PCI order, and
 
 from __future__ import annotations
 
-from allocator.gpus.visible import worker_environments
+from allocator.placement.worker_env import worker_environments
 from allocator.policy.model import Host, Job, Policy
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment

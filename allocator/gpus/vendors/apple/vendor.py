@@ -16,9 +16,15 @@ from pathlib import Path
 from typing import Literal
 
 from allocator.errors import RequestError
-from allocator.gpus.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.inventory import Inventory, declared_inventory
-from allocator.gpus.vendors.base import CdiNames, TorchBuild, VendorName, join_indices
+from allocator.gpus.vendors.base import (
+    CdiNames,
+    HealthSource,
+    TorchBuild,
+    VendorName,
+    join_indices,
+)
+from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["APPLE", "MPS_AMP_SINCE", "Apple", "is_apple_silicon", "mps_amp_problem"]
@@ -68,6 +74,10 @@ class Apple:
     torch_device_type = "mps"
     visibility_variables: tuple[str, ...] = ()
     device_groups: tuple[str, ...] = ()
+    health_source: HealthSource = "inventory"
+    keeps_indices = False
+    docker_gpus = False
+    numbers_in_pci_order = False
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """One GPU on Apple silicon (or in the fake file); the declared count elsewhere."""
@@ -97,6 +107,10 @@ class Apple:
     def visible_env(self, ids: Sequence[str]) -> dict[str, str]:
         """Nothing: Metal has no device filter, and there is one device."""
         del ids
+        return {}
+
+    def order_env(self) -> dict[str, str]:
+        """Nothing: its runtime numbers devices as its inventory does."""
         return {}
 
     def no_device_env(self) -> dict[str, str]:

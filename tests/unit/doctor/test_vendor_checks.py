@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from allocator.gpus.doctor import Finding, TorchReport, overall, run_checks
-from allocator.gpus.doctor_vendor import vendor_torch_findings
-from allocator.gpus.vendors import read_host_inventory
+from allocator.doctor.checks import Finding, TorchReport, overall, run_checks
+from allocator.doctor.vendor_checks import vendor_torch_findings
+from allocator.gpus.vendors.registry import read_host_inventory
 from allocator.policy.model import Host, Policy
 from tests.support.fake_gpus import fake_environ, write_fake_nvml
 
@@ -65,7 +65,7 @@ def test_a_cuda_wheel_on_an_amd_host_is_an_error(tmp_path: Path) -> None:
 
 
 def test_another_vendors_device_filter_set_here_is_a_warning() -> None:
-    from allocator.gpus.doctor import environment_findings
+    from allocator.doctor.checks import environment_findings
 
     (finding,) = environment_findings({"ROCR_VISIBLE_DEVICES": "0", "PATH": "/bin"})
     assert finding.status == "warn" and "ROCR_VISIBLE_DEVICES='0'" in finding.message

@@ -34,9 +34,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.gpus.nvml import NvmlUnavailable, load_nvml
-from allocator.gpus.signals import COUNTERS, GpuSignals, NvmlSignalReader
-from allocator.policy.model import DEFAULT_IGNORED_XIDS
+from allocator.gpus.vendors.nvidia.nvml import NvmlUnavailable, load_nvml
+from allocator.gpus.vendors.nvidia.nvml_codes import DEFAULT_IGNORED_XIDS
+from allocator.gpus.vendors.nvidia.signals import COUNTERS, GpuSignals, NvmlSignalReader
 
 __all__ = [
     "DEFAULT_RECOVER_AFTER",
@@ -98,7 +98,7 @@ class GpuHealth:
         return not self.healthy and self.clean_checks > 0
 
     def baseline(self, counter: str) -> int | None:
-        """The baseline of one counter (see :data:`allocator.gpus.signals.COUNTERS`)."""
+        """The baseline of one counter (see :data:`.signals.COUNTERS`)."""
         return dict(self.baselines).get(counter)
 
 
@@ -216,7 +216,7 @@ def _next_health(
 def open_signal_reader(environ: Mapping[str, str] | None = None) -> NvmlSignalReader:
     """Open NVML (or the fake chosen by ``ALLOCATOR_NVML``) for repeated health reads.
 
-    Raises :class:`~allocator.gpus.nvml.NvmlUnavailable` when NVML cannot be used.
+    Raises :class:`~allocator.gpus.vendors.nvidia.nvml.NvmlUnavailable` when NVML cannot be used.
     """
     return NvmlSignalReader(load_nvml(os.environ if environ is None else environ))
 

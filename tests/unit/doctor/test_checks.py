@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.errors import StoreUnavailable
-from allocator.gpus.doctor import (
+from allocator.doctor.checks import (
     Finding,
     TorchReport,
     environment_findings,
@@ -22,7 +21,9 @@ from allocator.gpus.doctor import (
     run_checks,
     torch_findings,
 )
-from allocator.gpus.inventory import Inventory, read_inventory
+from allocator.errors import StoreUnavailable
+from allocator.gpus.inventory import Inventory
+from allocator.gpus.vendors.nvidia.vendor import read_inventory
 from allocator.policy.model import Host, Policy
 from allocator.records.gpu_info import GpuInfo
 from tests.support.fake_gpus import fake_device, fake_environ, write_fake_nvml
@@ -169,7 +170,7 @@ def test_probe_torch_failures_are_one_line(code: str, words: str) -> None:
 def test_probe_torch_is_none_without_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from allocator.gpus.doctor import probe_torch\n"
+        "from allocator.doctor.checks import probe_torch\n"
         "print(probe_torch({}, 5.0))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -203,7 +204,7 @@ def test_full_run_never_imports_torch_in_process(tmp_path: Path) -> None:
     path = write_fake_nvml(tmp_path / "nvml.json", 2)
     code = (
         "import json, sys\n"
-        "from allocator.gpus.doctor import run_checks\n"
+        "from allocator.doctor.checks import run_checks\n"
         "from allocator.policy.model import Host, Policy\n"
         "policy = Policy(version=1, hosts={'node1': Host('node1', 2)})\n"
         f"env = {{'ALLOCATOR_NVML': 'fake:{path}', 'CUDA_VISIBLE_DEVICES': '1'}}\n"

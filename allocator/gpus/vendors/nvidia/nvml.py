@@ -1,11 +1,11 @@
 """NVML access: the only module that imports ``pynvml`` (nvidia-ml-py), lazily.
 
 Everything here talks to an *NVML library object*: the ``pynvml`` module
-itself, or :class:`allocator.gpus.fake.FakeNvml`, which implements the same
+itself, or :class:`allocator.gpus.vendors.nvidia.fake.FakeNvml`, which implements the same
 functions over a JSON file (``ALLOCATOR_NVML=fake:PATH``). Both raise an
 ``NVMLError`` whose ``value`` is NVML's C return code, so one code path
 serves real GPUs and tests. Health signals are read by
-:mod:`allocator.gpus.signals` over the same library object.
+:mod:`allocator.gpus.vendors.nvidia.signals` over the same library object.
 
 Optional calls (NUMA node, NVLink, CPU affinity, PCIe topology, ECC, row
 remapping, MIG) are guarded: a
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from allocator.errors import EXIT_UNAVAILABLE, AllocatorError
-from allocator.gpus.nvml_codes import (
+from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
+from allocator.gpus.vendors.nvidia.nvml_codes import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_DEPRECATED,
     ERROR_DRIVER_NOT_LOADED,
@@ -37,7 +38,6 @@ from allocator.gpus.nvml_codes import (
     ERROR_NOT_READY,
     ERROR_NOT_SUPPORTED,
 )
-from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
 from allocator.records.codec import replace_struct
 from allocator.records.fields import PcieLevel
 from allocator.records.gpu_info import GpuInfo, MigDevice
@@ -114,7 +114,7 @@ def load_nvml(environ: Mapping[str, str]) -> Any:
     if mode == "off":
         raise NvmlUnavailable("NVML disabled (ALLOCATOR_NVML=off)")
     if mode.startswith("fake:"):
-        from allocator.gpus.fake import FakeNvml
+        from allocator.gpus.vendors.nvidia.fake import FakeNvml
 
         return FakeNvml(mode.removeprefix("fake:"))
     if mode not in ("", "on"):

@@ -15,12 +15,14 @@ import importlib.util
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from allocator.gpus.findings import Finding, Status, TorchReport
+from allocator.doctor.findings import Finding, Status, TorchReport
 from allocator.gpus.inventory import Inventory, cuda_version_text
 from allocator.gpus.probe import run_deep_probe
-from allocator.policy.model import Policy
+
+if TYPE_CHECKING:  # the policy is the layer above: read here, never imported
+    from allocator.policy.model import Policy
 
 __all__ = [
     "Finding",
@@ -74,12 +76,12 @@ def run_checks(
     torch_timeout: float = 60.0,
 ) -> list[Finding]:
     """Run every check for ``host`` and return the findings in report order."""
-    from allocator.gpus.doctor_vendor import (
+    from allocator.doctor.vendor_checks import (
         device_library_findings,
         vendor_findings,
         vendor_torch_findings,
     )
-    from allocator.gpus.vendors import read_host_inventory
+    from allocator.gpus.vendors.registry import read_host_inventory
 
     declared = _declared_count(policy, host)
     said = policy.vendor_of(host) if policy is not None else None

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from allocator.errors import RequestError
-from allocator.gpus.visible import (
+from allocator.placement.worker_env import (
     MASTER_PORT_RANGE,
     default_master_port,
     render_exports,

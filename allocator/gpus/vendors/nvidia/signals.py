@@ -10,7 +10,7 @@ Two kinds of failure are told apart, because they mean different things:
   reset required) is that GPU's problem: its signals carry ``failure``.
 
 Cumulative counters are reported as read; judging them against a baseline
-is :mod:`allocator.gpus.health`'s job.
+is :mod:`allocator.gpus.vendors.nvidia.health`'s job.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.gpus.nvml import (
+from allocator.gpus.vendors.nvidia.nvml import (
     NvmlUnavailable,
     as_text,
     describe_error,
     optional_call,
 )
-from allocator.gpus.nvml_codes import EVENT_XID_CRITICAL
+from allocator.gpus.vendors.nvidia.nvml_codes import EVENT_XID_CRITICAL
 
 __all__ = ["COUNTERS", "GpuSignals", "NvmlSignalReader"]
 
@@ -36,7 +36,7 @@ _RETIRED_DOUBLE_BIT = 1  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
 _MAX_EVENTS_PER_READ = 1024
 
 #: The cumulative counters a read reports, and how a reason names each. Only
-#: an increase over the baseline is a problem (see :mod:`allocator.gpus.health`).
+#: an increase over the baseline is a problem (see :mod:`allocator.gpus.vendors.nvidia.health`).
 COUNTERS: dict[str, str] = {
     "ecc_uncorrected": "uncorrected ECC errors",
     "ecc_uncorrected_aggregate": "uncorrected ECC errors (lifetime)",

@@ -1,6 +1,6 @@
 """NVIDIA GPUs: NVML for inventory and health, ``CUDA_VISIBLE_DEVICES`` for visibility.
 
-NVML itself stays in :mod:`allocator.gpus.nvml` (the one module importing
+NVML itself stays in :mod:`allocator.gpus.vendors.nvidia.nvml` (the one module importing
 ``pynvml``), with inventory, health, topology and usage built on it; this
 module is NVIDIA's face in the vendor layer.
 
@@ -19,25 +19,64 @@ Visibility rules (from how CUDA reads its environment):
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 
 from allocator.errors import RequestError
-from allocator.gpus.inventory import Inventory, read_inventory
+from allocator.gpus.inventory import Inventory, declared_inventory
 from allocator.gpus.vendors.base import (
     CdiNames,
+    HealthSource,
     TorchBuild,
     VendorName,
     check_device_ids,
     container_indices,
 )
+from allocator.gpus.vendors.nvidia.nvml import (
+    NvmlUnavailable,
+    load_nvml,
+    nvml_session,
+    read_devices,
+    source_kind,
+)
 from allocator.records.gpu_info import GpuInfo
 
-__all__ = ["NVIDIA", "Nvidia"]
+__all__ = ["NVIDIA", "Nvidia", "read_inventory"]
 
 # An index, a GPU-/MIG- UUID, or MIG-GPU-<uuid>/<gi>/<ci>: nothing CUDA would split or trim.
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9/_-]*\Z")
 _INDEX = re.compile(r"[0-9]+\Z")
+
+
+def read_inventory(
+    declared_gpus: int | None = None, *, environ: Mapping[str, str] | None = None
+) -> Inventory:
+    """Read the GPUs NVML sees, or fall back to ``declared_gpus`` (the policy's count).
+
+    ``environ`` (default ``os.environ``) is consulted for ``ALLOCATOR_NVML``
+    (``off``, or ``fake:PATH``). Never raises for a missing or failing NVML.
+    """
+    env = os.environ if environ is None else environ
+    try:
+        lib = load_nvml(env)
+    except NvmlUnavailable as exc:
+        return declared_inventory(declared_gpus, str(exc))
+    try:
+        with nvml_session(lib):
+            reading = read_devices(lib)
+    except NvmlUnavailable as exc:
+        return declared_inventory(declared_gpus, str(exc))
+    except lib.NVMLError as exc:
+        # A call failing after init (driver gone mid-read, fake file broken
+        # mid-read): still "no GPUs found", with why.
+        return declared_inventory(declared_gpus, f"NVML failed: {exc}")
+    return Inventory(
+        gpus=reading.gpus,
+        source=source_kind(env),
+        driver_version=reading.driver_version,
+        cuda_driver_version=reading.cuda_driver_version,
+    )
 
 
 class Nvidia:
@@ -52,6 +91,10 @@ class Nvidia:
         "CUDA_DEVICE_ORDER",
     )
     device_groups: tuple[str, ...] = ()  # /dev/nvidia* are 0666: any user opens them
+    health_source: HealthSource = "signals"
+    keeps_indices = True
+    docker_gpus = True
+    numbers_in_pci_order = False
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """NVML's (or the fake NVML's) inventory; the declared count when NVML fails."""
@@ -81,6 +124,10 @@ class Nvidia:
         """``CUDA_VISIBLE_DEVICES`` and, for containers, ``NVIDIA_VISIBLE_DEVICES``."""
         visible = ",".join(ids)
         return {"CUDA_VISIBLE_DEVICES": visible, "NVIDIA_VISIBLE_DEVICES": visible}
+
+    def order_env(self) -> dict[str, str]:
+        """CUDA numbers devices by PCI bus id, as NVML does."""
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def no_device_env(self) -> dict[str, str]:
         """Empty (not unset: unset means every GPU), and ``void`` for the container runtime."""

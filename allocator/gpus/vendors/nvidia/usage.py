@@ -3,7 +3,7 @@
 Read by the agent at its health interval (never on every tick): NVML calls
 are cheap but not free, and none of these numbers needs sub-second freshness.
 Everything goes through the same NVML library object as inventory and health
-(:func:`allocator.gpus.nvml.load_nvml`: the real ``pynvml`` or the JSON-file
+(:func:`allocator.gpus.vendors.nvidia.nvml.load_nvml`: the real ``pynvml`` or the JSON-file
 fake), so tests exercise the real code path.
 
 NVML calls used (names as in nvidia-ml-py): ``nvmlDeviceGetUtilizationRates``
@@ -24,7 +24,12 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
-from allocator.gpus.nvml import NvmlUnavailable, describe_error, load_nvml, optional_call
+from allocator.gpus.vendors.nvidia.nvml import (
+    NvmlUnavailable,
+    describe_error,
+    load_nvml,
+    optional_call,
+)
 
 __all__ = ["GpuUsage", "ProcessOnGpu", "UsageSampler", "read_usage"]
 

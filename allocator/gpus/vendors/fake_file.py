@@ -1,4 +1,4 @@
-"""Parsing and validating the fake-NVML JSON file (see :mod:`allocator.gpus.fake`).
+"""Parsing and validating the fake-NVML JSON file (see :mod:`allocator.gpus.vendors.nvidia.fake`).
 
 Unknown fields are refused so that a typo (``"heathy": false``) is an error
 naming the file and field rather than a silently healthy GPU.
@@ -13,6 +13,7 @@ from typing import Any, cast
 
 from allocator.errors import InvalidInput
 from allocator.gpus.topology import parse_cpu_list
+from allocator.gpus.vendors.base import VENDOR_NAMES
 from allocator.records.fields import PCIE_LEVELS, PcieLevel
 from allocator.records.gpu_info import MigDevice
 
@@ -53,7 +54,7 @@ _SYSTEM_KEYS = {
     "vendor",
 }
 #: Values of ``vendor``: whose library the file stands in for (NVML by default).
-FAKE_VENDORS = ("nvidia", "amd", "intel", "apple")
+FAKE_VENDORS = VENDOR_NAMES
 _DEVICE_KEYS = {
     "index",
     "uuid",
@@ -142,7 +143,7 @@ class FakeSystem:
     cuda_driver_version: int = DEFAULT_CUDA_DRIVER_VERSION
     init_error: str | None = None
     nvml_error: str | None = None
-    #: Whose device library the file stands in for (see :mod:`allocator.gpus.vendors`).
+    #: Whose device library the file stands in for (see :mod:`allocator.gpus.vendors.registry`).
     vendor: str = "nvidia"
 
 

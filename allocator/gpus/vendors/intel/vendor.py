@@ -24,15 +24,16 @@ from pathlib import Path
 from typing import Protocol
 
 from allocator.errors import RequestError
-from allocator.gpus.fake_file import FakeFileError, FakeSystem, parse_fake_file
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
 from allocator.gpus.vendors.base import (
     CdiNames,
+    HealthSource,
     TorchBuild,
     VendorName,
     check_device_ids,
     container_indices,
 )
+from allocator.gpus.vendors.fake_file import FakeFileError, FakeSystem, parse_fake_file
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["INTEL", "FakeSysfs", "Intel", "RealSysfs", "Sysfs", "read_intel_gpus"]
@@ -152,6 +153,10 @@ class Intel:
     # /dev/dri/renderD* is group render, card* group video (Intel's container guides:
     # --group-add with the render node's GID).
     device_groups: tuple[str, ...] = ("render", "video")
+    health_source: HealthSource = "inventory"
+    keeps_indices = False
+    docker_gpus = False
+    numbers_in_pci_order = True
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """sysfs's (or the fake's) Intel GPUs; the declared count when there are none."""
@@ -185,6 +190,10 @@ class Intel:
             "ZE_FLAT_DEVICE_HIERARCHY": "COMPOSITE",
             "ONEAPI_DEVICE_SELECTOR": "level_zero:*",
         }
+
+    def order_env(self) -> dict[str, str]:
+        """Nothing apart: :meth:`visible_env` sets Level Zero's PCI ordering with the mask."""
+        return {}
 
     def no_device_env(self) -> dict[str, str]:
         """SYCL (and so PyTorch's xpu) sees the CPU only."""

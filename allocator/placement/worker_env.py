@@ -1,7 +1,7 @@
 """The environment each worker of a job starts with (pure).
 
 Which variables make a worker's devices visible is the vendor's business
-(:mod:`allocator.gpus.vendors`: ``CUDA_VISIBLE_DEVICES`` on NVIDIA,
+(:mod:`allocator.gpus.vendors.registry`: ``CUDA_VISIBLE_DEVICES`` on NVIDIA,
 ``ROCR_VISIBLE_DEVICES`` on AMD, ``ZE_AFFINITY_MASK`` on Intel, nothing on
 Apple); every worker also gets ``ALLOCATOR_VENDOR`` and ``ALLOCATOR_DEVICE``
 (the PyTorch device type: ``cuda``, ``xpu``, ``mps``, or ``cpu``). Intel's
@@ -57,12 +57,15 @@ import shlex
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from allocator.errors import RequestError
-from allocator.gpus.vendors import DeviceVendor, vendor_named
-from allocator.policy.model import Policy
+from allocator.gpus.vendors.registry import DeviceVendor, vendor_named
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment
+
+if TYPE_CHECKING:  # the policy is the layer above: read here, never imported
+    from allocator.policy.model import Policy
 
 __all__ = [
     "MASTER_PORT_RANGE",
@@ -139,8 +142,7 @@ def worker_environments(
         "ALLOCATOR_JOB": assignment.job,
         "ALLOCATOR_HOST": assignment.host,
         "ALLOCATOR_VENDOR": devices.name,
-        # NVIDIA only: NVML's indices are PCI-ordered, CUDA's by default are not.
-        **({"CUDA_DEVICE_ORDER": "PCI_BUS_ID"} if devices.name == "nvidia" else {}),
+        **devices.order_env(),
         **(group.env() if group is not None else {}),
     }
     if assignment.mode == "cpu" or fallback_reason is not None:
@@ -149,9 +151,9 @@ def worker_environments(
             env.update(_rank_env(0, 1, master_addr, port, assignment.job, group))
         return [env]
     gpus = _checked_gpus(assignment)
-    if devices.name == "intel":
-        # Level Zero keeps its (PCI) order whatever the mask's: listing the GPUs in
-        # that order keeps ALLOCATOR_GPUS[i] the GPU that is xpu:i.
+    if devices.numbers_in_pci_order:
+        # Listing the GPUs in the runtime's (PCI) order keeps ALLOCATOR_GPUS[i]
+        # the GPU that is device i.
         gpus = tuple(sorted(gpus))
     known = _known(inventory, gpus)
     boxed = job is not None and job.container is not None

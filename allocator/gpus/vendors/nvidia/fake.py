@@ -2,7 +2,7 @@
 
 ``ALLOCATOR_NVML=fake:PATH`` makes inventory and health use
 :class:`FakeNvml` instead of ``pynvml``. It implements the subset of
-pynvml's functions that :mod:`allocator.gpus.nvml` calls, with the same
+pynvml's functions that :mod:`allocator.gpus.vendors.nvidia.nvml` calls, with the same
 shapes and the same error codes, so the real code path is what gets tested.
 
 File shape (every device field but ``index`` is optional)::
@@ -22,7 +22,7 @@ File shape (every device field but ``index`` is optional)::
 
 ``vendor`` (``nvidia`` by default) says whose library the file stands in
 for: any other vendor's host has no NVML, so ``nvmlInit`` fails with
-"library not found", and :mod:`allocator.gpus.vendors` reads the same
+"library not found", and :mod:`allocator.gpus.vendors.registry` reads the same
 devices through that vendor's fake (``amdsmi``'s, Intel's sysfs, Apple's).
 
 The file is re-read whenever its bytes change, so editing it changes what the
@@ -58,8 +58,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from allocator.gpus.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
-from allocator.gpus.nvml_codes import (
+from allocator.gpus.topology import nvml_code
+from allocator.gpus.vendors.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
+from allocator.gpus.vendors.nvidia.nvml_codes import (
     ERROR_DRIVER_NOT_LOADED,
     ERROR_GPU_IS_LOST,
     ERROR_INVALID_ARGUMENT,
@@ -72,7 +73,6 @@ from allocator.gpus.nvml_codes import (
     ERROR_UNKNOWN,
     EVENT_XID_CRITICAL,
 )
-from allocator.gpus.topology import nvml_code
 from allocator.records.gpu_info import MigDevice
 
 _AGGREGATE_ECC = 1  # NVML_AGGREGATE_ECC

@@ -30,7 +30,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from allocator.gpus.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
+from allocator.gpus.vendors.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
 
 __all__ = [
     "AmdSmiException",

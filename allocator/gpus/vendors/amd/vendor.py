@@ -2,14 +2,14 @@
 
 ``amdsmi`` (AMD's Python interface, installed from the host's ROCm) is imported here
 and nowhere else, and only when an AMD host is being read; the fake
-(:mod:`allocator.gpus.vendors.fake_amdsmi`) answers with the same function
+(:mod:`allocator.gpus.vendors.amd.fake_amdsmi`) answers with the same function
 names from the fake-GPU file when it says ``"vendor": "amd"``.
 
 Visibility: ROCm has three filters that stack. ROCr (the runtime under HIP
 and OpenCL) applies ``ROCR_VISIBLE_DEVICES`` first and takes indices or
 UUIDs of its own form, ``GPU-`` + the 16 hex digits of the KFD ``unique_id``
 (amdsmi's ``asic_serial``; never amdsmi's 36-character device UUID, a token
-ROCr refuses, ending its list): see :mod:`~allocator.gpus.vendors.rocr_filter`.
+ROCr refuses, ending its list): see :mod:`~allocator.gpus.vendors.amd.rocr_filter`.
 HIP then applies ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) as
 *indices into what ROCr left*. Filtering twice with physical numbers hides
 the wrong GPUs, so a worker gets only ``ROCR_VISIBLE_DEVICES``, with UUIDs
@@ -28,14 +28,15 @@ from typing import Any
 
 from allocator.errors import AllocatorError
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
+from allocator.gpus.vendors.amd.rocr_filter import rocr_uuid, token_problem
 from allocator.gpus.vendors.base import (
     CdiNames,
+    HealthSource,
     TorchBuild,
     VendorName,
     check_device_ids,
     container_indices,
 )
-from allocator.gpus.vendors.rocr_filter import rocr_uuid, token_problem
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["AMD", "Amd", "AmdSmiUnavailable", "load_amdsmi", "read_amd_gpus", "rocr_uuid_of"]
@@ -57,7 +58,7 @@ def load_amdsmi(environ: Mapping[str, str]) -> Any:
     """The amdsmi module, or its fake for ``ALLOCATOR_NVML=fake:PATH``."""
     mode = environ.get("ALLOCATOR_NVML", "")
     if mode.startswith("fake:"):
-        from allocator.gpus.vendors.fake_amdsmi import FakeAmdSmi
+        from allocator.gpus.vendors.amd.fake_amdsmi import FakeAmdSmi
 
         return FakeAmdSmi(mode.removeprefix("fake:"))
     if mode == "off":
@@ -189,6 +190,10 @@ class Amd:
     # /dev/kfd and /dev/dri/renderD* belong to these (ROCm's install guide adds users
     # to both; which one owns which node differs between distributions).
     device_groups: tuple[str, ...] = ("render", "video")
+    health_source: HealthSource = "inventory"
+    keeps_indices = False
+    docker_gpus = False
+    numbers_in_pci_order = False
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """amdsmi's (or the fake's) inventory; the declared count when it fails."""
@@ -223,6 +228,10 @@ class Amd:
     def visible_env(self, ids: Sequence[str]) -> dict[str, str]:
         """``ROCR_VISIBLE_DEVICES`` only: HIP's filters would index what ROCr left."""
         return {"ROCR_VISIBLE_DEVICES": ",".join(ids)}
+
+    def order_env(self) -> dict[str, str]:
+        """Nothing: its runtime numbers devices as its inventory does."""
+        return {}
 
     def no_device_env(self) -> dict[str, str]:
         """``-1`` is no device's index or UUID: ROCr exposes nothing."""

@@ -1,0 +1,1 @@
+"""AMD GPUs over amdsmi, with ROCr's device filter and a fake amdsmi."""

@@ -1,0 +1,1 @@
+"""Apple silicon's one GPU, driven by PyTorch's MPS."""

@@ -1,0 +1,1 @@
+"""Intel GPUs over sysfs and Level Zero's variables."""

@@ -1,0 +1,1 @@
+"""NVIDIA GPUs over NVML: inventory, visibility, health, usage and topology."""
