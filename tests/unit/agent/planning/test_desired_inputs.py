@@ -10,7 +10,7 @@ from allocator.agent.planning.across_hosts import PeerHost
 from allocator.agent.planning.desired import desired_jobs
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.types import Pin
-from tests.unit.agent.test_desired import HOST, INVENTORY, assigned, policy
+from tests.unit.agent.planning.test_desired import HOST, INVENTORY, assigned, policy
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 

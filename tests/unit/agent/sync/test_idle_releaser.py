@@ -18,7 +18,7 @@ from allocator.placement.choose import Request
 from allocator.records.keys import KeyLayout
 from allocator.store import Compare, Op, Store, open_store
 
-EXAMPLE = (Path(__file__).resolve().parents[3] / "config" / "policy.example.yaml").read_text()
+EXAMPLE = (Path(__file__).resolve().parents[4] / "config" / "policy.example.yaml").read_text()
 NOW = datetime(2026, 6, 1, tzinfo=UTC)
 REASON = "idle for 2h03m (policy idle rule on pool a100)"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from allocator.agent.planning.desired_cache import DesiredCache
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.port_table import PortTable
-from tests.unit.agent.test_desired import FAIL_RULE, HOST, INVENTORY, assigned, with_rule
+from tests.unit.agent.planning.test_desired import FAIL_RULE, HOST, INVENTORY, assigned, with_rule
 
 
 def cache(tmp_path: Path) -> DesiredCache:

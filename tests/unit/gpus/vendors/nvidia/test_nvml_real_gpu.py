@@ -1,6 +1,7 @@
 """Checks against a real NVIDIA GPU (marker ``gpu``); they skip where NVML finds none.
 
-Run them on a GPU machine with ``pytest -m gpu tests/unit/gpus/test_real.py``.
+Run them on a GPU machine with
+``pytest -m gpu tests/unit/gpus/vendors/nvidia/test_nvml_real_gpu.py``.
 """
 
 from __future__ import annotations
