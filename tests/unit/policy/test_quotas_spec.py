@@ -8,7 +8,7 @@ import pytest
 
 from allocator.policy import load_policy
 from allocator.policy.model import PriorityRule, Quota
-from tests.unit.policy.test_errors import only_error
+from tests.unit.policy.test_loader_errors import only_error
 
 HEAD = """
 version: 1
