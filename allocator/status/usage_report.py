@@ -1,9 +1,11 @@
 """The usage report (``allocator usage``, serve's ``/api/v1/usage``): one read, one document.
 
-History is read whole (every host's stream), the current assignments once
-(:func:`read_usage`); the pure parts in :mod:`allocator.history.usage` then
-count the holdings, and :func:`usage_document` makes any window and
-grouping's document from that one read.
+The ended holdings are read from the usage rollup's days inside the window
+(:mod:`allocator.history.rollup`), the current assignments once
+(:func:`read_usage`); before the rollup was rebuilt, history is read whole
+instead. The pure parts in :mod:`allocator.history.usage` then count the
+holdings, and :func:`usage_document` makes any window (from the read's
+``since`` on) and grouping's document from that one read.
 """
 
 from __future__ import annotations
@@ -52,23 +54,40 @@ class UsageSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class UsageRead:
-    """What every usage document is counted from: one read of history and the assignments."""
+    """What every usage document is counted from: one read of the rollup (or history).
+
+    ``since``: the earliest window it can count (``None``: any, history was
+    read whole); ``source``: ``rollup`` or ``history`` (no rollup yet).
+    """
 
     found: list[Holding]
     policy: Policy | None
     now: datetime
+    since: datetime | None = None
+    source: str = "history"
 
 
-def read_usage(allocator: UsageSource, now: datetime) -> UsageRead:
-    """Read history whole and the current assignments once; find every holding (up to ``now``)."""
+def read_usage(allocator: UsageSource, now: datetime, since: datetime | None = None) -> UsageRead:
+    """The holdings up to ``now``: the rollup's days from ``since`` and the open assignments.
+
+    Without a rollup (``allocator usage --rebuild`` never ran) or without
+    ``since``, history is read whole and counted as before.
+    """
+    from allocator.history.rollup import read_rollup
     from allocator.history.stream import read_history
 
-    entries = read_history(
-        allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
-    )
     current = _current(allocator)
     snapshot = allocator.policy()
     policy = snapshot.policy if snapshot is not None else None
+    history = allocator.layout.history
+    ended = None
+    if since is not None:
+        ended = read_rollup(allocator.store, history, since, now, allocator.on_bad_record)
+    if ended is not None:
+        return UsageRead(ended + holdings([], current, now), policy, now, since, "rollup")
+    entries = read_history(
+        allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
+    )
     return UsageRead(holdings(entries, current, now), policy, now)
 
 
@@ -76,7 +95,7 @@ def usage_report(
     allocator: UsageSource, since: datetime, by: str, now: datetime, limit: int | None = None
 ) -> tuple[dict[str, Any], list[UsageRow]]:
     """The JSON document of the usage since ``since`` grouped ``by``, and its rows."""
-    return usage_document(read_usage(allocator, now), since, by, limit)
+    return usage_document(read_usage(allocator, now, since), since, by, limit)
 
 
 def usage_document(
@@ -95,6 +114,7 @@ def usage_document(
         "by": by,
         "rows": [_row_document(row) for row in shown],
         "unended": unended,
+        "source": read.source,
     }
     if limit is not None:
         document["rows_total"] = len(rows)

@@ -1,0 +1,170 @@
+"""The usage rollup: each ended holding's GPU-time, filed by the day it ended.
+
+``allocator usage`` reads this instead of every host's history. Each entry
+that ends a holding (``set``, ``move``, ``release``, ``expired``) records
+when the holding began (``started``, its assignment's time) and its slots;
+the append that writes it (:func:`allocator.history.append.append_plan`)
+writes, in the same transaction, one small row key::
+
+    /allocator/v1/history/usage/days/<YYYY-MM-DD>/hosts/<host>/<seq>
+
+named after the entry itself, so a row is written exactly once and never
+counted twice. Its value is a JSON list of rows ``[host, job, holder, gpus,
+slots, start, end]`` (unix seconds; a transaction across several hosts
+writes one key for all of them). Rows are filed by the UTC day their
+holding *ended*, and keep its exact start and end: a window reads the days
+from its start's day to today (8 prefix reads for 7 days) and clips each
+row to the window exactly, so no bucket is pro-rated. Holdings still open
+are counted up to now from the current assignments, as before.
+
+History written before the rollup has no rows: :func:`rebuild` (``allocator
+usage --rebuild``) folds it once, writes its ended holdings (those whose
+end entry wrote no row) and then the marker :func:`marker_key`. Until that
+marker exists usage is counted from history as before, and says so
+(``"source": "history"``). ``allocator history prune`` drops days older
+than the policy's ``history.max_age`` (with no age set, rows are kept: a
+day of a 12,500-host fleet is a few MiB).
+
+Times are the writers' clocks (history's reader also bounds them by the
+store's order of the entries; a row keeps what its writer saw).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+
+from allocator.errors import BadRecord
+from allocator.history.stream import OnBad
+from allocator.history.usage import Holding, holder_of
+from allocator.records.types import HistoryEntry
+from allocator.store import Delete, KeyValue, Op, Put, Read, Store
+from allocator.util.times import format_time, parse_time
+
+__all__ = [
+    "Row",
+    "day_prefix",
+    "marker_key",
+    "marker_value",
+    "read_rollup",
+    "rollup_ops",
+    "row_of",
+    "rows_of",
+    "stale_days",
+    "usage_prefix",
+]
+
+#: Entries that end a holding.
+_ENDS = ("set", "move", "release", "expired")
+#: A row: host, job, holder, gpus, slots, start and end (unix seconds).
+Row = tuple[str, str, str, int, int, float, float]
+_ROWS = msgspec.json.Decoder(list[tuple[str, str, str, int, int, float, float]])
+
+
+def usage_prefix(history: str) -> str:
+    """Prefix of every rollup key, below history's root."""
+    return f"{history}usage/"
+
+
+def marker_key(history: str) -> str:
+    """The key saying the rollup holds every holding history had (written by a rebuild)."""
+    return f"{usage_prefix(history)}complete"
+
+
+def day_prefix(history: str, day: datetime) -> str:
+    """Prefix of the rows of holdings that ended on ``day`` (UTC)."""
+    return f"{usage_prefix(history)}days/{day.astimezone(UTC):%Y-%m-%d}/"
+
+
+def row_of(entry: HistoryEntry) -> Row | None:
+    """The row of the holding ``entry`` ends (pure); ``None``: it ends none, or an older entry."""
+    if entry.action not in _ENDS or entry.host is None or entry.job is None:
+        return None
+    start, end = parse_time(entry.started or ""), parse_time(entry.at)
+    if entry.from_mode != "gpu" or not entry.from_gpus or start is None or end is None:
+        return None
+    begun = min(start, end).timestamp()
+    slots = entry.from_slots or 1
+    return (
+        entry.host,
+        entry.job,
+        entry.from_holder or holder_of(entry),
+        len(entry.from_gpus),
+        slots,
+        begun,
+        end.timestamp(),
+    )
+
+
+def rows_of(entries: Iterable[HistoryEntry]) -> list[Row]:
+    """The rows of the holdings ``entries`` end."""
+    return [row for row in map(row_of, entries) if row is not None]
+
+
+def rollup_ops(history: str, entry_key: str, rows: Sequence[Row]) -> list[Op]:
+    """The one write of ``rows``, named after the entry (key) that ended them (pure)."""
+    if not rows or not history or not entry_key.startswith(history):
+        return []
+    end = datetime.fromtimestamp(rows[0][6], UTC)
+    key = f"{day_prefix(history, end)}{entry_key[len(history) :]}"
+    return [Put(key, msgspec.json.encode(list(rows)))]
+
+
+def read_rollup(
+    store: Store, history: str, since: datetime, until: datetime, on_bad: OnBad
+) -> list[Holding] | None:
+    """The ended holdings of the days ``since`` .. ``until``; ``None``: no rollup (not rebuilt)."""
+    days = _days(since, until)
+    reads = [Read(marker_key(history))] + [Read(day_prefix(history, d), prefix=True) for d in days]
+    marker, *listings = store.read_many(reads)
+    if not marker.items:
+        return None
+    found: list[Holding] = []
+    for listing in listings:
+        for item in listing.items:
+            found += _holdings(item, on_bad)
+    return found
+
+
+def stale_days(history: str, keys: Sequence[str], cutoff: datetime) -> list[Delete]:
+    """Deletes of the days in ``keys`` (rollup keys) wholly before ``cutoff`` (pure)."""
+    days_root = f"{usage_prefix(history)}days/"
+    days = {k[len(days_root) :].split("/", 1)[0] for k in keys if k.startswith(days_root)}
+    last = f"{cutoff.astimezone(UTC) - timedelta(days=1):%Y-%m-%d}"
+    return [Delete(f"{days_root}{d}/", prefix=True) for d in sorted(days) if d < last]
+
+
+def _days(since: datetime, until: datetime) -> list[datetime]:
+    day = since.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    found = []
+    while day <= until:
+        found.append(day)
+        day += timedelta(days=1)
+    return found
+
+
+def _holdings(item: KeyValue, on_bad: OnBad) -> list[Holding]:
+    try:
+        rows = _ROWS.decode(item.value)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        on_bad(BadRecord(item.key, f"not usage rows: {exc}"))
+        return []
+    return [
+        Holding(
+            host,
+            job,
+            holder,
+            gpus,
+            slots,
+            datetime.fromtimestamp(start, UTC),
+            datetime.fromtimestamp(end, UTC),
+        )
+        for host, job, holder, gpus, slots, start, end in rows
+    ]
+
+
+def marker_value(now: datetime) -> bytes:
+    """The marker's value: when the rollup was rebuilt."""
+    return msgspec.json.encode({"rebuilt_at": format_time(now)})
