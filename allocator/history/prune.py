@@ -10,7 +10,9 @@ transaction, each comparing the stream's head, so it races no append. A
 stream of a host the applied policy no longer declares loses its head too
 once it has no entry left: ``history`` then lists the host no more. Prune
 also cuts the hours of the fleet's index that no append cut (an hour
-nobody appended in: :mod:`allocator.history.index`).
+nobody appended in: :mod:`allocator.history.index`), and the usage
+rollup's days that ended before the age (:mod:`allocator.history.rollup`):
+usage is kept as long as history.
 
 It is safe to run at any time and as often as wanted (a cron job, daily):
 what it drops the next append would have dropped.
@@ -20,12 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from allocator.errors import CasConflict
 from allocator.history import index as history_index
 from allocator.history.append import Head, aged_count, head_of, oldest_times, recover_head
 from allocator.history.read import head_hosts
+from allocator.history.rollup import stale_days
 from allocator.history.stream import OnBad, Stream, host_stream, policy_stream
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryHead
@@ -80,6 +83,7 @@ def prune_history(
             if emptied and stream.host is not None:
                 removed.append(stream.host)
     hours = _trim_index(store, layout, now)
+    _trim_rollup(store, layout, now - timedelta(seconds=max_age))
     return PruneResult(max_age, len(streams), entries, pruned, tuple(removed), hours)
 
 
@@ -95,6 +99,13 @@ def _trim_index(store: Store, layout: KeyLayout, now: datetime) -> int:
     for start in range(0, len(doomed), PAGE):
         store.txn([], doomed[start : start + PAGE])
     return len(doomed)
+
+
+def _trim_rollup(store: Store, layout: KeyLayout, cutoff: datetime) -> None:
+    """Delete the usage rollup's days that ended before ``cutoff`` (prefix deletes, no read)."""
+    doomed = stale_days(layout.history, cutoff)
+    for start in range(0, len(doomed), PAGE):
+        store.txn([], doomed[start : start + PAGE])
 
 
 def _prune_stream(

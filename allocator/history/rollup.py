@@ -21,9 +21,9 @@ History written before the rollup has no rows: :func:`rebuild` (``allocator
 usage --rebuild``) folds it once, writes its ended holdings (those whose
 end entry wrote no row) and then the marker :func:`marker_key`. Until that
 marker exists usage is counted from history as before, and says so
-(``"source": "history"``). ``allocator history prune`` drops days older
-than the policy's ``history.max_age`` (with no age set, rows are kept: a
-day of a 12,500-host fleet is a few MiB).
+(``"source": "history"``). ``allocator history prune`` drops the days that
+ended before its age (the rollup is kept as long as history is; each ended
+holding is one row of about 80 bytes).
 
 Times are the writers' clocks (history's reader also bounds them by the
 store's order of the entries; a row keeps what its writer saw).
@@ -44,6 +44,7 @@ from allocator.store import Delete, KeyValue, Op, Put, Read, Store
 from allocator.util.times import format_time, parse_time
 
 __all__ = [
+    "PRUNED_DAYS",
     "Row",
     "day_prefix",
     "marker_key",
@@ -56,6 +57,8 @@ __all__ = [
     "usage_prefix",
 ]
 
+#: Days before the cutoff one prune deletes (a prune a year catches every one).
+PRUNED_DAYS = 400
 #: Entries that end a holding.
 _ENDS = ("set", "move", "release", "expired")
 #: A row: host, job, holder, gpus, slots, start and end (unix seconds).
@@ -128,12 +131,14 @@ def read_rollup(
     return found
 
 
-def stale_days(history: str, keys: Sequence[str], cutoff: datetime) -> list[Delete]:
-    """Deletes of the days in ``keys`` (rollup keys) wholly before ``cutoff`` (pure)."""
-    days_root = f"{usage_prefix(history)}days/"
-    days = {k[len(days_root) :].split("/", 1)[0] for k in keys if k.startswith(days_root)}
-    last = f"{cutoff.astimezone(UTC) - timedelta(days=1):%Y-%m-%d}"
-    return [Delete(f"{days_root}{d}/", prefix=True) for d in sorted(days) if d < last]
+def stale_days(history: str, cutoff: datetime) -> list[Delete]:
+    """Deletes of the :data:`PRUNED_DAYS` days wholly before ``cutoff`` (pure, no read).
+
+    One prefix delete a day: listing the rows to find their days would read them all.
+    """
+    last = cutoff.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+    days = (last - timedelta(days=n) for n in range(1, PRUNED_DAYS + 1))
+    return [Delete(day_prefix(history, day), prefix=True) for day in days]
 
 
 def _days(since: datetime, until: datetime) -> list[datetime]:

@@ -154,6 +154,10 @@ def test_a_holding_is_filed_by_the_day_it_ended_and_clipped_to_the_window() -> N
 
 
 def test_prune_drops_only_days_wholly_before_the_cutoff() -> None:
-    keys = [f"{HISTORY}usage/days/2026-06-0{d}/hosts/n1/000000000001" for d in (1, 2, 3)]
-    dropped = stale_days(HISTORY, keys, datetime(2026, 6, 3, 5, tzinfo=UTC))
-    assert [d.key for d in dropped] == [f"{HISTORY}usage/days/2026-06-01/"]
+    store = MemoryStore()
+    for day in (1, 2, 3):
+        store.put(f"{HISTORY}usage/days/2026-06-0{day}/hosts/n1/000000000001", b"[]")
+    for delete in stale_days(HISTORY, datetime(2026, 6, 3, 5, tzinfo=UTC)):
+        store.txn([], [delete])
+    left = [kv.key.split("/")[-4] for kv in store.list(f"{HISTORY}usage/").items]
+    assert left == ["2026-06-03"]
