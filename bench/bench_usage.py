@@ -4,7 +4,8 @@ The store (SQLite) holds what 1,000,000 history entries leave in the usage
 rollup: 500,000 ended holdings (a set and its release each), 40 per host,
 spread over the 28 days before now, one row key each as the appends write
 them (:mod:`allocator.history.rollup`), the marker a rebuild writes, and
-one open 8-GPU assignment per host. The rows are written directly as the
+one open 8-GPU assignment per host; then ``history prune`` merges the past
+days' keys, as the daily prune does. The rows are written directly as the
 fixture (appending a million entries is not what is measured). The CLI
 runs as an operator runs it; its wall time and peak RSS (the child's
 ``ru_maxrss``) are the rows. Run alone: ``python -m bench.bench_usage
@@ -23,6 +24,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from allocator.errors import BadRecord
+from allocator.history.prune import prune_history
 from allocator.history.rollup import marker_key, marker_value, rollup_ops
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment
@@ -60,6 +63,10 @@ def fill(store: Store, layout: KeyLayout, hosts: int, per_host: int, now: dateti
     store.put(marker_key(history), marker_value(now))
 
 
+def _ignore(_bad: BadRecord) -> None:
+    pass
+
+
 def rows(args: Any, work: Path) -> list[Row]:
     """Time and peak RSS of ``usage --by team --since 7d`` on the rollup of 1,000,000 entries."""
     hosts, per_host = _SCALE["smoke" if args.smoke else "full"]
@@ -67,7 +74,12 @@ def rows(args: Any, work: Path) -> list[Row]:
     store = open_store(url)
     started = time.perf_counter()
     try:
-        fill(store, KeyLayout(), hosts, per_host, datetime.now(UTC))
+        now = datetime.now(UTC)
+        fill(store, KeyLayout(), hosts, per_host, now)
+        merged = time.perf_counter()
+        # What the daily ``history prune`` leaves: the past days' keys merged.
+        prune_history(store, KeyLayout(), frozenset(), 86_400 * 30, now, _ignore)
+        merged = time.perf_counter() - merged
     finally:
         store.close()
     loaded = time.perf_counter() - started
@@ -80,7 +92,7 @@ def rows(args: Any, work: Path) -> list[Row]:
     source = json.loads(done.stdout)["source"]
     note = (
         f"{hosts:,} hosts, {hosts * per_host * 2:,} history entries' rows over {_DAYS} days "
-        f"(source: {source}); loading took {loaded:.0f} s"
+        f"(source: {source}), merged by history prune ({merged:.0f} s); loading took {loaded:.0f} s"
     )
     return [
         value_row("usage --by team --since 7d, time", seconds, 1.0, "s", note=note),

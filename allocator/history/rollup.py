@@ -21,7 +21,9 @@ History written before the rollup has no rows: :func:`rebuild` (``allocator
 usage --rebuild``) folds it once, writes its ended holdings (those whose
 end entry wrote no row) and then the marker :func:`marker_key`. Until that
 marker exists usage is counted from history as before, and says so
-(``"source": "history"``). ``allocator history prune`` drops the days that
+(``"source": "history"``). ``allocator history prune`` merges each past
+day's row keys, :data:`MERGED` into one and those again (a daily rollup:
+a 7-day window then reads a few hundred keys), and drops the days that
 ended before its age (the rollup is kept as long as history is; each ended
 holding is one row of about 80 bytes).
 
@@ -38,14 +40,17 @@ import msgspec
 
 from allocator.errors import BadRecord
 from allocator.history.stream import OnBad
-from allocator.history.usage import Holding, holder_of
+from allocator.history.usage import Span, holder_of
 from allocator.records.types import HistoryEntry
-from allocator.store import Delete, KeyValue, Op, Put, Read, Store
+from allocator.store import Compare, Delete, KeyValue, Op, Put, Read, Store
 from allocator.util.times import format_time, parse_time
 
 __all__ = [
+    "MAX_ROWS",
+    "MERGED",
     "PRUNED_DAYS",
     "Row",
+    "compactions",
     "day_prefix",
     "marker_key",
     "marker_value",
@@ -59,10 +64,14 @@ __all__ = [
 
 #: Days before the cutoff one prune deletes (a prune a year catches every one).
 PRUNED_DAYS = 400
+#: Row keys one compaction merges into one (a compare and a delete each: 61 operations).
+MERGED = 30
+#: Rows past which a merged key is merged no more (about 80 bytes a row).
+MAX_ROWS = 2000
 #: Entries that end a holding.
 _ENDS = ("set", "move", "release", "expired")
 #: A row: host, job, holder, gpus, slots, start and end (unix seconds).
-Row = tuple[str, str, str, int, int, float, float]
+Row = Span
 _ROWS = msgspec.json.Decoder(list[tuple[str, str, str, int, int, float, float]])
 
 
@@ -117,17 +126,17 @@ def rollup_ops(history: str, entry_key: str, rows: Sequence[Row]) -> list[Op]:
 
 def read_rollup(
     store: Store, history: str, since: datetime, until: datetime, on_bad: OnBad
-) -> list[Holding] | None:
+) -> list[Row] | None:
     """The ended holdings of the days ``since`` .. ``until``; ``None``: no rollup (not rebuilt)."""
     days = _days(since, until)
     reads = [Read(marker_key(history))] + [Read(day_prefix(history, d), prefix=True) for d in days]
     marker, *listings = store.read_many(reads)
     if not marker.items:
         return None
-    found: list[Holding] = []
+    found: list[Row] = []
     for listing in listings:
         for item in listing.items:
-            found += _holdings(item, on_bad)
+            found += _rows(item, on_bad)
     return found
 
 
@@ -141,6 +150,43 @@ def stale_days(history: str, cutoff: datetime) -> list[Delete]:
     return [Delete(day_prefix(history, day), prefix=True) for day in days]
 
 
+def compactions(history: str, listing: Sequence[KeyValue]) -> list[tuple[list[Compare], list[Op]]]:
+    """Transactions merging one day's row keys (``listing``), :data:`MERGED` a key (pure).
+
+    Each writes the merged rows under the name of the first key it merges
+    (``rolled/...``) and deletes those it merged, comparing each, so two
+    prunes at once, or a writer adding a late row, never count a row twice.
+    Keys of :data:`MAX_ROWS` rows or more are left; run again, merged keys
+    merge again (30 of 30 rows: 900).
+    """
+    small = [item for item in listing if _count(item.value) < MAX_ROWS]
+    found = []
+    for start in range(0, len(small), MERGED):
+        chunk = small[start : start + MERGED]
+        if len(chunk) < 2:
+            continue
+        rows = [row for item in chunk for row in _ROWS.decode(item.value)]
+        key = _merged_key(history, chunk[0].key)
+        compares = [Compare(item.key, item.mod_revision) for item in chunk]
+        ops: list[Op] = [Delete(item.key) for item in chunk if item.key != key]
+        found.append((compares, [*ops, Put(key, msgspec.json.encode(rows))]))
+    return found
+
+
+def _merged_key(history: str, key: str) -> str:
+    day, _, tail = key[len(f"{usage_prefix(history)}days/") :].partition("/")
+    return key if tail.startswith("rolled/") else f"{usage_prefix(history)}days/{day}/rolled/{tail}"
+
+
+def _count(value: bytes) -> int:
+    """How many rows a row key holds; not rows: :data:`MAX_ROWS` (never merged: the reader
+    reports it)."""
+    try:
+        return len(_ROWS.decode(value))
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return MAX_ROWS
+
+
 def _days(since: datetime, until: datetime) -> list[datetime]:
     day = since.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     found = []
@@ -150,24 +196,12 @@ def _days(since: datetime, until: datetime) -> list[datetime]:
     return found
 
 
-def _holdings(item: KeyValue, on_bad: OnBad) -> list[Holding]:
+def _rows(item: KeyValue, on_bad: OnBad) -> list[Row]:
     try:
-        rows = _ROWS.decode(item.value)
+        return _ROWS.decode(item.value)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         on_bad(BadRecord(item.key, f"not usage rows: {exc}"))
         return []
-    return [
-        Holding(
-            host,
-            job,
-            holder,
-            gpus,
-            slots,
-            datetime.fromtimestamp(start, UTC),
-            datetime.fromtimestamp(end, UTC),
-        )
-        for host, job, holder, gpus, slots, start, end in rows
-    ]
 
 
 def marker_value(now: datetime) -> bytes:

@@ -10,12 +10,13 @@ holdings, and :func:`usage_document` makes any window (from the read's
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from allocator.history.usage import Holding, UsageRow, holdings, summarize
+from allocator.history.usage import Holding, Span, UsageRow, holdings, span_of, summarize_spans
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
@@ -65,6 +66,7 @@ class UsageRead:
     now: datetime
     since: datetime | None = None
     source: str = "history"
+    ended: list[Span] = field(default_factory=list)  # the rollup's rows
 
 
 def read_usage(allocator: UsageSource, now: datetime, since: datetime | None = None) -> UsageRead:
@@ -84,7 +86,7 @@ def read_usage(allocator: UsageSource, now: datetime, since: datetime | None = N
     if since is not None:
         ended = read_rollup(allocator.store, history, since, now, allocator.on_bad_record)
     if ended is not None:
-        return UsageRead(ended + holdings([], current, now), policy, now, since, "rollup")
+        return UsageRead(holdings([], current, now), policy, now, since, "rollup", ended)
     entries = read_history(
         allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
     )
@@ -105,7 +107,8 @@ def usage_document(
 
     ``limit``: keep only the first (largest) rows; ``rows_total`` says how many there were.
     """
-    rows = summarize(read.found, by, since, read.now, group_of(by, read.policy))
+    spans = read.ended + [span_of(h, read.now) for h in read.found]
+    rows = summarize_spans(spans, since, read.now, group_of(by, read.policy))
     unended = sum(1 for h in read.found if h.ended_unrecorded and h.start >= since)
     shown = rows if limit is None else rows[:limit]
     document = {
@@ -121,17 +124,22 @@ def usage_document(
     return document, shown
 
 
-def group_of(by: str, policy: Policy | None) -> Callable[[Holding], Sequence[str]]:
-    """The function naming a holding's groups for ``--by`` (a user's every team)."""
+def group_of(by: str, policy: Policy | None) -> Callable[[str, str, str], Sequence[str]]:
+    """The function naming the groups of a holding (its host, job, holder) for ``--by``.
+
+    A user's every team; a host's pool and a holder's teams are found once each.
+    """
     if by == "user":
-        return lambda h: (h.holder,)
+        return lambda host, job, holder: (holder,)
     if by == "job":
-        return lambda h: (h.job,)
+        return lambda host, job, holder: (job,)
     if by == "host":
-        return lambda h: (h.host,)
+        return lambda host, job, holder: (host,)
     if by == "pool":
-        return lambda h: (_pool(policy, h.host),)
-    return lambda h: _teams(policy, h.holder)
+        pools = functools.cache(lambda host: (_pool(policy, host),))
+        return lambda host, job, holder: pools(host)
+    teams = functools.cache(lambda holder: _teams(policy, holder))
+    return lambda host, job, holder: teams(holder)
 
 
 def _current(allocator: UsageSource) -> dict[tuple[str, str], Assignment]:

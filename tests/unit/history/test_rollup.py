@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from allocator.agent.sync.run_expiry import expiry_entry
 from allocator.history.backfill import backfill_rows
 from allocator.history.entries import change_entry, release_entry
+from allocator.history.prune import prune_history
 from allocator.history.rollup import (
+    compactions,
     day_prefix,
     marker_key,
     read_rollup,
@@ -21,6 +23,7 @@ from allocator.history.rollup import (
 )
 from allocator.history.stream import Stored
 from allocator.history.usage import Holding, holdings, summarize
+from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, HistoryEntry, RunHolder
 from allocator.store import Put
 from allocator.store.memory import MemoryStore
@@ -91,24 +94,38 @@ def _rolled(
     current: dict[tuple[str, str], Assignment],
     since: datetime,
     now: datetime,
+    compact: bool = False,
 ) -> list[Holding]:
     store = MemoryStore()
     store.put(marker_key(HISTORY), b"{}")
     for stored in entries:
         key = f"{HISTORY}hosts/{stored.entry.host}/{stored.entry.seq:012d}"
         store.txn([], rollup_ops(HISTORY, key, rows_of([stored.entry])))
+    if compact:  # as prune merges the days' keys: the same count from fewer keys
+        for day in {kv.key.split("/")[6] for kv in store.list(f"{HISTORY}usage/days/").items}:
+            listing = store.list(f"{HISTORY}usage/days/{day}/").items
+            for compares, ops in compactions(HISTORY, listing):
+                store.txn(compares, ops)
     ended = read_rollup(store, HISTORY, since, now, lambda bad: None)
     assert ended is not None
-    return ended + holdings([], current, now)
+    return [_holding(row) for row in ended] + holdings([], current, now)
+
+
+def _holding(row: tuple[str, str, str, int, int, float, float]) -> Holding:
+    host, job, holder, gpus, slots, start, end = row
+    begun, ended = datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC)
+    return Holding(host, job, holder, gpus, slots, begun, ended)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(_step, max_size=30), st.integers(0, 3000))
-def test_the_rollup_counts_what_the_history_fold_counted(steps: list[Step], back: int) -> None:
+@given(st.lists(_step, max_size=30), st.integers(0, 3000), st.booleans())
+def test_the_rollup_counts_what_the_history_fold_counted(
+    steps: list[Step], back: int, compact: bool
+) -> None:
     entries, current, now = _play(steps)
     since = now - timedelta(minutes=back)
-    oracle = holdings(entries, current, now)
-    assert _totals(_rolled(entries, current, since, now), since, now) == _totals(oracle, since, now)
+    oracle = _totals(holdings(entries, current, now), since, now)
+    assert _totals(_rolled(entries, current, since, now, compact), since, now) == oracle
 
 
 @settings(max_examples=60, deadline=None)
@@ -119,10 +136,7 @@ def test_the_backfill_of_old_entries_counts_what_history_counted(steps: list[Ste
     old = [Stored(msgspec.structs.replace(s.entry, **unrolled), s.revision) for s in entries]
     assert rows_of(s.entry for s in old) == []  # entries of an older version write no row
     rows = backfill_rows(old, now)
-    found = [
-        Holding(h, j, u, g, s, datetime.fromtimestamp(a, UTC), datetime.fromtimestamp(b, UTC))
-        for h, j, u, g, s, a, b in rows
-    ] + holdings([], current, now)
+    found = [_holding(row) for row in rows] + holdings([], current, now)
     since = T0 - timedelta(days=1)
     assert _totals(found, since, now) == _totals(holdings(old, current, now), since, now)
     assert backfill_rows(entries, now) == []  # every end wrote its own row: nothing to add
@@ -149,7 +163,8 @@ def test_a_holding_is_filed_by_the_day_it_ended_and_clipped_to_the_window() -> N
     store.txn([], [put, Put(marker_key(HISTORY), b"{}")])
     since = T0 + timedelta(hours=3)
     found = read_rollup(store, HISTORY, since, end, lambda bad: None)
-    assert found is not None and _totals(found, since, end) == {"n1/a/alice": (2.0, 2.0, 1)}
+    assert found is not None
+    assert _totals([_holding(r) for r in found], since, end) == {"n1/a/alice": (2.0, 2.0, 1)}
     assert read_rollup(MemoryStore(), HISTORY, since, end, lambda bad: None) is None
 
 
@@ -161,3 +176,18 @@ def test_prune_drops_only_days_wholly_before_the_cutoff() -> None:
         store.txn([], [delete])
     left = [kv.key.split("/")[-4] for kv in store.list(f"{HISTORY}usage/").items]
     assert left == ["2026-06-03"]
+
+
+def test_prune_merges_a_past_days_row_keys_and_the_count_stays() -> None:
+    store = MemoryStore()
+    store.put(marker_key(HISTORY), b"{}")
+    ends = [T0 + timedelta(minutes=n) for n in range(70)]
+    for n, end in enumerate(ends):
+        row = ("n1", f"j{n}", "alice", 2, 1, end.timestamp() - 60, end.timestamp())
+        store.txn([], rollup_ops(HISTORY, f"{HISTORY}hosts/n1/{n:012d}", [row]))
+    since, until = T0 - timedelta(days=1), T0 + timedelta(days=1)
+    before = read_rollup(store, HISTORY, since, until, lambda bad: None)
+    prune_history(store, KeyLayout(), frozenset({"n1"}), 86_400 * 30, until, lambda bad: None)
+    after = read_rollup(store, HISTORY, since, until, lambda bad: None)
+    assert before is not None and after is not None and sorted(after) == sorted(before)
+    assert len(store.list(f"{HISTORY}usage/days/").items) == 1  # 30 + 30 + 10, then merged
