@@ -66,7 +66,7 @@ __all__ = [
 PRUNED_DAYS = 400
 #: Row keys one compaction merges into one (a compare and a delete each: 61 operations).
 MERGED = 30
-#: Rows past which a merged key is merged no more (about 80 bytes a row).
+#: The most rows a merged key holds (about 90 bytes a row).
 MAX_ROWS = 2000
 #: Entries that end a holding.
 _ENDS = ("set", "move", "release", "expired")
@@ -156,21 +156,34 @@ def compactions(history: str, listing: Sequence[KeyValue]) -> list[tuple[list[Co
     Each writes the merged rows under the name of the first key it merges
     (``rolled/...``) and deletes those it merged, comparing each, so two
     prunes at once, or a writer adding a late row, never count a row twice.
-    Keys of :data:`MAX_ROWS` rows or more are left; run again, merged keys
-    merge again (30 of 30 rows: 900).
+    A merged key holds at most :data:`MAX_ROWS` rows (about 180 KiB, within
+    every backend's value limit); run again, merged keys merge again.
     """
-    small = [item for item in listing if _count(item.value) < MAX_ROWS]
     found = []
-    for start in range(0, len(small), MERGED):
-        chunk = small[start : start + MERGED]
-        if len(chunk) < 2:
-            continue
+    for chunk in _chunks(listing):
         rows = [row for item in chunk for row in _ROWS.decode(item.value)]
         key = _merged_key(history, chunk[0].key)
         compares = [Compare(item.key, item.mod_revision) for item in chunk]
         ops: list[Op] = [Delete(item.key) for item in chunk if item.key != key]
         found.append((compares, [*ops, Put(key, msgspec.json.encode(rows))]))
     return found
+
+
+def _chunks(listing: Sequence[KeyValue]) -> list[list[KeyValue]]:
+    """Runs of at most :data:`MERGED` keys of at most :data:`MAX_ROWS` rows in all (2 or more)."""
+    found: list[list[KeyValue]] = []
+    chunk: list[KeyValue] = []
+    rows = 0
+    for item in listing:
+        count = _count(item.value)
+        if chunk and (len(chunk) == MERGED or rows + count > MAX_ROWS):
+            found.append(chunk)
+            chunk, rows = [], 0
+        if count < MAX_ROWS:
+            chunk.append(item)
+            rows += count
+    found.append(chunk)
+    return [c for c in found if len(c) > 1]
 
 
 def _merged_key(history: str, key: str) -> str:
