@@ -49,3 +49,15 @@ def test_the_rollup_counts_what_history_counted_once_rebuilt(cli: Cli) -> None:
 
 def _hours(document: dict[str, Any]) -> dict[str, float]:
     return {row["key"]: row["gpu_hours"] for row in document["rows"] if row["key"] != "kept"}
+
+
+def test_a_job_across_hosts_is_counted_on_each_host_once(cli: Cli) -> None:
+    assert cli("policy", "apply", str(EXAMPLE_POLICY)).code == 0
+    assert cli("usage", "--rebuild", "-o", "json").code == 0  # an empty history: the marker
+    assert cli("set", "job=ring", "host=node1,node2", "gpus=0-1").code == 0
+    assert cli("release", "job=ring").code == 0
+    document = json.loads(cli("usage", "--by", "host", "-o", "json").out)
+    assert document["source"] == "rollup"
+    # One row per host the release ended (a holding within one second counts none).
+    assert all(row["holdings"] == 1 and row["jobs"] == ["ring"] for row in document["rows"])
+    assert {row["key"] for row in document["rows"]} <= {"node1", "node2"}
