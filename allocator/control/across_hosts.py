@@ -37,6 +37,7 @@ from allocator.errors import RequestError
 from allocator.history.append import prepare_append
 from allocator.history.entries import change_entry, release_entry
 from allocator.history.index import index_ops
+from allocator.history.rollup import rollup_ops, rows_of
 from allocator.history.stream import host_stream
 from allocator.placement.vendors import check_one_vendor
 from allocator.records.codec import replace_struct
@@ -74,8 +75,9 @@ OPS_PER_HOST = 3
 #: compare the host's history head, write the entry, drop the oldest, write the head.
 RESERVED_OPS_PER_HOST = 4
 #: Compare the policy, compare and write the job index, bump the fleet generation,
-#: and write the one pointer to the hosts' history entries in the fleet's index.
-FIXED_OPS = 5
+#: write the one pointer to the hosts' history entries in the fleet's index,
+#: and the one usage row key of the holdings they end.
+FIXED_OPS = 6
 #: The most hosts one job may span (8 with a 64-operation transaction).
 MAX_JOB_HOSTS = (MAX_TXN_OPS - FIXED_OPS) // (OPS_PER_HOST + RESERVED_OPS_PER_HOST)
 
@@ -338,6 +340,7 @@ def _with_history(
         written.append(appended[0].key)  # the entry itself comes first
     if entries:
         ops += index_ops(writer.layout.history, entries[0].at, written, trim=False)
+        ops += rollup_ops(writer.layout.history, written[0], rows_of(entries))
 
 
 def _with_charge(

@@ -30,6 +30,7 @@ from datetime import timedelta
 
 from allocator.errors import BadRecord
 from allocator.history.index import index_ops
+from allocator.history.rollup import rollup_ops, rows_of
 from allocator.history.stream import OnBad, Stream, decode_entry
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import decode_record, replace_struct
@@ -164,8 +165,9 @@ def append_ops(
     at most ``max_trim`` of them besides the one the new entry displaces
     (a transaction touching many hosts passes 0: at most 4 operations a host).
     ``indexed``: also write the entry's pointer in the fleet's index and trim
-    the index's oldest hour (2 operations); a transaction touching many hosts
-    passes ``False`` and writes one pointer for all (:func:`index_ops`).
+    the index's oldest hour (2 operations), and the usage row of the holding
+    it ends (:mod:`allocator.history.rollup`); a transaction touching many
+    hosts passes ``False`` and writes one pointer and one row key for all.
     """
     compare, ops, _ = append_plan(stream, head, entry, keep, max_trim, indexed=indexed)
     return compare, ops
@@ -199,6 +201,7 @@ def append_plan(
     ops.append(Put(stream.head_key, bounds.to_json()))
     if indexed and stream.root:
         ops += index_ops(stream.root, entry.at, [stream.entry_key(seq)], trim=True)
+        ops += rollup_ops(stream.root, stream.entry_key(seq), rows_of([entry]))
     oldest = head.oldest[drop:]
     if len(head.oldest) == seq - head.first and len(oldest) < OLDEST:
         oldest += (entry.at,)  # every entry was known: so is the new one

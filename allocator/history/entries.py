@@ -6,9 +6,11 @@ change appends (see :mod:`allocator.history.append`).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from allocator.records.types import Assignment, HistoryEntry, JobPlace, PolicyRecord
 
-__all__ = ["change_entry", "policy_entry", "release_entry"]
+__all__ = ["change_entry", "ended_fields", "policy_entry", "release_entry"]
 
 
 def change_entry(
@@ -37,6 +39,7 @@ def change_entry(
         detail=detail,
         slots=after.slots if after.mode == "gpu" and after.slots != 1 else None,
         holder=after.holder,
+        **ended_fields(before),
     )
 
 
@@ -68,6 +71,7 @@ def release_entry(
         exit_status=ended[0] if ended is not None else None,
         gpu_seconds=round(ended[1], 3) if ended is not None else None,
         holder=before.holder if before is not None else "",
+        **ended_fields(before),
     )
 
 
@@ -94,3 +98,20 @@ def _place(assignment: Assignment | None) -> tuple[JobPlace | None, tuple[int, .
     if assignment is None:
         return None, ()
     return assignment.mode, tuple(assignment.gpus)
+
+
+class _Ended(TypedDict):
+    started: str | None
+    from_slots: int | None
+    from_holder: str | None
+
+
+def ended_fields(before: Assignment | None) -> _Ended:
+    """What an entry records of the holding it ends, for the usage rollup (start, slots, holder).
+
+    The holder is the one its start entry named: the assignment's, else its writer's user.
+    """
+    if before is None or before.mode != "gpu" or not before.gpus:
+        return {"started": None, "from_slots": None, "from_holder": None}
+    holder = before.holder or before.updated_by.split("@", 1)[0] or before.updated_by
+    return {"started": before.updated_at or None, "from_slots": before.slots, "from_holder": holder}

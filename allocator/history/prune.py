@@ -10,7 +10,9 @@ transaction, each comparing the stream's head, so it races no append. A
 stream of a host the applied policy no longer declares loses its head too
 once it has no entry left: ``history`` then lists the host no more. Prune
 also cuts the hours of the fleet's index that no append cut (an hour
-nobody appended in: :mod:`allocator.history.index`).
+nobody appended in: :mod:`allocator.history.index`), and the usage
+rollup's days that ended before the age, merging the past days' row keys
+(:mod:`allocator.history.rollup`): usage is kept as long as history.
 
 It is safe to run at any time and as often as wanted (a cron job, daily):
 what it drops the next append would have dropped.
@@ -18,14 +20,16 @@ what it drops the next append would have dropped.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from allocator.errors import CasConflict
 from allocator.history import index as history_index
 from allocator.history.append import Head, aged_count, head_of, oldest_times, recover_head
 from allocator.history.read import head_hosts
+from allocator.history.rollup import compactions, day_prefix, stale_days
 from allocator.history.stream import OnBad, Stream, host_stream, policy_stream
 from allocator.records.keys import KeyLayout
 from allocator.records.types import HistoryHead
@@ -36,6 +40,10 @@ __all__ = ["PAGE", "PruneResult", "prune_history"]
 
 #: Entries dropped per transaction (within every backend's 64 operations).
 PAGE = 60
+#: Past days whose usage rows one prune merges (a daily prune needs only yesterday).
+_COMPACTED_DAYS = 31
+#: Times a day's keys are merged (30 rows a key, then 900, then :data:`MAX_ROWS`).
+_MERGE_LEVELS = 3
 #: Streams whose first pages one request reads.
 _STREAMS_PER_READ = 32
 #: Tries per page when an append moved the head meanwhile.
@@ -80,6 +88,7 @@ def prune_history(
             if emptied and stream.host is not None:
                 removed.append(stream.host)
     hours = _trim_index(store, layout, now)
+    _trim_rollup(store, layout, now - timedelta(seconds=max_age), now)
     return PruneResult(max_age, len(streams), entries, pruned, tuple(removed), hours)
 
 
@@ -95,6 +104,26 @@ def _trim_index(store: Store, layout: KeyLayout, now: datetime) -> int:
     for start in range(0, len(doomed), PAGE):
         store.txn([], doomed[start : start + PAGE])
     return len(doomed)
+
+
+def _trim_rollup(store: Store, layout: KeyLayout, cutoff: datetime, now: datetime) -> None:
+    """Delete the usage rollup's days that ended before ``cutoff`` (prefix deletes, no read),
+    and merge the row keys of the past days since (at most :data:`_COMPACTED_DAYS`)."""
+    doomed = stale_days(layout.history, cutoff)
+    for start in range(0, len(doomed), PAGE):
+        store.txn([], doomed[start : start + PAGE])
+    for back in range(1, _COMPACTED_DAYS + 1):
+        day = now - timedelta(days=back)
+        if day < cutoff - timedelta(days=1):
+            break
+        for _level in range(_MERGE_LEVELS):
+            listing = store.list(day_prefix(layout.history, day))
+            merges = compactions(layout.history, listing.items)
+            for compares, ops in merges:
+                with contextlib.suppress(CasConflict):  # a late row or another prune: next time
+                    store.txn(compares, ops)
+            if not merges:
+                break
 
 
 def _prune_stream(

@@ -35,7 +35,18 @@ from allocator.history.stream import Stored
 from allocator.records.types import Assignment, HistoryEntry
 from allocator.util.times import parse_time
 
-__all__ = ["BY", "Holding", "UsageRow", "holder_of", "holdings", "store_times", "summarize"]
+__all__ = [
+    "BY",
+    "Holding",
+    "Span",
+    "UsageRow",
+    "holder_of",
+    "holdings",
+    "span_of",
+    "store_times",
+    "summarize",
+    "summarize_spans",
+]
 
 #: Entries that end a job's holding on a host (``expired``: the agent saw a killed run's go).
 _ENDS = ("set", "move", "release", "expired")
@@ -216,6 +227,44 @@ def summarize(
             row.slot_hours += holding.gpus * holding.slots * seconds / 3600
             row.holdings += 1
             row.jobs.add(holding.job)
+    return sorted(rows.values(), key=lambda r: (-r.gpu_hours, r.key))
+
+
+#: A holding as the count needs it: host, job, holder, GPUs, slots, start and end (unix
+#: seconds; what the usage rollup stores, :mod:`allocator.history.rollup`).
+Span = tuple[str, str, str, int, int, float, float]
+
+
+def span_of(holding: Holding, until: datetime) -> Span:
+    """``holding`` as a span (one still open ends at ``until``; one ended unrecorded at once)."""
+    end = holding.end if holding.end is not None else until
+    start = holding.start.timestamp()
+    stop = start if holding.ended_unrecorded else end.timestamp()
+    return (holding.host, holding.job, holding.holder, holding.gpus, holding.slots, start, stop)
+
+
+def summarize_spans(
+    spans: Iterable[Span],
+    since: datetime,
+    until: datetime,
+    group_of: Callable[[str, str, str], Sequence[str]],
+) -> list[UsageRow]:
+    """:func:`summarize` of spans (pure); ``group_of`` takes a span's host, job and holder."""
+    low, high = since.timestamp(), until.timestamp()
+    rows: dict[str, UsageRow] = {}
+    for host, job, holder, gpus, slots, start, end in spans:
+        seconds = min(end, high) - max(start, low)
+        if seconds <= 0:
+            continue
+        hours = gpus * seconds / 3600
+        for group in group_of(host, job, holder):
+            row = rows.get(group)
+            if row is None:
+                row = rows[group] = UsageRow(group)
+            row.gpu_hours += hours
+            row.slot_hours += hours * slots
+            row.holdings += 1
+            row.jobs.add(job)
     return sorted(rows.values(), key=lambda r: (-r.gpu_hours, r.key))
 
 

@@ -354,6 +354,12 @@ class HistoryEntry(msgspec.Struct, frozen=True):
     gpu_seconds: Annotated[float, msgspec.Meta(ge=0)] | None = None
     #: Who held the job's GPUs (the assignment's ``holder``; "" in older entries).
     holder: Text = ""
+    #: When the holding this entry ends began (its assignment's time), its slots per
+    #: GPU and who held it: what the usage rollup counts (``None``: nothing held, or
+    #: an older entry).
+    started: Rfc3339 | None = None
+    from_slots: Slots | None = None
+    from_holder: Text | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_json(self) -> bytes:

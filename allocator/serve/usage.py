@@ -1,10 +1,11 @@
 """``/api/v1/usage``: the same document as ``allocator usage -o json``, and the page's top holders.
 
-History is read whole on request, as ``allocator usage`` reads it, and the
-holdings found are kept for :data:`KEEP_SECONDS`: every query in that time
-(any window, grouping or limit) is counted from that one read, so neither
-a page open on many screens nor a client varying its query costs more than
-one read of history per interval.
+The usage rollup's days are read on request, as ``allocator usage`` reads
+them (:mod:`allocator.history.rollup`; history whole before the rollup was
+rebuilt), and the holdings found are kept for :data:`KEEP_SECONDS`: every
+query in that time whose window the read covers (any grouping or limit) is
+counted from that one read, so neither a page open on many screens nor a
+client varying its query costs more than one read per interval.
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import Any
 
 from allocator.errors import AllocatorError, InvalidInput
 from allocator.records.keys import KeyLayout
 from allocator.serve.history import error_answer
+from allocator.status.usage_report import UsageRead
 from allocator.store import Store
-
-if TYPE_CHECKING:
-    from allocator.status.usage_report import UsageRead
 
 __all__ = ["KEEP_SECONDS", "UsageAnswers"]
 
@@ -53,33 +53,40 @@ class UsageAnswers:
 
         try:
             since_text, by, limit = _parsed(query)
-            parse_since(since_text, utc_now())  # refused before any read
-            read = self._read()
+            since = parse_since(since_text, utc_now())  # refused before any read
+            read = self._read(since)
             since = parse_since(since_text, read.now)
         except AllocatorError as exc:
             return error_answer(exc)
         return 200, usage_document(read, since, by, limit)[0]
 
-    def _read(self) -> UsageRead:
-        """The kept read of history, or a new one when it is :data:`KEEP_SECONDS` old."""
+    def _read(self, since: datetime) -> UsageRead:
+        """The kept read, or a new one when it is :data:`KEEP_SECONDS` old or starts too late."""
         with self._lock:
             now = self._clock()
-            if self._kept is not None and now - self._kept[0] < KEEP_SECONDS:
-                return self._kept[1]
-            read = self._read_store()
+            kept = self._kept
+            if kept is not None and now - kept[0] < KEEP_SECONDS and _covers(kept[1], since):
+                return kept[1]
+            # A minute early: the kept read still covers the same window asked again.
+            read = self._read_store(since - timedelta(minutes=1))
             self._kept = (now, read)
             return read
 
-    def _read_store(self) -> UsageRead:
+    def _read_store(self, since: datetime) -> UsageRead:
         from allocator.control.client import Allocator
         from allocator.status.usage_report import read_usage
         from allocator.util.times import utc_now
 
         store = self._open_store()
         try:
-            return read_usage(Allocator(store, prefix=self._layout.prefix), utc_now())
+            return read_usage(Allocator(store, prefix=self._layout.prefix), utc_now(), since)
         finally:
             store.close()
+
+
+def _covers(read: UsageRead, since: datetime) -> bool:
+    """Whether ``read`` counts every holding a window from ``since`` needs."""
+    return read.since is None or read.since <= since
 
 
 def _parsed(query: Mapping[str, str]) -> tuple[str, str, int]:

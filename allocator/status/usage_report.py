@@ -1,19 +1,22 @@
 """The usage report (``allocator usage``, serve's ``/api/v1/usage``): one read, one document.
 
-History is read whole (every host's stream), the current assignments once
-(:func:`read_usage`); the pure parts in :mod:`allocator.history.usage` then
-count the holdings, and :func:`usage_document` makes any window and
-grouping's document from that one read.
+The ended holdings are read from the usage rollup's days inside the window
+(:mod:`allocator.history.rollup`), the current assignments once
+(:func:`read_usage`); before the rollup was rebuilt, history is read whole
+instead. The pure parts in :mod:`allocator.history.usage` then count the
+holdings, and :func:`usage_document` makes any window (from the read's
+``since`` on) and grouping's document from that one read.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from allocator.history.usage import Holding, UsageRow, holdings, summarize
+from allocator.history.usage import Holding, Span, UsageRow, holdings, span_of, summarize_spans
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
@@ -52,23 +55,41 @@ class UsageSource(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class UsageRead:
-    """What every usage document is counted from: one read of history and the assignments."""
+    """What every usage document is counted from: one read of the rollup (or history).
+
+    ``since``: the earliest window it can count (``None``: any, history was
+    read whole); ``source``: ``rollup`` or ``history`` (no rollup yet).
+    """
 
     found: list[Holding]
     policy: Policy | None
     now: datetime
+    since: datetime | None = None
+    source: str = "history"
+    ended: list[Span] = field(default_factory=list)  # the rollup's rows
 
 
-def read_usage(allocator: UsageSource, now: datetime) -> UsageRead:
-    """Read history whole and the current assignments once; find every holding (up to ``now``)."""
+def read_usage(allocator: UsageSource, now: datetime, since: datetime | None = None) -> UsageRead:
+    """The holdings up to ``now``: the rollup's days from ``since`` and the open assignments.
+
+    Without a rollup (``allocator usage --rebuild`` never ran) or without
+    ``since``, history is read whole and counted as before.
+    """
+    from allocator.history.rollup import read_rollup
     from allocator.history.stream import read_history
 
-    entries = read_history(
-        allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
-    )
     current = _current(allocator)
     snapshot = allocator.policy()
     policy = snapshot.policy if snapshot is not None else None
+    history = allocator.layout.history
+    ended = None
+    if since is not None:
+        ended = read_rollup(allocator.store, history, since, now, allocator.on_bad_record)
+    if ended is not None:
+        return UsageRead(holdings([], current, now), policy, now, since, "rollup", ended)
+    entries = read_history(
+        allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
+    )
     return UsageRead(holdings(entries, current, now), policy, now)
 
 
@@ -76,7 +97,7 @@ def usage_report(
     allocator: UsageSource, since: datetime, by: str, now: datetime, limit: int | None = None
 ) -> tuple[dict[str, Any], list[UsageRow]]:
     """The JSON document of the usage since ``since`` grouped ``by``, and its rows."""
-    return usage_document(read_usage(allocator, now), since, by, limit)
+    return usage_document(read_usage(allocator, now, since), since, by, limit)
 
 
 def usage_document(
@@ -86,7 +107,8 @@ def usage_document(
 
     ``limit``: keep only the first (largest) rows; ``rows_total`` says how many there were.
     """
-    rows = summarize(read.found, by, since, read.now, group_of(by, read.policy))
+    spans = read.ended + [span_of(h, read.now) for h in read.found]
+    rows = summarize_spans(spans, since, read.now, group_of(by, read.policy))
     unended = sum(1 for h in read.found if h.ended_unrecorded and h.start >= since)
     shown = rows if limit is None else rows[:limit]
     document = {
@@ -95,23 +117,29 @@ def usage_document(
         "by": by,
         "rows": [_row_document(row) for row in shown],
         "unended": unended,
+        "source": read.source,
     }
     if limit is not None:
         document["rows_total"] = len(rows)
     return document, shown
 
 
-def group_of(by: str, policy: Policy | None) -> Callable[[Holding], Sequence[str]]:
-    """The function naming a holding's groups for ``--by`` (a user's every team)."""
+def group_of(by: str, policy: Policy | None) -> Callable[[str, str, str], Sequence[str]]:
+    """The function naming the groups of a holding (its host, job, holder) for ``--by``.
+
+    A user's every team; a host's pool and a holder's teams are found once each.
+    """
     if by == "user":
-        return lambda h: (h.holder,)
+        return lambda host, job, holder: (holder,)
     if by == "job":
-        return lambda h: (h.job,)
+        return lambda host, job, holder: (job,)
     if by == "host":
-        return lambda h: (h.host,)
+        return lambda host, job, holder: (host,)
     if by == "pool":
-        return lambda h: (_pool(policy, h.host),)
-    return lambda h: _teams(policy, h.holder)
+        pools = functools.cache(lambda host: (_pool(policy, host),))
+        return lambda host, job, holder: pools(host)
+    teams = functools.cache(lambda holder: _teams(policy, holder))
+    return lambda host, job, holder: teams(holder)
 
 
 def _current(allocator: UsageSource) -> dict[tuple[str, str], Assignment]:

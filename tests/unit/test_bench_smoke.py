@@ -56,6 +56,7 @@ ROWS = {
         "status -o json, 30 hosts vs etcdctl get --prefix -w json",
         "status --summary vs whole status, 30 hosts",
     ),
+    "usage": ("usage --by team --since 7d, time", "usage --by team --since 7d, peak RSS"),
     "page": ("page: first whole heatmap, 30 hosts",),
 }
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from allocator.agent.sync.history_decisions import agent_actor
+from allocator.history.entries import ended_fields
 from allocator.history.stream import Stored
 from allocator.records.types import Assignment, HistoryEntry
 from allocator.util.times import format_time, parse_time
@@ -66,6 +67,7 @@ def expiry_entry(held: Assignment, host: str, seen_gone: datetime) -> HistoryEnt
         slots=held.slots if held.mode == "gpu" and held.slots != 1 else None,
         gpu_seconds=round(gpus * seconds, 3),
         holder=held.holder,
+        **ended_fields(held),
     )
 
 

@@ -273,3 +273,19 @@ def test_every_share_of_a_set_and_a_release_across_hosts_is_in_its_hosts_history
             ("release", "sweep done", "alice@h"),
         ]
         assert kept[0].entry.to_gpus == (0, 1) and kept[1].entry.from_gpus == (0, 1)
+
+
+def test_release_across_writes_one_usage_row_key_for_every_host_it_ends(store: Store) -> None:
+    from allocator.history.rollup import read_rollup, usage_prefix
+
+    alice = _allocator(store)
+    alice.apply_policy(policy_text(), "p.yaml")
+    alice.assign_across(_train(), ["node0", "node1"])
+    alice.release_across("train")
+    (key,) = store.list(usage_prefix(alice.layout.history)).items
+    store.put(f"{usage_prefix(alice.layout.history)}complete", b"{}")
+    rows = read_rollup(store, alice.layout.history, NOW, NOW, lambda bad: None)
+    assert rows is not None and sorted((r[0], r[1]) for r in rows) == [
+        ("node0", "train"),
+        ("node1", "train"),
+    ], key

@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from allocator.history.stream import Stored
-from allocator.history.usage import Holding, holder_of, holdings, summarize
+from allocator.history.usage import (
+    Holding,
+    holder_of,
+    holdings,
+    span_of,
+    summarize,
+    summarize_spans,
+)
 from allocator.records.types import Assignment, HistoryEntry
 
 T0 = datetime(2026, 6, 1, tzinfo=UTC)
@@ -121,7 +128,9 @@ def test_by_team_credits_every_team_of_the_holder_as_quotas_charge_each() -> Non
     found = holdings([_entry("set", "a", 0, (0,), holder="alice"), _entry("release", "a", 2),
                       _entry("set", "b", 0, (1,), holder="carol"), _entry("release", "b", 1)],
                      {})  # fmt: skip
-    rows = summarize(found, "team", T0, T0 + timedelta(days=1), group_of("team", policy))
+    until = T0 + timedelta(days=1)
+    spans = [span_of(h, until) for h in found]
+    rows = summarize_spans(spans, T0, until, group_of("team", policy))
     assert {r.key: r.gpu_hours for r in rows} == {"vision": 2.0, "speech": 2.0, "(no team)": 1.0}
 
 

@@ -1,0 +1,116 @@
+"""``allocator usage --by team --since 7d`` at 12,500 hosts: read from the rollup, not history.
+
+The store (SQLite) holds what 1,000,000 history entries leave in the usage
+rollup: 500,000 ended holdings (a set and its release each), 40 per host,
+spread over the 28 days before now, one row key each as the appends write
+them (:mod:`allocator.history.rollup`), the marker a rebuild writes, and
+one open 8-GPU assignment per host; then ``history prune`` merges the past
+days' keys, as the daily prune does. The rows are written directly as the
+fixture (appending a million entries is not what is measured). The CLI
+runs as an operator runs it; its wall time and peak RSS (the child's
+``ru_maxrss``) are the rows. Run alone: ``python -m bench.bench_usage
+[--smoke]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from allocator.errors import BadRecord
+from allocator.history.prune import prune_history
+from allocator.history.rollup import marker_key, marker_value, rollup_ops
+from allocator.records.keys import KeyLayout
+from allocator.records.types import Assignment
+from allocator.store import Op, Put, Store, open_store
+from allocator.util.times import format_time
+from bench.common import Row, allocator_cli, clean_env, value_row
+
+__all__ = ["fill", "rows"]
+
+_SCALE = {"full": (12_500, 40), "smoke": (50, 4)}
+_BATCH = 60
+_DAYS = 28
+
+
+def fill(store: Store, layout: KeyLayout, hosts: int, per_host: int, now: datetime) -> None:
+    """``per_host`` ended holdings a host over :data:`_DAYS` days, and one open one each."""
+    history = layout.history
+    span = _DAYS * 86_400 / per_host
+    ops: list[Op] = []
+    for index in range(hosts):
+        host = f"node{index:05d}"
+        held = Assignment(job="open", host=host, gpus=tuple(range(8)), mode="gpu",
+                          updated_by="alice@x", updated_at=format_time(now - timedelta(hours=3)),
+                          holder=f"user{index % 200}")  # fmt: skip
+        ops.append(Put(layout.assignment(host, "open"), held.to_json()))
+        for n in range(per_host):
+            end = now.timestamp() - n * span - 60
+            row = (host, f"job{n}", f"user{(index + n) % 200}", 1 + n % 8, 1, end - span / 2, end)
+            ops += rollup_ops(history, f"{history}hosts/{host}/{2 * n + 1:012d}", [row])
+            if len(ops) >= _BATCH:
+                store.txn([], ops)
+                ops = []
+    if ops:
+        store.txn([], ops)
+    store.put(marker_key(history), marker_value(now))
+
+
+def _ignore(_bad: BadRecord) -> None:
+    pass
+
+
+def rows(args: Any, work: Path) -> list[Row]:
+    """Time and peak RSS of ``usage --by team --since 7d`` on the rollup of 1,000,000 entries."""
+    hosts, per_host = _SCALE["smoke" if args.smoke else "full"]
+    url = f"sqlite://{work / 'usage.db'}"
+    store = open_store(url)
+    started = time.perf_counter()
+    try:
+        now = datetime.now(UTC)
+        fill(store, KeyLayout(), hosts, per_host, now)
+        merged = time.perf_counter()
+        # What the daily ``history prune`` leaves: the past days' keys merged.
+        prune_history(store, KeyLayout(), frozenset(), 86_400 * 30, now, _ignore)
+        merged = time.perf_counter() - merged
+    finally:
+        store.close()
+    loaded = time.perf_counter() - started
+    env = clean_env(ALLOCATOR_STORE=url)
+    argv = allocator_cli("usage", "--by", "team", "--since", "7d", "-o", "json")
+    began = time.perf_counter()
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    seconds = time.perf_counter() - began
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    source = json.loads(done.stdout)["source"]
+    note = (
+        f"{hosts:,} hosts, {hosts * per_host * 2:,} history entries' rows over {_DAYS} days "
+        f"(source: {source}), merged by history prune ({merged:.0f} s); loading took {loaded:.0f} s"
+    )
+    return [
+        value_row("usage --by team --since 7d, time", seconds, 1.0, "s", note=note),
+        value_row("usage --by team --since 7d, peak RSS", peak, 100.0, "MiB", note=note),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as work:
+        for row in rows(args, Path(work)):
+            print(f"{row.name}: {row.ours:.3f} {row.unit} ({row.target}) {row.note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
