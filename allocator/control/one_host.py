@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 
 from allocator.control.gate import NotYourTurn, PlaceAround
 from allocator.control.holder import asker_of
-from allocator.control.quotas import charge
 from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
 from allocator.errors import (
     BadRecord,
@@ -306,6 +305,9 @@ def _charge(
     """The quota counters' compares and writes; nothing read when no one is charged."""
     if not any(a.charged for a in (*before, *after)):
         return [], []
+    # Here, not at the top: a `set` where no one is charged never loads the quota code.
+    from allocator.control.quotas import charge
+
     return charge(writer, policy, before, after)
 
 

@@ -40,18 +40,31 @@ import msgspec
 
 from allocator.errors import BadRecord
 from allocator.history.stream import OnBad
-from allocator.history.usage import Span, holder_of
 from allocator.records.types import HistoryEntry
 from allocator.store import Compare, Delete, KeyValue, Op, Put, Read, Store
 from allocator.util.times import format_time, parse_time
+
+#: A holding as the count needs it: host, job, holder, GPUs, slots, start and end (unix
+#: seconds): what one row of the rollup stores.
+Span = tuple[str, str, str, int, int, float, float]
+
+
+def holder_of(entry: HistoryEntry) -> str:
+    """Who held what ``entry`` set: its ``holder``, else its writer's user part."""
+    if entry.holder:
+        return entry.holder
+    return entry.by.split("@", 1)[0] or entry.by
+
 
 __all__ = [
     "MAX_ROWS",
     "MERGED",
     "PRUNED_DAYS",
     "Row",
+    "Span",
     "compactions",
     "day_prefix",
+    "holder_of",
     "marker_key",
     "marker_value",
     "read_rollup",

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from allocator.history.rollup import Span, holder_of
 from allocator.history.stream import Stored
 from allocator.records.types import Assignment, HistoryEntry
 from allocator.util.times import parse_time
@@ -84,13 +85,6 @@ class UsageRow:
     slot_hours: float = 0.0
     holdings: int = 0
     jobs: set[str] = field(default_factory=set)
-
-
-def holder_of(entry: HistoryEntry) -> str:
-    """Who held what ``entry`` set: its ``holder``, else its writer's user part."""
-    if entry.holder:
-        return entry.holder
-    return entry.by.split("@", 1)[0] or entry.by
 
 
 def holdings(
@@ -228,11 +222,6 @@ def summarize(
             row.holdings += 1
             row.jobs.add(holding.job)
     return sorted(rows.values(), key=lambda r: (-r.gpu_hours, r.key))
-
-
-#: A holding as the count needs it: host, job, holder, GPUs, slots, start and end (unix
-#: seconds; what the usage rollup stores, :mod:`allocator.history.rollup`).
-Span = tuple[str, str, str, int, int, float, float]
 
 
 def span_of(holding: Holding, until: datetime) -> Span:
