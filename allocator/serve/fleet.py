@@ -73,15 +73,43 @@ class Fleet:
         return self.read(lambda view: status_json(view, query or StatusQuery({}), select_hosts))
 
     def page_document(self) -> bytes:
-        """What every viewer's page gets on each change: status, store state, time."""
+        """An event stream's first document: status, store state, time, revision."""
+
+        def build(view: FleetView) -> bytes:
+            status = status_json(view, StatusQuery({}), select_hosts)
+            status = status if isinstance(status, bytes) else b"".join(status)
+            return b'{"status":' + status + b"," + self._rest(view)[1:]
+
+        return self.read(build)
+
+    def page_change(self) -> bytes | None:
+        """The hosts changed since the last call, as an event stream sends them.
+
+        ``{"revision", "hosts": [status items], "removed": [names], "store",
+        "loaded", "at"}``; ``None`` when every host was rebuilt (a stream
+        must fetch the whole document again).
+        """
+
+        def build(view: FleetView) -> bytes | None:
+            touched = view.take_touched()
+            if touched is None:
+                return None
+            views = view.views
+            hosts = b",".join(views[name].json for name in touched if name in views)
+            removed = json.dumps([name for name in touched if name not in views]).encode()
+            head = b'{"hosts":[' + hosts + b'],"removed":' + removed + b","
+            return head + self._rest(view)[1:]
+
+        return self.read(build)
+
+    def _rest(self, view: FleetView) -> bytes:
         rest = {
+            "revision": view.revision,
             "store": {"url": self.url, **self.watcher.state.to_dict()},
             "loaded": self.mirror.loaded,
             "at": format_time(self.wall()),
         }
-        status = self.status()
-        status = status if isinstance(status, bytes) else b"".join(status)
-        return b'{"status":' + status + b"," + json.dumps(rest)[1:].encode()
+        return json.dumps(rest).encode()
 
     def metrics(self) -> bytes:
         """The fleet's Prometheus exposition."""
