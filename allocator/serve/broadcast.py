@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 __all__ = ["BACKLOG", "KEEPALIVE_SECONDS", "REFRESH_SECONDS", "Broadcaster", "event_stream"]
 
@@ -32,11 +32,13 @@ _END = b""
 class Broadcaster:
     """Each change once, queued to every open stream (at most :data:`BACKLOG` each).
 
-    ``snapshot()`` is a stream's whole first document; ``change()`` the
+    ``snapshot()`` is a stream's whole first document, in pieces; ``change()`` the
     hosts changed since its last call (``None``: every host was rebuilt).
     """
 
-    def __init__(self, snapshot: Callable[[], bytes], change: Callable[[], bytes | None]) -> None:
+    def __init__(
+        self, snapshot: Callable[[], Iterator[bytes]], change: Callable[[], bytes | None]
+    ) -> None:
         self.snapshot = snapshot
         self._change = change
         self._dirty = asyncio.Event()
@@ -96,8 +98,11 @@ async def event_stream(
     """One viewer's events until it goes (``disconnected()``) or the server stops."""
     queue = broadcaster.join()
     try:
-        snapshot = await asyncio.to_thread(broadcaster.snapshot)
-        yield b"event: fleet\ndata: " + snapshot + b"\n\n"
+        yield b"event: fleet\ndata: "
+        pieces = broadcaster.snapshot()
+        while (piece := await asyncio.to_thread(next, pieces, b"")) != b"":
+            yield piece  # sent as it is made: a fleet's document is never whole in memory
+        yield b"\n\n"
         while not broadcaster.closed and not await disconnected():
             try:
                 event = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from allocator.serve.broadcast import BACKLOG, Broadcaster, event_stream
@@ -23,6 +24,14 @@ async def _connected() -> bool:
     return False
 
 
+async def _whole(stream: AsyncIterator[bytes]) -> bytes:
+    """The stream's next event, its pieces joined."""
+    raw = b""
+    while not raw.endswith(b"\n\n"):
+        raw += await anext(stream)
+    return raw
+
+
 def _event(raw: bytes) -> tuple[str, object]:
     name, data, blank = raw.split(b"\n", 2)
     assert blank == b"\n"
@@ -38,7 +47,7 @@ def test_a_one_host_change_sends_that_host_only_the_same_bytes_to_every_stream()
         broadcaster = Broadcaster(fleet.page_document, fleet.page_change)
         one = event_stream(broadcaster, _connected)
         two = event_stream(broadcaster, _connected)
-        firsts = [await anext(one), await anext(two)]
+        firsts = [await _whole(one), await _whole(two)]
         mirror.apply(
             [Event("put", LAYOUT.assignment("n2", "train"), _held("train", "n2", (1,)), 6)], {}
         )
@@ -71,9 +80,9 @@ def test_a_removed_host_is_named_and_a_whole_rebuild_asks_for_a_resync() -> None
 
 def test_a_stream_that_falls_behind_gets_resync_and_ends() -> None:
     async def scenario() -> list[bytes]:
-        broadcaster = Broadcaster(lambda: b"{}", lambda: b"{}")
+        broadcaster = Broadcaster(lambda: iter([b"{}"]), lambda: b"{}")
         stream = event_stream(broadcaster, _connected)
-        events = [await anext(stream)]
+        events = [await _whole(stream)]
         for n in range(BACKLOG + 1):
             broadcaster.send(b'event: hosts\ndata: {"n": %d}\n\n' % n)
         events += [raw async for raw in stream]
