@@ -91,9 +91,9 @@ def serve_rows(server: EtcdServer, prefix: str, hosts: int, rounds: int, work: P
             rounds,
         )
         cpu = _cpu_per_change(serving, psutil.Process(serving.process.pid), server.url, layout)
-        with _Streams(serving.base, STREAMS):
+        with _Streams(serving.base, STREAMS) as streams:
             streamed = _cpu_per_change(
-                serving, psutil.Process(serving.process.pid), server.url, layout
+                serving, psutil.Process(serving.process.pid), server.url, layout, streams.saw
             )
         peak = _peak_rss_mib(serving.process.pid)
     finally:
@@ -127,8 +127,15 @@ def serve_rows(server: EtcdServer, prefix: str, hosts: int, rounds: int, work: P
     ]
 
 
-def _cpu_per_change(serving: _Serving, process: object, url: str, layout: KeyLayout) -> float:
-    """Serve's CPU seconds per one-host put, each waited for through the host's answer."""
+def _cpu_per_change(
+    serving: _Serving,
+    process: object,
+    url: str,
+    layout: KeyLayout,
+    sent: Callable[[str], bool] = lambda _reason: True,
+) -> float:
+    """Serve's CPU seconds per one-host put, each waited for through the host's answer
+    (and until ``sent(reason)``: every open event stream got it)."""
     host = host_name(1)
     job = job_name(1, 0)
     store = open_store(url)
@@ -149,6 +156,7 @@ def _cpu_per_change(serving: _Serving, process: object, url: str, layout: KeyLay
             serving.wait(
                 "the change", lambda r=reason: r.encode() in serving.get(f"/api/v1/hosts/{host}")[1]
             )
+            serving.wait("the change on every event stream", lambda r=reason: sent(r))
         after = process.cpu_times()  # type: ignore[attr-defined]
     finally:
         store.close()
@@ -164,6 +172,8 @@ class _Streams:
         self._count = count
         self._answers: list[Any] = []
         self._threads: list[threading.Thread] = []
+        #: Each stream's last ``data:`` line.
+        self.last: list[bytes] = []
 
     def __enter__(self) -> _Streams:
         for _ in range(self._count):  # one snapshot at a time: each is the whole fleet
@@ -171,10 +181,16 @@ class _Streams:
             while answer.readline().strip():  # the snapshot, to its blank line
                 pass
             self._answers.append(answer)
-            thread = threading.Thread(target=_drain, args=(answer,), daemon=True)
+            self.last.append(b"")
+            args = (answer, self.last, len(self.last) - 1)
+            thread = threading.Thread(target=_drain, args=args, daemon=True)
             thread.start()
             self._threads.append(thread)
         return self
+
+    def saw(self, text: str) -> bool:
+        """Whether every stream's last event holds ``text``."""
+        return all(text.encode() in line for line in self.last)
 
     def __exit__(self, *_exc: object) -> None:
         for answer in self._answers:
@@ -184,10 +200,11 @@ class _Streams:
             thread.join(10)
 
 
-def _drain(answer: Any) -> None:
+def _drain(answer: Any, last: list[bytes], index: int) -> None:
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        while answer.readline():
-            pass
+        while line := answer.readline():
+            if line.startswith(b"data: "):
+                last[index] = line
 
 
 def _peak_rss_mib(pid: int) -> float:
