@@ -8,17 +8,23 @@ A real ``allocator serve`` process reads the scale group's loaded fleet
 * ``/metrics``: at most 100 ms;
 * serve's CPU time per one-host change (a put of one assignment, then the
   change seen through ``/api/v1/hosts/H``): at most 50 ms;
+* the same with :data:`STREAMS` ``/api/v1/events`` streams open (each
+  change sent to every stream): at most 10 ms;
 * serve's peak resident memory (``VmHWM``) after all of it: at most 400 MiB.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import statistics
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment
@@ -32,6 +38,8 @@ __all__ = ["serve_rows"]
 
 #: One-host changes measured for the CPU row.
 CHANGES = 20
+#: Event streams open for the streaming CPU row.
+STREAMS = 10
 
 
 class _Serving(ServeProcess):
@@ -83,6 +91,10 @@ def serve_rows(server: EtcdServer, prefix: str, hosts: int, rounds: int, work: P
             rounds,
         )
         cpu = _cpu_per_change(serving, psutil.Process(serving.process.pid), server.url, layout)
+        with _Streams(serving.base, STREAMS) as streams:
+            streamed = _cpu_per_change(
+                serving, psutil.Process(serving.process.pid), server.url, layout, streams.saw
+            )
         peak = _peak_rss_mib(serving.process.pid)
     finally:
         serving.close()
@@ -104,12 +116,26 @@ def serve_rows(server: EtcdServer, prefix: str, hosts: int, rounds: int, work: P
         value_row(
             f"serve CPU per one-host change, {size}", cpu * 1000, 50.0, "ms", samples=CHANGES
         ),
+        value_row(
+            f"serve CPU per one-host change, {STREAMS} event streams, {size}",
+            streamed * 1000,
+            10.0,
+            "ms",
+            samples=CHANGES,
+        ),
         value_row(f"serve RSS, {size}", peak, 400.0, "MiB", note="peak (VmHWM)"),
     ]
 
 
-def _cpu_per_change(serving: _Serving, process: object, url: str, layout: KeyLayout) -> float:
-    """Serve's CPU seconds per one-host put, each waited for through the host's answer."""
+def _cpu_per_change(
+    serving: _Serving,
+    process: object,
+    url: str,
+    layout: KeyLayout,
+    sent: Callable[[str], bool] = lambda _reason: True,
+) -> float:
+    """Serve's CPU seconds per one-host put, each waited for through the host's answer
+    (and until ``sent(reason)``: every open event stream got it)."""
     host = host_name(1)
     job = job_name(1, 0)
     store = open_store(url)
@@ -130,11 +156,55 @@ def _cpu_per_change(serving: _Serving, process: object, url: str, layout: KeyLay
             serving.wait(
                 "the change", lambda r=reason: r.encode() in serving.get(f"/api/v1/hosts/{host}")[1]
             )
+            serving.wait("the change on every event stream", lambda r=reason: sent(r))
         after = process.cpu_times()  # type: ignore[attr-defined]
     finally:
         store.close()
     spent = (after.user - before.user) + (after.system - before.system)
     return float(spent / CHANGES)
+
+
+class _Streams:
+    """``count`` open ``/api/v1/events`` streams, each read to its end by a thread."""
+
+    def __init__(self, base: str, count: int) -> None:
+        self._base = base
+        self._count = count
+        self._answers: list[Any] = []
+        self._threads: list[threading.Thread] = []
+        #: Each stream's last ``data:`` line.
+        self.last: list[bytes] = []
+
+    def __enter__(self) -> _Streams:
+        for _ in range(self._count):  # one snapshot at a time: each is the whole fleet
+            answer = urllib.request.urlopen(f"{self._base}/api/v1/events", timeout=600)
+            while answer.readline().strip():  # the snapshot, to its blank line
+                pass
+            self._answers.append(answer)
+            self.last.append(b"")
+            args = (answer, self.last, len(self.last) - 1)
+            thread = threading.Thread(target=_drain, args=args, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def saw(self, text: str) -> bool:
+        """Whether every stream's last event holds ``text``."""
+        return all(text.encode() in line for line in self.last)
+
+    def __exit__(self, *_exc: object) -> None:
+        for answer in self._answers:
+            with contextlib.suppress(OSError, AttributeError):
+                answer.fp.raw._sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads:
+            thread.join(10)
+
+
+def _drain(answer: Any, last: list[bytes], index: int) -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        while line := answer.readline():
+            if line.startswith(b"data: "):
+                last[index] = line
 
 
 def _peak_rss_mib(pid: int) -> float:

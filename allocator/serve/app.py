@@ -16,13 +16,13 @@ Routes (all read-only):
 * ``/api/v1/queue``: the same JSON as ``allocator queue -o json``;
 * ``/api/v1/usage``: the same JSON as ``allocator usage -o json``
   (``since``, ``by``, ``limit``; an answer is kept 30 s);
-* ``/api/v1/events``: server-sent events, one ``fleet`` event per change;
+* ``/api/v1/events``: server-sent events, the whole document then the hosts of each change;
 * ``/metrics``: fleet-level Prometheus series.
 
 Viewers never cause store reads: one watcher keeps the mirror current, the
 view rebuilds the hosts that changed (:mod:`allocator.serve.fleet_view`), and
 on each change a :class:`~allocator.serve.broadcast.Broadcaster` builds the
-page's document once and hands the same bytes to every open event stream.
+changed hosts' event once and hands the same bytes to every open event stream.
 Every answer reads the :class:`~allocator.serve.fleet.Fleet`. While the store
 is down everything is answered from the last state, and says since when.
 """
@@ -48,7 +48,6 @@ from allocator.errors import AllocatorError
 from allocator.serve.broadcast import Broadcaster, event_stream
 from allocator.serve.fleet import Fleet
 from allocator.serve.fleet_api import fleet_json, host_json, parse_status_query
-from allocator.serve.fleet_view import FleetView
 from allocator.serve.guard import HeaderMiddleware, page_policy
 from allocator.serve.history import error_answer, history_json
 from allocator.serve.select import summary_json
@@ -82,7 +81,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-        broadcaster = Broadcaster(fleet.page_document)
+        broadcaster = Broadcaster(fleet.page_document, fleet.page_change)
         state["broadcaster"] = broadcaster
         loop = asyncio.get_running_loop()
 
@@ -95,7 +94,7 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
             loop.call_soon_threadsafe(lambda: loop.create_task(broadcaster.close()))
 
         fleet.end_streams = end_streams
-        task = asyncio.create_task(broadcaster.run(warm=lambda: fleet.read(_nothing)))
+        task = asyncio.create_task(broadcaster.run())
         sampler = asyncio.create_task(_sample(fleet))
         fleet.watcher.start()
         broadcaster.poke()
@@ -192,10 +191,6 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         ),
     ]
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
-
-
-def _nothing(_view: FleetView) -> None:
-    return None
 
 
 async def _sample(fleet: Fleet) -> None:

@@ -1,110 +1,118 @@
-"""The page's live updates: one document per change, shared by every event stream.
+"""The page's live updates: a snapshot, then each change once, shared by every event stream.
 
-:class:`Broadcaster` builds the document once per change (debounced) and
-hands the same bytes to every open stream; :func:`event_stream` is one
-stream's server-sent events, with a keep-alive comment while nothing changes.
+A stream's first event is ``fleet``, the whole document; after it each
+change is one ``hosts`` event, the changed hosts' parts (built once per
+change by :class:`Broadcaster` and the same bytes handed to every stream).
+A stream that falls :data:`BACKLOG` changes behind, or any stream when
+every host was rebuilt, gets ``resync``: fetch the whole document again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-__all__ = ["KEEPALIVE_SECONDS", "REFRESH_SECONDS", "Broadcaster", "event_stream"]
+__all__ = ["BACKLOG", "KEEPALIVE_SECONDS", "REFRESH_SECONDS", "Broadcaster", "event_stream"]
 
 #: A comment line on idle event streams, so proxies do not close them.
 KEEPALIVE_SECONDS = 15.0
-#: The page's document is rebuilt this often even without a change (times move on).
+#: Hosts whose status moves with time alone are looked at this often even without a change.
 REFRESH_SECONDS = 30.0
-#: Changes arriving this close together are shown once.
+#: Changes a stream may have waiting before it is told to resync instead.
+BACKLOG = 64
+#: Changes arriving this close together are sent as one.
 _DEBOUNCE_SECONDS = 0.05
+
+_RESYNC = b"event: resync\ndata: {}\n\n"
+#: What a stream's queue gets when the server stops.
+_END = b""
 
 
 class Broadcaster:
-    """One document per change, shared by every event stream (the latest only, no backlog).
+    """Each change once, queued to every open stream (at most :data:`BACKLOG` each).
 
-    Nothing is built while no stream is open: a fleet's document is megabytes.
+    ``snapshot()`` is a stream's whole first document, in pieces; ``change()`` the
+    hosts changed since its last call (``None``: every host was rebuilt).
     """
 
-    def __init__(self, build: Callable[[], bytes]) -> None:
-        self._build = build
-        self.version = 0
-        self.payload = b""
+    def __init__(
+        self, snapshot: Callable[[], Iterator[bytes]], change: Callable[[], bytes | None]
+    ) -> None:
+        self.snapshot = snapshot
+        self._change = change
         self._dirty = asyncio.Event()
-        self._ready = asyncio.Condition()
-        self._wanted = asyncio.Event()
-        self._streams = 0
+        self._queues: set[asyncio.Queue[bytes]] = set()
         self.closed = False
 
     def poke(self) -> None:
         """Something changed (call on the event loop)."""
         self._dirty.set()
 
-    def join(self) -> int:
-        """A stream opens: the version it has seen (the next one is built for it)."""
-        self._streams += 1
-        self._wanted.set()
-        self.poke()
-        return self.version
+    def join(self) -> asyncio.Queue[bytes]:
+        """A stream opens: the queue its changes come in (take its snapshot after joining)."""
+        queue: asyncio.Queue[bytes] = asyncio.Queue(BACKLOG)
+        self._queues.add(queue)
+        return queue
 
-    def leave(self) -> None:
+    def leave(self, queue: asyncio.Queue[bytes]) -> None:
         """A stream ends."""
-        self._streams -= 1
-        if not self._streams:
-            self._wanted.clear()
+        self._queues.discard(queue)
 
-    async def run(self, warm: Callable[[], None] = lambda: None) -> None:
-        """Rebuild on each change (debounced) and at least every :data:`REFRESH_SECONDS`.
+    async def run(self) -> None:
+        """Send each change (debounced), and look at least every :data:`REFRESH_SECONDS`.
 
-        With no stream open, ``warm()`` instead: what the document is made
-        from is brought up to date, so the API's next answer need not.
+        Changes are taken with no stream open too, so a stream that opens
+        later is not sent what its snapshot already holds.
         """
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), REFRESH_SECONDS)
             await asyncio.sleep(_DEBOUNCE_SECONDS)
             self._dirty.clear()
-            if not self._wanted.is_set():
-                await asyncio.to_thread(warm)
-                continue
-            payload = await asyncio.to_thread(self._build)
-            async with self._ready:
-                self.version += 1
-                self.payload = payload
-                self._ready.notify_all()
+            change = await asyncio.to_thread(self._change)
+            self.send(_RESYNC if change is None else b"event: hosts\ndata: " + change + b"\n\n")
+
+    def send(self, event: bytes) -> None:
+        """``event`` to every stream; a stream whose queue is full is told to resync."""
+        for queue in self._queues:
+            if queue.full():
+                while not queue.empty():
+                    queue.get_nowait()
+                queue.put_nowait(_RESYNC)
+            else:
+                queue.put_nowait(event)
 
     async def close(self) -> None:
-        """End every stream waiting in :meth:`next` (the server is stopping)."""
-        async with self._ready:
-            self.closed = True
-            self._ready.notify_all()
-
-    async def next(self, seen: int, timeout: float) -> tuple[int, bytes] | None:
-        """The newest document after version ``seen``, or ``None`` after ``timeout`` seconds."""
-        async with self._ready:
-            if self.version == seen and not self.closed:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._ready.wait(), timeout)
-            if self.version == seen:
-                return None
-            return self.version, self.payload
+        """End every open stream (the server is stopping)."""
+        self.closed = True
+        for queue in self._queues:
+            while not queue.empty():
+                queue.get_nowait()
+            queue.put_nowait(_END)
 
 
 async def event_stream(
     broadcaster: Broadcaster, disconnected: Callable[[], Awaitable[bool]]
 ) -> AsyncIterator[bytes]:
-    """One viewer's ``fleet`` events until it goes (``disconnected()``) or the server stops."""
-    seen = broadcaster.join()
+    """One viewer's events until it goes (``disconnected()``) or the server stops."""
+    queue = broadcaster.join()
     try:
+        yield b"event: fleet\ndata: "
+        pieces = broadcaster.snapshot()
+        while (piece := await asyncio.to_thread(next, pieces, b"")) != b"":
+            yield piece  # sent as it is made: a fleet's document is never whole in memory
+        yield b"\n\n"
         while not broadcaster.closed and not await disconnected():
-            found = await broadcaster.next(seen, KEEPALIVE_SECONDS)
-            if broadcaster.closed:
-                return
-            if found is None:
+            try:
+                event = await asyncio.wait_for(queue.get(), KEEPALIVE_SECONDS)
+            except TimeoutError:
                 yield b": keep-alive\n\n"
                 continue
-            seen, payload = found
-            yield b"event: fleet\ndata: " + payload + b"\n\n"
+            if event == _END or broadcaster.closed:
+                return
+            yield event
+            if event == _RESYNC:
+                return  # the viewer fetches the whole document again (a new stream)
     finally:
-        broadcaster.leave()
+        broadcaster.leave(queue)

@@ -89,6 +89,8 @@ class FleetView:
         self._timed: set[str] = set()
         self._timed_at: float | None = None
         self._kept: dict[str, tuple[int, Any]] = {}
+        #: Hosts rebuilt since :meth:`take_touched` (``None``: every host, the view was redone).
+        self._touched: dict[str, None] | None = {}
 
     def update(self, now: datetime, clock: float) -> None:
         """Rebuild the hosts that changed (and timed ones due) at wall time ``now``."""
@@ -108,6 +110,10 @@ class FleetView:
             with _collector_paused(whole):
                 for host in changed:
                     self._rebuild(host, now)
+            if whole:
+                self._touched = None
+            elif self._touched is not None:
+                self._touched.update(dict.fromkeys(changed))
             if changed or revision != self.revision:
                 self.version += 1
             self.revision = revision
@@ -172,6 +178,12 @@ class FleetView:
             views = self.views
             nodes = {n for h in self._grouped for job in views[h].status.jobs for n in job.nodes}
             return group_status(self.statuses(sorted((self._grouped | nodes) & set(views))))
+
+    def take_touched(self) -> list[str] | None:
+        """The hosts rebuilt since the last call, by name (``None``: every host was)."""
+        with self.lock:
+            touched, self._touched = self._touched, {}
+            return sorted(touched) if touched is not None else None
 
     def kept(self, what: str, build: Callable[[], Any]) -> Any:
         """``build()``, built once per :attr:`version` (a document of the whole fleet)."""

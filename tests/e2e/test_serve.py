@@ -74,6 +74,20 @@ def test_an_open_event_stream_gets_the_fleet_and_does_not_hold_up_a_stop(served:
     assert "ERROR" not in log and "Traceback" not in log, log
 
 
+def test_a_one_host_change_comes_on_the_event_stream_as_that_host_only(served: Served) -> None:
+    with urllib.request.urlopen(served.base + "/api/v1/events", timeout=10) as stream:
+        assert stream.readline() == b"event: fleet\n"
+        stream.readline(), stream.readline()  # the snapshot, its blank line
+        assert served.cli("set", "job=train", "gpus=1", "host=node2").code == 0
+        for line in stream:  # a read that outlasts the timeout fails the test
+            if line.startswith(b"data: ") and b"train" in line:
+                break
+        change = json.loads(line.removeprefix(b"data: "))
+        assert [h["host"] for h in change["hosts"]] == ["node2"] and change["removed"] == []
+        assert b'"host":"node1"' not in line and b'"host":"node3"' not in line
+        assert any(g["holder"] == "train" for g in change["hosts"][0]["gpus"])
+
+
 def test_history_api_answers_what_the_cli_prints(served: Served) -> None:
     assert served.cli("set", "job=train", "gpus=1", "host=node1").code == 0
     assert served.cli("release", "job=train").code == 0
