@@ -32,6 +32,7 @@ from allocator.gpus.vendors.amd.rocr_filter import rocr_uuid, token_problem
 from allocator.gpus.vendors.base import (
     CdiNames,
     HealthSource,
+    NotSupported,
     TorchBuild,
     VendorName,
     check_device_ids,
@@ -192,6 +193,7 @@ class Amd:
     device_groups: tuple[str, ...] = ("render", "video")
     health_source: HealthSource = "inventory"
     keeps_indices = False
+    cuda_driver_source: str | NotSupported = NotSupported("ROCm GPUs have no CUDA driver")
     docker_gpus = False
     numbers_in_pci_order = False
 

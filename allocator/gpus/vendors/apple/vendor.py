@@ -20,6 +20,7 @@ from allocator.gpus.inventory import Inventory, declared_inventory
 from allocator.gpus.vendors.base import (
     CdiNames,
     HealthSource,
+    NotSupported,
     TorchBuild,
     VendorName,
     join_indices,
@@ -76,6 +77,7 @@ class Apple:
     device_groups: tuple[str, ...] = ()
     health_source: HealthSource = "inventory"
     keeps_indices = False
+    cuda_driver_source: str | NotSupported = NotSupported("Apple GPUs have no CUDA driver")
     docker_gpus = False
     numbers_in_pci_order = False
 

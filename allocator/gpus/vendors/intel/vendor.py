@@ -28,6 +28,7 @@ from allocator.gpus.inventory import Inventory, InventorySource, declared_invent
 from allocator.gpus.vendors.base import (
     CdiNames,
     HealthSource,
+    NotSupported,
     TorchBuild,
     VendorName,
     check_device_ids,
@@ -155,6 +156,7 @@ class Intel:
     device_groups: tuple[str, ...] = ("render", "video")
     health_source: HealthSource = "inventory"
     keeps_indices = False
+    cuda_driver_source: str | NotSupported = NotSupported("Intel GPUs have no CUDA driver")
     docker_gpus = False
     numbers_in_pci_order = True
 
