@@ -76,6 +76,8 @@ class DeviceVendor(Protocol):
 
     #: The vendor's name, as the policy, agent records and status write it.
     name: VendorName
+    #: Its name as a sentence writes it (``AMD``), for messages.
+    display_name: str
     #: The CDI kind of its devices (``vendor.com/class``); "" where there is none.
     cdi_kind: str
     #: The PyTorch device type that drives its devices.

@@ -180,6 +180,7 @@ class Amd:
     """AMD's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
 
     name: VendorName = "amd"
+    display_name = "AMD"
     cdi_kind = "amd.com/gpu"
     torch_device_type = "cuda"  # PyTorch's ROCm build drives HIP devices as "cuda"
     visibility_variables: tuple[str, ...] = (

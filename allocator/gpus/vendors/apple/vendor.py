@@ -71,6 +71,7 @@ class Apple:
     """Apple's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
 
     name: VendorName = "apple"
+    display_name = "Apple"
     cdi_kind = ""  # containers on macOS run in a Linux VM with no GPU passed through
     torch_device_type = "mps"
     visibility_variables: tuple[str, ...] = ()

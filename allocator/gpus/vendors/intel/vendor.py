@@ -143,6 +143,7 @@ class Intel:
     """Intel's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
 
     name: VendorName = "intel"
+    display_name = "Intel"
     cdi_kind = "intel.com/gpu"
     torch_device_type = "xpu"
     visibility_variables: tuple[str, ...] = (

@@ -84,6 +84,7 @@ class Nvidia:
     """NVIDIA's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
 
     name: VendorName = "nvidia"
+    display_name = "NVIDIA"
     cdi_kind = "nvidia.com/gpu"
     torch_device_type = "cuda"
     visibility_variables: tuple[str, ...] = (
