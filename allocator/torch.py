@@ -43,6 +43,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from allocator import worker
 from allocator.gpus.probe import ProbeResult, default_probe_command, run_deep_probe
 from allocator.gpus.vendors.apple.vendor import MpsAmpFeature, mps_amp_problem
+from allocator.gpus.vendors.base import NotSupported
+from allocator.gpus.vendors.registry import DeviceVendor, vendor_named
 
 __all__ = [
     "GpuUnavailableError",
@@ -127,8 +129,11 @@ def _no_cuda_message() -> str:
     gpus = os.environ.get("ALLOCATOR_GPUS", "").strip()
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     given = f"GPU {gpus}" if gpus else "a GPU"
-    if worker.vendor() == "amd":
-        given = f"AMD {given} (ROCR_VISIBLE_DEVICES={os.environ.get('ROCR_VISIBLE_DEVICES', '')!r})"
+    vendor = _worker_vendor()
+    # "cuda" devices without a CUDA driver: PyTorch's ROCm build drives them.
+    if vendor.torch_device_type == "cuda" and isinstance(vendor.cuda_driver_source, NotSupported):
+        mask = vendor.visibility_variables[0]
+        given = f"{vendor.display_name} {given} ({mask}={os.environ.get(mask, '')!r})"
         return (
             f"this worker was assigned {given} but PyTorch's ROCm (cuda) device cannot use "
             f"it: {_likely_rocm_cause()}. Refusing to fall back to CPU silently; fix that, or "
@@ -139,6 +144,15 @@ def _no_cuda_message() -> str:
         f"use it: {_likely_cause()}. Refusing to fall back to CPU silently; fix that, or "
         "assign the job gpus=cpu"
     )
+
+
+def _worker_vendor() -> DeviceVendor:
+    """The vendor whose GPUs this worker was given; NVIDIA's when the agent did not
+    say, or named one this version does not know."""
+    try:
+        return vendor_named(worker.vendor())
+    except ValueError:
+        return vendor_named(None)
 
 
 def _likely_cause() -> str:

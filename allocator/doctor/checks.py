@@ -81,13 +81,15 @@ def run_checks(
         vendor_findings,
         vendor_torch_findings,
     )
-    from allocator.gpus.vendors.registry import read_host_inventory
+    from allocator.gpus.vendors.base import NotSupported
+    from allocator.gpus.vendors.registry import read_host_inventory, vendor_named
 
     declared = _declared_count(policy, host)
     said = policy.vendor_of(host) if policy is not None else None
     inventory = read_host_inventory(declared, environ=environ, vendor=said)
-    nvidia = inventory.vendor == "nvidia"
-    library = nvml_findings(inventory, declared, environ) if nvidia else []
+    # A CUDA driver's vendor (NVML) has its own library and PyTorch checks.
+    cuda = not isinstance(vendor_named(inventory.vendor).cuda_driver_source, NotSupported)
+    library = nvml_findings(inventory, declared, environ) if cuda else []
     findings = [
         *vendor_findings(inventory, policy, host),
         *(library or device_library_findings(inventory)),
@@ -96,7 +98,7 @@ def run_checks(
     ]
     if check_torch:
         report = probe_torch(environ, torch_timeout)
-        if nvidia or report is None or isinstance(report, str):
+        if cuda or report is None or isinstance(report, str):
             findings.extend(torch_findings(report, inventory))
         else:
             findings.extend(vendor_torch_findings(report, inventory))

@@ -28,11 +28,11 @@ LIBRARY = {"nvml": "NVML", "amdsmi": "amdsmi", "sysfs": "sysfs", "system": "the 
 def vendor_findings(inventory: Inventory, policy: Policy | None, host: str) -> list[Finding]:
     """The vendor found here, and a failure when the policy names another for ``host``.
 
-    Nothing for an NVIDIA host the policy names no vendor for: the NVML
-    finding says it all, as before vendors.
+    Nothing for a host of the default vendor (NVIDIA's) the policy names no
+    vendor for: the NVML finding says it all, as before vendors.
     """
     said = policy.vendor_of(host) if policy is not None else None
-    if said is None and inventory.vendor == "nvidia":
+    if said is None and inventory.vendor == vendor_named(None).name:
         return []
     if not from_nvml(inventory):
         if said is not None:

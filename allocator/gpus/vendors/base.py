@@ -14,6 +14,9 @@ library is imported, and each answers the same questions:
   exactly them numbers them by (:meth:`DeviceVendor.container_ids`);
 * the PyTorch device type that drives them, and what is wrong with a PyTorch
   build for them (:meth:`DeviceVendor.torch_build_problem`, for ``doctor``).
+
+A vendor with no source for a part answers :class:`NotSupported` for it, so no
+caller branches on a vendor's name.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "CdiNames",
     "DeviceVendor",
     "HealthSource",
+    "NotSupported",
     "TorchBuild",
     "VendorName",
     "check_device_ids",
@@ -46,6 +50,14 @@ VENDOR_NAMES: tuple[VendorName, ...] = ("nvidia", "amd", "intel", "apple")
 CdiNames = Literal["card", "pci"]
 #: Where a vendor's health verdicts come from (:attr:`DeviceVendor.health_source`).
 HealthSource = Literal["signals", "inventory"]
+
+
+@dataclass(frozen=True, slots=True)
+class NotSupported:
+    """A vendor's answer for a part it has no source for: the caller falls back,
+    and ``reason`` says why (for its logs and messages)."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +76,8 @@ class DeviceVendor(Protocol):
 
     #: The vendor's name, as the policy, agent records and status write it.
     name: VendorName
+    #: Its name as a sentence writes it (``AMD``), for messages.
+    display_name: str
     #: The CDI kind of its devices (``vendor.com/class``); "" where there is none.
     cdi_kind: str
     #: The PyTorch device type that drives its devices.
@@ -86,6 +100,10 @@ class DeviceVendor(Protocol):
     #: Whether its runtime numbers the visible devices in PCI order whatever order
     #: the mask lists them in (Level Zero): a worker's GPUs are then listed sorted.
     numbers_in_pci_order: bool
+    #: The library that reports its driver's CUDA version (NVML), which ``doctor``
+    #: checks against PyTorch's CUDA; :class:`NotSupported` where its GPUs have no
+    #: CUDA driver (``doctor`` then reports its device library and PyTorch build alone).
+    cuda_driver_source: str | NotSupported
 
     def read_inventory(self, declared_gpus: int | None, environ: Mapping[str, str]) -> Inventory:
         """The host's devices of this vendor; never raises for a missing library."""

@@ -32,6 +32,7 @@ from allocator.gpus.vendors.amd.rocr_filter import rocr_uuid, token_problem
 from allocator.gpus.vendors.base import (
     CdiNames,
     HealthSource,
+    NotSupported,
     TorchBuild,
     VendorName,
     check_device_ids,
@@ -179,6 +180,7 @@ class Amd:
     """AMD's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
 
     name: VendorName = "amd"
+    display_name = "AMD"
     cdi_kind = "amd.com/gpu"
     torch_device_type = "cuda"  # PyTorch's ROCm build drives HIP devices as "cuda"
     visibility_variables: tuple[str, ...] = (
@@ -192,6 +194,7 @@ class Amd:
     device_groups: tuple[str, ...] = ("render", "video")
     health_source: HealthSource = "inventory"
     keeps_indices = False
+    cuda_driver_source: str | NotSupported = NotSupported("ROCm GPUs have no CUDA driver")
     docker_gpus = False
     numbers_in_pci_order = False
 

@@ -20,6 +20,7 @@ from allocator.gpus.inventory import Inventory, declared_inventory
 from allocator.gpus.vendors.base import (
     CdiNames,
     HealthSource,
+    NotSupported,
     TorchBuild,
     VendorName,
     join_indices,
@@ -70,12 +71,14 @@ class Apple:
     """Apple's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
 
     name: VendorName = "apple"
+    display_name = "Apple"
     cdi_kind = ""  # containers on macOS run in a Linux VM with no GPU passed through
     torch_device_type = "mps"
     visibility_variables: tuple[str, ...] = ()
     device_groups: tuple[str, ...] = ()
     health_source: HealthSource = "inventory"
     keeps_indices = False
+    cuda_driver_source: str | NotSupported = NotSupported("Apple GPUs have no CUDA driver")
     docker_gpus = False
     numbers_in_pci_order = False
 

@@ -28,6 +28,7 @@ from allocator.gpus.inventory import Inventory, InventorySource, declared_invent
 from allocator.gpus.vendors.base import (
     CdiNames,
     HealthSource,
+    NotSupported,
     TorchBuild,
     VendorName,
     check_device_ids,
@@ -142,6 +143,7 @@ class Intel:
     """Intel's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
 
     name: VendorName = "intel"
+    display_name = "Intel"
     cdi_kind = "intel.com/gpu"
     torch_device_type = "xpu"
     visibility_variables: tuple[str, ...] = (
@@ -155,6 +157,7 @@ class Intel:
     device_groups: tuple[str, ...] = ("render", "video")
     health_source: HealthSource = "inventory"
     keeps_indices = False
+    cuda_driver_source: str | NotSupported = NotSupported("Intel GPUs have no CUDA driver")
     docker_gpus = False
     numbers_in_pci_order = True
 

@@ -28,6 +28,7 @@ from allocator.gpus.inventory import Inventory, declared_inventory
 from allocator.gpus.vendors.base import (
     CdiNames,
     HealthSource,
+    NotSupported,
     TorchBuild,
     VendorName,
     check_device_ids,
@@ -83,6 +84,7 @@ class Nvidia:
     """NVIDIA's answers to :class:`~allocator.gpus.vendors.base.DeviceVendor`."""
 
     name: VendorName = "nvidia"
+    display_name = "NVIDIA"
     cdi_kind = "nvidia.com/gpu"
     torch_device_type = "cuda"
     visibility_variables: tuple[str, ...] = (
@@ -93,6 +95,7 @@ class Nvidia:
     device_groups: tuple[str, ...] = ()  # /dev/nvidia* are 0666: any user opens them
     health_source: HealthSource = "signals"
     keeps_indices = True
+    cuda_driver_source: str | NotSupported = "NVML"
     docker_gpus = True
     numbers_in_pci_order = False
 
