@@ -129,10 +129,9 @@ def _held(
     wait: float | None,
     on_lost: Callable[[str], None] | None,
 ) -> Iterator[Grant]:
-    from allocator.cli.env import worker_envs
-    from allocator.cli.run import default_job_name
+    from allocator.environments import worker_envs
     from allocator.placement.choose import Request
-    from allocator.recipes.holding import let_go
+    from allocator.recipes.holding import default_job_name, let_go
     from allocator.recipes.waiting import take_waiting
     from allocator.records.holding import HOLDING_VARIABLE, holding_identity
     from allocator.util.identity import local_hostname, os_user
