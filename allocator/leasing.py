@@ -38,7 +38,7 @@ from typing import Any
 
 from allocator.errors import LeaseLost, RequestError
 
-__all__ = ["Grant", "cuda_initialised", "lease"]
+__all__ = ["Grant", "cuda_initialised", "lease", "wait_seconds"]
 
 
 @dataclass(frozen=True)
@@ -77,14 +77,17 @@ def lease(
     job: str | None = None,
     ttl: float = 15.0,
     *,
-    wait: float | None = None,
+    wait: str | float | None = 0,
     store: str | None = None,
     prefix: str | None = None,
     on_lost: Callable[[str], None] | None = None,
 ) -> Iterator[Grant]:
     """Hold ``count`` GPUs (or exactly ``gpus``) on ``host`` (default: this machine) for the block.
 
-    ``wait``: seconds to wait while they are busy (``ConflictError`` then);
+    ``wait``: how long to wait while they are busy (``ConflictError`` then):
+    a duration as the CLI's ``--wait`` takes it (``"30m"``, ``"1h30m"``,
+    ``"forever"``), seconds as a number, ``None`` for forever; 0 (the
+    default) does not wait. A bad value raises ``ValueError``;
     ``store``/``prefix``: as ``--store``/``--prefix`` (default: the
     environment's, as the CLI). Raises ``RequestError`` if CUDA is already
     initialised in this process. Once the hold is lost, ``LeaseLost`` is
@@ -96,12 +99,35 @@ def lease(
             "GPUs (CUDA reads CUDA_VISIBLE_DEVICES once): take the lease before any CUDA "
             "call, or restart the kernel"
         )
+    seconds = wait_seconds(wait)
     allocator = _open(store, prefix)
     try:
-        with _held(allocator, count, gpus, host, job, ttl, wait, on_lost) as grant:
+        with _held(allocator, count, gpus, host, job, ttl, seconds or None, on_lost) as grant:
             yield grant
     finally:
         allocator.store.close()
+
+
+def wait_seconds(wait: str | float | None) -> float:
+    """Seconds ``lease(wait=...)`` waits (pure): CLI durations, numbers, ``None`` is forever.
+
+    ``ValueError`` with one line for anything else (a bool, a negative or
+    unitless text), so a typo is not taken for a second.
+    """
+    from allocator.util.durations import parse_duration
+
+    if wait is None or wait == "forever":
+        return float("inf")
+    if isinstance(wait, str):
+        try:
+            return parse_duration(wait)
+        except ValueError as exc:
+            raise ValueError(f"lease(wait={wait!r}): {exc}, or 'forever'") from None
+    if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+        raise ValueError(
+            f"lease(wait={wait!r}): expected a duration like '30m', seconds >= 0, or None (forever)"
+        )
+    return float(wait)
 
 
 def _tell(line: str) -> None:
@@ -129,10 +155,9 @@ def _held(
     wait: float | None,
     on_lost: Callable[[str], None] | None,
 ) -> Iterator[Grant]:
-    from allocator.cli.env import worker_envs
-    from allocator.cli.run import default_job_name
+    from allocator.environments import worker_envs
     from allocator.placement.choose import Request
-    from allocator.recipes.holding import let_go
+    from allocator.recipes.holding import default_job_name, let_go
     from allocator.recipes.waiting import take_waiting
     from allocator.records.holding import HOLDING_VARIABLE, holding_identity
     from allocator.util.identity import local_hostname, os_user

@@ -28,7 +28,7 @@ from typing import Any
 from allocator.cli.common import add_words_command, note, open_allocator
 from allocator.errors import InvalidInput
 
-__all__ = ["default_job_name", "recorded_reason", "register", "split_command"]
+__all__ = ["recorded_reason", "register", "split_command"]
 
 USAGE = (
     "allocator run [job=NAME] (count=N | gpus=LIST) [host=H] [slots=K] [ttl=DURATION]"
@@ -81,14 +81,6 @@ def split_command(words: Sequence[str]) -> tuple[list[str], list[str]]:
     cut = words.index("--")
     own = ["--wait=forever" if w == "--wait" else w for w in words[:cut]]
     return own, words[cut + 1 :]
-
-
-def default_job_name(user: str, token: bytes) -> str:
-    """``run-<user>-<4 hex>``: says who ran it; the hex tells two runs apart (pure)."""
-    import re
-
-    cleaned = re.sub(r"[^a-z0-9-]+", "-", user.lower()).strip("-")[:32] or "user"
-    return f"run-{cleaned}-{token.hex()[:4]}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -147,6 +139,7 @@ def _request(kv: dict[str, str]) -> Any:
     """The placement request the words ask for (a job name made up if none is given)."""
     from allocator.cli.args import parse_set_args
     from allocator.placement.choose import Request
+    from allocator.recipes.holding import default_job_name
     from allocator.util.identity import local_hostname, os_user
 
     kv.setdefault("job", default_job_name(os_user(), os.urandom(2)))
@@ -193,7 +186,7 @@ def _take(
     allocator: Any, request: Any, reason: str, wait: float | None, ttl: float, per_gpu: bool
 ) -> tuple[list[dict[str, str]], Any]:
     """Hold the GPUs (waiting if asked) and compute the command's environments."""
-    from allocator.cli.env import worker_envs
+    from allocator.environments import worker_envs
     from allocator.recipes.holding import let_go
     from allocator.recipes.waiting import take_waiting
     from allocator.records.holding import HOLDING_VARIABLE, holding_identity

@@ -227,3 +227,11 @@ def _revoke_quietly(store: Store, lease: int) -> None:
     # Unreachable: the lease expires on its own within its TTL.
     with contextlib.suppress(AllocatorError):
         store.revoke_lease(lease)
+
+
+def default_job_name(user: str, token: bytes) -> str:
+    """``run-<user>-<4 hex>``: says who ran it; the hex tells two runs apart (pure)."""
+    import re
+
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", user.lower()).strip("-")[:32] or "user"
+    return f"run-{cleaned}-{token.hex()[:4]}"

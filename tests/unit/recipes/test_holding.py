@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from allocator.cli.foreground import exit_status
-from allocator.cli.run import default_job_name, split_command
+from allocator.cli.run import split_command
 from allocator.control.client import Allocator
 from allocator.errors import ConflictError, LeaseLost, StoreUnavailable
 from allocator.placement.choose import Request
-from allocator.recipes.holding import LeaseKeeper, own_start_ticks
+from allocator.recipes.holding import LeaseKeeper, default_job_name, own_start_ticks
 from allocator.records.types import RunHolder
 from allocator.store import Store, open_store
 from tests.support.waiting import wait_for
