@@ -4,3 +4,5 @@ A leaf of the agent: the supervisor's processes, the GPU care's MPS daemons
 and unassigned-use checks, and the store link's saved files all use it, and
 none of them needs another for it.
 """
+
+__all__: list[str] = []

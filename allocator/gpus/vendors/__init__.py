@@ -2,3 +2,5 @@
 ``apple``), the only place its device library is imported, behind the one
 interface of :mod:`allocator.gpus.vendors.base`; :mod:`allocator.gpus.vendors.registry`
 names them and finds which one a host has."""
+
+__all__: list[str] = []

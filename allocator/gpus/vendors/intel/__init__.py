@@ -1,1 +1,3 @@
 """Intel GPUs over sysfs and Level Zero's variables."""
+
+__all__: list[str] = []
