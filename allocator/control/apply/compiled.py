@@ -79,11 +79,11 @@ def _put_parts(store: Store, layout: KeyLayout, parts: Mapping[str, bytes]) -> N
         store.txn([], batch)
 
 
-def _stored_parts(store: Store, layout: KeyLayout) -> set[str]:
-    """The names of the parts stored now (their keys only); an old format's name its hash."""
+def _stored_parts(store: Store, layout: KeyLayout) -> dict[str, int]:
+    """The parts stored now by name, each with its mod_revision (keys only, no values)."""
     root = layout.compiled_parts_root
     (listing,) = store.read_many([Read(root, prefix=True, values=False)])
-    return {item.key[len(root) :] for item in listing.items}
+    return {item.key[len(root) :]: item.mod_revision for item in listing.items}
 
 
 def write_with_compiled(
@@ -127,13 +127,11 @@ def drop_stale_parts(
     the compiled record is still the one this apply wrote, so a later apply's
     record never names a part deleted here.
     """
-    root = layout.compiled_parts_root
     try:
-        (listing,) = store.read_many([Read(root, prefix=True, values=False)])
         stale: list[Op] = [
-            Delete(item.key)
-            for item in listing.items
-            if item.key[len(root) :] not in keep and item.mod_revision <= revision
+            Delete(layout.compiled_part(name))
+            for name, written in sorted(_stored_parts(store, layout).items())
+            if name not in keep and written <= revision
         ]
         still_ours = [Compare(layout.compiled_policy, revision if stored else 0)]
         for batch in batches(stale, room=1):
