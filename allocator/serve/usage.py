@@ -14,13 +14,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.errors import AllocatorError, InvalidInput
 from allocator.records.keys import KeyLayout
 from allocator.serve.history import error_answer
-from allocator.status.usage_report import UsageRead
 from allocator.store import Store
+
+if TYPE_CHECKING:  # the report's code loads on the first usage request, not at serve's start
+    from allocator.status.usage_report import UsageRead
 
 __all__ = ["KEEP_SECONDS", "UsageAnswers"]
 
