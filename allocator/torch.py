@@ -42,9 +42,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from allocator import worker
 from allocator.gpus.probe import ProbeResult, default_probe_command, run_deep_probe
-from allocator.gpus.vendors.apple.vendor import MpsAmpFeature, mps_amp_problem
 from allocator.gpus.vendors.base import NotSupported
-from allocator.gpus.vendors.registry import DeviceVendor, vendor_named
+from allocator.gpus.vendors.registry import AmpFeature, DeviceVendor, amp_problem, vendor_named
 
 __all__ = [
     "GpuUnavailableError",
@@ -247,7 +246,7 @@ def autocast(dtype: _torch.dtype | None = None, *, enabled: bool = True) -> _tor
     autocast does not know the device type.
     """
     dev = device()
-    _check_mps_amp(dev, "autocast")
+    _check_amp(dev, "autocast")
     return _torch.amp.autocast(device_type=dev.type, dtype=autocast_dtype(dtype), enabled=enabled)
 
 
@@ -261,13 +260,14 @@ def grad_scaler(dtype: _torch.dtype | None = None) -> _torch.amp.GradScaler:
     dev = device()
     enabled = dev.type != "cpu" and autocast_dtype(dtype) == _torch.float16
     if enabled:
-        _check_mps_amp(dev, "grad_scaler")
+        _check_amp(dev, "grad_scaler")
     return _torch.amp.GradScaler(dev.type, enabled=enabled)
 
 
-def _check_mps_amp(dev: _torch.device, feature: MpsAmpFeature) -> None:
-    """Refuse now, with the version needed, what this PyTorch would fail at mid-training."""
-    problem = mps_amp_problem(feature, str(_torch.__version__)) if dev.type == "mps" else None
+def _check_amp(dev: _torch.device, feature: AmpFeature) -> None:
+    """Refuse now, with the version needed, what this PyTorch would fail at mid-training
+    (MPS before 2.5 or 2.8: the vendors of ``dev``'s type say)."""
+    problem = amp_problem(dev.type, feature, str(_torch.__version__))
     if problem is not None:
         raise RuntimeError(problem)
 

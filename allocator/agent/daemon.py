@@ -118,7 +118,7 @@ class Agent:
             frozenset(os.sched_getaffinity(0)),
         )
         self.decisions = DecisionRecorder(config.host, pinned=self.care.pins)
-        self.observer = Observer(environ, config.host, self.log, clock)
+        self.observer = Observer(environ, config.host, self.log, clock, self.care.inventory.vendor)
         self.utilisation = UtilisationReport(config.utilisation_report_seconds)
         self.started_at = format_time(wall())
         self.guard = StepGuard(

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.gpus.vendors.nvidia.usage import GpuUsage
+from allocator.gpus.usage import GpuUsage
 from allocator.records.types import GpuProcess
 from allocator.status.metrics import Family
 

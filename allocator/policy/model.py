@@ -22,7 +22,9 @@ from typing import Literal
 
 from msgspec import Struct, field
 
-from allocator.gpus.vendors.nvidia.nvml_codes import DEFAULT_IGNORED_XIDS
+# The policy's default XIDs are a policy default, kept with the vendor-neutral health
+# records (where every monitor starts from them too), so the policy loads no vendor.
+from allocator.gpus.health import DEFAULT_IGNORED_XIDS
 
 __all__ = [
     "DEFAULT_HISTORY_BYTES",

@@ -15,8 +15,8 @@ from allocator.agent.gpu_care.mps import MpsDaemons
 from allocator.agent.gpu_care.state import GpuState
 from allocator.agent.log import DecisionLog
 from allocator.agent.planning.types import Pin
+from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory
-from allocator.gpus.vendors.nvidia.health import HealthMonitor
 from allocator.policy.model import Policy
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.types import Assignment
@@ -57,15 +57,16 @@ class GpuCare:
         return self.state.pins
 
     @property
-    def health(self) -> HealthMonitor:
-        """NVML's health verdicts."""
+    def health(self) -> HealthMonitor | None:
+        """The vendor's health monitor (NVML's signals); ``None`` where it has none."""
         return self.state.monitor
 
     def use_policy(self, policy: Policy, host: str, now: float) -> None:
         """A new policy: its declared GPU count (while NVML names none), its XIDs, a check now."""
         if self.inventory.source in ("declared", "none"):
             self.read_inventory(policy, host, now)
-        self.health.ignored_xids = policy.health.ignored_xids
+        if self.health is not None:
+            self.health.ignored_xids = policy.health.ignored_xids
         self.next_check = 0.0  # check now, and from now on at the policy's interval
 
     def read_inventory(self, policy: Policy | None, host: str, now: float) -> Inventory:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from allocator.agent.planning.types import IdleRelease
-from allocator.gpus.vendors.nvidia.usage import GpuUsage
+from allocator.gpus.usage import GpuUsage
 from allocator.policy.model import IdleRule
 from allocator.util.durations import format_duration
 from allocator.util.times import format_time

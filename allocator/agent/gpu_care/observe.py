@@ -33,7 +33,8 @@ from allocator.agent.planning.job_phase import BackingOff, GaveUp, Stopping
 from allocator.agent.planning.types import DesiredJob, IdleRelease, JobView
 from allocator.errors import InvalidInput
 from allocator.gpus.inventory import Inventory
-from allocator.gpus.vendors.nvidia.usage import GpuUsage, UsageSampler
+from allocator.gpus.usage import GpuUsage, UsageSampler
+from allocator.gpus.vendors.registry import vendor_named
 from allocator.policy.model import IdleRule, Policy
 from allocator.records.types import Assignment, GpuProcess
 from allocator.status.metrics import Family, Histogram, start_metrics_server
@@ -72,13 +73,20 @@ class Observer:
     """GPU usage, unassigned processes, idle holders and metrics of one host's agent."""
 
     def __init__(
-        self, environ: Mapping[str, str], host: str, log: Log, clock: Callable[[], float]
+        self,
+        environ: Mapping[str, str],
+        host: str,
+        log: Log,
+        clock: Callable[[], float],
+        vendor: str | None = None,
     ) -> None:
-        """Prepare to sample through the NVML ``environ`` selects; nothing is read yet."""
+        """Prepare to sample through the library ``environ`` selects of ``vendor`` (the
+        host's, NVIDIA's for ``None``); nothing is read yet. A vendor with no sampler
+        gives no usage: no idle spells, no unassigned processes, no usage series."""
         self.host = host
         self.log = log
         self.clock = clock
-        self.sampler = UsageSampler(environ, clock)
+        self.sampler: UsageSampler | None = vendor_named(vendor).usage_sampler(environ, clock)
         self.idle = IdleTracker()
         self.tree_cpu = TreeCpu()
         self.warned: set[str] = set()
@@ -119,7 +127,8 @@ class Observer:
         if self._stop_server is not None:
             self._stop_server()
             self._stop_server = None
-        self.sampler.close()
+        if self.sampler is not None:
+            self.sampler.close()
 
     # --- what the loop tells it -----------------------------------------------------
 
@@ -142,7 +151,7 @@ class Observer:
         unhealthy: Mapping[int, str],
     ) -> None:
         """One usage sample: unassigned processes, idle spells, and what the idle rules ask."""
-        usage = self.sampler.sample()
+        usage = self.sampler.sample() if self.sampler is not None else None
         self._note_sample_error()
         self.usage = usage
         rules = self._rules(policy, desired)
@@ -228,7 +237,7 @@ class Observer:
         self.unassigned = found
 
     def _note_sample_error(self) -> None:
-        error = self.sampler.error
+        error = self.sampler.error if self.sampler is not None else None
         if error != self._sample_error:
             self._sample_error = error
             if error is None:

@@ -1,8 +1,9 @@
 """The agent's view of its GPUs: inventory, health verdicts, hold-down and flap limit.
 
-Each health check runs one pipeline: NVML's verdicts
-(:class:`~allocator.gpus.vendors.nvidia.health.HealthMonitor`), then the recovery probe for
-GPUs NVML calls healthy again (:class:`~allocator.agent.gpu_care.recovery.RecoveryProbes`),
+Each health check runs one pipeline: the vendor's verdicts (its
+:class:`~allocator.gpus.health.HealthMonitor`, NVML's signals on NVIDIA; a fresh
+inventory read for a vendor without one), then the recovery probe for
+GPUs the vendor calls healthy again (:class:`~allocator.agent.gpu_care.recovery.RecoveryProbes`),
 then the hold-down and the per-job flap limit (:mod:`allocator.agent.gpu_care.hold_down`).
 The result is the set of GPUs out of service, and the jobs held in their fallback.
 
@@ -32,9 +33,9 @@ from allocator.agent.gpu_care.hold_down import Damping, Event, FlapLimit, GpuHol
 from allocator.agent.gpu_care.recovery import RecoveryProbes
 from allocator.agent.kernel.procs import clean_base_env
 from allocator.agent.planning.types import Pin
+from allocator.gpus.health import GpuHealth, HealthMonitor, HealthState
 from allocator.gpus.inventory import Inventory, from_nvml, keep_addresses, keep_last_good
-from allocator.gpus.vendors.nvidia.health import GpuHealth, HealthMonitor, HealthState
-from allocator.gpus.vendors.registry import VENDORS, read_host_inventory
+from allocator.gpus.vendors.registry import VENDORS, read_host_inventory, vendor_named
 from allocator.policy.model import HealthSettings, Policy
 from allocator.records.types import Assignment
 
@@ -83,7 +84,12 @@ class GpuState:
         boot_id: str | None = None,
         recovery: RecoveryProbes | None = None,
     ) -> None:
-        """Read the inventory, open NVML, and resume what the last run on this boot saved."""
+        """Read the inventory, open its vendor's health monitor, and resume what the last
+        run on this boot saved.
+
+        The monitor is the vendor's whose library answered now: NVIDIA's while none
+        did (detection off, no driver yet), which re-opens NVML until it answers.
+        """
         self._environ = dict(environ)
         self._path = path
         self._log = log
@@ -97,9 +103,9 @@ class GpuState:
         self._written = b""
         self.inventory = self._read(None, now, None)
         same = _same_gpus(saved, self.inventory)
-        self.monitor = HealthMonitor(environ=self._environ)
+        self.monitor = vendor_named(self.inventory.vendor).health_monitor(self._environ)
         health = _saved_health(saved, same)
-        if health is not None:
+        if health is not None and self.monitor is not None:
             self.monitor.resume(health)
         self.hold_down = GpuHoldDown(_only(saved.get("hold_down", {}), same))
         self.flaps = FlapLimit(saved.get("flaps"))
@@ -149,8 +155,9 @@ class GpuState:
         return chosen
 
     def reload(self, declared_gpus: int | None, now: float, vendor: str | None = None) -> Inventory:
-        """SIGHUP: re-read the inventory and re-open NVML for health checks."""
-        self.monitor.reopen(now)
+        """SIGHUP: re-read the inventory and re-open the health monitor's library."""
+        if self.monitor is not None:
+            self.monitor.reopen(now)
         return self.read_inventory(declared_gpus, now, vendor)
 
     # --- health ------------------------------------------------------------------
@@ -170,13 +177,14 @@ class GpuState:
         settings = policy.health if policy is not None else HealthSettings()
         damping = Damping.from_policy(settings)
         devices = VENDORS.get(self.inventory.vendor)
-        if devices is None or devices.health_source != "signals":
+        monitor = self.monitor
+        if monitor is None or devices is None or devices.health_source != "signals":
             verdicts = self._vendor_verdicts(_declared(policy, host), now, _vendor(policy, host))
         else:
             if self._retry_at is not None and now >= self._retry_at:
                 self.read_inventory(_declared(policy, host), now, _vendor(policy, host))
-            state = self.monitor.check(now)
-            self._note_health_error()
+            state = monitor.check(now)
+            self._note_health_error(monitor)
             verdicts = {g.index: g.reason or "unhealthy" for g in state.gpus if not g.healthy}
         self._probe_out = self.recovery.out_of_service(
             verdicts,
@@ -207,8 +215,8 @@ class GpuState:
         inventory = self.read_inventory(declared_gpus, now, vendor)
         return {gpu.index: gpu.error for gpu in inventory.gpus if gpu.error}
 
-    def _note_health_error(self) -> None:
-        error = self.monitor.error
+    def _note_health_error(self, monitor: HealthMonitor) -> None:
+        error = monitor.error
         if error == self._health_error:
             return
         if error is None:
@@ -222,13 +230,14 @@ class GpuState:
             self._log(name, fields)
 
     def close(self) -> None:
-        """Release NVML."""
-        self.monitor.close()
+        """Release the health monitor's library."""
+        if self.monitor is not None:
+            self.monitor.close()
 
     # --- the state file --------------------------------------------------------------
 
     def _snapshot(self) -> dict[str, Any]:
-        health = self.monitor.state
+        health = self.monitor.state if self.monitor is not None else None
         return {
             "boot_id": self._boot,
             "inventory": self._last_good.to_dict() if self._last_good is not None else None,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from allocator.agent.kernel import procs
 from allocator.agent.kernel.cgroups import cgroup_members
-from allocator.gpus.vendors.nvidia.usage import GpuUsage
+from allocator.gpus.usage import GpuUsage
 from allocator.records.types import GpuProcess
 
 __all__ = [

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from allocator.gpus.vendors.nvidia.usage import GpuUsage
+from allocator.gpus.usage import GpuUsage
 
 __all__ = ["DEFAULT_INTERVAL", "STEP", "UtilisationReport", "mean_utilisation"]
 

@@ -13,7 +13,11 @@ library is imported, and each answers the same questions:
   them (:meth:`DeviceVendor.cdi_devices`), and the ids a container that holds
   exactly them numbers them by (:meth:`DeviceVendor.container_ids`);
 * the PyTorch device type that drives them, and what is wrong with a PyTorch
-  build for them (:meth:`DeviceVendor.torch_build_problem`, for ``doctor``).
+  build for them (:meth:`DeviceVendor.torch_build_problem`, for ``doctor``), or
+  with its mixed precision on them (:meth:`DeviceVendor.amp_problem`);
+* their health and usage between reads: the monitor and the sampler the agent
+  keeps (:meth:`DeviceVendor.health_monitor`, :meth:`DeviceVendor.usage_sampler`),
+  ``None`` where its library reports neither.
 
 A vendor with no source for a part answers :class:`NotSupported` for it, so no
 caller branches on a vendor's name.
@@ -22,16 +26,19 @@ caller branches on a vendor's name.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from allocator.errors import RequestError
+from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory
+from allocator.gpus.usage import UsageSampler
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = [
     "VENDOR_NAMES",
+    "AmpFeature",
     "CdiNames",
     "DeviceVendor",
     "HealthSource",
@@ -50,6 +57,8 @@ VENDOR_NAMES: tuple[VendorName, ...] = ("nvidia", "amd", "intel", "apple")
 CdiNames = Literal["card", "pci"]
 #: Where a vendor's health verdicts come from (:attr:`DeviceVendor.health_source`).
 HealthSource = Literal["signals", "inventory"]
+#: A mixed-precision step :mod:`allocator.torch` sets up (:meth:`DeviceVendor.amp_problem`).
+AmpFeature = Literal["autocast", "grad_scaler"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +155,22 @@ class DeviceVendor(Protocol):
 
     def torch_build_problem(self, build: TorchBuild) -> str | None:
         """Why this PyTorch cannot drive this vendor's devices (``None``: it can)."""
+        ...
+
+    def amp_problem(self, feature: AmpFeature, torch_version: str) -> str | None:
+        """Why PyTorch ``torch_version`` cannot run ``feature`` here (``None``: it can)."""
+        ...
+
+    def health_monitor(self, environ: Mapping[str, str]) -> HealthMonitor | None:
+        """A monitor of its health signals for the agent to keep, through the library
+        ``environ`` selects; ``None`` where it has none (``health_source`` ``inventory``)."""
+        ...
+
+    def usage_sampler(
+        self, environ: Mapping[str, str], clock: Callable[[], float]
+    ) -> UsageSampler | None:
+        """A sampler of its GPUs' usage for the agent to keep, through the library
+        ``environ`` selects; ``None`` where its library reports none."""
         ...
 
 

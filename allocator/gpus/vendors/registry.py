@@ -19,7 +19,13 @@ from pathlib import Path
 from allocator.gpus.inventory import Inventory, from_nvml
 from allocator.gpus.vendors.amd.vendor import AMD
 from allocator.gpus.vendors.apple.vendor import APPLE
-from allocator.gpus.vendors.base import VENDOR_NAMES, DeviceVendor, TorchBuild, VendorName
+from allocator.gpus.vendors.base import (
+    VENDOR_NAMES,
+    AmpFeature,
+    DeviceVendor,
+    TorchBuild,
+    VendorName,
+)
 from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.vendors.intel.vendor import INTEL
 from allocator.gpus.vendors.nvidia.vendor import NVIDIA
@@ -28,9 +34,11 @@ __all__ = [
     "VENDORS",
     "VENDOR_NAMES",
     "VISIBILITY_VARIABLES",
+    "AmpFeature",
     "DeviceVendor",
     "TorchBuild",
     "VendorName",
+    "amp_problem",
     "fake_file_vendor",
     "read_host_inventory",
     "vendor_named",
@@ -55,6 +63,13 @@ def vendor_named(name: str | None) -> DeviceVendor:
     except KeyError:
         known = ", ".join(VENDOR_NAMES)
         raise ValueError(f"unknown GPU vendor {name!r} (known: {known})") from None
+
+
+def amp_problem(device_type: str, feature: AmpFeature, torch_version: str) -> str | None:
+    """Why PyTorch ``torch_version`` cannot run ``feature`` on ``device_type`` devices, as
+    the vendors whose devices PyTorch drives as that type say (``None``: it can)."""
+    drivers = (v for v in VENDORS.values() if v.torch_device_type == device_type)
+    return next((p for v in drivers if (p := v.amp_problem(feature, torch_version))), None)
 
 
 def fake_file_vendor(environ: Mapping[str, str]) -> str | None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from allocator.agent.metrics import AgentMetricsState, agent_families
-from allocator.gpus.vendors.nvidia.usage import GpuUsage
+from allocator.gpus.usage import GpuUsage
 from allocator.records.types import GpuProcess
 from allocator.status.metrics import Histogram, exposition
 from tests.support.prometheus import Scrape, parse_exposition

@@ -22,14 +22,17 @@ variables on. PyTorch's ROCm build then numbers the listed GPUs ``cuda:0``,
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
 from allocator.errors import AllocatorError
+from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
+from allocator.gpus.usage import UsageSampler
 from allocator.gpus.vendors.amd.rocr_filter import rocr_uuid, token_problem
 from allocator.gpus.vendors.base import (
+    AmpFeature,
     CdiNames,
     HealthSource,
     NotSupported,
@@ -270,6 +273,21 @@ class Amd:
             f"PyTorch {build.version} is {kind} on an AMD host; install PyTorch's ROCm "
             "build (https://pytorch.org/get-started/locally/)"
         )
+
+    def amp_problem(self, feature: AmpFeature, torch_version: str) -> str | None:
+        """None: every PyTorch ROCm build runs autocast and GradScaler on it."""
+        return None
+
+    def health_monitor(self, environ: Mapping[str, str]) -> HealthMonitor | None:
+        """None: amdsmi reports no health signals between reads; a fresh inventory
+        read's unreadable GPUs are its health (``health_source`` ``inventory``)."""
+        return None
+
+    def usage_sampler(
+        self, environ: Mapping[str, str], clock: Callable[[], float]
+    ) -> UsageSampler | None:
+        """None: no usage is read from amdsmi (an unmeasured GPU is never taken for idle)."""
+        return None
 
 
 def _declared(declared_gpus: int | None, reason: str) -> Inventory:

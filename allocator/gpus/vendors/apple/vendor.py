@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import platform
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
 
 from allocator.errors import RequestError
+from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory, declared_inventory
+from allocator.gpus.usage import UsageSampler
 from allocator.gpus.vendors.base import (
+    AmpFeature,
     CdiNames,
     HealthSource,
     NotSupported,
@@ -30,8 +32,6 @@ from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["APPLE", "MPS_AMP_SINCE", "Apple", "is_apple_silicon", "mps_amp_problem"]
 
-MpsAmpFeature = Literal["autocast", "grad_scaler"]
-
 #: The first PyTorch release whose MPS backend does each mixed-precision step.
 #: autocast: pytorch/pytorch#99272, released in 2.5.0; before it,
 #: ``torch.autocast("mps")`` raises "User specified an unsupported autocast
@@ -39,11 +39,11 @@ MpsAmpFeature = Literal["autocast", "grad_scaler"]
 #: to float64 dtype" (``unscale_`` inverted the scale in float64; pytorch/pytorch#142397)
 #: until pytorch/pytorch#150255 gave MPS its unscale and update kernels and kept
 #: the scale in float32 there, merged after 2.7's branch cut, so first in 2.8.0.
-MPS_AMP_SINCE: dict[MpsAmpFeature, tuple[int, int]] = {"autocast": (2, 5), "grad_scaler": (2, 8)}
+MPS_AMP_SINCE: dict[AmpFeature, tuple[int, int]] = {"autocast": (2, 5), "grad_scaler": (2, 8)}
 _RELEASE = re.compile(r"([0-9]+)\.([0-9]+)")
 
 
-def mps_amp_problem(feature: MpsAmpFeature, version: str) -> str | None:
+def mps_amp_problem(feature: AmpFeature, version: str) -> str | None:
     """Why PyTorch ``version`` cannot do ``feature`` on ``mps`` (``None``: it can).
 
     ``version`` is ``torch.__version__`` (``2.7.1``, ``2.8.0a0+git...``); one
@@ -148,6 +148,21 @@ class Apple:
         return mps_amp_problem("autocast", build.version) or mps_amp_problem(
             "grad_scaler", build.version
         )
+
+    def amp_problem(self, feature: AmpFeature, torch_version: str) -> str | None:
+        """An MPS backend too old for ``feature`` (:data:`MPS_AMP_SINCE`)."""
+        return mps_amp_problem(feature, torch_version)
+
+    def health_monitor(self, environ: Mapping[str, str]) -> HealthMonitor | None:
+        """None: Apple's GPU reports no health signals between reads; a fresh inventory
+        read's unreadable GPUs are its health (``health_source`` ``inventory``)."""
+        return None
+
+    def usage_sampler(
+        self, environ: Mapping[str, str], clock: Callable[[], float]
+    ) -> UsageSampler | None:
+        """None: no usage is read from Apple's GPU (an unmeasured GPU is never taken for idle)."""
+        return None
 
 
 def _declared(declared_gpus: int | None, reason: str) -> Inventory:

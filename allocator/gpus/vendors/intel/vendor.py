@@ -19,13 +19,16 @@ left, so nothing filters a second time with physical numbers.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from allocator.errors import RequestError
+from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory, InventorySource, declared_inventory
+from allocator.gpus.usage import UsageSampler
 from allocator.gpus.vendors.base import (
+    AmpFeature,
     CdiNames,
     HealthSource,
     NotSupported,
@@ -230,6 +233,21 @@ class Intel:
             f"PyTorch {build.version} was built without XPU support on an Intel GPU host; "
             "install PyTorch's XPU build (https://pytorch.org/get-started/locally/)"
         )
+
+    def amp_problem(self, feature: AmpFeature, torch_version: str) -> str | None:
+        """None: PyTorch's XPU backend runs autocast and GradScaler wherever it is built."""
+        return None
+
+    def health_monitor(self, environ: Mapping[str, str]) -> HealthMonitor | None:
+        """None: sysfs reports no health signals between reads; a fresh inventory
+        read's unreadable GPUs are its health (``health_source`` ``inventory``)."""
+        return None
+
+    def usage_sampler(
+        self, environ: Mapping[str, str], clock: Callable[[], float]
+    ) -> UsageSampler | None:
+        """None: no usage is read from sysfs (an unmeasured GPU is never taken for idle)."""
+        return None
 
 
 def _cdi_name(gpu: int, info: GpuInfo | None, naming: CdiNames) -> str:

@@ -1,4 +1,7 @@
-"""GPU health: a pure evaluator over NVML signals, and a reader that feeds it.
+"""NVIDIA's GPU health: a pure evaluator over NVML signals, and a reader that feeds it.
+
+The verdicts are :mod:`allocator.gpus.health`'s records; :class:`NvmlHealthMonitor`
+is NVIDIA's :class:`~allocator.gpus.health.HealthMonitor`.
 
 Rules (all evaluated by :func:`check_health`, time passed in):
 
@@ -22,35 +25,36 @@ Recovery: an unhealthy GPU whose signals are clean again is re-tested on
 each following check and returned to service after ``recover_after``
 (default 2) consecutive clean checks; any bad signal restarts the count.
 
-NVML itself failing is no verdict: :class:`HealthMonitor` keeps its last
+NVML itself failing is no verdict: :class:`NvmlHealthMonitor` keeps its last
 state, says why in ``error``, and re-opens NVML with a capped backoff (or
-at once, on :meth:`HealthMonitor.reopen`).
+at once, on :meth:`NvmlHealthMonitor.reopen`).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from allocator.gpus.health import (
+    DEFAULT_IGNORED_XIDS,
+    DEFAULT_RECOVER_AFTER,
+    Baselines,
+    GpuHealth,
+    HealthState,
+)
 from allocator.gpus.vendors.nvidia.nvml import NvmlUnavailable, load_nvml
-from allocator.gpus.vendors.nvidia.nvml_codes import DEFAULT_IGNORED_XIDS
 from allocator.gpus.vendors.nvidia.signals import COUNTERS, GpuSignals, NvmlSignalReader
 
 __all__ = [
-    "DEFAULT_RECOVER_AFTER",
-    "GpuHealth",
     "GpuSignals",
-    "HealthMonitor",
-    "HealthState",
+    "NvmlHealthMonitor",
     "check_health",
     "next_baselines",
     "open_signal_reader",
     "signal_problems",
 ]
 
-DEFAULT_RECOVER_AFTER = 2
 #: Re-opening NVML after it failed: first retry after this many seconds, doubling ...
 REOPEN_FIRST_SECONDS = 1.0
 #: ... up to this.
@@ -69,66 +73,6 @@ _XID_NAMES = {
     119: "GSP RPC timeout",
     120: "GSP error",
 }
-
-Baselines = tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GpuHealth:
-    """One GPU's health after a check.
-
-    ``reason`` is the latest bad signal while unhealthy; ``since`` is when
-    the GPU entered its current state; ``clean_checks`` counts consecutive
-    clean checks while unhealthy; ``baselines`` are the cumulative counters
-    (name, value) the next check compares against; ``uuid`` is the GPU's,
-    when NVML gave it (a state restored from disk is matched on it).
-    """
-
-    index: int
-    healthy: bool
-    reason: str | None = None
-    since: float = 0.0
-    clean_checks: int = 0
-    baselines: Baselines = ()
-    uuid: str | None = None
-
-    @property
-    def recovering(self) -> bool:
-        """Unhealthy, but its signals have been clean for at least one check."""
-        return not self.healthy and self.clean_checks > 0
-
-    def baseline(self, counter: str) -> int | None:
-        """The baseline of one counter (see :data:`.signals.COUNTERS`)."""
-        return dict(self.baselines).get(counter)
-
-
-@dataclass(frozen=True, slots=True)
-class HealthState:
-    """Every known GPU's health at ``checked_at``."""
-
-    gpus: tuple[GpuHealth, ...]
-    checked_at: float
-    recover_after: int = DEFAULT_RECOVER_AFTER
-
-    def get(self, index: int) -> GpuHealth | None:
-        """The health of GPU ``index``, if known."""
-        return next((gpu for gpu in self.gpus if gpu.index == index), None)
-
-    def healthy_indices(self) -> tuple[int, ...]:
-        """Indices of the GPUs in service."""
-        return tuple(gpu.index for gpu in self.gpus if gpu.healthy)
-
-    def unhealthy(self) -> dict[int, str]:
-        """Index -> reason for every GPU out of service (for the agent record)."""
-        out: dict[int, str] = {}
-        for gpu in self.gpus:
-            if gpu.healthy:
-                continue
-            reason = gpu.reason or "unhealthy"
-            if gpu.recovering:
-                reason += f" (recovering: {gpu.clean_checks}/{self.recover_after} clean checks)"
-            out[gpu.index] = reason
-        return out
 
 
 def signal_problems(
@@ -221,7 +165,7 @@ def open_signal_reader(environ: Mapping[str, str] | None = None) -> NvmlSignalRe
     return NvmlSignalReader(load_nvml(os.environ if environ is None else environ))
 
 
-class HealthMonitor:
+class NvmlHealthMonitor:
     """Reads signals and evaluates them, keeping the state between checks.
 
     When NVML cannot be opened, or stops answering, a check returns the last
@@ -304,7 +248,7 @@ class HealthMonitor:
         """Release NVML."""
         self._close_reader()
 
-    def __enter__(self) -> HealthMonitor:
+    def __enter__(self) -> NvmlHealthMonitor:
         """Use as a context manager that closes NVML on exit."""
         return self
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 __all__ = [
-    "DEFAULT_IGNORED_XIDS",
     "ERROR_ARGUMENT_VERSION_MISMATCH",
     "ERROR_DEPRECATED",
     "ERROR_DRIVER_NOT_LOADED",
@@ -44,9 +43,3 @@ ERROR_UNKNOWN = 999
 
 #: nvmlEventTypeXidCriticalError
 EVENT_XID_CRITICAL = 0x8
-
-#: Application-caused XIDs that say nothing about the GPU's health (NVIDIA's
-#: XID catalogue: 13 graphics engine exception, 31 MMU fault, 43 reset
-#: channel, 45 preemptive cleanup, 68 video processor exception, 109 context
-#: switch timeout).
-DEFAULT_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})

@@ -1,5 +1,8 @@
 """GPU usage from NVML: utilization, memory in use, and the compute processes on each GPU.
 
+:class:`NvmlUsageSampler` is NVIDIA's :class:`~allocator.gpus.usage.UsageSampler`, giving
+:mod:`allocator.gpus.usage`'s records.
+
 Read by the agent at its health interval (never on every tick): NVML calls
 are cheap but not free, and none of these numbers needs sub-second freshness.
 Everything goes through the same NVML library object as inventory and health
@@ -21,9 +24,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import Any
 
+from allocator.gpus.usage import GpuUsage, ProcessOnGpu
 from allocator.gpus.vendors.nvidia.nvml import (
     NvmlUnavailable,
     describe_error,
@@ -31,32 +34,12 @@ from allocator.gpus.vendors.nvidia.nvml import (
     optional_call,
 )
 
-__all__ = ["GpuUsage", "ProcessOnGpu", "UsageSampler", "read_usage"]
+__all__ = ["NvmlUsageSampler", "read_usage"]
 
 _MIB = 1024 * 1024
 #: After NVML failed, try again after this many seconds, doubling up to the cap.
 _RETRY_FIRST_SECONDS = 5.0
 _RETRY_MAX_SECONDS = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessOnGpu:
-    """One process NVML lists on a GPU."""
-
-    pid: int
-    used_memory_mib: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class GpuUsage:
-    """One GPU's usage at one sample; ``error`` set (and nothing else) when NVML failed on it."""
-
-    index: int
-    utilization_percent: int | None = None
-    memory_used_mib: int | None = None
-    memory_total_mib: int | None = None
-    processes: tuple[ProcessOnGpu, ...] = ()
-    error: str = ""
 
 
 def read_usage(lib: Any) -> tuple[GpuUsage, ...]:
@@ -93,7 +76,7 @@ def _process(entry: Any) -> ProcessOnGpu:
     return ProcessOnGpu(pid=int(entry.pid), used_memory_mib=int(used) // _MIB if used else None)
 
 
-class UsageSampler:
+class NvmlUsageSampler:
     """Keeps NVML open between samples; a failure is remembered and retried with backoff.
 
     :meth:`sample` returns ``None`` while NVML cannot be used (``error`` says

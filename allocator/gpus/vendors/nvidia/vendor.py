@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from allocator.errors import RequestError
+from allocator.gpus.health import HealthMonitor
 from allocator.gpus.inventory import Inventory, declared_inventory
+from allocator.gpus.usage import UsageSampler
 from allocator.gpus.vendors.base import (
+    AmpFeature,
     CdiNames,
     HealthSource,
     NotSupported,
@@ -34,6 +37,7 @@ from allocator.gpus.vendors.base import (
     check_device_ids,
     container_indices,
 )
+from allocator.gpus.vendors.nvidia.health import NvmlHealthMonitor
 from allocator.gpus.vendors.nvidia.nvml import (
     NvmlUnavailable,
     load_nvml,
@@ -41,6 +45,7 @@ from allocator.gpus.vendors.nvidia.nvml import (
     read_devices,
     source_kind,
 )
+from allocator.gpus.vendors.nvidia.usage import NvmlUsageSampler
 from allocator.records.gpu_info import GpuInfo
 
 __all__ = ["NVIDIA", "Nvidia", "read_inventory"]
@@ -182,6 +187,20 @@ class Nvidia:
                 "install a CUDA build of PyTorch"
             )
         return None
+
+    def amp_problem(self, feature: AmpFeature, torch_version: str) -> str | None:
+        """None: every PyTorch with CUDA runs autocast and GradScaler on it."""
+        return None
+
+    def health_monitor(self, environ: Mapping[str, str]) -> HealthMonitor | None:
+        """NVML's XIDs and error counters, judged between checks."""
+        return NvmlHealthMonitor(environ=environ)
+
+    def usage_sampler(
+        self, environ: Mapping[str, str], clock: Callable[[], float]
+    ) -> UsageSampler | None:
+        """NVML's utilization, memory and compute processes."""
+        return NvmlUsageSampler(environ, clock)
 
 
 NVIDIA = Nvidia()

@@ -10,7 +10,7 @@ from allocator.agent.gpu_care.idle import (
     IdleTracker,
     idle_actions,
 )
-from allocator.gpus.vendors.nvidia.usage import GpuUsage
+from allocator.gpus.usage import GpuUsage
 from allocator.policy.model import IdleRule
 
 START = datetime(2027, 1, 1, 12, 0, tzinfo=UTC)

@@ -20,7 +20,7 @@ from allocator.agent.gpu_care.unassigned_use import (
 from allocator.agent.kernel import procs
 from allocator.agent.kernel.cgroups import worker_cgroup_base
 from allocator.agent.planning.types import Start
-from allocator.gpus.vendors.nvidia.usage import GpuUsage, ProcessOnGpu
+from allocator.gpus.usage import GpuUsage, ProcessOnGpu
 from allocator.records.types import GpuProcess
 from tests.support import supervision
 from tests.support.supervision import Harness, job_spec

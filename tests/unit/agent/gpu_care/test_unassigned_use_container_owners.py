@@ -10,7 +10,7 @@ from allocator.agent.gpu_care.unassigned_use import (
     read_proc_cgroup,
     unassigned_processes,
 )
-from allocator.gpus.vendors.nvidia.usage import GpuUsage, ProcessOnGpu
+from allocator.gpus.usage import GpuUsage, ProcessOnGpu
 
 CONTAINER_ID = "3f" * 32
 OTHER_ID = "9a" * 32

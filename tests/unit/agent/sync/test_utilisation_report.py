@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from allocator.agent.sync.utilisation_report import UtilisationReport, mean_utilisation
-from allocator.gpus.vendors.nvidia.usage import GpuUsage
+from allocator.gpus.usage import GpuUsage
 
 
 def _usage(*percents: int | None) -> tuple[GpuUsage, ...]:

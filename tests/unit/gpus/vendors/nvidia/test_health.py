@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from allocator.gpus.health import DEFAULT_IGNORED_XIDS, GpuHealth, HealthState
 from allocator.gpus.vendors.fake_file import default_uuid
-from allocator.gpus.vendors.nvidia.health import (
-    GpuHealth,
-    HealthMonitor,
-    HealthState,
-    check_health,
-    signal_problems,
-)
-from allocator.gpus.vendors.nvidia.nvml_codes import DEFAULT_IGNORED_XIDS
+from allocator.gpus.vendors.nvidia.health import NvmlHealthMonitor, check_health, signal_problems
 from allocator.gpus.vendors.nvidia.signals import COUNTERS, GpuSignals
 from tests.support.fake_gpus import FakeGpus
 
@@ -163,7 +157,7 @@ def test_signal_problems_is_empty_for_clean_signals() -> None:
 
 
 def test_a_restored_state_keeps_its_baselines_and_verdicts() -> None:
-    # What an agent restarted on the same boot resumes from (see HealthMonitor.resume).
+    # What an agent restarted on the same boot resumes from (see NvmlHealthMonitor.resume).
     saved = HealthState(
         (GpuHealth(0, False, "XID 79", 5.0, 0, (("ecc_uncorrected", 2),), "GPU-a"),), 5.0
     )
@@ -182,13 +176,15 @@ def gpus(tmp_path: Path) -> FakeGpus:
 
 
 @pytest.fixture
-def monitor(gpus: FakeGpus) -> Iterator[HealthMonitor]:
-    with HealthMonitor(environ=gpus.environ) as health:
+def monitor(gpus: FakeGpus) -> Iterator[NvmlHealthMonitor]:
+    with NvmlHealthMonitor(environ=gpus.environ) as health:
         assert health.error is None
         yield health
 
 
-def test_reader_sees_file_edits_on_the_next_check(gpus: FakeGpus, monitor: HealthMonitor) -> None:
+def test_reader_sees_file_edits_on_the_next_check(
+    gpus: FakeGpus, monitor: NvmlHealthMonitor
+) -> None:
     assert monitor.check(0.0).unhealthy() == {}
     gpus.update(1, remap_pending=True)
     assert list(monitor.check(1.0).unhealthy()) == [1]
@@ -197,7 +193,7 @@ def test_reader_sees_file_edits_on_the_next_check(gpus: FakeGpus, monitor: Healt
     assert monitor.check(3.0).unhealthy() == {}
 
 
-def test_reader_delivers_each_xid_once(gpus: FakeGpus, monitor: HealthMonitor) -> None:
+def test_reader_delivers_each_xid_once(gpus: FakeGpus, monitor: NvmlHealthMonitor) -> None:
     monitor.check(0.0)
     gpus.add_xid(0, 79)
     assert "XID 79" in monitor.check(1.0).unhealthy()[0]
@@ -212,7 +208,7 @@ def test_reader_delivers_each_xid_once(gpus: FakeGpus, monitor: HealthMonitor) -
 def test_xids_already_in_the_file_are_delivered_on_the_first_check(tmp_path: Path) -> None:
     gpus = FakeGpus(tmp_path / "nvml.json", 1)
     gpus.add_xid(0, 95)
-    with HealthMonitor(environ=gpus.environ) as monitor:
+    with NvmlHealthMonitor(environ=gpus.environ) as monitor:
         assert "XID 95" in monitor.check(0.0).unhealthy()[0]
 
 
@@ -243,7 +239,7 @@ def test_xids_already_in_the_file_are_delivered_on_the_first_check(tmp_path: Pat
 )
 def test_reader_reports_each_signal_from_the_file(
     gpus: FakeGpus,
-    monitor: HealthMonitor,
+    monitor: NvmlHealthMonitor,
     before: dict[str, object],
     fields: dict[str, object],
     reason: str,
@@ -259,12 +255,12 @@ def test_reader_reports_each_signal_from_the_file(
 def test_a_gpu_read_with_old_error_counts_on_first_sight_is_healthy(tmp_path: Path) -> None:
     gpus = FakeGpus(tmp_path / "nvml.json", 1)
     gpus.update(0, ecc_uncorrected=12, ecc_uncorrected_aggregate=40, retired_pages_double_bit=3)
-    with HealthMonitor(environ=gpus.environ) as monitor:
+    with NvmlHealthMonitor(environ=gpus.environ) as monitor:
         assert monitor.check(0.0).unhealthy() == {}
         assert monitor.check(1.0).unhealthy() == {}
 
 
-def test_nvml_failing_is_no_verdict_on_any_gpu(gpus: FakeGpus, monitor: HealthMonitor) -> None:
+def test_nvml_failing_is_no_verdict_on_any_gpu(gpus: FakeGpus, monitor: NvmlHealthMonitor) -> None:
     gpus.update(1, xid_events=[79])
     before = monitor.check(0.0)
     assert list(before.unhealthy()) == [1]
@@ -280,7 +276,7 @@ def test_nvml_failing_is_no_verdict_on_any_gpu(gpus: FakeGpus, monitor: HealthMo
 
 
 def test_a_broken_file_mid_run_is_no_verdict_and_names_the_file(
-    gpus: FakeGpus, monitor: HealthMonitor
+    gpus: FakeGpus, monitor: NvmlHealthMonitor
 ) -> None:
     monitor.check(0.0)
     gpus.path.write_text("{not json")
@@ -292,7 +288,7 @@ def test_a_broken_file_mid_run_is_no_verdict_and_names_the_file(
 
 def test_reopen_opens_nvml_at_once(tmp_path: Path) -> None:
     gpus = FakeGpus(tmp_path / "nvml.json", 2, init_error="driver_not_loaded")
-    with HealthMonitor(environ=gpus.environ) as monitor:
+    with NvmlHealthMonitor(environ=gpus.environ) as monitor:
         assert monitor.error is not None and "driver not loaded" in monitor.error
         assert monitor.check(0.0).gpus == ()
         del gpus.system["init_error"]
@@ -304,7 +300,7 @@ def test_reopen_opens_nvml_at_once(tmp_path: Path) -> None:
 
 def test_a_monitor_whose_nvml_failed_at_start_retries_with_backoff(tmp_path: Path) -> None:
     gpus = FakeGpus(tmp_path / "nvml.json", 1, init_error="unknown")
-    with HealthMonitor(environ=gpus.environ) as monitor:
+    with NvmlHealthMonitor(environ=gpus.environ) as monitor:
         assert monitor.check(0.5).gpus == ()
         del gpus.system["init_error"]
         gpus.save()
@@ -313,6 +309,6 @@ def test_a_monitor_whose_nvml_failed_at_start_retries_with_backoff(tmp_path: Pat
 
 
 def test_monitor_without_nvml_reports_why_and_no_gpus() -> None:
-    with HealthMonitor(environ={"ALLOCATOR_NVML": "off"}) as monitor:
+    with NvmlHealthMonitor(environ={"ALLOCATOR_NVML": "off"}) as monitor:
         assert monitor.error is not None and "off" in monitor.error
         assert monitor.check(0.0).gpus == ()

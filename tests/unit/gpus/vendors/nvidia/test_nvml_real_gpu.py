@@ -16,7 +16,7 @@ import pytest
 
 from allocator.gpus.inventory import Inventory
 from allocator.gpus.probe import run_deep_probe
-from allocator.gpus.vendors.nvidia.health import HealthMonitor
+from allocator.gpus.vendors.nvidia.health import NvmlHealthMonitor
 from allocator.placement.worker_env import worker_environments
 from allocator.policy.model import Host, Job, Policy
 from allocator.records.types import Assignment
@@ -48,7 +48,7 @@ def test_real_inventory_lists_gpus_with_uuids(inventory: Inventory) -> None:
 
 
 def test_real_health_check_runs(inventory: Inventory) -> None:
-    with HealthMonitor(environ=real_env()) as monitor:
+    with NvmlHealthMonitor(environ=real_env()) as monitor:
         assert monitor.error is None
         first = monitor.check(0.0)
         second = monitor.check(1.0)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from allocator.gpus.usage import GpuUsage, ProcessOnGpu
 from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
-from allocator.gpus.vendors.nvidia.usage import GpuUsage, ProcessOnGpu, UsageSampler
+from allocator.gpus.vendors.nvidia.usage import NvmlUsageSampler
 from tests.support.clock import FakeClock
 from tests.support.fake_gpus import FakeGpus
 
@@ -25,7 +26,7 @@ def test_a_sample_reads_utilization_memory_and_processes_of_every_gpu(gpus: Fake
         memory_total_mib=81920,
         processes=[{"pid": 4242, "used_memory_mib": 20000}, {"pid": 17}],
     )
-    sampler = UsageSampler(gpus.environ, FakeClock())
+    sampler = NvmlUsageSampler(gpus.environ, FakeClock())
     assert sampler.sample() == (
         GpuUsage(
             index=0,
@@ -41,20 +42,20 @@ def test_a_sample_reads_utilization_memory_and_processes_of_every_gpu(gpus: Fake
 def test_a_gpu_that_cannot_measure_utilization_is_unknown_not_idle(gpus: FakeGpus) -> None:
     gpus.devices[1]["utilization_gpu"] = None  # update(None) would drop the field
     gpus.save()
-    usage = UsageSampler(gpus.environ, FakeClock()).sample()
+    usage = NvmlUsageSampler(gpus.environ, FakeClock()).sample()
     assert usage is not None and usage[1].utilization_percent is None
 
 
 def test_a_failing_gpu_gives_an_error_and_no_numbers(gpus: FakeGpus) -> None:
     gpus.update(1, lost=True)
-    usage = UsageSampler(gpus.environ, FakeClock()).sample()
+    usage = NvmlUsageSampler(gpus.environ, FakeClock()).sample()
     assert usage is not None
     assert usage[1].error == "GPU is lost" and usage[1].utilization_percent is None
 
 
 def test_nvml_failing_gives_no_sample_and_is_retried_with_backoff(gpus: FakeGpus) -> None:
     clock = FakeClock()
-    sampler = UsageSampler(gpus.environ, clock)
+    sampler = NvmlUsageSampler(gpus.environ, clock)
     assert sampler.sample() is not None
     gpus.system["nvml_error"] = "driver_not_loaded"
     gpus.save()
