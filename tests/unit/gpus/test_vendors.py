@@ -16,7 +16,13 @@ from allocator.gpus.vendors.base import CdiNames
 from allocator.gpus.vendors.fake_file import FakeFileError, parse_fake_file
 from allocator.gpus.vendors.intel.vendor import RealSysfs, read_intel_gpus
 from allocator.gpus.vendors.nvidia.fake import FakeNvml
-from allocator.gpus.vendors.registry import VENDORS, TorchBuild, read_host_inventory, vendor_named
+from allocator.gpus.vendors.registry import (
+    VENDORS,
+    TorchBuild,
+    amp_problem,
+    read_host_inventory,
+    vendor_named,
+)
 from allocator.placement.worker_env import worker_environments
 from allocator.policy.model import FallbackRule, Host, Job, Policy
 from allocator.records.gpu_info import GpuInfo, MigDevice
@@ -365,3 +371,11 @@ def test_the_torch_floor_has_autocast_on_mps_and_doctor_names_an_older_one() -> 
     assert "GradScaler.step() on mps" in (VENDORS["apple"].torch_build_problem(middle) or "")
     new = TorchBuild("2.8.0", cuda=None, hip=None, xpu=False, mps=True)
     assert VENDORS["apple"].torch_build_problem(new) is None
+
+
+def test_mixed_precision_is_checked_by_the_vendors_of_the_device_type() -> None:
+    assert "GradScaler.step() on mps" in (amp_problem("mps", "grad_scaler", "2.7.1") or "")
+    assert amp_problem("mps", "autocast", "2.7.1") is None
+    # cuda (NVIDIA's and ROCm's), xpu and cpu have no floor of their own.
+    for device_type in ("cuda", "xpu", "cpu"):
+        assert amp_problem(device_type, "autocast", "2.0.0") is None

@@ -149,6 +149,17 @@ def test_no_sample_from_nvml_judges_no_one_idle(world: World) -> None:
     assert ("nvml-usage-failed", {"error": "NVML failed: Unknown Error"}) in world.events
 
 
+def test_a_vendor_without_a_sampler_gives_no_usage_and_no_error(tmp_path: Path) -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    gpus, clock = FakeGpus(tmp_path / "amd.json", 2, vendor="amd"), FakeClock()
+    observer = Observer(gpus.environ, "node1", lambda e, f: events.append((e, f)), clock, "amd")
+    assert observer.sampler is None
+    observer.sample(clock(), START, POLICY, {}, {}, {}, ASSIGNED, {}, {})
+    assert (observer.usage, observer.unassigned, observer.releases) == (None, (), ())
+    assert events == []
+    observer.close()
+
+
 def test_a_metrics_port_in_use_is_refused_with_one_clear_error(tmp_path: Path) -> None:
     import socket
 

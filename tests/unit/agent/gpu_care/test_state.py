@@ -159,3 +159,13 @@ def test_gpus_no_library_reads_are_the_vendor_the_policy_says(tmp_path: Path) ->
     clock.advance(60.0)
     care.state.check(clock(), policy, "node1", None)  # health checks re-read it
     assert (care.inventory.vendor, len(care.inventory.gpus)) == ("amd", 2)
+
+
+def test_a_vendor_without_a_monitor_is_judged_by_fresh_inventory_reads(tmp_path: Path) -> None:
+    agent = Agent(tmp_path, FakeGpus(tmp_path / "amd.json", 2, vendor="amd"))
+    assert agent.state.inventory.vendor == "amd" and agent.state.monitor is None
+    agent.gpus.update(1, lost=True)
+    assert list(agent.check()) == [1]
+    assert not agent.named("nvml-health-failed")
+    agent.state.reload(None, agent.clock(), "amd")  # SIGHUP: nothing to re-open
+    agent.state.close()
