@@ -1,10 +1,11 @@
-"""How GPUs connect to each other and to CPUs: NVML's topology levels and CPU lists (pure).
+"""How GPUs connect to each other and to CPUs: PCIe levels and CPU lists (pure).
 
-NVML reports the PCIe path between two GPUs as the level of their closest
-common ancestor (``nvmlDeviceGetTopologyCommonAncestor``) and the CPUs close
-to a GPU as a bitmask (``nvmlDeviceGetCpuAffinity``). The agent publishes
-them as level names and Linux CPU lists (``0-27,56-83``), which people can
-read in ``allocator doctor`` and in the store.
+A vendor's library reports the PCIe path between two GPUs as the level of their
+closest common ancestor (NVML's ``nvmlDeviceGetTopologyCommonAncestor``, whose
+codes :mod:`allocator.gpus.vendors.nvidia.nvml_codes` maps to level names) and
+the CPUs close to a GPU as a bitmask (``nvmlDeviceGetCpuAffinity``). The agent
+publishes them as level names and Linux CPU lists (``0-27,56-83``), which people
+can read in ``allocator doctor`` and in the store.
 """
 
 from __future__ import annotations
@@ -22,14 +23,9 @@ __all__ = [
     "Links",
     "cpu_list",
     "cpus_from_mask",
-    "level_from_nvml",
-    "nvml_code",
     "parse_cpu_list",
 ]
 
-#: NVML's nvmlGpuTopologyLevel_t values, in the order of :data:`PCIE_LEVELS`.
-_NVML_CODES = (0, 10, 20, 30, 40, 50)
-_BY_CODE: dict[int, PcieLevel] = dict(zip(_NVML_CODES, PCIE_LEVELS, strict=True))
 #: What each level means, for ``picked 0,1: same PCIe switch``.
 LEVEL_WORDS: dict[PcieLevel, str] = {
     "board": "same board",
@@ -46,16 +42,6 @@ GROUP_LEVELS: tuple[PcieLevel, ...] = ("node", "host-bridge", "switches", "switc
 _WORD_BITS = 64
 #: No machine has more CPUs than this; a bigger number is a broken mask.
 _MAX_CPU = 1 << 20
-
-
-def level_from_nvml(code: int) -> PcieLevel | None:
-    """The level name of an NVML topology level (``None`` for a value NVML never returns)."""
-    return _BY_CODE.get(int(code))
-
-
-def nvml_code(level: PcieLevel) -> int:
-    """NVML's value for a level name (the fake NVML answers with it)."""
-    return _NVML_CODES[PCIE_LEVELS.index(level)]
 
 
 def cpus_from_mask(words: Sequence[int]) -> frozenset[int]:

@@ -58,7 +58,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from allocator.gpus.topology import nvml_code
 from allocator.gpus.vendors.fake_file import FakeDevice, FakeFileError, FakeSystem, parse_fake_file
 from allocator.gpus.vendors.nvidia.nvml_codes import (
     ERROR_DRIVER_NOT_LOADED,
@@ -72,6 +71,7 @@ from allocator.gpus.vendors.nvidia.nvml_codes import (
     ERROR_UNINITIALIZED,
     ERROR_UNKNOWN,
     EVENT_XID_CRITICAL,
+    nvml_code,
 )
 from allocator.records.gpu_info import MigDevice
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from allocator.errors import EXIT_UNAVAILABLE, AllocatorError
-from allocator.gpus.topology import cpu_list, cpus_from_mask, level_from_nvml
+from allocator.gpus.topology import cpu_list, cpus_from_mask
 from allocator.gpus.vendors.nvidia.nvml_codes import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_DEPRECATED,
@@ -37,6 +37,7 @@ from allocator.gpus.vendors.nvidia.nvml_codes import (
     ERROR_NOT_FOUND,
     ERROR_NOT_READY,
     ERROR_NOT_SUPPORTED,
+    level_from_nvml,
 )
 from allocator.records.codec import replace_struct
 from allocator.records.fields import PcieLevel

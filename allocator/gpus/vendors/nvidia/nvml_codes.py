@@ -1,6 +1,8 @@
-"""NVML's return and event codes (nvml.h): shared by the NVML module and its fake."""
+"""NVML's return, event and topology codes (nvml.h): shared by the NVML module and its fake."""
 
 from __future__ import annotations
+
+from allocator.records.fields import PCIE_LEVELS, PcieLevel
 
 __all__ = [
     "ERROR_ARGUMENT_VERSION_MISMATCH",
@@ -20,6 +22,8 @@ __all__ = [
     "ERROR_UNINITIALIZED",
     "ERROR_UNKNOWN",
     "EVENT_XID_CRITICAL",
+    "level_from_nvml",
+    "nvml_code",
 ]
 
 # NVML return codes (nvml.h). They are the C API's values, shared by pynvml
@@ -43,3 +47,17 @@ ERROR_UNKNOWN = 999
 
 #: nvmlEventTypeXidCriticalError
 EVENT_XID_CRITICAL = 0x8
+
+#: NVML's nvmlGpuTopologyLevel_t values, in the order of :data:`PCIE_LEVELS`.
+_TOPOLOGY_CODES = (0, 10, 20, 30, 40, 50)
+_LEVEL_BY_CODE: dict[int, PcieLevel] = dict(zip(_TOPOLOGY_CODES, PCIE_LEVELS, strict=True))
+
+
+def level_from_nvml(code: int) -> PcieLevel | None:
+    """The level name of an NVML topology level (``None`` for a value NVML never returns)."""
+    return _LEVEL_BY_CODE.get(int(code))
+
+
+def nvml_code(level: PcieLevel) -> int:
+    """NVML's value for a level name (the fake NVML answers with it)."""
+    return _TOPOLOGY_CODES[PCIE_LEVELS.index(level)]
