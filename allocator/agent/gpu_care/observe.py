@@ -1,9 +1,10 @@
 """What the agent observes about GPU use, and what it exports: one object the loop calls.
 
 At the health interval (never on every tick) :meth:`Observer.sample` reads
-NVML's usage, finds processes on GPUs they were not given
-(:mod:`allocator.agent.gpu_care.unassigned_use`), tracks idle holders and decides what their
-rules ask (:mod:`allocator.agent.gpu_care.idle`). The loop publishes the coarse,
+the usage the host's vendor samples (NVML's on NVIDIA; none elsewhere), finds
+processes on GPUs they were not given (:mod:`allocator.agent.gpu_care.unassigned_use`),
+tracks idle holders and decides what their rules ask
+(:mod:`allocator.agent.gpu_care.idle`). The loop publishes the coarse,
 change-driven results (``unassigned`` in the agent record, ``idle_since`` in
 worker records) and hands ``releases`` to the store link; live numbers
 (utilization, memory) go only to ``/metrics``, which an optional HTTP
