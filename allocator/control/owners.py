@@ -15,11 +15,35 @@ model).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from allocator.errors import NotPermitted
 from allocator.policy.model import Policy
+from allocator.records.types import Assignment
 
-__all__ = ["check_owner", "may_change"]
+__all__ = ["Standing", "check_owner", "may_change"]
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Who writes, as a write's checks see it under one policy: read by the client first.
+
+    ``groups`` are the holder's unix groups (empty unless the policy names
+    one) and ``charged`` the quota subjects a new assignment is charged to.
+    """
+
+    holder: str
+    acts_for_policy: bool
+    groups: tuple[str, ...]
+    charged: tuple[str, ...]
+
+    def check_owner(self, policy: Policy | None, held: Assignment | None) -> None:
+        """``NotPermitted`` unless this holder may change or release ``held``."""
+        if held is None or not held.holder or self.acts_for_policy:
+            return
+        rules = policy if policy is not None else Policy(version=1)
+        what = f"job {held.job!r} on {held.host}"
+        check_owner(rules, self.holder, self.groups, held.holder, what)
 
 
 def may_change(policy: Policy, acting: str, groups: Sequence[str], holder: str) -> bool:
