@@ -166,9 +166,7 @@ def plan_group_set(
     check_one_vendor(snapshot.policy, job, detected)
     placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
     held_here = any(job in state.assignments for state in states.values())
-    standing = writer.standing(snapshot.policy)
-    for state in states.values():
-        standing.check_owner(snapshot.policy, state.assignments.get(job))
+    writer.standing(snapshot.policy).check_owners(s.assignments.get(job) for s in states.values())
     indexed = snapshot.record.job_index and not held_here  # see writeview.settle_view
     entry = index_for_write(writer.store, layout, job, writer.on_bad_record, indexed=indexed)
     released = tuple(sorted(set(entry.hosts or ()) - set(nodes)))
@@ -296,10 +294,7 @@ def plan_group_release(writer: Writer, job: str, generation: bytes, reason: str 
     bare = writer.standing(None)  # who writes; the policy is read only when it may matter
     foreign = [s for s in held.values() if s.holder and s.holder != bare.holder]
     if foreign and not bare.acts_for_policy:
-        policy = writer.known_policy()
-        standing = writer.standing(policy)
-        for share in foreign:
-            standing.check_owner(policy, share)
+        writer.standing(writer.known_policy()).check_owners(foreign)
     _check_size(job, len(touched))
     index_compare, index_op = group_index_change(layout, entry, (), None)
     compares = [*(Compare(layout.host_generation(h), states[h].generation) for h in touched)]

@@ -378,7 +378,7 @@ class Allocator:
         rules = policy if policy is not None else Policy(version=1)
         groups = self.holder_groups(rules)
         charged = quota_subjects(rules, self.holder, groups) if rules.quotas else ()
-        return Standing(self.holder, self.acts_for_policy, groups, charged)
+        return Standing(self.holder, self.acts_for_policy, groups, charged, rules)
 
     def generation_value(self, stamp: str | None = None) -> bytes:
         """The value a write puts in the generation keys it bumps: who, and when."""

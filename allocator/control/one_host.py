@@ -135,9 +135,7 @@ def plan_assign(
             "`allocator run` takes GPUs for a job that holds none (pick another job=)"
         )
     # Whose it is comes before whether it fits: a refusal names the holder, not a GPU.
-    writer.standing(snapshot.policy).check_owner(
-        snapshot.policy, state.assignments.get(request.job)
-    )
+    writer.standing(snapshot.policy).check_owners([state.assignments.get(request.job)])
     agent = state.agent
 
     def place_it(around: Mapping[int, str]) -> Placement:
@@ -284,7 +282,7 @@ def plan_release(
     compares = [] if if_revision is None else [Compare(key, if_revision)]
     held = current if isinstance(current, Assignment) else None
     policy = view.policy.policy if view.policy is not None else None
-    writer.standing(policy).check_owner(policy, held)
+    writer.standing(policy).check_owners([held])
     stamp = format_time(writer.clock())
     entry = release_entry(host, job, held, writer.actor, stamp, reason, ended)
     planned = plan_change(

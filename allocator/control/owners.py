@@ -14,7 +14,7 @@ model).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from allocator.errors import NotPermitted
@@ -26,9 +26,9 @@ __all__ = ["Standing", "check_owner", "may_change"]
 
 @dataclass(frozen=True)
 class Standing:
-    """Who writes, as a write's checks see it under one policy: read by the client first.
+    """Who writes, as a write's checks see it under ``rules``: read by the client first.
 
-    ``groups`` are the holder's unix groups (empty unless the policy names
+    ``groups`` are the holder's unix groups (empty unless ``rules`` names
     one) and ``charged`` the quota subjects a new assignment is charged to.
     """
 
@@ -36,14 +36,16 @@ class Standing:
     acts_for_policy: bool
     groups: tuple[str, ...]
     charged: tuple[str, ...]
+    rules: Policy
 
-    def check_owner(self, policy: Policy | None, held: Assignment | None) -> None:
-        """``NotPermitted`` unless this holder may change or release ``held``."""
-        if held is None or not held.holder or self.acts_for_policy:
+    def check_owners(self, held: Iterable[Assignment | None]) -> None:
+        """``NotPermitted`` unless this holder may change or release each of ``held``."""
+        if self.acts_for_policy:
             return
-        rules = policy if policy is not None else Policy(version=1)
-        what = f"job {held.job!r} on {held.host}"
-        check_owner(rules, self.holder, self.groups, held.holder, what)
+        for one in held:
+            if one is not None and one.holder:
+                what = f"job {one.job!r} on {one.host}"
+                check_owner(self.rules, self.holder, self.groups, one.holder, what)
 
 
 def may_change(policy: Policy, acting: str, groups: Sequence[str], holder: str) -> bool:

@@ -101,7 +101,8 @@ def test_standing_refuses_another_holders_assignment() -> None:
         holder="alice",
     )
     with pytest.raises(NotPermitted, match="held by alice"):
-        Standing("bob", False, (), ()).check_owner(POLICY, held)
-    Standing("bob", True, (), ()).check_owner(POLICY, held)
-    Standing("alice", False, (), ()).check_owner(None, held)
-    Standing("bob", False, (), ()).check_owner(POLICY, None)
+        Standing("bob", False, (), (), POLICY).check_owners([None, held])
+    Standing("bob", True, (), (), POLICY).check_owners([held])
+    Standing("alice", False, (), (), Policy(version=1)).check_owners([held])
+    Standing("carol", False, (), (), POLICY).check_owners([held])  # vision's operator
+    Standing("bob", False, (), (), POLICY).check_owners([None])
