@@ -166,8 +166,7 @@ def plan_group_set(
     check_one_vendor(snapshot.policy, job, detected)
     placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
     held_here = any(job in state.assignments for state in states.values())
-    for state in states.values():
-        writer.check_owner(snapshot.policy, state.assignments.get(job))
+    writer.standing(snapshot.policy).check_owners(s.assignments.get(job) for s in states.values())
     indexed = snapshot.record.job_index and not held_here  # see writeview.settle_view
     entry = index_for_write(writer.store, layout, job, writer.on_bad_record, indexed=indexed)
     released = tuple(sorted(set(entry.hosts or ()) - set(nodes)))
@@ -217,6 +216,7 @@ def _template(
     """What every share records alike: who, when, why, what was asked, the command."""
     from allocator.placement.request import describe_request
 
+    standing = writer.standing(snapshot.policy)
     return Assignment(
         job=request.job,
         host=first,
@@ -228,8 +228,8 @@ def _template(
         requested=describe_request(request),
         policy_revision=snapshot.revision,
         command=why[1],
-        holder=writer.holder,
-        charged=writer.charged(snapshot.policy),
+        holder=standing.holder,
+        charged=standing.charged,
     )
 
 
@@ -291,11 +291,10 @@ def plan_group_release(writer: Writer, job: str, generation: bytes, reason: str 
     touched = sorted([*held, *damaged])
     if not touched:
         raise job_not_found(job, None)
-    foreign = [s for s in held.values() if s.holder and s.holder != writer.holder]
-    if foreign and not writer.acts_for_policy:  # the policy is read only when it may matter
-        policy = writer.known_policy()
-        for share in foreign:
-            writer.check_owner(policy, share)
+    bare = writer.standing(None)  # who writes; the policy is read only when it may matter
+    foreign = [s for s in held.values() if s.holder and s.holder != bare.holder]
+    if foreign and not bare.acts_for_policy:
+        writer.standing(writer.known_policy()).check_owners(foreign)
     _check_size(job, len(touched))
     index_compare, index_op = group_index_change(layout, entry, (), None)
     compares = [*(Compare(layout.host_generation(h), states[h].generation) for h in touched)]

@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need
     from allocator.control.across_hosts import GroupResult
     from allocator.control.apply.policy import ApplyResult
     from allocator.control.gate import Gate
+    from allocator.control.owners import Standing
     from allocator.control.write_cache import Planned, ViewCache, WriteView
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
@@ -368,24 +369,16 @@ class Allocator:
 
         return violations(self, policy)
 
-    def check_owner(self, policy: Policy | None, held: Assignment | None) -> None:
-        """``NotPermitted`` unless this client may change or release ``held`` (its holder's)."""
-        if held is None or not held.holder or self.acts_for_policy:
-            return
-        from allocator.control.owners import check_owner
+    def standing(self, policy: Policy | None) -> Standing:
+        """The holder's standing under ``policy`` (none: the empty one), for a write's checks."""
+        from allocator.control.holder import quota_subjects
+        from allocator.control.owners import Standing
         from allocator.policy.model import Policy
 
         rules = policy if policy is not None else Policy(version=1)
-        what = f"job {held.job!r} on {held.host}"
-        check_owner(rules, self.holder, self.holder_groups(rules), held.holder, what)
-
-    def charged(self, policy: Policy) -> tuple[str, ...]:
-        """The quota subjects a new assignment by this client's holder is charged to."""
-        from allocator.control.holder import quota_subjects
-
-        if not policy.quotas:
-            return ()
-        return quota_subjects(policy, self.holder, self.holder_groups(policy))
+        groups = self.holder_groups(rules)
+        charged = quota_subjects(rules, self.holder, groups) if rules.quotas else ()
+        return Standing(self.holder, self.acts_for_policy, groups, charged, rules)
 
     def generation_value(self, stamp: str | None = None) -> bytes:
         """The value a write puts in the generation keys it bumps: who, and when."""

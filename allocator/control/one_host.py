@@ -135,7 +135,7 @@ def plan_assign(
             "`allocator run` takes GPUs for a job that holds none (pick another job=)"
         )
     # Whose it is comes before whether it fits: a refusal names the holder, not a GPU.
-    writer.check_owner(snapshot.policy, state.assignments.get(request.job))
+    writer.standing(snapshot.policy).check_owners([state.assignments.get(request.job)])
     agent = state.agent
 
     def place_it(around: Mapping[int, str]) -> Placement:
@@ -189,7 +189,8 @@ def _with_asker(writer: Writer, policy: Policy, request: Request) -> Request:
 
     if request.asker or not any(r.who for r in policy.reservations):
         return request
-    asker = asker_of(policy, writer.holder, writer.holder_groups(policy))
+    standing = writer.standing(policy)
+    asker = asker_of(policy, standing.holder, standing.groups)
     return replace_struct(request, asker=asker) if asker else request
 
 
@@ -232,6 +233,7 @@ def _new_assignment(
     """The record ``decision`` makes of ``request`` on ``host``, by ``writer``'s holder."""
     from allocator.placement.request import describe_request
 
+    standing = writer.standing(snapshot.policy)
     return Assignment(
         job=request.job,
         host=host,
@@ -248,8 +250,8 @@ def _new_assignment(
         exclusive=decision.exclusive,
         picked=decision.picked,
         run=held_by[0] if held_by is not None else None,
-        holder=writer.holder,
-        charged=writer.charged(snapshot.policy),
+        holder=standing.holder,
+        charged=standing.charged,
         asker=request.asker[:64],
     )
 
@@ -279,7 +281,8 @@ def plan_release(
         raise job_not_found(job, host, list(state.assignments))
     compares = [] if if_revision is None else [Compare(key, if_revision)]
     held = current if isinstance(current, Assignment) else None
-    writer.check_owner(view.policy.policy if view.policy is not None else None, held)
+    policy = view.policy.policy if view.policy is not None else None
+    writer.standing(policy).check_owners([held])
     stamp = format_time(writer.clock())
     entry = release_entry(host, job, held, writer.actor, stamp, reason, ended)
     planned = plan_change(

@@ -14,12 +14,38 @@ model).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from allocator.errors import NotPermitted
 from allocator.policy.model import Policy
+from allocator.records.types import Assignment
 
-__all__ = ["check_owner", "may_change"]
+__all__ = ["Standing", "check_owner", "may_change"]
+
+
+@dataclass(frozen=True)
+class Standing:
+    """Who writes, as a write's checks see it under ``rules``: read by the client first.
+
+    ``groups`` are the holder's unix groups (empty unless ``rules`` names
+    one) and ``charged`` the quota subjects a new assignment is charged to.
+    """
+
+    holder: str
+    acts_for_policy: bool
+    groups: tuple[str, ...]
+    charged: tuple[str, ...]
+    rules: Policy
+
+    def check_owners(self, held: Iterable[Assignment | None]) -> None:
+        """``NotPermitted`` unless this holder may change or release each of ``held``."""
+        if self.acts_for_policy:
+            return
+        for one in held:
+            if one is not None and one.holder:
+                what = f"job {one.job!r} on {one.host}"
+                check_owner(self.rules, self.holder, self.groups, one.holder, what)
 
 
 def may_change(policy: Policy, acting: str, groups: Sequence[str], holder: str) -> bool:

@@ -4,8 +4,8 @@
 the clock, who writes, where damaged records go, and the size-checked
 transaction. ``policy apply`` and the quota counters ask for no more.
 :class:`Writer` adds what an assignment change is decided from and checked
-against: the holder's standing and the views the client keeps between
-writes. The :class:`~allocator.control.client.Allocator` is both; the
+against: the holder's standing (a frozen record the checks read) and the
+views the client keeps between writes. The :class:`~allocator.control.client.Allocator` is both; the
 attempts take these instead of it, so none of them imports the client
 that calls them.
 """
@@ -17,11 +17,11 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from allocator.control.owners import Standing
     from allocator.control.write_cache import Planned, ViewCache, WriteView
     from allocator.errors import BadRecord, RequestError
     from allocator.policy import Policy
     from allocator.records.keys import KeyLayout
-    from allocator.records.types import Assignment
     from allocator.status.snapshots import HostSnapshot, PolicySnapshot
     from allocator.store import Compare, Listing, Op, Read, Store, TxnOutcome
 
@@ -50,21 +50,8 @@ class Writes(Protocol):
 class Writer(Writes, Protocol):
     """What an assignment change is decided from: the holder's standing, the kept views."""
 
-    @property
-    def holder(self) -> str: ...
-    @property
-    def acts_for_policy(self) -> bool: ...
-
-    def check_owner(self, policy: Policy | None, held: Assignment | None) -> None:
-        """``NotPermitted`` unless this client may change or release ``held``."""
-        ...
-
-    def charged(self, policy: Policy) -> tuple[str, ...]:
-        """The quota subjects a new assignment by this client's holder is charged to."""
-        ...
-
-    def holder_groups(self, policy: Policy) -> tuple[str, ...]:
-        """The holder's unix groups, looked up only when ``policy`` names one."""
+    def standing(self, policy: Policy | None) -> Standing:
+        """The holder's standing under ``policy``: who, its groups, what it is charged to."""
         ...
 
     def generation_value(self, stamp: str | None = None) -> bytes:

@@ -7,10 +7,11 @@ from datetime import UTC, datetime
 import pytest
 
 from allocator.control.client import Allocator
-from allocator.control.owners import check_owner, may_change
+from allocator.control.owners import Standing, check_owner, may_change
 from allocator.errors import EXIT_PERMISSION, NotPermitted
 from allocator.placement.choose import Request
 from allocator.policy.model import Policy, Team
+from allocator.records.types import Assignment
 from allocator.store import Store
 from tests.unit.control.test_across_hosts import policy_text
 
@@ -86,3 +87,22 @@ def test_a_refusal_from_a_kept_view_is_checked_against_the_store(store: Store) -
     bob.assign(Request(job="mine", host="node0", gpus=(2,)))  # bob's kept view: alice holds it
     alice.release("node0", "other")
     assert bob.assign(Request(job="other", host="node0", gpus=(1,)))[0].holder == "bob"
+
+
+def test_standing_refuses_another_holders_assignment() -> None:
+    """A plain standing, no store: bob may not change alice's job; acting for the policy may."""
+    held = Assignment(
+        job="train",
+        host="node1",
+        gpus=(0,),
+        mode="gpu",
+        updated_by="a",
+        updated_at="t",
+        holder="alice",
+    )
+    with pytest.raises(NotPermitted, match="held by alice"):
+        Standing("bob", False, (), (), POLICY).check_owners([None, held])
+    Standing("bob", True, (), (), POLICY).check_owners([held])
+    Standing("alice", False, (), (), Policy(version=1)).check_owners([held])
+    Standing("carol", False, (), (), POLICY).check_owners([held])  # vision's operator
+    Standing("bob", False, (), (), POLICY).check_owners([None])
