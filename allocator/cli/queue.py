@@ -1,7 +1,9 @@
 """``allocator queue``: the requests waiting for GPUs (like Slurm's ``squeue``).
 
 Position (in its host's queue), host, holder, job, what it asked for, since
-when, its priority, and why it waits: ``GPU 3 held by job 'train'``,
+when, its priority (with the policy's ``fair_share``: its fair-share
+factor and the decayed GPU-hours behind it, like Slurm's ``sprio``), and
+why it waits: ``GPU 3 held by job 'train'``,
 ``over quota team-a 8/8 GPUs``, or the request ahead of it.
 ``allocator queue remove host=H entry=NAME`` deletes a stuck entry (one
 whose waiter is gone but whose entry stayed: written without a lease).
@@ -10,9 +12,12 @@ whose waiter is gone but whose entry stayed: written without a lease).
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.cli.common import add_words_command, open_allocator, output_format
+
+if TYPE_CHECKING:
+    from allocator.recipes.queue.view import QueueLine
 
 __all__ = ["register"]
 
@@ -48,14 +53,24 @@ def run(args: argparse.Namespace) -> int:
         lines = queue_lines(allocator, utc_now(), host)
     finally:
         allocator.store.close()
-    rows = [
-        [str(q.position), q.host, q.holder, q.job, q.requested, q.since, str(q.priority), q.why]
-        for q in lines
-    ]
-    headers = ("POS", "HOST", "WHO", "JOB", "WHAT", "SINCE", "PRIO", "WHY")
+    shares = any(q.fair_share is not None for q in lines)
+    rows = [_row(q, shares) for q in lines]
+    headers = ["POS", "HOST", "WHO", "JOB", "WHAT", "SINCE", "PRIO"]
+    headers += ["FAIRSHARE", "USAGE", "WHY"] if shares else ["WHY"]
     text = render_table(headers, rows) if rows else "no requests are waiting"
     emit({"queue": [q.to_dict() for q in lines]}, output_format(args), text)
     return 0
+
+
+def _row(q: QueueLine, shares: bool) -> list[str]:
+    """One table row; ``shares``: with the fair-share columns (some entry has a factor)."""
+    row = [str(q.position), q.host, q.holder, q.job, q.requested, q.since, str(q.priority)]
+    if shares:
+        row += [
+            "-" if q.fair_share is None else f"{q.fair_share:.3f}",
+            "-" if q.usage is None else f"{q.usage:.1f}",
+        ]
+    return [*row, q.why]
 
 
 def _remove(args: argparse.Namespace) -> int:

@@ -57,6 +57,7 @@ def holder_of(entry: HistoryEntry) -> str:
 
 
 __all__ = [
+    "DAYS_PER_READ",
     "MAX_ROWS",
     "MERGED",
     "PRUNED_DAYS",
@@ -67,6 +68,7 @@ __all__ = [
     "holder_of",
     "marker_key",
     "marker_value",
+    "read_days",
     "read_rollup",
     "rollup_ops",
     "row_of",
@@ -81,6 +83,8 @@ PRUNED_DAYS = 400
 MERGED = 30
 #: The most rows a merged key holds (about 90 bytes a row).
 MAX_ROWS = 2000
+#: Day prefixes one :func:`read_days` request reads (etcd's default cap is 128 operations).
+DAYS_PER_READ = 64
 #: Entries that end a holding.
 _ENDS = ("set", "move", "release", "expired")
 #: A row: host, job, holder, gpus, slots, start and end (unix seconds).
@@ -150,6 +154,23 @@ def read_rollup(
     for listing in listings:
         for item in listing.items:
             found += _rows(item, on_bad)
+    return found
+
+
+def read_days(
+    store: Store, history: str, since: datetime, until: datetime, on_bad: OnBad
+) -> list[Row]:
+    """The rows filed on the days ``since`` .. ``until``, with or without the rebuild's marker.
+
+    :data:`DAYS_PER_READ` day prefixes a request (etcd caps the operations of one).
+    """
+    days = _days(since, until)
+    found: list[Row] = []
+    for first in range(0, len(days), DAYS_PER_READ):
+        chunk = days[first : first + DAYS_PER_READ]
+        for listing in store.read_many([Read(day_prefix(history, d), prefix=True) for d in chunk]):
+            for item in listing.items:
+                found += _rows(item, on_bad)
     return found
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_HISTORY_BYTES",
     "DEFAULT_IGNORED_XIDS",
     "Container",
+    "FairShare",
     "FallbackRule",
     "HealthSettings",
     "HistorySettings",
@@ -281,6 +282,19 @@ class PriorityRule(Struct, frozen=True, omit_defaults=True):
     jobs: tuple[str, ...] = ()
 
 
+class FairShare(Struct, frozen=True, omit_defaults=True):
+    """The wait queue's fair share: equal priorities ordered by recent usage (docs/queue.md).
+
+    ``half_life_seconds``: usage this old counts half; ``halve_at``: the
+    decayed GPU-hours that halve a request's factor (Slurm's shares);
+    ``team_weight``: how much of the holder's teams' usage counts as theirs.
+    """
+
+    half_life_seconds: float
+    halve_at: float = 100.0
+    team_weight: float = 0.0
+
+
 class Policy(Struct, frozen=True, omit_defaults=True):
     """A validated policy file."""
 
@@ -296,6 +310,7 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     teams: Mapping[str, Team] = field(default_factory=dict)
     quotas: tuple[Quota, ...] = ()
     priorities: tuple[PriorityRule, ...] = ()
+    fair_share: FairShare | None = None
     operators: tuple[str, ...] = ()
 
     def vendor_of(self, host: str) -> str | None:

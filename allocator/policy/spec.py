@@ -12,6 +12,7 @@ Each section has a module of its own (``hosts_spec``, ``jobs_spec``,
 
 from __future__ import annotations
 
+from allocator.policy.fair_share_spec import FAIR_SHARE
 from allocator.policy.health_spec import HEALTH
 from allocator.policy.history_field import HISTORY
 from allocator.policy.host_fields import HostMap
@@ -87,6 +88,12 @@ POLICY = Record(
             ListOf(PRIORITY, label="priority rule", max_items=MAX_SMALL_SECTION),
             "Wait-queue priorities (allocator set --wait).",
             nullable=True,
+        ),
+        Field(
+            "fair_share",
+            FAIR_SHARE,
+            "Order waiting requests of equal priority by their holders' recent usage "
+            "(left out: first come, first served).",
         ),
         Field(
             "operators",

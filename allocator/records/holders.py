@@ -61,8 +61,10 @@ class HolderCount(msgspec.Struct, frozen=True):
 class QueueEntry(msgspec.Struct, frozen=True):
     """One request waiting for GPUs of ``host``: exactly one of ``gpus`` or ``count``.
 
-    Ordered by ``priority`` (higher first), then by the store revision that
-    created its key (first come, first served).
+    Ordered by ``priority`` (higher first), then by ``fair_share`` (higher
+    first; set when the policy has ``fair_share``, else 1), then by the store
+    revision that created its key (first come, first served). ``usage``: the
+    decayed GPU-hours the factor was computed from.
     """
 
     job: Name
@@ -75,6 +77,8 @@ class QueueEntry(msgspec.Struct, frozen=True):
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
     requested: Text = ""
     self_service: bool = False  # run / lease(): reservations and priorities bind to the holder
+    fair_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    usage: Annotated[float, msgspec.Meta(ge=0.0)] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

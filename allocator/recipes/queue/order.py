@@ -1,8 +1,11 @@
 """The wait queue's order and who may take what (pure).
 
-Order: a higher ``priority`` first; within one priority, first come first
-served, by the store revision that created the entry's key (the store's
-own clock, the same for every client).
+Order: a higher ``priority`` first; within one priority, a higher
+fair-share factor (less recent usage, :mod:`allocator.recipes.queue.share`;
+1 when the policy has no ``fair_share``); then first come first served, by
+the store revision that created the entry's key (the store's own clock, the
+same for every client). Priority and factor are stored in the entry when
+it joins, so every client sorts the queue alike.
 
 The turn rule. A request may take the GPUs it would be placed on only when
 no request ahead of it *could use any of them*:
@@ -67,8 +70,14 @@ def decode_queue(items: Iterable[KeyValue], on_bad: Callable[[BadRecord], None])
 
 
 def in_order(waiting: Iterable[Waiting]) -> list[Waiting]:
-    """Higher priority first, then first come first served."""
-    return sorted(waiting, key=lambda w: (-w.entry.priority, w.arrived, w.key))
+    """Higher priority first, then higher fair-share factor, then first come first served."""
+    return sorted(waiting, key=_place)
+
+
+def _place(waiting: Waiting) -> tuple[int, float, int, str]:
+    entry = waiting.entry
+    factor = 1.0 if entry.fair_share is None else entry.fair_share  # no fair share: all alike
+    return (-entry.priority, -factor, waiting.arrived, waiting.key)
 
 
 #: The GPUs a waiting request could be given on its host (health, reservations, limits).

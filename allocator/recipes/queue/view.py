@@ -119,10 +119,12 @@ class QueueLine:
     priority: int
     why: str
     entry: str
+    fair_share: float | None = None  # the factor its entry stores (the policy's fair_share)
+    usage: float | None = None  # the decayed GPU-hours it was computed from
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form."""
-        return {
+        """The JSON form (``fair_share`` and ``usage`` when its entry has them)."""
+        found = {
             "position": self.position,
             "host": self.host,
             "holder": self.holder,
@@ -133,6 +135,11 @@ class QueueLine:
             "why": self.why,
             "entry": self.entry,
         }
+        if self.fair_share is not None:
+            found["fair_share"] = self.fair_share
+        if self.usage is not None:
+            found["usage"] = self.usage
+        return found
 
 
 def queue_lines(
@@ -172,6 +179,8 @@ def queue_lines(
                     entry.priority,
                     why,
                     waiting.name,
+                    entry.fair_share,
+                    entry.usage,
                 )
             )
     return lines

@@ -38,6 +38,7 @@ from allocator.errors import (
 )
 from allocator.recipes.queue.faults import Outage, default_sigterm, exit_on_sigterm
 from allocator.recipes.queue.order import blockers, decode_queue, wanted_ahead
+from allocator.recipes.queue.share import read_share
 from allocator.recipes.queue.view import QuotaLook, able_gpus
 from allocator.records.codec import replace_struct
 from allocator.records.holders import QueueEntry
@@ -274,6 +275,7 @@ class _Entry:
         allocator, request = self.allocator, self.request
         layout, store = allocator.layout, allocator.store
         policy = allocator.require_policy().policy
+        share = read_share(allocator, policy, allocator.holder)  # before the lease: a slow read
         self.leave()
         self.lost = False
         self._stop = threading.Event()
@@ -297,6 +299,8 @@ class _Entry:
             ),
             requested=request.describe(),
             self_service=request.self_service,
+            fair_share=share.factor if share else None,
+            usage=share.usage if share else None,
         )
         store.txn(
             [],
