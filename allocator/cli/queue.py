@@ -3,7 +3,9 @@
 Position (in its host's queue), host, holder, job, what it asked for, since
 when, its priority, and why it waits: ``GPU 3 held by job 'train'``,
 ``over quota team-a 8/8 GPUs``, or the request ahead of it.
-``allocator queue remove host=H entry=NAME`` deletes a stuck entry (one
+``user=NAME`` (a comma list) shows only the requests of those users, ``--me``
+only this user's (who this command would wait as: the store's user, else
+the OS user). ``allocator queue remove host=H entry=NAME`` deletes a stuck entry (one
 whose waiter is gone but whose entry stayed: written without a lease).
 """
 
@@ -16,12 +18,15 @@ from allocator.cli.common import add_words_command, open_allocator, output_forma
 
 __all__ = ["register"]
 
-USAGE = "allocator queue [host=H] [-o table|json|yaml] | allocator queue remove host=H entry=NAME"
+USAGE = (
+    "allocator queue [host=H] [user=U | --me] [-o table|json|yaml]"
+    " | allocator queue remove host=H entry=NAME"
+)
 
 
 def register(commands: Any) -> None:
     """Add the ``queue`` command."""
-    add_words_command(
+    parser = add_words_command(
         commands,
         "queue",
         run,
@@ -29,6 +34,7 @@ def register(commands: Any) -> None:
         usage=USAGE,
         description=__doc__,
     )
+    parser.add_argument("--me", action="store_true", help="only this user's requests")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,13 +47,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.words[:1] == ["remove"]:
         return _remove(args)
-    kv = parse_key_values(args.words, ("host",))
+    kv = parse_key_values(args.words, ("host", "user"))
     host = validate_name(kv["host"], "host") if "host" in kv else None
+    users = _users(kv.get("user"), me=args.me)
     allocator = open_allocator(args)
     try:
         lines = queue_lines(allocator, utc_now(), host)
+        if args.me:
+            users = (allocator.holder,)
     finally:
         allocator.store.close()
+    if users:
+        lines = [q for q in lines if q.holder in users]
     rows = [
         [str(q.position), q.host, q.holder, q.job, q.requested, q.since, str(q.priority), q.why]
         for q in lines
@@ -56,6 +67,18 @@ def run(args: argparse.Namespace) -> int:
     text = render_table(headers, rows) if rows else "no requests are waiting"
     emit({"queue": [q.to_dict() for q in lines]}, output_format(args), text)
     return 0
+
+
+def _users(raw: str | None, *, me: bool) -> tuple[str, ...]:
+    """The users ``user=`` names (checked names); exit 2 with ``--me`` as well."""
+    from allocator.errors import InvalidInput
+    from allocator.status.filters import parse_filter
+
+    if raw is None:
+        return ()
+    if me:
+        raise InvalidInput("give user=NAME or --me, not both")
+    return parse_filter({"user": raw}).users
 
 
 def _remove(args: argparse.Namespace) -> int:
