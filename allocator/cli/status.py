@@ -303,13 +303,26 @@ def _host_name(host: Any) -> str:
     return str(host.host)
 
 
+#: The GPU table's columns: JOB is the job holding the GPU, USER its holder (who took it).
+_GPU_HEADERS = (
+    "HOST",
+    "GPU",
+    "JOB",
+    "USER",
+    "SLOTS",
+    "SINCE",
+    "REASON",
+    "HEALTH",
+    "RESERVED",
+    "IDLE",
+)
+
+
 def _text(hosts: Any, render_table: Any, groups: Any = (), *, filtered: bool = False) -> str:
     if not hosts and not filtered:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
     rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
-    headers = ("HOST", "GPU", "JOB", "USER", "SLOTS", "SINCE", "REASON", "HEALTH", "RESERVED")
-    headers += ("IDLE",)
-    table = render_table(headers, rows)
+    table = render_table(_GPU_HEADERS, rows)
     if not hosts:  # filtered to nothing: the header alone, as squeue prints it
         return str(table)
     agents = "\n".join(f"{h.host}: agent {h.agent}{_vendor(h)}" + _job_summary(h) for h in hosts)
