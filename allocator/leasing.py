@@ -82,9 +82,14 @@ def lease(
     prefix: str | None = None,
     on_lost: Callable[[str], None] | None = None,
 ) -> Iterator[Grant]:
-    """Hold ``count`` GPUs (or exactly ``gpus``) on ``host`` (default: this machine) for the block.
+    """Hold ``count`` GPUs (or exactly ``gpus``) on this machine for the block.
 
-    ``wait``: how long to wait while they are busy (``ConflictError`` then):
+    ``host``: this machine's name in the policy (default: ``$ALLOCATOR_HOST``,
+    else the host name); another host's is ``InvalidInput``.
+
+    ``wait``: how long to wait while they are busy (``ConflictError`` then;
+    why it waits is logged at INFO on the ``allocator.leasing`` logger, once
+    on joining the queue and each time that changes):
     a duration as the CLI's ``--wait`` takes it (``"30m"``, ``"1h30m"``,
     ``"forever"``), seconds as a number, ``None`` for forever; 0 (the
     default) does not wait. A bad value raises ``ValueError``;
@@ -100,6 +105,10 @@ def lease(
             "call, or restart the kernel"
         )
     seconds = wait_seconds(wait)
+    if host is not None:
+        from allocator.util.identity import check_this_host
+
+        check_this_host(host)  # the GPUs are this process's: another host's would mean nothing
     allocator = _open(store, prefix)
     try:
         with _held(allocator, count, gpus, host, job, ttl, seconds or None, on_lost) as grant:
@@ -135,6 +144,13 @@ def _tell(line: str) -> None:
     print(f"allocator.lease: {line}", file=sys.stderr, flush=True)
 
 
+def _log_waiting(why: str) -> None:
+    """Why the lease waits in the queue: logged, for the program's logging to show or not."""
+    import logging
+
+    logging.getLogger(__name__).info("waiting: %s", why)
+
+
 def _open(store: str | None, prefix: str | None) -> Any:
     from allocator.control.client import Allocator
     from allocator.records.keys import DEFAULT_PREFIX, validate_prefix
@@ -160,11 +176,11 @@ def _held(
     from allocator.recipes.holding import default_job_name, let_go
     from allocator.recipes.waiting import take_waiting
     from allocator.records.holding import HOLDING_VARIABLE, holding_identity
-    from allocator.util.identity import local_hostname, os_user
+    from allocator.util.identity import os_user, this_host
 
     request = Request(
         job=job or default_job_name(os_user(), os.urandom(2)),
-        host=host or local_hostname(),
+        host=host or this_host(),
         gpus=tuple(gpus) if gpus else None,
         count=None if gpus else count,
     )
@@ -179,6 +195,7 @@ def _held(
         launched_by="lease",
         on_lost=alarm,
         tell=_tell,
+        on_wait=_log_waiting,
     )
     status = 1
     saved: dict[str, str | None] = {}

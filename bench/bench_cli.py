@@ -67,6 +67,7 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
     base = clean_env()
     ctl = clean_env(ETCDCTL_API="3")
     sqlite = clean_env(ALLOCATOR_STORE=f"sqlite://{work / 'cli.db'}")
+    on_node1 = {**sqlite, "ALLOCATOR_HOST": "node1"}  # `run` takes GPUs of this machine only
     etcd = clean_env(ALLOCATOR_STORE=server.url)
     fleet = clean_env(ALLOCATOR_STORE=server.url, ALLOCATOR_PREFIX="/fleet")
     for env in (sqlite, etcd):
@@ -89,7 +90,7 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
             "set sqlite": _moves(sqlite),
             "run sqlite": lambda: timed_run(
                 allocator_cli("run", "host=node1", "count=1", "--", sys.executable, "-c", "pass"),
-                sqlite,
+                on_node1,
             ),
         },
         rounds,

@@ -21,6 +21,7 @@ __all__ = [
     "help_width",
     "machine_output",
     "note",
+    "note_waiting",
     "open_allocator",
     "output_format",
     "plain_text",
@@ -206,6 +207,11 @@ def set_structured_stderr(structured: bool) -> bool:
 def note(message: str) -> None:
     """A one-line remark on stderr that does not change the exit code (secrets masked)."""
     _remark("note", message)
+
+
+def note_waiting(why: str) -> None:
+    """Why a ``--wait`` request waits in the queue (told on joining it and as that changes)."""
+    note(f"waiting: {why}")
 
 
 def warn(message: str) -> None:

@@ -5,7 +5,9 @@ when, its priority (with the policy's ``fair_share``: its fair-share
 factor and the decayed GPU-hours behind it, like Slurm's ``sprio``), and
 why it waits: ``GPU 3 held by job 'train'``,
 ``over quota team-a 8/8 GPUs``, or the request ahead of it.
-``allocator queue remove host=H entry=NAME`` deletes a stuck entry (one
+``user=NAME`` (a comma list) shows only the requests of those users, ``--me``
+only this user's (who this command would wait as: the store's user, else
+the OS user). ``allocator queue remove host=H entry=NAME`` deletes a stuck entry (one
 whose waiter is gone but whose entry stayed: written without a lease).
 """
 
@@ -21,12 +23,15 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-USAGE = "allocator queue [host=H] [-o table|json|yaml] | allocator queue remove host=H entry=NAME"
+USAGE = (
+    "allocator queue [host=H] [user=U | --me] [-o table|json|yaml]"
+    " | allocator queue remove host=H entry=NAME"
+)
 
 
 def register(commands: Any) -> None:
     """Add the ``queue`` command."""
-    add_words_command(
+    parser = add_words_command(
         commands,
         "queue",
         run,
@@ -34,6 +39,7 @@ def register(commands: Any) -> None:
         usage=USAGE,
         description=__doc__,
     )
+    parser.add_argument("--me", action="store_true", help="only this user's requests")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,13 +52,18 @@ def run(args: argparse.Namespace) -> int:
 
     if args.words[:1] == ["remove"]:
         return _remove(args)
-    kv = parse_key_values(args.words, ("host",))
+    kv = parse_key_values(args.words, ("host", "user"))
     host = validate_name(kv["host"], "host") if "host" in kv else None
+    users = _users(kv.get("user"), me=args.me)
     allocator = open_allocator(args)
     try:
         lines = queue_lines(allocator, utc_now(), host)
+        if args.me:
+            users = (allocator.holder,)
     finally:
         allocator.store.close()
+    if users:
+        lines = [q for q in lines if q.holder in users]
     shares = any(q.fair_share is not None for q in lines)
     rows = [_row(q, shares) for q in lines]
     headers = ["POS", "HOST", "WHO", "JOB", "WHAT", "SINCE", "PRIO"]
@@ -71,6 +82,18 @@ def _row(q: QueueLine, shares: bool) -> list[str]:
             "-" if q.usage is None else f"{q.usage:.1f}",
         ]
     return [*row, q.why]
+
+
+def _users(raw: str | None, *, me: bool) -> tuple[str, ...]:
+    """The users ``user=`` names (checked names); exit 2 with ``--me`` as well."""
+    from allocator.errors import InvalidInput
+    from allocator.status.filters import parse_filter
+
+    if raw is None:
+        return ()
+    if me:
+        raise InvalidInput("give user=NAME or --me, not both")
+    return parse_filter({"user": raw}).users
 
 
 def _remove(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from allocator.cli.common import add_words_command, note, open_allocator
+from allocator.cli.common import add_words_command, note, note_waiting, open_allocator
 from allocator.errors import InvalidInput
 
 __all__ = ["recorded_reason", "register", "split_command"]
@@ -140,15 +140,17 @@ def _request(kv: dict[str, str]) -> Any:
     from allocator.cli.args import parse_set_args
     from allocator.placement.choose import Request
     from allocator.recipes.holding import default_job_name
-    from allocator.util.identity import local_hostname, os_user
+    from allocator.util.identity import check_this_host, os_user, this_host
 
     kv.setdefault("job", default_job_name(os_user(), os.urandom(2)))
     parsed = parse_set_args(f"{key}={value}" for key, value in kv.items())
     if parsed.hosts:
         raise InvalidInput("host= names one host for `run`: its command runs here")
+    if parsed.host:
+        check_this_host(parsed.host)  # its command runs here: never on another host's GPUs
     return Request(
         job=parsed.job,
-        host=parsed.host or local_hostname(),
+        host=parsed.host or this_host(),
         gpus=parsed.gpus,
         count=parsed.count,
         cpu=parsed.cpu,
@@ -193,7 +195,14 @@ def _take(
 
     _check_workers(allocator, request.job, per_gpu)
     holding = take_waiting(
-        allocator, request, wait=wait, ttl=ttl, reason=reason, on_lost=_lost, tell=note
+        allocator,
+        request,
+        wait=wait,
+        ttl=ttl,
+        reason=reason,
+        on_lost=_lost,
+        tell=note,
+        on_wait=note_waiting,
     )
     try:
         envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from allocator.cli.common import add_words_command, note, open_allocator, output_format
+from allocator.cli.common import (
+    add_words_command,
+    note,
+    note_waiting,
+    open_allocator,
+    output_format,
+)
 from allocator.errors import RequestError
 
 __all__ = ["register"]
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                 reason=parsed.reason,
                 command=parsed.command,
                 timeout=wait if wait > 0 else None,
-                on_wait=_waiting_noter(),
+                on_wait=note_waiting,
             )
     finally:
         allocator.store.close()
@@ -118,18 +124,6 @@ def _wait_seconds(args: argparse.Namespace) -> float | None:
     if seconds <= 0:
         raise RequestError("--wait: give a duration above zero (or none, to wait forever)")
     return seconds
-
-
-def _waiting_noter() -> Any:
-    """Say on stderr why the request waits, each time that changes."""
-    said: list[str] = []
-
-    def noter(why: str) -> None:
-        if not said or said[-1] != why:
-            said.append(why)
-            note(f"waiting: {why}")
-
-    return noter
 
 
 def _run_across(args: argparse.Namespace, parsed: Any) -> int:

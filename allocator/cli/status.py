@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from allocator.cli.common import add_words_command, open_allocator, output_format
+from allocator.errors import InvalidInput
 
 __all__ = ["register"]
 
@@ -18,16 +19,23 @@ def register(commands: Any) -> None:
         "status",
         run,
         help="show every GPU, its holder, and each host agent's state",
-        usage="allocator status [host=PATTERN] [pool=P] [job=J] [state=S] [--summary] "
-        "[-o table|json|yaml]",
-        description="One table of host, GPU, holder, slots, since, reason, health, reservation "
-        "and idle time, joined with what each host's agent reports; then one line per job "
-        "across several hosts (every share, its agent and its workers), idle holders (past "
-        "their policy's idle rule) and processes on GPUs nobody was given. Reads every host "
-        "at one revision, in a few range reads (the policy's, then a fleet's hosts in parts). "
-        "Filters (comma lists; different keys must all match): host= a name, a glob (node0*) "
-        "or a range (node[0000-0099]); pool=; job=; state=free|held|idle|unhealthy|fallback. "
-        "host=, pool= and job= read only the hosts they pick.",
+        usage="allocator status [host=PATTERN] [pool=P] [job=J] [state=S] [user=U | --me] "
+        "[--summary] [-o table|json|yaml]",
+        description="One table of host, GPU, the job holding it and its user, slots, since, "
+        "reason, health, reservation and idle time, joined with what each host's agent "
+        "reports; then one line per job across several hosts (every share, its agent and "
+        "its workers), idle holders (past their policy's idle rule) and processes on GPUs "
+        "nobody was given. Reads every host at one revision, in a few range reads (the "
+        "policy's, then a fleet's hosts in parts). Filters (comma lists; different keys "
+        "must all match): host= a name, a glob (node0*) or a range (node[0000-0099]); pool=; "
+        "job=; state=free|held|idle|unhealthy|fallback; user= who holds the GPUs (--me: the "
+        "user this command would hold them as). host=, pool= and job= read only the hosts "
+        "they pick.",
+    )
+    parser.add_argument(
+        "--me",
+        action="store_true",
+        help="only the GPUs held by this user (the store's user, else the OS user), as user= would",
     )
     parser.add_argument(
         "--summary",
@@ -57,6 +65,8 @@ def _show(args: argparse.Namespace) -> int:
     from allocator.status.read import read_status
 
     wanted = parse_filter(parse_key_values(args.words, FILTER_KEYS))
+    if getattr(args, "me", False) and wanted.users:
+        raise InvalidInput("give user=NAME or --me, not both")
     names = plain_host_names(wanted.hosts) if wanted.hosts else None
     # One host named (alone or with state=): its prefix alone, read as always
     # (and shown even if undeclared); pool= and job= pick hosts from the policy.
@@ -65,6 +75,10 @@ def _show(args: argparse.Namespace) -> int:
     summary = bool(getattr(args, "summary", False))
     fmt = output_format(args)
     allocator = open_allocator(args)
+    if getattr(args, "me", False):
+        from msgspec.structs import replace
+
+        wanted = replace(wanted, users=(allocator.holder,))
     now = allocator.clock()
     layout = allocator.layout
     written: dict[str, bytes] = {}  # -o json: each host's part of the document
@@ -193,7 +207,7 @@ def _waiting(
     if not queue_read:
         return []
     listing = queue_read[0]
-    if not wanted.empty:
+    if wanted.hosts or wanted.pools or wanted.jobs or wanted.states:
         from allocator.records.keys import split_host_key
 
         shown = {h.host for h in hosts}
@@ -204,7 +218,12 @@ def _waiting(
         )
         listing = type(listing)(items, listing.revision, listing.bad_keys)
     lines = queue_lines(allocator, now, only_host, listing)
-    return [q for q in lines if not wanted.jobs or q.job in wanted.jobs]
+    return [
+        q
+        for q in lines
+        if (not wanted.jobs or q.job in wanted.jobs)
+        and (not wanted.users or q.holder in wanted.users)
+    ]
 
 
 def _groups(hosts: Any, only_host: str | None, wanted: Any) -> list[Any]:
@@ -284,12 +303,26 @@ def _host_name(host: Any) -> str:
     return str(host.host)
 
 
+#: The GPU table's columns: JOB is the job holding the GPU, USER its holder (who took it).
+_GPU_HEADERS = (
+    "HOST",
+    "GPU",
+    "JOB",
+    "USER",
+    "SLOTS",
+    "SINCE",
+    "REASON",
+    "HEALTH",
+    "RESERVED",
+    "IDLE",
+)
+
+
 def _text(hosts: Any, render_table: Any, groups: Any = (), *, filtered: bool = False) -> str:
     if not hosts and not filtered:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
     rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
-    headers = ["HOST", "GPU", "HOLDER", "SLOTS", "SINCE", "REASON", "HEALTH", "RESERVED", "IDLE"]
-    table = render_table(headers, rows)
+    table = render_table(_GPU_HEADERS, rows)
     if not hosts:  # filtered to nothing: the header alone, as squeue prints it
         return str(table)
     agents = "\n".join(f"{h.host}: agent {h.agent}{_vendor(h)}" + _job_summary(h) for h in hosts)
@@ -312,7 +345,18 @@ def _vendor(host: Any) -> str:
 
 def _gpu_cells(g: Any) -> list[str]:
     idle = f"{g.idle} !" if g.idle_holder else g.idle
-    cells = [g.host, g.gpu, g.holder, g.slots, g.since, g.reason, g.health, g.reserved, idle]
+    cells = [
+        g.host,
+        g.gpu,
+        g.holder,
+        g.user,
+        g.slots,
+        g.since,
+        g.reason,
+        g.health,
+        g.reserved,
+        idle,
+    ]
     return [cell or "-" for cell in cells]
 
 

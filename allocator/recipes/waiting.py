@@ -50,9 +50,13 @@ def take_waiting(
     on_lost: Callable[[str], None] | None = None,
     launched_by: str = "run",
     tell: Callable[[str], None] = lambda _line: None,
+    on_wait: Callable[[str], None] = lambda _why: None,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Holding:
     """Hold ``request``'s GPUs for this process; with ``wait`` (seconds), wait while refused.
+
+    ``on_wait`` hears why it waits in the queue: once on joining it, then
+    each time the reason changes.
 
     The holding is returned only once no other job's worker still runs on its
     GPUs (``tell`` says what it waits for), within what is left of ``wait``
@@ -60,7 +64,7 @@ def take_waiting(
     that the holding is let go and it is a ``ConflictError``.
     """
     started = monotonic()
-    holding = _take(allocator, request, wait, ttl, reason, on_lost, launched_by, monotonic)
+    holding = _take(allocator, request, wait, ttl, reason, on_lost, launched_by, on_wait, monotonic)
     from allocator.recipes.gpu_free import DEFAULT_BOUND, wait_until_free
 
     bound = DEFAULT_BOUND if wait is None else max(wait - (monotonic() - started), 0.0)
@@ -80,6 +84,7 @@ def _take(
     reason: str,
     on_lost: Callable[[str], None] | None,
     launched_by: str,
+    on_wait: Callable[[str], None],
     monotonic: Callable[[], float],
 ) -> Holding:
     from allocator.recipes.queue.wait import WaitTimedOut, queue_gate, wait_in_queue
@@ -103,6 +108,8 @@ def _take(
     started = monotonic()
     timeout = wait if math.isfinite(wait) else None
     try:
-        return wait_in_queue(allocator, request, take, timeout=timeout, clock=monotonic)
+        return wait_in_queue(
+            allocator, request, take, timeout=timeout, on_wait=on_wait, clock=monotonic
+        )
     except WaitTimedOut as exc:
         raise ConflictError(waited_for(request, monotonic() - started, exc.why)) from None

@@ -29,8 +29,17 @@ __all__ = [
 ]
 
 #: Status fields whose empty value ("" or the table's "-") means "none".
-_GPU_OPTIONAL = ("holder", "since", "reason", "reserved", "outside_reservation", "slots", "idle")
-_JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log_path")
+_GPU_OPTIONAL = (
+    "holder",
+    "since",
+    "reason",
+    "reserved",
+    "outside_reservation",
+    "slots",
+    "idle",
+    "user",
+)
+_JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log_path", "user")
 
 
 def status_document(

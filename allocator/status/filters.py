@@ -1,4 +1,4 @@
-"""Status filters (``host=``, ``pool=``, ``job=``, ``state=``): parsed, matched and applied (pure).
+"""Status filters (``host=``, ``pool=``, ``job=``, ``state=``, ``user=``): parsed, applied (pure).
 
 Like Slurm's ``sinfo``/``squeue`` filters. Every filter takes a comma list;
 filters of different keys must all match (AND), the items of one list any
@@ -18,6 +18,11 @@ filters of different keys must all match (AND), the items of one list any
   to its pool once;
 * :func:`gpu_states` gives one GPU row's states, :func:`filter_hosts` trims
   the joined hosts to the rows that match.
+
+``user=`` picks the rows a user holds (the assignment's ``holder``: the
+store's authenticated user, else the OS user that took the GPUs). It picks
+no hosts to read: who holds what is in every host's assignments, so a
+status filtered by user reads the fleet as an unfiltered one does.
 
 GPU states: ``free`` (nobody holds it and it is healthy), ``held`` (a job
 holds it), ``idle`` (held, and its holder's GPUs are idle now: the IDLE
@@ -61,7 +66,7 @@ __all__ = [
 ]
 
 #: The filter keys, as ``allocator status`` takes them.
-FILTER_KEYS: Final = ("host", "pool", "job", "state")
+FILTER_KEYS: Final = ("host", "pool", "job", "state", "user")
 #: The GPU states ``state=`` takes (see the module docstring).
 STATES: Final = ("free", "held", "idle", "unhealthy", "fallback")
 #: The most hosts one ``host=`` range may name (its names are made to match against).
@@ -78,16 +83,17 @@ class StatusFilter(msgspec.Struct, frozen=True):
     pools: tuple[str, ...] = ()
     jobs: tuple[str, ...] = ()
     states: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
         """Whether nothing is filtered."""
-        return not (self.hosts or self.pools or self.jobs or self.states)
+        return not (self.hosts or self.pools or self.jobs or self.states or self.users)
 
     @property
     def trims_rows(self) -> bool:
-        """Whether GPU rows are picked within a host (``job=``, ``state=``), not whole hosts."""
-        return bool(self.jobs or self.states)
+        """Whether GPU rows are picked within a host (``job=``, ``state=``, ``user=``)."""
+        return bool(self.jobs or self.states or self.users)
 
 
 def parse_filter(words: Mapping[str, str]) -> StatusFilter:
@@ -103,7 +109,8 @@ def parse_filter(words: Mapping[str, str]) -> StatusFilter:
     for state in states:
         if state not in STATES:
             raise InvalidInput(f"state={state}: not a GPU state (one of {', '.join(STATES)})")
-    return StatusFilter(hosts, pools, jobs, _unique(states))
+    users = tuple(_checked_name(u, "user") for u in _values(words, "user"))
+    return StatusFilter(hosts, pools, jobs, _unique(states), users)
 
 
 def split_list(raw: str) -> list[str]:
@@ -300,9 +307,9 @@ def filter_hosts(
     """``hosts`` that ``wanted`` matches, each with only the GPU rows and jobs that match.
 
     A host matched by ``host=``/``pool=`` alone is kept whole (also with no
-    GPU); with ``job=`` or ``state=``, a host is kept only when one of its
-    rows matches, and with only those rows and the jobs holding them (and,
-    for ``job=``, that job's own row). ``pools``: :func:`pool_by_host`.
+    GPU); with ``job=``, ``state=`` or ``user=``, a host is kept only when one
+    of its rows matches, and with only those rows and the jobs holding them
+    (for ``job=`` and ``user=``, only those jobs). ``pools``: :func:`pool_by_host`.
     """
     matches = host_matcher(wanted.hosts) if wanted.hosts else None
     kept = []
@@ -330,6 +337,8 @@ def _trimmed(host: HostStatus, wanted: StatusFilter) -> HostStatus | None:
             continue
         if wanted.states and not gpu_states(row, jobs) & set(wanted.states):
             continue
+        if wanted.users and not set(row.user.split(",")) & set(wanted.users):
+            continue
         rows.append(row)
     if not rows:
         return None
@@ -337,6 +346,8 @@ def _trimmed(host: HostStatus, wanted: StatusFilter) -> HostStatus | None:
     jobs = tuple(
         j
         for j in host.jobs
-        if (not wanted.jobs or j.job in wanted.jobs) and shown & set(j.gpus.split(","))
+        if (not wanted.jobs or j.job in wanted.jobs)
+        and (not wanted.users or j.user in wanted.users)
+        and shown & set(j.gpus.split(","))
     )
     return msgspec.structs.replace(host, gpus=tuple(rows), jobs=jobs)

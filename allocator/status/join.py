@@ -74,6 +74,9 @@ class GpuRow(msgspec.Struct, frozen=True):
     idle_holder: bool = False
     #: Processes the agent found on this GPU that no job there was given.
     unassigned: tuple[dict[str, Any], ...] = ()
+    #: Who holds it: each holding job's ``holder`` (the authenticated user), once, in
+    #: the order of ``holder``; "" when free.
+    user: str = ""
 
 
 class JobRow(msgspec.Struct, frozen=True):
@@ -105,6 +108,8 @@ class JobRow(msgspec.Struct, frozen=True):
     #: Whether the job runs on CPU by its fallback rule (none of its GPUs could
     #: serve: none free when it asked, or one went unhealthy).
     fallback: bool = False
+    #: Who holds the job's GPUs: its assignment's ``holder`` ("" in older records).
+    user: str = ""
 
 
 class GroupShare(msgspec.Struct, frozen=True):
@@ -309,11 +314,13 @@ def _host_status(
                 idle=first_idle.label,
                 idle_holder=first_idle.holder,
                 unassigned=strays.get(index, ()),
+                user=_users(holds, snapshot),
             )
         )
     for job, held in sorted(snapshot.assignments.items()):
         if held.mode == "cpu":
-            rows.append(GpuRow(snapshot.host, "cpu", job, held.updated_at, held.reason, "-", ""))
+            cells = (snapshot.host, "cpu", job, held.updated_at, held.reason, "-", "")
+            rows.append(GpuRow(*cells, user=held.holder))
     job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
     vendor, mismatch = _vendor(policy, snapshot)
@@ -374,6 +381,7 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
         output_tail=tuple(printable(line) for line in worker.output_tail) if worker else (),
         log_path=printable(worker.log_path or "") if worker else "",
         fallback=fallback,
+        user=held.holder,
     )
 
 
@@ -385,6 +393,12 @@ def _holders(holds: list[Holding], sharing: Sharing) -> str:
         hold.job + ("(whole)" if hold.exclusive else f"({hold.slots})" if hold.slots > 1 else "")
         for hold in holds
     )
+
+
+def _users(holds: list[Holding], snapshot: HostSnapshot) -> str:
+    """Who holds a GPU: each holding job's holder, once, in the order of its holders."""
+    users = (snapshot.assignments[hold.job].holder for hold in holds)
+    return ",".join(dict.fromkeys(user for user in users if user))
 
 
 def _flagged(label: str, outside: str) -> str:

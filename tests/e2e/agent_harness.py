@@ -114,6 +114,7 @@ class AgentHarness:
             ALLOCATOR_STORE=store_url,
             ALLOCATOR_PREFIX=prefix,
             ALLOCATOR_NVML=f"fake:{self.gpus.path}",
+            ALLOCATOR_HOST=host,  # this machine is the agent's host: `run` takes its GPUs
         )
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "agent.log"

@@ -58,8 +58,12 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 @pytest.fixture
 def cli_env(store_url: str, prefix: str) -> dict[str, str]:
-    """Environment selecting this test's store and key prefix."""
-    return clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix)
+    """Environment selecting this test's store and key prefix; this machine is node1.
+
+    ``run`` and ``lease()`` take GPUs of this machine only: the example
+    policy's ``node1`` stands for it.
+    """
+    return clean_env(ALLOCATOR_STORE=store_url, ALLOCATOR_PREFIX=prefix, ALLOCATOR_HOST="node1")
 
 
 def run_cli(args: Sequence[str], env: dict[str, str], timeout: float = 60) -> Result:

@@ -19,7 +19,11 @@ from tests.support.waiting import wait_for
 
 @pytest.fixture
 def world(etcd_server_private: Any, prefix: str) -> Iterator[tuple[Any, dict[str, str]]]:
-    env = clean_env(ALLOCATOR_STORE=str(etcd_server_private.url), ALLOCATOR_PREFIX=prefix)
+    env = clean_env(
+        ALLOCATOR_STORE=str(etcd_server_private.url),
+        ALLOCATOR_PREFIX=prefix,
+        ALLOCATOR_HOST="node1",
+    )
     assert run_cli(["policy", "apply", str(EXAMPLE_POLICY)], env).code == 0
     yield etcd_server_private, env
 

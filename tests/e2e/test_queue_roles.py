@@ -56,7 +56,7 @@ def roles(tmp_path: Path) -> Iterator[EtcdServer]:
 
 def _as(server: EtcdServer, user: str, *args: str) -> Result:
     url = f"etcd://{user}:{PASSWORDS[user]}@{server.endpoint}"
-    return run_cli(args, clean_env(ALLOCATOR_STORE=url))
+    return run_cli(args, clean_env(ALLOCATOR_STORE=url, ALLOCATOR_HOST="node1"))
 
 
 def test_the_documented_roles_let_each_researcher_set_run_and_release(

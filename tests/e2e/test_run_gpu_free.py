@@ -141,11 +141,12 @@ def test_run_waits_for_a_process_an_ended_holding_left_on_its_gpu(
 
 
 def test_lease_waits_for_a_process_an_ended_holding_left_and_gives_up_in_time(
-    tmp_path: Path, prefix: str, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, prefix: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import allocator
     from allocator.errors import ConflictError
 
+    monkeypatch.setenv("ALLOCATOR_HOST", HOST)  # the harness's host is this machine
     url = f"sqlite://{tmp_path / 'store.db'}"
     harness = AgentHarness(tmp_path, url, prefix, gpus=1)
     with harness.running(start=False):

@@ -32,7 +32,8 @@ def _start(served: Served, done: Path, *flags: str) -> subprocess.Popen[bytes]:
     script.write_text(WAIT_FOR_FILE)
     argv += ["count=1", "--", sys.executable, str(script), "--token", TOKEN, f"--api-key={TOKEN}"]
     argv += [f"https://bob:{PASSWORD}@example.com/x", str(done)]  # the record keeps 200 characters
-    return subprocess.Popen(argv, env=served.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {**served.env, "ALLOCATOR_HOST": "node1"}  # the policy's node1 is this machine
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 def _everywhere(served: Served) -> str:

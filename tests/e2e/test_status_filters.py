@@ -116,7 +116,8 @@ def test_a_filter_matching_nothing_prints_the_header_alone(fleet: Cli) -> None:
     assert table.out.split() == [
         "HOST",
         "GPU",
-        "HOLDER",
+        "JOB",
+        "USER",
         "SLOTS",
         "SINCE",
         "REASON",

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -74,6 +75,8 @@ def main(argv: list[str]) -> int:
             invoke = time.time()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "allocator", *words],
+                # `run` takes GPUs of the machine it runs on: this one plays ``host``.
+                env={**os.environ, "ALLOCATOR_HOST": host},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,

@@ -72,6 +72,7 @@ def test_the_readme_tour_runs_as_written(tmp_path: Path) -> None:
         "HOME": str(tmp_path),
         "ALLOCATOR_STORE": f"sqlite://{tmp_path / 'store.db'}",
         "ALLOCATOR_NVML": "off",
+        "ALLOCATOR_HOST": "node1",  # the tour's `run` runs on node1, as its comment says
     }
     result = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", "\n".join(lines)],

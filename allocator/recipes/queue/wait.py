@@ -196,15 +196,16 @@ def wait_in_queue(
     first = _try(allocator, take, turn)
     if not isinstance(first, str):
         return first
-    why = first
+    why, told = first, ""
     entry = _Entry(allocator, request, ttl)
     outage = Outage(clock)
     try:
         exit_on_sigterm()
         turn.me = entry.join()
         while True:
-            if why:
+            if why and why != told:  # once on joining, then each time the reason changes
                 on_wait(why)
+                told = why
             left = None if deadline is None else deadline - clock()
             if left is not None and left <= 0:
                 raise WaitTimedOut(

@@ -41,8 +41,17 @@ POLICY = Policy(
     reservations=(Reservation("nightly", "n2", (1,), ("eval-*",), until=NOW + timedelta(days=1)),),
 )
 #: The document's fields that say "none" with null, not the table's "" or "-".
-GPU_OPTIONAL = ("holder", "since", "reason", "reserved", "outside_reservation", "slots", "idle")
-JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log_path")
+GPU_OPTIONAL = (
+    "holder",
+    "since",
+    "reason",
+    "reserved",
+    "outside_reservation",
+    "slots",
+    "idle",
+    "user",
+)
+JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log_path", "user")
 
 
 def _kv(key: str, record: Any, lease: int | None = None) -> KeyValue:
@@ -223,5 +232,6 @@ def test_a_gpu_row_keeps_its_fields_in_the_document() -> None:
             "idle": None,
             "idle_holder": False,
             "unassigned": [],
+            "user": None,
         }
     ]

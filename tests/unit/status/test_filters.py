@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from allocator.errors import InvalidInput
-from allocator.policy.model import Host, Policy, Pool, Reservation
+from allocator.policy.model import Host, Policy, Pool, Reservation, Sharing
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, Assignment, WorkerRecord
@@ -170,3 +170,61 @@ def test_host_and_pool_filters_keep_whole_hosts() -> None:
     kept = filter_hosts(hosts, StatusFilter(pools=("a100",)), pool_by_host(POLICY))
     assert _shown(kept) == {"n1": ["0", "1", "2", "3"], "n2": ["0", "1"]}
     assert _shown(filter_hosts(hosts, StatusFilter(hosts=("m*",)))) == {"m1": ["0", "1", "cpu"]}
+
+
+def _held_by_users() -> list:  # type: ignore[type-arg]
+    fleet = [
+        _assignment("train", "n1", (0, 1), holder="alice"),
+        _assignment("infer", "n1", (2,), holder="bob"),
+        _assignment("eval", "m1", (), mode="cpu", holder="alice"),
+        _assignment("old", "n2", (0,)),  # written before holders were kept
+    ]
+    return build_status(POLICY, fleet, LAYOUT, NOW)
+
+
+def test_user_filter_parses_a_comma_list_of_names() -> None:
+    assert parse_filter({"user": "alice,bob,alice"}).users == ("alice", "bob")
+    assert parse_filter({"user": "alice"}).trims_rows
+    with pytest.raises(InvalidInput, match="user=a/b"):
+        parse_filter({"user": "a/b"})
+
+
+def test_every_row_and_job_names_who_holds_it() -> None:
+    m1, n1, n2 = _held_by_users()
+    assert [(g.gpu, g.holder, g.user) for g in n1.gpus] == [
+        ("0", "train", "alice"),
+        ("1", "train", "alice"),
+        ("2", "infer", "bob"),
+        ("3", "-", ""),
+    ]
+    assert [(g.gpu, g.user) for g in m1.gpus if g.gpu == "cpu"] == [("cpu", "alice")]
+    assert [(j.job, j.user) for j in n1.jobs] == [("infer", "bob"), ("train", "alice")]
+    assert n2.gpus[0].user == ""
+
+
+def test_user_filter_keeps_the_rows_and_jobs_that_user_holds() -> None:
+    hosts = _held_by_users()
+    alice = filter_hosts(hosts, StatusFilter(users=("alice",)))
+    assert _shown(alice) == {"m1": ["cpu"], "n1": ["0", "1"]}
+    assert [j.job for h in alice for j in h.jobs] == ["eval", "train"]
+    both = filter_hosts(hosts, StatusFilter(users=("alice", "bob"), hosts=("n1",)))
+    assert _shown(both) == {"n1": ["0", "1", "2"]}
+    assert filter_hosts(hosts, StatusFilter(users=("carol",))) == []
+    assert hosts_to_read(StatusFilter(users=("alice",)), ["n1", "n2", "m1"]) is None
+
+
+def test_a_shared_gpu_names_each_user_once() -> None:
+    policy = Policy(
+        version=1,
+        hosts={"s1": Host("s1", 1, pool="shared")},
+        pools={"shared": Pool("shared", sharing=Sharing("mps", 4))},
+    )
+    fleet = [
+        _assignment("a", "s1", (0,), holder="alice"),
+        _assignment("b", "s1", (0,), holder="bob"),
+        _assignment("c", "s1", (0,), holder="alice"),
+    ]
+    (s1,) = build_status(policy, fleet, LAYOUT, NOW)
+    assert (s1.gpus[0].holder, s1.gpus[0].user) == ("a,b,c", "alice,bob")
+    bob = filter_hosts([s1], StatusFilter(users=("bob",)))
+    assert [j.job for h in bob for j in h.jobs] == ["b"]
