@@ -295,6 +295,8 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     quotas: tuple[Quota, ...] = ()
     priorities: tuple[PriorityRule, ...] = ()
     operators: tuple[str, ...] = ()
+    #: Users whose submitted jobs an agent running as root may run as root (docs/submit.md).
+    submit_as_root: tuple[str, ...] = ()
 
     def vendor_of(self, host: str) -> str | None:
         """The GPU vendor the policy says ``host`` has (its own, else its pool's)."""

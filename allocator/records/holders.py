@@ -75,6 +75,9 @@ class QueueEntry(msgspec.Struct, frozen=True):
     priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
     requested: Text = ""
     self_service: bool = False  # run / lease(): reservations and priorities bind to the holder
+    #: A submitted batch job's record (``<user>/<job>`` under the submissions prefix):
+    #: it has no waiting process, the host's agent takes its turn and runs it.
+    submission: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -13,7 +13,8 @@ no request ahead of it *could use any of them*:
   not reserved for others, within its pool's limit), unless N is more than
   those: such a request cannot be placed now, and nothing waits behind it;
 * an entry with no store lease (written by hand, or left by a bug) has no
-  waiter alive to keep it: it holds no one up;
+  waiter alive to keep it: it holds no one up, unless it is a submitted
+  job's (``allocator submit``): the host's agent is that one's waiter;
 * a request whose holder is over a quota now is skipped too (its holder
   must release first); the take compares that holder's counters, so the
   skip holds only while they do not move.
@@ -61,7 +62,8 @@ def decode_queue(items: Iterable[KeyValue], on_bad: Callable[[BadRecord], None])
         except BadRecord as bad:
             on_bad(BadRecord(item.key, bad.reason))
             continue
-        leased = bool(item.lease)
+        # A submitted job has no waiting process: the host's agent is its waiter.
+        leased = bool(item.lease) or bool(entry.submission)
         found.append(Waiting(item.key, entry, item.create_revision, item.mod_revision, leased))
     return in_order(found)
 

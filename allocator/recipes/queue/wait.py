@@ -59,6 +59,7 @@ __all__ = [
     "PlaceAround",
     "WaitTimedOut",
     "queue_gate",
+    "submitted_gate",
     "wait_and_assign",
     "wait_in_queue",
 ]
@@ -137,6 +138,13 @@ class _Turn:
 def _revision(listing: object) -> int:
     items = getattr(listing, "items", ())
     return int(items[0].mod_revision) if items else 0
+
+
+def submitted_gate(allocator: Context, request: Request, entry_key: str) -> Gate:
+    """The gate of a submitted job's take: its turn is ``entry_key``'s, which the take deletes."""
+    turn = _Turn(allocator, request)
+    turn.me = entry_key
+    return turn
 
 
 def queue_gate(allocator: Context, request: Request) -> Gate:
