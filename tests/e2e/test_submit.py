@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,9 @@ from typing import Any
 
 import pytest
 
+from allocator.records.holders import QueueEntry
+from allocator.records.submission import Submission
+from allocator.store import Put, open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy
 from tests.support.waiting import wait_for
 
@@ -119,3 +123,51 @@ def test_bad_input_writes_nothing(world: AgentHarness) -> None:
     twice = world.cli("submit", "job=once", "gpus=0", f"host={HOST}", "--", "sleep", "60")
     assert twice.code == 3, twice.err
     assert "already submitted" in twice.err
+
+
+def _forge(world: AgentHarness, job: str, holder: str, pointer: str, record: bytes | None) -> None:
+    """A queue entry (and maybe a record) written straight into the store, in one write."""
+    entry = QueueEntry(
+        job=job, host=HOST, holder=holder, since="2026-12-05T00:00:00Z", count=1,
+        requested="count=1", self_service=True, submission=pointer,
+    )  # fmt: skip
+    ops = [Put(world.layout.queue_entry(HOST, f"forged{job}"), entry.to_json())]
+    if record is not None:
+        ops.append(Put(world.layout.submission(*pointer.split("/")), record))
+    store = open_store(world.store_url)
+    try:
+        store.txn([], ops)
+    finally:
+        store.close()
+
+
+def _record(world: AgentHarness, job: str, user: str) -> bytes:
+    marker = world.workdir / f"{job}.ran"
+    return Submission(
+        job=job, user=user, host=HOST, argv=("touch", str(marker)), cwd=str(world.workdir),
+        submitted_at="2026-12-05T00:00:00Z", count=1,
+    ).to_json()  # fmt: skip
+
+
+def test_a_forged_entry_never_runs_and_is_left_for_the_operator(world: AgentHarness) -> None:
+    # Naming another user, with no record under that user's prefix.
+    _forge(world, "norecord", "nobody", "nobody/norecord", None)
+    # A record and an entry for another user: SQLite and etcd without auth prove no name.
+    _forge(world, "claimed", "nobody", "nobody/claimed", _record(world, "claimed", "nobody"))
+    # An entry naming one holder, pointing to another user's record.
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    _forge(world, "mismatch", "nobody", f"{me}/mismatch", _record(world, "mismatch", me))
+    for job in ("norecord", "claimed", "mismatch"):
+        wait_for(f"{job} refused", lambda j=job: world.events("batch-refused", job=j))  # type: ignore[misc]
+    reasons = {e["job"]: e["reason"] for e in world.events("batch-refused")}
+    assert "no submission record nobody/norecord" in reasons["norecord"]
+    assert "proves no user's name" in reasons["claimed"]
+    assert "names holder 'nobody'" in reasons["mismatch"]
+    # Refused once, logged, never run, still queued for the operator to remove.
+    listed = world.cli("queue", "-o", "json")
+    assert listed.code == 0, listed.err
+    for job in ("norecord", "claimed", "mismatch"):
+        assert job in listed.out
+        assert not (world.workdir / f"{job}.ran").exists()
+        assert not _holds(world, job)
+        assert len(world.events("batch-refused", job=job)) == 1
