@@ -105,7 +105,8 @@ class _Turn:
                 Read(layout.queue_arrivals(self.host)),
             ]
         )
-        order = decode_queue(queue.items, self.allocator.on_bad_record)
+        alive = state.agent is not None
+        order = decode_queue(queue.items, self.allocator.on_bad_record, agent_alive=alive)
         compares = [Compare(layout.queue_arrivals(self.host), _revision(arrivals))]
         ops: list[Op] = []
         if self.me is not None:
