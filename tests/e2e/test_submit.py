@@ -171,3 +171,20 @@ def test_a_forged_entry_never_runs_and_is_left_for_the_operator(world: AgentHarn
         assert not (world.workdir / f"{job}.ran").exists()
         assert not _holds(world, job)
         assert len(world.events("batch-refused", job=job)) == 1
+
+
+def test_a_cancelled_submission_is_forgotten_and_never_runs(world: AgentHarness) -> None:
+    marker = world.workdir / "later.ran"
+    # Both GPUs held by an operator's set: the submitted job waits.
+    assert world.cli("set", "job=big", "count=2", f"host={HOST}").code == 0
+    done = world.cli("submit", "job=later", "count=1", f"host={HOST}", "--", "touch", str(marker))
+    assert done.code == 0, done.err
+    listed = world.cli("queue", "-o", "json")
+    assert listed.code == 0, listed.err
+    (entry,) = [e for e in json.loads(listed.out)["queue"] if e["job"] == "later"]
+    removed = world.cli("queue", "remove", f"host={HOST}", f"entry={entry['entry']}")
+    assert removed.code == 0, removed.err
+    wait_for("the record's deletion", lambda: world.events("batch-cancelled", job="later"))
+    assert world.cli("release", "job=big").code == 0
+    assert not marker.exists()
+    assert not _holds(world, "later")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from allocator.agent.batch.job import BatchProcess, base_environment, output_path
+from allocator.agent.batch.wakeups import SWEEP_S, Wakeups
 from allocator.control.actor import store_user
 from allocator.control.client import Allocator
 from allocator.errors import AllocatorError, BadRecord, ConflictError, LeaseLost, StoreError
@@ -44,14 +45,14 @@ from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 from allocator.records.keys import KeyLayout
 from allocator.records.submission import Submission
 from allocator.records.types import Assignment
-from allocator.store import Delete, Read, Store, Watch
+from allocator.store import Delete, Read, Store
 from allocator.store.credentials import redact_args
 from allocator.store.urls import scheme_of
 
 __all__ = ["BatchRunner"]
 
-#: The longest a round waits for a change while nothing changes (a running job's end included).
-ROUND_S = 0.25
+#: The longest an orderly stop waits for the running commands to end and be released.
+STOP_S = 10.0
 
 Log = Callable[[str, Mapping[str, Any]], None]
 
@@ -77,7 +78,11 @@ class BatchRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._store: Store | None = None
-        self._watch: Watch | None = None
+        self.wakeups = Wakeups(self.layout, host, time.monotonic)
+        self._waiting = False  # a submitted job waits for its turn (not refused)
+        self._swept = float("-inf")
+        self._pointed: set[str] = set()  # the submissions the last read's entries pointed to
+        self._trouble = ""  # the loop's last failure, logged once
         self._path = os.environ.get("PATH")
 
     def start(self) -> None:
@@ -85,51 +90,80 @@ class BatchRunner:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="batch-runner")
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the running commands (SIGTERM), release their holdings, end the thread."""
+    def stop(self) -> None:
+        """Stop the running commands (SIGTERM), release their holdings, end the thread.
+
+        Waits for that only while commands run: with none, a store that hangs
+        never delays the agent's own stop by more than a moment.
+        """
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._thread.join(STOP_S if self.running else 1.0)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 if self._store is None:
                     self._store = self.open_store(self.url)
-                self._round(self._store)
-                self._wait(self._store)
+                self._reap()
+                if self.wakeups.due(self._waiting):
+                    self.wakeups.read()
+                    self._round(self._store)
+                self.wakeups.wait(self._store)
+                self._trouble = ""
             except AllocatorError as exc:  # an outage: the running jobs go on; try again
-                self.log("batch-store-error", {"error": str(exc)})
-                self._close_watch()
+                self._report("batch-store-error", str(exc))
+                self.wakeups.close()
+                self.wakeups.changed = True
                 self._stop.wait(1.0)
             except Exception as exc:  # a bug must not end the thread, nor the jobs
-                self.log("batch-error", {"error": repr(exc)})
+                self._report("batch-error", repr(exc))
                 self._stop.wait(1.0)
         self._end_all()
 
-    def _round(self, store: Store) -> None:
-        self._reap()
-        queue, records = store.read_many(
-            [Read(self.layout.host_queue(self.host), prefix=True),
-             Read(self.layout.submissions, prefix=True)]
-        )  # fmt: skip
-        order = decode_queue(queue.items, self._bad)
-        found = {item.key: item.value for item in records.items}
-        pointed = set()
-        for waiting in order:
-            if not waiting.entry.submission:
-                continue
-            pointed.add(waiting.entry.submission)
-            if waiting.key not in self.refused:
-                self._consider(store, waiting, found)
-        self._sweep(store, found, pointed)
+    def _report(self, event: str, error: str) -> None:
+        """Log a failure of the loop once, not once a second while it lasts."""
+        if error != self._trouble:
+            self._trouble = error
+            self.log(event, {"error": error})
 
-    def _consider(self, store: Store, waiting: Waiting, found: Mapping[str, bytes]) -> None:
+    def _round(self, store: Store) -> None:
+        """Read the host's queue; refuse, take or leave each submitted entry; sweep when due."""
+        (queue,) = store.read_many([Read(self.layout.host_queue(self.host), prefix=True)])
+        order = [w for w in decode_queue(queue.items, self._bad) if w.entry.submission]
+        keys = {w.key: self._record_key(w.entry.submission) for w in order}
+        wanted = sorted({k for k in keys.values() if k is not None})
+        found = {}
+        if wanted:
+            listings = store.read_many([Read(k) for k in wanted])
+            found = {item.key: item.value for listing in listings for item in listing.items}
+        self._waiting = False
+        for waiting in order:
+            if waiting.key not in self.refused:
+                self._waiting = True
+                record_key = keys[waiting.key]
+                self._consider(store, waiting, found.get(record_key) if record_key else None)
+        pointed = {w.entry.submission for w in order}
+        ran = {f"{r.process.record.user}/{job}" for job, r in self.running.items()}
+        # An entry gone without being taken here was cancelled: its record goes at once.
+        cancelled = bool(self._pointed - pointed - ran)
+        self._pointed = pointed
+        if cancelled or self.wakeups.clock() - self._swept >= SWEEP_S:
+            self._swept = self.wakeups.clock()
+            self._sweep(store, pointed)
+
+    def _record_key(self, pointer: str) -> str | None:
+        split = split_submission(pointer)
+        if split is None:
+            return None
+        try:
+            return self.layout.submission(*split)
+        except ValueError:  # a name no key may have: there is no record
+            return None
+
+    def _consider(self, store: Store, waiting: Waiting, raw: bytes | None) -> None:
         entry = waiting.entry
-        pointer = split_submission(entry.submission)
-        record = None
-        if pointer is not None:
-            record = _decode(found.get(self.layout.submission(*pointer)))
+        record = _decode(raw)
         why = refusal(entry, record, self._runner(store))
         if why is None and record is not None and not _known_user(record.user):
             why = f"this host has no user {record.user!r} to run it as"
@@ -227,42 +261,25 @@ class BatchRunner:
         with contextlib.suppress(AllocatorError):
             store.txn([], [Delete(self.layout.submission(record.user, record.job))])
 
-    def _sweep(self, store: Store, found: Mapping[str, bytes], pointed: set[str]) -> None:
+    def _sweep(self, store: Store, pointed: set[str]) -> None:
         """Delete this host's records whose entry is gone and that do not run (cancelled)."""
-        for raw in found.values():
-            record = _decode(raw)
+        for item in store.list(self.layout.submissions).items:
+            record = _decode(item.value)
             if record is None or record.host != self.host or record.job in self.running:
                 continue
             if f"{record.user}/{record.job}" not in pointed:
                 self._forget(store, record)
                 self.log("batch-cancelled", {"job": record.job, "user": record.user})
 
-    def _wait(self, store: Store) -> None:
-        """Until something under the store's root changed, or a round's time passed."""
-        end = time.monotonic() + ROUND_S
-        if self._watch is None:
-            start = store.list(self.layout.policy, limit=1).revision + 1
-            self._watch = store.watch(f"{self.layout.root}/", start)
-            return
-        while not self._stop.is_set() and (left := end - time.monotonic()) > 0:
-            if self._watch.next(left):
-                return
-
-    def _close_watch(self) -> None:
-        if self._watch is not None:
-            with contextlib.suppress(AllocatorError):
-                self._watch.close()
-            self._watch = None
-
     def _end_all(self) -> None:
         """An orderly stop: the running commands get SIGTERM; each is released as it ends."""
         for running in self.running.values():
             running.process.stop()
-        deadline = time.monotonic() + 10.0
+        deadline = time.monotonic() + STOP_S - 1.0
         while self.running and time.monotonic() < deadline:
             self._reap()
             time.sleep(0.05)
-        self._close_watch()
+        self.wakeups.close()
         if self._store is not None:
             with contextlib.suppress(StoreError):
                 self._store.close()
