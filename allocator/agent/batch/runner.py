@@ -35,8 +35,10 @@ from allocator.agent.batch.wakeups import SWEEP_S, Wakeups
 from allocator.control.actor import store_user
 from allocator.control.client import Allocator
 from allocator.errors import AllocatorError, BadRecord, ConflictError, LeaseLost, StoreError
+from allocator.placement.busy_gpus import describe_blockers
 from allocator.placement.request import Request
 from allocator.placement.worker_env import worker_environments
+from allocator.recipes.gpu_free import DEFAULT_BOUND, busy_with
 from allocator.recipes.holding import DEFAULT_TTL, Holding, hold, let_go
 from allocator.recipes.queue.order import Waiting, decode_queue
 from allocator.recipes.queue.wait import submitted_gate
@@ -64,6 +66,15 @@ class _Running:
     process: BatchProcess
 
 
+@dataclass
+class _Starting:
+    allocator: Allocator
+    holding: Holding
+    record: Submission
+    output: Path
+    deadline: float  # monotonic: the end of waiting for the GPUs' previous workers
+
+
 class BatchRunner:
     """Runs ``host``'s submitted jobs, from ``start()`` until ``stop()``."""
 
@@ -74,6 +85,7 @@ class BatchRunner:
         self.log, self.open_store = log, open_store
         self.layout = KeyLayout(prefix)
         self.running: dict[str, _Running] = {}
+        self.starting: dict[str, _Starting] = {}  # taken, waiting for their GPUs to be free
         self.refused: set[str] = set()  # entry keys logged as refused
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -98,7 +110,7 @@ class BatchRunner:
         """
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(STOP_S if self.running else 1.0)
+            self._thread.join(STOP_S if self.running or self.starting else 1.0)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -106,6 +118,7 @@ class BatchRunner:
                 if self._store is None:
                     self._store = self.open_store(self.url)
                 self._reap()
+                self._start_free()
                 if self.wakeups.due(self._waiting):
                     self.wakeups.read()
                     self._round(self._store)
@@ -145,6 +158,7 @@ class BatchRunner:
                 self._consider(store, waiting, found.get(record_key) if record_key else None)
         pointed = {w.entry.submission for w in order}
         ran = {f"{r.process.record.user}/{job}" for job, r in self.running.items()}
+        ran |= {f"{d.record.user}/{job}" for job, d in self.starting.items()}
         # An entry gone without being taken here was cancelled: its record goes at once.
         cancelled = bool(self._pointed - pointed - ran)
         self._pointed = pointed
@@ -216,7 +230,26 @@ class BatchRunner:
             )
         except (ConflictError, LeaseLost):
             return  # not its turn yet (or the entry went): the next change decides again
-        self._launch(allocator, holding, record, output)
+        # Its GPUs may still run the previous holder's workers: it starts once they stopped.
+        deadline = time.monotonic() + DEFAULT_BOUND
+        self.starting[record.job] = _Starting(allocator, holding, record, output, deadline)
+        self._start_free()
+
+    def _start_free(self) -> None:
+        """Start each taken job whose GPUs no other job's processes run on any more."""
+        for job, due in list(self.starting.items()):
+            workers, left = busy_with(due.allocator, due.holding.assignment)
+            if workers or left:
+                if time.monotonic() < due.deadline:
+                    continue
+                why = f"gave up waiting for {describe_blockers(workers, left)} to stop"
+                del self.starting[job]
+                let_go(due.allocator, due.holding, 1, f"submitted job did not start: {why}")
+                self._forget(due.allocator.store, due.record)
+                self.log("batch-not-started", {"job": job, "error": why})
+                continue
+            del self.starting[job]
+            self._launch(due.allocator, due.holding, due.record, due.output)
 
     def _launch(
         self, allocator: Allocator, holding: Holding, record: Submission, output: Path
@@ -265,7 +298,10 @@ class BatchRunner:
         """Delete this host's records whose entry is gone and that do not run (cancelled)."""
         for item in store.list(self.layout.submissions).items:
             record = _decode(item.value)
-            if record is None or record.host != self.host or record.job in self.running:
+            busy = record is not None and (
+                record.job in self.running or record.job in self.starting
+            )
+            if record is None or record.host != self.host or busy:
                 continue
             if f"{record.user}/{record.job}" not in pointed:
                 self._forget(store, record)
@@ -273,6 +309,10 @@ class BatchRunner:
 
     def _end_all(self) -> None:
         """An orderly stop: the running commands get SIGTERM; each is released as it ends."""
+        for job, due in self.starting.items():
+            let_go(due.allocator, due.holding, 1, "the agent stopped before the job started")
+            self.log("batch-not-started", {"job": job, "error": "the agent stopped"})
+        self.starting.clear()
         for running in self.running.values():
             running.process.stop()
         deadline = time.monotonic() + STOP_S - 1.0
