@@ -34,7 +34,17 @@ from allocator.agent.batch.job import BatchProcess, base_environment, output_pat
 from allocator.agent.batch.wakeups import SWEEP_S, Wakeups
 from allocator.control.actor import store_user
 from allocator.control.client import Allocator
-from allocator.errors import AllocatorError, BadRecord, ConflictError, LeaseLost, StoreError
+from allocator.errors import (
+    AllocatorError,
+    BadRecord,
+    CasConflict,
+    ConflictError,
+    InvalidInput,
+    LeaseLost,
+    NotFound,
+    NotPermitted,
+    StoreError,
+)
 from allocator.placement.busy_gpus import describe_blockers
 from allocator.placement.request import Request
 from allocator.placement.worker_env import worker_environments
@@ -150,12 +160,14 @@ class BatchRunner:
         if wanted:
             listings = store.read_many([Read(k) for k in wanted])
             found = {item.key: item.value for listing in listings for item in listing.items}
+        self.refused &= set(keys)  # an entry removed by the operator is forgotten
         self._waiting = False
+        runner = self._runner(store) if order else None
         for waiting in order:
-            if waiting.key not in self.refused:
+            if runner is not None and waiting.key not in self.refused:
                 self._waiting = True
-                record_key = keys[waiting.key]
-                self._consider(store, waiting, found.get(record_key) if record_key else None)
+                raw = found.get(keys[waiting.key] or "")
+                self._consider(store, waiting, raw, runner)
         pointed = {w.entry.submission for w in order}
         ran = {f"{r.process.record.user}/{job}" for job, r in self.running.items()}
         ran |= {f"{d.record.user}/{job}" for job, d in self.starting.items()}
@@ -175,20 +187,23 @@ class BatchRunner:
         except ValueError:  # a name no key may have: there is no record
             return None
 
-    def _consider(self, store: Store, waiting: Waiting, raw: bytes | None) -> None:
+    def _consider(self, store: Store, waiting: Waiting, raw: bytes | None, runner: Runner) -> None:
         entry = waiting.entry
         record = _decode(raw)
-        why = refusal(entry, record, self._runner(store))
+        why = refusal(entry, record, runner)
         if why is None and record is not None and not _known_user(record.user):
             why = f"this host has no user {record.user!r} to run it as"
         if why is not None or record is None:
-            self.refused.add(waiting.key)
-            self.log(
-                "batch-refused",
-                {"entry": waiting.key, "job": entry.job, "holder": entry.holder, "reason": why},
-            )
+            self._refuse(waiting, why or "no record")
             return
         self._take(store, waiting, record)
+
+    def _refuse(self, waiting: Waiting, why: str) -> None:
+        """Log it once and leave it queued for the operator: it never runs."""
+        self.refused.add(waiting.key)
+        entry = waiting.entry
+        fields = {"entry": waiting.key, "job": entry.job, "holder": entry.holder, "reason": why}
+        self.log("batch-refused", fields)
 
     def _runner(self, store: Store) -> Runner:
         """Who this agent is, and what its store and the policy let it run."""
@@ -228,8 +243,11 @@ class BatchRunner:
                 gate=gate,
                 on_lost=lambda _why: self._lost(record.job),
             )
-        except (ConflictError, LeaseLost):
+        except (ConflictError, LeaseLost, CasConflict):
             return  # not its turn yet (or the entry went): the next change decides again
+        except (InvalidInput, NotPermitted, NotFound) as exc:  # it would never be taken
+            self._refuse(waiting, str(exc))
+            return
         # Its GPUs may still run the previous holder's workers: it starts once they stopped.
         deadline = time.monotonic() + DEFAULT_BOUND
         self.starting[record.job] = _Starting(allocator, holding, record, output, deadline)
