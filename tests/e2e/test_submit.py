@@ -111,13 +111,14 @@ def test_bad_input_writes_nothing(world: AgentHarness) -> None:
         ("count=1", f"host={HOST}", "--array=3-1", "--", "true"),
         ("count=1", f"host={HOST}", "time=0s", "--", "true"),
         ("job=bad/name", "count=1", f"host={HOST}", "--", "true"),
+        ("count=1", "host=nowhere", "--", "true"),
     ]
     for words in cases:
         result = world.cli("submit", *words)
         assert result.code == 2, (words, result.err)
     listed = world.cli("queue", "-o", "json")
     assert listed.code == 0, listed.err
-    assert "submit" not in listed.out
+    assert json.loads(listed.out)["queue"] == []
     again = world.cli("submit", "job=once", "gpus=0", f"host={HOST}", "--", "sleep", "60")
     assert again.code == 0, again.err
     twice = world.cli("submit", "job=once", "gpus=0", f"host={HOST}", "--", "sleep", "60")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from allocator.control.holder import priority_of
-from allocator.errors import CasConflict, ConflictError
+from allocator.errors import CasConflict, ConflictError, RequestError
 from allocator.records.holders import QueueEntry
 from allocator.records.submission import Submission
 from allocator.store import Compare, Op, Put
@@ -51,12 +51,14 @@ def task_names(job: str, array: range | None) -> list[tuple[str, int | None]]:
 def submit(allocator: Context, batch: BatchJob) -> list[str]:
     """Queue every task of ``batch`` on its host; return their job names.
 
-    ``ConflictError`` when one of the names is already submitted (nothing
-    is written then).
+    ``RequestError`` for a host the policy does not name, ``ConflictError``
+    when one of the names is already submitted (nothing is written then).
     """
     request, user = batch.request, allocator.holder
     layout = allocator.layout
     policy = allocator.require_policy().policy
+    if not policy.names_host(request.host):  # no agent would ever run it
+        raise RequestError(f"host {request.host!r} is not in the policy: no agent runs jobs there")
     stamp = format_time(allocator.clock())
     priority = priority_of(policy, user, allocator.holder_groups(policy), None)
     compares: list[Compare] = []
