@@ -9,6 +9,10 @@ never runs, whatever it names.
 
 from __future__ import annotations
 
+import os
+import pwd
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +24,7 @@ from allocator.records.submission import Submission
 from allocator.store import Put, open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy
 from tests.e2e.conftest import run_cli
-from tests.e2e.test_queue_roles import PASSWORDS, roles
+from tests.e2e.test_queue_roles import PASSWORDS, _recipe, roles
 from tests.support.etcd_server import EtcdServer
 from tests.support.waiting import wait_for
 
@@ -74,3 +78,37 @@ def test_a_submission_in_another_users_name_never_runs(
     assert not marker.exists()
     assert world.cli("get", "job=forged").code == 6
     assert "forged" in world.cli("queue").out  # left for the operator
+
+
+def _nobody_known() -> bool:
+    try:
+        pwd.getpwnam("nobody")
+    except KeyError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not _nobody_known(), reason="starting a job as another user needs root"
+)
+def test_a_root_agent_runs_a_proven_submission_as_its_user(
+    world: AgentHarness, roles: EtcdServer
+) -> None:
+    # The recipe's lines for alice, for an etcd user named as the host's user `nobody`.
+    for line in _recipe().splitlines():
+        if "alice" in line and line.startswith("etcdctl"):
+            words = line.replace("alice", "nobody").split()[1:]
+            words = [f"--new-user-password={PASSWORDS['alice']}" if "PASSWORD" in w else w
+                     for w in words]  # fmt: skip
+            roles.etcdctl(*words)
+    out = world.workdir / "whoami.out"
+    env = {**world.env, "ALLOCATOR_STORE": f"etcd://nobody:{PASSWORDS['alice']}@{roles.endpoint}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "allocator", "submit", "job=who", "count=1", f"host={HOST}",
+         f"output={out}", "--", "/usr/bin/id", "-u"],
+        env=env, cwd="/", capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wait_for("the job's end", lambda: world.events("batch-ended", job="who"), timeout=30)
+    assert out.read_text().strip() == str(pwd.getpwnam("nobody").pw_uid)
+    assert out.stat().st_uid == pwd.getpwnam("nobody").pw_uid
