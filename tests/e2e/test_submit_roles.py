@@ -101,14 +101,22 @@ def test_a_root_agent_runs_a_proven_submission_as_its_user(
             words = [f"--new-user-password={PASSWORDS['alice']}" if "PASSWORD" in w else w
                      for w in words]  # fmt: skip
             roles.etcdctl(*words)
-    out = world.workdir / "whoami.out"
     env = {**world.env, "ALLOCATOR_STORE": f"etcd://nobody:{PASSWORDS['alice']}@{roles.endpoint}"}
-    done = subprocess.run(
-        [sys.executable, "-m", "allocator", "submit", "job=who", "count=1", f"host={HOST}",
-         f"output={out}", "--", "/usr/bin/id", "-u"],
-        env=env, cwd="/", capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    victim = world.workdir / "root-owned"
+    victim.write_text("root's\n")
+    for job, output in (("who", ()), ("evil", (f"output={victim}",))):
+        done = subprocess.run(
+            [sys.executable, "-m", "allocator", "submit", f"job={job}", "count=1",
+             f"host={HOST}", *output, "--", "/usr/bin/id", "-u"],
+            env=env, cwd="/", capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
     wait_for("the job's end", lambda: world.events("batch-ended", job="who"), timeout=30)
-    assert out.read_text().strip() == str(pwd.getpwnam("nobody").pw_uid)
-    assert out.stat().st_uid == pwd.getpwnam("nobody").pw_uid
+    out = world.workdir / "agent" / "logs" / "submit" / "who.log"
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert out.read_text().strip() == str(nobody)
+    assert out.stat().st_uid == nobody
+    # A path the user chose is never opened with the agent's rights: root's file is untouched.
+    refused = wait_for("evil refused", lambda: world.events("batch-not-started", job="evil"))
+    assert "is not a file of nobody's" in refused[0]["error"]
+    assert victim.read_text() == "root's\n"

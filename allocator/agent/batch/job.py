@@ -14,6 +14,7 @@ import contextlib
 import os
 import pwd
 import signal
+import stat
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -51,12 +52,52 @@ def base_environment(record: Submission, path: str | None) -> dict[str, str]:
 
 
 def _as_user(user: str) -> dict[str, Any]:
-    """Popen's arguments that start the command as ``user`` (none when the agent is them)."""
+    """Popen's arguments that start a process as ``user`` (none when the agent is them)."""
     entry = pwd.getpwnam(user)
     if entry.pw_uid == os.geteuid():
         return {}
     groups = os.getgrouplist(entry.pw_name, entry.pw_gid)
     return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": groups}
+
+
+def open_output(record: Submission, output: Path) -> int:
+    """The output file, opened for appending, private to the job's user.
+
+    An agent running as root never opens a path the user chose with its own
+    rights (``output=/etc/...`` would be root's write): the user's process
+    creates it, and the agent opens it only if it is still a regular file
+    of that user's, never through a symbolic link.
+    """
+    entry = pwd.getpwnam(record.user)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW
+    if entry.pw_uid == os.geteuid() or not record.output:  # its own, or the agent's log dir
+        output.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(output, flags | os.O_CREAT, 0o600)
+        if entry.pw_uid != os.geteuid():
+            os.fchown(fd, entry.pw_uid, entry.pw_gid)
+        return fd
+    subprocess.run(
+        ["/bin/sh", "-c", ': >> "$0"', str(output)],
+        env={"PATH": _DEFAULT_PATH}, cwd="/", umask=0o077, timeout=10, check=False,
+        capture_output=True, **_as_user(record.user),
+    )  # fmt: skip
+    fd = os.open(output, flags)
+    found = os.fstat(fd)
+    if not stat.S_ISREG(found.st_mode) or found.st_uid != entry.pw_uid:
+        os.close(fd)
+        raise PermissionError(f"{output} is not a file of {record.user}'s")
+    return fd
+
+
+def _argv(record: Submission) -> tuple[list[str], str]:
+    """The command and the directory Popen starts it in.
+
+    As another user, the change of directory is that user's own (a shell's
+    ``cd`` after the switch of user), so it reaches no directory they may not.
+    """
+    if not _as_user(record.user):
+        return list(record.argv), record.cwd
+    return ["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', record.cwd, *record.argv], "/"
 
 
 class BatchProcess:
@@ -65,18 +106,15 @@ class BatchProcess:
     def __init__(self, record: Submission, output: Path, env: Mapping[str, str]) -> None:
         self.record = record
         self.output = output
-        output.parent.mkdir(parents=True, exist_ok=True)
-        # Appended, private: a rerun of the same name keeps the earlier run's lines.
-        fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # Appended: a rerun of the same name keeps the earlier run's lines.
+        fd = open_output(record, output)
         self.process: subprocess.Popen[bytes] | None = None
         self.failed_start: int | None = None
-        if os.geteuid() == 0:  # the output is the user's, as the command's own files are
-            entry = pwd.getpwnam(record.user)
-            os.fchown(fd, entry.pw_uid, entry.pw_gid)
+        argv, cwd = _argv(record)
         try:
             self.process = subprocess.Popen(
-                list(record.argv),
-                cwd=record.cwd,
+                argv,
+                cwd=cwd,
                 env=dict(env),
                 stdin=subprocess.DEVNULL,
                 stdout=fd,
