@@ -119,9 +119,11 @@ def test_bad_input_writes_nothing(world: AgentHarness) -> None:
     listed = world.cli("queue", "-o", "json")
     assert listed.code == 0, listed.err
     assert json.loads(listed.out)["queue"] == []
-    again = world.cli("submit", "job=once", "gpus=0", f"host={HOST}", "--", "sleep", "60")
+    # Its command line names the test's directory, so the cleanup ends it with the agent.
+    hold = ("--", sys.executable, "-c", "import time; time.sleep(60)", str(world.workdir))
+    again = world.cli("submit", "job=once", "gpus=0", f"host={HOST}", *hold)
     assert again.code == 0, again.err
-    twice = world.cli("submit", "job=once", "gpus=0", f"host={HOST}", "--", "sleep", "60")
+    twice = world.cli("submit", "job=once", "gpus=0", f"host={HOST}", *hold)
     assert twice.code == 3, twice.err
     assert "already submitted" in twice.err
 
