@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from allocator import __version__
+from allocator.agent.batch.runner import BatchRunner
 from allocator.agent.config import AgentConfig
 from allocator.agent.gpu_care.care import GpuCare
 from allocator.agent.gpu_care.observe import Observer
@@ -112,6 +113,9 @@ class Agent:
         )
         self.holding_ends = HoldingEnds(self.log, config.prefix)
         self.sync = StoreSync(config, self.url, self.log, open_store=store_opener, clock=clock)
+        self.batch = BatchRunner(
+            self.url, config.prefix, config.host, config.worker_log_dir, self.log, store_opener
+        )
         self.care = GpuCare(environ, config.agent_dir, self.log, clock())
         self.wanted = DesiredCache(
             PortTable(config.agent_dir / "ports.json", self.log),
@@ -159,6 +163,7 @@ class Agent:
             {"store": self.url, "version": __version__, "inventory": self.care.inventory.source},
         )
         self.sync.link.start()
+        self.batch.start()
         self.notifier.ready(f"supervising {len(report.adopted)} adopted job(s); connecting")
         orderly = False
         try:
@@ -166,6 +171,7 @@ class Agent:
                 self._step()
             orderly = True
         finally:
+            self.batch.stop()
             self.lifecycle.shutdown(self.config, orderly=orderly, reconciled=self.reconciled)
         return 0
 

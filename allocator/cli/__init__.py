@@ -48,6 +48,7 @@ COMMANDS = {
     "policy": "allocator.cli.policy",
     "env": "allocator.cli.env",
     "run": "allocator.cli.run",
+    "submit": "allocator.cli.submit",
     "usage": "allocator.cli.usage",
     "doctor": "allocator.cli.doctor",
     "agent": "allocator.cli.agent",
@@ -160,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run_command(words: list[str]) -> int:
     chosen = command_word(words)
     command_argv = None
-    if chosen == "run":  # its command follows `--`, options and all
+    if chosen in ("run", "submit"):  # its command follows `--`, options and all
         from allocator.cli.run import split_command
 
         words, command_argv = split_command(words)

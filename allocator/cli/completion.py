@@ -32,6 +32,7 @@ WORD_KEYS = {
     "history": ("job", "host", "gpu"),
     "env": ("job", "host", "worker"),
     "run": ("job", "count", "gpus", "host", "slots", "ttl", "grace"),
+    "submit": ("job", "count", "gpus", "host", "slots", "time", "output"),
     "doctor": ("host",),
 }
 

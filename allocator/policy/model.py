@@ -312,6 +312,8 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     priorities: tuple[PriorityRule, ...] = ()
     fair_share: FairShare | None = None
     operators: tuple[str, ...] = ()
+    #: Users whose submitted jobs an agent running as root may run as root (docs/submit.md).
+    submit_as_root: tuple[str, ...] = ()
 
     def vendor_of(self, host: str) -> str | None:
         """The GPU vendor the policy says ``host`` has (its own, else its pool's)."""

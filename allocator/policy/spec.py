@@ -21,7 +21,7 @@ from allocator.policy.jobs_spec import FALLBACK, JOB
 from allocator.policy.model import Policy
 from allocator.policy.quotas_spec import OPERATORS, PRIORITY, QUOTA, TEAM
 from allocator.policy.spec_bounds import MAX_HOSTS, MAX_JOBS, MAX_RESERVATIONS, MAX_SMALL_SECTION
-from allocator.policy.yamlspec.kinds import Const, Enum
+from allocator.policy.yamlspec.kinds import Const, Enum, Name
 from allocator.policy.yamlspec.structures import Field, ListOf, NameMap, Record
 
 __all__ = ["POLICY", "SUPPORTED_VERSION"]
@@ -99,6 +99,13 @@ POLICY = Record(
             "operators",
             OPERATORS,
             "Subjects who may change or release anyone's assignments (docs/queue.md).",
+            nullable=True,
+        ),
+        Field(
+            "submit_as_root",
+            ListOf(Name("user"), unique=True, label="user", max_items=1000),
+            "Users whose submitted jobs (allocator submit) an agent running as root may run "
+            "as root; anyone else's it runs as that user, never as root (docs/submit.md).",
             nullable=True,
         ),
     ),

@@ -79,6 +79,9 @@ class QueueEntry(msgspec.Struct, frozen=True):
     self_service: bool = False  # run / lease(): reservations and priorities bind to the holder
     fair_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     usage: Annotated[float, msgspec.Meta(ge=0.0)] | None = None
+    #: A submitted batch job's record (``<user>/<job>`` under the submissions prefix):
+    #: it has no waiting process, the host's agent takes its turn and runs it.
+    submission: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

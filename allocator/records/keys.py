@@ -255,6 +255,19 @@ class KeyLayout(Struct, frozen=True):
         """
         return f"{self.root}/queue/arrivals/{validate_name(host, 'host')}"
 
+    @property
+    def submissions(self) -> str:
+        """Prefix of every user's submitted batch jobs (trailing slash included)."""
+        return f"{self.root}/submit/"
+
+    def user_submissions(self, user: str) -> str:
+        """Prefix of ``user``'s submissions: on etcd, only that user's role may write it."""
+        return f"{self.submissions}{validate_name(user, 'user')}/"
+
+    def submission(self, user: str, job: str) -> str:
+        """Key of one submitted job's record (its queue entry points here)."""
+        return f"{self.user_submissions(user)}{validate_name(job, 'job')}"
+
     def parse_host_key(self, key: str) -> tuple[str, str, str] | None:
         """Split ``<hosts>/<host>/<kind>[/<name>]`` into (host, kind, name).
 

@@ -16,7 +16,9 @@ no request ahead of it *could use any of them*:
   not reserved for others, within its pool's limit), unless N is more than
   those: such a request cannot be placed now, and nothing waits behind it;
 * an entry with no store lease (written by hand, or left by a bug) has no
-  waiter alive to keep it: it holds no one up;
+  waiter alive to keep it: it holds no one up, unless it is a submitted
+  job's (``allocator submit``) while the host's agent is alive: that agent is
+  its waiter;
 * a request whose holder is over a quota now is skipped too (its holder
   must release first); the take compares that holder's counters, so the
   skip holds only while they do not move.
@@ -55,8 +57,14 @@ class Waiting:
         return self.key.rsplit("/", 1)[-1]
 
 
-def decode_queue(items: Iterable[KeyValue], on_bad: Callable[[BadRecord], None]) -> list[Waiting]:
-    """The entries of ``items`` in queue order; a damaged one is reported and skipped."""
+def decode_queue(
+    items: Iterable[KeyValue], on_bad: Callable[[BadRecord], None], *, agent_alive: bool = True
+) -> list[Waiting]:
+    """The entries of ``items`` in queue order; a damaged one is reported and skipped.
+
+    ``agent_alive``: the host's agent's leased record is there; a submitted
+    job's entry is live while it is (the agent is that entry's waiter).
+    """
     found = []
     for item in items:
         try:
@@ -64,7 +72,8 @@ def decode_queue(items: Iterable[KeyValue], on_bad: Callable[[BadRecord], None])
         except BadRecord as bad:
             on_bad(BadRecord(item.key, bad.reason))
             continue
-        leased = bool(item.lease)
+        # A submitted job has no waiting process: the host's agent is its waiter.
+        leased = bool(item.lease) or (bool(entry.submission) and agent_alive)
         found.append(Waiting(item.key, entry, item.create_revision, item.mod_revision, leased))
     return in_order(found)
 

@@ -160,8 +160,9 @@ def queue_lines(
     snapshot = allocator.policy() if by_host else None
     lines: list[QueueLine] = []
     for name, items in sorted(by_host.items()):
-        order = decode_queue(items, allocator.on_bad_record)
         state = allocator.host(name)
+        alive = state.agent is not None
+        order = decode_queue(items, allocator.on_bad_record, agent_alive=alive)
         look = QuotaLook(allocator, snapshot.policy) if snapshot else None
         for position, waiting in enumerate(order, 1):
             why = _why(
@@ -231,6 +232,8 @@ def _why(
 
     if policy is None or look is None:
         return "no policy applied"
+    if not waiting.leased and waiting.entry.submission:
+        return f"submitted: {waiting.entry.host}'s agent is down; it runs the job once it is back"
     if not waiting.leased:
         return (
             f"no lease: no waiter keeps it (allocator queue remove host={waiting.entry.host} "

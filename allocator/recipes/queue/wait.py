@@ -60,6 +60,7 @@ __all__ = [
     "PlaceAround",
     "WaitTimedOut",
     "queue_gate",
+    "submitted_gate",
     "wait_and_assign",
     "wait_in_queue",
 ]
@@ -105,7 +106,8 @@ class _Turn:
                 Read(layout.queue_arrivals(self.host)),
             ]
         )
-        order = decode_queue(queue.items, self.allocator.on_bad_record)
+        alive = state.agent is not None
+        order = decode_queue(queue.items, self.allocator.on_bad_record, agent_alive=alive)
         compares = [Compare(layout.queue_arrivals(self.host), _revision(arrivals))]
         ops: list[Op] = []
         if self.me is not None:
@@ -138,6 +140,13 @@ class _Turn:
 def _revision(listing: object) -> int:
     items = getattr(listing, "items", ())
     return int(items[0].mod_revision) if items else 0
+
+
+def submitted_gate(allocator: Context, request: Request, entry_key: str) -> Gate:
+    """The gate of a submitted job's take: its turn is ``entry_key``'s, which the take deletes."""
+    turn = _Turn(allocator, request)
+    turn.me = entry_key
+    return turn
 
 
 def queue_gate(allocator: Context, request: Request) -> Gate:

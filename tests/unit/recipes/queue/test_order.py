@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-from allocator.recipes.queue.order import Waiting, blockers, could_use, in_order, wanted_ahead
+from allocator.recipes.queue.order import (
+    Waiting,
+    blockers,
+    could_use,
+    decode_queue,
+    in_order,
+    wanted_ahead,
+)
 from allocator.records.holders import QueueEntry
+from allocator.store import KeyValue
 
 FOUR = frozenset(range(4))
 
@@ -66,3 +74,18 @@ def test_an_entry_without_a_lease_blocks_no_one() -> None:
 def test_wanted_ahead_names_the_gpus_an_explicit_request_ahead_could_use() -> None:
     order = in_order([_waiting("pair", 1, gpus=(0, 1)), _waiting("me", 2, count=1)])
     assert wanted_ahead(order, "/q/me", sorted(FOUR), _all) == {0, 1}
+
+
+def test_a_submitted_entry_is_live_while_its_hosts_agent_is() -> None:
+    submitted = QueueEntry(
+        job="batch", host="node1", holder="u", since="t", count=1, submission="u/batch"
+    )
+    by_hand = QueueEntry(job="hand", host="node1", holder="u", since="t", count=1)
+    items = [
+        KeyValue("/q/batch", submitted.to_json(), 5, 5),
+        KeyValue("/q/hand", by_hand.to_json(), 6, 6),
+    ]
+    alive = decode_queue(items, lambda _bad: None)
+    assert [(w.entry.job, w.leased) for w in alive] == [("batch", True), ("hand", False)]
+    gone = decode_queue(items, lambda _bad: None, agent_alive=False)
+    assert [w.leased for w in gone] == [False, False]
