@@ -30,7 +30,7 @@ WORD_KEYS = {
     "status": ("host", "pool", "job", "state"),
     "history": ("job", "host", "gpu"),
     "env": ("job", "host", "worker"),
-    "run": ("job", "count", "gpus", "host", "slots", "ttl", "grace"),
+    "run": ("job", "count", "gpus", "host", "slots", "ttl", "grace", "time"),
     "doctor": ("host",),
 }
 
