@@ -31,7 +31,7 @@ WORD_KEYS = {
     "queue": ("host", "user"),
     "history": ("job", "host", "gpu"),
     "env": ("job", "host", "worker"),
-    "run": ("job", "count", "gpus", "host", "slots", "ttl", "grace"),
+    "run": ("job", "count", "gpus", "host", "slots", "ttl", "grace", "time"),
     "submit": ("job", "count", "gpus", "host", "slots", "time", "output"),
     "doctor": ("host",),
 }

@@ -124,6 +124,7 @@ class Children:
         grace: float = DEFAULT_GRACE,
         while_stopped: Callable[[], Callable[[], None]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        time_limit: float | None = None,
     ) -> None:
         self._argv = list(argv)
         self._envs = envs
@@ -135,6 +136,11 @@ class Children:
         self._interrupts = 0
         self._stopping_since: float | None = None
         self._cgroup: Path | None = None
+        # The time limit counts from start(); None: the command may run for ever.
+        self._time_limit = time_limit
+        self._ends_at: float | None = None
+        #: Whether the tree was stopped because its time limit came.
+        self.timed_out = False
 
     def start(self) -> None:
         """Start one process per environment (each on top of this process's own)."""
@@ -142,6 +148,8 @@ class Children:
 
         become_subreaper()  # orphans of the command come to us, not to init
         self._cgroup = _run_cgroup()
+        if self._time_limit is not None:
+            self._ends_at = self._monotonic() + self._time_limit
         for env in self._envs:
             try:
                 child = subprocess.Popen(
@@ -213,6 +221,7 @@ class Children:
                     self.stop()  # one rank down: the rest cannot finish
             if not running and not self._left_behind():
                 return failed or 0
+            self._end_at_limit()
             self._escalate()
             self._wait_a_little()
 
@@ -226,6 +235,12 @@ class Children:
 
     def _ours(self) -> set[int]:
         return {child.pid for child in self._procs}
+
+    def _end_at_limit(self) -> None:
+        """Stop the tree once its time limit has come (SIGKILL follows after the grace)."""
+        if self._ends_at is not None and not self.timed_out and self._monotonic() >= self._ends_at:
+            self.timed_out = True
+            self.stop()
 
     def _escalate(self) -> None:
         since = self._stopping_since

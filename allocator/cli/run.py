@@ -32,10 +32,11 @@ __all__ = ["recorded_reason", "register", "split_command"]
 
 USAGE = (
     "allocator run [job=NAME] (count=N | gpus=LIST) [host=H] [slots=K] [ttl=DURATION]"
-    " [grace=DURATION] [--wait[=DURATION]] [--per-gpu] [--no-record-args] -- CMD [ARGS...]"
+    " [grace=DURATION] [time=DURATION] [--wait[=DURATION]] [--per-gpu] [--no-record-args]"
+    " -- CMD [ARGS...]"
 )
 #: The key=value words ``run`` takes.
-RUN_KEYS = ("job", "count", "gpus", "host", "slots", "ttl", "grace")
+RUN_KEYS = ("job", "count", "gpus", "host", "slots", "ttl", "grace", "time")
 
 
 def register(commands: Any) -> None:
@@ -92,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     kv = parse_key_values(args.words, RUN_KEYS)
     ttl = _ttl(kv.pop("ttl", None))
     grace = _grace(kv.pop("grace", None), DEFAULT_GRACE)
+    limit = _time_limit(kv.pop("time", None))
     request = _request(kv)
     wait = _wait_seconds(args.wait)
     argv = list(getattr(args, "command_argv", None) or [])
@@ -101,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         reason = recorded_reason(argv, record_args=not args.no_record_args)
         envs, holding = _take(allocator, request, reason, wait, ttl or DEFAULT_TTL, args.per_gpu)
-        return _run_held(allocator, holding, argv, envs, grace, _store_url(args))
+        return _run_held(allocator, holding, argv, envs, (grace, limit), _store_url(args))
     finally:
         allocator.store.close()
 
@@ -109,6 +111,13 @@ def run(args: argparse.Namespace) -> int:
 def _ttl(raw: str | None) -> float | None:
     """``ttl=DURATION`` in seconds."""
     return None if raw is None else _seconds("ttl", raw, 1, "1s")
+
+
+def _time_limit(raw: str | None) -> float | None:
+    """``time=DURATION``: how long the command may run before its tree is stopped."""
+    from allocator.placement.time_limit import resolve_limit
+
+    return resolve_limit(raw, "", None, None)
 
 
 def _grace(raw: str | None, default: float) -> float:
@@ -244,7 +253,7 @@ def _run_held(
     holding: Any,
     argv: list[str],
     envs: list[dict[str, str]],
-    grace: float,
+    stopping: tuple[float, float | None],
     url: str,
 ) -> int:
     """Run the command's processes under the holding; release it once nothing of them is left."""
@@ -253,8 +262,13 @@ def _run_held(
     from allocator.cli.foreground import Children
     from allocator.recipes.holding import let_go
 
+    grace, limit = stopping
     children = Children(
-        argv, envs, grace=grace, while_stopped=lambda: _keep_while_stopped(holding, url)
+        argv,
+        envs,
+        grace=grace,
+        while_stopped=lambda: _keep_while_stopped(holding, url),
+        time_limit=limit,
     )
     status = 1
     previous = children.install_forwarding()
@@ -270,7 +284,8 @@ def _run_held(
         for signum, handler in previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         children.close()
-        let_go(allocator, holding, status, f"allocator run ended (exit {status})")
+        why = "time limit" if children.timed_out else f"allocator run ended (exit {status})"
+        let_go(allocator, holding, status, why)
         sys.stdout.flush()
 
 

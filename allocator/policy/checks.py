@@ -18,6 +18,7 @@ from allocator.policy.history_field import check_history_size
 from allocator.policy.model import Host, Job, Pool, Reservation
 from allocator.policy.quotas_spec import check_quotas
 from allocator.policy.yamlspec.reader import Reader
+from allocator.util.durations import duration_text
 
 __all__ = ["MAX_FLEET_GPUS", "check_policy"]
 
@@ -28,6 +29,7 @@ def check_policy(values: dict[str, Any], r: Reader) -> dict[str, Any]:
     pools: dict[str, Pool] = values.get("pools", {})
     members = _check_pool_members(pools, r)
     _check_host_pools(hosts, members, r)
+    _check_pool_times(pools, r)
     _check_fleet_size(hosts, r)
     _check_reservations(values.get("reservations", ()), hosts, r)
     _check_jobs(values.get("jobs", {}), r)
@@ -77,6 +79,19 @@ def _check_pool_members(pools: dict[str, Pool], r: Reader) -> dict[str, tuple[st
             else:
                 members[host] = (pool.name, path)
     return members
+
+
+def _check_pool_times(pools: dict[str, Pool], r: Reader) -> None:
+    """A pool's default time limit must fit under its maximum: every job would be refused."""
+    for pool in pools.values():
+        if pool.default_time is None or pool.max_time is None:
+            continue
+        if pool.default_time > pool.max_time:
+            r.error_on(
+                f"pools.{pool.name}.default_time",
+                f"default_time {duration_text(pool.default_time)} is above max_time "
+                f"{duration_text(pool.max_time)}",
+            )
 
 
 def _check_host_pools(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from allocator.gpus.vendors.base import VENDOR_NAMES
 from allocator.policy.host_fields import HostList
-from allocator.policy.idle_rule import IDLE
+from allocator.policy.idle_rule import IDLE, Duration
 from allocator.policy.model import Host, Pool, Reservation
 from allocator.policy.quotas_spec import Subject
 from allocator.policy.sharing_field import SharingKind
@@ -23,6 +23,9 @@ _CDI_NAMES_HELP = (
     "default of Intel's device plugins' generator) or pci (0000-03-00-0-0x56c0, the default "
     "of Intel's DRA driver). Other vendors have one naming."
 )
+
+#: A job's time limit: at least a second, at most a year.
+_TIME_LIMIT = Duration(minimum=1.0, maximum=365 * 86400.0)
 
 HOST = Record(
     Host,
@@ -75,6 +78,18 @@ POOL = Record(
         Field("idle", IDLE, "Idle-holder rule for jobs on this pool's hosts."),
         Field("vendor", _VENDOR, "Whose GPUs this pool's hosts have (a host may say its own)."),
         Field("cdi_names", _CDI_NAMES, _CDI_NAMES_HELP + " A host may say its own."),
+        Field(
+            "default_time",
+            _TIME_LIMIT,
+            "Time limit of a job on this pool that asks for none (time=): at its end the job "
+            "is stopped and its GPUs released. No limit when absent.",
+        ),
+        Field(
+            "max_time",
+            _TIME_LIMIT,
+            "Most time a job on this pool may ask for with time=; a request above it is "
+            "refused. Unlimited when absent.",
+        ),
     ),
     description="A group of hosts sharing placement rules.",
 )

@@ -119,6 +119,8 @@ class Pool(Struct, frozen=True, omit_defaults=True):
     idle: IdleRule | None = None
     vendor: str | None = None  # the vendor of every host of the pool
     cdi_names: CdiNames | None = None  # how its hosts' CDI specs name Intel GPUs
+    default_time: float | None = None  # seconds a job may run when it asks for no time=
+    max_time: float | None = None  # the most seconds a job may ask for with time=
 
 
 class Reservation(Struct, frozen=True, omit_defaults=True):

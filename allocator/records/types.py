@@ -101,6 +101,9 @@ class Assignment(msgspec.Struct, frozen=True):
     #: The holder's subjects that the policy's reservations named when it was
     #: written (``team:infra``, ``unix:gpu``): a reservation's ``who`` admits by them.
     asker: Annotated[tuple[Text, ...], msgspec.Meta(max_length=64)] = ()
+    #: When its time limit ends (RFC 3339 UTC, absolute so any reader sees it; ``""``:
+    #: no limit). :mod:`allocator.placement.time_limit` computes it and says when it has come.
+    ends_at: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 
 import psutil
 
-from allocator.cli.foreground import _proc_descendants
+from allocator.cli.foreground import Children, _proc_descendants
 from tests.support.waiting import wait_for
 
 
@@ -42,3 +43,24 @@ def test_a_zombie_below_is_seen_as_one() -> None:
     finally:
         shell.kill()
         shell.wait()
+
+
+def test_a_command_that_ignores_sigterm_ends_at_its_time_limit() -> None:
+    children = Children(
+        ["sh", "-c", 'trap "" TERM; sleep 60 & wait; sleep 60'], [{}], grace=0.5, time_limit=0.5
+    )
+    children.start()
+    try:
+        status = children.wait()
+    finally:
+        children.signal(signal.SIGKILL)
+        children.close()
+    assert children.timed_out
+    assert status != 0
+
+
+def test_a_command_within_its_time_limit_is_not_stopped() -> None:
+    children = Children(["true"], [{}], time_limit=60.0)
+    children.start()
+    assert children.wait() == 0
+    assert not children.timed_out

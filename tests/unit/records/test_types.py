@@ -7,6 +7,7 @@ import hashlib
 import json
 from datetime import UTC, datetime
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -111,6 +112,17 @@ def test_an_assignment_written_before_slots_existed_holds_one_slot() -> None:
         del body[field]
     old = Assignment.from_json(json.dumps(body).encode())
     assert (old.slots, old.exclusive, old.picked) == (1, False, "")
+
+
+def test_an_assignment_written_before_time_limits_existed_has_no_end() -> None:
+    body = json.loads(GOOD.to_json())
+    del body["ends_at"]
+    assert Assignment.from_json(json.dumps(body).encode()).ends_at == ""
+
+
+def test_an_assignment_keeps_its_end_time() -> None:
+    ending = msgspec.structs.replace(GOOD, ends_at="2026-01-02T03:04:07Z")
+    assert Assignment.from_json(ending.to_json()).ends_at == "2026-01-02T03:04:07Z"
 
 
 @pytest.mark.parametrize(
