@@ -41,3 +41,23 @@ def test_a_job_waiting_nowhere_is_not_found() -> None:
 def test_me_chooses_every_entry_of_the_asker() -> None:
     chosen = choose_pending(QUEUE, None, "bob", operator=False)
     assert [w.entry.job for w in chosen] == ["train"]
+
+
+def test_cancel_pending_deletes_exactly_what_was_read() -> None:
+    from allocator.control.client import Allocator
+    from allocator.errors import CasConflict
+    from allocator.recipes.cancel import cancel_pending, pending_entries
+    from allocator.store.memory import open_memory
+
+    allocator = Allocator(open_memory("memory://"), prefix="/allocator")
+    for waiting in QUEUE:
+        key = allocator.layout.queue_entry("h1", waiting.name)
+        allocator.store.put(key, waiting.entry.to_json())
+    read = pending_entries(allocator, "h1")
+    sweep = choose_pending(read, "sweep", "alice", operator=False)
+    train = choose_pending(read, "train", "bob", operator=False)
+    allocator.store.put(train[0].key, train[0].entry.to_json())  # moved since read
+    with pytest.raises(CasConflict):
+        cancel_pending(allocator, train)
+    cancel_pending(allocator, sweep)
+    assert [w.entry.job for w in pending_entries(allocator, None)] == ["train"]
