@@ -114,14 +114,14 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
         warmup,
     )
     return [
-        ratio_row("CLI set, etcd", samples["set etcd"], samples["etcdctl put"], most=6),
+        ratio_row("CLI set, etcd", samples["set etcd"], samples["etcdctl put"], most=4),
         ratio_row(
             f"CLI get, etcd, no host=, {hosts} hosts",
             samples["get etcd"],
             samples["etcdctl get"],
-            most=6,
+            most=4,
         ),
-        ratio_row("CLI set, SQLite", samples["set sqlite"], samples["python -c pass"], most=4),
+        ratio_row("CLI set, SQLite", samples["set sqlite"], samples["python -c pass"], most=3),
         ratio_row(
             "run -- python -c pass, SQLite",
             samples["run sqlite"],
@@ -133,7 +133,7 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
             f"fleet status, {hosts} hosts x 8 GPUs",
             heavy["status"],
             heavy["etcdctl get prefix"],
-            most=3,
+            most=2.5,
         ),
         ratio_row(f"policy validate, {hosts} hosts", heavy["validate"], heavy["yaml"], most=3),
     ]
