@@ -25,13 +25,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from allocator.agent.config import AgentConfig
+from allocator.agent.sync.pacing import Pacing, pacing
+from allocator.agent.sync.policy_read import PolicyReader
 from allocator.agent.sync.publisher import Publisher
 from allocator.control.client import Allocator
 from allocator.placement.choose import Request
+from allocator.policy.shares import fleet_size
 from allocator.records.gpu_info import GpuInfo
 from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord
-from allocator.store import Compare, Delete, Op, Put, Read, Store, TxnOutcome, open_store
+from allocator.store import (
+    Compare,
+    Delete,
+    Listing,
+    Op,
+    Put,
+    Read,
+    Store,
+    TxnOutcome,
+    open_store,
+)
 from bench.bare_etcd import BareEtcd, b64
 from bench.common import Row, ratio_row, value_row
 from bench.fleet import fleet_policy, host_name
@@ -40,7 +56,8 @@ from tests.support.etcd_server import EtcdServer
 __all__ = ["rows"]
 
 AGENTS_PER_CONNECTION = 50
-HEARTBEAT_S, RESYNC_S, LEASE_TTL_S = 10.0, 30.0, 30.0
+#: The most of a core an idle fleet may cost etcd (issue target at 12,500 agents).
+IDLE_ETCD_CORES = 0.4
 
 
 @dataclass
@@ -51,12 +68,17 @@ class SimAgent:
     store: Store
     publisher: Publisher
     record: bytes
+    reader: PolicyReader
+    paced: Pacing
     next_keepalive: float = 0.0
     next_read: float = 0.0
 
 
 def _own_keys(store: Store, layout: KeyLayout, host: str) -> dict[str, Any]:
-    listing = store.list(layout.host(host))
+    return _own_keys_of(store.list(layout.host(host)), layout, host)
+
+
+def _own_keys_of(listing: Listing, layout: KeyLayout, host: str) -> dict[str, Any]:
     agent = layout.agent(host)
     workers = layout.host_workers(host)
     return {kv.key: kv for kv in listing.items if kv.key == agent or kv.key.startswith(workers)}
@@ -65,6 +87,8 @@ def _own_keys(store: Store, layout: KeyLayout, host: str) -> dict[str, Any]:
 def start_agents(url: str, layout: KeyLayout, count: int) -> tuple[list[SimAgent], list[Store]]:
     """``count`` agents, each with its lease and its leased record."""
     stores = [open_store(url) for _ in range(-(-count // AGENTS_PER_CONNECTION))]
+    # The real agent's pacing, from the fleet's size as the policy's common share says it.
+    paced = pacing(AgentConfig(host=host_name(0)), fleet_size(count))
     agents = []
     now = time.monotonic()
     for index in range(count):
@@ -73,13 +97,13 @@ def start_agents(url: str, layout: KeyLayout, count: int) -> tuple[list[SimAgent
         gpus = tuple(GpuInfo(index=g, uuid=f"GPU-{index:08x}-{g:04x}") for g in range(8))
         record = AgentRecord(host=host, gpus=gpus, pid=index + 1).to_json()
         publisher = Publisher(layout, host, lambda _event, _fields: None)
-        agent = SimAgent(host, store, publisher, record)
-        publisher.keep_alive(store, LEASE_TTL_S)
+        agent = SimAgent(host, store, publisher, record, PolicyReader(layout, host), paced)
+        publisher.keep_alive(store, paced.lease_ttl)
         publisher.observe(_own_keys(store, layout, host))
         publisher.publish(store, record, {})
         # Spread the heartbeats over the interval, as independent hosts would be.
-        agent.next_keepalive = now + HEARTBEAT_S * index / count
-        agent.next_read = now + RESYNC_S * index / count
+        agent.next_keepalive = now + paced.heartbeat_seconds * index / count
+        agent.next_read = now + paced.resync_seconds * index / count
         agents.append(agent)
     return agents, stores
 
@@ -90,8 +114,8 @@ def stop_agents(stores: list[Store]) -> None:
         store.close()
 
 
-def idle_fleet(url: str, count: int, seconds: float) -> Row:
-    """``count`` agents under the fleet's policy, idle for ``seconds``."""
+def idle_fleet(url: str, count: int, seconds: float, etcd_pid: int | None = None) -> list[Row]:
+    """``count`` agents under the fleet's policy, idle for ``seconds``: writes, etcd's CPU."""
     store = open_store(url)
     try:
         Allocator(store, prefix="/fleet", actor="bench@fleet").apply_policy(
@@ -101,7 +125,22 @@ def idle_fleet(url: str, count: int, seconds: float) -> Row:
         store.close()
     agents, stores = start_agents(url, KeyLayout("/fleet"), count)
     try:
-        return idle_writes(url, agents, seconds)
+        etcd = psutil.Process(etcd_pid) if etcd_pid is not None else None
+        before = sum(etcd.cpu_times()[:2]) if etcd is not None else 0.0
+        started = time.monotonic()
+        found = [idle_writes(url, agents, seconds)]
+        if etcd is not None:
+            cores = (sum(etcd.cpu_times()[:2]) - before) / (time.monotonic() - started)
+            found.append(
+                value_row(
+                    f"etcd CPU, {count} idle agents",
+                    cores,
+                    IDLE_ETCD_CORES,
+                    "cores",
+                    note="keep-alives, re-reads paced as the agent's (agent/sync/pacing.py)",
+                )
+            )
+        return found
     finally:
         stop_agents(stores)
 
@@ -139,14 +178,18 @@ def idle_writes(url: str, agents: list[SimAgent], seconds: float) -> Row:
 
 
 def _tick(agent: SimAgent, layout: KeyLayout, now: float) -> None:
-    """What the agent's store link does when a heartbeat or a re-read is due."""
+    """What the agent's store link does when a heartbeat or a re-read is due.
+
+    The re-read is the real agent's (``PolicyReader.read``: the host's keys and
+    the policy's revisions in one request), at the real agent's pacing.
+    """
     if now >= agent.next_read:
-        agent.publisher.observe(_own_keys(agent.store, layout, agent.host))
-        agent.store.get(layout.policy)
-        agent.next_read = now + RESYNC_S
+        listing, _ = agent.reader.read(agent.store)
+        agent.publisher.observe(_own_keys_of(listing, layout, agent.host))
+        agent.next_read = now + agent.paced.resync_seconds
     if now >= agent.next_keepalive:
-        agent.publisher.keep_alive(agent.store, LEASE_TTL_S)
-        agent.next_keepalive = now + HEARTBEAT_S
+        agent.publisher.keep_alive(agent.store, agent.paced.lease_ttl)
+        agent.next_keepalive = now + agent.paced.heartbeat_seconds
     agent.publisher.publish(agent.store, agent.record, {})
 
 
@@ -280,7 +323,7 @@ def rows(args: Any, work: Path) -> list[Row]:
     server.start()
     try:
         found = [placement(server, args.place_seconds)]
-        found.append(idle_fleet(server.url, args.agents, args.idle))
+        found += idle_fleet(server.url, args.agents, args.idle, server.pid)
         return found
     finally:
         server.stop()

@@ -113,8 +113,15 @@ class Agent:
         )
         self.holding_ends = HoldingEnds(self.log, config.prefix)
         self.sync = StoreSync(config, self.url, self.log, open_store=store_opener, clock=clock)
+        link = self.sync.link
         self.batch = BatchRunner(
-            self.url, config.prefix, config.host, config.worker_log_dir, self.log, store_opener
+            self.url,
+            config.prefix,
+            config.host,
+            config.worker_log_dir,
+            self.log,
+            store_opener,
+            sweep_seconds=lambda: link.pacing.resync_seconds,
         )
         self.care = GpuCare(environ, config.agent_dir, self.log, clock())
         self.wanted = DesiredCache(

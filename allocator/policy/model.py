@@ -316,6 +316,10 @@ class Policy(Struct, frozen=True, omit_defaults=True):
     operators: tuple[str, ...] = ()
     #: Users whose submitted jobs an agent running as root may run as root (docs/submit.md).
     submit_as_root: tuple[str, ...] = ()
+    #: Not a policy setting: the fleet's size, which ``policy apply`` writes in the
+    #: common share (every agent reads it, and paces its idle store traffic by it:
+    #: ``agent/sync/pacing.py``). 0 in a policy as loaded.
+    fleet_hosts: int = 0
 
     def vendor_of(self, host: str) -> str | None:
         """The GPU vendor the policy says ``host`` has (its own, else its pool's)."""

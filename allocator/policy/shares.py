@@ -49,6 +49,7 @@ __all__ = [
     "common_part",
     "decode_common",
     "decode_host_part",
+    "fleet_size",
     "host_parts",
     "host_policy",
     "share_record",
@@ -78,9 +79,32 @@ class Shares(msgspec.Struct, frozen=True):
 
 
 def common_part(policy: Policy) -> Policy:
-    """``policy`` without what follows the number of hosts."""
+    """``policy`` without what follows the number of hosts, but with their count, rounded.
+
+    The count (:func:`fleet_size`) is what agents pace their idle requests
+    by; rounded up to two significant digits, it changes the common share
+    (which every agent reads again) only when the fleet grows or shrinks by
+    about a tenth, not with each host.
+    """
     pools = {name: replace(pool, hosts=()) for name, pool in policy.pools.items()}
-    return replace(policy, hosts={}, pools=pools, reservations=())
+    hosts = fleet_size(len(_host_names(policy)))
+    return replace(policy, hosts={}, pools=pools, reservations=(), fleet_hosts=hosts)
+
+
+def fleet_size(hosts: int) -> int:
+    """``hosts`` rounded up to two significant digits (12,345 -> 13,000; 7 -> 7)."""
+    step = 10 ** max(0, len(str(hosts)) - 2)
+    rounded: int = -(-hosts // step) * step
+    return rounded
+
+
+def _host_names(policy: Policy) -> set[str]:
+    """Every host the policy declares, names in a pool or reserves."""
+    names = set(policy.hosts)
+    for pool in policy.pools.values():
+        names.update(pool.hosts)
+    names.update(reservation.host for reservation in policy.reservations)
+    return names
 
 
 def host_parts(policy: Policy) -> dict[str, HostPart]:

@@ -40,6 +40,7 @@ ROWS = {
     "fleet": (
         "placement throughput",
         "etcd write rate",
+        "etcd CPU, 10 idle agents",
         "fan-out: last of 10 watchers (2 processes) sees a policy change",
         "policy bytes per agent per apply (all-host change)",
         "policy bytes per agent per one-host change elsewhere",

@@ -89,7 +89,14 @@ class BatchRunner:
     """Runs ``host``'s submitted jobs, from ``start()`` until ``stop()``."""
 
     def __init__(
-        self, url: str, prefix: str, host: str, log_dir: Path, log: Log, open_store: Any
+        self,
+        url: str,
+        prefix: str,
+        host: str,
+        log_dir: Path,
+        log: Log,
+        open_store: Any,
+        sweep_seconds: Callable[[], float] = lambda: SWEEP_S,
     ) -> None:
         self.url, self.prefix, self.host, self.log_dir = url, prefix, host, log_dir
         self.log, self.open_store = log, open_store
@@ -100,7 +107,7 @@ class BatchRunner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._store: Store | None = None
-        self.wakeups = Wakeups(self.layout, host, time.monotonic)
+        self.wakeups = Wakeups(self.layout, host, time.monotonic, sweep_seconds)
         self._waiting = False  # a submitted job waits for its turn (not refused)
         self._swept = float("-inf")
         self._pointed: set[str] = set()  # the submissions the last read's entries pointed to

@@ -9,7 +9,8 @@ submission arriving) and its host's keys (GPUs released), and reads again:
 * every :data:`RECHECK_S` while a submitted job waits (a quota counter or a
   reservation's window, which are not its host's keys, may let it in), as a
   waiter does;
-* every :data:`SWEEP_S` otherwise, for the records of cancelled jobs.
+* every :data:`SWEEP_S` otherwise (or the agent's resync interval, on a large
+  fleet), for the records of cancelled jobs.
 
 Between reads the runner ticks every :data:`TICK_S` to reap its commands
 (no store call).
@@ -38,16 +39,25 @@ SWEEP_S = 30.0
 class Wakeups:
     """The runner's watches of its host, and when its next store read is due."""
 
-    def __init__(self, layout: KeyLayout, host: str, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        layout: KeyLayout,
+        host: str,
+        clock: Callable[[], float],
+        sweep_seconds: Callable[[], float] = lambda: SWEEP_S,
+    ) -> None:
         self.prefixes = (layout.host_queue(host), layout.host(host))
         self.clock = clock
+        # The agent's resync interval, which grows with the fleet (agent/sync/pacing.py):
+        # the sweep is a safety net under the watches, as the resync is.
+        self.sweep_seconds = sweep_seconds
         self.watches: list[Watch] = []
         self.changed = True  # the first read is due at once
         self.last_read = float("-inf")
 
     def due(self, waiting: bool) -> bool:
         """Whether to read the store now (``waiting``: a submitted job waits for its turn)."""
-        every = RECHECK_S if waiting else SWEEP_S
+        every = RECHECK_S if waiting else max(SWEEP_S, self.sweep_seconds())
         return self.changed or self.clock() - self.last_read >= every
 
     def read(self) -> None:

@@ -44,6 +44,7 @@ class Publisher:
         self.host = host
         self.log = log
         self.lease: int | None = None
+        self.granted_ttl = 0.0  # the TTL the lease was granted with
         #: What the store holds at each of the agent's keys, as far as the agent knows.
         self.stored: dict[str, Stored] = {}
         self.writes = 0
@@ -61,8 +62,16 @@ class Publisher:
         self.counts_refused = False
 
     def keep_alive(self, store: Store, ttl: float) -> None:
-        """Refresh the lease, or grant one when there is none or it was lost."""
-        if self.lease is not None:
+        """Refresh the lease, or grant one when there is none, it was lost or is too short.
+
+        A lease shorter than ``ttl`` (granted before the agent learnt the
+        fleet's size) is replaced: the next :meth:`publish` puts the records
+        under the new one, and the old one, holding nothing then, expires.
+        """
+        if self.lease is not None and ttl > self.granted_ttl:
+            self.log("lease-lengthened", {"lease": self.lease, "ttl": ttl})
+            self.lease = None
+        elif self.lease is not None:
             try:
                 store.refresh_lease(self.lease)
                 return
@@ -70,6 +79,7 @@ class Publisher:
                 self.log("lease-lost", {"lease": self.lease})
                 self.lease_lost()
         self.lease = store.grant_lease(ttl)
+        self.granted_ttl = ttl
 
     def lease_lost(self) -> None:
         """The lease is gone, and the record under it with it: both are made anew."""

@@ -62,8 +62,9 @@ from allocator.agent.sync.link_phase import (
 )
 from allocator.agent.sync.messages import Close, LinkState, Settings, ToLink, ToLoop, Wake
 from allocator.agent.sync.outbox import Outbox
+from allocator.agent.sync.pacing import Pacing, pacing
 from allocator.agent.sync.peer_reads import read_peers
-from allocator.agent.sync.policy_read import PolicyReader
+from allocator.agent.sync.policy_read import PolicyRead, PolicyReader, SharedPolicy
 from allocator.agent.sync.publisher import Publisher
 from allocator.agent.sync.reports import host_counts
 from allocator.agent.sync.watches import (
@@ -128,6 +129,8 @@ class StoreLink:
         self.refused_watches: set[str] = set()  # said once each
         self.epoch = 0
         self.next_keepalive = 0.0
+        self.fleet_hosts = 0  # as the policy's common share last said
+        self.pacing: Pacing = pacing(config, 0)
         self.revision = 0
         self.bad_seen: dict[str, int] = {}
         self.policy_reader = PolicyReader(self.layout, config.host)
@@ -263,10 +266,30 @@ class StoreLink:
     def _apply_settings(self, config: AgentConfig) -> None:
         self.config = config
         self.retry = RetryTimer(config.retry_max_seconds)
+        self.pacing = pacing(config, self.fleet_hosts)
         if isinstance(self.phase, Connected):
-            read_at = min(self.phase.read_at, self._clock() + config.resync_seconds)
+            read_at = min(self.phase.read_at, self._clock() + self.pacing.resync_seconds)
             self.phase = replace(self.phase, read_at=read_at)
-        self.next_keepalive = min(self.next_keepalive, self._clock() + config.heartbeat_seconds)
+        self.next_keepalive = min(self.next_keepalive, self._clock() + self._heartbeat())
+
+    def _heartbeat(self) -> float:
+        """The keep-alive interval: the pacing's, within the granted lease's TTL.
+
+        A lease granted before the fleet's size was known (a shorter TTL) is
+        kept alive at the settings' ratio until :meth:`Publisher.keep_alive`
+        grants the longer one.
+        """
+        granted = self.publisher.granted_ttl or self.pacing.lease_ttl
+        ratio = self.config.heartbeat_seconds / self.config.lease_ttl
+        return min(self.pacing.heartbeat_seconds, granted * ratio)
+
+    def _paced_by(self, policy: PolicyRead) -> None:
+        """Take the fleet's size from the policy's common share, if it says one."""
+        if isinstance(policy.policy, SharedPolicy):
+            hosts = policy.policy.common_policy.fleet_hosts
+            if hosts != self.fleet_hosts:
+                self.fleet_hosts = hosts
+                self.pacing = pacing(self.config, hosts)
 
     def _tick(self, now: float) -> None:
         phase = self.phase
@@ -278,8 +301,8 @@ class StoreLink:
         if not isinstance(self.phase, Connected) or now >= self.phase.read_at:
             self._read(store, now)
         if now >= self.next_keepalive:
-            self.publisher.keep_alive(store, self.config.lease_ttl)
-            self.next_keepalive = now + self.config.heartbeat_seconds
+            self.publisher.keep_alive(store, self.pacing.lease_ttl)
+            self.next_keepalive = now + self._heartbeat()
         self._publish(store)
         self.releaser.run(store)
         if write_pending(store, self.layout, self.config.host, self.history, self.log) == PER_TICK:
@@ -289,8 +312,8 @@ class StoreLink:
         lost_since = self.phase.since if isinstance(self.phase, Outage) else None
         store = self._open_store(self.url)
         self.phase = Resyncing(store, lost_since)
-        self.publisher.keep_alive(store, self.config.lease_ttl)
-        self.next_keepalive = now + self.config.heartbeat_seconds
+        self.publisher.keep_alive(store, self.pacing.lease_ttl)
+        self.next_keepalive = now + self._heartbeat()
         self._read(store, now)  # Watching, or Refused
         self.retry.connected(now)
         self.log("store-connected", {"store": self.url, "revision": self.revision})
@@ -298,7 +321,7 @@ class StoreLink:
 
     def _read(self, store: Store, now: float) -> None:
         """One level-based read of the host and the policy; watches start after the first."""
-        read_at = now + self.config.resync_seconds
+        read_at = now + self.pacing.resync_seconds
         if isinstance(self.phase, Connected):  # not again at once, whatever this read meets
             self.phase = replace(self.phase, read_at=read_at)
         try:
@@ -306,6 +329,8 @@ class StoreLink:
         except PermissionDenied as exc:
             self._refused(store, exc, now)
             return
+        self._paced_by(policy)
+        read_at = now + self.pacing.resync_seconds
         view = host_view(listing, None, self.layout, self.config.host, read=policy)
         peers, bad = read_peers(
             store, self.layout, view, self.config.host, self.refused_peers, self.log

@@ -11,6 +11,7 @@ from allocator.policy.shares import (
     assemble,
     decode_common,
     decode_host_part,
+    fleet_size,
     share_record,
     shares_agree,
     split_policy,
@@ -78,7 +79,11 @@ def _without_other_hosts(pool: object, host: str) -> object:
 def test_the_common_share_does_not_grow_with_the_fleet_and_a_host_share_is_small() -> None:
     small = split_policy(load_policy(POLICY))
     big = split_policy(load_policy(POLICY.replace("n[01-40]", "n[00001-12500]")))
-    assert big.common == small.common
+    # Only the fleet's size, rounded, tells them apart (what agents pace themselves by).
+    assert (small.common.fleet_hosts, big.common.fleet_hosts) == (43, 13_000)
+    unsized = msgspec.structs.replace(big.common, fleet_hosts=small.common.fleet_hosts)
+    assert unsized == small.common
+    assert len(share_record(big.common, SHA)) - len(share_record(small.common, SHA)) < 8
     assert len(big.hosts) == len(small.hosts) - 40 + 12_500
     assert max(len(share_record(part, SHA)) for part in big.hosts.values()) < 512
 
@@ -133,3 +138,16 @@ def test_a_host_share_agrees_with_the_common_share_only_when_their_apply_is_done
     host: PolicyShare | None, host_revision: int, agree: bool
 ) -> None:
     assert shares_agree(_share("1" * 64), 10, host, host_revision) is agree
+
+
+def test_a_host_more_or_less_leaves_a_large_fleets_common_share_as_it_was() -> None:
+    fleet = POLICY.replace("n[01-40]", "n[00001-12500]")
+    grown = split_policy(load_policy(fleet.replace("n[00001-12500]", "n[00001-12501]")))
+    assert grown.common == split_policy(load_policy(fleet)).common
+
+
+@pytest.mark.parametrize(
+    ("hosts", "size"), [(0, 0), (7, 7), (43, 43), (99, 99), (101, 110), (12_345, 13_000)]
+)
+def test_the_fleets_size_is_rounded_up_to_two_significant_digits(hosts: int, size: int) -> None:
+    assert fleet_size(hosts) == size

@@ -127,6 +127,24 @@ def test_a_lost_lease_is_granted_again_and_the_record_put_back() -> None:
     assert item is not None and item.lease == publisher.lease
 
 
+def test_a_longer_ttl_grants_a_new_lease_and_the_records_move_to_it() -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock)
+    logged: list[Any] = []
+    publisher = _publisher(store, logged)
+    publisher.keep_alive(store, ttl=30)
+    publisher.publish(store, b"agent", {})
+    first = publisher.lease
+    publisher.keep_alive(store, ttl=30)  # the same TTL: the lease is kept alive
+    assert publisher.lease == first and logged == []
+    publisher.keep_alive(store, ttl=195)  # the fleet's size is known: a longer lease
+    assert publisher.lease != first and logged == ["lease-lengthened"]
+    assert publisher.publish(store, b"agent", {}) == 1
+    clock.advance(60)  # past the old lease's TTL, within the new one's
+    item = store.get(LAYOUT.agent(HOST))
+    assert item is not None and item.lease == publisher.lease
+
+
 def test_withdraw_revokes_the_lease_and_drops_worker_records_unless_kept() -> None:
     store = MemoryStore()
     publisher = _publisher(store, [])
