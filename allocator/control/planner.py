@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NO_COUNTERS",
+    "Held",
     "PlanContext",
     "check_adhoc_command",
     "place_request",
