@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from allocator.control.job_index import group_index_change, index_for_write
 from allocator.control.master_port import choose_master_port
 from allocator.control.quotas import charge
+from allocator.control.write_cache import policy_snapshot
 from allocator.errors import RequestError
 from allocator.history.append import prepare_append
 from allocator.history.entries import change_entry, release_entry
@@ -42,7 +43,7 @@ from allocator.history.stream import host_stream
 from allocator.placement.vendors import check_one_vendor
 from allocator.records.codec import replace_struct
 from allocator.records.types import Assignment, HistoryEntry
-from allocator.status.snapshots import job_not_found
+from allocator.status.snapshots import job_not_found, no_policy_error, read_host
 from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
 from allocator.util.times import format_time
 
@@ -161,7 +162,7 @@ def plan_group_set(
     nodes = check_hosts(job, hosts)
     now = writer.clock()
     template = _template(writer, snapshot, request, nodes[0], why)
-    states = {host: writer.host(host) for host in nodes}
+    states = {host: _host(writer, host) for host in nodes}
     detected = {h: s.agent.vendor if s.agent is not None else None for h, s in states.items()}
     check_one_vendor(snapshot.policy, job, detected)
     placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
@@ -171,7 +172,7 @@ def plan_group_set(
     entry = index_for_write(writer.store, layout, job, writer.on_bad_record, indexed=indexed)
     released = tuple(sorted(set(entry.hosts or ()) - set(nodes)))
     _check_size(job, len(nodes) + len(released))
-    states.update({host: writer.host(host) for host in released})
+    states.update({host: _host(writer, host) for host in released})
     port = choose_master_port(
         snapshot.policy, job, states[nodes[0]], states[nodes[0]].assignments.get(job)
     )
@@ -280,7 +281,7 @@ def plan_group_release(writer: Writer, job: str, generation: bytes, reason: str 
     layout = writer.layout
     entry = index_for_write(writer.store, layout, job, writer.on_bad_record)
     hosts = sorted(set(entry.hosts or ()) | set(entry.nodes))
-    states = {host: writer.host(host) for host in hosts}
+    states = {host: _host(writer, host) for host in hosts}
     held: dict[str, Assignment] = {}
     damaged: list[str] = []
     for host, state in states.items():
@@ -308,7 +309,7 @@ def plan_group_release(writer: Writer, job: str, generation: bytes, reason: str 
     ]
     _with_history(writer, entries, None, compares, ops)
     if any(a.charged for a in held.values()):
-        policy = writer.require_policy().policy
+        policy = _applied_policy(writer)
         _with_charge(writer, policy, list(held.values()), [], compares, ops)
     order = entry.nodes or tuple(touched)
     shares = tuple(held[h] for h in order if h in held)
@@ -359,6 +360,20 @@ def _with_charge(
         )
     compares += more_compares
     ops += more_ops
+
+
+def _host(writer: Writer, host: str) -> HostSnapshot:
+    return read_host(writer.store, writer.layout, host, writer.on_bad_record)
+
+
+def _applied_policy(writer: Writer) -> Policy:
+    """The applied policy, read now; none: a ``RequestError`` telling how to apply one."""
+    layout = writer.layout
+    item = writer.store.get(layout.policy)
+    snapshot = policy_snapshot(writer.store, layout, item, writer.on_bad_record)
+    if snapshot is None:
+        raise no_policy_error(writer.store.url)
+    return snapshot.policy
 
 
 def _bumps(writer: Writer, hosts: Sequence[str], generation: bytes) -> list[Op]:

@@ -27,28 +27,17 @@ so none of them imports this module back.
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from allocator.control.actor import actor as default_actor
-from allocator.errors import BadRecord, RequestError
-from allocator.records.fields import SCHEMA_VERSION
+from allocator.errors import BadRecord
+from allocator.records.codec import replace_struct
 from allocator.records.keys import DEFAULT_PREFIX, KeyLayout
 from allocator.records.types import Assignment, RunHolder
-from allocator.status.snapshots import HostSnapshot, PolicySnapshot, snapshots_by_host
-from allocator.store import (
-    MAX_TXN_OPS,
-    Compare,
-    Listing,
-    Op,
-    Read,
-    Store,
-    TxnOutcome,
-    bad_key_records,
-    txn_size,
-)
+from allocator.status.snapshots import HostSnapshot, PolicySnapshot, no_policy_error, read_host
+from allocator.store import MAX_TXN_OPS, Compare, Op, Read, Store, TxnOutcome, txn_size
 from allocator.util.identity import local_hostname
 from allocator.util.times import format_time, utc_now
 
@@ -57,7 +46,7 @@ if TYPE_CHECKING:  # placement and the policy loader cost import time `get` need
     from allocator.control.apply.policy import ApplyResult
     from allocator.control.gate import Gate
     from allocator.control.owners import Standing
-    from allocator.control.write_cache import Planned, ViewCache, WriteView
+    from allocator.control.write_cache import Planned, ViewCache
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
 
@@ -108,23 +97,12 @@ class Allocator:
         """The applied policy, or a ``RequestError`` telling how to apply one."""
         snapshot = self.policy()
         if snapshot is None:
-            raise self.no_policy_error()
+            raise no_policy_error(self.store.url)
         return snapshot
-
-    def no_policy_error(self) -> RequestError:
-        """What a write that needs a policy raises in a store that has none."""
-        return RequestError(
-            f"no policy applied in {self.store.url}: run `allocator policy apply FILE` first"
-        )
 
     def host(self, host: str) -> HostSnapshot:
         """Everything stored under ``host``, in one prefix read."""
-        listing = self.store.list(self.layout.host(host))
-        found = snapshots_by_host(listing.items, self.layout, listing.revision)
-        snapshot = found.get(host, HostSnapshot(host, revision=listing.revision))
-        for bad in (*bad_key_records(listing), *snapshot.bad_records):
-            self.on_bad_record(bad)
-        return snapshot
+        return read_host(self.store, self.layout, host, self.on_bad_record)
 
     def default_host(self, policy: Policy | None) -> str:
         """The only host in the policy, else this machine's host name."""
@@ -194,9 +172,18 @@ class Allocator:
 
         attempts = itertools.count()
         extra = (command, held_by, gate)
-        return self._with_retries(
-            lambda: assign_once(self, request, reason, extra, first=next(attempts) == 0), "set"
-        )
+
+        def attempt() -> tuple[Assignment, Placement]:
+            first = next(attempts) == 0
+            return assign_once(self, self._on_host(request), reason, extra, first=first)
+
+        return self._with_retries(attempt, "set")
+
+    def _on_host(self, request: Request) -> Request:
+        """``request`` on the host it names, else on the default host."""
+        host = request.host or self.default_host(self.known_policy())
+        # replace() would validate the request again; it was when it was made.
+        return request if request.host == host else replace_struct(request, host=host)
 
     def release(
         self,
@@ -236,7 +223,7 @@ class Allocator:
         Node ranks follow the order of ``hosts``; see :mod:`allocator.control.across_hosts`.
         """
         from allocator.control.across_hosts import check_hosts, plan_group_set
-        from allocator.control.one_host import check_adhoc_command
+        from allocator.control.planner import check_adhoc_command
 
         nodes = check_hosts(request.job, hosts)
 
@@ -244,7 +231,7 @@ class Allocator:
             snapshot = self.require_policy()
             if command is not None:
                 check_adhoc_command(snapshot.policy, request.job)
-            generation = self.generation_value()
+            generation = self._generation()
             write = plan_group_set(self, snapshot, request, nodes, (reason, command), generation)
             self.kept_views().clear()  # written without the kept views: they are stale now
             self.txn(write.compares, write.ops)
@@ -264,7 +251,7 @@ class Allocator:
         from allocator.control.across_hosts import plan_group_release
 
         def once() -> GroupResult:
-            write = plan_group_release(self, job, self.generation_value(), reason)
+            write = plan_group_release(self, job, self._generation(), reason)
             if if_share is not None:
                 write.compares.append(
                     Compare(self.layout.assignment(if_share[0], job), if_share[1])
@@ -323,25 +310,6 @@ class Allocator:
         snapshot = kept if whole else self.policy()
         return snapshot.policy if snapshot is not None else None
 
-    def read_view(self, host: str, job: str) -> WriteView:
-        """The state a change of ``job`` on ``host`` is decided from: one request."""
-        from allocator.control.write_cache import view_reads
-
-        found = self.store.read_many(view_reads(self.layout, host, job, policy_text=True))
-        return self.settle(host, job, found)
-
-    def settle(self, host: str, job: str, found: Sequence[Listing]) -> WriteView:
-        """The view ``found`` (a view's reads) holds, kept for the next write; bad keys noted."""
-        from allocator.control.write_cache import settle_view
-
-        known = self.kept_views().policy
-        for listing in found:
-            for bad in bad_key_records(listing):
-                self.on_bad_record(bad)
-        view = settle_view(self.store, self.layout, host, job, found, known, self.on_bad_record)
-        self.kept_views().keep(view)
-        return view
-
     # --- transactions -------------------------------------------------------
 
     def write(self, planned: Planned, reads: list[Read]) -> TxnOutcome:
@@ -380,11 +348,11 @@ class Allocator:
         charged = quota_subjects(rules, self.holder, groups) if rules.quotas else ()
         return Standing(self.holder, self.acts_for_policy, groups, charged, rules)
 
-    def generation_value(self, stamp: str | None = None) -> bytes:
-        """The value a write puts in the generation keys it bumps: who, and when."""
-        at = stamp if stamp is not None else format_time(self.clock())
-        body = {"schema_version": SCHEMA_VERSION, "by": self.actor, "at": at}
-        return json.dumps(body, sort_keys=True).encode()
+    def _generation(self) -> bytes:
+        """The value a write made now puts in the generation keys it bumps."""
+        from allocator.control.write_cache import generation_value
+
+        return generation_value(self.actor, format_time(self.clock()))
 
 
 def _check_size(compares: Sequence[Compare], ops: Sequence[Op]) -> None:

@@ -1,94 +1,83 @@
 """One job on one host: one attempt of ``set`` and of ``release``, each one transaction.
 
-A change is decided from a :class:`~allocator.control.write_cache.WriteView`
-(the one the :class:`~allocator.control.client.Allocator` kept from its last
-writes, or one read for the call) and planned here: the ``Assignment``
-record a placement makes, its history entry, the quota counters it moves
-and whatever the wait queue's turn adds, all in one transaction that
-compares what it was decided from. A plan decided from a stale kept view
-fails its compares, and the same answer brings the fresh state to decide
-again from; the retries around an attempt are the client's.
+An attempt reads what a change is decided from and writes what
+:mod:`allocator.control.planner` decides, and nothing else: the
+:class:`~allocator.control.write_cache.WriteView` (the one the client kept
+from its last writes, or one read for the call), the clock, the holder's
+standing and the quota counters the change moves. The plan is one
+transaction that compares what it was decided from: the ``Assignment``
+record a placement makes, its history entry, the counters and whatever the
+wait queue's turn adds. A plan decided from a stale kept view fails its
+compares, and the same answer brings the fresh state to decide again from;
+the retries around an attempt are the client's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from msgspec import structs
 
 from allocator.control.gate import NotYourTurn, PlaceAround
-from allocator.control.holder import asker_of
-from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
-from allocator.errors import (
-    BadRecord,
-    CasConflict,
-    ConflictError,
-    NotPermitted,
-    PlacementRefused,
-    RequestError,
+from allocator.control.planner import (
+    PlanContext,
+    place_request,
+    plan_assign,
+    plan_release,
+    with_extra,
 )
-from allocator.history.entries import change_entry, release_entry
-from allocator.records.codec import replace_struct
+from allocator.control.write_cache import Planned, WriteView, settle_view, view_reads
+from allocator.errors import BadRecord, CasConflict, ConflictError, NotPermitted, PlacementRefused
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, RunHolder
-from allocator.status.snapshots import job_not_found
-from allocator.store import Compare, Delete, Op, Put, Read
-from allocator.util.times import format_time
+from allocator.status.snapshots import no_policy_error
+from allocator.store import Compare, Listing, Op, Read, bad_key_records
 
 if TYPE_CHECKING:
     from allocator.control.gate import Gate
     from allocator.control.writer import Writer
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
-    from allocator.status.snapshots import HostSnapshot, PolicySnapshot
 
-__all__ = [
-    "Extra",
-    "assign_once",
-    "check_adhoc_command",
-    "plan_assign",
-    "plan_release",
-    "release_once",
-    "view_reads_for",
-    "with_extra",
-]
+__all__ = ["Extra", "assign_once", "release_once", "view_reads_for"]
 
 #: What a ``set`` may carry besides the request: an ad-hoc command, the holding
 #: process (its record and store lease), the wait queue's turn.
 Extra = tuple[tuple[str, ...] | None, tuple[RunHolder, int] | None, "Gate | None"]
+T = TypeVar("T")
 
 
 def assign_once(
     writer: Writer, asked: Request, reason: str, extra: Extra, *, first: bool
 ) -> tuple[Assignment, Placement]:
-    """One attempt: decided from the kept view if there is one, else from one fresh read.
+    """One attempt of ``asked`` (its host named): from the kept view if there is one, else one read.
 
     A view kept from earlier calls that turns out stale costs no attempt:
     its failed write brought back the fresh state, and the attempt goes
     again from that. A write decided from state read for this call (on a
     later attempt, what the lost race brought back) that loses is a lost race.
     """
-    host = asked.host or writer.default_host(writer.known_policy())
-    view = writer.kept_views().get(host, asked.job)
+    host, job = asked.host, asked.job
+    view = writer.kept_views().get(host, job)
     fresh = view is None or not first
     if view is None:
-        view = writer.read_view(host, asked.job)
+        view = _read_view(writer, host, job)
     while True:
-        # replace() would validate the request again; it was when it was made.
-        request = asked if asked.host == host else replace_struct(asked, host=host)
         try:
-            placed, planned = plan_assign(writer, view, request, reason, extra)
+            placed, planned = _plan_set(writer, view, asked, reason, extra)
         except (ConflictError, NotPermitted):
             if fresh:
                 raise
             # A refusal decided from a kept view is only a guess too: the holder it
             # names may be gone (released by another client, or its lease expired).
-            view, fresh = writer.read_view(host, asked.job), True
+            view, fresh = _read_view(writer, host, job), True
             continue
-        outcome = writer.write(planned, view_reads_for(writer.layout, host, asked.job))
+        outcome = writer.write(planned, view_reads_for(writer.layout, host, job))
         if outcome.succeeded:
             writer.kept_views().keep(planned.after(outcome.revision))
             return placed
-        view = writer.settle(host, asked.job, outcome.reads)
+        view = _settle(writer, host, job, outcome.reads)
         if fresh:
             raise CasConflict("a compared key changed", keys=outcome.changed)
         fresh = True
@@ -102,8 +91,13 @@ def release_once(
     conditions: tuple[int | None, tuple[int, float] | None],
 ) -> Assignment | BadRecord:
     """One attempt of a release, decided from a fresh read (see :func:`plan_release`)."""
-    view = writer.read_view(host, job)
-    current, planned = plan_release(writer, view, job, reason, conditions)
+    view = _read_view(writer, host, job)
+    policy = view.policy.policy if view.policy is not None else None
+    context = _context(writer, policy)
+    held = view.host.assignments.get(job)
+    if held is not None and held.charged and policy is not None:
+        context = _with_counters(writer, context, held.charged, adding=())
+    current, planned = plan_release(view, job, reason, conditions, context)
     # A release is decided from fresh state, so a plain transaction: a lost
     # compare is a lost race, and the retry reads again.
     revision = writer.txn(planned.compares, planned.ops)
@@ -111,230 +105,127 @@ def release_once(
     return current
 
 
-def plan_assign(
-    writer: Writer, view: WriteView, request: Request, reason: str, extra: Extra
+def _plan_set(
+    writer: Writer, view: WriteView, asked: Request, reason: str, extra: Extra
 ) -> tuple[tuple[Assignment, Placement], Planned]:
-    """Place ``request`` on ``view``'s host and plan its write: (record, placement), the plan.
-
-    Raises what placement raises (a conflict naming the holder, a refusal),
-    and ``OverQuota`` when a quota would be exceeded.
-    """
-    from allocator.placement.choose import place
-
+    """Place ``asked`` on ``view``, take the queue's turn, read the counters, plan the write."""
     command, held_by, gate = extra
-    snapshot = view.policy
-    if snapshot is None:
-        raise writer.no_policy_error()
-    if command is not None:
-        check_adhoc_command(snapshot.policy, request.job)
-    state, now = view.host, writer.clock()
-    request = _with_asker(writer, snapshot.policy, request)
-    if held_by is not None and (request.job in state.assignments or view.index.hosts):
-        raise ConflictError(
-            f"job {request.job!r} already holds an assignment: "
-            "`allocator run` takes GPUs for a job that holds none (pick another job=)"
-        )
-    # Whose it is comes before whether it fits: a refusal names the holder, not a GPU.
-    writer.standing(snapshot.policy).check_owners([state.assignments.get(request.job)])
-    agent = state.agent
+    if view.policy is None:
+        raise no_policy_error(writer.store.url)
+    held = (command, held_by)
+    context = _context(writer, view.policy.policy)
 
-    def place_it(around: Mapping[int, str]) -> Placement:
-        return place(
-            snapshot.policy,
-            request,
-            state.assignments,
-            now,
-            inventory=agent.gpus if agent and agent.gpus else None,
-            unhealthy={**(agent.unhealthy if agent else {}), **around},
-        )
+    def place_it(around: Mapping[int, str]) -> tuple[Request, Placement]:
+        return place_request(view, asked, held, context, around)
 
-    decision, gated = _gated(place_it, gate, state)
-    stamp = format_time(now)
-    assignment = _new_assignment(
-        writer,
-        snapshot,
-        request,
-        decision,
-        host=state.host,
-        stamp=stamp,
-        reason=reason,
-        command=command,
-        held_by=held_by,
-    )
-    lease = held_by[1] if held_by is not None else None
-    before = state.assignments.get(request.job)
-    key = writer.layout.assignment(state.host, request.job)
-    planned = plan_change(
-        writer.layout,
-        view,
-        Put(key, assignment.to_json(), lease),
-        change_entry(before, assignment, writer.actor, stamp, reason),
-        assignment,
-        # The agent's record (inventory, health) was checked too: compare it.
-        compares=[
-            Compare(writer.layout.policy, snapshot.revision),
-            Compare(writer.layout.agent(state.host), state.agent_revision),
-        ],
-        history=snapshot.policy.history,
-        generation=writer.generation_value(stamp),
-        lease=lease,
-    )
-    more = _charge(writer, snapshot.policy, [before] if before else [], [assignment])
-    more = (more[0] + gated[0], more[1] + gated[1])
-    return (assignment, decision), with_extra(planned, *more)
+    (request, decision), gated = _gated(place_it, gate, view)
+    before = view.host.assignments.get(request.job)
+    subjects = {*context.standing.charged, *(before.charged if before is not None else ())}
+
+    def plan(context: PlanContext) -> tuple[Assignment, Planned]:
+        return plan_assign(view, request, decision, reason, held, context)
+
+    if subjects:
+        charge = f"{view.host.host}/{request.job}"  # the name its counters know it by
+        assignment, planned = _plan_charged(writer, plan, context, subjects, charge)
+    else:
+        assignment, planned = plan(context)
+    return (assignment, decision), with_extra(planned, *gated)
 
 
-def _with_asker(writer: Writer, policy: Policy, request: Request) -> Request:
-    """``request`` with who asks (the holder's subjects a reservation names), for placement."""
+def _plan_charged(
+    writer: Writer,
+    plan: Callable[[PlanContext], T],
+    context: PlanContext,
+    subjects: Collection[str],
+    charge: str,
+) -> T:
+    """``plan`` from the counters of ``subjects``; over a quota, once more without vanished charges.
 
-    if request.asker or not any(r.who for r in policy.reservations):
-        return request
-    standing = writer.standing(policy)
-    asker = asker_of(policy, standing.holder, standing.groups)
-    return replace_struct(request, asker=asker) if asker else request
+    An assignment bound to a lease goes when its lease expires, and no one
+    gives back its charge: the counters may list charges that are gone.
+    """
+    # Here, not at the top: a `set` where no one is charged never loads the quota code.
+    from allocator.control.quotas import OverQuota, read_gone
+
+    adding = context.standing.charged
+    context = _with_counters(writer, context, subjects, adding)
+    try:
+        return plan(context)
+    except OverQuota:
+        store, layout = writer.store, writer.layout
+        gone = read_gone(store, layout, context.counters, adding, {charge})
+        if not gone:
+            raise
+        return plan(structs.replace(context, gone=gone))
 
 
 def _gated(
-    place_it: Callable[[Mapping[int, str]], Placement], gate: Gate | None, state: HostSnapshot
-) -> tuple[Placement, tuple[list[Compare], list[Op]]]:
+    place_it: Callable[[Mapping[int, str]], tuple[Request, Placement]],
+    gate: Gate | None,
+    view: WriteView,
+) -> tuple[tuple[Request, Placement], tuple[list[Compare], list[Op]]]:
     """The placement and the wait queue's extra compares and writes (none without a gate).
 
     A ``count=N`` placed on GPUs a request ahead could use is placed once
     more around them (as if they were unavailable): other GPUs may be free
     that no one ahead could use. Still blocked: not its turn.
     """
-    decision = place_it({})
+    placed = place_it({})
     if gate is None:
-        return decision, ([], [])
-
+        return placed, ([], [])
     try:
-        return decision, gate(state, decision)
+        return placed, gate(view.host, placed[1])
     except PlaceAround as around:
         wanted = dict.fromkeys(around.gpus, "wanted by a request ahead in the queue")
         try:
             again = place_it(wanted)
-            return again, gate(state, again)
+            return again, gate(view.host, again[1])
         except (PlacementRefused, PlaceAround):
             raise NotYourTurn(str(around)) from None
 
 
-def _new_assignment(
-    writer: Writer,
-    snapshot: PolicySnapshot,
-    request: Request,
-    decision: Placement,
-    *,
-    host: str,
-    stamp: str,
-    reason: str,
-    command: tuple[str, ...] | None,
-    held_by: tuple[RunHolder, int] | None,
-) -> Assignment:
-    """The record ``decision`` makes of ``request`` on ``host``, by ``writer``'s holder."""
-    from allocator.placement.request import describe_request
-
-    standing = writer.standing(snapshot.policy)
-    return Assignment(
-        job=request.job,
-        host=host,
-        gpus=decision.gpus,
-        mode=decision.mode,
-        updated_by=writer.actor,
-        updated_at=stamp,
-        reason=reason,
-        requested=describe_request(request),
-        policy_revision=snapshot.revision,
-        command=command,
-        fallback_reason=decision.fallback_reason,
-        slots=decision.slots,
-        exclusive=decision.exclusive,
-        picked=decision.picked,
-        run=held_by[0] if held_by is not None else None,
-        holder=standing.holder,
-        charged=standing.charged,
-        asker=request.asker[:64],
-    )
+def _context(writer: Writer, policy: Policy | None) -> PlanContext:
+    """Who writes, their standing under ``policy`` and the time: read once per plan."""
+    standing = writer.standing(policy)
+    return PlanContext(writer.layout, writer.actor, writer.clock(), standing)
 
 
-def plan_release(
-    writer: Writer,
-    view: WriteView,
-    job: str,
-    reason: str,
-    conditions: tuple[int | None, tuple[int, float] | None],
-) -> tuple[Assignment | BadRecord, Planned]:
-    """Plan removing ``job``'s assignment on ``view``'s host: what is removed, the plan.
+def _with_counters(
+    writer: Writer, context: PlanContext, subjects: Iterable[str], adding: Collection[str]
+) -> PlanContext:
+    """``context`` with the quota counters of ``subjects`` (one read).
 
-    A damaged record is removed too (as the ``BadRecord`` that describes
-    it); ``NotFound`` if the job holds nothing there. ``conditions``: the
-    assignment key's revision to compare (``None``: any), and how the
-    command that held it ended (exit status, GPU-seconds), for history.
+    A damaged counter the change only gives back to is reported here and left
+    as it is; one it would charge refuses the plan.
     """
-    if_revision, ended = conditions
-    state = view.host
-    host = state.host
-    key = writer.layout.assignment(host, job)
-    current: Assignment | BadRecord | None = state.assignments.get(job)
-    if current is None:
-        current = next((bad for bad in state.bad_records if bad.key == key), None)
-    if current is None:
-        raise job_not_found(job, host, list(state.assignments))
-    compares = [] if if_revision is None else [Compare(key, if_revision)]
-    held = current if isinstance(current, Assignment) else None
-    policy = view.policy.policy if view.policy is not None else None
-    writer.standing(policy).check_owners([held])
-    stamp = format_time(writer.clock())
-    entry = release_entry(host, job, held, writer.actor, stamp, reason, ended)
-    planned = plan_change(
-        writer.layout,
-        view,
-        Delete(key),
-        entry,
-        None,
-        compares=compares,
-        generation=writer.generation_value(stamp),
-    )
-    if held is not None and held.charged and view.policy is not None:
-        planned = with_extra(planned, *_charge(writer, view.policy.policy, [held], []))
-    return current, planned
-
-
-def _charge(
-    writer: Writer,
-    policy: Policy,
-    before: Sequence[Assignment],
-    after: Sequence[Assignment],
-) -> tuple[list[Compare], list[Op]]:
-    """The quota counters' compares and writes; nothing read when no one is charged."""
-    if not any(a.charged for a in (*before, *after)):
-        return [], []
     # Here, not at the top: a `set` where no one is charged never loads the quota code.
-    from allocator.control.quotas import charge
+    from allocator.control.quotas import read_counters, report_damaged
 
-    return charge(writer, policy, before, after)
+    counters = read_counters(writer.store, writer.layout, subjects)
+    report_damaged(counters, set(subjects) - set(adding), writer.on_bad_record)
+    return structs.replace(context, counters=counters)
+
+
+def _read_view(writer: Writer, host: str, job: str) -> WriteView:
+    """The state a change of ``job`` on ``host`` is decided from: one request."""
+    reads = view_reads(writer.layout, host, job, policy_text=True)
+    return _settle(writer, host, job, writer.store.read_many(reads))
+
+
+def _settle(writer: Writer, host: str, job: str, found: Sequence[Listing]) -> WriteView:
+    """The view ``found`` (a view's reads) holds, kept for the next write; bad keys noted."""
+    kept = writer.kept_views()
+    for listing in found:
+        for bad in bad_key_records(listing):
+            writer.on_bad_record(bad)
+    view = settle_view(
+        writer.store, writer.layout, host, job, found, kept.policy, writer.on_bad_record
+    )
+    kept.keep(view)
+    return view
 
 
 def view_reads_for(layout: KeyLayout, host: str, job: str) -> list[Read]:
     """What a failed change brings back: the view's reads, the policy's revision only."""
     return view_reads(layout, host, job, policy_text=False)
-
-
-def with_extra(planned: Planned, compares: list[Compare], ops: list[Op]) -> Planned:
-    """``planned`` with more compares and writes in the same transaction."""
-    if not compares and not ops:
-        return planned
-    return Planned([*planned.compares, *compares], [*planned.ops, *ops], planned.after)
-
-
-def check_adhoc_command(policy: Policy, job: str) -> None:
-    """An ad-hoc command runs only where the reviewed policy allows it for that job."""
-    spec = policy.jobs.get(job)
-    if spec is None:
-        raise RequestError(
-            f"job {job!r} is not declared in the policy, so it cannot be given a command="
-        )
-    if not spec.allow_adhoc_command:
-        raise RequestError(
-            f"the policy does not allow ad-hoc commands for job {job!r} "
-            "(set allow_adhoc_command: true on the job to permit command=)"
-        )

@@ -52,11 +52,14 @@ __all__ = [
     "counter_key",
     "damaged",
     "describe_quota",
-    "heal_and_plan",
+    "healable",
     "held_under",
     "plan_charge",
+    "plan_healed",
     "quota_refusal",
     "read_counters",
+    "read_gone",
+    "report_damaged",
     "usage_of",
 ]
 
@@ -267,33 +270,56 @@ def quota_refusal(
     return None
 
 
-def heal_and_plan(
-    writer: Writes,
+def healable(
+    counters: Mapping[str, KeyValue | None], subjects: Iterable[str], changing: Collection[str]
+) -> list[str]:
+    """The charges a change refused over a quota looks up (pure): those the counters
+    of the ``subjects`` it charges list, but for the ones it moves itself (``changing``)."""
+    return [n for n in charged_assignments(counters, sorted(set(subjects))) if n not in changing]
+
+
+def read_gone(
+    store: Store,
+    layout: KeyLayout,
+    counters: Mapping[str, KeyValue | None],
+    subjects: Iterable[str],
+    changing: Collection[str],
+) -> frozenset[str]:
+    """The charges of :func:`healable` whose assignment is gone (one read).
+
+    Each dropped charge costs a compare: at most :data:`MAX_HEALED`, enough
+    to make room within one transaction.
+    """
+    listed = healable(counters, subjects, changing)
+    return frozenset(absent_charges(store, layout, listed)[:MAX_HEALED])
+
+
+def plan_healed(
     policy: Policy,
+    layout: KeyLayout,
     counters: Mapping[str, KeyValue | None],
     before: Sequence[Assignment],
     after: Sequence[Assignment],
+    gone: Collection[str],
+    on_bad: Callable[[BadRecord], None] = lambda _bad: None,
 ) -> Charge:
-    """:func:`plan_charge` after dropping the charges whose assignment is gone.
+    """:func:`plan_charge` without the charges ``gone`` (found absent), comparing their absence.
 
-    Reads the assignment keys the counters list (one request), and compares
-    the absence of each one dropped; still over a quota: ``OverQuota``.
+    Pure: ``gone`` comes from :func:`read_gone`. Still over a quota: ``OverQuota``.
     """
-    layout = writer.layout
-    changing = {charge_name(a) for a in (*before, *after)}
-    subjects = sorted({s for a in after for s in a.charged})
-    listed = [n for n in charged_assignments(counters, subjects) if n not in changing]
-    keys = [_assignment_key(layout, name) for name in listed]
-    # Each dropped charge costs a compare: enough to make room, within one transaction.
-    gone = absent_charges(writer.store, layout, listed)[:MAX_HEALED]
-    charge = plan_charge(
-        policy, layout, counters, before, after, writer.on_bad_record, gone=set(gone)
-    )
-    dropped = set(gone)
-    absent = [
-        Compare(k, 0) for n, k in zip(listed, keys, strict=True) if n in dropped and k is not None
-    ]
-    return Charge([*charge.compares, *absent], charge.ops)
+    charge = plan_charge(policy, layout, counters, before, after, on_bad, gone=set(gone))
+    keys = (_assignment_key(layout, name) for name in sorted(gone))
+    return Charge([*charge.compares, *(Compare(k, 0) for k in keys if k is not None)], charge.ops)
+
+
+def report_damaged(
+    counters: Mapping[str, KeyValue | None],
+    subjects: Iterable[str],
+    on_bad: Callable[[BadRecord], None],
+) -> None:
+    """Report each damaged counter of ``subjects`` (a change giving back to them leaves it)."""
+    for subject in sorted(subjects):
+        _decode(counters.get(subject), on_bad)
 
 
 def absent_charges(store: Store, layout: KeyLayout, names: Sequence[str]) -> list[str]:
@@ -333,5 +359,8 @@ def charge(
     try:
         found = plan_charge(policy, layout, counters, before, after, on_bad)
     except OverQuota:  # maybe charges of assignments that vanished: drop them, try again
-        found = heal_and_plan(writer, policy, counters, before, after)
+        adding = {s for a in after for s in a.charged}
+        changing = {charge_name(a) for a in (*before, *after)}
+        gone = read_gone(writer.store, layout, counters, adding, changing)
+        found = plan_healed(policy, layout, counters, before, after, gone, on_bad)
     return found.compares, found.ops

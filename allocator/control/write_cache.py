@@ -17,6 +17,7 @@ it is read again only when that revision moved.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ from allocator.history.append import (
 from allocator.history.stream import host_stream
 from allocator.policy.model import HistorySettings
 from allocator.records.codec import decode_record
+from allocator.records.fields import SCHEMA_VERSION
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, HistoryEntry, PolicyRecord
 from allocator.status.snapshots import HostSnapshot, PolicySnapshot, snapshots_by_host
@@ -46,6 +48,7 @@ __all__ = [
     "Planned",
     "ViewCache",
     "WriteView",
+    "generation_value",
     "plan_change",
     "policy_snapshot",
     "settle_view",
@@ -207,6 +210,12 @@ def settle_view(
         head = recover_head(store, stream, head_item.mod_revision if head_item else 0)
     head = replace(head, oldest=oldest_times(oldest, stream, head))
     return WriteView(policy, state, index, head)
+
+
+def generation_value(actor: str, at: str) -> bytes:
+    """The value a write puts in the generation keys it bumps: who, and when."""
+    body = {"schema_version": SCHEMA_VERSION, "by": actor, "at": at}
+    return json.dumps(body, sort_keys=True).encode()
 
 
 def plan_change(

@@ -3,27 +3,28 @@
 :class:`Writes` is the least a transaction needs: the store and its keys,
 the clock, who writes, where damaged records go, and the size-checked
 transaction. ``policy apply`` and the quota counters ask for no more.
-:class:`Writer` adds what an assignment change is decided from and checked
-against: the holder's standing (a frozen record the checks read) and the
-views the client keeps between writes. The :class:`~allocator.control.client.Allocator` is both; the
+:class:`Writer` adds what an assignment change is decided with: the holder's
+standing (a frozen record the checks read), the policy and views the client
+keeps between writes, and the write that brings the fresh state back when it
+fails; anything else an attempt reads, it reads from the store itself.
+The :class:`~allocator.control.client.Allocator` is both; the
 attempts take these instead of it, so none of them imports the client
 that calls them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from allocator.control.owners import Standing
-    from allocator.control.write_cache import Planned, ViewCache, WriteView
-    from allocator.errors import BadRecord, RequestError
+    from allocator.control.write_cache import Planned, ViewCache
+    from allocator.errors import BadRecord
     from allocator.policy import Policy
     from allocator.records.keys import KeyLayout
-    from allocator.status.snapshots import HostSnapshot, PolicySnapshot
-    from allocator.store import Compare, Listing, Op, Read, Store, TxnOutcome
+    from allocator.store import Compare, Op, Read, Store, TxnOutcome
 
 __all__ = ["Writer", "Writes"]
 
@@ -48,46 +49,18 @@ class Writes(Protocol):
 
 
 class Writer(Writes, Protocol):
-    """What an assignment change is decided from: the holder's standing, the kept views."""
+    """What an assignment change is decided with: the holder's standing, the kept views."""
 
     def standing(self, policy: Policy | None) -> Standing:
         """The holder's standing under ``policy``: who, its groups, what it is charged to."""
-        ...
-
-    def generation_value(self, stamp: str | None = None) -> bytes:
-        """The value a write puts in the generation keys it bumps."""
-        ...
-
-    def no_policy_error(self) -> RequestError:
-        """What a write that needs a policy raises in a store that has none."""
         ...
 
     def known_policy(self) -> Policy | None:
         """The kept whole policy, else the applied one read now."""
         ...
 
-    def require_policy(self) -> PolicySnapshot:
-        """The applied policy, or a ``RequestError`` telling how to apply one."""
-        ...
-
-    def default_host(self, policy: Policy | None) -> str:
-        """The only host in the policy, else this machine's host name."""
-        ...
-
-    def host(self, host: str) -> HostSnapshot:
-        """Everything stored under ``host``, in one prefix read."""
-        ...
-
     def kept_views(self) -> ViewCache:
         """What the last writes saw."""
-        ...
-
-    def read_view(self, host: str, job: str) -> WriteView:
-        """The state a change of ``job`` on ``host`` is decided from: one request."""
-        ...
-
-    def settle(self, host: str, job: str, found: Sequence[Listing]) -> WriteView:
-        """The view ``found`` holds, kept for the next write."""
         ...
 
     def write(self, planned: Planned, reads: list[Read]) -> TxnOutcome:

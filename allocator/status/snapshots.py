@@ -7,20 +7,27 @@ record that does not decode is left out and reported, never a crash.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from allocator.errors import BadRecord, NotFound
+from allocator.errors import BadRecord, NotFound, RequestError
 from allocator.records.codec import decode_record
 from allocator.records.keys import KeyLayout, split_host_key
 from allocator.records.types import AgentRecord, Assignment, PolicyRecord, WorkerRecord
-from allocator.store import KeyValue
+from allocator.store import KeyValue, Store, bad_key_records
 
 if TYPE_CHECKING:  # the policy loader costs import time a reader of hosts need not pay
     from allocator.policy import Policy
 
-__all__ = ["HostSnapshot", "PolicySnapshot", "job_not_found", "snapshots_by_host"]
+__all__ = [
+    "HostSnapshot",
+    "PolicySnapshot",
+    "job_not_found",
+    "no_policy_error",
+    "read_host",
+    "snapshots_by_host",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,23 @@ def snapshots_by_host(
         except BadRecord as exc:
             part["bad_records"] = (*part["bad_records"], exc)
     return {host: HostSnapshot(host, revision=revision, **part) for host, part in parts.items()}
+
+
+def read_host(
+    store: Store, layout: KeyLayout, host: str, on_bad: Callable[[BadRecord], None]
+) -> HostSnapshot:
+    """Everything stored under ``host``, in one prefix read; bad records reported."""
+    listing = store.list(layout.host(host))
+    found = snapshots_by_host(listing.items, layout, listing.revision)
+    snapshot = found.get(host, HostSnapshot(host, revision=listing.revision))
+    for bad in (*bad_key_records(listing), *snapshot.bad_records):
+        on_bad(bad)
+    return snapshot
+
+
+def no_policy_error(url: str) -> RequestError:
+    """What a write that needs a policy raises in the store at ``url``, which has none."""
+    return RequestError(f"no policy applied in {url}: run `allocator policy apply FILE` first")
 
 
 def job_not_found(job: str, host: str | None, held_there: Sequence[str] = ()) -> NotFound:
