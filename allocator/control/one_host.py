@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from allocator.control.gate import NotYourTurn, PlaceAround
+from allocator.control.gate import NotYourTurn, Passage, PlaceAround
 from allocator.control.holder import asker_of
 from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
 from allocator.errors import (
@@ -29,7 +29,7 @@ from allocator.errors import (
 from allocator.history.entries import change_entry, release_entry
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import Assignment, RunHolder
+from allocator.records.types import Assignment, HistoryEntry, RunHolder
 from allocator.status.snapshots import job_not_found
 from allocator.store import Compare, Delete, Op, Put, Read
 from allocator.util.times import format_time
@@ -168,7 +168,7 @@ def plan_assign(
         writer.layout,
         view,
         Put(key, assignment.to_json(), lease),
-        change_entry(before, assignment, writer.actor, stamp, reason),
+        _passing(change_entry(before, assignment, writer.actor, stamp, reason), gated.passed),
         assignment,
         # The agent's record (inventory, health) was checked too: compare it.
         compares=[
@@ -180,8 +180,15 @@ def plan_assign(
         lease=lease,
     )
     more = _charge(writer, snapshot.policy, [before] if before else [], [assignment])
-    more = (more[0] + gated[0], more[1] + gated[1])
+    more = (more[0] + gated.compares, more[1] + gated.ops)
     return (assignment, decision), with_extra(planned, *more)
+
+
+def _passing(entry: HistoryEntry, passed: str) -> HistoryEntry:
+    """``entry`` saying which waiting requests the change passed (an operator's direct set)."""
+    if not passed:
+        return entry
+    return replace_struct(entry, detail="; ".join(p for p in (entry.detail, passed) if p))
 
 
 def _with_asker(writer: Writer, policy: Policy, request: Request) -> Request:
@@ -196,7 +203,7 @@ def _with_asker(writer: Writer, policy: Policy, request: Request) -> Request:
 
 def _gated(
     place_it: Callable[[Mapping[int, str]], Placement], gate: Gate | None, state: HostSnapshot
-) -> tuple[Placement, tuple[list[Compare], list[Op]]]:
+) -> tuple[Placement, Passage]:
     """The placement and the wait queue's extra compares and writes (none without a gate).
 
     A ``count=N`` placed on GPUs a request ahead could use is placed once
@@ -205,7 +212,7 @@ def _gated(
     """
     decision = place_it({})
     if gate is None:
-        return decision, ([], [])
+        return decision, Passage([], [])
 
     try:
         return decision, gate(state, decision)
