@@ -45,7 +45,9 @@ def register(commands: Any) -> None:
         "with free slots to better links unless prefer=links. count=N says why it picked its "
         "GPUs. --wait: when the GPUs are not free (held, reserved, unhealthy or over a quota), "
         "wait in the host's queue and take them the moment it is this request's turn "
-        "(--wait=30m: give up after that, exit 3); see `allocator queue`.",
+        "(--wait=30m: give up after that, exit 3); see `allocator queue`. Without --wait, "
+        "set is an operator's order: it may take GPUs that waiting requests could use, and "
+        "says how many it passed (history names them).",
     )
     parser.add_argument(
         "--wait",
