@@ -25,6 +25,7 @@ __all__ = [
     "open_allocator",
     "output_format",
     "plain_text",
+    "queued_notes",
     "set_structured_stderr",
     "warn",
     "warn_of_secrets_in_argv",
@@ -212,6 +213,17 @@ def note(message: str) -> None:
 def note_waiting(why: str) -> None:
     """Why a ``--wait`` request waits in the queue (told on joining it and as that changes)."""
     note(f"waiting: {why}")
+
+
+def queued_notes() -> Callable[[str], None]:
+    """Why a ``run`` waits in the queue: srun's line on joining, then one per change of reason."""
+    told: list[str] = []
+
+    def tell(why: str) -> None:
+        note(f"{'waiting' if told else 'queued and waiting for resources'}: {why}")
+        told.append(why)
+
+    return tell
 
 
 def warn(message: str) -> None:

@@ -15,6 +15,11 @@ with the exit status and the GPU-seconds it held. The host's agent counts
 these GPUs as held and never starts the command; once the holding ends it
 stops whatever of the command is still running (it carries the holding's
 identity in its environment).
+
+While the GPUs are busy, ``run`` waits in the host's queue, as ``srun``
+does (forever, or ``--wait=DURATION``; Ctrl-C leaves the queue);
+``--wait=0`` (or ``--immediate``) is refused at once instead, naming what
+is ahead of it. Either way it never passes a request already waiting.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from allocator.cli.common import add_words_command, note, note_waiting, open_allocator
+from allocator.cli.common import add_words_command, note, open_allocator, queued_notes
 from allocator.errors import InvalidInput
 
 __all__ = ["recorded_reason", "register", "split_command"]
 
 USAGE = (
     "allocator run [job=NAME] (count=N | gpus=LIST) [host=H] [slots=K] [ttl=DURATION]"
-    " [grace=DURATION] [time=DURATION] [--wait[=DURATION]] [--per-gpu] [--no-record-args]"
+    " [grace=DURATION] [time=DURATION] [--wait=DURATION | --immediate] [--per-gpu]"
+    " [--no-record-args]"
     " -- CMD [ARGS...]"
 )
 #: The key=value words ``run`` takes.
@@ -53,8 +59,14 @@ def register(commands: Any) -> None:
         "--wait",
         metavar="DURATION",
         default=None,
-        help="when the GPUs are busy, wait for them (at most DURATION, like 30m); exit 3 "
-        "naming what it waited for if they stay busy",
+        help="how long to wait in the queue while the GPUs are busy (default: until they are "
+        "free, as srun; DURATION like 30m: then exit 3 naming what it waited for; 0: do not wait)",
+    )
+    parser.add_argument(
+        "--immediate",
+        action="store_true",
+        help="as --wait=0 (srun's name): refused at once (exit 3) when the GPUs are busy or a "
+        "waiting request is ahead, naming it",
     )
     parser.add_argument(
         "--no-record-args",
@@ -95,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     grace = _grace(kv.pop("grace", None), DEFAULT_GRACE)
     limit = _time_limit(kv.pop("time", None))
     request = _request(kv)
-    wait = _wait_seconds(args.wait)
+    wait = _wait_seconds(args.wait, immediate=args.immediate)
     argv = list(getattr(args, "command_argv", None) or [])
     if not argv:
         raise InvalidInput("give the command to run after `--` (allocator run count=1 -- CMD)")
@@ -167,17 +179,26 @@ def _request(kv: dict[str, str]) -> Any:
     )
 
 
-def _wait_seconds(raw: str | None) -> float | None:
+def _wait_seconds(raw: str | None, *, immediate: bool = False) -> float:
+    """Seconds to wait for the GPUs: ``inf`` by default (as srun), 0 for not at all."""
     from allocator.util.durations import parse_duration
 
-    if raw is None:
-        return None
-    if raw == "forever":
+    if immediate:
+        if raw is not None and raw not in _NO_WAIT:
+            raise InvalidInput(f"--immediate does not wait: drop --wait={raw}")
+        return 0.0
+    if raw is None or raw == "forever":
         return float("inf")
+    if raw in _NO_WAIT:
+        return 0.0
     try:
         return parse_duration(raw)
     except ValueError as exc:
         raise InvalidInput(f"--wait: {exc}") from None
+
+
+#: ``--wait=`` values that mean: do not wait (``0`` has no unit, and needs none).
+_NO_WAIT = ("0", "0s")
 
 
 def recorded_reason(argv: Sequence[str], *, record_args: bool = True) -> str:
@@ -211,7 +232,7 @@ def _take(
         reason=reason,
         on_lost=_lost,
         tell=note,
-        on_wait=note_waiting,
+        on_wait=queued_notes(),
     )
     try:
         envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)

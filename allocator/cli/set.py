@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from allocator.cli.common import (
     add_words_command,
@@ -13,6 +13,12 @@ from allocator.cli.common import (
     output_format,
 )
 from allocator.errors import RequestError
+
+if TYPE_CHECKING:
+    from allocator.cli.args import SetArgs
+    from allocator.control.client import Allocator
+    from allocator.placement.choose import Placement, Request
+    from allocator.records.types import Assignment
 
 __all__ = ["register"]
 
@@ -39,7 +45,9 @@ def register(commands: Any) -> None:
         "with free slots to better links unless prefer=links. count=N says why it picked its "
         "GPUs. --wait: when the GPUs are not free (held, reserved, unhealthy or over a quota), "
         "wait in the host's queue and take them the moment it is this request's turn "
-        "(--wait=30m: give up after that, exit 3); see `allocator queue`.",
+        "(--wait=30m: give up after that, exit 3); see `allocator queue`. Without --wait, "
+        "set is an operator's order: it may take GPUs that waiting requests could use, and "
+        "says how many it passed (history names them).",
     )
     parser.add_argument(
         "--wait",
@@ -75,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
             prefer=parsed.prefer,
         )
         if wait is None:
-            assignment, placement = allocator.assign(
-                request, reason=parsed.reason, command=parsed.command
-            )
+            assignment, placement = _assign_passing(allocator, request, parsed)
         else:
             from allocator.recipes.queue.wait import wait_and_assign
 
@@ -100,6 +106,19 @@ def run(args: argparse.Namespace) -> int:
     where = "cpu" if assignment.mode == "cpu" else "gpus " + ",".join(map(str, assignment.gpus))
     emit(_as_dict(assignment), output_format(args), f"{assignment.job}@{assignment.host}: {where}")
     return 0
+
+
+def _assign_passing(
+    allocator: Allocator, request: Request, parsed: SetArgs
+) -> tuple[Assignment, Placement]:
+    """An operator's direct ``set``: it may take GPUs waiting requests could use, and says so."""
+    from allocator.recipes.queue.passage import QueuePass, passed_line
+
+    gate = QueuePass(allocator)
+    done = allocator.assign(request, reason=parsed.reason, command=parsed.command, gate=gate)
+    if gate.passed:
+        note(passed_line(len(gate.passed), gate.host))
+    return done
 
 
 def _wait_seconds(args: argparse.Namespace) -> float | None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from msgspec import structs
 
-from allocator.control.gate import NotYourTurn, PlaceAround
+from allocator.control.gate import NotYourTurn, Passage, PlaceAround
 from allocator.control.planner import (
     PlanContext,
     place_request,
@@ -32,7 +32,7 @@ from allocator.errors import BadRecord, CasConflict, ConflictError, NotPermitted
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, RunHolder
 from allocator.status.snapshots import no_policy_error
-from allocator.store import Compare, Listing, Op, Read, bad_key_records
+from allocator.store import Listing, Read, bad_key_records
 
 if TYPE_CHECKING:
     from allocator.control.gate import Gate
@@ -123,14 +123,14 @@ def _plan_set(
     subjects = {*context.standing.charged, *(before.charged if before is not None else ())}
 
     def plan(context: PlanContext) -> tuple[Assignment, Planned]:
-        return plan_assign(view, request, decision, reason, held, context)
+        return plan_assign(view, request, decision, reason, held, context, passed=gated.passed)
 
     if subjects:
         charge = f"{view.host.host}/{request.job}"  # the name its counters know it by
         assignment, planned = _plan_charged(writer, plan, context, subjects, charge)
     else:
         assignment, planned = plan(context)
-    return (assignment, decision), with_extra(planned, *gated)
+    return (assignment, decision), with_extra(planned, gated.compares, gated.ops)
 
 
 def _plan_charged(
@@ -164,7 +164,7 @@ def _gated(
     place_it: Callable[[Mapping[int, str]], tuple[Request, Placement]],
     gate: Gate | None,
     view: WriteView,
-) -> tuple[tuple[Request, Placement], tuple[list[Compare], list[Op]]]:
+) -> tuple[tuple[Request, Placement], Passage]:
     """The placement and the wait queue's extra compares and writes (none without a gate).
 
     A ``count=N`` placed on GPUs a request ahead could use is placed once
@@ -173,7 +173,7 @@ def _gated(
     """
     placed = place_it({})
     if gate is None:
-        return placed, ([], [])
+        return placed, Passage([], [])
     try:
         return placed, gate(view.host, placed[1])
     except PlaceAround as around:

@@ -26,7 +26,7 @@ from allocator.errors import BadRecord, ConflictError, RequestError
 from allocator.history.entries import change_entry, release_entry
 from allocator.records.codec import replace_struct
 from allocator.records.keys import KeyLayout
-from allocator.records.types import Assignment, RunHolder
+from allocator.records.types import Assignment, HistoryEntry, RunHolder
 from allocator.status.snapshots import job_not_found
 from allocator.store import Compare, Delete, KeyValue, Op, Put
 from allocator.util.times import format_time
@@ -121,10 +121,13 @@ def plan_assign(
     reason: str,
     held: Held,
     context: PlanContext,
+    *,
+    passed: str = "",
 ) -> tuple[Assignment, Planned]:
     """The record ``decision`` makes of ``request`` and the one transaction writing it.
 
-    Raises ``OverQuota`` when the change would take a subject over a quota
+    ``passed``: the waiting requests an operator's direct ``set`` passed, said
+    in its history entry. Raises ``OverQuota`` when the change would take a subject over a quota
     (``context.counters`` counted, less ``context.gone``).
     """
     command, held_by = held
@@ -146,7 +149,7 @@ def plan_assign(
         layout,
         view,
         Put(layout.assignment(state.host, request.job), assignment.to_json(), lease),
-        change_entry(before, assignment, context.actor, stamp, reason),
+        _passing(change_entry(before, assignment, context.actor, stamp, reason), passed),
         assignment,
         # The agent's record (inventory, health) was checked too: compare it.
         compares=[
@@ -287,3 +290,10 @@ def check_adhoc_command(policy: Policy, job: str) -> None:
             f"the policy does not allow ad-hoc commands for job {job!r} "
             "(set allow_adhoc_command: true on the job to permit command=)"
         )
+
+
+def _passing(entry: HistoryEntry, passed: str) -> HistoryEntry:
+    """``entry`` saying which waiting requests the change passed (an operator's direct set)."""
+    if not passed:
+        return entry
+    return replace_struct(entry, detail="; ".join(p for p in (entry.detail, passed) if p))

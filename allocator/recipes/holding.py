@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from allocator.errors import AllocatorError, LeaseLost, StoreError
-from allocator.records.types import Assignment, RunHolder
+from allocator.records.types import Assignment, LaunchedBy, RunHolder
 
 if TYPE_CHECKING:
     from allocator.control.gate import Gate
@@ -147,7 +147,7 @@ def hold(
     *,
     ttl: float = DEFAULT_TTL,
     reason: str = "",
-    launched_by: str = "run",
+    launched_by: LaunchedBy = "run",
     on_lost: Callable[[str], None] | None = None,
     gate: Gate | None = None,
 ) -> Holding:
@@ -166,7 +166,7 @@ def hold(
         pid=os.getpid(),
         start_ticks=own_start_ticks(),
         ttl=ttl,
-        launched_by="lease" if launched_by == "lease" else "run",
+        launched_by=launched_by,
     )
     lost: list[str] = []
 

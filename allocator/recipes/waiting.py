@@ -1,4 +1,4 @@
-"""Taking GPUs for a process, waiting for them while they are busy (``run --wait``).
+"""Taking GPUs for a process, waiting for them while they are busy (``run``, ``lease(wait=)``).
 
 :func:`take_waiting` is the one entry point ``run`` and ``lease()`` call. It
 tries the holding's transaction; while the GPUs are refused (held, reserved,
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from allocator.placement.choose import Request
     from allocator.recipes.context import Context
     from allocator.recipes.holding import Holding
+    from allocator.records.types import LaunchedBy
 
 __all__ = ["take_waiting", "waited_for"]
 
@@ -48,12 +49,16 @@ def take_waiting(
     ttl: float,
     reason: str,
     on_lost: Callable[[str], None] | None = None,
-    launched_by: str = "run",
+    launched_by: LaunchedBy = "run",
     tell: Callable[[str], None] = lambda _line: None,
     on_wait: Callable[[str], None] = lambda _why: None,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> Holding:
     """Hold ``request``'s GPUs for this process; with ``wait`` (seconds), wait while refused.
+
+    Without ``wait`` (``None`` or 0) it is refused at once, naming what is
+    ahead: the holder, or a waiting request that could use the GPUs (no one
+    passes the queue).
 
     ``on_wait`` hears why it waits in the queue: once on joining it, then
     each time the reason changes.
@@ -83,7 +88,7 @@ def _take(
     ttl: float,
     reason: str,
     on_lost: Callable[[str], None] | None,
-    launched_by: str,
+    launched_by: LaunchedBy,
     on_wait: Callable[[str], None],
     monotonic: Callable[[], float],
 ) -> Holding:
@@ -103,7 +108,7 @@ def _take(
             gate=gate,
         )
 
-    if wait is None:  # refused while a waiting request could use the GPUs: no one passes the queue
+    if not wait:  # refused while a waiting request could use the GPUs: no one passes the queue
         return take(queue_gate(allocator, request))
     started = monotonic()
     timeout = wait if math.isfinite(wait) else None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from allocator.records.types import Assignment
 
-__all__ = ["HOLDING_VARIABLE", "holding_identity"]
+__all__ = ["HOLDING_VARIABLE", "holding_identity", "submitted_words"]
 
 #: The environment variable that names the holding a process belongs to.
 HOLDING_VARIABLE = "ALLOCATOR_HOLDING"
@@ -30,3 +30,9 @@ def holding_identity(assignment: Assignment, prefix: str) -> str | None:
         return None
     ticks = "" if holder.start_ticks is None else str(holder.start_ticks)
     return f"{prefix}:{assignment.job}@{assignment.host}/{holder.pid}.{ticks}"
+
+
+def submitted_words(assignment: Assignment) -> str:
+    """A submitted job's holding in words: who submitted it, and that the agent runs it."""
+    who = assignment.holder or "an unknown user"
+    return f"submitted by {who} (job {assignment.job}, run by the agent on {assignment.host})"

@@ -43,14 +43,20 @@ __all__ = [
     "HistoryHead",
     "JobIndex",
     "JobPlace",
+    "LaunchedBy",
     "PolicyRecord",
     "RunHolder",
     "WorkerRecord",
 ]
 
 
+#: What holds an assignment under a store lease: ``allocator run``, ``allocator.lease()``,
+#: or the host's agent for a job ``allocator submit`` queued.
+LaunchedBy = Literal["run", "lease", "submit"]
+
+
 class RunHolder(msgspec.Struct, frozen=True):
-    """The ``allocator run`` process (or ``allocator.lease()``) that holds an assignment.
+    """The process that holds an assignment: ``allocator run``, ``lease()``, or the agent.
 
     Such an assignment lives by its store lease: it disappears when the
     process stops refreshing it. The agent counts its GPUs as held and the
@@ -62,7 +68,7 @@ class RunHolder(msgspec.Struct, frozen=True):
     pid: Count
     start_ticks: Count | None = None
     ttl: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 15.0
-    launched_by: Literal["run", "lease"] = "run"
+    launched_by: LaunchedBy = "run"
 
 
 class Assignment(msgspec.Struct, frozen=True):

@@ -107,7 +107,7 @@ def test_plain_runs_and_leases_never_pass_a_waiting_request(
     big = spawn("set", "job=big", "count=3", "host=node1", "--wait")
     wait_for("big in the queue", lambda: queued(client) == ["big"], 60)
     for n in range(3):  # a stream of small runs: each would take a GPU big waits for
-        ran = applied("run", f"job=small-{n}", "count=1", "host=node1", "--", "true")
+        ran = applied("run", f"job=small-{n}", "count=1", "host=node1", "--wait=0", "--", "true")
         assert ran.code == 3, ran.err
         assert "big" in ran.err and len(ran.err.strip().splitlines()) == 1
     leased = subprocess.run([sys.executable, "-c", LEASE_NOW], env=cli_env,

@@ -46,7 +46,7 @@ def test_a_run_cannot_take_a_reserved_gpu_by_naming_its_job_after_the_reservatio
     cli: Cli, tmp_path: Path
 ) -> None:
     _apply(cli, tmp_path)
-    taken = cli("run", "job=eval-mine", "gpus=3", "host=node1", "--", "true")
+    taken = cli("run", "job=eval-mine", "gpus=3", "host=node1", "--wait=0", "--", "true")
     assert taken.code == 3, taken.err
     assert "reserved by 'evals'" in taken.err and len(taken.err.strip().splitlines()) == 1
     assert cli("set", "job=eval-nightly", "gpus=3", "host=node1").code == 0  # operators: by name

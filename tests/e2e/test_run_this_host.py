@@ -103,8 +103,9 @@ def test_run_wait_says_once_why_it_waits(
     assert applied("release", "job=blocker").code == 0
     _out, err = run.communicate(timeout=60)
     assert run.returncode == 0, err
-    waiting = [line for line in err.splitlines() if "waiting: " in line]
-    assert len(waiting) == 1 and waiting[0].startswith("allocator: note: waiting: "), err
+    waiting = [line for line in err.splitlines() if "waiting" in line]
+    said = "allocator: note: queued and waiting for resources: "
+    assert len(waiting) == 1 and waiting[0].startswith(said), err
     assert "blocker" in waiting[0], err
 
 

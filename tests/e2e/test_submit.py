@@ -23,6 +23,7 @@ from allocator.records.holders import QueueEntry
 from allocator.records.submission import Submission
 from allocator.store import Put, open_store
 from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy
+from tests.e2e.conftest import schema
 from tests.support.waiting import wait_for
 
 
@@ -75,6 +76,34 @@ def test_a_submitted_job_runs_unattended_writes_its_output_and_is_recorded(
     assert out.read_text().startswith("gpus ")
     assert not _holds(world, "batch")
     assert world.events("batch-ended", job="batch")
+
+
+def _job_row(world: AgentHarness, job: str) -> dict[str, Any] | None:
+    result = world.cli("status", "-o", "json")
+    assert result.code == 0, result.err
+    rows = [r for h in json.loads(result.out)["hosts"] for r in h["jobs"] if r["job"] == job]
+    return rows[0] if rows else None
+
+
+def test_status_and_get_say_who_submitted_a_running_job(world: AgentHarness) -> None:
+    gate = world.workdir / "go"
+    script = f"import os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.02)"
+    result = world.cli("submit", "job=held", "count=1", f"host={HOST}", "--",
+                       sys.executable, "-c", script)  # fmt: skip
+    assert result.code == 0, result.err
+    wait_for("the job to hold its GPU", lambda: _holds(world, "held"), timeout=30)
+    held = json.loads(world.cli("get", "job=held", "-o", "json").out)
+    assert list(schema("get").iter_errors(held)) == []
+    assert held["run"]["launched_by"] == "submit", held
+    said = f"submitted by {held['holder']} (job held, run by the agent on {HOST})"
+    row = wait_for(
+        "status to say who submitted it",
+        lambda: (r := _job_row(world, "held")) is not None and said in r["workers"] and r,
+        timeout=30,
+    )
+    assert "allocator run" not in row["workers"], row
+    gate.write_text("go")
+    wait_for("the job's end in history", lambda: _ended(world, "held"), timeout=30)
 
 
 def test_an_array_of_four_on_two_gpus_runs_two_at_a_time(world: AgentHarness) -> None:

@@ -6,8 +6,9 @@ against the store in ``$ALLOCATOR_STORE``, each as ``python -m allocator``:
 
 * ``set job=J host=H`` with ``count=1`` or one named GPU (the agent's jobs);
 * ``release job=J host=H``;
-* ``run job=R host=H count=1 -- WORKER`` and the same with ``--wait=5s``
-  (the wait queue), ``R`` unique to this client and command.
+* ``run --wait=0 job=R host=H count=1 -- WORKER`` (refused at once when
+  busy) and the same with ``--wait=5s`` (the wait queue), ``R`` unique to
+  this client and command.
 
 Each command is one JSON line in the log: kind, host, job, argv, ``invoke``
 (just before it started), ``complete`` (just after it returned; ``null``
@@ -58,7 +59,7 @@ def _pick(
         return "release", host, job, ["release", f"job={job}", f"host={host}"]
     host = rng.choice(args.hosts.split(","))
     job = f"r{args.seed}-{serial}"
-    wait = ["--wait=5s"] if roll < 0.8 else []
+    wait = ["--wait=5s"] if roll < 0.8 else ["--wait=0"]
     worker = [*args.worker, "--exit-after", f"{rng.uniform(0.3, 1.5):.2f}"]
     return "run", host, job, ["run", *wait, f"job={job}", f"host={host}", "count=1", "--", *worker]
 

@@ -247,6 +247,7 @@ class BatchRunner:
                 request,
                 ttl=DEFAULT_TTL,
                 reason=reason,
+                launched_by="submit",
                 gate=gate,
                 on_lost=lambda _why: self._lost(record.job),
             )

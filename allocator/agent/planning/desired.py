@@ -108,10 +108,15 @@ def held_by_process(assignment: Assignment, revision: int) -> DesiredJob:
     The agent never starts or stops it; the holding process runs it and
     releases it (or its lease expires).
     """
+    from allocator.records.holding import submitted_words
+
     holder = assignment.run
     pid = f" (pid {holder.pid})" if holder is not None else ""
     message = (
-        f"held by `allocator {holder.launched_by if holder else 'run'}`{pid}; not run by the agent"
+        submitted_words(assignment)
+        if holder is not None and holder.launched_by == "submit"
+        else f"held by `allocator {holder.launched_by if holder else 'run'}`{pid}; "
+        "not run by the agent"
     )
     return not_running(
         Job(name=assignment.job, command=()), assignment, revision, "undeclared", message

@@ -24,7 +24,8 @@ from datetime import datetime
 from allocator.agent.sync.history_decisions import agent_actor
 from allocator.history.entries import ended_fields
 from allocator.history.stream import Stored
-from allocator.records.types import Assignment, HistoryEntry
+from allocator.records.holding import submitted_words
+from allocator.records.types import Assignment, HistoryEntry, RunHolder
 from allocator.util.times import format_time, parse_time
 
 __all__ = ["ENDS", "EXPIRED_REASON", "ended_after", "expiry_entry", "vanished_runs"]
@@ -63,12 +64,19 @@ def expiry_entry(held: Assignment, host: str, seen_gone: datetime) -> HistoryEnt
         from_mode=held.mode,
         from_gpus=tuple(held.gpus),
         reason=EXPIRED_REASON,
-        detail=f"held by allocator {held.run.launched_by} (pid {held.run.pid})",
+        detail=_held_by(held, held.run),
         slots=held.slots if held.mode == "gpu" and held.slots != 1 else None,
         gpu_seconds=round(gpus * seconds, 3),
         holder=held.holder,
         **ended_fields(held),
     )
+
+
+def _held_by(held: Assignment, process: RunHolder) -> str:
+    """Who held it: the ``run`` (or ``lease()``) process, or the agent for a submitted job."""
+    if process.launched_by == "submit":
+        return submitted_words(held)
+    return f"held by allocator {process.launched_by} (pid {process.pid})"
 
 
 def ended_after(entries: Iterable[Stored], job: str, revision: int) -> bool:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from allocator.control.gate import NotYourTurn, PlaceAround
+from allocator.control.gate import NotYourTurn, Passage, PlaceAround
 from allocator.control.holder import priority_of
 from allocator.errors import (
     AllocatorError,
@@ -95,7 +95,7 @@ class _Turn:
         self.queued = queued
         self.me: str | None = None  # the entry's key once queued
 
-    def __call__(self, state: HostSnapshot, placed: Placement) -> tuple[list[Compare], list[Op]]:
+    def __call__(self, state: HostSnapshot, placed: Placement) -> Passage:
 
         layout, store = self.allocator.layout, self.allocator.store
         if self.asked_gpus and placed.mode == "cpu":
@@ -128,13 +128,13 @@ class _Turn:
                 raise PlaceAround(message, wanted)  # other GPUs may be free: try around them
             raise NotYourTurn(message)
         compares += look.compares()
-        return compares, ops
+        return Passage(compares, ops)
 
     def _behind(self, first: QueueEntry) -> str:
         who = f"{first.job} ({first.holder}, {first.requested or '?'})"
         if self.queued:  # said after "waiting: " and "timed out waiting for ...: "
             return f"behind {who}"
-        return f"a request waiting in the queue could use these GPUs: {who} (add --wait to queue)"
+        return f"a request waiting in the queue could use these GPUs: {who}"
 
 
 def _revision(listing: object) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from allocator.control.holder import priority_of
 from allocator.errors import CasConflict, ConflictError, RequestError
+from allocator.recipes.queue.share import Share, read_share
 from allocator.records.holders import QueueEntry
 from allocator.records.submission import Submission
 from allocator.store import Compare, Op, Put
@@ -59,6 +60,8 @@ def submit(allocator: Context, batch: BatchJob) -> list[str]:
     policy = allocator.require_policy().policy
     if not policy.names_host(request.host):  # no agent would ever run it
         raise RequestError(f"host {request.host!r} is not in the policy: no agent runs jobs there")
+    # Fixed at joining, as every waiter's are (recipes/queue/share.py says why).
+    share = read_share(allocator, policy, user)
     stamp = format_time(allocator.clock())
     priority = priority_of(policy, user, allocator.holder_groups(policy), None)
     compares: list[Compare] = []
@@ -69,7 +72,7 @@ def submit(allocator: Context, batch: BatchJob) -> list[str]:
         key = layout.submission(user, name)
         compares.append(Compare(key, 0))
         ops.append(Put(key, record.to_json()))
-        entry = _entry(record, priority, request.describe())
+        entry = _entry(record, (priority, share), request.describe())
         ops.append(Put(layout.queue_entry(request.host, secrets.token_hex(8)), entry.to_json()))
     ops.append(Put(layout.queue_arrivals(request.host), stamp.encode()))
     try:
@@ -98,7 +101,9 @@ def _record(batch: BatchJob, user: str, name: str, index: int | None, stamp: str
     )
 
 
-def _entry(record: Submission, priority: int, requested: str) -> QueueEntry:
+def _entry(record: Submission, place: tuple[int, Share | None], requested: str) -> QueueEntry:
+    """The task's queue entry: its place (priority, fair share) fixed now, as any waiter's."""
+    priority, share = place
     return QueueEntry(
         job=record.job,
         host=record.host,
@@ -111,6 +116,8 @@ def _entry(record: Submission, priority: int, requested: str) -> QueueEntry:
         requested=requested,
         self_service=True,
         submission=f"{record.user}/{record.job}",
+        fair_share=share.factor if share else None,
+        usage=share.usage if share else None,
     )
 
 

@@ -494,6 +494,17 @@ def test_a_job_held_by_allocator_run_is_counted_held_but_never_run_by_the_agent(
     assert want.message == "held by `allocator run` (pid 4242); not run by the agent"
 
 
+def test_a_submitted_job_says_who_submitted_it_and_that_the_agent_runs_it() -> None:
+    from allocator.records.types import RunHolder
+
+    held = msgspec.structs.replace(
+        assigned(job="batch"), holder="alice", run=RunHolder(pid=4242, launched_by="submit")
+    )
+    want = one(policy(), held)
+    assert want.state == "undeclared" and want.workers == ()
+    assert want.message == f"submitted by alice (job batch, run by the agent on {HOST})"
+
+
 def test_a_host_the_policy_no_longer_names_runs_none_of_its_jobs_and_says_why() -> None:
     from allocator.records.types import RunHolder
 

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from msgspec.structs import replace
+
 from allocator.agent.sync.history_queue import HistoryQueue, write_pending
 from allocator.agent.sync.run_expiry import EXPIRED_REASON, expiry_entry, vanished_runs
 from allocator.history.append import prepare_append
@@ -77,6 +79,13 @@ def test_the_expiry_entry_ends_the_holding_when_the_agent_saw_it_gone() -> None:
     assert entry.at == "2026-06-01T12:00:10Z" and entry.reason == EXPIRED_REASON
     assert entry.from_gpus == (0, 1) and entry.slots == 2
     assert entry.gpu_seconds == 20.0 and entry.exit_status is None and entry.holder == "alice"
+    assert entry.detail == "held by allocator run (pid 4242)"
+
+
+def test_a_submitted_jobs_expiry_names_who_submitted_it_not_the_agents_pid() -> None:
+    submitted = replace(RUN, job="batch", run=RunHolder(pid=77, launched_by="submit"))
+    entry = expiry_entry(submitted, HOST, START + timedelta(seconds=10))
+    assert entry.detail == "submitted by alice (job batch, run by the agent on node1)"
 
 
 def test_it_is_written_when_nothing_ended_the_holding() -> None:

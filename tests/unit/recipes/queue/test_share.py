@@ -140,3 +140,19 @@ def test_read_share_reads_the_rollup_of_four_half_lives() -> None:
 def test_no_fair_share_in_the_policy_reads_nothing() -> None:
     client = _client("version: 1\nhosts:\n  node1: {gpus: 1}\n")
     assert read_share(client, client.require_policy().policy, "alice") is None
+
+
+def test_a_submitted_jobs_entry_gets_its_submitters_share_at_joining() -> None:
+    from allocator.placement.request import Request
+    from allocator.recipes.submit.enqueue import BatchJob, submit
+
+    client = _client(POLICY % 0)
+    _seed(client, "alice", 10, timedelta(days=1), 1)
+    alice = Allocator(client.store, holder="alice", clock=lambda: NOW)
+    batch = BatchJob(Request(job="batch", host="node1", count=1), ("true",), "/")
+    assert submit(alice, batch) == ["batch"]
+    listing = client.store.list(client.layout.host_queue("node1"))
+    (entry,) = [QueueEntry.from_json(item.value) for item in listing.items]
+    share = read_share(client, client.require_policy().policy, "alice")
+    assert share is not None and share.factor < 1.0
+    assert (entry.fair_share, entry.usage) == (share.factor, share.usage)
