@@ -2,16 +2,16 @@
 
 A gate is called with the host's state and the placement decided; it
 returns what else the transaction compares and writes, or raises. The
-queue that makes gates (:mod:`allocator.recipes.queue_wait`) sits above
+queue that makes gates (:mod:`allocator.recipes.queue.turn`) sits above
 the write path; the write path knows only this much of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from allocator.errors import ConflictError
+from allocator.errors import ConflictError, PlacementRefused
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     #: The wait queue's turn: (host state, placement) -> (compares, writes) to add.
     Gate: TypeAlias = Callable[[HostSnapshot, Placement], tuple[list[Compare], list[Op]]]
 
-__all__ = ["NotYourTurn", "PlaceAround"]  # and the type ``Gate``, for annotations
+__all__ = ["NotYourTurn", "PlaceAround", "gated_placement"]  # and ``Gate``, for annotations
 
 
 class NotYourTurn(ConflictError):
@@ -36,3 +36,27 @@ class PlaceAround(NotYourTurn):
     def __init__(self, message: str, gpus: frozenset[int]) -> None:
         super().__init__(message)
         self.gpus = gpus
+
+
+def gated_placement(
+    place_it: Callable[[Mapping[int, str]], Placement], gate: Gate | None, state: HostSnapshot
+) -> tuple[Placement, tuple[list[Compare], list[Op]]]:
+    """The placement and the wait queue's extra compares and writes (none without a gate).
+
+    ``place_it(around)`` places the request as if the GPUs of ``around`` were
+    unavailable. A ``count=N`` placed on GPUs a request ahead could use is
+    placed once more around them: other GPUs may be free that no one ahead
+    could use. Still blocked: not its turn.
+    """
+    decision = place_it({})
+    if gate is None:
+        return decision, ([], [])
+    try:
+        return decision, gate(state, decision)
+    except PlaceAround as around:
+        wanted = dict.fromkeys(around.gpus, "wanted by a request ahead in the queue")
+        try:
+            again = place_it(wanted)
+            return again, gate(state, again)
+        except (PlacementRefused, PlaceAround):
+            raise NotYourTurn(str(around)) from None

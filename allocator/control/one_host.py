@@ -12,10 +12,10 @@ again from; the retries around an attempt are the client's.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from allocator.control.gate import NotYourTurn, PlaceAround
+from allocator.control.gate import gated_placement
 from allocator.control.holder import asker_of
 from allocator.control.write_cache import Planned, WriteView, plan_change, view_reads
 from allocator.errors import (
@@ -23,7 +23,6 @@ from allocator.errors import (
     CasConflict,
     ConflictError,
     NotPermitted,
-    PlacementRefused,
     RequestError,
 )
 from allocator.history.entries import change_entry, release_entry
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     from allocator.control.writer import Writer
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
-    from allocator.status.snapshots import HostSnapshot, PolicySnapshot
+    from allocator.status.snapshots import PolicySnapshot
 
 __all__ = [
     "Extra",
@@ -148,7 +147,7 @@ def plan_assign(
             unhealthy={**(agent.unhealthy if agent else {}), **around},
         )
 
-    decision, gated = _gated(place_it, gate, state)
+    decision, gated = gated_placement(place_it, gate, state)
     stamp = format_time(now)
     assignment = _new_assignment(
         writer,
@@ -192,30 +191,6 @@ def _with_asker(writer: Writer, policy: Policy, request: Request) -> Request:
     standing = writer.standing(policy)
     asker = asker_of(policy, standing.holder, standing.groups)
     return replace_struct(request, asker=asker) if asker else request
-
-
-def _gated(
-    place_it: Callable[[Mapping[int, str]], Placement], gate: Gate | None, state: HostSnapshot
-) -> tuple[Placement, tuple[list[Compare], list[Op]]]:
-    """The placement and the wait queue's extra compares and writes (none without a gate).
-
-    A ``count=N`` placed on GPUs a request ahead could use is placed once
-    more around them (as if they were unavailable): other GPUs may be free
-    that no one ahead could use. Still blocked: not its turn.
-    """
-    decision = place_it({})
-    if gate is None:
-        return decision, ([], [])
-
-    try:
-        return decision, gate(state, decision)
-    except PlaceAround as around:
-        wanted = dict.fromkeys(around.gpus, "wanted by a request ahead in the queue")
-        try:
-            again = place_it(wanted)
-            return again, gate(state, again)
-        except (PlacementRefused, PlaceAround):
-            raise NotYourTurn(str(around)) from None
 
 
 def _new_assignment(
