@@ -45,9 +45,10 @@ def register(commands: Any) -> None:
         "with free slots to better links unless prefer=links. count=N says why it picked its "
         "GPUs. --wait: when the GPUs are not free (held, reserved, unhealthy or over a quota), "
         "wait in the host's queue and take them the moment it is this request's turn "
-        "(--wait=30m: give up after that, exit 3); see `allocator queue`. Without --wait, "
-        "set is an operator's order: it may take GPUs that waiting requests could use, and "
-        "says how many it passed (history names them).",
+        "(--wait=30m: give up after that, exit 3); a job across hosts waits in every host's "
+        "queue and takes all its shares at once, never part of them; see `allocator queue`. "
+        "Without --wait, set is an operator's order: it may take GPUs that waiting requests "
+        "could use, and says how many it passed (history names them).",
     )
     parser.add_argument(
         "--wait",
@@ -67,10 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     wait = _wait_seconds(args)
     parsed = parse_set_args(args.words)
-    if wait is not None and parsed.hosts:
-        raise RequestError("--wait takes GPUs of one host; a job across hosts cannot wait yet")
     if parsed.hosts:
-        return _run_across(args, parsed)
+        return _run_across(args, parsed, wait)
     allocator = open_allocator(args)
     try:
         request = Request(
@@ -145,8 +144,8 @@ def _wait_seconds(args: argparse.Namespace) -> float | None:
     return seconds
 
 
-def _run_across(args: argparse.Namespace, parsed: Any) -> int:
-    """``host=a,b``: one job across those hosts, in one transaction."""
+def _run_across(args: argparse.Namespace, parsed: Any, wait: float | None) -> int:
+    """``host=a,b``: one job across those hosts, in one transaction (``--wait``: as a gang)."""
     from allocator.cli.output import emit
     from allocator.control.across_hosts import describe_shares
     from allocator.placement.choose import Request
@@ -162,9 +161,22 @@ def _run_across(args: argparse.Namespace, parsed: Any) -> int:
     )
     allocator = open_allocator(args)
     try:
-        result = allocator.assign_across(
-            request, parsed.hosts, reason=parsed.reason, command=parsed.command
-        )
+        if wait is None:
+            result = allocator.assign_across(
+                request, parsed.hosts, reason=parsed.reason, command=parsed.command
+            )
+        else:
+            from allocator.recipes.queue.wait import wait_and_assign_across
+
+            result = wait_and_assign_across(
+                allocator,
+                request,
+                parsed.hosts,
+                reason=parsed.reason,
+                command=parsed.command,
+                timeout=wait if wait > 0 else None,
+                on_wait=note_waiting,
+            )
     finally:
         allocator.store.close()
     for message in result.notes:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from allocator.control.gate import gated_placement
 from allocator.control.job_index import group_index_change, index_for_write
 from allocator.control.master_port import choose_master_port
 from allocator.control.quotas import charge
@@ -48,6 +49,7 @@ from allocator.store import MAX_TXN_OPS, Compare, Delete, Op, Put
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
+    from allocator.control.gate import Gate
     from allocator.control.writer import Writer
     from allocator.placement.choose import Placement, Request
     from allocator.policy import Policy
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FIXED_OPS",
+    "GANG_OPS_PER_HOST",
+    "MAX_GANG_HOSTS",
     "MAX_JOB_HOSTS",
     "OPS_PER_HOST",
     "RESERVED_OPS_PER_HOST",
@@ -81,6 +85,13 @@ RESERVED_OPS_PER_HOST = 4
 FIXED_OPS = 6
 #: The most hosts one job may span (8 with a 64-operation transaction).
 MAX_JOB_HOSTS = (MAX_TXN_OPS - FIXED_OPS) // (OPS_PER_HOST + RESERVED_OPS_PER_HOST)
+#: Operations a gang's take adds on each host (its turn in the host's wait queue):
+#: compare the host's arrivals key, compare and delete its own entry there.
+GANG_OPS_PER_HOST = 3
+#: The most hosts a job waiting across hosts (``set host=a,b --wait``) may span.
+MAX_GANG_HOSTS = (MAX_TXN_OPS - FIXED_OPS) // (
+    OPS_PER_HOST + RESERVED_OPS_PER_HOST + GANG_OPS_PER_HOST
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,11 +163,14 @@ def plan_group_set(
     hosts: Sequence[str],
     why: tuple[str, tuple[str, ...] | None],
     generation: bytes,
+    gate: Gate | None = None,
 ) -> GroupWrite:
     """Place ``request`` on every host of ``hosts`` and build the one transaction writing it.
 
     ``why`` is the operator's reason and ad-hoc command (already allowed),
-    recorded in every share with who and when.
+    recorded in every share with who and when. ``gate`` (a gang's turn in
+    every host's wait queue) is asked on each host; any refusal refuses the
+    whole job, and what it adds is compared and written in the same transaction.
     """
     job, layout = request.job, writer.layout
     nodes = check_hosts(job, hosts)
@@ -165,7 +179,8 @@ def plan_group_set(
     states = {host: _host(writer, host) for host in nodes}
     detected = {h: s.agent.vendor if s.agent is not None else None for h, s in states.items()}
     check_one_vendor(snapshot.policy, job, detected)
-    placed = as_one_job(job, _place_each(snapshot.policy, request, states, now))
+    each, gated = _place_each(snapshot.policy, request, states, now, gate)
+    placed = as_one_job(job, each)
     held_here = any(job in state.assignments for state in states.values())
     writer.standing(snapshot.policy).check_owners(s.assignments.get(job) for s in states.values())
     indexed = snapshot.record.job_index and not held_here  # see writeview.settle_view
@@ -200,6 +215,8 @@ def plan_group_set(
         for host in released
     ]
     _with_history(writer, entries, keep, compares, ops)
+    compares += gated[0]
+    ops += gated[1]
     before = [a for a in (states[h].assignments.get(job) for h in touched) if a is not None]
     _with_charge(writer, snapshot.policy, before, shares, compares, ops)
     notes = tuple(n for host in nodes for n in placed[host].notes)
@@ -235,22 +252,41 @@ def _template(
 
 
 def _place_each(
-    policy: Policy, request: Request, states: Mapping[str, HostSnapshot], now: datetime
-) -> dict[str, Placement]:
-    """``place()`` on every host, as its agent's inventory and health say."""
+    policy: Policy,
+    request: Request,
+    states: Mapping[str, HostSnapshot],
+    now: datetime,
+    gate: Gate | None,
+) -> tuple[dict[str, Placement], tuple[list[Compare], list[Op]]]:
+    """``place()`` on every host, as its agent's inventory and health say, each through ``gate``.
+
+    Returns the placements and what the gate adds on all hosts together (a
+    key compared on several hosts, such as a quota counter, once).
+    """
     from allocator.placement.choose import place
 
-    return {
-        host: place(
-            policy,
-            replace_struct(request, host=host),
-            state.assignments,
-            now,
-            inventory=state.agent.gpus if state.agent and state.agent.gpus else None,
-            unhealthy=state.agent.unhealthy if state.agent else None,
+    placements: dict[str, Placement] = {}
+    compares: dict[str, Compare] = {}
+    ops: list[Op] = []
+    for host, state in states.items():
+
+        def place_it(around: Mapping[int, str], host: str = host) -> Placement:
+            agent = states[host].agent
+            return place(
+                policy,
+                replace_struct(request, host=host),
+                states[host].assignments,
+                now,
+                inventory=agent.gpus if agent and agent.gpus else None,
+                unhealthy={**(agent.unhealthy if agent else {}), **around},
+            )
+
+        placements[host], (more_compares, more_ops, _) = gated_placement(
+            place_it, gate, state, lambda placed: placed
         )
-        for host, state in states.items()
-    }
+        compares.update((c.key, c) for c in more_compares if c.key not in compares)
+        ops += more_ops
+    return placements, (list(compares.values()), ops)
 
 
 def replace_share(

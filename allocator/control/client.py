@@ -217,10 +217,12 @@ class Allocator:
         *,
         reason: str = "",
         command: tuple[str, ...] | None = None,
+        gate: Gate | None = None,
     ) -> GroupResult:
         """Assign ``request`` on every one of ``hosts`` as one job: one transaction, all or none.
 
         Node ranks follow the order of ``hosts``; see :mod:`allocator.control.across_hosts`.
+        ``gate`` (a gang's turn in the wait queues) is asked on every host, as in :meth:`assign`.
         """
         from allocator.control.across_hosts import check_hosts, plan_group_set
         from allocator.control.planner import check_adhoc_command
@@ -232,7 +234,8 @@ class Allocator:
             if command is not None:
                 check_adhoc_command(snapshot.policy, request.job)
             generation = self._generation()
-            write = plan_group_set(self, snapshot, request, nodes, (reason, command), generation)
+            why = (reason, command)
+            write = plan_group_set(self, snapshot, request, nodes, why, generation, gate)
             self.kept_views().clear()  # written without the kept views: they are stale now
             self.txn(write.compares, write.ops)
             return write.result

@@ -3,16 +3,16 @@
 A gate is called with the host's state and the placement decided; it
 returns what else the transaction compares and writes (and what the
 change's history entry says of the queue), or raises. The
-queue that makes gates (:mod:`allocator.recipes.queue_wait`) sits above
+queue that makes gates (:mod:`allocator.recipes.queue.turn`) sits above
 the write path; the write path knows only this much of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
-from allocator.errors import ConflictError
+from allocator.errors import ConflictError, PlacementRefused
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -24,7 +24,10 @@ if TYPE_CHECKING:
     #: The wait queue's turn: (host state, placement) -> what the take adds.
     Gate: TypeAlias = Callable[[HostSnapshot, Placement], "Passage"]
 
-__all__ = ["NotYourTurn", "Passage", "PlaceAround"]  # and the type ``Gate``, for annotations
+#: What a placement function returns (a placement, or a placement with its request).
+P = TypeVar("P")
+
+__all__ = ["NotYourTurn", "Passage", "PlaceAround", "gated_placement"]  # and ``Gate``
 
 
 class Passage(NamedTuple):
@@ -49,3 +52,31 @@ class PlaceAround(NotYourTurn):
     def __init__(self, message: str, gpus: frozenset[int]) -> None:
         super().__init__(message)
         self.gpus = gpus
+
+
+def gated_placement(
+    place_it: Callable[[Mapping[int, str]], P],
+    gate: Gate | None,
+    state: HostSnapshot,
+    decision: Callable[[P], Placement],
+) -> tuple[P, Passage]:
+    """The placement and what the wait queue adds to the take (nothing without a gate).
+
+    ``place_it(around)`` places the request as if the GPUs of ``around`` were
+    unavailable; ``decision`` finds the :class:`Placement` in what it returns.
+    A ``count=N`` placed on GPUs a request ahead could use is placed once
+    more around them: other GPUs may be free that no one ahead could use.
+    Still blocked: not its turn.
+    """
+    placed = place_it({})
+    if gate is None:
+        return placed, Passage([], [])
+    try:
+        return placed, gate(state, decision(placed))
+    except PlaceAround as around:
+        wanted = dict.fromkeys(around.gpus, "wanted by a request ahead in the queue")
+        try:
+            again = place_it(wanted)
+            return again, gate(state, decision(again))
+        except (PlacementRefused, PlaceAround):
+            raise NotYourTurn(str(around)) from None

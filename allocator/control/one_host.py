@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from msgspec import structs
 
-from allocator.control.gate import NotYourTurn, Passage, PlaceAround
+from allocator.control.gate import gated_placement
 from allocator.control.planner import (
     PlanContext,
     place_request,
@@ -28,7 +28,7 @@ from allocator.control.planner import (
     with_extra,
 )
 from allocator.control.write_cache import Planned, WriteView, settle_view, view_reads
-from allocator.errors import BadRecord, CasConflict, ConflictError, NotPermitted, PlacementRefused
+from allocator.errors import BadRecord, CasConflict, ConflictError, NotPermitted
 from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment, RunHolder
 from allocator.status.snapshots import no_policy_error
@@ -118,7 +118,9 @@ def _plan_set(
     def place_it(around: Mapping[int, str]) -> tuple[Request, Placement]:
         return place_request(view, asked, held, context, around)
 
-    (request, decision), gated = _gated(place_it, gate, view)
+    (request, decision), gated = gated_placement(
+        place_it, gate, view.host, lambda placed: placed[1]
+    )
     before = view.host.assignments.get(request.job)
     subjects = {*context.standing.charged, *(before.charged if before is not None else ())}
 
@@ -158,31 +160,6 @@ def _plan_charged(
         if not gone:
             raise
         return plan(structs.replace(context, gone=gone))
-
-
-def _gated(
-    place_it: Callable[[Mapping[int, str]], tuple[Request, Placement]],
-    gate: Gate | None,
-    view: WriteView,
-) -> tuple[tuple[Request, Placement], Passage]:
-    """The placement and the wait queue's extra compares and writes (none without a gate).
-
-    A ``count=N`` placed on GPUs a request ahead could use is placed once
-    more around them (as if they were unavailable): other GPUs may be free
-    that no one ahead could use. Still blocked: not its turn.
-    """
-    placed = place_it({})
-    if gate is None:
-        return placed, Passage([], [])
-    try:
-        return placed, gate(view.host, placed[1])
-    except PlaceAround as around:
-        wanted = dict.fromkeys(around.gpus, "wanted by a request ahead in the queue")
-        try:
-            again = place_it(wanted)
-            return again, gate(view.host, again[1])
-        except (PlacementRefused, PlaceAround):
-            raise NotYourTurn(str(around)) from None
 
 
 def _context(writer: Writer, policy: Policy | None) -> PlanContext:

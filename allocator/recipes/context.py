@@ -8,11 +8,12 @@ recipes off the client's internals and its module; the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from allocator.control.across_hosts import GroupResult
     from allocator.control.gate import Gate
     from allocator.errors import BadRecord
     from allocator.placement.choose import Placement, Request
@@ -26,7 +27,7 @@ __all__ = ["Context"]
 
 
 class Context(Protocol):
-    """Reads, the two writes, and who asks: what the self-service recipes call."""
+    """Reads, the writes, and who asks: what the self-service recipes call."""
 
     @property
     def store(self) -> Store: ...
@@ -73,6 +74,18 @@ class Context(Protocol):
         gate: Gate | None = None,
     ) -> tuple[Assignment, Placement]:
         """Check ``request`` against policy and current state, then write it atomically."""
+        ...
+
+    def assign_across(
+        self,
+        request: Request,
+        hosts: Sequence[str],
+        *,
+        reason: str = "",
+        command: tuple[str, ...] | None = None,
+        gate: Gate | None = None,
+    ) -> GroupResult:
+        """Assign ``request`` on every one of ``hosts`` as one job: one transaction, all or none."""
         ...
 
     def release(

@@ -8,7 +8,7 @@ team-a 8/8 GPUs``), or a request ahead of it that could use them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -184,7 +184,30 @@ def queue_lines(
                     entry.usage,
                 )
             )
-    return lines
+    return _as_gangs(lines)
+
+
+#: What ``allocator queue`` says of a request whose turn it is on its host.
+_ITS_TURN = "its turn: taking the GPUs"
+
+
+def _as_gangs(lines: list[QueueLine]) -> list[QueueLine]:
+    """A gang's line says its turn only where it is its turn on every host listed (pure).
+
+    A job across hosts waits with one entry of the same name on each host
+    and takes them all at once: on a host where it is its turn while another
+    holds it up, its line names what holds it up there.
+    """
+    hosts: dict[str, list[QueueLine]] = {}
+    for line in lines:
+        hosts.setdefault(line.entry, []).append(line)
+    held: dict[str, str] = {}
+    for name, same in hosts.items():
+        stuck = [line for line in same if line.why != _ITS_TURN]
+        if len(same) > 1 and stuck:
+            held[name] = f"its turn here; waits on {stuck[0].host}: {stuck[0].why}"
+    told = [line.why == _ITS_TURN and line.entry in held for line in lines]
+    return [replace(x, why=held[x.entry]) if t else x for x, t in zip(lines, told, strict=True)]
 
 
 def remove_entry(allocator: Context, host: str, name: str) -> QueueLine:
@@ -271,7 +294,7 @@ def _why(
     if ahead:
         first = ahead[0].entry
         return f"behind {first.job} ({first.holder}, {first.requested})"
-    return "its turn: taking the GPUs"
+    return _ITS_TURN
 
 
 def entry_asker(policy: Policy, entry: QueueEntry) -> tuple[str, ...]:

@@ -89,3 +89,27 @@ def test_a_submitted_entry_is_live_while_its_hosts_agent_is() -> None:
     assert [(w.entry.job, w.leased) for w in alive] == [("batch", True), ("hand", False)]
     gone = decode_queue(items, lambda _bad: None, agent_alive=False)
     assert [w.leased for w in gone] == [False, False]
+
+
+def _on(host: str, name: str, arrived: int, *, job: str = "", **look: object) -> Waiting:
+    entry = QueueEntry(job=job or name, host=host, holder="u", since="t", count=1, **look)  # type: ignore[arg-type]
+    return Waiting(f"/q/{host}/{name}", entry, arrived, arrived)
+
+
+def test_two_gangs_sort_alike_in_every_queue_they_share() -> None:
+    # A gang's entries are one transaction: one name and one creating revision on each host.
+    # Ties of priority and factor break alike too: by the entry's name, the same everywhere.
+    def gangs(host: str) -> list[Waiting]:
+        return [
+            _on(host, "bb", 7, job="g2", fair_share=0.5),
+            _on(host, "aa", 7, job="g1", fair_share=0.5),
+            _on(host, "cc", 4, job="g3", fair_share=0.2),
+            _on(host, "dd", 9, job="g4", priority=3),
+        ]
+
+    alone = {"node1": [_on("node1", "s1", 5)], "node2": [_on("node2", "s2", 2, priority=4)]}
+    orders = {
+        host: [w.entry.job for w in in_order([*gangs(host), *alone[host]]) if w.entry.job[0] == "g"]
+        for host in ("node1", "node2")
+    }
+    assert orders["node1"] == orders["node2"] == ["g4", "g1", "g2", "g3"]
