@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from allocator.control.apply import compiled as compiled_policy
 from allocator.control.apply.compiled import (
-    TXN_VALUE_BUDGET,
     compiled_op,
     drop_stale_parts,
     previous_parts,
@@ -153,7 +153,9 @@ def _store(
 
     store, layout = writer.store, writer.layout
     ops: list[Op] = [Put(layout.policy, stored), *history_ops]
-    room = MAX_TXN_OPS - txn_size(compares, ops) - 1, (TXN_VALUE_BUDGET - len(stored)) // 2
+    # The budget read from its module at each apply, not bound at import: one value, wherever set.
+    budget = compiled_policy.TXN_VALUE_BUDGET
+    room = MAX_TXN_OPS - txn_size(compares, ops) - 1, (budget - len(stored)) // 2
     old_policy, old = replaced
     old_sha = old.sha256 if old is not None else None
     try:
