@@ -18,7 +18,8 @@ __all__ = ["register"]
 
 USAGE = (
     "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [slots=K]"
-    " [prefer=links] [host=H[,H2...]] [reason=TEXT] [command='ARGV'] [--wait[=DURATION]]"
+    " [prefer=links] [host=H[,H2...]] [time=DURATION] [reason=TEXT] [command='ARGV']"
+    " [--wait[=DURATION]]"
 )
 
 
@@ -39,7 +40,9 @@ def register(commands: Any) -> None:
         "with free slots to better links unless prefer=links. count=N says why it picked its "
         "GPUs. --wait: when the GPUs are not free (held, reserved, unhealthy or over a quota), "
         "wait in the host's queue and take them the moment it is this request's turn "
-        "(--wait=30m: give up after that, exit 3); see `allocator queue`.",
+        "(--wait=30m: give up after that, exit 3); see `allocator queue`. time=2h: the job "
+        "ends then (its workers stopped, its GPUs released, history says `time limit`); "
+        "the pool may set a default and a maximum.",
     )
     parser.add_argument(
         "--wait",
@@ -61,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     parsed = parse_set_args(args.words)
     if wait is not None and parsed.hosts:
         raise RequestError("--wait takes GPUs of one host; a job across hosts cannot wait yet")
+    if parsed.time is not None and parsed.hosts:
+        raise RequestError("time= limits a job on one host; a job across hosts has no limit yet")
     if parsed.hosts:
         return _run_across(args, parsed)
     allocator = open_allocator(args)
@@ -73,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
             cpu=parsed.cpu,
             slots=parsed.slots,
             prefer=parsed.prefer,
+            time=parsed.time,
         )
         if wait is None:
             assignment, placement = allocator.assign(

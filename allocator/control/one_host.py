@@ -13,6 +13,7 @@ again from; the retries around an attempt are the client's.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from allocator.control.gate import NotYourTurn, PlaceAround
@@ -45,6 +46,7 @@ __all__ = [
     "Extra",
     "assign_once",
     "check_adhoc_command",
+    "limit_end",
     "plan_assign",
     "plan_release",
     "release_once",
@@ -136,6 +138,8 @@ def plan_assign(
         )
     # Whose it is comes before whether it fits: a refusal names the holder, not a GPU.
     writer.standing(snapshot.policy).check_owners([state.assignments.get(request.job)])
+    # A limit above the pool's maximum is refused before any placement: nothing is written.
+    ends_at = limit_end(snapshot.policy, request, state.assignments.get(request.job), now)
     agent = state.agent
 
     def place_it(around: Mapping[int, str]) -> Placement:
@@ -160,6 +164,7 @@ def plan_assign(
         reason=reason,
         command=command,
         held_by=held_by,
+        ends_at=ends_at,
     )
     lease = held_by[1] if held_by is not None else None
     before = state.assignments.get(request.job)
@@ -182,6 +187,23 @@ def plan_assign(
     more = _charge(writer, snapshot.policy, [before] if before else [], [assignment])
     more = (more[0] + gated[0], more[1] + gated[1])
     return (assignment, decision), with_extra(planned, *more)
+
+
+def limit_end(policy: Policy, request: Request, before: Assignment | None, now: datetime) -> str:
+    """The ``ends_at`` the assignment gets: ``time=``, else the pool's default (``""``: none).
+
+    A ``set`` over a job that holds GPUs without a new ``time=`` keeps its end:
+    changing the GPUs does not give it more time.
+    """
+    from allocator.placement.time_limit import end_time, resolve_limit
+
+    if request.time is None and before is not None and before.ends_at:
+        return before.ends_at
+    pool = policy.pool_of(request.host)
+    if pool is None:
+        return end_time(now, resolve_limit(request.time, "", None, None))
+    seconds = resolve_limit(request.time, pool.name, pool.default_time, pool.max_time)
+    return end_time(now, seconds)
 
 
 def _with_asker(writer: Writer, policy: Policy, request: Request) -> Request:
@@ -229,6 +251,7 @@ def _new_assignment(
     reason: str,
     command: tuple[str, ...] | None,
     held_by: tuple[RunHolder, int] | None,
+    ends_at: str,
 ) -> Assignment:
     """The record ``decision`` makes of ``request`` on ``host``, by ``writer``'s holder."""
     from allocator.placement.request import describe_request
@@ -253,6 +276,7 @@ def _new_assignment(
         holder=standing.holder,
         charged=standing.charged,
         asker=request.asker[:64],
+        ends_at=ends_at,
     )
 
 

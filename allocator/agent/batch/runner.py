@@ -60,6 +60,7 @@ from allocator.records.types import Assignment
 from allocator.store import Delete, Read, Store
 from allocator.store.credentials import redact_args
 from allocator.store.urls import scheme_of
+from allocator.util.durations import duration_text
 
 __all__ = ["BatchRunner"]
 
@@ -228,6 +229,8 @@ class BatchRunner:
             count=record.count,
             slots=record.slots,
             self_service=True,
+            # The limit counts from the take: the planner writes its ends_at then.
+            time=duration_text(record.time_s) if record.time_s is not None else None,
         )
         output = output_path(record, self.log_dir)
         # Masked as `run` masks its command line: a token in an argument is never recorded.
