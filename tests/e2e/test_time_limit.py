@@ -85,6 +85,12 @@ def test_the_pools_default_and_maximum_apply_to_set(world: AgentHarness) -> None
     assert world.cli("set", "job=plain", "gpus=0").code == 0
     held = _holding(world, "plain")
     assert held is not None and held["ends_at"]
+    assert f"ends {held['ends_at']} (59m" in world.cli("get", "job=plain").out
+    table = world.cli("status").out.splitlines()
+    assert table[0].split()[-2:] == ["TIME", "LEFT"]
+    assert table[1].split()[-1].startswith("59m")
+    host = json.loads(world.cli("status", "-o", "json").out)["hosts"][0]
+    assert [j["ends_at"] for j in host["jobs"]] == [held["ends_at"]]
 
     refused = world.cli("set", "job=long", "gpus=1", "time=3h")
     assert refused.code == 2
@@ -92,3 +98,14 @@ def test_the_pools_default_and_maximum_apply_to_set(world: AgentHarness) -> None
         "allocator: error: time=3h is above the maximum of pool gpu: 2h"
     ]
     assert _holding(world, "long") is None
+
+
+def test_status_has_no_time_column_while_no_holding_has_a_limit(
+    tmp_path: Path, store_url: str, prefix: str
+) -> None:
+    harness = AgentHarness(tmp_path, store_url, prefix, gpus=2)
+    with harness.running(start=False):
+        assert harness.cli("set", "job=free", "gpus=0").code == 0
+        assert "TIME LEFT" not in harness.cli("status").out
+        assert harness.cli("set", "job=timed", "gpus=1", "time=1h").code == 0
+        assert "TIME LEFT" in harness.cli("status").out

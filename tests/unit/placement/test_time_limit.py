@@ -7,7 +7,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from allocator.errors import EXIT_INVALID, RequestError
-from allocator.placement.time_limit import end_time, limit_reached, resolve_limit, seconds_left
+from allocator.placement.time_limit import (
+    end_time,
+    limit_reached,
+    resolve_limit,
+    seconds_left,
+    time_left_text,
+)
 
 START = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -60,3 +66,10 @@ def test_no_end_never_stops() -> None:
     assert seconds_left("", START) is None
     assert not limit_reached("", START + timedelta(days=365))
     assert not limit_reached("garbage", START)
+
+
+def test_the_time_left_is_shown_short_and_empty_without_a_limit() -> None:
+    end = end_time(START, 5400.0)
+    assert time_left_text(end, START) == "1h30m"
+    assert time_left_text(end, START + timedelta(hours=2)) == "0s"
+    assert time_left_text("", START) == ""
