@@ -3,13 +3,16 @@
 ``set time=`` and ``submit time=`` end a job that ignores SIGTERM at its limit:
 SIGTERM, the job's grace, SIGKILL of its whole tree; the GPUs are free again
 and history says ``time limit``. The pool's ``default_time`` limits a job that
-asks for none, and a ``time=`` above the pool's ``max_time`` is refused.
+asks for none, and a ``time=`` above the pool's ``max_time`` is refused;
+``allocator.lease(time=)`` releases at its limit and tells the block.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.agent_harness import HOST, AgentHarness, agent_policy, pid_alive
+from tests.e2e.conftest import Cli
 from tests.support.waiting import wait_for
 
 #: A command that ignores SIGTERM, as does its child: only SIGKILL ends them.
@@ -109,3 +113,30 @@ def test_status_has_no_time_column_while_no_holding_has_a_limit(
         assert "TIME LEFT" not in harness.cli("status").out
         assert harness.cli("set", "job=timed", "gpus=1", "time=1h").code == 0
         assert "TIME LEFT" in harness.cli("status").out
+
+
+LEASE = """
+import time
+import allocator
+from allocator.errors import LeaseLost
+try:
+    with allocator.lease(count=1, host="node1", job="notebook", time="2s"):
+        print("held", flush=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # a training loop
+            time.sleep(0.02)
+        print("went on", flush=True)
+except LeaseLost as exc:
+    print("raised:", exc, flush=True)
+"""
+
+
+def test_a_lease_ends_at_its_time_limit(applied: Cli, cli_env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", LEASE], env=cli_env, capture_output=True, text=True, timeout=30
+    )
+    lost = "raised: the GPUs' hold was lost: its time limit was reached"
+    # A loaded machine may reach the limit before the block begins: it raises all the same.
+    assert done.stdout.splitlines()[-1:] == [lost], (done.stdout, done.stderr)
+    assert applied("get", "job=notebook").code == 6
+    assert "time limit" in applied("history", "job=notebook").out
