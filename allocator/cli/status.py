@@ -322,7 +322,8 @@ def _text(hosts: Any, render_table: Any, groups: Any = (), *, filtered: bool = F
     if not hosts and not filtered:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
     gpus = [g for h in hosts for g in h.gpus]
-    headers, rows = _GPU_HEADERS, [_gpu_cells(g) for g in gpus]
+    headers: tuple[str, ...] = _GPU_HEADERS
+    rows = [_gpu_cells(g) for g in gpus]
     if any(g.time_left for g in gpus):  # the column only where some holding has a limit
         headers = (*headers, "TIME LEFT")
         rows = [[*cells, g.time_left or "-"] for cells, g in zip(rows, gpus, strict=True)]
