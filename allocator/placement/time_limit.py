@@ -42,10 +42,17 @@ def resolve_limit(
 
 
 def end_time(start: datetime, seconds: float | None) -> str:
-    """The assignment's end time as stored (RFC 3339 UTC); ``""`` without a limit."""
+    """The assignment's end time as stored (RFC 3339 UTC); ``""`` without a limit.
+
+    Stored times are to the second: the end is rounded up, so a job gets at
+    least the time it was given (``time=2s`` never ends after 1.2 seconds).
+    """
     if seconds is None:
         return ""
-    return format_time(start + timedelta(seconds=seconds))
+    end = start + timedelta(seconds=seconds)
+    if end.microsecond:
+        end = end.replace(microsecond=0) + timedelta(seconds=1)
+    return format_time(end)
 
 
 def seconds_left(end: str, now: datetime) -> float | None:

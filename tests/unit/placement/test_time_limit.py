@@ -49,6 +49,11 @@ def test_the_end_time_is_absolute_and_empty_without_a_limit() -> None:
     assert end_time(START, None) == ""
 
 
+def test_the_end_is_rounded_up_to_the_second_so_no_time_is_lost() -> None:
+    assert end_time(START + timedelta(milliseconds=300), 2.0) == "2026-01-02T03:04:08Z"
+    assert end_time(START, 1.5) == "2026-01-02T03:04:07Z"
+
+
 def test_the_deadline_reached_means_stop() -> None:
     end = end_time(START, 2.0)
     assert not limit_reached(end, START + timedelta(seconds=1))
