@@ -81,8 +81,13 @@ def lease(
     store: str | None = None,
     prefix: str | None = None,
     on_lost: Callable[[str], None] | None = None,
+    time: str | None = None,
 ) -> Iterator[Grant]:
     """Hold ``count`` GPUs (or exactly ``gpus``) on this machine for the block.
+
+    ``time``: a time limit (``"2h"``, as ``run time=``; default: the pool's
+    ``default_time``, if any): when it comes the GPUs are released (history:
+    ``time limit``) and the block hears of it as of a lost hold.
 
     ``host``: this machine's name in the policy (default: ``$ALLOCATOR_HOST``,
     else the host name); another host's is ``InvalidInput``.
@@ -111,7 +116,8 @@ def lease(
         check_this_host(host)  # the GPUs are this process's: another host's would mean nothing
     allocator = _open(store, prefix)
     try:
-        with _held(allocator, count, gpus, host, job, ttl, seconds or None, on_lost) as grant:
+        asked = (count, gpus, host, job, time)
+        with _held(allocator, asked, ttl, seconds or None, on_lost) as grant:
             yield grant
     finally:
         allocator.store.close()
@@ -163,10 +169,7 @@ def _open(store: str | None, prefix: str | None) -> Any:
 @contextmanager
 def _held(
     allocator: Any,
-    count: int | None,
-    gpus: Sequence[int] | None,
-    host: str | None,
-    job: str | None,
+    asked: tuple[int | None, Sequence[int] | None, str | None, str | None, str | None],
     ttl: float,
     wait: float | None,
     on_lost: Callable[[str], None] | None,
@@ -178,11 +181,13 @@ def _held(
     from allocator.records.holding import HOLDING_VARIABLE, holding_identity
     from allocator.util.identity import os_user, this_host
 
+    count, gpus, host, job, time = asked
     request = Request(
         job=job or default_job_name(os_user(), os.urandom(2)),
         host=host or this_host(),
         gpus=tuple(gpus) if gpus else None,
         count=None if gpus else count,
+        time=time,
     )
     reason = f"allocator.lease() in pid {os.getpid()}"
     alarm = LostAlarm(on_lost)
@@ -199,6 +204,7 @@ def _held(
     )
     status = 1
     saved: dict[str, str | None] = {}
+    timer = _limit_timer(allocator, holding, alarm)
     try:
         envs, _ = worker_envs(allocator, request.job, request.host)
         held = holding.assignment
@@ -209,6 +215,8 @@ def _held(
         yield Grant(held.job, held.host, held.gpus if held.mode == "gpu" else (), dict(env))
         status = 0
     finally:
+        if timer is not None:
+            timer.cancel()
         raise_now = alarm.disarm() and status == 0  # lost, and no exception told the block
         for key, value in saved.items():
             if value is None:
@@ -218,6 +226,27 @@ def _held(
         let_go(allocator, holding, status, "allocator.lease() ended")
     if raise_now:
         raise alarm.error()
+
+
+def _limit_timer(allocator: Any, holding: Any, alarm: LostAlarm) -> threading.Timer | None:
+    """At the holding's ``ends_at``: release it (history: ``time limit``), then tell the block."""
+    from datetime import UTC, datetime
+
+    from allocator.placement.time_limit import seconds_left
+    from allocator.recipes.holding import let_go
+
+    left = seconds_left(holding.assignment.ends_at, datetime.now(UTC))
+    if left is None:
+        return None
+
+    def end() -> None:
+        let_go(allocator, holding, 1, "time limit")
+        alarm("its time limit was reached")
+
+    timer = threading.Timer(left, end)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 class LostAlarm:

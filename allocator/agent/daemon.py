@@ -43,6 +43,7 @@ from allocator.agent.planning.desired_cache import DesiredCache
 from allocator.agent.planning.desired_inputs import DesiredInputs
 from allocator.agent.planning.exclusive_claims import gpu_holders
 from allocator.agent.planning.job_phase import Stopping
+from allocator.agent.planning.limit_ends import limit_releases, next_limit_in
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import Finish, IdleRelease
@@ -211,6 +212,9 @@ class Agent:
         due = [self.care.next_check]
         later = (self.guard.next_retry(), self.notifier.next_ping, self.supervisor.next_due())
         due += [t for t in later if t is not None]
+        limit = next_limit_in(self.sync.assignments, self.wall())
+        if limit is not None:  # a time limit ends then: wake for it, not a tick later
+            due.append(now + limit)
         tick = busy_tick(now - self.busy_since) if self.busy else TICK_SECONDS
         return max(0.0, min(tick, *(t - now for t in due)))
 
@@ -251,14 +255,15 @@ class Agent:
         self._hand_releases()
 
     def _hand_releases(self) -> None:
-        """Offer the link every release due: idle holders and finished ``release_on_exit`` jobs.
+        """Offer the link every release due: idle holders, ``release_on_exit``, time limits.
 
         One list (the link forgets a release no longer offered); a job across
         hosts is released whole, as all its shares judge it
         (:mod:`allocator.agent.planning.whole_job_end`; a dead peer's after
         the agent's own lease TTL), and a later assignment is never touched.
         """
-        self.sync.link.release_idle([*self.observer.releases, *self._exit_releases()])
+        ends = limit_releases(self.sync.assignments, self.sync.revisions, self.wall())
+        self.sync.link.release_idle([*self.observer.releases, *self._exit_releases(), *ends])
 
     def _exit_releases(self) -> list[IdleRelease]:
         """Finished ``release_on_exit`` jobs to release; why the others across hosts wait."""

@@ -158,6 +158,7 @@ class SetArgs(Struct, frozen=True):
     reason: str = ""
     command: tuple[str, ...] | None = None
     hosts: tuple[str, ...] = ()
+    time: str | None = None  # time=DURATION as typed: the planner checks it against the pool
     slots: int | None = None
     prefer: Literal["free", "links"] = "free"
 
@@ -178,7 +179,7 @@ def parse_command(raw: str) -> tuple[str, ...]:
 def parse_set_args(words: Iterable[str]) -> SetArgs:
     """Parse ``job=x (gpus=L | gpus=cpu | count=N) [slots=K] [prefer=links] [host=h[,h2]] ...``."""
     kv = parse_key_values(
-        words, ("job", "gpus", "count", "host", "reason", "command", "slots", "prefer")
+        words, ("job", "gpus", "count", "host", "reason", "command", "slots", "prefer", "time")
     )
     hosts = parse_host_list(kv.pop("host")) if "host" in kv else ()
     job, _ = _job_and_host(kv)
@@ -192,6 +193,7 @@ def parse_set_args(words: Iterable[str]) -> SetArgs:
         command=parse_command(kv["command"]) if "command" in kv else None,
         slots=_parse_slots(kv["slots"]) if "slots" in kv else None,
         prefer=_parse_prefer(kv.get("prefer", "free"), "count" in kv),
+        time=kv.get("time"),
     )
     if "count" in kv:
         return replace(base, count=_parse_count(kv["count"]))

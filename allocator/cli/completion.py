@@ -24,7 +24,7 @@ __all__ = ["NAMES_SECONDS", "WORD_KEYS", "register", "script"]
 NAMES_SECONDS = 1.5
 #: The keys each key=value command takes (a test checks them against the commands).
 WORD_KEYS = {
-    "set": ("job", "gpus", "count", "host", "reason", "command", "slots", "prefer"),
+    "set": ("job", "gpus", "count", "host", "reason", "command", "slots", "prefer", "time"),
     "get": ("job", "host"),
     "release": ("job", "host", "reason"),
     "status": ("host", "pool", "job", "state", "user"),

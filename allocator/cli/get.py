@@ -29,7 +29,9 @@ def run(args: argparse.Namespace) -> int:
     """Print the job's assignments (one line per host, or JSON/YAML)."""
     from allocator.cli.args import parse_target_args
     from allocator.cli.output import emit
+    from allocator.placement.time_limit import time_left_text
     from allocator.status.snapshots import job_not_found
+    from allocator.util.times import utc_now
 
     job, host = parse_target_args(args.words)
     allocator = open_allocator(args)
@@ -53,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     for a in found:
         where = "cpu" if a.mode == "cpu" else "gpus " + ",".join(map(str, a.gpus))
         extra = f" reason={a.reason!r}" if a.reason else ""
+        if a.ends_at:
+            extra += f" ends {a.ends_at} ({time_left_text(a.ends_at, utc_now())} left)"
         lines.append(f"{a.job}@{a.host}: {where} (since {a.updated_at} by {a.updated_by}){extra}")
         lines += _gave_up_lines(failed.get(a.host))
     data = [_with_gave_up(json.loads(a.to_json()), failed.get(a.host)) for a in found]

@@ -105,8 +105,9 @@ def run(args: argparse.Namespace) -> int:
     kv = parse_key_values(args.words, RUN_KEYS)
     ttl = _ttl(kv.pop("ttl", None))
     grace = _grace(kv.pop("grace", None), DEFAULT_GRACE)
-    limit = _time_limit(kv.pop("time", None))
-    request = _request(kv)
+    asked = kv.pop("time", None)
+    _time_limit(asked)  # a malformed time= is refused before anything is taken
+    request = _request(kv, asked)
     wait = _wait_seconds(args.wait, immediate=args.immediate)
     argv = list(getattr(args, "command_argv", None) or [])
     if not argv:
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         reason = recorded_reason(argv, record_args=not args.no_record_args)
         envs, holding = _take(allocator, request, reason, wait, ttl or DEFAULT_TTL, args.per_gpu)
+        limit = _limit_of(holding.assignment)
         return _run_held(allocator, holding, argv, envs, (grace, limit), _store_url(args))
     finally:
         allocator.store.close()
@@ -130,6 +132,15 @@ def _time_limit(raw: str | None) -> float | None:
     from allocator.placement.time_limit import resolve_limit
 
     return resolve_limit(raw, "", None, None)
+
+
+def _limit_of(assignment: Any) -> float | None:
+    """Seconds the command may run: to the assignment's ``ends_at`` (``time=`` or the pool's)."""
+    from datetime import UTC, datetime
+
+    from allocator.placement.time_limit import seconds_left
+
+    return seconds_left(assignment.ends_at, datetime.now(UTC))
 
 
 def _grace(raw: str | None, default: float) -> float:
@@ -156,7 +167,7 @@ def _store_url(args: argparse.Namespace) -> str:
     return resolve_store_url(getattr(args, "store", None))
 
 
-def _request(kv: dict[str, str]) -> Any:
+def _request(kv: dict[str, str], time: str | None) -> Any:
     """The placement request the words ask for (a job name made up if none is given)."""
     from allocator.cli.args import parse_set_args
     from allocator.placement.choose import Request
@@ -176,6 +187,7 @@ def _request(kv: dict[str, str]) -> Any:
         count=parsed.count,
         cpu=parsed.cpu,
         slots=parsed.slots,
+        time=time,
     )
 
 

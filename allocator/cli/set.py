@@ -24,7 +24,8 @@ __all__ = ["register"]
 
 USAGE = (
     "allocator set job=NAME (gpus=1,3 | gpus=0-3 | gpus=cpu | count=N) [slots=K]"
-    " [prefer=links] [host=H[,H2...]] [reason=TEXT] [command='ARGV'] [--wait[=DURATION]]"
+    " [prefer=links] [host=H[,H2...]] [time=DURATION] [reason=TEXT] [command='ARGV']"
+    " [--wait[=DURATION]]"
 )
 
 
@@ -48,7 +49,9 @@ def register(commands: Any) -> None:
         "(--wait=30m: give up after that, exit 3); a job across hosts waits in every host's "
         "queue and takes all its shares at once, never part of them; see `allocator queue`. "
         "Without --wait, set is an operator's order: it may take GPUs that waiting requests "
-        "could use, and says how many it passed (history names them).",
+        "could use, and says how many it passed (history names them). "
+        "time=2h: the job ends then (its workers stopped, its GPUs released, history says "
+        "`time limit`); the pool may set a default and a maximum.",
     )
     parser.add_argument(
         "--wait",
@@ -68,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
     wait = _wait_seconds(args)
     parsed = parse_set_args(args.words)
+    if parsed.time is not None and parsed.hosts:
+        raise RequestError("time= limits a job on one host; a job across hosts has no limit yet")
     if parsed.hosts:
         return _run_across(args, parsed, wait)
     allocator = open_allocator(args)
@@ -80,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             cpu=parsed.cpu,
             slots=parsed.slots,
             prefer=parsed.prefer,
+            time=parsed.time,
         )
         if wait is None:
             assignment, placement = _assign_passing(allocator, request, parsed)

@@ -321,8 +321,13 @@ _GPU_HEADERS = (
 def _text(hosts: Any, render_table: Any, groups: Any = (), *, filtered: bool = False) -> str:
     if not hosts and not filtered:
         return "no hosts (apply a policy with `allocator policy apply FILE`)"
-    rows = [_gpu_cells(g) for h in hosts for g in h.gpus]
-    table = render_table(_GPU_HEADERS, rows)
+    gpus = [g for h in hosts for g in h.gpus]
+    headers: tuple[str, ...] = _GPU_HEADERS
+    rows = [_gpu_cells(g) for g in gpus]
+    if any(g.time_left for g in gpus):  # the column only where some holding has a limit
+        headers = (*headers, "TIME LEFT")
+        rows = [[*cells, g.time_left or "-"] for cells, g in zip(rows, gpus, strict=True)]
+    table = render_table(headers, rows)
     if not hosts:  # filtered to nothing: the header alone, as squeue prints it
         return str(table)
     agents = "\n".join(f"{h.host}: agent {h.agent}{_vendor(h)}" + _job_summary(h) for h in hosts)

@@ -133,6 +133,7 @@ def plan_assign(
     command, held_by = held
     snapshot, state = _policy_of(view), view.host
     stamp = format_time(context.now)
+    before_end = state.assignments.get(request.job)
     assignment = _new_assignment(
         context,
         snapshot,
@@ -141,6 +142,7 @@ def plan_assign(
         host=state.host,
         why=(reason, command),
         held_by=held_by,
+        ends_at=limit_end(snapshot.policy, request, before_end, context.now),
     )
     lease = held_by[1] if held_by is not None else None
     before = state.assignments.get(request.job)
@@ -231,6 +233,7 @@ def _new_assignment(
     host: str,
     why: tuple[str, tuple[str, ...] | None],
     held_by: tuple[RunHolder, int] | None,
+    ends_at: str = "",
 ) -> Assignment:
     """The record ``decision`` makes of ``request`` on ``host``, held by the context's holder."""
     from allocator.placement.request import describe_request
@@ -254,7 +257,26 @@ def _new_assignment(
         holder=context.standing.holder,
         charged=context.standing.charged,
         asker=request.asker[:64],
+        ends_at=ends_at,
     )
+
+
+def limit_end(policy: Policy, request: Request, before: Assignment | None, now: datetime) -> str:
+    """The ``ends_at`` the assignment gets: ``time=``, else the pool's default (``""``: none).
+
+    A ``set`` over a job that holds GPUs without a new ``time=`` keeps its end:
+    changing the GPUs does not give it more time. A limit above the pool's
+    maximum raises ``RequestError`` (exit 2), before anything is written.
+    """
+    from allocator.placement.time_limit import end_time, resolve_limit
+
+    if request.time is None and before is not None and before.ends_at:
+        return before.ends_at
+    pool = policy.pool_of(request.host)
+    if pool is None:
+        return end_time(now, resolve_limit(request.time, "", None, None))
+    seconds = resolve_limit(request.time, pool.name, pool.default_time, pool.max_time)
+    return end_time(now, seconds)
 
 
 def _charge(

@@ -12,10 +12,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from allocator.errors import RequestError
-from allocator.util.durations import duration_text, parse_duration
+from allocator.util.durations import duration_text, format_duration, parse_duration
 from allocator.util.times import format_time, parse_time
 
-__all__ = ["end_time", "limit_reached", "resolve_limit", "seconds_left"]
+__all__ = ["end_time", "limit_reached", "resolve_limit", "seconds_left", "time_left_text"]
 
 
 def resolve_limit(
@@ -42,10 +42,17 @@ def resolve_limit(
 
 
 def end_time(start: datetime, seconds: float | None) -> str:
-    """The assignment's end time as stored (RFC 3339 UTC); ``""`` without a limit."""
+    """The assignment's end time as stored (RFC 3339 UTC); ``""`` without a limit.
+
+    Stored times are to the second: the end is rounded up, so a job gets at
+    least the time it was given (``time=2s`` never ends after 1.2 seconds).
+    """
     if seconds is None:
         return ""
-    return format_time(start + timedelta(seconds=seconds))
+    end = start + timedelta(seconds=seconds)
+    if end.microsecond:
+        end = end.replace(microsecond=0) + timedelta(seconds=1)
+    return format_time(end)
 
 
 def seconds_left(end: str, now: datetime) -> float | None:
@@ -59,3 +66,9 @@ def seconds_left(end: str, now: datetime) -> float | None:
 def limit_reached(end: str, now: datetime) -> bool:
     """Whether the job must stop now: its stored end time has come."""
     return seconds_left(end, now) == 0.0
+
+
+def time_left_text(end: str, now: datetime) -> str:
+    """What ``status`` and ``get`` show of a limit: ``1h29m``, ``0s`` once passed; ``""``: none."""
+    left = seconds_left(end, now)
+    return "" if left is None else format_duration(left)

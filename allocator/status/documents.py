@@ -38,8 +38,20 @@ _GPU_OPTIONAL = (
     "slots",
     "idle",
     "user",
+    "ends_at",
+    "time_left",
 )
-_JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log_path", "user")
+_JOB_OPTIONAL = (
+    "since",
+    "by",
+    "reason",
+    "workers",
+    "picked",
+    "idle_rule",
+    "log_path",
+    "user",
+    "ends_at",
+)
 
 
 def status_document(

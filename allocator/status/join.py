@@ -29,6 +29,7 @@ import msgspec
 from allocator.placement.choose import host_gpu_indices, pool_sharing
 from allocator.placement.occupancy import Holding, gpu_holdings, usage_text
 from allocator.placement.reservations import on_host, trespassers
+from allocator.placement.time_limit import time_left_text
 from allocator.policy import Policy
 from allocator.policy.model import Sharing
 from allocator.records.keys import KeyLayout
@@ -77,6 +78,10 @@ class GpuRow(msgspec.Struct, frozen=True):
     #: Who holds it: each holding job's ``holder`` (the authenticated user), once, in
     #: the order of ``holder``; "" when free.
     user: str = ""
+    #: When the first holder's time limit ends (RFC 3339) and how long is left
+    #: (``1h29m``); "" when it has none.
+    ends_at: str = ""
+    time_left: str = ""
 
 
 class JobRow(msgspec.Struct, frozen=True):
@@ -110,6 +115,8 @@ class JobRow(msgspec.Struct, frozen=True):
     fallback: bool = False
     #: Who holds the job's GPUs: its assignment's ``holder`` ("" in older records).
     user: str = ""
+    #: When its time limit ends (RFC 3339); "" when it has none.
+    ends_at: str = ""
 
 
 class GroupShare(msgspec.Struct, frozen=True):
@@ -315,12 +322,15 @@ def _host_status(
                 idle_holder=first_idle.holder,
                 unassigned=strays.get(index, ()),
                 user=_users(holds, snapshot),
+                ends_at=first.ends_at if first else "",
+                time_left=time_left_text(first.ends_at, now) if first else "",
             )
         )
     for job, held in sorted(snapshot.assignments.items()):
         if held.mode == "cpu":
             cells = (snapshot.host, "cpu", job, held.updated_at, held.reason, "-", "")
-            rows.append(GpuRow(*cells, user=held.holder))
+            left = time_left_text(held.ends_at, now)
+            rows.append(GpuRow(*cells, user=held.holder, ends_at=held.ends_at, time_left=left))
     job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
     bad = tuple(str(b) for b in snapshot.bad_records)
     vendor, mismatch = _vendor(policy, snapshot)
@@ -382,6 +392,7 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
         log_path=printable(worker.log_path or "") if worker else "",
         fallback=fallback,
         user=held.holder,
+        ends_at=held.ends_at,
     )
 
 

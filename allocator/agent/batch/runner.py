@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from allocator.agent.batch.job import BatchProcess, base_environment, output_path
+from allocator.agent.batch.limit_stop import DEFAULT_GRACE, LimitStop
 from allocator.agent.batch.wakeups import SWEEP_S, Wakeups
+from allocator.agent.planning.limit_ends import LIMIT_REASON
 from allocator.control.actor import store_user
 from allocator.control.client import Allocator
 from allocator.errors import (
@@ -60,6 +62,8 @@ from allocator.records.types import Assignment
 from allocator.store import Delete, Read, Store
 from allocator.store.credentials import redact_args
 from allocator.store.urls import scheme_of
+from allocator.util.durations import duration_text
+from allocator.util.times import utc_now
 
 __all__ = ["BatchRunner"]
 
@@ -74,6 +78,7 @@ class _Running:
     allocator: Allocator
     holding: Holding
     process: BatchProcess
+    limit: LimitStop
 
 
 @dataclass
@@ -235,6 +240,8 @@ class BatchRunner:
             count=record.count,
             slots=record.slots,
             self_service=True,
+            # The limit counts from the take: the planner writes its ends_at then.
+            time=duration_text(record.time_s) if record.time_s is not None else None,
         )
         output = output_path(record, self.log_dir)
         # Masked as `run` masks its command line: a token in an argument is never recorded.
@@ -290,7 +297,10 @@ class BatchRunner:
             self._forget(allocator.store, record)
             self.log("batch-not-started", {"job": record.job, "error": str(exc)})
             return
-        self.running[record.job] = _Running(allocator, holding, process)
+        spec = allocator.require_policy().policy.jobs.get(record.job)
+        grace = spec.grace_seconds if spec is not None else DEFAULT_GRACE
+        limit = LimitStop(holding.assignment.ends_at, grace)
+        self.running[record.job] = _Running(allocator, holding, process, limit)
         gpus = list(holding.assignment.gpus)
         self.log("batch-started", {"job": record.job, "gpus": gpus, "output": str(output)})
 
@@ -301,7 +311,12 @@ class BatchRunner:
             running.process.stop()
 
     def _reap(self) -> None:
+        wall, now = utc_now(), time.monotonic()
         for job, running in list(self.running.items()):
+            signum = running.limit.due(wall, now)
+            if signum is not None:
+                running.process.stop(signum)
+                self.log("batch-time-limit", {"job": job, "signal": signum.name})
             status = running.process.exit_status()
             if status is None:
                 continue
@@ -311,6 +326,8 @@ class BatchRunner:
     def _end(self, running: _Running, status: int) -> None:
         record, output = running.process.record, running.process.output
         reason = f"submitted job ended (exit {status}); output {output}"
+        if running.limit.reached:
+            reason = f"{LIMIT_REASON} (exit {status}); output {output}"
         released = let_go(running.allocator, running.holding, status, reason)
         self._forget(running.allocator.store, record)
         fields = {"job": record.job, "exit_status": status, "released": released}

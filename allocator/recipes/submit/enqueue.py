@@ -17,14 +17,17 @@ from typing import TYPE_CHECKING
 
 from allocator.control.holder import priority_of
 from allocator.errors import CasConflict, ConflictError, RequestError
+from allocator.placement.time_limit import resolve_limit
 from allocator.recipes.queue.share import Share, read_share
 from allocator.records.holders import QueueEntry
 from allocator.records.submission import Submission
 from allocator.store import Compare, Op, Put
+from allocator.util.durations import duration_text
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
     from allocator.placement.request import Request
+    from allocator.policy import Policy
     from allocator.recipes.context import Context
 
 __all__ = ["BatchJob", "submit", "task_names"]
@@ -60,6 +63,7 @@ def submit(allocator: Context, batch: BatchJob) -> list[str]:
     policy = allocator.require_policy().policy
     if not policy.names_host(request.host):  # no agent would ever run it
         raise RequestError(f"host {request.host!r} is not in the policy: no agent runs jobs there")
+    _check_time(policy, request.host, batch.time_s)
     # Fixed at joining, as every waiter's are (recipes/queue/share.py says why).
     share = read_share(allocator, policy, user)
     stamp = format_time(allocator.clock())
@@ -81,6 +85,13 @@ def submit(allocator: Context, batch: BatchJob) -> list[str]:
         taken = _already(allocator, user, [n for n, _ in names])
         raise ConflictError(f"already submitted by {user}: job {taken}") from None
     return [name for name, _ in names]
+
+
+def _check_time(policy: Policy, host: str, seconds: float | None) -> None:
+    """A ``time=`` above the pool's maximum is refused now, not when the agent takes it."""
+    pool = policy.pool_of(host)
+    if seconds is not None and pool is not None:
+        resolve_limit(duration_text(seconds), pool.name, pool.default_time, pool.max_time)
 
 
 def _record(batch: BatchJob, user: str, name: str, index: int | None, stamp: str) -> Submission:

@@ -7,7 +7,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from allocator.errors import EXIT_INVALID, RequestError
-from allocator.placement.time_limit import end_time, limit_reached, resolve_limit, seconds_left
+from allocator.placement.time_limit import (
+    end_time,
+    limit_reached,
+    resolve_limit,
+    seconds_left,
+    time_left_text,
+)
 
 START = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -43,6 +49,11 @@ def test_the_end_time_is_absolute_and_empty_without_a_limit() -> None:
     assert end_time(START, None) == ""
 
 
+def test_the_end_is_rounded_up_to_the_second_so_no_time_is_lost() -> None:
+    assert end_time(START + timedelta(milliseconds=300), 2.0) == "2026-01-02T03:04:08Z"
+    assert end_time(START, 1.5) == "2026-01-02T03:04:07Z"
+
+
 def test_the_deadline_reached_means_stop() -> None:
     end = end_time(START, 2.0)
     assert not limit_reached(end, START + timedelta(seconds=1))
@@ -60,3 +71,10 @@ def test_no_end_never_stops() -> None:
     assert seconds_left("", START) is None
     assert not limit_reached("", START + timedelta(days=365))
     assert not limit_reached("garbage", START)
+
+
+def test_the_time_left_is_shown_short_and_empty_without_a_limit() -> None:
+    end = end_time(START, 5400.0)
+    assert time_left_text(end, START) == "1h30m"
+    assert time_left_text(end, START + timedelta(hours=2)) == "0s"
+    assert time_left_text("", START) == ""

@@ -50,8 +50,13 @@ GPU_OPTIONAL = (
     "slots",
     "idle",
     "user",
+    "ends_at",
+    "time_left",
 )
-JOB_OPTIONAL = ("since", "by", "reason", "workers", "picked", "idle_rule", "log_path", "user")
+JOB_OPTIONAL = (
+    *("since", "by", "reason", "workers", "picked", "idle_rule", "log_path", "user"),
+    "ends_at",
+)
 
 
 def _kv(key: str, record: Any, lease: int | None = None) -> KeyValue:
@@ -233,5 +238,7 @@ def test_a_gpu_row_keeps_its_fields_in_the_document() -> None:
             "idle_holder": False,
             "unassigned": [],
             "user": None,
+            "ends_at": None,
+            "time_left": None,
         }
     ]
