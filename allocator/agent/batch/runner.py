@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -65,6 +66,9 @@ __all__ = ["BatchRunner"]
 
 #: The longest an orderly stop waits for the running commands to end and be released.
 STOP_S = 10.0
+#: How long a command whose holding was released has after SIGTERM before SIGKILL
+#: (a policy job's default ``grace_seconds``).
+GRACE_S = 10.0
 
 Log = Callable[[str, Mapping[str, Any]], None]
 
@@ -74,6 +78,7 @@ class _Running:
     allocator: Allocator
     holding: Holding
     process: BatchProcess
+    kill_at: float | None = None  # monotonic: SIGKILL then, once SIGTERM was sent
 
 
 @dataclass
@@ -291,11 +296,14 @@ class BatchRunner:
         running = self.running.get(job)
         if running is not None:
             running.process.stop()
+            running.kill_at = time.monotonic() + GRACE_S
 
     def _reap(self) -> None:
         for job, running in list(self.running.items()):
             status = running.process.exit_status()
             if status is None:
+                if running.kill_at is not None and time.monotonic() >= running.kill_at:
+                    running.process.stop(signal.SIGKILL)  # it ignored SIGTERM past its grace
                 continue
             del self.running[job]
             self._end(running, status)

@@ -39,6 +39,7 @@ from allocator.errors import (
 from allocator.recipes.queue.faults import Outage, default_sigterm, exit_on_sigterm
 from allocator.recipes.queue.order import blockers, decode_queue, wanted_ahead
 from allocator.recipes.queue.share import read_share
+from allocator.recipes.queue.tombstone import Cancelled, cancelled_by
 from allocator.recipes.queue.view import QuotaLook, able_gpus
 from allocator.records.codec import replace_struct
 from allocator.records.holders import QueueEntry
@@ -221,6 +222,7 @@ def wait_in_queue(
                     f"timed out waiting for {request.describe()} on {host}: {why}", why
                 )
             entry.changes(min(RECHECK_S, left) if left is not None else RECHECK_S)
+            _stop_if_cancelled(allocator, turn.me)
             found = _round(allocator, take, turn, entry, outage)
             if not isinstance(found, str):
                 return found
@@ -228,6 +230,18 @@ def wait_in_queue(
     finally:
         entry.leave()
         default_sigterm()
+
+
+def _stop_if_cancelled(allocator: Context, key: str | None) -> None:
+    """``Cancelled`` if ``allocator cancel`` removed this waiter's entry (not a lapsed lease)."""
+    if key is None:
+        return
+    try:
+        by = cancelled_by(allocator, key)
+    except StoreUnavailable:
+        return  # the round that follows rides the outage
+    if by is not None:
+        raise Cancelled(f"cancelled by {by or 'someone'}")
 
 
 def _round(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.errors import NotFound, PermissionDenied
+from allocator.errors import NotFound, NotPermitted
 from allocator.recipes.cancel import choose_pending
 from allocator.recipes.queue.order import Waiting
 from allocator.records.holders import QueueEntry
@@ -24,7 +24,7 @@ def test_the_owner_cancels_their_job() -> None:
 
 
 def test_someone_else_is_refused() -> None:
-    with pytest.raises(PermissionDenied, match="waits for alice, not for bob"):
+    with pytest.raises(NotPermitted, match="waits for alice, not for bob"):
         choose_pending(QUEUE, "sweep", "bob", operator=False)
 
 
