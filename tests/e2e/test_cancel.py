@@ -166,3 +166,25 @@ def test_nothing_is_exit_6_and_another_users_request_exit_5(world: AgentHarness)
     refused = world.cli("cancel", "job=theirs")
     assert refused.code == 5, refused.err
     assert _queued(world) == ["theirs"]
+
+
+def test_a_running_foreground_run_ends_when_cancelled(
+    world: AgentHarness, waiters: list[subprocess.Popen[str]]
+) -> None:
+    script = "import time\nwhile True: time.sleep(0.05)"
+    words = ["job=fg", "count=1", f"host={HOST}", "--", sys.executable, "-c", script]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "allocator", "run", *words],
+        env=world.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    waiters.append(proc)
+    wait_for("the run to hold its GPUs", lambda: _holds(world, "fg"), timeout=30)
+    result = world.cli("cancel", "job=fg")
+    assert result.code == 0, result.err
+    _out, err = proc.communicate(timeout=GRACE_S + SLACK_S)
+    # The agent (its holding is gone) or the run (its lease check) stops the command: SIGTERM.
+    assert proc.returncode == 128 + 15, err
+    assert not _holds(world, "fg")
