@@ -194,10 +194,23 @@ def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
         from bench.bench_queue import handoff
 
         queued = handoff(world, max(2, moves // 2), backend, bare_move, _wait_new_worker)
+
+    made = [moves]  # train is on GPU (moves - 1) % 2: each move goes to the other one
+
+    def one_move() -> float:
+        nonlocal pid
+        elapsed, pid = _move(world, made[0] % 2, pid)
+        made[0] += 1
+        return elapsed
+
+    from bench.bench_cancel import cancel_to_free
+
+    cancelled = cancel_to_free(world, max(2, moves // 2), backend, one_move, _wait_new_worker)
     return [
         ratio_row(f"propagation, {backend}, median", ours, floor, most=2),
         ratio_row(f"propagation, {backend}, worst", ours, floor, most=4, stat=max),
         queued,
+        cancelled,
     ]
 
 

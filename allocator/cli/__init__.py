@@ -45,6 +45,7 @@ COMMANDS = {
     "status": "allocator.cli.status",
     "history": "allocator.cli.history",
     "queue": "allocator.cli.queue",
+    "cancel": "allocator.cli.cancel",
     "policy": "allocator.cli.policy",
     "env": "allocator.cli.env",
     "run": "allocator.cli.run",

@@ -29,6 +29,7 @@ WORD_KEYS = {
     "release": ("job", "host", "reason"),
     "status": ("host", "pool", "job", "state", "user"),
     "queue": ("host", "user"),
+    "cancel": ("job", "host", "user"),
     "history": ("job", "host", "gpu"),
     "env": ("job", "host", "worker"),
     "run": ("job", "count", "gpus", "host", "slots", "ttl", "grace", "time"),

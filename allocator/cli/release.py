@@ -9,6 +9,7 @@ from allocator.cli.common import add_words_command, note, open_allocator, output
 
 if TYPE_CHECKING:
     from allocator.control.client import Allocator
+    from allocator.errors import NotFound
 
 __all__ = ["register"]
 
@@ -34,15 +35,18 @@ def run(args: argparse.Namespace) -> int:
 
     from allocator.cli.args import parse_release_args
     from allocator.cli.output import emit
-    from allocator.errors import BadRecord
+    from allocator.errors import BadRecord, NotFound
 
     job, host, reason = parse_release_args(args.words)
     allocator = open_allocator(args)
     try:
-        host = host or _host_of(allocator, job)
-        if host is None:  # a job across several hosts
-            return _release_across(args, allocator, job, reason)
-        released = allocator.release(host, job, reason=reason)
+        try:
+            host = host or _host_of(allocator, job)
+            if host is None:  # a job across several hosts
+                return _release_across(args, allocator, job, reason)
+            released = allocator.release(host, job, reason=reason)
+        except NotFound as missing:
+            raise _waiting_hint(allocator, job, missing) from None
     finally:
         allocator.store.close()
     if isinstance(released, BadRecord):
@@ -74,6 +78,18 @@ def _host_of(allocator: Allocator, job: str) -> str | None:
     if len(hosts) > 1:
         raise RequestError(f"job {job!r} holds GPUs on {', '.join(hosts)}: say which with host=")
     raise job_not_found(job, None)
+
+
+def _waiting_hint(allocator: Allocator, job: str, missing: NotFound) -> NotFound:
+    """``missing``, pointing at ``allocator cancel`` when ``job`` waits in a queue."""
+    from allocator.errors import NotFound
+    from allocator.recipes.cancel import pending_entries
+
+    hosts = sorted({w.entry.host for w in pending_entries(allocator, None) if w.entry.job == job})
+    if not hosts:
+        return missing
+    where = ", ".join(hosts)
+    return NotFound(f"{missing}; it waits in the queue of {where}: `allocator cancel job={job}`")
 
 
 def _release_across(args: argparse.Namespace, allocator: Allocator, job: str, reason: str) -> int:

@@ -247,6 +247,16 @@ class KeyLayout(Struct, frozen=True):
         """Key of one waiting request (leased: a dead waiter's entry goes with its lease)."""
         return f"{self.host_queue(host)}{validate_name(entry, 'queue entry')}"
 
+    def queue_cancel(self, entry_key: str) -> str:
+        """Key that tells the waiter of ``entry_key`` who cancelled it (leased: it goes soon).
+
+        Written with the entry's deletion, so a waiter that finds its entry
+        gone can tell a cancel (it stops) from a lapsed lease (it joins again).
+        """
+        if not entry_key.startswith(self.queue):
+            raise ValueError(f"{entry_key!r} is not a queue entry's key")
+        return f"{self.root}/queue/cancelled/{entry_key[len(self.queue) :]}"
+
     def queue_arrivals(self, host: str) -> str:
         """Key bumped by every request that joins ``host``'s queue.
 

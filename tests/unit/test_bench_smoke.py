@@ -32,6 +32,8 @@ ROWS = {
         "propagation, etcd, worst",
         "queue hand-off, SQLite, median",
         "queue hand-off, etcd, median",
+        "cancel -> GPUs free, SQLite, median",
+        "cancel -> GPUs free, etcd, median",
         "agent footprint",
         "agent idle CPU, SQLite",
         "agent idle CPU, etcd",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -69,6 +70,9 @@ __all__ = ["BatchRunner"]
 
 #: The longest an orderly stop waits for the running commands to end and be released.
 STOP_S = 10.0
+#: How long a command whose holding was released has after SIGTERM before SIGKILL
+#: (a policy job's default ``grace_seconds``).
+GRACE_S = 10.0
 
 Log = Callable[[str, Mapping[str, Any]], None]
 
@@ -79,6 +83,7 @@ class _Running:
     holding: Holding
     process: BatchProcess
     limit: LimitStop
+    kill_at: float | None = None  # monotonic: SIGKILL then, once SIGTERM was sent
 
 
 @dataclass
@@ -309,6 +314,7 @@ class BatchRunner:
         running = self.running.get(job)
         if running is not None:
             running.process.stop()
+            running.kill_at = time.monotonic() + GRACE_S
 
     def _reap(self) -> None:
         wall, now = utc_now(), time.monotonic()
@@ -319,6 +325,8 @@ class BatchRunner:
                 self.log("batch-time-limit", {"job": job, "signal": signum.name})
             status = running.process.exit_status()
             if status is None:
+                if running.kill_at is not None and time.monotonic() >= running.kill_at:
+                    running.process.stop(signal.SIGKILL)  # it ignored SIGTERM past its grace
                 continue
             del self.running[job]
             self._end(running, status)

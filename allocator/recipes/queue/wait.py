@@ -33,12 +33,14 @@ from allocator.errors import (
     CasConflict,
     ConflictError,
     LeaseLost,
+    PermissionDenied,
     PlacementRefused,
     RequestError,
     StoreUnavailable,
 )
 from allocator.recipes.queue.faults import Outage, default_sigterm, exit_on_sigterm
 from allocator.recipes.queue.ticket import Ticket
+from allocator.recipes.queue.tombstone import Cancelled, cancelled_by
 from allocator.recipes.queue.turn import Gang, Turn
 from allocator.records.codec import replace_struct
 
@@ -208,6 +210,8 @@ class _Waiter:
                     what = ticket.request.describe()
                     raise WaitTimedOut(f"timed out waiting for {what} on {self.where}: {why}", why)
                 ticket.changes(min(RECHECK_S, left) if left is not None else RECHECK_S)
+                for key in ticket.keys.values():  # the entries as last joined
+                    _stop_if_cancelled(allocator, key)
                 found = _round(allocator, take, turn, ticket, outage)
                 if not isinstance(found, str):
                     return found
@@ -215,6 +219,20 @@ class _Waiter:
         finally:
             ticket.leave()
             default_sigterm()
+
+
+def _stop_if_cancelled(allocator: Context, key: str | None) -> None:
+    """``Cancelled`` if ``allocator cancel`` removed this waiter's entry (not a lapsed lease)."""
+    if key is None:
+        return
+    try:
+        by = cancelled_by(allocator, key)
+    except StoreUnavailable:
+        return  # the round that follows rides the outage
+    except PermissionDenied:
+        return  # a role that may not read tombstones: only a lapsed lease is told apart
+    if by is not None:
+        raise Cancelled(f"cancelled by {by or 'someone'}")
 
 
 def _round(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from allocator.errors import NotFound, PermissionDenied
-from allocator.recipes.cancel import choose_pending
+from allocator.errors import NotFound, NotPermitted
+from allocator.recipes.cancel import choose, choose_pending
 from allocator.recipes.queue.order import Waiting
 from allocator.records.holders import QueueEntry
+from allocator.records.types import Assignment
 
 
 def _waiting(job: str, holder: str, name: str) -> Waiting:
@@ -24,7 +27,7 @@ def test_the_owner_cancels_their_job() -> None:
 
 
 def test_someone_else_is_refused() -> None:
-    with pytest.raises(PermissionDenied, match="waits for alice, not for bob"):
+    with pytest.raises(NotPermitted, match="waits for alice, not for bob"):
         choose_pending(QUEUE, "sweep", "bob", operator=False)
 
 
@@ -61,3 +64,47 @@ def test_cancel_pending_deletes_exactly_what_was_read() -> None:
         cancel_pending(allocator, train)
     cancel_pending(allocator, sweep)
     assert [w.entry.job for w in pending_entries(allocator, None)] == ["train"]
+
+
+def _held(job: str, holder: str) -> Assignment:
+    return Assignment(
+        job=job, host="h1", gpus=(0,), mode="gpu", updated_by="t", updated_at="t", holder=holder
+    )
+
+
+HELD = [_held("train", "bob"), _held("eval", "bob")]
+
+
+def _only(allowed: str) -> Callable[[str], bool]:
+    return lambda holder: holder == allowed
+
+
+def test_choose_finds_a_job_running_and_waiting() -> None:
+    chosen = choose([*QUEUE, _waiting("train", "bob", "e3")], HELD, "train", "bob", _only("bob"))
+    assert [w.name for w in chosen.pending] == ["e2", "e3"]
+    assert [a.job for a in chosen.running] == ["train"]
+
+
+def test_choose_refuses_another_users_running_job() -> None:
+    with pytest.raises(NotPermitted, match="runs for bob, not for alice"):
+        choose(QUEUE, HELD, "eval", "alice", _only("alice"))
+    with pytest.raises(NotPermitted, match="waits for bob, not for alice"):
+        choose(QUEUE, HELD, "train", "alice", _only("alice"))
+
+
+def test_choose_lets_an_operator_end_anyones() -> None:
+    chosen = choose(QUEUE, HELD, "train", "carol", lambda _holder: True)
+    assert ([w.name for w in chosen.pending], len(chosen.running)) == (["e2"], 1)
+
+
+def test_choose_says_not_found_when_nothing_waits_or_runs() -> None:
+    with pytest.raises(NotFound, match="neither waits nor runs"):
+        choose(QUEUE, HELD, "absent", "alice", lambda _holder: True)
+    with pytest.raises(NotFound, match="nothing of carol's"):
+        choose(QUEUE, HELD, None, "carol", lambda _holder: True)
+
+
+def test_choose_me_takes_only_the_askers_own() -> None:
+    chosen = choose(QUEUE, HELD, None, "bob", lambda _holder: True)
+    assert [w.name for w in chosen.pending] == ["e2"]
+    assert [a.job for a in chosen.running] == ["train", "eval"]
