@@ -32,7 +32,8 @@ __all__ = ["recorded_reason", "register", "split_command"]
 
 USAGE = (
     "allocator run [job=NAME] (count=N | gpus=LIST) [host=H] [slots=K] [ttl=DURATION]"
-    " [grace=DURATION] [time=DURATION] [--wait[=DURATION]] [--per-gpu] [--no-record-args]"
+    " [grace=DURATION] [time=DURATION] [--wait[=DURATION]] [--preemptible] [--per-gpu]"
+    " [--no-record-args]"
     " -- CMD [ARGS...]"
 )
 #: The key=value words ``run`` takes.
@@ -61,6 +62,12 @@ def register(commands: Any) -> None:
         action="store_true",
         help="record only the program's name, none of its arguments (status, history and "
         "serve show the rest masked: tokens, passwords, URL passwords)",
+    )
+    parser.add_argument(
+        "--preemptible",
+        action="store_true",
+        help="use GPUs no normal request waits for; when one needs them, the command's tree "
+        "is stopped (SIGTERM, then SIGKILL after grace=) and the GPUs go to it",
     )
     parser.add_argument(
         "--per-gpu",
@@ -94,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     ttl = _ttl(kv.pop("ttl", None))
     grace = _grace(kv.pop("grace", None), DEFAULT_GRACE)
     limit = _time_limit(kv.pop("time", None))
-    request = _request(kv)
+    request = _request(kv, preemptible=bool(getattr(args, "preemptible", False)))
     wait = _wait_seconds(args.wait)
     argv = list(getattr(args, "command_argv", None) or [])
     if not argv:
@@ -144,7 +151,7 @@ def _store_url(args: argparse.Namespace) -> str:
     return resolve_store_url(getattr(args, "store", None))
 
 
-def _request(kv: dict[str, str]) -> Any:
+def _request(kv: dict[str, str], *, preemptible: bool = False) -> Any:
     """The placement request the words ask for (a job name made up if none is given)."""
     from allocator.cli.args import parse_set_args
     from allocator.placement.choose import Request
@@ -164,6 +171,7 @@ def _request(kv: dict[str, str]) -> Any:
         count=parsed.count,
         cpu=parsed.cpu,
         slots=parsed.slots,
+        preemptible=preemptible,
     )
 
 
@@ -212,6 +220,7 @@ def _take(
         on_lost=_lost,
         tell=note,
         on_wait=note_waiting,
+        on_preempted=_preempted,
     )
     try:
         envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)
@@ -245,6 +254,14 @@ def _lost(why: str) -> None:
     import signal
 
     note(f"lost the hold on the GPUs ({why}); stopping the command")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _preempted(by: str) -> None:
+    """A normal request needs the GPUs: stop the command's tree (its grace), then let go."""
+    import signal
+
+    note(f"preempted by {by}: stopping the command")
     os.kill(os.getpid(), signal.SIGTERM)
 
 
@@ -285,6 +302,8 @@ def _run_held(
             signal.signal(signum, handler)  # type: ignore[arg-type]
         children.close()
         why = "time limit" if children.timed_out else f"allocator run ended (exit {status})"
+        if holding.preempted_by:
+            why = f"preempted by {holding.preempted_by}"
         let_go(allocator, holding, status, why)
         sys.stdout.flush()
 

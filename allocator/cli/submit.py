@@ -6,10 +6,11 @@ the command as the submitting user with its stdout and stderr to a file
 (``output=PATH``; default ``<agent log dir>/submit/<job>.log``), and
 releases the GPUs when it ends, with its exit status and GPU-seconds in
 history. ``--array=A-B`` queues one task per index, ``NAME-<i>``, each with
-``ALLOCATOR_ARRAY_INDEX`` set. The command gets no environment from this
-shell (the store is readable by every user): only ``PATH``, the user's
-``HOME``, ``USER``, ``LOGNAME`` and the job's allocator variables. See
-docs/submit.md.
+``ALLOCATOR_ARRAY_INDEX`` set. ``--preemptible``: it uses GPUs no normal
+request waits for, and is stopped and queued again when one needs them.
+The command gets no environment from this shell (the store is readable by
+every user): only ``PATH``, the user's ``HOME``, ``USER``, ``LOGNAME`` and
+the job's allocator variables. See docs/submit.md.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = ["register"]
 
 USAGE = (
     "allocator submit [job=NAME] (count=N | gpus=LIST) host=H [slots=K] [time=DURATION]"
-    " [output=PATH] [--array=A-B] [-o json] -- CMD [ARGS...]"
+    " [output=PATH] [--array=A-B] [--preemptible] [-o json] -- CMD [ARGS...]"
 )
 #: The key=value words ``submit`` takes.
 SUBMIT_KEYS = ("job", "count", "gpus", "host", "slots", "time", "output")
@@ -45,6 +46,12 @@ def register(commands: Any) -> None:
     )
     parser.add_argument(
         "--array", metavar="A-B", default=None, help="one task per index A..B (NAME-<i>)"
+    )
+    parser.add_argument(
+        "--preemptible",
+        action="store_true",
+        help="use GPUs no normal request waits for; when one needs them, the job is stopped "
+        "(SIGTERM, then SIGKILL after its grace) and queued again",
     )
 
 
@@ -66,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     allocator = open_allocator(args)
     try:
         request = _request(kv, allocator.holder, array)
-        batch = BatchJob(request, argv, os.getcwd(), output, time_s, array)
+        preemptible = bool(getattr(args, "preemptible", False))
+        batch = BatchJob(request, argv, os.getcwd(), output, time_s, array, preemptible)
         names = submit(allocator, batch)
     finally:
         allocator.store.close()

@@ -253,6 +253,7 @@ def _new_assignment(
         holder=standing.holder,
         charged=standing.charged,
         asker=request.asker[:64],
+        preemptible=request.preemptible,
     )
 
 

@@ -30,7 +30,8 @@ class Request(Struct, frozen=True):
     weigh links before free capacity. ``asker``: the subjects of who asks
     (``user:``, ``team:``, ``unix:``), which reservations' ``who`` admit;
     ``self_service``: a ``run``/``lease()`` request, whose job name its asker
-    picks, so reservations' job globs do not admit it. Construction validates the shape, so a
+    picks, so reservations' job globs do not admit it; ``preemptible``: its
+    GPUs go back to a normal request that needs them. Construction validates the shape, so a
     malformed request never exists: :class:`RequestError` for an empty or
     duplicated GPU list, a negative index, ``count < 1``, slots out of range
     or on a CPU request, or not exactly one kind of request. A Struct (a
@@ -47,6 +48,7 @@ class Request(Struct, frozen=True):
     prefer: Prefer = "free"
     asker: tuple[str, ...] = ()
     self_service: bool = False
+    preemptible: bool = False
 
     def __post_init__(self) -> None:
         kinds = [k for k, v in (("gpus", self.gpus), ("count", self.count)) if v is not None]

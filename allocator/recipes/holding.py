@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from allocator.errors import AllocatorError, LeaseLost, StoreError
+from allocator.errors import AllocatorError, BadRecord, LeaseLost, StoreError
 from allocator.records.types import Assignment, RunHolder
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TTL",
+    "PREEMPT_CHECK_S",
     "Holding",
     "LeaseKeeper",
     "hold",
@@ -54,6 +55,8 @@ __all__ = [
 
 #: Seconds a holding outlives the process that stopped refreshing it.
 DEFAULT_TTL = 15.0
+#: How often a ``--preemptible`` holding looks whether its GPUs were taken back.
+PREEMPT_CHECK_S = 1.0
 
 
 def refresh_interval(ttl: float) -> float:
@@ -92,9 +95,11 @@ class LeaseKeeper:
         on_lost: Callable[[str], None],
         *,
         monotonic: Callable[[], float] = time.monotonic,
+        every: float | None = None,
     ) -> None:
         self._refresh = refresh
         self._ttl = ttl
+        self._every = refresh_interval(ttl) if every is None else min(every, refresh_interval(ttl))
         self._on_lost = on_lost
         self._monotonic = monotonic
         self._stop = threading.Event()
@@ -112,7 +117,7 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         last_ok = self._monotonic()
-        while not self._stop.wait(refresh_interval(self._ttl)):
+        while not self._stop.wait(self._every):
             try:
                 self._refresh()
                 last_ok = self._monotonic()
@@ -134,6 +139,8 @@ class Holding:
     keeper: LeaseKeeper
     started: float
     lost: list[str] = field(default_factory=list)
+    #: The job that took its GPUs back (a ``--preemptible`` holding), once it did.
+    preempted_by: str = ""
 
     def gpu_seconds(self, now: float) -> float:
         """GPU-seconds held until ``now`` (monotonic); a CPU assignment holds none."""
@@ -150,11 +157,14 @@ def hold(
     launched_by: str = "run",
     on_lost: Callable[[str], None] | None = None,
     gate: Gate | None = None,
+    on_preempted: Callable[[str], None] | None = None,
 ) -> Holding:
     """Take ``request``'s GPUs for this process under a new lease; keep the lease alive.
 
     ``gate``: the wait queue's turn (:mod:`allocator.recipes.queue.wait`), handed to
-    ``Allocator.assign``.
+    ``Allocator.assign``. ``on_preempted`` hears, once, the job a
+    ``--preemptible`` holding's GPUs go to (looked for every
+    :data:`PREEMPT_CHECK_S`); the holder stops its command then and lets go.
 
     ``allocator`` is an :class:`~allocator.control.client.Allocator`, ``request``
     a placement :class:`~allocator.placement.choose.Request`. Refused exactly as
@@ -181,6 +191,7 @@ def hold(
         _revoke_quietly(store, lease)
         raise
     key = allocator.layout.assignment(assignment.host, assignment.job)
+    holding: list[Holding] = []
 
     def refresh() -> None:
         store.refresh_lease(lease)
@@ -188,10 +199,26 @@ def hold(
         current = store.get(key)
         if current is None or current.lease != lease:
             raise LeaseLost(f"job {assignment.job!r} was released or changed by someone else")
+        if assignment.preemptible and holding and not holding[0].preempted_by:
+            by = _preempted_by(current.value)
+            if by:
+                holding[0].preempted_by = by
+                if on_preempted is not None:
+                    on_preempted(by)
 
-    keeper = LeaseKeeper(refresh, ttl, lost_it)
+    every = PREEMPT_CHECK_S if assignment.preemptible else None
+    keeper = LeaseKeeper(refresh, ttl, lost_it, every=every)
+    holding.append(Holding(assignment, lease, keeper, time.monotonic(), lost))
     keeper.start()
-    return Holding(assignment, lease, keeper, time.monotonic(), lost)
+    return holding[0]
+
+
+def _preempted_by(raw: bytes) -> str:
+    """Who a stored assignment says took its GPUs back ("" for no one, or not readable)."""
+    try:
+        return Assignment.from_json(raw).preempted_by
+    except BadRecord:
+        return ""
 
 
 def let_go(allocator: Context, holding: Holding, exit_status: int, reason: str = "") -> bool:

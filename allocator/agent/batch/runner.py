@@ -13,7 +13,11 @@ records, and for each submitted entry, in queue order:
   taken, it starts the command (:class:`~allocator.agent.batch.job.BatchProcess`).
 
 A job that ends is released with its exit status and GPU-seconds in
-history, and its record deleted. A holding released from outside
+history, and its record deleted. A ``--preemptible`` job whose GPUs a
+normal request takes back (:mod:`allocator.recipes.queue.preempt`) gets
+SIGTERM, SIGKILL after :data:`PREEMPT_GRACE_S`, is released with history
+``preempted by JOB`` and queued again (a new entry, the same record); a
+normal submitted job at its turn takes such GPUs back itself. A holding released from outside
 (``allocator release``, a cancel) stops the command. A record whose queue
 entry is gone before it ran (a cancel, ``queue remove``) is deleted.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -51,7 +56,9 @@ from allocator.placement.worker_env import worker_environments
 from allocator.recipes.gpu_free import DEFAULT_BOUND, busy_with
 from allocator.recipes.holding import DEFAULT_TTL, Holding, hold, let_go
 from allocator.recipes.queue.order import Waiting, decode_queue
+from allocator.recipes.queue.preempt import try_preempt
 from allocator.recipes.queue.wait import submitted_gate
+from allocator.recipes.submit.enqueue import requeue
 from allocator.recipes.submit.proof import Runner, refusal, split_submission
 from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 from allocator.records.keys import KeyLayout
@@ -65,6 +72,8 @@ __all__ = ["BatchRunner"]
 
 #: The longest an orderly stop waits for the running commands to end and be released.
 STOP_S = 10.0
+#: From the SIGTERM that stops a preempted job to its SIGKILL.
+PREEMPT_GRACE_S = 10.0
 
 Log = Callable[[str, Mapping[str, Any]], None]
 
@@ -74,6 +83,7 @@ class _Running:
     allocator: Allocator
     holding: Holding
     process: BatchProcess
+    stopped_at: float | None = None  # monotonic: when a preemption sent it SIGTERM
 
 
 @dataclass
@@ -228,6 +238,7 @@ class BatchRunner:
             count=record.count,
             slots=record.slots,
             self_service=True,
+            preemptible=record.preemptible,
         )
         output = output_path(record, self.log_dir)
         # Masked as `run` masks its command line: a token in an argument is never recorded.
@@ -244,7 +255,11 @@ class BatchRunner:
                 on_lost=lambda _why: self._lost(record.job),
             )
         except (ConflictError, LeaseLost, CasConflict):
-            return  # not its turn yet (or the entry went): the next change decides again
+            # Not its turn yet (or the entry went): the next change decides again. A
+            # normal job at its turn takes back what preemptible jobs hold of its GPUs.
+            if try_preempt(allocator, request, waiting.key):
+                self.log("batch-preempting", {"job": record.job})
+            return
         except (InvalidInput, NotPermitted, NotFound) as exc:  # it would never be taken
             self._refuse(waiting, str(exc))
             return
@@ -256,6 +271,13 @@ class BatchRunner:
     def _start_free(self) -> None:
         """Start each taken job whose GPUs no other job's processes run on any more."""
         for job, due in list(self.starting.items()):
+            if due.holding.preempted_by:  # taken back before it started: queued again
+                del self.starting[job]
+                why = f"preempted by {due.holding.preempted_by} before it started"
+                let_go(due.allocator, due.holding, 1, why)
+                if not self._requeued(due.allocator, due.record):
+                    self._forget(due.allocator.store, due.record)
+                continue
             workers, left = busy_with(due.allocator, due.holding.assignment)
             if workers or left:
                 if time.monotonic() < due.deadline:
@@ -296,17 +318,46 @@ class BatchRunner:
         for job, running in list(self.running.items()):
             status = running.process.exit_status()
             if status is None:
+                self._stop_preempted(job, running)
                 continue
             del self.running[job]
             self._end(running, status)
 
+    def _stop_preempted(self, job: str, running: _Running) -> None:
+        """A normal request took its GPUs back (its holding saw it): SIGTERM, grace, SIGKILL."""
+        by = running.holding.preempted_by
+        if not by:
+            return
+        now = time.monotonic()
+        if running.stopped_at is None:
+            running.stopped_at = now
+            running.process.stop()
+            self.log("batch-preempted", {"job": job, "by": by})
+        elif now - running.stopped_at >= PREEMPT_GRACE_S:
+            running.process.stop(signal.SIGKILL)
+
     def _end(self, running: _Running, status: int) -> None:
         record, output = running.process.record, running.process.output
+        by = running.holding.preempted_by
         reason = f"submitted job ended (exit {status}); output {output}"
+        if by:
+            reason = f"preempted by {by} (exit {status}); output {output}"
         released = let_go(running.allocator, running.holding, status, reason)
+        if by and self._requeued(running.allocator, record):
+            self.log("batch-requeued", {"job": record.job, "by": by})
+            return
         self._forget(running.allocator.store, record)
         fields = {"job": record.job, "exit_status": status, "released": released}
         self.log("batch-ended", fields)
+
+    def _requeued(self, allocator: Allocator, record: Submission) -> bool:
+        """Queue a preempted job again (its record kept); whether that was written."""
+        try:
+            requeue(allocator, record)
+        except AllocatorError as exc:
+            self.log("batch-not-requeued", {"job": record.job, "error": str(exc)})
+            return False
+        return True
 
     def _forget(self, store: Store, record: Submission) -> None:
         with contextlib.suppress(AllocatorError):

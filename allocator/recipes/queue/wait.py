@@ -38,8 +38,9 @@ from allocator.errors import (
 )
 from allocator.recipes.queue.faults import Outage, default_sigterm, exit_on_sigterm
 from allocator.recipes.queue.order import blockers, decode_queue, wanted_ahead
+from allocator.recipes.queue.preempt import try_preempt
 from allocator.recipes.queue.share import read_share
-from allocator.recipes.queue.view import QuotaLook, able_gpus
+from allocator.recipes.queue.view import QuotaLook, able_gpus, normal_fits
 from allocator.records.codec import replace_struct
 from allocator.records.holders import QueueEntry
 from allocator.store import Compare, Delete, Op, Put, Read, Watch
@@ -93,6 +94,7 @@ class _Turn:
         self.asked_gpus = not request.cpu
         self.by_count = request.count is not None
         self.queued = queued
+        self.preemptible = request.preemptible
         self.me: str | None = None  # the entry's key once queued
 
     def __call__(self, state: HostSnapshot, placed: Placement) -> tuple[list[Compare], list[Op]]:
@@ -119,11 +121,15 @@ class _Turn:
         policy = self.allocator.require_policy().policy
         look = QuotaLook(self.allocator, policy)
         able = able_gpus(policy, state, self.allocator.clock())
-        ahead = blockers(order, self.me, placed.gpus, able, look.over_quota)
+        now = self.allocator.clock()
+        fits = normal_fits(policy, state, now) if self.preemptible else None
+        ahead = blockers(order, self.me, placed.gpus, able, look.over_quota, normal_fits=fits)
         if ahead:
             message = self._behind(ahead[0].entry)
             every = sorted({g for w in order for g in able(w.entry)})
-            wanted = frozenset(wanted_ahead(order, self.me, every, able, look.over_quota))
+            wanted = frozenset(
+                wanted_ahead(order, self.me, every, able, look.over_quota, normal_fits=fits)
+            )
             if self.by_count and wanted:
                 raise PlaceAround(message, wanted)  # other GPUs may be free: try around them
             raise NotYourTurn(message)
@@ -224,7 +230,8 @@ def wait_in_queue(
             found = _round(allocator, take, turn, entry, outage)
             if not isinstance(found, str):
                 return found
-            why = found
+            # Refused: GPUs a preemptible job holds may be this request's to take back.
+            why = try_preempt(allocator, request, turn.me) or found
     finally:
         entry.leave()
         default_sigterm()
@@ -311,6 +318,7 @@ class _Entry:
             self_service=request.self_service,
             fair_share=share.factor if share else None,
             usage=share.usage if share else None,
+            preemptible=request.preemptible,
         )
         store.txn(
             [],
