@@ -14,7 +14,9 @@ whole tree and keeps the hold alive; history records its start and its end,
 with the exit status and the GPU-seconds it held. The host's agent counts
 these GPUs as held and never starts the command; once the holding ends it
 stops whatever of the command is still running (it carries the holding's
-identity in its environment).
+identity in its environment). ``--preemptible``: it may take GPUs no normal
+request needs, and when one does, the tree is stopped (SIGTERM, the grace,
+SIGKILL) and the GPUs go to that request ("preempted by JOB" on stderr).
 """
 
 from __future__ import annotations

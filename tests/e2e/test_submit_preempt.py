@@ -48,9 +48,11 @@ def _holds(world: AgentHarness, job: str) -> bool:
 
 
 def _queued(world: AgentHarness) -> list[str]:
+    """The jobs waiting, a preemptible one marked ``job*``."""
     listed = world.cli("queue", "-o", "json")
     assert listed.code == 0, listed.err
-    return [e["job"] for e in json.loads(listed.out)["queue"]]
+    entries = json.loads(listed.out)["queue"]
+    return [e["job"] + ("*" if e.get("preemptible") else "") for e in entries]
 
 
 def _reasons(world: AgentHarness, job: str) -> list[str]:
@@ -88,7 +90,7 @@ def test_a_normal_set_takes_the_gpu_back_and_the_job_runs_again_after(
     assert waited <= PREEMPT_GRACE_S + PROPAGATION_S, waited
     assert _holds(world, "normal")
     assert any(r.startswith("preempted by normal") for r in _reasons(world, "pre"))
-    wait_for("the preempted job back in the queue", lambda: "pre" in _queued(world))
+    wait_for("the preempted job back in the queue", lambda: "pre*" in _queued(world))
     assert world.events("batch-requeued", job="pre")
     assert world.cli("release", "job=normal").code == 0
     wait_for("the preempted job to run again", lambda: _starts(marks) == 2, timeout=30)

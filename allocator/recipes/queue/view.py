@@ -125,6 +125,7 @@ class QueueLine:
     entry: str
     fair_share: float | None = None  # the factor its entry stores (the policy's fair_share)
     usage: float | None = None  # the decayed GPU-hours it was computed from
+    preemptible: bool = False  # ``--preemptible``: after every normal entry
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``fair_share`` and ``usage`` when its entry has them)."""
@@ -143,6 +144,8 @@ class QueueLine:
             found["fair_share"] = self.fair_share
         if self.usage is not None:
             found["usage"] = self.usage
+        if self.preemptible:
+            found["preemptible"] = True
         return found
 
 
@@ -186,6 +189,7 @@ def queue_lines(
                     waiting.name,
                     entry.fair_share,
                     entry.usage,
+                    entry.preemptible,
                 )
             )
     return lines
