@@ -314,8 +314,13 @@ def _keep_while_stopped(holding: Any, url: str) -> Any:
     """Before ``run`` stops (Ctrl-Z): a helper keeps the lease alive; the call that ends it.
 
     The store's URL goes through the helper's environment, never its command
-    line (where anyone could read a URL's credentials).
+    line (where anyone could read a URL's credentials). A preemptible hold is
+    not kept: stopped, it could not give its GPUs back when a normal request
+    needs them.
     """
+    if holding.assignment.preemptible:
+        note("a preemptible hold is not kept while stopped: the GPUs go when its lease expires")
+        return lambda: None
     ttl = holding.assignment.run.ttl if holding.assignment.run else 15.0
     try:
         helper = _start_keeper(holding.lease, ttl, url)

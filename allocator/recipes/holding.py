@@ -33,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from allocator.errors import AllocatorError, BadRecord, LeaseLost, StoreError
+from allocator.errors import AllocatorError, LeaseLost, StoreError
+from allocator.recipes.preempt_watch import PreemptWatch, preempted_by
 from allocator.records.types import Assignment, RunHolder
 
 if TYPE_CHECKING:
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_TTL",
-    "PREEMPT_CHECK_S",
     "Holding",
     "LeaseKeeper",
     "hold",
@@ -55,8 +55,6 @@ __all__ = [
 
 #: Seconds a holding outlives the process that stopped refreshing it.
 DEFAULT_TTL = 15.0
-#: How often a ``--preemptible`` holding looks whether its GPUs were taken back.
-PREEMPT_CHECK_S = 1.0
 
 
 def refresh_interval(ttl: float) -> float:
@@ -141,6 +139,7 @@ class Holding:
     lost: list[str] = field(default_factory=list)
     #: The job that took its GPUs back (a ``--preemptible`` holding), once it did.
     preempted_by: str = ""
+    watch: PreemptWatch | None = None  # a preemptible holding's watch of its mark
 
     def gpu_seconds(self, now: float) -> float:
         """GPU-seconds held until ``now`` (monotonic); a CPU assignment holds none."""
@@ -163,8 +162,9 @@ def hold(
 
     ``gate``: the wait queue's turn (:mod:`allocator.recipes.queue.wait`), handed to
     ``Allocator.assign``. ``on_preempted`` hears, once, the job a
-    ``--preemptible`` holding's GPUs go to (looked for every
-    :data:`PREEMPT_CHECK_S`); the holder stops its command then and lets go.
+    ``--preemptible`` holding's GPUs go to (from a watch of its key,
+    :mod:`allocator.recipes.preempt_watch`); the holder stops its command
+    then and lets go.
 
     ``allocator`` is an :class:`~allocator.control.client.Allocator`, ``request``
     a placement :class:`~allocator.placement.choose.Request`. Refused exactly as
@@ -192,6 +192,15 @@ def hold(
         raise
     key = allocator.layout.assignment(assignment.host, assignment.job)
     holding: list[Holding] = []
+    once = threading.Lock()
+
+    def taken_back(by: str) -> None:
+        with once:  # the watch and the keeper may both see the mark: tell once
+            if not holding or holding[0].preempted_by:
+                return
+            holding[0].preempted_by = by
+        if on_preempted is not None:
+            on_preempted(by)
 
     def refresh() -> None:
         store.refresh_lease(lease)
@@ -199,26 +208,16 @@ def hold(
         current = store.get(key)
         if current is None or current.lease != lease:
             raise LeaseLost(f"job {assignment.job!r} was released or changed by someone else")
-        if assignment.preemptible and holding and not holding[0].preempted_by:
-            by = _preempted_by(current.value)
-            if by:
-                holding[0].preempted_by = by
-                if on_preempted is not None:
-                    on_preempted(by)
+        if assignment.preemptible and preempted_by(current.value):
+            taken_back(preempted_by(current.value))  # should the watch have missed it
 
-    every = PREEMPT_CHECK_S if assignment.preemptible else None
-    keeper = LeaseKeeper(refresh, ttl, lost_it, every=every)
-    holding.append(Holding(assignment, lease, keeper, time.monotonic(), lost))
+    keeper = LeaseKeeper(refresh, ttl, lost_it)
+    watch = PreemptWatch(store, key, taken_back) if assignment.preemptible else None
+    holding.append(Holding(assignment, lease, keeper, time.monotonic(), lost, watch=watch))
     keeper.start()
+    if watch is not None:
+        watch.start()
     return holding[0]
-
-
-def _preempted_by(raw: bytes) -> str:
-    """Who a stored assignment says took its GPUs back ("" for no one, or not readable)."""
-    try:
-        return Assignment.from_json(raw).preempted_by
-    except BadRecord:
-        return ""
 
 
 def let_go(allocator: Context, holding: Holding, exit_status: int, reason: str = "") -> bool:
@@ -228,6 +227,8 @@ def let_go(allocator: Context, holding: Holding, exit_status: int, reason: str =
     lease may have expired, and the GPUs gone to someone else since).
     """
     holding.keeper.stop()
+    if holding.watch is not None:
+        holding.watch.stop()
     seconds = holding.gpu_seconds(time.monotonic())
     assignment = holding.assignment
     key = allocator.layout.assignment(assignment.host, assignment.job)

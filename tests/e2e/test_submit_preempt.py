@@ -123,3 +123,24 @@ def test_a_normal_run_takes_the_gpu_back_from_a_preemptible_run(world: AgentHarn
         if held.poll() is None:
             held.kill()
             held.wait(10)
+
+
+def test_a_normal_submitted_job_takes_the_gpu_back_and_the_preempted_one_follows(
+    world: AgentHarness,
+) -> None:
+    marks, go = world.workdir / "marks", world.workdir / "go"
+    _submit_preemptible(world, marks, go)
+    normal_marks, normal_go = world.workdir / "normal-marks", world.workdir / "normal-go"
+    result = world.cli(
+        "submit", "job=main", "gpus=0", f"host={HOST}", "--",
+        "/usr/bin/env", f"MARKS={normal_marks}", f"GO={normal_go}", sys.executable, "-c", SCRIPT,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    wait_for("the normal job to run", lambda: _starts(normal_marks) == 1, timeout=30)
+    assert world.events("batch-preempted", job="pre")
+    assert "pre*" in _queued(world)
+    assert _starts(marks) == 1  # it waits: the GPU is the normal job's
+    normal_go.write_text("go")
+    wait_for("the preempted job to run again", lambda: _starts(marks) == 2, timeout=30)
+    go.write_text("go")
+    wait_for("its end", lambda: world.events("batch-ended", job="pre"), timeout=30)
