@@ -293,6 +293,8 @@ def _run_held(
     previous = children.install_forwarding()
     try:
         children.start()
+        if holding.preempted_by:  # taken back as it started: the SIGTERM may have found no one
+            children.stop()
         status = children.wait()
         return status
     except KeyboardInterrupt:

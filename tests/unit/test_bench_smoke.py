@@ -32,6 +32,8 @@ ROWS = {
         "propagation, etcd, worst",
         "queue hand-off, SQLite, median",
         "queue hand-off, etcd, median",
+        "preemption hand-off, SQLite, median",
+        "preemption hand-off, etcd, median",
         "agent footprint",
         "agent idle CPU, SQLite",
         "agent idle CPU, etcd",
