@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from allocator.agent.batch.runner import PREEMPT_GRACE_S
 from tests.e2e.agent_harness import HOST, AgentHarness
 from tests.e2e.test_submit import submit_policy
 from tests.support.waiting import wait_for
@@ -67,7 +66,7 @@ def _starts(marks: Path) -> int:
 
 def _submit_preemptible(world: AgentHarness, marks: Path, go: Path) -> None:
     result = world.cli(
-        "submit", "job=pre", "gpus=0", f"host={HOST}", "--preemptible", "--",
+        "submit", "job=pre", "gpus=0", f"host={HOST}", "grace=5s", "--preemptible", "--",
         "/usr/bin/env", f"MARKS={marks}", f"GO={go}", sys.executable, "-c", SCRIPT,
     )  # fmt: skip
     assert result.code == 0, result.err
@@ -87,7 +86,7 @@ def test_a_normal_set_takes_the_gpu_back_and_the_job_runs_again_after(
     taken = world.cli("set", "job=normal", "gpus=0", f"host={HOST}", "--wait=60s")
     waited = time.monotonic() - started
     assert taken.code == 0, taken.err
-    assert waited <= PREEMPT_GRACE_S + PROPAGATION_S, waited
+    assert waited <= 5 + PROPAGATION_S, waited
     assert _holds(world, "normal")
     assert any(r.startswith("preempted by normal") for r in _reasons(world, "pre"))
     wait_for("the preempted job back in the queue", lambda: "pre*" in _queued(world))
@@ -144,3 +143,40 @@ def test_a_normal_submitted_job_takes_the_gpu_back_and_the_preempted_one_follows
     wait_for("the preempted job to run again", lambda: _starts(marks) == 2, timeout=30)
     go.write_text("go")
     wait_for("its end", lambda: world.events("batch-ended", job="pre"), timeout=30)
+
+
+def test_a_job_that_ignores_sigterm_is_killed_after_its_grace(world: AgentHarness) -> None:
+    marks = world.workdir / "stubborn"
+    script = (
+        "import os, pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+        "pathlib.Path(os.environ['MARKS']).write_text('started')\n"
+        "while True: time.sleep(0.05)"
+    )
+    result = world.cli(
+        "submit", "job=stubborn", "gpus=0", f"host={HOST}", "grace=1s", "--preemptible", "--",
+        "/usr/bin/env", f"MARKS={marks}", sys.executable, "-c", script, str(world.workdir),
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    wait_for("the preemptible job to run", marks.exists, timeout=30)
+    started = time.monotonic()
+    taken = world.cli("set", "job=normal", "gpus=0", f"host={HOST}", "--wait=60s")
+    waited = time.monotonic() - started
+    assert taken.code == 0, taken.err
+    assert 1 <= waited <= 1 + PROPAGATION_S, waited
+    ended = [e for e in _history(world, "stubborn") if e.get("ended")]
+    assert ended and ended[-1]["ended"]["exit_status"] == 137  # SIGKILL, after the grace
+
+
+def _history(world: AgentHarness, job: str) -> list[dict[str, object]]:
+    result = world.cli("history", f"job={job}", "-o", "json")
+    assert result.code == 0, result.err
+    entries: list[dict[str, object]] = json.loads(result.out)["entries"]
+    return entries
+
+
+def test_a_bad_grace_writes_nothing(world: AgentHarness) -> None:
+    for grace in ("grace=soon", "grace=2h"):
+        result = world.cli("submit", "gpus=0", f"host={HOST}", grace, "--preemptible", "--", "true")
+        assert result.code == 2, result.err
+        assert "grace=" in result.err
+    assert _queued(world) == []

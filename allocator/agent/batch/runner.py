@@ -15,7 +15,7 @@ records, and for each submitted entry, in queue order:
 A job that ends is released with its exit status and GPU-seconds in
 history, and its record deleted. A ``--preemptible`` job whose GPUs a
 normal request takes back (:mod:`allocator.recipes.queue.preempt`) gets
-SIGTERM, SIGKILL after :data:`PREEMPT_GRACE_S`, is released with history
+SIGTERM, SIGKILL after its ``grace=`` (:data:`PREEMPT_GRACE_S`), is released with history
 ``preempted by JOB`` and queued again (a new entry, the same record); a
 normal submitted job at its turn takes such GPUs back itself. A holding released from outside
 (``allocator release``, a cancel) stops the command. A record whose queue
@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -72,7 +71,7 @@ __all__ = ["BatchRunner"]
 
 #: The longest an orderly stop waits for the running commands to end and be released.
 STOP_S = 10.0
-#: From the SIGTERM that stops a preempted job to its SIGKILL.
+#: From the SIGTERM that stops a preempted job to its SIGKILL, unless it asked (``grace=``).
 PREEMPT_GRACE_S = 10.0
 
 Log = Callable[[str, Mapping[str, Any]], None]
@@ -83,7 +82,6 @@ class _Running:
     allocator: Allocator
     holding: Holding
     process: BatchProcess
-    stopped_at: float | None = None  # monotonic: when a preemption sent it SIGTERM
 
 
 @dataclass
@@ -317,24 +315,14 @@ class BatchRunner:
     def _reap(self) -> None:
         for job, running in list(self.running.items()):
             status = running.process.exit_status()
+            by = running.holding.preempted_by
             if status is None:
-                self._stop_preempted(job, running)
+                grace = running.process.record.grace_s or PREEMPT_GRACE_S
+                if by and running.process.stop_within(grace, time.monotonic()):
+                    self.log("batch-preempted", {"job": job, "by": by})
                 continue
             del self.running[job]
             self._end(running, status)
-
-    def _stop_preempted(self, job: str, running: _Running) -> None:
-        """A normal request took its GPUs back (its holding saw it): SIGTERM, grace, SIGKILL."""
-        by = running.holding.preempted_by
-        if not by:
-            return
-        now = time.monotonic()
-        if running.stopped_at is None:
-            running.stopped_at = now
-            running.process.stop()
-            self.log("batch-preempted", {"job": job, "by": by})
-        elif now - running.stopped_at >= PREEMPT_GRACE_S:
-            running.process.stop(signal.SIGKILL)
 
     def _end(self, running: _Running, status: int) -> None:
         record, output = running.process.record, running.process.output

@@ -52,6 +52,8 @@ def preempt_for(allocator: Context, request: Request, me: str) -> str | None:
     policy = allocator.require_policy().policy
     allocator.forget_views()
     state = allocator.host(request.host)
+    if not any(a.preemptible for a in state.assignments.values()):
+        return None  # the common case: one read, nothing to take back
     queue, arrivals = store.read_many(
         [
             Read(layout.host_queue(request.host), prefix=True),

@@ -40,6 +40,7 @@ class BatchJob:
     time_s: float | None = None
     array: range | None = None
     preemptible: bool = False
+    grace_s: float | None = None
 
 
 def task_names(job: str, array: range | None) -> list[tuple[str, int | None]]:
@@ -97,6 +98,7 @@ def _record(batch: BatchJob, user: str, name: str, index: int | None, stamp: str
         array_index=index,
         time_s=batch.time_s,
         preemptible=batch.preemptible,
+        grace_s=batch.grace_s,
     )
 
 
