@@ -12,6 +12,8 @@ For SQLite and a real etcd (started here), with a fake-NVML host:
   Judged on the median and on the worst move;
 * queue hand-off (:mod:`bench.bench_queue`): a release to the next waiter's
   worker running, against the same floor;
+* preemption hand-off (:mod:`bench.bench_preempt`): a normal waiter taking a
+  GPU back from a preemptible ``run``, within its grace and twice the floor;
 * footprint: the agent's resident memory while it supervises 8 workers;
 * CPU: the agent's CPU use over ``idle`` seconds with nothing happening
   (SQLite and etcd), and as long with etcd stopped.
@@ -194,6 +196,10 @@ def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
         from bench.bench_queue import handoff
 
         queued = handoff(world, max(2, moves // 2), backend, bare_move, _wait_new_worker)
+        from bench.bench_preempt import preempt_handoff
+
+        rounds = max(2, moves // 5)
+        preempted = preempt_handoff(world, rounds, backend, bare_move, _wait_new_worker)
 
     made = [moves]  # train is on GPU (moves - 1) % 2: each move goes to the other one
 
@@ -211,6 +217,7 @@ def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
         ratio_row(f"propagation, {backend}, worst", ours, floor, most=4, stat=max),
         queued,
         cancelled,
+        preempted,
     ]
 
 
@@ -234,9 +241,11 @@ def _policy(workdir: Path) -> dict[str, Any]:
         out = workdir / f"w{gpu}.json"
         command = [sys.executable, str(DUMMY), "--out", str(out)]
         policy["jobs"][f"w{gpu}"] = {"command": command, "grace_seconds": 1}
+    from bench.bench_preempt import preempt_jobs
     from bench.bench_queue import queue_jobs
 
     policy["jobs"].update(queue_jobs(workdir))
+    policy["jobs"].update(preempt_jobs(workdir))
     return policy
 
 

@@ -33,7 +33,7 @@ WORD_KEYS = {
     "history": ("job", "host", "gpu"),
     "env": ("job", "host", "worker"),
     "run": ("job", "count", "gpus", "host", "slots", "ttl", "grace", "time"),
-    "submit": ("job", "count", "gpus", "host", "slots", "time", "output"),
+    "submit": ("job", "count", "gpus", "host", "slots", "time", "grace", "output"),
     "doctor": ("host",),
 }
 

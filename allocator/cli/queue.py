@@ -75,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _row(q: QueueLine, shares: bool) -> list[str]:
     """One table row; ``shares``: with the fair-share columns (some entry has a factor)."""
-    row = [str(q.position), q.host, q.holder, q.job, q.requested, q.since, str(q.priority)]
+    asked = q.requested + (" preemptible" if q.preemptible else "")
+    row = [str(q.position), q.host, q.holder, q.job, asked, q.since, str(q.priority)]
     if shares:
         row += [
             "-" if q.fair_share is None else f"{q.fair_share:.3f}",

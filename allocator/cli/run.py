@@ -20,6 +20,9 @@ While the GPUs are busy, ``run`` waits in the host's queue, as ``srun``
 does (forever, or ``--wait=DURATION``; Ctrl-C leaves the queue);
 ``--wait=0`` (or ``--immediate``) is refused at once instead, naming what
 is ahead of it. Either way it never passes a request already waiting.
+``--preemptible``: it may take GPUs no normal request needs, and when one
+does, the tree is stopped (SIGTERM, the grace, SIGKILL) and the GPUs go to
+that request ("preempted by JOB" on stderr).
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ __all__ = ["recorded_reason", "register", "split_command"]
 
 USAGE = (
     "allocator run [job=NAME] (count=N | gpus=LIST) [host=H] [slots=K] [ttl=DURATION]"
-    " [grace=DURATION] [time=DURATION] [--wait=DURATION | --immediate] [--per-gpu]"
+    " [grace=DURATION] [time=DURATION] [--wait=DURATION | --immediate] [--preemptible]"
+    " [--per-gpu]"
     " [--no-record-args]"
     " -- CMD [ARGS...]"
 )
@@ -75,6 +79,12 @@ def register(commands: Any) -> None:
         "serve show the rest masked: tokens, passwords, URL passwords)",
     )
     parser.add_argument(
+        "--preemptible",
+        action="store_true",
+        help="use GPUs no normal request waits for; when one needs them, the command's tree "
+        "is stopped (SIGTERM, then SIGKILL after grace=) and the GPUs go to it",
+    )
+    parser.add_argument(
         "--per-gpu",
         action="store_true",
         help="one process per GPU, with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
@@ -107,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     grace = _grace(kv.pop("grace", None), DEFAULT_GRACE)
     asked = kv.pop("time", None)
     _time_limit(asked)  # a malformed time= is refused before anything is taken
-    request = _request(kv, asked)
+    request = _request(kv, asked, preemptible=bool(getattr(args, "preemptible", False)))
     wait = _wait_seconds(args.wait, immediate=args.immediate)
     argv = list(getattr(args, "command_argv", None) or [])
     if not argv:
@@ -167,7 +177,7 @@ def _store_url(args: argparse.Namespace) -> str:
     return resolve_store_url(getattr(args, "store", None))
 
 
-def _request(kv: dict[str, str], time: str | None) -> Any:
+def _request(kv: dict[str, str], time: str | None, *, preemptible: bool = False) -> Any:
     """The placement request the words ask for (a job name made up if none is given)."""
     from allocator.cli.args import parse_set_args
     from allocator.placement.choose import Request
@@ -188,6 +198,7 @@ def _request(kv: dict[str, str], time: str | None) -> Any:
         cpu=parsed.cpu,
         slots=parsed.slots,
         time=time,
+        preemptible=preemptible,
     )
 
 
@@ -245,6 +256,7 @@ def _take(
         on_lost=_lost,
         tell=note,
         on_wait=queued_notes(),
+        on_preempted=_preempted,
     )
     try:
         envs, remark = worker_envs(allocator, request.job, request.host, per_gpu=per_gpu)
@@ -281,6 +293,14 @@ def _lost(why: str) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _preempted(by: str) -> None:
+    """A normal request needs the GPUs: stop the command's tree (its grace), then let go."""
+    import signal
+
+    note(f"preempted by {by}: stopping the command")
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _run_held(
     allocator: Any,
     holding: Any,
@@ -307,6 +327,8 @@ def _run_held(
     previous = children.install_forwarding()
     try:
         children.start()
+        if holding.preempted_by:  # taken back as it started: the SIGTERM may have found no one
+            children.stop()
         status = children.wait()
         return status
     except KeyboardInterrupt:
@@ -318,6 +340,8 @@ def _run_held(
             signal.signal(signum, handler)  # type: ignore[arg-type]
         children.close()
         why = "time limit" if children.timed_out else f"allocator run ended (exit {status})"
+        if holding.preempted_by:
+            why = f"preempted by {holding.preempted_by}"
         let_go(allocator, holding, status, why)
         sys.stdout.flush()
 
@@ -326,8 +350,13 @@ def _keep_while_stopped(holding: Any, url: str) -> Any:
     """Before ``run`` stops (Ctrl-Z): a helper keeps the lease alive; the call that ends it.
 
     The store's URL goes through the helper's environment, never its command
-    line (where anyone could read a URL's credentials).
+    line (where anyone could read a URL's credentials). A preemptible hold is
+    not kept: stopped, it could not give its GPUs back when a normal request
+    needs them.
     """
+    if holding.assignment.preemptible:
+        note("a preemptible hold is not kept while stopped: the GPUs go when its lease expires")
+        return lambda: None
     ttl = holding.assignment.run.ttl if holding.assignment.run else 15.0
     try:
         helper = _start_keeper(holding.lease, ttl, url)

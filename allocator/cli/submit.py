@@ -6,10 +6,12 @@ the command as the submitting user with its stdout and stderr to a file
 (``output=PATH``; default ``<agent log dir>/submit/<job>.log``), and
 releases the GPUs when it ends, with its exit status and GPU-seconds in
 history. ``--array=A-B`` queues one task per index, ``NAME-<i>``, each with
-``ALLOCATOR_ARRAY_INDEX`` set. The command gets no environment from this
-shell (the store is readable by every user): only ``PATH``, the user's
-``HOME``, ``USER``, ``LOGNAME`` and the job's allocator variables. See
-docs/submit.md.
+``ALLOCATOR_ARRAY_INDEX`` set. ``--preemptible``: it uses GPUs no normal
+request waits for, and is stopped (SIGKILL ``grace=`` after SIGTERM,
+default 10s) and queued again when one needs them.
+The command gets no environment from this shell (the store is readable by
+every user): only ``PATH``, the user's ``HOME``, ``USER``, ``LOGNAME`` and
+the job's allocator variables. See docs/submit.md.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ __all__ = ["register"]
 
 USAGE = (
     "allocator submit [job=NAME] (count=N | gpus=LIST) host=H [slots=K] [time=DURATION]"
-    " [output=PATH] [--array=A-B] [-o json] -- CMD [ARGS...]"
+    " [output=PATH] [--array=A-B] [--preemptible [grace=DURATION]] [-o json] -- CMD [ARGS...]"
 )
 #: The key=value words ``submit`` takes.
-SUBMIT_KEYS = ("job", "count", "gpus", "host", "slots", "time", "output")
+SUBMIT_KEYS = ("job", "count", "gpus", "host", "slots", "time", "grace", "output")
 #: The most tasks one array may queue.
 MAX_ARRAY = 1000
 
@@ -46,6 +48,12 @@ def register(commands: Any) -> None:
     parser.add_argument(
         "--array", metavar="A-B", default=None, help="one task per index A..B (NAME-<i>)"
     )
+    parser.add_argument(
+        "--preemptible",
+        action="store_true",
+        help="use GPUs no normal request waits for; when one needs them, the job is stopped "
+        "(SIGTERM, then SIGKILL after its grace) and queued again",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,12 +69,14 @@ def run(args: argparse.Namespace) -> int:
     if "host" not in kv:
         raise InvalidInput("give host=H: the host whose agent runs the job")
     time_s = _seconds(kv.pop("time")) if "time" in kv else None
+    grace_s = _grace(kv.pop("grace")) if "grace" in kv else None
     output = kv.pop("output", "")
     array = parse_array(args.array)
     allocator = open_allocator(args)
     try:
         request = _request(kv, allocator.holder, array)
-        batch = BatchJob(request, argv, os.getcwd(), output, time_s, array)
+        preemptible = bool(getattr(args, "preemptible", False))
+        batch = BatchJob(request, argv, os.getcwd(), output, time_s, array, preemptible, grace_s)
         names = submit(allocator, batch)
     finally:
         allocator.store.close()
@@ -98,6 +108,19 @@ def _seconds(raw: str) -> float:
         raise InvalidInput(f"time={raw}: {exc}") from None
     if seconds <= 0:
         raise InvalidInput(f"time={raw}: give a duration above zero")
+    return seconds
+
+
+def _grace(raw: str) -> float:
+    """``grace=DURATION``: from a preempted job's SIGTERM to its SIGKILL, 0s to 1h."""
+    from allocator.util.durations import parse_duration
+
+    try:
+        seconds = parse_duration(raw)
+    except ValueError as exc:
+        raise InvalidInput(f"grace={raw}: {exc}") from None
+    if not 0 <= seconds <= 3600:
+        raise InvalidInput(f"grace={raw}: give 0s to 1h")
     return seconds
 
 

@@ -258,6 +258,7 @@ def _new_assignment(
         charged=context.standing.charged,
         asker=request.asker[:64],
         ends_at=ends_at,
+        preemptible=request.preemptible,
     )
 
 

@@ -32,7 +32,8 @@ class Request(Struct, frozen=True):
     ``self_service``: a ``run``/``lease()`` request, whose job name its asker
     picks, so reservations' job globs do not admit it. ``time``: the time limit asked for
     (``time=2h`` as typed; ``None``: the pool's default), which the planner
-    resolves against the pool's maximum. Construction validates the shape, so a
+    resolves against the pool's maximum; ``preemptible``: its GPUs go back to a
+    normal request that needs them. Construction validates the shape, so a
     malformed request never exists: :class:`RequestError` for an empty or
     duplicated GPU list, a negative index, ``count < 1``, slots out of range
     or on a CPU request, or not exactly one kind of request. A Struct (a
@@ -50,6 +51,7 @@ class Request(Struct, frozen=True):
     asker: tuple[str, ...] = ()
     self_service: bool = False
     time: str | None = None
+    preemptible: bool = False
 
     def __post_init__(self) -> None:
         kinds = [k for k, v in (("gpus", self.gpus), ("count", self.count)) if v is not None]

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from allocator.errors import AllocatorError, LeaseLost, StoreError
+from allocator.recipes.preempt_watch import PreemptWatch, preempted_by
 from allocator.records.types import Assignment, LaunchedBy, RunHolder
 
 if TYPE_CHECKING:
@@ -92,9 +93,11 @@ class LeaseKeeper:
         on_lost: Callable[[str], None],
         *,
         monotonic: Callable[[], float] = time.monotonic,
+        every: float | None = None,
     ) -> None:
         self._refresh = refresh
         self._ttl = ttl
+        self._every = refresh_interval(ttl) if every is None else min(every, refresh_interval(ttl))
         self._on_lost = on_lost
         self._monotonic = monotonic
         self._stop = threading.Event()
@@ -112,7 +115,7 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         last_ok = self._monotonic()
-        while not self._stop.wait(refresh_interval(self._ttl)):
+        while not self._stop.wait(self._every):
             try:
                 self._refresh()
                 last_ok = self._monotonic()
@@ -134,6 +137,9 @@ class Holding:
     keeper: LeaseKeeper
     started: float
     lost: list[str] = field(default_factory=list)
+    #: The job that took its GPUs back (a ``--preemptible`` holding), once it did.
+    preempted_by: str = ""
+    watch: PreemptWatch | None = None  # a preemptible holding's watch of its mark
 
     def gpu_seconds(self, now: float) -> float:
         """GPU-seconds held until ``now`` (monotonic); a CPU assignment holds none."""
@@ -150,11 +156,15 @@ def hold(
     launched_by: LaunchedBy = "run",
     on_lost: Callable[[str], None] | None = None,
     gate: Gate | None = None,
+    on_preempted: Callable[[str], None] | None = None,
 ) -> Holding:
     """Take ``request``'s GPUs for this process under a new lease; keep the lease alive.
 
     ``gate``: the wait queue's turn (:mod:`allocator.recipes.queue.wait`), handed to
-    ``Allocator.assign``.
+    ``Allocator.assign``. ``on_preempted`` hears, once, the job a
+    ``--preemptible`` holding's GPUs go to (from a watch of its key,
+    :mod:`allocator.recipes.preempt_watch`); the holder stops its command
+    then and lets go.
 
     ``allocator`` is an :class:`~allocator.control.client.Allocator`, ``request``
     a placement :class:`~allocator.placement.choose.Request`. Refused exactly as
@@ -181,6 +191,16 @@ def hold(
         _revoke_quietly(store, lease)
         raise
     key = allocator.layout.assignment(assignment.host, assignment.job)
+    holding: list[Holding] = []
+    once = threading.Lock()
+
+    def taken_back(by: str) -> None:
+        with once:  # the watch and the keeper may both see the mark: tell once
+            if not holding or holding[0].preempted_by:
+                return
+            holding[0].preempted_by = by
+        if on_preempted is not None:
+            on_preempted(by)
 
     def refresh() -> None:
         store.refresh_lease(lease)
@@ -188,10 +208,16 @@ def hold(
         current = store.get(key)
         if current is None or current.lease != lease:
             raise LeaseLost(f"job {assignment.job!r} was released or changed by someone else")
+        if assignment.preemptible and preempted_by(current.value):
+            taken_back(preempted_by(current.value))  # should the watch have missed it
 
     keeper = LeaseKeeper(refresh, ttl, lost_it)
+    watch = PreemptWatch(store, key, taken_back) if assignment.preemptible else None
+    holding.append(Holding(assignment, lease, keeper, time.monotonic(), lost, watch=watch))
     keeper.start()
-    return Holding(assignment, lease, keeper, time.monotonic(), lost)
+    if watch is not None:
+        watch.start()
+    return holding[0]
 
 
 def let_go(allocator: Context, holding: Holding, exit_status: int, reason: str = "") -> bool:
@@ -201,6 +227,8 @@ def let_go(allocator: Context, holding: Holding, exit_status: int, reason: str =
     lease may have expired, and the GPUs gone to someone else since).
     """
     holding.keeper.stop()
+    if holding.watch is not None:
+        holding.watch.stop()
     seconds = holding.gpu_seconds(time.monotonic())
     assignment = holding.assignment
     key = allocator.layout.assignment(assignment.host, assignment.job)

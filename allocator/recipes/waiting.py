@@ -53,6 +53,7 @@ def take_waiting(
     tell: Callable[[str], None] = lambda _line: None,
     on_wait: Callable[[str], None] = lambda _why: None,
     monotonic: Callable[[], float] = time.monotonic,
+    on_preempted: Callable[[str], None] | None = None,
 ) -> Holding:
     """Hold ``request``'s GPUs for this process; with ``wait`` (seconds), wait while refused.
 
@@ -61,7 +62,8 @@ def take_waiting(
     passes the queue).
 
     ``on_wait`` hears why it waits in the queue: once on joining it, then
-    each time the reason changes.
+    each time the reason changes; ``on_preempted`` the job a ``--preemptible``
+    holding's GPUs went to (:func:`~allocator.recipes.holding.hold`).
 
     The holding is returned only once no other job's worker still runs on its
     GPUs (``tell`` says what it waits for), within what is left of ``wait``
@@ -69,7 +71,8 @@ def take_waiting(
     that the holding is let go and it is a ``ConflictError``.
     """
     started = monotonic()
-    holding = _take(allocator, request, wait, ttl, reason, on_lost, launched_by, on_wait, monotonic)
+    hooks = (on_lost, on_preempted)
+    holding = _take(allocator, request, wait, ttl, reason, hooks, launched_by, on_wait, monotonic)
     from allocator.recipes.gpu_free import DEFAULT_BOUND, wait_until_free
 
     bound = DEFAULT_BOUND if wait is None else max(wait - (monotonic() - started), 0.0)
@@ -87,7 +90,7 @@ def _take(
     wait: float | None,
     ttl: float,
     reason: str,
-    on_lost: Callable[[str], None] | None,
+    hooks: tuple[Callable[[str], None] | None, Callable[[str], None] | None],
     launched_by: LaunchedBy,
     on_wait: Callable[[str], None],
     monotonic: Callable[[], float],
@@ -104,8 +107,9 @@ def _take(
             ttl=ttl,
             reason=reason,
             launched_by=launched_by,
-            on_lost=on_lost,
+            on_lost=hooks[0],
             gate=gate,
+            on_preempted=hooks[1],
         )
 
     if not wait:  # refused while a waiting request could use the GPUs: no one passes the queue

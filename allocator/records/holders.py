@@ -82,6 +82,9 @@ class QueueEntry(msgspec.Struct, frozen=True):
     #: A submitted batch job's record (``<user>/<job>`` under the submissions prefix):
     #: it has no waiting process, the host's agent takes its turn and runs it.
     submission: Text = ""
+    #: ``--preemptible``: it sorts after every other entry, and what it takes a
+    #: normal request takes back (:mod:`allocator.recipes.queue.order`).
+    preemptible: bool = False
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

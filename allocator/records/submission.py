@@ -39,6 +39,10 @@ class Submission(msgspec.Struct, frozen=True):
     output: Text = ""
     array_index: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
     time_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    #: ``--preemptible``: stopped and queued again when a normal request needs its GPUs,
+    #: SIGKILL ``grace_s`` after SIGTERM (``None``: the agent's default).
+    preemptible: bool = False
+    grace_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] | None = None
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

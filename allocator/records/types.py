@@ -110,6 +110,13 @@ class Assignment(msgspec.Struct, frozen=True):
     #: When its time limit ends (RFC 3339 UTC, absolute so any reader sees it; ``""``:
     #: no limit). :mod:`allocator.placement.time_limit` computes it and says when it has come.
     ends_at: Text = ""
+    #: ``--preemptible``: a normal request that needs its GPUs takes them back
+    #: (:mod:`allocator.placement.preemption`).
+    preemptible: bool = False
+    #: Set once a normal request needs its GPUs: that request's job, and when
+    #: (RFC 3339 UTC). Its holder stops it (SIGTERM, its grace) and releases it.
+    preempted_by: Text = ""
+    preempted_at: Text = ""
     schema_version: int = SCHEMA_VERSION
 
     def __post_init__(self) -> None:

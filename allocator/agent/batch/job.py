@@ -110,6 +110,7 @@ class BatchProcess:
         fd = open_output(record, output)
         self.process: subprocess.Popen[bytes] | None = None
         self.failed_start: int | None = None
+        self.stopped_at: float | None = None  # monotonic: when stop_within sent SIGTERM
         argv, cwd = _argv(record)
         try:
             self.process = subprocess.Popen(
@@ -136,6 +137,16 @@ class BatchProcess:
         if code is None:
             return None
         return 128 - code if code < 0 else code
+
+    def stop_within(self, grace: float, now: float) -> bool:
+        """SIGTERM the first time (``True`` then); SIGKILL once ``grace`` seconds have passed."""
+        if self.stopped_at is None:
+            self.stopped_at = now
+            self.stop()
+            return True
+        if now - self.stopped_at >= grace:
+            self.stop(signal.SIGKILL)
+        return False
 
     def stop(self, signum: int = signal.SIGTERM) -> None:
         """Signal its whole process group (no error if it is gone)."""

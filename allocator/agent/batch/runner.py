@@ -13,7 +13,11 @@ records, and for each submitted entry, in queue order:
   taken, it starts the command (:class:`~allocator.agent.batch.job.BatchProcess`).
 
 A job that ends is released with its exit status and GPU-seconds in
-history, and its record deleted. A holding released from outside
+history, and its record deleted. A ``--preemptible`` job whose GPUs a
+normal request takes back (:mod:`allocator.recipes.queue.preempt`) gets
+SIGTERM, SIGKILL after its ``grace=`` (:data:`PREEMPT_GRACE_S`), is released with history
+``preempted by JOB`` and queued again (a new entry, the same record); a
+normal submitted job at its turn takes such GPUs back itself. A holding released from outside
 (``allocator release``, a cancel) stops the command. A record whose queue
 entry is gone before it ran (a cancel, ``queue remove``) is deleted.
 """
@@ -54,7 +58,9 @@ from allocator.placement.worker_env import worker_environments
 from allocator.recipes.gpu_free import DEFAULT_BOUND, busy_with
 from allocator.recipes.holding import DEFAULT_TTL, Holding, hold, let_go
 from allocator.recipes.queue.order import Waiting, decode_queue
+from allocator.recipes.queue.preempt import try_preempt
 from allocator.recipes.queue.wait import submitted_gate
+from allocator.recipes.submit.enqueue import requeue
 from allocator.recipes.submit.proof import Runner, refusal, split_submission
 from allocator.records.holding import HOLDING_VARIABLE, holding_identity
 from allocator.records.keys import KeyLayout
@@ -73,6 +79,8 @@ STOP_S = 10.0
 #: How long a command whose holding was released has after SIGTERM before SIGKILL
 #: (a policy job's default ``grace_seconds``).
 GRACE_S = 10.0
+#: From the SIGTERM that stops a preempted job to its SIGKILL, unless it asked (``grace=``).
+PREEMPT_GRACE_S = 10.0
 
 Log = Callable[[str, Mapping[str, Any]], None]
 
@@ -247,6 +255,7 @@ class BatchRunner:
             self_service=True,
             # The limit counts from the take: the planner writes its ends_at then.
             time=duration_text(record.time_s) if record.time_s is not None else None,
+            preemptible=record.preemptible,
         )
         output = output_path(record, self.log_dir)
         # Masked as `run` masks its command line: a token in an argument is never recorded.
@@ -264,7 +273,11 @@ class BatchRunner:
                 on_lost=lambda _why: self._lost(record.job),
             )
         except (ConflictError, LeaseLost, CasConflict):
-            return  # not its turn yet (or the entry went): the next change decides again
+            # Not its turn yet (or the entry went): the next change decides again. A
+            # normal job at its turn takes back what preemptible jobs hold of its GPUs.
+            if try_preempt(allocator, request, waiting.key):
+                self.log("batch-preempting", {"job": record.job})
+            return
         except (InvalidInput, NotPermitted, NotFound) as exc:  # it would never be taken
             self._refuse(waiting, str(exc))
             return
@@ -276,6 +289,13 @@ class BatchRunner:
     def _start_free(self) -> None:
         """Start each taken job whose GPUs no other job's processes run on any more."""
         for job, due in list(self.starting.items()):
+            if due.holding.preempted_by:  # taken back before it started: queued again
+                del self.starting[job]
+                why = f"preempted by {due.holding.preempted_by} before it started"
+                let_go(due.allocator, due.holding, 1, why)
+                if not self._requeued(due.allocator, due.record):
+                    self._forget(due.allocator.store, due.record)
+                continue
             workers, left = busy_with(due.allocator, due.holding.assignment)
             if workers or left:
                 if time.monotonic() < due.deadline:
@@ -324,22 +344,41 @@ class BatchRunner:
                 running.process.stop(signum)
                 self.log("batch-time-limit", {"job": job, "signal": signum.name})
             status = running.process.exit_status()
+            by = running.holding.preempted_by
             if status is None:
                 if running.kill_at is not None and time.monotonic() >= running.kill_at:
                     running.process.stop(signal.SIGKILL)  # it ignored SIGTERM past its grace
+                grace = running.process.record.grace_s or PREEMPT_GRACE_S
+                if by and running.process.stop_within(grace, time.monotonic()):
+                    self.log("batch-preempted", {"job": job, "by": by})
                 continue
             del self.running[job]
             self._end(running, status)
 
     def _end(self, running: _Running, status: int) -> None:
         record, output = running.process.record, running.process.output
+        by = running.holding.preempted_by
         reason = f"submitted job ended (exit {status}); output {output}"
-        if running.limit.reached:
+        if by:
+            reason = f"preempted by {by} (exit {status}); output {output}"
+        elif running.limit.reached:
             reason = f"{LIMIT_REASON} (exit {status}); output {output}"
         released = let_go(running.allocator, running.holding, status, reason)
+        if by and self._requeued(running.allocator, record):
+            self.log("batch-requeued", {"job": record.job, "by": by})
+            return
         self._forget(running.allocator.store, record)
         fields = {"job": record.job, "exit_status": status, "released": released}
         self.log("batch-ended", fields)
+
+    def _requeued(self, allocator: Allocator, record: Submission) -> bool:
+        """Queue a preempted job again (its record kept); whether that was written."""
+        try:
+            requeue(allocator, record)
+        except AllocatorError as exc:
+            self.log("batch-not-requeued", {"job": record.job, "error": str(exc)})
+            return False
+        return True
 
     def _forget(self, store: Store, record: Submission) -> None:
         with contextlib.suppress(AllocatorError):

@@ -27,6 +27,13 @@ So a large request is never starved by a stream of small ones: every
 request behind it that could use any GPU it waits for waits behind it,
 and the GPUs freed one by one are left for it (no backfill past a request
 that could use them). Requests for GPUs it will not use pass it.
+
+Preemptible entries (``--preemptible``) sort after every normal one. A
+normal entry ahead holds one up only when it would fit with every
+preemptible holding gone (it is about to take those GPUs, or to take them
+back: :mod:`allocator.recipes.queue.preempt`); one that cannot fit anyway
+does not. So no GPU idles while a preemptible job waits, and no normal
+request waits behind one for longer than its grace.
 """
 
 from __future__ import annotations
@@ -79,14 +86,14 @@ def decode_queue(
 
 
 def in_order(waiting: Iterable[Waiting]) -> list[Waiting]:
-    """Higher priority first, then higher fair-share factor, then first come first served."""
+    """Normal before preemptible, higher priority, higher fair-share factor, first come."""
     return sorted(waiting, key=_place)
 
 
-def _place(waiting: Waiting) -> tuple[int, float, int, str]:
+def _place(waiting: Waiting) -> tuple[bool, int, float, int, str]:
     entry = waiting.entry
     factor = 1.0 if entry.fair_share is None else entry.fair_share  # no fair share: all alike
-    return (-entry.priority, -factor, waiting.arrived, waiting.key)
+    return (entry.preemptible, -entry.priority, -factor, waiting.arrived, waiting.key)
 
 
 #: The GPUs a waiting request could be given on its host (health, reservations, limits).
@@ -109,15 +116,24 @@ def blockers(
     gpus: Sequence[int],
     able: Able,
     over_quota: Callable[[Waiting], bool] = lambda _w: False,
+    *,
+    normal_fits: Callable[[Waiting], bool] | None = None,
 ) -> list[Waiting]:
-    """The entries ahead of ``me`` (all, when ``me`` is ``None``) that could use ``gpus``."""
+    """The entries ahead of ``me`` (all, when ``me`` is ``None``) that could use ``gpus``.
+
+    ``normal_fits``: given when ``me`` is preemptible; a normal entry ahead
+    holds it up only when it fits with every preemptible holding gone (it
+    is about to take its GPUs, or to take them back), so no GPU idles that
+    no normal request can have.
+    """
     found = []
     for waiting in order:
         if waiting.key == me:
             break
         if not waiting.leased:
             continue
-        if could_use(waiting.entry, gpus, able(waiting.entry)) and not over_quota(waiting):
+        wanted = could_use(waiting.entry, gpus, able(waiting.entry)) and not over_quota(waiting)
+        if wanted and (normal_fits is None or waiting.entry.preemptible or normal_fits(waiting)):
             found.append(waiting)
     return found
 
@@ -128,6 +144,8 @@ def wanted_ahead(
     gpus: Sequence[int],
     able: Able,
     over_quota: Callable[[Waiting], bool] = lambda _w: False,
+    *,
+    normal_fits: Callable[[Waiting], bool] | None = None,
 ) -> set[int]:
     """Which of ``gpus`` some entry ahead of ``me`` could use (a count waiter avoids them)."""
-    return {g for g in gpus if blockers(order, me, (g,), able, over_quota)}
+    return {g for g in gpus if blockers(order, me, (g,), able, over_quota, normal_fits=normal_fits)}

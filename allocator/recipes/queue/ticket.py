@@ -83,6 +83,7 @@ class Ticket:
             self_service=request.self_service,
             fair_share=share.factor if share else None,
             usage=share.usage if share else None,
+            preemptible=request.preemptible,
         )
         ops = []
         for host, key in self.keys.items():

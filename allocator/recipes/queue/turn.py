@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from allocator.control.gate import NotYourTurn, Passage, PlaceAround
 from allocator.errors import LeaseLost
 from allocator.recipes.queue.order import blockers, decode_queue, wanted_ahead
-from allocator.recipes.queue.view import QuotaLook, able_gpus
+from allocator.recipes.queue.view import QuotaLook, able_gpus, normal_fits
 from allocator.records.codec import replace_struct
 from allocator.store import Compare, Delete, Op, Read
 
@@ -46,6 +46,7 @@ class Turn:
         self.asked_gpus = not request.cpu
         self.by_count = request.count is not None
         self.queued = queued
+        self.preemptible = request.preemptible
         self.me: str | None = None  # the entry's key once queued
 
     def seat(self, keys: Mapping[str, str]) -> None:
@@ -75,11 +76,15 @@ class Turn:
         policy = self.allocator.require_policy().policy
         look = QuotaLook(self.allocator, policy)
         able = able_gpus(policy, state, self.allocator.clock())
-        ahead = blockers(order, self.me, placed.gpus, able, look.over_quota)
+        now = self.allocator.clock()
+        fits = normal_fits(policy, state, now) if self.preemptible else None
+        ahead = blockers(order, self.me, placed.gpus, able, look.over_quota, normal_fits=fits)
         if ahead:
             message = self._behind(ahead[0].entry)
             every = sorted({g for w in order for g in able(w.entry)})
-            wanted = frozenset(wanted_ahead(order, self.me, every, able, look.over_quota))
+            wanted = frozenset(
+                wanted_ahead(order, self.me, every, able, look.over_quota, normal_fits=fits)
+            )
             if self.by_count and wanted:
                 raise PlaceAround(message, wanted)  # other GPUs may be free: try around them
             raise NotYourTurn(message)

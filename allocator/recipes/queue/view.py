@@ -8,6 +8,7 @@ team-a 8/8 GPUs``), or a request ahead of it that could use them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -27,9 +28,11 @@ from allocator.records.keys import KeyLayout
 from allocator.store import Compare, Delete, KeyValue, Listing
 
 if TYPE_CHECKING:
+    from allocator.placement.choose import Placement
     from allocator.policy.model import Policy
     from allocator.recipes.context import Context
     from allocator.records.holders import QueueEntry
+    from allocator.records.types import Assignment
     from allocator.status.snapshots import HostSnapshot
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "QuotaLook",
     "able_gpus",
     "entry_asker",
+    "normal_fits",
     "queue_lines",
     "queue_prefix",
     "remove_entry",
@@ -121,6 +125,7 @@ class QueueLine:
     entry: str
     fair_share: float | None = None  # the factor its entry stores (the policy's fair_share)
     usage: float | None = None  # the decayed GPU-hours it was computed from
+    preemptible: bool = False  # ``--preemptible``: after every normal entry
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``fair_share`` and ``usage`` when its entry has them)."""
@@ -139,6 +144,8 @@ class QueueLine:
             found["fair_share"] = self.fair_share
         if self.usage is not None:
             found["usage"] = self.usage
+        if self.preemptible:
+            found["preemptible"] = True
         return found
 
 
@@ -182,6 +189,7 @@ def queue_lines(
                     waiting.name,
                     entry.fair_share,
                     entry.usage,
+                    entry.preemptible,
                 )
             )
     return _as_gangs(lines)
@@ -251,8 +259,6 @@ def _why(
     look: QuotaLook | None,
     now: datetime,
 ) -> str:
-    from allocator.placement.choose import Request, place
-
     if policy is None or look is None:
         return "no policy applied"
     if not waiting.leased and waiting.entry.submission:
@@ -266,35 +272,67 @@ def _why(
     if over is not None:
         return over
     entry = waiting.entry
-    agent = state.agent
     try:
-        request = Request(
-            job=entry.job,
-            host=entry.host,
-            gpus=entry.gpus,
-            count=entry.count,
-            slots=entry.slots,
-            asker=entry_asker(policy, entry),
-            self_service=entry.self_service,
-        )
-        placed = place(
-            policy,
-            request,
-            state.assignments,
-            now,
-            inventory=agent.gpus if agent and agent.gpus else None,
-            unhealthy=agent.unhealthy if agent else None,
-        )
+        placed = _place_entry(policy, state, entry, state.assignments, now)
     except AllocatorError as refused:
         return str(refused)
     if placed.mode == "cpu":
         return placed.fallback_reason or "no GPUs now"
     able = able_gpus(policy, state, now)
-    ahead = blockers(order, waiting.key, placed.gpus, able, look.over_quota)
+    fits = normal_fits(policy, state, now) if entry.preemptible else None
+    ahead = blockers(order, waiting.key, placed.gpus, able, look.over_quota, normal_fits=fits)
     if ahead:
         first = ahead[0].entry
         return f"behind {first.job} ({first.holder}, {first.requested})"
     return _ITS_TURN
+
+
+def _place_entry(
+    policy: Policy,
+    state: HostSnapshot,
+    entry: QueueEntry,
+    assignments: Mapping[str, Assignment],
+    now: datetime,
+) -> Placement:
+    """Where ``entry``'s request lands among ``assignments`` (raises when it does not)."""
+    from allocator.placement.choose import Request, place
+
+    agent = state.agent
+    request = Request(
+        job=entry.job,
+        host=entry.host,
+        gpus=entry.gpus,
+        count=entry.count,
+        slots=entry.slots,
+        asker=entry_asker(policy, entry),
+        self_service=entry.self_service,
+    )
+    return place(
+        policy,
+        request,
+        assignments,
+        now,
+        inventory=agent.gpus if agent and agent.gpus else None,
+        unhealthy=agent.unhealthy if agent else None,
+    )
+
+
+def normal_fits(policy: Policy, state: HostSnapshot, now: datetime) -> Callable[[Waiting], bool]:
+    """Whether a waiting normal request would fit on ``state``'s host, preemptible holdings gone.
+
+    A preemptible waiter is held up only by such a request ahead
+    (:func:`~allocator.recipes.queue.order.blockers`).
+    """
+    kept = {j: a for j, a in state.assignments.items() if not a.preemptible}
+
+    def fits(waiting: Waiting) -> bool:
+        try:
+            placed = _place_entry(policy, state, waiting.entry, kept, now)
+        except AllocatorError:
+            return False
+        return placed.mode == "gpu"
+
+    return fits
 
 
 def entry_asker(policy: Policy, entry: QueueEntry) -> tuple[str, ...]:

@@ -39,6 +39,7 @@ from allocator.errors import (
     StoreUnavailable,
 )
 from allocator.recipes.queue.faults import Outage, default_sigterm, exit_on_sigterm
+from allocator.recipes.queue.preempt import try_preempt
 from allocator.recipes.queue.ticket import Ticket
 from allocator.recipes.queue.tombstone import Cancelled, cancelled_by
 from allocator.recipes.queue.turn import Gang, Turn
@@ -215,7 +216,10 @@ class _Waiter:
                 found = _round(allocator, take, turn, ticket, outage)
                 if not isinstance(found, str):
                     return found
-                why = found
+                # Refused: GPUs a preemptible job holds may be this request's to take back
+                # (one host's waiter; a gang waits for them to end).
+                mine = turn.me if isinstance(turn, Turn) else None
+                why = try_preempt(allocator, ticket.request, mine) or found
         finally:
             ticket.leave()
             default_sigterm()

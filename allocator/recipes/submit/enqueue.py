@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from allocator.policy import Policy
     from allocator.recipes.context import Context
 
-__all__ = ["BatchJob", "submit", "task_names"]
+__all__ = ["BatchJob", "requeue", "submit", "task_names"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +43,8 @@ class BatchJob:
     output: str = ""
     time_s: float | None = None
     array: range | None = None
+    preemptible: bool = False
+    grace_s: float | None = None
 
 
 def task_names(job: str, array: range | None) -> list[tuple[str, int | None]]:
@@ -109,6 +111,8 @@ def _record(batch: BatchJob, user: str, name: str, index: int | None, stamp: str
         output=batch.output,
         array_index=index,
         time_s=batch.time_s,
+        preemptible=batch.preemptible,
+        grace_s=batch.grace_s,
     )
 
 
@@ -129,7 +133,37 @@ def _entry(record: Submission, place: tuple[int, Share | None], requested: str) 
         submission=f"{record.user}/{record.job}",
         fair_share=share.factor if share else None,
         usage=share.usage if share else None,
+        preemptible=record.preemptible,
     )
+
+
+def requeue(allocator: Context, record: Submission) -> None:
+    """Queue ``record`` again (a preempted job): a new entry pointing to the same record.
+
+    Its priority is its user's now, as a new submission's would be.
+    """
+    layout = allocator.layout
+    policy = allocator.require_policy().policy
+    priority = priority_of(policy, record.user, allocator.holder_groups(policy), None)
+    # Its place again as a new waiter's: the fair share as it stands now.
+    share = read_share(allocator, policy, record.user)
+    entry = _entry(record, (priority, share), _requested(record))
+    key = layout.queue_entry(record.host, secrets.token_hex(8))
+    stamp = format_time(allocator.clock())
+    ops: list[Op] = [
+        Put(key, entry.to_json()),
+        Put(layout.queue_arrivals(record.host), stamp.encode()),
+    ]
+    allocator.store.txn([], ops)
+
+
+def _requested(record: Submission) -> str:
+    asked = (
+        f"count={record.count}"
+        if record.gpus is None
+        else "gpus=" + ",".join(map(str, record.gpus))
+    )
+    return asked + (f" slots={record.slots}" if record.slots is not None else "")
 
 
 def _already(allocator: Context, user: str, names: Sequence[str]) -> str:

@@ -82,8 +82,8 @@ def test_the_keeper_rides_out_an_unreachable_store_shorter_than_the_ttl() -> Non
         if len(calls) < 3:
             raise StoreUnavailable("down")
 
-    keeper = LeaseKeeper(refresh, 10.0, lost.append, monotonic=lambda: 0.0)
-    keeper._ttl = 0.15  # refresh often; the fixed clock says the TTL never passed
+    # Refresh often; the fixed clock says the TTL never passed.
+    keeper = LeaseKeeper(refresh, 10.0, lost.append, monotonic=lambda: 0.0, every=0.05)
     keeper.start()
     wait_for("a refresh to succeed", lambda: len(calls) >= 4, timeout=5)
     keeper.stop()

@@ -113,3 +113,27 @@ def test_two_gangs_sort_alike_in_every_queue_they_share() -> None:
         for host in ("node1", "node2")
     }
     assert orders["node1"] == orders["node2"] == ["g4", "g1", "g2", "g3"]
+
+
+def test_a_preemptible_entry_sorts_after_every_normal_one() -> None:
+    first = _waiting("first", 1, priority=5, count=1, preemptible=True)
+    order = in_order([first, _waiting("low", 9, priority=-5, count=1)])
+    assert [w.entry.job for w in order] == ["low", "first"]
+
+
+def test_a_preemptible_entry_waits_only_for_normal_entries_that_fit_without_preemptible_ones() -> (
+    None
+):
+    order = in_order(
+        [
+            _waiting("fits", 1, gpus=(0,)),
+            _waiting("never", 2, count=4),
+            _waiting("pre", 3, count=1, preemptible=True),
+        ]
+    )
+    fits_only = lambda w: w.entry.job == "fits"  # noqa: E731
+    ahead = blockers(order, "/q/pre", [0], _all, normal_fits=fits_only)
+    assert [w.entry.job for w in ahead] == ["fits"]
+    assert blockers(order, "/q/pre", [1], _all, normal_fits=fits_only) == []  # GPU 1: no one's
+    # A normal entry's turn is as before: preemptible entries are never ahead of it.
+    assert blockers(order, "/q/never", [1, 2, 3], _all) == []
