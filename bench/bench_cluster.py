@@ -187,16 +187,17 @@ def _propagation_rows(
         f"ms on one member); that move's propagation, timed from the set's return: "
         f"{ours[killed] * 1000:.0f} ms"
     )
-    # The agent's store link may be inside a write when the leader dies: that write waits
-    # out the election too, fails, and the link reconnects after its first jittered retry
-    # and re-reads. So the one move across the election may take up to an election timeout
-    # plus that retry more than a move on one member: the worst row's target says so.
+    # The kill breaks the agent's store link (its watch, or a call in flight, on the
+    # killed member or on one left without a leader). The link retries after a jittered
+    # backoff and its calls wait on the new leader, so it is back later than the CLI's set,
+    # which only waited for the election: up to about one more election timeout and the
+    # link's first retry, which is what the worst row allows over one member's worst move.
     allowance = ELECTION_TIMEOUT_S + LINK_FIRST_RETRY_S
     worst_target = 1 + allowance / max(floor)
     worst_why = (
         f"; target 1 + ({ELECTION_TIMEOUT_S:g} s election timeout + {LINK_FIRST_RETRY_S:g} s "
-        "first retry of the agent's store link) / one member's worst move: the agent's write "
-        "in flight at the kill waits out the election, then the link reconnects and re-reads"
+        "first retry of the agent's store link) / one member's worst move: the kill breaks "
+        "the agent's link, which reconnects and re-reads once a new leader answers"
     )
     return [
         ratio_row(
