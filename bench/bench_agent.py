@@ -39,7 +39,7 @@ from bench.common import Row, ratio_row, value_row
 from tests.e2e.agent_harness import DUMMY, AgentHarness, agent_policy, pid_alive
 from tests.support.etcd_server import EtcdServer
 
-__all__ = ["cpu_percent_over", "rows", "rss_mib"]
+__all__ = ["cpu_percent_over", "rows", "rss_mib", "wait_new_worker"]
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -74,7 +74,7 @@ def _report(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _wait_new_worker(path: Path, old_pid: int | None, deadline_s: float = 30.0) -> int:
+def wait_new_worker(path: Path, old_pid: int | None, deadline_s: float = 30.0) -> int:
     """Poll (every millisecond) until a live worker other than ``old_pid`` has reported."""
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -93,7 +93,7 @@ def _move(world: AgentHarness, gpu: int, old_pid: int) -> tuple[float, int]:
     returned = time.monotonic()
     if result.code != 0:
         raise SystemExit(f"allocator set failed: {result.err}")
-    pid = _wait_new_worker(world.workdir / "train.json", old_pid)
+    pid = wait_new_worker(world.workdir / "train.json", old_pid)
     return time.monotonic() - returned, pid
 
 
@@ -131,7 +131,7 @@ class BareWatch:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        _wait_new_worker(self.out, None)
+        wait_new_worker(self.out, None)
         elapsed = time.monotonic() - wrote
         worker.send_signal(signal.SIGTERM)
         worker.wait(30)
@@ -184,7 +184,7 @@ class BareWatch:
 def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
     """Moves through the agent interleaved with bare ones; two rows (median, worst)."""
     assert world.cli("set", "job=train", "gpus=1").code == 0
-    pid = _wait_new_worker(world.workdir / "train.json", None)
+    pid = wait_new_worker(world.workdir / "train.json", None)
     bare = BareWatch(world.store_url, world.workdir, world.env)
     ours: list[float] = []
     floor: list[float] = []
@@ -195,11 +195,11 @@ def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
             floor.append(bare_move())
         from bench.bench_queue import handoff
 
-        queued = handoff(world, max(2, moves // 2), backend, bare_move, _wait_new_worker)
+        queued = handoff(world, max(2, moves // 2), backend, bare_move, wait_new_worker)
         from bench.bench_preempt import preempt_handoff
 
         rounds = max(2, moves // 5)
-        preempted = preempt_handoff(world, rounds, backend, bare_move, _wait_new_worker)
+        preempted = preempt_handoff(world, rounds, backend, bare_move, wait_new_worker)
 
     made = [moves]  # train is on GPU (moves - 1) % 2: each move goes to the other one
 
@@ -211,7 +211,7 @@ def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
 
     from bench.bench_cancel import cancel_to_free
 
-    cancelled = cancel_to_free(world, max(2, moves // 2), backend, one_move, _wait_new_worker)
+    cancelled = cancel_to_free(world, max(2, moves // 2), backend, one_move, wait_new_worker)
     return [
         ratio_row(f"propagation, {backend}, median", ours, floor, most=2),
         ratio_row(f"propagation, {backend}, worst", ours, floor, most=4, stat=max),
@@ -227,7 +227,7 @@ def footprint(world: AgentHarness, backend: str) -> Row:
     for gpu in range(8):
         assert world.cli("set", f"job=w{gpu}", f"gpus={gpu}").code == 0
     for gpu in range(8):
-        _wait_new_worker(world.workdir / f"w{gpu}.json", None)
+        wait_new_worker(world.workdir / f"w{gpu}.json", None)
     assert world.process is not None
     return value_row(
         f"agent footprint, {backend}, 8 workers", rss_mib(world.process.pid), 60, "MiB"

@@ -31,7 +31,7 @@ from bench.common import (
 from bench.fleet import fleet_policy, job_name, load_fleet
 from tests.support.etcd_server import EtcdServer
 
-__all__ = ["main", "rows"]
+__all__ = ["main", "rows", "set_moves"]
 
 POLICY = Path(__file__).resolve().parents[1] / "config" / "policy.example.yaml"
 
@@ -40,7 +40,7 @@ def _etcdctl(server: EtcdServer, *args: str) -> list[str]:
     return ["etcdctl", "--endpoints", server.endpoint, *args]
 
 
-def _moves(env: dict[str, str]) -> Callable[[], float]:
+def set_moves(env: dict[str, str]) -> Callable[[], float]:
     """Times one ``allocator set``, moving a job between GPUs 0 and 1 (each a real change)."""
     commands = [allocator_cli("set", "job=train", f"gpus={g}", "host=node1") for g in (0, 1)]
     turn = [0]
@@ -83,11 +83,11 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
     samples = interleaved(
         {
             "etcdctl put": lambda: timed_run(_etcdctl(server, "put", "/bench/k", "v"), ctl),
-            "set etcd": _moves(etcd),
+            "set etcd": set_moves(etcd),
             "etcdctl get": lambda: timed_run(_etcdctl(server, "get", f"/fleet/v1/jobs/{job}"), ctl),
             "get etcd": lambda: timed_run(allocator_cli("get", f"job={job}"), fleet),
             "python -c pass": lambda: timed_run([sys.executable, "-c", "pass"], base),
-            "set sqlite": _moves(sqlite),
+            "set sqlite": set_moves(sqlite),
             "run sqlite": lambda: timed_run(
                 allocator_cli("run", "host=node1", "count=1", "--", sys.executable, "-c", "pass"),
                 on_node1,

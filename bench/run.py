@@ -8,7 +8,7 @@ of samples and a note). A missed target is ``"pass": false``; the run still
 completes and exits 0, so the table always gets written.
 
 Usage: ``python -m bench.run [--smoke] [--quick] [--only GROUP,...] [--out FILE]``
-(groups: cli, agent, fleet, scale, usage, page).
+(groups: cli, agent, cluster, fleet, scale, usage, page).
 ``--smoke`` runs every row at a tiny size in seconds (what the test suite
 checks); ``--quick`` shortens the idle windows and rounds;
 ``--markdown FILE`` prints the table of an earlier results file in Markdown
@@ -33,7 +33,7 @@ from bench.common import Row
 __all__ = ["SIZES", "format_markdown", "format_table", "main"]
 
 HERE = Path(__file__).resolve().parent
-GROUPS = ("cli", "agent", "fleet", "scale", "usage", "page")
+GROUPS = ("cli", "agent", "cluster", "fleet", "scale", "usage", "page")
 
 #: Sizes per mode: CLI rounds, simulated hosts/agents, moves, idle seconds, applies.
 SIZES = {
@@ -93,6 +93,10 @@ def _run_group(group: str, args: argparse.Namespace, work: Path) -> list[Row]:
         from bench import bench_agent
 
         rows = bench_agent.rows(args, work)
+    elif group == "cluster":
+        from bench import bench_cluster
+
+        rows = bench_cluster.rows(args, work)
     elif group == "scale":
         from bench import bench_scale
 
@@ -132,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode.add_argument("--smoke", action="store_true", help="every row at a tiny size")
     mode.add_argument("--quick", action="store_true", help="shorter windows and fewer rounds")
     parser.add_argument(
-        "--only", default=",".join(GROUPS), help="comma-separated: cli,agent,fleet,scale,usage,page"
+        "--only", default=",".join(GROUPS), help="comma-separated: " + ",".join(GROUPS)
     )
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
     parser.add_argument("--markdown", type=Path, help="print FILE's table in Markdown and stop")

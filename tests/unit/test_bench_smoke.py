@@ -41,6 +41,11 @@ ROWS = {
         "agent idle CPU, etcd",
         "agent CPU with etcd down",
     ),
+    "cluster": (
+        "CLI set through a follower, 3-member cluster vs one member",
+        "propagation, 3-member cluster, leader killed mid-run vs one member, median",
+        "propagation, 3-member cluster, leader killed mid-run vs one member, worst",
+    ),
     "fleet": (
         "placement throughput",
         "etcd write rate",
