@@ -9,6 +9,8 @@ Routes (all read-only):
   one page of the hosts they select;
 * ``/api/v1/hosts/{host}``: ``allocator status host=H -o json``;
 * ``/api/v1/fleet``: the whole fleet as a grid, one character per GPU;
+* ``/api/v1/free``: the hosts with the most free GPUs (``pool``, ``limit``);
+* ``/api/v1/broken``: unhealthy GPUs and agents down, since when (``limit``);
 * ``/api/v1/summary``: ``allocator status --summary -o json``;
 * ``/api/v1/series``: GPUs by state per pool and the queue over time;
 * ``/api/v1/history``: the same JSON as ``allocator history -o json``
@@ -48,6 +50,7 @@ from allocator.errors import AllocatorError
 from allocator.serve.broadcast import Broadcaster, event_stream
 from allocator.serve.fleet import Fleet
 from allocator.serve.fleet_api import fleet_json, host_json, parse_status_query
+from allocator.serve.free import broken_answer, free_answer
 from allocator.serve.guard import HeaderMiddleware, page_policy
 from allocator.serve.history import error_answer, history_json
 from allocator.serve.select import summary_json
@@ -135,6 +138,14 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         name = request.path_params["host"]
         return await answer(lambda: fleet.read(lambda view: host_json(view, name)))
 
+    async def free(request: Request) -> Response:
+        query = dict(request.query_params)
+        return await answer(lambda: fleet.read(lambda view: free_answer(view, query)))
+
+    async def broken(request: Request) -> Response:
+        query = dict(request.query_params)
+        return await answer(lambda: fleet.read(lambda view: broken_answer(view, query)))
+
     async def summary(_request: Request) -> Response:
         return await answer(lambda: fleet.read(summary_json))
 
@@ -175,6 +186,8 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         Route("/api/v1/status", status),
         Route("/api/v1/fleet", fleet_grid),
         Route("/api/v1/hosts/{host}", host),
+        Route("/api/v1/free", free),
+        Route("/api/v1/broken", broken),
         Route("/api/v1/summary", summary),
         Route("/api/v1/series", series),
         Route("/api/v1/history", history),
