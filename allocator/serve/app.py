@@ -17,8 +17,9 @@ Routes (all read-only):
   (``job``, ``host``, ``gpu``, ``since``, ``limit`` query parameters);
 * ``/api/v1/queue``: the same JSON as ``allocator queue -o json``;
 * ``/api/v1/usage``: the same JSON as ``allocator usage -o json``
-  (``since``, ``by``, ``limit``; an answer is kept 30 s);
-* ``/api/v1/events``: server-sent events, the whole document then the hosts of each change;
+  (``since``, ``by``, ``limit``, ``jobs=count``; a read is kept 30 s);
+* ``/api/v1/events``: server-sent events, the whole document (``snapshot=grid``: the
+  fleet's grid, as the page reads it) then the hosts of each change;
 * ``/metrics``: fleet-level Prometheus series.
 
 Viewers never cause store reads: one watcher keeps the mirror current, the
@@ -46,7 +47,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from allocator.errors import AllocatorError
+from allocator.errors import AllocatorError, InvalidInput
 from allocator.serve.broadcast import Broadcaster, event_stream
 from allocator.serve.fleet import Fleet
 from allocator.serve.fleet_api import fleet_json, host_json, parse_status_query
@@ -172,7 +173,13 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         return JSONResponse(document, status_code=code)
 
     async def events(request: Request) -> Response:
-        stream = event_stream(state["broadcaster"], request.is_disconnected)
+        kind = request.query_params.get("snapshot", "status")
+        if kind not in ("status", "grid") or set(request.query_params) - {"snapshot"}:
+            wrong = InvalidInput("/api/v1/events takes snapshot=status (the default) or grid")
+            code, document = error_answer(wrong)
+            return JSONResponse(document, status_code=code)
+        snapshot = fleet.grid_document if kind == "grid" else None
+        stream = event_stream(state["broadcaster"], request.is_disconnected, snapshot)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
