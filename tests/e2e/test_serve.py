@@ -248,7 +248,7 @@ def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
         assert "waiting #1 late" in served.cli("status").out
 
 
-def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_holders(
+def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_users(
     served: Served,
 ) -> None:
     from playwright.sync_api import sync_playwright
@@ -271,11 +271,14 @@ def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_holder
     assert served.get("/api/v1/usage?by=colour")[0] == 400
     assert served.get("/api/v1/usage?limit=0")[0] == 400
 
-    user = json.loads(served.get("/api/v1/usage?by=user&since=7d")[1])["rows"][0]["key"]
+    assert served.get("/api/v1/usage?jobs=all")[0] == 400
+    counted = json.loads(served.get("/api/v1/usage?by=user&since=7d&jobs=count")[1])["rows"][0]
+    user = counted["key"]
+    assert counted["job_count"] == 2 and "jobs" not in counted  # eval and train, not named
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page()
         page.goto(served.base + "/")
-        row = page.wait_for_selector(f'#usage tr[data-holder="{user}"]')
-        assert row is not None and "eval, train" in row.inner_text()
+        row = page.wait_for_selector(f'#top-users tr[data-holder="{user}"]')
+        assert row is not None and row.inner_text().split("\t")[-1] == "2"
         browser.close()
