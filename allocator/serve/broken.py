@@ -19,9 +19,11 @@ if TYPE_CHECKING:
 
 __all__ = ["AGENT_REASONS", "BrokenSince", "broken_json"]
 
-#: The agent states listed as down, and what the list says of each.
+#: The agent states listed (all but ``alive``), and what the list says of each. The
+#: first two are the summary's ``agents_down``.
 AGENT_REASONS = {
     "gone": "agent gone (no lease; its workers' records remain)",
+    "none": "no agent (none has reported, or its key is gone with nothing left)",
     "unleased": "agent record without a lease",
     "stale": "agent cannot read its assignments (working from an old view)",
 }

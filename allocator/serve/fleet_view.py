@@ -104,8 +104,6 @@ class FleetView:
             policy = self.mirror.policy(self.mirror.policy_item(), self._on_bad)
             whole = changed is None or policy is not self.policy
             if whole:
-                if self.broken.started is None:
-                    self.broken.started = format_time(now)
                 self._set_policy(policy)
                 changed = self.mirror.host_names() | set(policy.hosts if policy else ())
                 changed |= set(self.views)
@@ -118,6 +116,8 @@ class FleetView:
                     self._rebuild(host, now)
             if whole:
                 self._touched = None
+                if self.broken.started is None and self.views:
+                    self.broken.started = format_time(now)  # the first fleet read
             elif self._touched is not None:
                 self._touched.update(dict.fromkeys(changed))
             if changed or revision != self.revision:

@@ -1,4 +1,4 @@
-"""``/api/v1/usage``: the same document as ``allocator usage -o json``, and the page's top holders.
+"""``/api/v1/usage``: the document of ``allocator usage -o json``; the page's top users and teams.
 
 The usage rollup's days are read on request, as ``allocator usage`` reads
 them (:mod:`allocator.history.rollup`; history whole before the rollup was

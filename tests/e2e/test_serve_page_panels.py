@@ -128,7 +128,7 @@ def test_two_hosts_free_broken_and_top_panels_follow_the_stream(
         assert gpu is not None and "Xid 79" in gpu.inner_text()
         agent = page.wait_for_selector('#broken tr[data-agent="node1"]')
         assert agent is not None and "without a lease" in agent.inner_text()
-        assert page.inner_text("#broken-count") == "(1 unhealthy GPUs, 1 agents down)"
+        assert page.inner_text("#broken-count") == "(1 unhealthy GPUs, 1 agents not up)"
 
         # Top users and teams: one row each; the user links to the heatmap filtered to them.
         page.wait_for_selector(f'#top-users tr[data-holder="{user}"]')
@@ -159,3 +159,114 @@ def test_two_hosts_free_broken_and_top_panels_follow_the_stream(
 
 def _drawn_states(page: Any) -> dict[str, int]:
     return json.loads(page.get_attribute("#heatmap", "data-states"))  # type: ignore[no-any-return]
+
+
+TEAMS = """\
+teams:
+  platform: {members: [bench]}
+  vision: {members: [alice, bob]}
+  speech: {members: [carol]}
+"""
+#: Holdings ended an hour ago, 10 h long, 8 GPUs each: (holder, how many).
+ENDED = (("alice", 40), ("carol", 30), ("bob", 20))
+
+
+def _teams_and_usage(url: str, prefix: str, hosts: int) -> None:
+    """The busy fleet's policy with teams, and a usage rollup of holdings that ended today.
+
+    The bench's jobs (held by ``bench``, of team platform) are open holdings,
+    counted from the assignments; alice, bob and carol's ended ones come from the rollup.
+    """
+    import time
+    from datetime import UTC, datetime
+
+    import msgspec
+
+    from allocator.control.client import Allocator
+    from allocator.history.rollup import day_prefix, marker_key, marker_value
+    from allocator.records.keys import KeyLayout
+    from allocator.store import Put, open_store
+    from allocator.util.times import utc_now
+    from bench.fleet import busy_policy
+
+    history = KeyLayout(prefix).history
+    end = time.time() - 3600
+    day = day_prefix(history, datetime.fromtimestamp(end, UTC))
+    store = open_store(url)
+    try:
+        Allocator(store, prefix=prefix, actor="bench@fleet").apply_policy(
+            busy_policy(hosts) + TEAMS, "fleet.yaml"
+        )
+        writes = [Put(marker_key(history), marker_value(utc_now()))]
+        for holder, count in ENDED:
+            rows = [
+                ("node0000", f"{holder}-{n}", holder, 8, 8, end - 36_000, end) for n in range(count)
+            ]
+            writes.append(Put(f"{day}test/{holder}", msgspec.json.encode(rows)))
+        store.txn([], writes)
+    finally:
+        store.close()
+
+
+def _free_hosts(fleet: dict[str, Any]) -> list[list[str]]:
+    """The free list the page should show: hosts by free cells, most first, then by name."""
+    free = str(fleet["states"].index("free"))
+    counted = [(row[3].count(free), row[0]) for row in fleet["hosts"] if free in row[3]]
+    return [[name, str(n)] for n, name in sorted(counted, key=lambda c: (-c[0], c[1]))]
+
+
+@pytest.mark.slow
+def test_a_large_fleet_s_page_lists_free_hosts_broken_gpus_and_top_teams_in_a_few_screens(
+    browser: Any, prefix: str, tmp_path: Path
+) -> None:
+    from bench.fleet import write_busy_fleet
+    from tests.e2e.test_serve_page import _keep
+
+    url = f"sqlite://{tmp_path / 'fleet.db'}"
+    write_busy_fleet(url, prefix, FLEET_HOSTS)
+    _teams_and_usage(url, prefix, FLEET_HOSTS)
+    world = Served(url, prefix, tmp_path, policy=None, ready="/api/v1/fleet")
+    try:
+        fleet = wait_for(
+            "serve to mirror the fleet", lambda: _whole_fleet(world), timeout=120, every=0.5
+        )
+        page = browser.new_page(viewport=VIEWPORT)
+        reads = _fleet_reads(page)
+        page.goto(world.base + "/")
+        page.wait_for_selector('#heatmap[data-feed="stream"][data-first-draw-ms]', timeout=60_000)
+
+        expected = _free_hosts(fleet)
+        wait_for("the free list", lambda: _rows(page, "free", "host", "free") == expected[:20])
+        more = f"and {len(expected) - 20:,} more hosts with a free GPU"
+        assert more in page.inner_text("#free")
+        cells = "".join(row[3] for row in fleet["hosts"])
+        unhealthy = cells.count(str(fleet["states"].index("unhealthy")))
+        page.wait_for_selector('#broken tr[data-gpu="5"]')
+        assert page.inner_text("#broken-count").startswith(f"({unhealthy:,} unhealthy GPUs")
+        assert all(
+            "Xid 79" in text for text in page.locator("#broken tr[data-gpu]").all_inner_texts()
+        )
+        assert page.locator("#broken tr[data-gpu]").count() == 20
+
+        # Top teams and users: one row each, by GPU-hours (bench's open jobs lead).
+        wait_for("the top teams", lambda: len(_rows(page, "top-teams", "holder")) == 3)
+        teams = _rows(page, "top-teams", "holder", "gpu-hours")
+        assert [t[0] for t in teams] == ["platform", "vision", "speech"]
+        assert float(teams[1][1]) == pytest.approx(60 * 8 * 10)  # alice's 40 and bob's 20
+        users = [u[0] for u in _rows(page, "top-users", "holder")]
+        assert users == ["bench", "alice", "carol", "bob"]
+        code, body, _ = world.get("/api/v1/usage?jobs=count&limit=10&since=7d&by=user")
+        assert code == 200 and len(body) < 2_000  # 4 rows, not every job's name
+
+        height = page.evaluate("document.documentElement.scrollHeight")
+        print(f"\n{FLEET_HOSTS:,} hosts: the page is {height} px tall")
+        assert height < SCREENS * VIEWPORT["height"] and reads == []
+        _keep(page, tmp_path, "status-page-fleet.png")
+    finally:
+        world.close()
+
+
+def _whole_fleet(world: Served) -> dict[str, Any] | None:
+    code, body, _ = world.get("/api/v1/fleet")
+    fleet: dict[str, Any] | None = json.loads(body) if code == 200 else None
+    return fleet if fleet and len(fleet["hosts"]) == FLEET_HOSTS else None

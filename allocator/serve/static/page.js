@@ -202,7 +202,7 @@ const loadFree = () => {
   return panel("free", query, (a) => renderFree(a.doc, openHost));
 };
 const loadBroken = () => panel("broken", "/api/v1/broken?limit=" + LIST_ROWS, (a) => {
-  $("broken-count").textContent = "(" + a.doc.gpus_total + " unhealthy GPUs, " + a.doc.agents_total + " agents down)";
+  $("broken-count").textContent = "(" + a.doc.gpus_total + " unhealthy GPUs, " + a.doc.agents_total + " agents not up)";
   return renderBroken(a.doc, openHost);
 });
 // Top users and teams over the window chosen: one row each, their jobs counted, not named.

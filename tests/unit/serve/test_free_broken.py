@@ -51,7 +51,12 @@ def test_free_hosts_follow_a_change_and_refuse_an_unknown_pool_or_parameter() ->
 
 def test_an_unhealthy_gpu_and_a_down_agent_are_listed_with_reason_and_first_sighting() -> None:
     view, mirror = _view()
-    assert json.loads(broken_answer(view, {}))["gpus"] == []
+    first = json.loads(broken_answer(view, {}))
+    assert first["gpus"] == [] and first["since_serve_started"] == "2027-01-01T00:00:00Z"
+    assert [(a["host"], a["state"], a["since"]) for a in first["agents"]] == [
+        ("n1", "none", "2027-01-01T00:00:00Z"),  # no agent ever reported, seen at the first read
+        ("n2", "none", "2027-01-01T00:00:00Z"),
+    ]
     later = NOW + timedelta(minutes=5)
     mirror.apply(
         [
