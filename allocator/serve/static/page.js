@@ -59,14 +59,29 @@ function showFleet(doc) {
   if (filterCells && Date.now() - filteredAt > FILTER_REREAD_MS) applyFilters();
 }
 
-// A hosts event: the changed hosts' grid rows replace theirs (new ones join in name order).
-function applyChange(change) {
-  if (!fleet) return;
+// Hosts events: the changed hosts' grid rows replace theirs (new ones join in name order).
+// A busy fleet changes many times a second: the changes are drawn together every CHANGES_MS.
+const CHANGES_MS = 250;
+let pendingChanges = [];
+function queueChange(change) {
+  pendingChanges.push(change);
+  if (pendingChanges.length === 1) setTimeout(applyChanges, CHANGES_MS);
+}
+
+function applyChanges() {
+  const changes = pendingChanges;
+  pendingChanges = [];
+  if (!fleet || !changes.length) return;
   const rows = new Map(fleet.hosts.map((h) => [h[0], h]));
-  for (const name of change.removed || []) rows.delete(name);
-  for (const row of change.grid || []) rows.set(row[0], row);
-  const names = [...rows.keys()].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-  showFleet({...fleet, revision: change.revision, generated_at: change.at, hosts: names.map((n) => rows.get(n))});
+  let renamed = false;
+  for (const change of changes) {
+    for (const name of change.removed || []) renamed = rows.delete(name) || renamed;
+    for (const row of change.grid || []) { renamed = renamed || !rows.has(row[0]); rows.set(row[0], row); }
+  }
+  const names = [...rows.keys()];
+  if (renamed) names.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  const last = changes[changes.length - 1];
+  showFleet({...fleet, revision: last.revision, generated_at: last.at, hosts: names.map((n) => rows.get(n))});
 }
 
 function openStream() {
@@ -83,7 +98,7 @@ function openStream() {
   source.addEventListener("hosts", (e) => {
     const change = JSON.parse(e.data);
     showStreamStore(change);
-    applyChange(change);
+    queueChange(change);
   });
   // Fallen behind, or every host rebuilt: the whole grid again, on a new stream.
   source.addEventListener("resync", () => { source.close(); openStream(); });
