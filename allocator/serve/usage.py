@@ -52,7 +52,8 @@ class UsageAnswers:
 
         ``jobs=count``: each row carries ``job_count`` instead of its every job's
         name (the page's top users and teams: a few hundred bytes a row, not the
-        thousands of names a busy team's row lists).
+        thousands of names a busy team's row lists), and a team's row its
+        ``members`` (the page links the row to their jobs).
         """
         from allocator.history.stream import parse_since
         from allocator.status.usage_report import usage_document
@@ -69,6 +70,11 @@ class UsageAnswers:
         document = usage_document(read, since, by, limit)[0]
         if counted:
             document["rows"] = [_counted(row) for row in document["rows"]]
+        if counted and by == "team":
+            teams = read.policy.teams if read.policy is not None else {}
+            for row in document["rows"]:  # whose jobs the page links a team's row to
+                team = teams.get(row["key"])
+                row["members"] = sorted(team.members) if team is not None else []
         return 200, document
 
     def _read(self, since: datetime) -> UsageRead:

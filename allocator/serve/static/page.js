@@ -275,7 +275,8 @@ setInterval(() => {
 
 // --- search and filters ------------------------------------------------------------------
 
-// GPUs held by job `job` and/or by user `user`: Map(host -> Set(GPU position)), read from
+// GPUs held by job `job` and/or by user `user` (a comma list: a team's members):
+// Map(host -> Set(GPU position)), read from
 // the status document's pages (job= filtered by serve; a user's jobs by who set them).
 async function holderCells(job, user) {
   const query = job ? "job=" + encodeURIComponent(job) : "host=*";  // a user's: any host
@@ -290,7 +291,8 @@ async function holderCells(job, user) {
 }
 
 function collectHost(h, job, user, cells) {
-  const byUser = (by) => some(by) && (by === user || by.startsWith(user + "@"));
+  const users = user.split(",").map((u) => u.trim()).filter(Boolean);  // a team's members
+  const byUser = (by) => some(by) && users.some((u) => by === u || by.startsWith(u + "@"));
   const theirs = new Set(h.jobs.filter((j) => !user || byUser(j.by)).map((j) => j.job));
   // A filtered document lists only the rows that match: a GPU's cell is found by its index
   // (the grid has one cell per GPU row, in order; a MIG row, by its place among these).
@@ -298,7 +300,7 @@ function collectHost(h, job, user, cells) {
     const position = /^[0-9]+$/.test(g.gpu) ? Number(g.gpu) : place;
     const jobs = holderJobs(g.holder);
     const held = jobs.some((j) => (!job || j === job) && theirs.has(j));
-    const stray = user && !job && (g.unassigned || []).some((p) => p.user === user);
+    const stray = user && !job && (g.unassigned || []).some((p) => users.includes(p.user));
     if (!held && !stray) return;
     if (!cells.has(h.host)) cells.set(h.host, new Set());
     cells.get(h.host).add(position);
@@ -334,12 +336,17 @@ async function applyFilters() {
 }
 
 let filterTimer = null;
+// A link to a user's jobs no longer says what is shown (and the same link works again).
+function unlinkFilter() {
+  if (location.hash.startsWith("#user=")) history.replaceState(null, "", location.pathname);
+}
 function filtersChanged() {
+  unlinkFilter();
   clearTimeout(filterTimer);
   filterTimer = setTimeout(applyFilters, 250);
 }
 $("filters").addEventListener("input", filtersChanged);
-$("filters").addEventListener("reset", () => setTimeout(applyFilters, 0));
+$("filters").addEventListener("reset", () => { unlinkFilter(); setTimeout(applyFilters, 0); });
 $("filters").addEventListener("submit", (e) => e.preventDefault());
 
 // Enter in the host field opens the host named, or the first one the pattern matches.

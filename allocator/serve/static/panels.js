@@ -175,11 +175,17 @@ function renderBroken(doc, pick) {
   return parts.length ? parts : [muted("Every GPU is healthy and every agent up.")];
 }
 
-// Top users or teams: one row each, GPU-hours over the window; a user links to their jobs
-// (the heatmap filtered to them).
+// A user's (or a team's members') jobs: the heatmap filtered to them (/#user=alice,bob).
+function jobsLink(row, by) {
+  const users = by === "user" ? [row.key] : row.members || [];
+  if (!users.length) return row.key;
+  return el("a", {href: "#user=" + users.map(encodeURIComponent).join(",")}, row.key);
+}
+
+// Top users or teams: one row each, GPU-hours over the window; each links to its jobs.
 function renderTop(doc, by) {
   const rows = doc.rows.map((r) => el("tr", {"data-holder": r.key, "data-gpu-hours": r.gpu_hours},
-    el("td", {}, by === "user" ? el("a", {href: "#user=" + encodeURIComponent(r.key)}, r.key) : r.key),
+    el("td", {}, jobsLink(r, by)),
     el("td", {class: "num"}, r.gpu_hours.toFixed(1)), el("td", {class: "num"}, String(r.job_count))));
   if (!rows.length) return muted("No GPUs were held in this window.");
   const more = doc.rows_total > rows.length ? muted("of " + doc.rows_total.toLocaleString("en-US") + " " + by + "s") : null;
