@@ -90,6 +90,7 @@ function openStream() {
   source.addEventListener("fleet", (e) => {
     const doc = JSON.parse(e.data);
     polling = false;
+    pendingChanges = [];  // an earlier stream's, older than this grid
     $("heatmap").dataset.feed = "stream";
     showStreamStore(doc);
     if (doc.loaded) showFleet(doc.grid);
@@ -275,9 +276,9 @@ setInterval(() => {
 
 // --- search and filters ------------------------------------------------------------------
 
-// GPUs held by job `job` and/or by user `user` (a comma list: a team's members):
-// Map(host -> Set(GPU position)), read from
-// the status document's pages (job= filtered by serve; a user's jobs by who set them).
+// GPUs held by job `job` and/or by user `user` (a comma list: a team's members): Map(host ->
+// Set(GPU position)), read from the status document's pages (job= filtered by serve; a user's
+// jobs by who set them).
 async function holderCells(job, user) {
   const query = job ? "job=" + encodeURIComponent(job) : "host=*";  // a user's: any host
   const cells = new Map();
