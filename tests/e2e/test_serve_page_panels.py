@@ -149,14 +149,20 @@ def test_two_hosts_free_broken_and_top_panels_follow_the_stream(
         expected = [["node1", "3"], ["node2", "3"]]  # as many: by name
         wait_for("the stream's change", lambda: free() == expected)
         assert _drawn_states(page)["held"] == 5 and reads == []
+        # A new policy rebuilds every host: the stream says resync, the page opens a new one.
+        policy.write_text(
+            _two_hosts_policy(user).replace("hosts:\n", "hosts:\n  node3: {gpus: 2}\n", 1)
+        )
+        assert world.cli("policy", "apply", str(policy)).code == 0
+        page.wait_for_selector('#heatmap[data-feed="stream"][data-hosts="3"][data-cells="14"]')
         assert page.evaluate("document.documentElement.scrollHeight") < SCREENS * 900
-        assert errors == []
+        assert errors == [] and reads == []
 
         # Without the stream the page reads the grid every 2 s instead.
         polled = browser.new_page(viewport=VIEWPORT)
         polled.route("**/api/v1/events*", lambda route: route.abort())
         polled.goto(world.base + "/")
-        polled.wait_for_selector('#heatmap[data-feed="polling"][data-cells="12"]')
+        polled.wait_for_selector('#heatmap[data-feed="polling"][data-cells="14"]')
         assert _drawn_states(polled)["held"] == 5
     finally:
         world.close()
