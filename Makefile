@@ -77,7 +77,8 @@ schema: $(VENV)/.base
 
 # The manual's pictures of the status page (docs/operations.md: 2 and 12,500 hosts), taken by its browser tests.
 screenshot: servers $(VENV)/.dev
-	ALLOCATOR_SCREENSHOT=docs $(BIN)/pytest -q -s tests/e2e/test_serve_page.py -k "two_hosts or fleet"
+	ALLOCATOR_SCREENSHOT=docs $(BIN)/pytest -q -s tests/e2e/test_serve_page.py \
+		tests/e2e/test_serve_page_panels.py -k "two_hosts or fleet"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

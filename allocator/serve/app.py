@@ -9,14 +9,17 @@ Routes (all read-only):
   one page of the hosts they select;
 * ``/api/v1/hosts/{host}``: ``allocator status host=H -o json``;
 * ``/api/v1/fleet``: the whole fleet as a grid, one character per GPU;
+* ``/api/v1/free``: the hosts with the most free GPUs (``pool``, ``limit``);
+* ``/api/v1/broken``: unhealthy GPUs and agents down, since when (``limit``);
 * ``/api/v1/summary``: ``allocator status --summary -o json``;
 * ``/api/v1/series``: GPUs by state per pool and the queue over time;
 * ``/api/v1/history``: the same JSON as ``allocator history -o json``
   (``job``, ``host``, ``gpu``, ``since``, ``limit`` query parameters);
 * ``/api/v1/queue``: the same JSON as ``allocator queue -o json``;
 * ``/api/v1/usage``: the same JSON as ``allocator usage -o json``
-  (``since``, ``by``, ``limit``; an answer is kept 30 s);
-* ``/api/v1/events``: server-sent events, the whole document then the hosts of each change;
+  (``since``, ``by``, ``limit``, ``jobs=count``; a read is kept 30 s);
+* ``/api/v1/events``: server-sent events, the whole document (``snapshot=grid``: the
+  fleet's grid, as the page reads it) then the hosts of each change;
 * ``/metrics``: fleet-level Prometheus series.
 
 Viewers never cause store reads: one watcher keeps the mirror current, the
@@ -44,10 +47,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from allocator.errors import AllocatorError
+from allocator.errors import AllocatorError, InvalidInput
 from allocator.serve.broadcast import Broadcaster, event_stream
 from allocator.serve.fleet import Fleet
 from allocator.serve.fleet_api import fleet_json, host_json, parse_status_query
+from allocator.serve.free import broken_answer, free_answer
 from allocator.serve.guard import HeaderMiddleware, page_policy
 from allocator.serve.history import error_answer, history_json
 from allocator.serve.select import summary_json
@@ -135,6 +139,14 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         name = request.path_params["host"]
         return await answer(lambda: fleet.read(lambda view: host_json(view, name)))
 
+    async def free(request: Request) -> Response:
+        query = dict(request.query_params)
+        return await answer(lambda: fleet.read(lambda view: free_answer(view, query)))
+
+    async def broken(request: Request) -> Response:
+        query = dict(request.query_params)
+        return await answer(lambda: fleet.read(lambda view: broken_answer(view, query)))
+
     async def summary(_request: Request) -> Response:
         return await answer(lambda: fleet.read(summary_json))
 
@@ -161,7 +173,13 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         return JSONResponse(document, status_code=code)
 
     async def events(request: Request) -> Response:
-        stream = event_stream(state["broadcaster"], request.is_disconnected)
+        kind = request.query_params.get("snapshot", "status")
+        if kind not in ("status", "grid") or set(request.query_params) - {"snapshot"}:
+            wrong = InvalidInput("/api/v1/events takes snapshot=status (the default) or grid")
+            code, document = error_answer(wrong)
+            return JSONResponse(document, status_code=code)
+        snapshot = fleet.grid_document if kind == "grid" else None
+        stream = event_stream(state["broadcaster"], request.is_disconnected, snapshot)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(stream, media_type="text/event-stream", headers=headers)
 
@@ -175,6 +193,8 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
         Route("/api/v1/status", status),
         Route("/api/v1/fleet", fleet_grid),
         Route("/api/v1/hosts/{host}", host),
+        Route("/api/v1/free", free),
+        Route("/api/v1/broken", broken),
         Route("/api/v1/summary", summary),
         Route("/api/v1/series", series),
         Route("/api/v1/history", history),

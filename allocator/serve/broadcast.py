@@ -1,6 +1,7 @@
 """The page's live updates: a snapshot, then each change once, shared by every event stream.
 
-A stream's first event is ``fleet``, the whole document; after it each
+A stream's first event is ``fleet``, the whole document (or the fleet's
+grid, for the page: ``?snapshot=grid``); after it each
 change is one ``hosts`` event, the changed hosts' parts (built once per
 change by :class:`Broadcaster` and the same bytes handed to every stream).
 A stream that falls :data:`BACKLOG` changes behind, or any stream when
@@ -93,13 +94,18 @@ class Broadcaster:
 
 
 async def event_stream(
-    broadcaster: Broadcaster, disconnected: Callable[[], Awaitable[bool]]
+    broadcaster: Broadcaster,
+    disconnected: Callable[[], Awaitable[bool]],
+    snapshot: Callable[[], Iterator[bytes]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """One viewer's events until it goes (``disconnected()``) or the server stops."""
+    """One viewer's events until it goes (``disconnected()``) or the server stops.
+
+    ``snapshot``: the first document, when not the broadcaster's (the page's grid).
+    """
     queue = broadcaster.join()
     try:
         yield b"event: fleet\ndata: "
-        pieces = broadcaster.snapshot()
+        pieces = (snapshot or broadcaster.snapshot)()
         while (piece := await asyncio.to_thread(next, pieces, b"")) != b"":
             yield piece  # sent as it is made: a fleet's document is never whole in memory
         yield b"\n\n"

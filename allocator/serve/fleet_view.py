@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from allocator.serve.broken import BrokenSince
 from allocator.serve.host_view import AGENT_STATES, HostView, host_view
 from allocator.serve.mirror import FleetMirror
+from allocator.util.times import format_time
 
 if TYPE_CHECKING:
     from allocator.policy import Policy
@@ -78,6 +80,8 @@ class FleetView:
         self.lock = threading.RLock()
         self.views: dict[str, HostView] = {}
         self.totals = Totals()
+        #: Since when each unhealthy GPU and down agent has been seen.
+        self.broken = BrokenSince()
         self.revision = 0
         #: Bumped by every change of a view: what documents built from views are kept by.
         self.version = 0
@@ -112,6 +116,8 @@ class FleetView:
                     self._rebuild(host, now)
             if whole:
                 self._touched = None
+                if self.broken.started is None and self.views:
+                    self.broken.started = format_time(now)  # the first fleet read
             elif self._touched is not None:
                 self._touched.update(dict.fromkeys(changed))
             if changed or revision != self.revision:
@@ -139,6 +145,7 @@ class FleetView:
         self._timed.discard(host)
         if not items and not declared:
             self._names = None
+            self.broken.forget(host)
             return
         self._on_host_built(host)
         status = status_of_part(policy, items, self.mirror.layout, now, (), host)[0]
@@ -146,6 +153,7 @@ class FleetView:
         pool = self.pools.get(host)
         view = host_view(status, pool, self._pool_index.get(pool or "", -1), reserved)
         self.views[host] = view
+        self.broken.note(status, format_time(now))
         self.totals.add(view, 1)
         if old is None:
             self._names = None

@@ -1,4 +1,4 @@
-"""``/api/v1/usage``: the same document as ``allocator usage -o json``, and the page's top holders.
+"""``/api/v1/usage``: the document of ``allocator usage -o json``; the page's top users and teams.
 
 The usage rollup's days are read on request, as ``allocator usage`` reads
 them (:mod:`allocator.history.rollup`; history whole before the rollup was
@@ -48,19 +48,34 @@ class UsageAnswers:
         self._kept: tuple[float, UsageRead] | None = None
 
     def answer(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
-        """(HTTP status, document) for ``?since=30d&by=user&limit=N``."""
+        """(HTTP status, document) for ``?since=30d&by=user&limit=N&jobs=list``.
+
+        ``jobs=count``: each row carries ``job_count`` instead of its every job's
+        name (the page's top users and teams: a few hundred bytes a row, not the
+        thousands of names a busy team's row lists), and a team's row its
+        ``members`` (the page links the row to their jobs).
+        """
         from allocator.history.stream import parse_since
         from allocator.status.usage_report import usage_document
         from allocator.util.times import utc_now
 
         try:
             since_text, by, limit = _parsed(query)
+            counted = _jobs_counted(query)
             since = parse_since(since_text, utc_now())  # refused before any read
             read = self._read(since)
             since = parse_since(since_text, read.now)
         except AllocatorError as exc:
             return error_answer(exc)
-        return 200, usage_document(read, since, by, limit)[0]
+        document = usage_document(read, since, by, limit)[0]
+        if counted:
+            document["rows"] = [_counted(row) for row in document["rows"]]
+        if counted and by == "team":
+            teams = read.policy.teams if read.policy is not None else {}
+            for row in document["rows"]:  # whose jobs the page links a team's row to
+                team = teams.get(row["key"])
+                row["members"] = sorted(team.members) if team is not None else []
+        return 200, document
 
     def _read(self, since: datetime) -> UsageRead:
         """The kept read, or a new one when it is :data:`KEEP_SECONDS` old or starts too late."""
@@ -89,6 +104,18 @@ class UsageAnswers:
 def _covers(read: UsageRead, since: datetime) -> bool:
     """Whether ``read`` counts every holding a window from ``since`` needs."""
     return read.since is None or read.since <= since
+
+
+def _jobs_counted(query: Mapping[str, str]) -> bool:
+    jobs = query.get("jobs", "list")
+    if jobs not in ("list", "count"):
+        raise InvalidInput(f"jobs={jobs!r}: expected list or count")
+    return jobs == "count"
+
+
+def _counted(row: dict[str, Any]) -> dict[str, Any]:
+    jobs = row.pop("jobs")
+    return {**row, "job_count": len(jobs)}
 
 
 def _parsed(query: Mapping[str, str]) -> tuple[str, str, int]:

@@ -86,6 +86,31 @@ def test_a_one_host_change_comes_on_the_event_stream_as_that_host_only(served: S
         assert [h["host"] for h in change["hosts"]] == ["node2"] and change["removed"] == []
         assert b'"host":"node1"' not in line and b'"host":"node3"' not in line
         assert any(g["holder"] == "train" for g in change["hosts"][0]["gpus"])
+        assert change["grid"] == [["node2", 0, "none", "01000000"]]  # the page's row
+
+
+def test_the_page_s_small_answers_and_the_grid_stream_refuse_what_they_do_not_take(
+    served: Served,
+) -> None:
+    assert served.cli("set", "job=train", "gpus=0", "host=node1").code == 0
+    with urllib.request.urlopen(served.base + "/api/v1/events?snapshot=grid", timeout=10) as stream:
+        assert stream.readline() == b"event: fleet\n"
+        grid = json.loads(stream.readline().removeprefix(b"data: "))["grid"]
+    assert grid == json.loads(served.get("/api/v1/fleet")[1]) | {
+        "generated_at": grid["generated_at"]
+    }
+    code, body, _ = served.get("/api/v1/free?limit=1")
+    free = json.loads(body)
+    assert code == 200 and free["hosts_total"] == 3 and len(free["hosts"]) == 1
+    assert served.get("/api/v1/broken")[0] == 200
+    for path in (
+        "/api/v1/events?snapshot=everything",
+        "/api/v1/free?pool=nope",
+        "/api/v1/free?limit=0",
+        "/api/v1/broken?host=node1",
+    ):
+        code, body, _ = served.get(path)
+        assert code == 400 and json.loads(body)["exit_code"] == 2, path
 
 
 def test_history_api_answers_what_the_cli_prints(served: Served) -> None:
@@ -248,7 +273,7 @@ def test_queue_api_and_status_show_a_waiting_request(served: Served) -> None:
         assert "waiting #1 late" in served.cli("status").out
 
 
-def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_holders(
+def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_users(
     served: Served,
 ) -> None:
     from playwright.sync_api import sync_playwright
@@ -271,11 +296,14 @@ def test_usage_api_answers_what_the_cli_prints_and_the_page_shows_the_top_holder
     assert served.get("/api/v1/usage?by=colour")[0] == 400
     assert served.get("/api/v1/usage?limit=0")[0] == 400
 
-    user = json.loads(served.get("/api/v1/usage?by=user&since=7d")[1])["rows"][0]["key"]
+    assert served.get("/api/v1/usage?jobs=all")[0] == 400
+    counted = json.loads(served.get("/api/v1/usage?by=user&since=7d&jobs=count")[1])["rows"][0]
+    user = counted["key"]
+    assert counted["job_count"] == 2 and "jobs" not in counted  # eval and train, not named
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         page = browser.new_page()
         page.goto(served.base + "/")
-        row = page.wait_for_selector(f'#usage tr[data-holder="{user}"]')
-        assert row is not None and "eval, train" in row.inner_text()
+        row = page.wait_for_selector(f'#top-users tr[data-holder="{user}"]')
+        assert row is not None and row.inner_text().split("\t")[-1] == "2"
         browser.close()

@@ -8,7 +8,8 @@ SQLite store written in bulk with the bench's record builders) the page must
 draw all 100,000 cells with a small DOM; the time to the first whole
 heatmap, which the page marks itself, is printed (the figure the manual
 quotes) and only held to a generous bound. Set ``ALLOCATOR_SCREENSHOT=DIR``
-to keep both pages' pictures there (``make screenshot`` writes the manual's).
+to keep the 2-host page's picture there (``make screenshot`` writes the manual's;
+the large fleet's is :mod:`tests.e2e.test_serve_page_panels`).
 """
 
 from __future__ import annotations
@@ -336,7 +337,6 @@ def test_the_page_draws_a_12500_host_fleet_whole_with_a_small_dom(
         page.wait_for_selector('#host-panel td[data-host="node12499"][data-gpu="7"]')
         page.fill("#f-host", "")
         page.wait_for_selector('#heatmap[data-matching="100000"]')
-        _keep(page, tmp_path, "status-page-fleet.png")
     finally:
         world.close()
 

@@ -1,17 +1,21 @@
-// The status page: polls serve's JSON API (answered from its in-memory mirror, never a store
-// read) and draws it. The fleet grid is read every 2 s; the panels when it changed.
+// The status page: draws serve's JSON API (answered from its in-memory mirror, never a store
+// read). The fleet grid comes from the event stream (/api/v1/events?snapshot=grid: the grid,
+// then each change's rows); while the stream fails it is polled every 2 s instead. The
+// panels are read when the fleet changed.
 "use strict";
 
-const POLL_MS = 2000;            // the fleet grid (a few hundred kB at 12,500 hosts)
+const POLL_MS = 2000;            // the fleet grid, while the stream fails
+const STREAM_RETRY_MS = 30000;   // while polling, the stream is tried again this often
 const DETAILS_MS = 15000;        // summary, idle holders, jobs across hosts, even without a change
 const REDRAW_MS = 5000;          // times move on between answers: idle times redrawn
 const STATUS_PAGE = 1000;        // hosts per status page read for the job and user filters
 const FILTER_REREAD_MS = 15000;  // a job or user filter's hosts are read again at most this often
+const LIST_ROWS = 20;            // rows of the free-GPU and broken lists
 
 const heatmap = new Heatmap($("heatmap"), $("tooltip"), $("cursor"), (name, gpu) => openHost(name, gpu));
 const plots = new Plots($("plots"));
 let fleet = null, openName = null, lastHost = null, lastIdle = null, filterCells = null;
-let detailsTimer = null, filterRun = 0, filteredAt = 0;
+let detailsTimer = null, filterRun = 0, filteredAt = 0, polling = false;
 
 function sameFleet(a, b) {
   if (!a || a.revision !== b.revision || a.hosts.length !== b.hosts.length) return false;
@@ -27,28 +31,105 @@ function showStore(answer) {
   if (down) banner.textContent = answer.store ? "Store " + answer.store : "Store unavailable: " + down;
 }
 
+// The store's state as an event says it: {url, up, unavailable_since, error}.
+function showStreamStore(doc) {
+  const store = doc.store || {up: true};
+  const banner = $("banner");
+  $("store").textContent = store.up ? "store up" : "store unavailable";
+  banner.hidden = store.up;
+  if (!store.up) {
+    banner.textContent = "Store unavailable since " + store.unavailable_since + ": " + (store.error || "") +
+      "; showing the last state read";
+  }
+  $("updated").textContent = "revision " + doc.revision + " · live · " + doc.at;
+}
+
+// A grid to draw (the whole fleet's): redraws and rereads the panels when it changed.
+function showFleet(doc) {
+  if (sameFleet(fleet, doc)) return;
+  const first = fleet === null;
+  fleet = doc;
+  poolOptions(doc.pools);
+  heatmap.setFleet(doc);
+  if (first) { firstDrawn(); linkedHost(); linkedFilter(); }
+  showMatching();
+  $("unassigned").replaceChildren(renderUnassigned(doc, openHost));
+  $("grid-note").textContent = doc.hosts.length ? "" : "No hosts (apply a policy).";
+  scheduleDetails(0);
+  if (filterCells && Date.now() - filteredAt > FILTER_REREAD_MS) applyFilters();
+}
+
+// Hosts events: the changed hosts' grid rows replace theirs (new ones join in name order).
+// A busy fleet changes many times a second: the changes are drawn together every CHANGES_MS.
+const CHANGES_MS = 250;
+let pendingChanges = [];
+function queueChange(change) {
+  pendingChanges.push(change);
+  if (pendingChanges.length === 1) setTimeout(applyChanges, CHANGES_MS);
+}
+
+function applyChanges() {
+  const changes = pendingChanges;
+  pendingChanges = [];
+  if (!fleet || !changes.length) return;
+  const rows = new Map(fleet.hosts.map((h) => [h[0], h]));
+  let renamed = false;
+  for (const change of changes) {
+    for (const name of change.removed || []) renamed = rows.delete(name) || renamed;
+    for (const row of change.grid || []) { renamed = renamed || !rows.has(row[0]); rows.set(row[0], row); }
+  }
+  const names = [...rows.keys()];
+  if (renamed) names.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+  const last = changes[changes.length - 1];
+  showFleet({...fleet, revision: last.revision, generated_at: last.at, hosts: names.map((n) => rows.get(n))});
+}
+
+function openStream() {
+  if (typeof EventSource === "undefined") { startPolling(); return; }
+  const source = new EventSource("/api/v1/events?snapshot=grid");
+  source.addEventListener("fleet", (e) => {
+    const doc = JSON.parse(e.data);
+    polling = false;
+    pendingChanges = [];  // an earlier stream's, older than this grid
+    $("heatmap").dataset.feed = "stream";
+    showStreamStore(doc);
+    if (doc.loaded) showFleet(doc.grid);
+    else if (!fleet) $("grid-note").textContent = "Waiting for the first read of the store…";
+  });
+  source.addEventListener("hosts", (e) => {
+    const change = JSON.parse(e.data);
+    showStreamStore(change);
+    queueChange(change);
+  });
+  // Fallen behind, or every host rebuilt: the whole grid again, on a new stream.
+  source.addEventListener("resync", () => { source.close(); openStream(); });
+  source.addEventListener("error", () => {
+    source.close();
+    $("store").textContent = "live updates lost; reading every " + POLL_MS / 1000 + " s";
+    startPolling();
+    setTimeout(openStream, STREAM_RETRY_MS);
+  });
+}
+
+function startPolling() {
+  if (polling) return;
+  polling = true;
+  $("heatmap").dataset.feed = "polling";
+  loadFleet();
+}
+
 async function loadFleet() {
+  if (!polling) return;  // the stream is back
   try {
     const answer = await getJSON("/api/v1/fleet");
     showStore(answer);
     if (!answer.ok) { if (!fleet) $("grid-note").textContent = answer.doc.message; return; }
-    const doc = answer.doc;
-    $("updated").textContent = "revision " + doc.revision + " · read " + doc.generated_at;
-    if (sameFleet(fleet, doc)) return;
-    const first = fleet === null;
-    fleet = doc;
-    poolOptions(doc.pools);
-    heatmap.setFleet(doc);
-    if (first) { firstDrawn(); linkedHost(); }
-    showMatching();
-    $("unassigned").replaceChildren(renderUnassigned(doc, openHost));
-    $("grid-note").textContent = doc.hosts.length ? "" : "No hosts (apply a policy).";
-    scheduleDetails(0);
-    if (filterCells && Date.now() - filteredAt > FILTER_REREAD_MS) applyFilters();
+    $("updated").textContent = "revision " + answer.doc.revision + " · read " + answer.doc.generated_at;
+    if (polling) showFleet(answer.doc);
   } catch (err) {
     $("store").textContent = "connection to allocator serve lost; retrying…";
   } finally {
-    setTimeout(loadFleet, POLL_MS);
+    if (polling) setTimeout(loadFleet, POLL_MS);
   }
 }
 
@@ -87,13 +168,29 @@ function showMatching() {
     : heatmap.cells.toLocaleString("en-US") + " GPUs on " + fleet.hosts.length.toLocaleString("en-US") + " hosts";
 }
 
+// A link to a user's jobs (/#user=alice) filters the heatmap to them.
+function linkedFilter() {
+  const linked = /^#user=(.+)$/.exec(location.hash);
+  if (!linked) return;
+  $("f-user").value = decodeURIComponent(linked[1]);
+  applyFilters();
+  $("heatmap").scrollIntoView({block: "nearest"});
+}
+window.addEventListener("hashchange", linkedFilter);
+
 // --- panels read when the fleet changed (at most every 2 s) and every DETAILS_MS -------------
 
+// At most one read of the panels every POLL_MS: a change during one is read right after it.
+let detailsAgain = false;
 function scheduleDetails(delay) {
-  if (detailsTimer) return;
+  if (detailsTimer) { detailsAgain = true; return; }
   detailsTimer = setTimeout(async () => {
-    await Promise.all([loadSummary(), loadIdle(), loadGroups(), loadQueue(), refreshHost(), loadHistory()]);
-    setTimeout(() => { detailsTimer = null; }, POLL_MS);
+    await Promise.all([loadSummary(), loadFree(), loadBroken(), loadIdle(), loadGroups(), loadQueue(),
+      refreshHost(), loadHistory()]);
+    setTimeout(() => {
+      detailsTimer = null;
+      if (detailsAgain) { detailsAgain = false; scheduleDetails(0); }
+    }, POLL_MS);
   }, delay);
 }
 setInterval(() => scheduleDetails(0), DETAILS_MS);
@@ -101,7 +198,8 @@ setInterval(() => scheduleDetails(0), DETAILS_MS);
 async function panel(id, path, render) {
   try {
     const answer = await getJSON(path);
-    $(id).replaceChildren(...[].concat(answer.ok ? render(answer) : muted(answer.doc.message)));
+    const shown = [].concat(answer.ok ? render(answer) : muted(answer.doc.message));
+    $(id).replaceChildren(...shown.filter((node) => node !== null && node !== undefined));
   } catch (err) {
     $(id).replaceChildren(muted("Unavailable: " + err));
   }
@@ -113,7 +211,25 @@ const loadGroups = () => panel("groups", "/api/v1/status?per_page=1",
   (a) => renderGroups(a.doc.jobs_across_hosts || [], openHost));
 const loadIdle = () => panel("idle", "/api/v1/status?state=idle&per_page=10",
   (a) => { lastIdle = a; return renderIdle(a.doc, a.served, openHost); });
-const loadUsage = () => panel("usage", "/api/v1/usage?since=7d&by=user&limit=10", (a) => renderUsage(a.doc));
+const loadFree = () => {
+  const pool = $("f-pool").value;
+  const query = "/api/v1/free?limit=" + LIST_ROWS + (pool ? "&pool=" + encodeURIComponent(pool) : "");
+  $("free-of").textContent = pool ? "in pool " + pool : "in every pool";
+  return panel("free", query, (a) => renderFree(a.doc, openHost));
+};
+const loadBroken = () => panel("broken", "/api/v1/broken?limit=" + LIST_ROWS, (a) => {
+  $("broken-count").textContent = "(" + a.doc.gpus_total + " unhealthy GPUs, " + a.doc.agents_total + " agents not up)";
+  return renderBroken(a.doc, openHost);
+});
+// Top users and teams over the window chosen: one row each, their jobs counted, not named.
+const loadUsage = () => {
+  const span = $("usage-window").value, query = "/api/v1/usage?jobs=count&limit=10&since=" + span;
+  return Promise.all([
+    panel("top-users", query + "&by=user", (a) => renderTop(a.doc, "user")),
+    panel("top-teams", query + "&by=team", (a) => renderTop(a.doc, "team")),
+  ]);
+};
+$("usage-window").addEventListener("change", () => loadUsage());
 
 // --- host drill-down ---------------------------------------------------------------------
 
@@ -160,8 +276,9 @@ setInterval(() => {
 
 // --- search and filters ------------------------------------------------------------------
 
-// GPUs held by job `job` and/or by user `user`: Map(host -> Set(GPU position)), read from
-// the status document's pages (job= filtered by serve; a user's jobs by who set them).
+// GPUs held by job `job` and/or by user `user` (a comma list: a team's members): Map(host ->
+// Set(GPU position)), read from the status document's pages (job= filtered by serve; a user's
+// jobs by who set them).
 async function holderCells(job, user) {
   const query = job ? "job=" + encodeURIComponent(job) : "host=*";  // a user's: any host
   const cells = new Map();
@@ -175,7 +292,8 @@ async function holderCells(job, user) {
 }
 
 function collectHost(h, job, user, cells) {
-  const byUser = (by) => some(by) && (by === user || by.startsWith(user + "@"));
+  const users = user.split(",").map((u) => u.trim()).filter(Boolean);  // a team's members
+  const byUser = (by) => some(by) && users.some((u) => by === u || by.startsWith(u + "@"));
   const theirs = new Set(h.jobs.filter((j) => !user || byUser(j.by)).map((j) => j.job));
   // A filtered document lists only the rows that match: a GPU's cell is found by its index
   // (the grid has one cell per GPU row, in order; a MIG row, by its place among these).
@@ -183,7 +301,7 @@ function collectHost(h, job, user, cells) {
     const position = /^[0-9]+$/.test(g.gpu) ? Number(g.gpu) : place;
     const jobs = holderJobs(g.holder);
     const held = jobs.some((j) => (!job || j === job) && theirs.has(j));
-    const stray = user && !job && (g.unassigned || []).some((p) => p.user === user);
+    const stray = user && !job && (g.unassigned || []).some((p) => users.includes(p.user));
     if (!held && !stray) return;
     if (!cells.has(h.host)) cells.set(h.host, new Set());
     cells.get(h.host).add(position);
@@ -215,15 +333,21 @@ async function applyFilters() {
   const applied = {host: $("f-host").value.trim(), pool, state, job, user};
   $("heatmap").dataset.filter = Object.entries(applied).filter(([, v]) => v).map(([k, v]) => k + "=" + v).join("&");
   if (lastSeries) plots.update(lastSeries, pool);
+  loadFree();
 }
 
 let filterTimer = null;
+// A link to a user's jobs no longer says what is shown (and the same link works again).
+function unlinkFilter() {
+  if (location.hash.startsWith("#user=")) history.replaceState(null, "", location.pathname);
+}
 function filtersChanged() {
+  unlinkFilter();
   clearTimeout(filterTimer);
   filterTimer = setTimeout(applyFilters, 250);
 }
 $("filters").addEventListener("input", filtersChanged);
-$("filters").addEventListener("reset", () => setTimeout(applyFilters, 0));
+$("filters").addEventListener("reset", () => { unlinkFilter(); setTimeout(applyFilters, 0); });
 $("filters").addEventListener("submit", (e) => e.preventDefault());
 
 // Enter in the host field opens the host named, or the first one the pattern matches.
@@ -267,7 +391,7 @@ async function loadSeries() {
   }
 }
 
-// Top holders: serve reads history for them at most every 30 s; the page asks every 60 s.
+// Top users and teams: serve reads the usage rollup at most every 30 s; the page asks every 60 s.
 function usageLoop() { loadUsage().finally(() => setTimeout(usageLoop, 60000)); }
 
 // History is read from the store on request: only while its panel is open, at most every 5 s.
@@ -284,6 +408,6 @@ $("history-panel").addEventListener("toggle", () => {
   loadHistory();
 });
 
-loadFleet();
+openStream();
 loadSeries();
 usageLoop();

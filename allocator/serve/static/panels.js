@@ -1,5 +1,5 @@
 // The page's panels around the heatmap: totals, legend, host drill-down, queue, jobs across
-// hosts, idle holders, unassigned use, top holders, history. Each renders one JSON answer.
+// hosts, idle holders, unassigned use, free GPUs, what is broken, top users and teams, history. Each renders one JSON answer.
 "use strict";
 
 const SUMMARY_SKIP = new Set(["pool", "name"]);
@@ -143,12 +143,53 @@ function renderUnassigned(fleet, pick) {
   return el("div", {}, table(["host", "GPUs"], rows), more);
 }
 
-function renderUsage(doc) {
-  const rows = doc.rows.map((r) => el("tr", {"data-holder": r.key},
-    el("td", {}, r.key), el("td", {}, r.gpu_hours.toFixed(2)), el("td", {}, r.slot_hours.toFixed(2)),
-    el("td", {}, r.jobs.join(", "))));
-  return rows.length ? table(["who", "GPU-hours", "slot-hours", "jobs"], rows)
-    : muted("No GPUs were held in the last 7 days.");
+// Where free GPUs are: /api/v1/free, the hosts with the most, of the pool chosen.
+function renderFree(doc, pick) {
+  const head = el("p", {class: "muted", id: "free-total"}, doc.free.toLocaleString("en-US") + " of " +
+    doc.gpus.toLocaleString("en-US") + " GPUs free, on " + doc.hosts_total.toLocaleString("en-US") + " hosts");
+  if (!doc.hosts.length) return [head];
+  const rows = doc.hosts.map((h) => el("tr", {"data-host": h.host, "data-free": h.free},
+    el("td", {}, hostLinks([h.host], pick)), el("td", {}, h.pool || "no pool"),
+    el("td", {class: "num"}, h.free + " / " + h.total)));
+  const more = doc.hosts_total - doc.hosts.length;
+  return [head, table(["host", "pool", "free / GPUs"], rows),
+    more > 0 ? muted("and " + more.toLocaleString("en-US") + " more hosts with a free GPU") : null];
+}
+
+// What is broken: /api/v1/broken, unhealthy GPUs and agents down, longest broken first.
+function renderBroken(doc, pick) {
+  const when = (since) => since + (since === doc.since_serve_started ? " (or before: serve's start)" : "");
+  const parts = [];
+  if (doc.gpus.length) {
+    parts.push(table(["host", "GPU", "reason", "since"], doc.gpus.map((g) =>
+      el("tr", {"data-host": g.host, "data-gpu": g.gpu}, el("td", {}, hostLinks([g.host], pick)),
+        el("td", {}, g.gpu), el("td", {}, g.reason), el("td", {}, when(g.since))))));
+  }
+  if (doc.gpus_total > doc.gpus.length) parts.push(muted("and " + (doc.gpus_total - doc.gpus.length).toLocaleString("en-US") + " more unhealthy GPUs (the state filter shows them all)"));
+  if (doc.agents.length) {
+    parts.push(table(["host", "agent", "since"], doc.agents.map((a) =>
+      el("tr", {"data-agent": a.host}, el("td", {}, hostLinks([a.host], pick)),
+        el("td", {class: "agent-" + a.state}, a.reason), el("td", {}, when(a.since))))));
+  }
+  if (doc.agents_total > doc.agents.length) parts.push(muted("and " + (doc.agents_total - doc.agents.length).toLocaleString("en-US") + " more agents down"));
+  return parts.length ? parts : [muted("Every GPU is healthy and every agent up.")];
+}
+
+// A user's (or a team's members') jobs: the heatmap filtered to them (/#user=alice,bob).
+function jobsLink(row, by) {
+  const users = by === "user" ? [row.key] : row.members || [];
+  if (!users.length) return row.key;
+  return el("a", {href: "#user=" + users.map(encodeURIComponent).join(",")}, row.key);
+}
+
+// Top users or teams: one row each, GPU-hours over the window; each links to its jobs.
+function renderTop(doc, by) {
+  const rows = doc.rows.map((r) => el("tr", {"data-holder": r.key, "data-gpu-hours": r.gpu_hours},
+    el("td", {}, jobsLink(r, by)),
+    el("td", {class: "num"}, r.gpu_hours.toFixed(1)), el("td", {class: "num"}, String(r.job_count))));
+  if (!rows.length) return muted("No GPUs were held in this window.");
+  const more = doc.rows_total > rows.length ? muted("of " + doc.rows_total.toLocaleString("en-US") + " " + by + "s") : null;
+  return [table([by, "GPU-hours", "jobs"], rows), more];
 }
 
 function renderHistory(doc) {

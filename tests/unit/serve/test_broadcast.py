@@ -90,3 +90,29 @@ def test_a_stream_that_falls_behind_gets_resync_and_ends() -> None:
 
     events = asyncio.run(scenario())
     assert [_event(raw)[0] for raw in events] == ["fleet", "resync"]
+
+
+def test_the_page_s_stream_starts_with_the_grid_and_each_change_carries_its_grid_rows() -> None:
+    mirror = _mirror()
+    fleet = Fleet(_no_store, mirror, "etcd://x", wall=lambda: NOW)
+    fleet.page_change()
+
+    async def scenario() -> tuple[bytes, bytes]:
+        broadcaster = Broadcaster(fleet.page_document, fleet.page_change)
+        stream = event_stream(broadcaster, _connected, fleet.grid_document)
+        first = await _whole(stream)
+        mirror.apply([Event("delete", LAYOUT.assignment("n0", "train"), None, 6)], {})
+        change = fleet.page_change()
+        assert change is not None
+        broadcaster.send(b"event: hosts\ndata: " + change + b"\n\n")
+        return first, await anext(stream)
+
+    first, change = asyncio.run(scenario())
+    name, document = _event(first)
+    assert name == "fleet" and isinstance(document, dict) and "status" not in document
+    grid = document["grid"]
+    assert [row[0] for row in grid["hosts"]] == ["n0", "n1", "n2"]
+    assert grid["hosts"][0][3] == "10" and document["store"]["url"] == "etcd://x"
+    name, delta = _event(change)
+    assert name == "hosts" and isinstance(delta, dict)
+    assert delta["grid"] == [["n0", 0, "up", "00"]]  # train let GPU 0 go
