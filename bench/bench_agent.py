@@ -212,11 +212,15 @@ def propagation(world: AgentHarness, moves: int, backend: str) -> list[Row]:
     from bench.bench_cancel import cancel_to_free
 
     cancelled = cancel_to_free(world, max(2, moves // 2), backend, one_move, wait_new_worker)
+    from bench.bench_submit import submit_to_running
+
+    submitted = submit_to_running(world, max(2, moves // 5), backend, one_move, wait_new_worker)
     return [
         ratio_row(f"propagation, {backend}, median", ours, floor, most=2),
         ratio_row(f"propagation, {backend}, worst", ours, floor, most=4, stat=max),
         queued,
         cancelled,
+        submitted,
         preempted,
     ]
 
@@ -245,6 +249,8 @@ def _policy(workdir: Path) -> dict[str, Any]:
     from bench.bench_queue import queue_jobs
 
     policy["jobs"].update(queue_jobs(workdir))
+    if os.geteuid() == 0:  # root's submitted jobs run as root only where the policy says so
+        policy["submit_as_root"] = ["root"]
     policy["jobs"].update(preempt_jobs(workdir))
     return policy
 

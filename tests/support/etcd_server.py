@@ -273,6 +273,10 @@ class EtcdServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                # Not the test's own variables: a server first started inside an
+                # `allocator.lease()` block would carry its ALLOCATOR_HOLDING, and an
+                # agent ending that holding stops every process that carries it.
+                env={k: v for k, v in os.environ.items() if not k.startswith("ALLOCATOR_")},
             )
         self._reaper = weakref.finalize(self, _reap, self._proc)
 

@@ -34,6 +34,8 @@ ROWS = {
         "queue hand-off, etcd, median",
         "cancel -> GPUs free, SQLite, median",
         "cancel -> GPUs free, etcd, median",
+        "submit -> running, SQLite, median",
+        "submit -> running, etcd, median",
         "preemption hand-off, SQLite, median",
         "preemption hand-off, etcd, median",
         "agent footprint",

@@ -19,7 +19,6 @@ Between reads the runner ticks every :data:`TICK_S` to reap its commands
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
 
 from allocator.errors import AllocatorError
@@ -72,11 +71,11 @@ class Wakeups:
             self.watches = [store.watch(p, start) for p in self.prefixes]
             self.changed = True  # a change before the watches began would go unseen
             return
-        end = time.monotonic() + tick
-        for watch in self.watches:
-            left = max(0.0, end - time.monotonic()) / 2 or 0.001
-            if watch.next(left):
-                self.changed = True
+        # Blocked on the queue's watch (where a submission arrives, which ends the wait
+        # at once), then a glance at the host's keys (GPUs released: seen within a tick).
+        queue_watch, host_watch = self.watches
+        if queue_watch.next(tick) or host_watch.next(0.001):
+            self.changed = True
 
     def close(self) -> None:
         """End the watches (a broken one, or the runner's end); the next wait starts anew."""
