@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import signal
+import json
 import subprocess
+import sys
 
 import psutil
 
-from allocator.cli.foreground import Children, _proc_descendants
+from allocator.cli.foreground import _proc_descendants
 from tests.support.waiting import wait_for
 
 
@@ -45,22 +46,43 @@ def test_a_zombie_below_is_seen_as_one() -> None:
         shell.wait()
 
 
-def test_a_command_that_ignores_sigterm_ends_at_its_time_limit() -> None:
-    children = Children(
-        ["sh", "-c", 'trap "" TERM; sleep 60 & wait; sleep 60'], [{}], grace=0.5, time_limit=0.5
+# `Children` signals every process below the process it runs in, as `run` must (a
+# subreaper's orphans are its own): it runs in a process of its own here, never in
+# the test's, whose other children (the session's etcd) are none of its business.
+_CHILDREN = """
+import json, signal, sys
+from allocator.cli.foreground import Children
+argv, limit, grace = json.loads(sys.argv[1])
+children = Children(argv, [{}], grace=grace, time_limit=limit)
+children.start()
+try:
+    status = children.wait()
+finally:
+    children.signal(signal.SIGKILL)
+    children.close()
+print(json.dumps({"status": status, "timed_out": children.timed_out}))
+"""
+
+
+def _run_children(argv: list[str], limit: float, grace: float = 10.0) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILDREN, json.dumps([argv, limit, grace])],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
-    children.start()
-    try:
-        status = children.wait()
-    finally:
-        children.signal(signal.SIGKILL)
-        children.close()
-    assert children.timed_out
-    assert status != 0
+    found: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+def test_a_command_that_ignores_sigterm_ends_at_its_time_limit() -> None:
+    argv = ["sh", "-c", 'trap "" TERM; sleep 60 & wait; sleep 60']
+    found = _run_children(argv, limit=0.5, grace=0.5)
+    assert found["timed_out"] is True
+    assert found["status"] != 0
 
 
 def test_a_command_within_its_time_limit_is_not_stopped() -> None:
-    children = Children(["true"], [{}], time_limit=60.0)
-    children.start()
-    assert children.wait() == 0
-    assert not children.timed_out
+    found = _run_children(["true"], limit=60.0)
+    assert found == {"status": 0, "timed_out": False}
