@@ -52,10 +52,10 @@ class Served(ServeProcess):
             waiter.kill()
             waiter.wait()
 
-    def get(self, path: str) -> tuple[int, bytes, dict[str, str]]:
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, bytes, dict[str, str]]:
         self.check_running()
         try:
-            with urllib.request.urlopen(self.base + path, timeout=5) as response:
+            with urllib.request.urlopen(self.base + path, timeout=timeout) as response:
                 return response.status, response.read(), _lower(response.headers)
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read(), _lower(exc.headers)

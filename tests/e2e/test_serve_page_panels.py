@@ -278,6 +278,6 @@ def test_a_large_fleet_s_page_lists_free_hosts_broken_gpus_and_top_teams_in_a_fe
 
 
 def _whole_fleet(world: Served) -> dict[str, Any] | None:
-    code, body, _ = world.get("/api/v1/fleet")
+    code, body, _ = world.get("/api/v1/fleet", timeout=30)
     fleet: dict[str, Any] | None = json.loads(body) if code == 200 else None
     return fleet if fleet and len(fleet["hosts"]) == FLEET_HOSTS else None
