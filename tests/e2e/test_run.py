@@ -166,7 +166,8 @@ def test_sigkill_of_run_frees_the_gpus_within_the_ttl_and_kills_the_command(
     proc = _start(
         cli_env, popen, "job=doomed", "ttl=2s", *TAKE_ALL, "--", sys.executable, "-c", script
     )
-    wait_for("run to hold the GPUs", lambda: _holds(applied, "doomed") and pid_file.exists())
+    # The file exists before the pid is written in it: wait for the pid.
+    wait_for("run to hold the GPUs", lambda: _holds(applied, "doomed") and _text(pid_file))
     child = int(pid_file.read_text())
     proc.kill()
     killed = time.monotonic()
@@ -308,3 +309,11 @@ def test_a_second_run_waiting_for_the_same_gpus_starts_the_moment_the_first_exit
     ended = time.monotonic()
     assert waiter.wait(15) == 0
     assert second.exists() and time.monotonic() - ended < 5
+
+
+def _text(path: Path) -> str:
+    """What ``path`` holds, or ``""`` while it does not exist."""
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
