@@ -9,6 +9,7 @@ inside the function that runs the command, so ``allocator --help`` and
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -34,6 +35,7 @@ __all__ = [
     "command_word",
     "error_document",
     "main",
+    "parser_for",
     "run",
 ]
 
@@ -105,6 +107,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+@functools.cache
+def parser_for(command: str | None) -> argparse.ArgumentParser:
+    """:func:`build_parser` for ``command``, built once per process.
+
+    A command server builds each command's parser before it forks its
+    workers; a command run in its own process builds just its own.
+    """
+    return build_parser(only=command)
+
+
 def command_word(words: Sequence[str]) -> str | None:
     """The command ``words`` run (``set`` in ``--store URL set job=a``), if any.
 
@@ -166,7 +178,7 @@ def _run_command(words: list[str]) -> int:
         from allocator.cli.run import split_command
 
         words, command_argv = split_command(words)
-    args = build_parser(only=chosen).parse_args(words)
+    args = parser_for(chosen).parse_args(words)
     if command_argv is not None:
         args.command_argv = command_argv
     code: int = args.handler(args)

@@ -13,3 +13,5 @@ This package sits above the CLI: the worker runs :func:`allocator.cli.main`.
 The door imports nothing but the standard library until it must run a command
 itself.
 """
+
+__all__: list[str] = []

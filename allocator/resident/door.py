@@ -11,10 +11,13 @@ worker with it (the worker sees the connection close).
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from allocator.resident import wire
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
 
 __all__ = ["main", "run"]
 
@@ -45,6 +48,8 @@ def main() -> int:
 
 def _through_server(path: str, argv: list[str]) -> int | None:
     """The exit status of the command run by the server; ``None``: run it here."""
+    import socket
+
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         try:
@@ -73,6 +78,8 @@ def _through_server(path: str, argv: list[str]) -> int | None:
 
 def _accepted(connection: socket.socket, argv: list[str]) -> bool:
     """Send the request; ``True`` once the server accepted it (ready to run on go)."""
+    import socket
+
     request = wire.encode_request(argv)
     connection.settimeout(ACCEPT_SECONDS)
     sent = socket.send_fds(connection, [request[:4096]], [0, 1, 2])

@@ -28,7 +28,7 @@ import allocator
 from allocator.resident import wire
 from allocator.resident.worker import serve_one
 
-__all__ = ["IDLE_SECONDS", "PRELOAD_SKIPPED", "code_fingerprint", "main", "preload"]
+__all__ = ["IDLE_SECONDS", "PRELOAD_SKIPPED", "code_fingerprint", "main", "preload", "warm"]
 
 IDLE_SECONDS = 600.0
 #: What a served command never needs: the agent, the web server, torch, vendor libraries.
@@ -65,15 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         lock.flush()
         signal.signal(signal.SIGTERM, _stop)
         preload()
+        warm()
         _serve(path, _idle_seconds(), lock.fileno())
     return 0
 
 
 def preload() -> None:
     """Import every module a served command may load, so that none of its workers imports."""
-    from allocator.cli import build_parser
-
-    build_parser()
     for found in pkgutil.walk_packages(allocator.__path__, "allocator."):
         if found.name.startswith(PRELOAD_SKIPPED):
             continue
@@ -81,6 +79,32 @@ def preload() -> None:
             importlib.import_module(found.name)
         except Exception:  # e.g. an optional library not installed: a command loads it if run
             continue
+
+
+def warm() -> None:
+    """Do once what each command's first call would: its parser, every record's decoder.
+
+    Workers are forked from this process, so what is built here is built for
+    all of them (a forked worker keeps nothing it builds).
+    """
+    import msgspec
+
+    from allocator.cli import parser_for
+    from allocator.records.codec import prepare_decoders
+    from allocator.resident.worker import SERVED
+
+    for command in SERVED:
+        parser_for(command)
+    structs = {
+        value
+        for name, module in list(sys.modules.items())
+        if name.startswith("allocator.")
+        for value in list(vars(module).values())
+        if isinstance(value, type) and issubclass(value, msgspec.Struct)
+    }
+    for kind in structs:
+        with contextlib.suppress(Exception):  # a generic or abstract record: built when used
+            prepare_decoders([kind])
 
 
 def code_fingerprint() -> tuple[tuple[str, int, int], ...]:

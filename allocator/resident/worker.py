@@ -14,6 +14,7 @@ import array
 import contextlib
 import io
 import os
+import resource
 import signal
 import socket
 import sys
@@ -118,8 +119,6 @@ def _text(
 
 
 def _limit(limits: list[tuple[int, int, int]]) -> None:
-    import resource
-
     for which, soft, hard in limits:
         try:
             resource.setrlimit(which, (soft, hard))

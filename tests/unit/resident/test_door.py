@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -142,3 +143,41 @@ def test_the_installed_console_script_is_the_door() -> None:
     (script,) = [e for e in entry_points(group="console_scripts") if e.name == "allocator"]
     assert script.value == "allocator.resident.door:run"
     assert door.run.__module__ == "allocator.resident.door"
+
+
+_SERVED_PROBE = """
+import json, sys
+from allocator.resident.door import main
+sys.argv = ["allocator", *sys.argv[1:]]
+code = main()
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+
+def test_a_served_command_loads_the_door_alone(resident: Resident) -> None:
+    """The served path's budget: the door and its wire, no library, no CLI, no typing.
+
+    ``json`` is the probe's own, loaded after the command ran.
+    """
+    assert resident.run("set", "job=a", "gpus=0", "host=node1").returncode == 0
+    resident.wait_for_server()
+    probe = subprocess.run(
+        [sys.executable, "-P", "-c", _SERVED_PROBE, "get", "job=a"],
+        env=resident.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    report = json.loads(probe.stderr.strip().splitlines()[-1])
+    assert report["code"] == 0
+    assert probe.stdout.startswith("a@node1: gpus 0")
+    ours = {m for m in report["modules"] if m.split(".")[0] == "allocator"}
+    assert ours == {
+        "allocator",
+        "allocator.resident",
+        "allocator.resident.door",
+        "allocator.resident.wire",
+    }
+    assert not {"msgspec", "h11", "typing", "argparse", "sqlite3"} & set(report["modules"])
+    assert len(report["modules"]) <= 100, len(report["modules"])
