@@ -26,6 +26,7 @@ from allocator.cli.common import (
     warn_of_secrets_in_argv,
 )
 from allocator.errors import EXIT_INTERNAL, AllocatorError, BadRecord
+from allocator.util.command_words import command_word
 from allocator.util.printable import one_line
 
 __all__ = [
@@ -60,8 +61,6 @@ COMMANDS = {
     "completion": "allocator.cli.completion",
 }
 COMMAND_MODULES = tuple(COMMANDS.values())
-#: Options taking a value in the next word, before or after the command.
-_VALUE_OPTIONS = frozenset({"--store", "--prefix", "-o", "--output"})
 
 _LABELS = {
     2: "error",
@@ -115,26 +114,6 @@ def parser_for(command: str | None) -> argparse.ArgumentParser:
     workers; a command run in its own process builds just its own.
     """
     return build_parser(only=command)
-
-
-def command_word(words: Sequence[str]) -> str | None:
-    """The command ``words`` run (``set`` in ``--store URL set job=a``), if any.
-
-    ``None`` when an option that stops the run (``--help``, ``--version``)
-    comes first, or nothing looks like a command: the full parser then
-    prints the help, or says which commands there are.
-    """
-    skip = False
-    for word in words:
-        if skip:
-            skip = False
-        elif word in _VALUE_OPTIONS:
-            skip = True
-        elif word == "--" or word in ("-h", "--help", "--version"):
-            return None
-        elif not word.startswith("-"):
-            return word
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

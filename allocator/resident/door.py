@@ -14,6 +14,7 @@ import os
 import sys
 
 from allocator.resident import wire
+from allocator.util.command_words import command_word
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def run() -> None:
 def main() -> int:
     """Run ``sys.argv``'s command through the server when one serves it, else here."""
     path = None
-    if wire.enabled(os.environ):
+    if wire.enabled(os.environ) and command_word(sys.argv[1:]) in wire.SERVED:
         path = wire.socket_path(os.environ, os.path.dirname(os.path.dirname(wire.__file__)))
     if path is not None:
         code = _through_server(path, sys.argv[1:])

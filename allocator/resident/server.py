@@ -91,9 +91,8 @@ def warm() -> None:
 
     from allocator.cli import parser_for
     from allocator.records.codec import prepare_decoders
-    from allocator.resident.worker import SERVED
 
-    for command in SERVED:
+    for command in wire.SERVED:
         parser_for(command)
     structs = {
         value

@@ -34,6 +34,7 @@ __all__ = [
     "LIMITS",
     "MAX_PATH",
     "PROTOCOL",
+    "SERVED",
     "SIGNAL",
     "START_BACKOFF_SECONDS",
     "Request",
@@ -50,6 +51,14 @@ ACCEPTED = b"A"
 GO = b"G"
 SIGNAL = b"S"
 EXITED = b"X"
+#: Commands a server runs: short ones. ``run`` supervises a process tree in the
+#: user's terminal, ``agent`` and ``serve`` run for days, ``demo`` starts agents,
+#: ``doctor`` probes this host's devices: each runs in its own process, and
+#: starts no server.
+SERVED = frozenset(
+    {"set", "get", "release", "status", "history", "queue", "cancel", "policy", "env"}
+    | {"submit", "usage"}
+)
 #: The resource limits a worker takes from its client (a full disk is an RLIMIT_FSIZE in tests).
 LIMITS = ("RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_CORE")
 #: A Unix socket's path must fit in sun_path (108 bytes on Linux, with its NUL).

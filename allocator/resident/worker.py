@@ -22,15 +22,10 @@ import threading
 import time
 
 from allocator.resident import wire
+from allocator.util.command_words import command_word
 
-__all__ = ["SERVED", "serve_one"]
+__all__ = ["serve_one"]
 
-#: Commands a worker runs: short ones. ``run`` supervises a process tree in the
-#: user's terminal, ``agent`` and ``serve`` run for days, ``demo`` starts agents.
-SERVED = frozenset(
-    {"set", "get", "release", "status", "history", "queue", "cancel", "policy", "env"}
-    | {"submit", "usage"}
-)
 #: Descriptors a request carries: the client's stdin, stdout and stderr.
 _STDIO = 3
 
@@ -42,7 +37,7 @@ def serve_one(connection: socket.socket) -> int:
     except (OSError, ValueError):
         return 0  # a client that went away or spoke another protocol: nothing ran
     argv = [os.fsdecode(word) for word in request[1]]
-    if _command(argv) not in SERVED:
+    if command_word(argv) not in wire.SERVED:
         connection.sendall(wire.DECLINED)
         return 0
     try:
@@ -80,12 +75,6 @@ def _receive(connection: socket.socket) -> tuple[wire.Request, list[int]]:
     if len(descriptors) != _STDIO:
         raise ValueError("a request without the client's stdin, stdout and stderr")
     return wire.decode_request(data[4:]), descriptors
-
-
-def _command(argv: list[str]) -> str | None:
-    from allocator.cli import command_word
-
-    return command_word(argv)
 
 
 def _become(request: wire.Request, descriptors: list[int]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -73,10 +74,8 @@ class Resident:
     def stop(self) -> None:
         pid = self.server_pid()
         if pid is not None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from pathlib import Path
 import psutil
 
 from allocator.resident import wire
-from allocator.resident.worker import SERVED
 from tests.support.waiting import wait_for
 from tests.unit.resident.conftest import POLICY, Resident
 
@@ -31,8 +30,8 @@ def test_a_changed_source_file_is_never_served_a_new_server_takes_over(tmp_path:
         printable = package / "util" / "printable.py"
         printable.write_text(
             printable.read_text().replace(
-                "    return printable(\" \".join(message.split()))",
-                "    return printable(\" \".join(message.split())) + \" (edited)\"",
+                '    return printable(" ".join(message.split()))',
+                '    return printable(" ".join(message.split())) + " (edited)"',
             )
         )
         assert "(edited)" in printable.read_text()
@@ -98,8 +97,8 @@ def test_garbage_on_the_socket_runs_nothing_and_the_server_keeps_serving(
 
 
 def test_long_running_and_local_commands_are_never_served() -> None:
-    assert {"run", "agent", "serve", "demo", "doctor", "completion"}.isdisjoint(SERVED)
-    assert {"set", "get", "status", "release", "queue", "cancel", "submit"} <= SERVED
+    assert {"run", "agent", "serve", "demo", "doctor", "completion"}.isdisjoint(wire.SERVED)
+    assert {"set", "get", "status", "release", "queue", "cancel", "submit"} <= wire.SERVED
 
 
 def test_the_server_socket_is_for_this_user_alone(resident: Resident) -> None:
