@@ -93,6 +93,11 @@ def _become(request: wire.Request, descriptors: list[int]) -> None:
     sys.stdin = _text(0, "rb", encoding, errors, line_buffering=False)
     sys.stdout = _text(1, "wb", encoding, errors, line_buffering=os.isatty(1))
     sys.stderr = _text(2, "wb", encoding, "backslashreplace", line_buffering=True)
+    # What the interpreter started with is the server's /dev/null: `--help` asks
+    # sys.__stdout__ for the terminal's width.
+    streams = (("__stdin__", sys.stdin), ("__stdout__", sys.stdout), ("__stderr__", sys.stderr))
+    for name, stream in streams:
+        setattr(sys, name, stream)  # typeshed calls them final; CPython lets them be set
     sys.argv = ["allocator", *(os.fsdecode(word) for word in argv)]
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for name in ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGCHLD"):

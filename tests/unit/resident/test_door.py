@@ -184,3 +184,13 @@ def test_a_served_command_loads_the_door_alone(resident: Resident) -> None:
     }
     assert not {"msgspec", "h11", "typing", "argparse", "sqlite3"} & set(report["modules"])
     assert len(report["modules"]) <= 100, len(report["modules"])
+
+
+def test_help_wraps_at_the_clients_width(resident: Resident) -> None:
+    assert resident.run("get", "job=a").returncode == 6
+    resident.wait_for_server()
+    narrow = resident.run("set", "--help", COLUMNS="50")
+    assert narrow.returncode == 0
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 48
+    wide = resident.run("set", "--help", COLUMNS="200")
+    assert max(len(line) for line in wide.stdout.splitlines()) > 50
