@@ -5,7 +5,11 @@ only ``allocator.torch`` imports torch. ``allocator.lease`` (GPUs for this
 Python process) is loaded on first use.
 """
 
-from typing import Any
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs every command milliseconds at start; mypy reads this
+    from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "lease"]

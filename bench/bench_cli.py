@@ -8,6 +8,11 @@ same keys; ``allocator policy validate`` of a 1,000-host policy vs PyYAML
 loading the same file; ``allocator run count=1 -- python -c pass`` on SQLite
 (take the GPUs, run the command, release them) vs ``python -c pass`` itself.
 Each pair runs interleaved, ``rounds`` times.
+
+The console script hands a command to the user's command server once one
+runs (:mod:`allocator.resident`), so ``set`` and ``get`` are also measured in
+their own process (``ALLOCATOR_SERVER=0``): a first command, or a server
+turned off.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from bench.common import (
     allocator_cli,
     byte_compile,
     clean_env,
+    command_server_ready,
     interleaved,
     ratio_row,
     timed_run,
@@ -70,6 +76,9 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
     on_node1 = {**sqlite, "ALLOCATOR_HOST": "node1"}  # `run` takes GPUs of this machine only
     etcd = clean_env(ALLOCATOR_STORE=server.url)
     fleet = clean_env(ALLOCATOR_STORE=server.url, ALLOCATOR_PREFIX="/fleet")
+    # The same commands run in their own process, as `python -m allocator` always does.
+    etcd_here = {**etcd, "ALLOCATOR_SERVER": "0"}
+    fleet_here = {**fleet, "ALLOCATOR_SERVER": "0"}
     for env in (sqlite, etcd):
         timed_run(allocator_cli("policy", "apply", str(POLICY)), env)
     store = open_store(server.url)
@@ -79,6 +88,7 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
         store.close()
     policy_file = work / "fleet-policy.yaml"
     policy_file.write_text(fleet_policy(hosts))
+    command_server_ready(etcd)
     job = job_name(hosts // 2, 3)
     samples = interleaved(
         {
@@ -86,6 +96,8 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
             "set etcd": set_moves(etcd),
             "etcdctl get": lambda: timed_run(_etcdctl(server, "get", f"/fleet/v1/jobs/{job}"), ctl),
             "get etcd": lambda: timed_run(allocator_cli("get", f"job={job}"), fleet),
+            "set etcd here": set_moves(etcd_here),
+            "get etcd here": lambda: timed_run(allocator_cli("get", f"job={job}"), fleet_here),
             "python -c pass": lambda: timed_run([sys.executable, "-c", "pass"], base),
             "set sqlite": set_moves(sqlite),
             "run sqlite": lambda: timed_run(
@@ -120,6 +132,20 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
             samples["get etcd"],
             samples["etcdctl get"],
             most=4,
+        ),
+        ratio_row(
+            "CLI set, etcd, in its own process (ALLOCATOR_SERVER=0)",
+            samples["set etcd here"],
+            samples["etcdctl put"],
+            most=7,
+            note="a first command, or a server turned off: the imports are paid each time",
+        ),
+        ratio_row(
+            f"CLI get, etcd, in its own process (ALLOCATOR_SERVER=0), {hosts} hosts",
+            samples["get etcd here"],
+            samples["etcdctl get"],
+            most=7,
+            note="a first command, or a server turned off: the imports are paid each time",
         ),
         ratio_row("CLI set, SQLite", samples["set sqlite"], samples["python -c pass"], most=3),
         ratio_row(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -28,7 +29,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: python bench/run.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import Row
+from bench.common import Row, stop_command_servers
 
 __all__ = ["SIZES", "format_markdown", "format_table", "main"]
 
@@ -158,9 +159,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="allocator-bench-") as tmp:
-        for group in groups:
-            (Path(tmp) / group).mkdir()
-            rows += _run_group(group, args, Path(tmp) / group)
+        # The console script's command servers live here for this run only: every row
+        # starts from none, and none outlives the run.
+        runtime = Path(tmp) / "run"
+        runtime.mkdir(mode=0o700)
+        os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+        try:
+            for group in groups:
+                (Path(tmp) / group).mkdir()
+                rows += _run_group(group, args, Path(tmp) / group)
+        finally:
+            stop_command_servers(runtime)
     args.out.write_text(json.dumps([row.to_json() for row in rows], indent=2) + "\n")
     print()
     print(format_table(rows))

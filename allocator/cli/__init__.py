@@ -9,6 +9,7 @@ inside the function that runs the command, so ``allocator --help`` and
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -25,6 +26,7 @@ from allocator.cli.common import (
     warn_of_secrets_in_argv,
 )
 from allocator.errors import EXIT_INTERNAL, AllocatorError, BadRecord
+from allocator.util.command_words import command_word
 from allocator.util.printable import one_line
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "command_word",
     "error_document",
     "main",
+    "parser_for",
     "run",
 ]
 
@@ -58,8 +61,6 @@ COMMANDS = {
     "completion": "allocator.cli.completion",
 }
 COMMAND_MODULES = tuple(COMMANDS.values())
-#: Options taking a value in the next word, before or after the command.
-_VALUE_OPTIONS = frozenset({"--store", "--prefix", "-o", "--output"})
 
 _LABELS = {
     2: "error",
@@ -105,24 +106,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def command_word(words: Sequence[str]) -> str | None:
-    """The command ``words`` run (``set`` in ``--store URL set job=a``), if any.
+@functools.cache
+def parser_for(command: str | None) -> argparse.ArgumentParser:
+    """:func:`build_parser` for ``command``, built once per process.
 
-    ``None`` when an option that stops the run (``--help``, ``--version``)
-    comes first, or nothing looks like a command: the full parser then
-    prints the help, or says which commands there are.
+    A command server builds each command's parser before it forks its
+    workers; a command run in its own process builds just its own.
     """
-    skip = False
-    for word in words:
-        if skip:
-            skip = False
-        elif word in _VALUE_OPTIONS:
-            skip = True
-        elif word == "--" or word in ("-h", "--help", "--version"):
-            return None
-        elif not word.startswith("-"):
-            return word
-    return None
+    return build_parser(only=command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,7 +157,7 @@ def _run_command(words: list[str]) -> int:
         from allocator.cli.run import split_command
 
         words, command_argv = split_command(words)
-    args = build_parser(only=chosen).parse_args(words)
+    args = parser_for(chosen).parse_args(words)
     if command_argv is not None:
         args.command_argv = command_argv
     code: int = args.handler(args)

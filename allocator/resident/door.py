@@ -1,0 +1,203 @@
+"""The ``allocator`` console script: through the user's command server, or in this process.
+
+The command runs exactly once: in the server's worker, only after this client
+said go (``G``), or here, when no server answered, it declined, or it was too
+slow to accept. A worker that ends without an exit status after go is an
+internal error (exit 1), never a second run. Signals this client receives
+(Ctrl-C, SIGTERM) go on to the worker; a client killed outright takes its
+worker with it (the worker sees the connection close).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from allocator.resident import wire
+from allocator.util.command_words import command_word
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
+
+__all__ = ["main", "run"]
+
+#: How long the server may take to accept a request before this client runs it itself.
+ACCEPT_SECONDS = 5.0
+#: The signals a client passes on to its worker (it stays alive to relay the exit status).
+RELAYED = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+def main() -> int:
+    """Run ``sys.argv``'s command through the server when one serves it, else here."""
+    path = None
+    if wire.enabled(os.environ) and command_word(sys.argv[1:]) in wire.SERVED:
+        path = wire.socket_path(os.environ, os.path.dirname(os.path.dirname(wire.__file__)))
+    if path is not None:
+        code = _through_server(path, sys.argv[1:])
+        if code is not None:
+            return code
+    from allocator.cli import main as run_here
+
+    return run_here()
+
+
+def _through_server(path: str, argv: list[str]) -> int | None:
+    """The exit status of the command run by the server; ``None``: run it here."""
+    import socket
+
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            connection.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            _start_server(path)
+            return None
+        except OSError:
+            return None
+        relay = _Relay(connection)
+        try:
+            if not _accepted(connection, argv):
+                return None
+            if relay.received:  # interrupted before it began: it never runs anywhere
+                return relay.die_of(relay.received[-1])
+            connection.sendall(wire.GO)
+            relay.live = True
+            return relay.exit_status()
+        except OSError:
+            return None if not relay.live else relay.lost()
+        finally:
+            relay.restore()
+    finally:
+        connection.close()
+
+
+def _accepted(connection: socket.socket, argv: list[str]) -> bool:
+    """Send the request; ``True`` once the server accepted it (ready to run on go)."""
+    import socket
+
+    request = wire.encode_request(argv)
+    connection.settimeout(ACCEPT_SECONDS)
+    sent = socket.send_fds(connection, [request[:4096]], [0, 1, 2])
+    connection.sendall(request[sent:])
+    if connection.recv(1) != wire.ACCEPTED:
+        return False
+    connection.settimeout(None)
+    return True
+
+
+class _Relay:
+    """Signals this client receives: kept until go, then passed on to the worker."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        import signal
+
+        self.connection = connection
+        self.received: list[int] = []
+        self.live = False
+        self.previous = {}
+        for name in RELAYED:
+            number = getattr(signal, name)
+            self.previous[number] = signal.signal(number, self._caught)
+
+    def _caught(self, signum: int, _frame: object) -> None:
+        self.received.append(signum)
+        if self.live:
+            try:  # noqa: SIM105 (contextlib would cost this client its import)
+                self.connection.sendall(wire.SIGNAL + bytes([signum]))
+            except OSError:
+                pass
+
+    def exit_status(self) -> int:
+        """Wait for the worker's exit status."""
+        answer = b""
+        while True:
+            chunk = self.connection.recv(16)
+            if not chunk:
+                return self.lost()
+            answer += chunk
+            if answer[:1] == wire.EXITED and len(answer) >= 5:
+                return int.from_bytes(answer[1:5], "big", signed=True)
+
+    def lost(self) -> int:
+        """The worker ended without an exit status (after go: never run it again here)."""
+        if self.received:  # it died of the signal this client was sent: so does this client
+            return self.die_of(self.received[-1])
+        sys.stderr.write(
+            "allocator: internal error: the command server's worker ended without an exit "
+            "status (ALLOCATOR_SERVER=0 runs commands in this process)\n"
+        )
+        return 1
+
+    def die_of(self, signum: int) -> int:
+        """End as a command run here ends on ``signum``: Ctrl-C exits 130, others kill."""
+        import signal
+
+        self.restore()
+        if signum == signal.SIGINT:
+            sys.stderr.write("allocator: error: interrupted\n")
+            return 130
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return 128 + signum
+
+    def restore(self) -> None:
+        import signal
+
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}
+
+
+def _start_server(path: str) -> None:
+    """Start a server for the next command, detached: its own session, no stdio of ours.
+
+    Not when one was started in the last minute (its lock file says when): it
+    is still loading, or it cannot serve here, and each start costs a second
+    of CPU.
+    """
+    import time
+
+    try:
+        started = os.stat(path + ".lock").st_mtime
+    except OSError:
+        started = 0.0
+    if time.time() - started < wire.START_BACKOFF_SECONDS:
+        return
+    try:  # this start's time, whether or not the server gets as far as writing its pid
+        marker = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
+        os.utime(marker)
+        os.close(marker)
+    except OSError:
+        return
+    keep = ("PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "HOME", "LANG", "TZ")
+    environ = {k: v for k, v in os.environ.items() if k in keep or k.startswith(("LC_", "XDG_"))}
+    idle = os.environ.get("ALLOCATOR_SERVER_IDLE")
+    if idle is not None:
+        environ["ALLOCATOR_SERVER_IDLE"] = idle
+    null = os.devnull
+    try:  # noqa: SIM105 (contextlib would cost this client its import)
+        os.posix_spawn(
+            sys.executable,
+            # -P: not the working directory first on sys.path, so the server loads the
+            # package this client did, whatever directory it was started from.
+            [sys.executable, "-P", "-m", "allocator.resident.server", path],
+            environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0),
+            ],
+            setsid=True,
+        )
+    except OSError:
+        pass  # no server: every command runs in its own process, as before
+
+
+if __name__ == "__main__":
+    run()

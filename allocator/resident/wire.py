@@ -1,0 +1,159 @@
+"""Where the command server listens and what passes between it and a client.
+
+One request: the client's words, environment, working directory, umask and
+resource limits (``marshal``, length-prefixed), with its stdin, stdout and
+stderr attached as file descriptors (``SCM_RIGHTS``). Then single bytes:
+
+- server -> client ``D`` (declined: run it yourself) or ``A`` (accepted, ready);
+- client -> server ``G`` (go): only then does the worker run the command, so a
+  client that gave up waiting runs it itself and the worker never does;
+- client -> server ``S`` + a signal number: a signal the client received;
+- server -> client ``X`` + a 4-byte exit status, once the command ended.
+
+Only the standard library's cheapest modules are imported: the client pays
+for every one on each command.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import stat
+import sys
+import zlib
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = [
+    "ACCEPTED",
+    "DECLINED",
+    "EXITED",
+    "GO",
+    "LIMITS",
+    "MAX_PATH",
+    "PROTOCOL",
+    "SERVED",
+    "SIGNAL",
+    "START_BACKOFF_SECONDS",
+    "Request",
+    "decode_request",
+    "enabled",
+    "encode_request",
+    "socket_path",
+]
+
+#: Changes whenever a request's shape does: a server of another protocol declines.
+PROTOCOL = 1
+DECLINED = b"D"
+ACCEPTED = b"A"
+GO = b"G"
+SIGNAL = b"S"
+EXITED = b"X"
+#: Commands a server runs: short ones. ``run`` supervises a process tree in the
+#: user's terminal, ``agent`` and ``serve`` run for days, ``demo`` starts agents,
+#: ``doctor`` probes this host's devices: each runs in its own process, and
+#: starts no server.
+SERVED = frozenset(
+    {"set", "get", "release", "status", "history", "queue", "cancel", "policy", "env"}
+    | {"submit", "usage"}
+)
+#: The resource limits a worker takes from its client (a full disk is an RLIMIT_FSIZE in tests).
+LIMITS = ("RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_AS", "RLIMIT_DATA", "RLIMIT_CORE")
+#: A Unix socket's path must fit in sun_path (108 bytes on Linux, with its NUL).
+MAX_PATH = 107
+#: After a server was started, how long clients wait before starting another.
+START_BACKOFF_SECONDS = 60.0
+_OFF = frozenset({"0", "off", "no", "false"})
+
+#: (protocol, argv, environment, cwd, umask, limits): bytes where the OS keeps bytes.
+Request = tuple[int, list[bytes], dict[bytes, bytes], bytes, int, list[tuple[int, int, int]]]
+
+
+def enabled(environ: Mapping[str, str]) -> bool:
+    """Whether this client may use a server: Linux (peer credentials), not turned off."""
+    return sys.platform == "linux" and environ.get("ALLOCATOR_SERVER", "1").lower() not in _OFF
+
+
+def socket_path(environ: Mapping[str, str], package_dir: str) -> str | None:
+    """The socket of the server for this user, Python and installed package.
+
+    ``None`` when the directory is not safely this user's (owned by another,
+    open to others, a symlink): the client then runs every command itself. A
+    different interpreter or package directory (another virtualenv, a source
+    tree on PYTHONPATH) gets a server of its own.
+    """
+    base = environ.get("XDG_RUNTIME_DIR") or "/tmp"
+    directory = os.path.join(base, f"allocator-{os.getuid()}")
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        found = os.lstat(directory)
+    except OSError:
+        return None
+    if (
+        not stat.S_ISDIR(found.st_mode)
+        or found.st_uid != os.getuid()
+        or stat.S_IMODE(found.st_mode) & 0o077
+    ):
+        return None
+    key = zlib.crc32(f"{PROTOCOL}\0{sys.executable}\0{package_dir}".encode())
+    path = os.path.join(directory, f"server-{key:08x}.sock")
+    return path if len(os.fsencode(path)) <= MAX_PATH else None
+
+
+def encode_request(argv: list[str]) -> bytes:
+    """This process's request to run ``argv``, length-prefixed."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    body = marshal.dumps(
+        (
+            PROTOCOL,
+            [os.fsencode(word) for word in argv],
+            dict(os.environb),
+            os.getcwdb(),
+            mask,
+            _limits(),
+        )
+    )
+    return len(body).to_bytes(4, "big") + body
+
+
+def decode_request(body: bytes) -> Request:
+    """A request's body (after its length), checked for shape; ``ValueError`` otherwise."""
+    try:
+        found = marshal.loads(body)
+    except (EOFError, TypeError, ValueError) as error:
+        raise ValueError(f"not a request: {error}") from None
+    if not isinstance(found, tuple) or len(found) != 6 or found[0] != PROTOCOL:
+        raise ValueError("not a request of this protocol")
+    _, argv, environ, cwd, mask, limits = found
+    if not (
+        isinstance(argv, list)
+        and all(isinstance(word, bytes) for word in argv)
+        and isinstance(environ, dict)
+        and all(isinstance(k, bytes) and isinstance(v, bytes) for k, v in environ.items())
+        and isinstance(cwd, bytes)
+        and isinstance(mask, int)
+        and isinstance(limits, list)
+        and all(isinstance(item, tuple) and len(item) == 3 for item in limits)
+    ):
+        raise ValueError("a request with fields of the wrong types")
+    return (PROTOCOL, argv, environ, cwd, mask, limits)
+
+
+def _limits() -> list[tuple[int, int, int]]:
+    import resource
+
+    found = []
+    for name in LIMITS:
+        which = getattr(resource, name, None)
+        if which is not None:
+            soft, hard = resource.getrlimit(which)
+            found.append((which, soft, hard))
+    return found

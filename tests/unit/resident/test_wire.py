@@ -1,0 +1,68 @@
+"""The wire between the door and the server: requests round-trip, garbage is refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from allocator.resident import wire
+
+
+def test_a_request_carries_words_environment_directory_umask_and_limits() -> None:
+    encoded = wire.encode_request(["set", "job=a", "caf\udce9"])
+    assert int.from_bytes(encoded[:4], "big") == len(encoded) - 4
+    protocol, argv, environ, cwd, mask, limits = wire.decode_request(encoded[4:])
+    assert protocol == wire.PROTOCOL
+    assert argv == [b"set", b"job=a", b"caf\xe9"]  # undecodable bytes survive
+    assert environ == dict(os.environb)
+    assert cwd == os.getcwdb()
+    assert 0 <= mask <= 0o777
+    assert {which for which, _soft, _hard in limits}  # RLIMIT_FSIZE at least
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"\x00\x01", b"not marshal", __import__("marshal").dumps((99, [], {}, b"/", 0, []))],
+)
+def test_garbage_is_not_a_request(body: bytes) -> None:
+    with pytest.raises(ValueError):
+        wire.decode_request(body)
+
+
+def test_a_request_with_fields_of_the_wrong_type_is_refused() -> None:
+    import marshal
+
+    with pytest.raises(ValueError, match="wrong types"):
+        wire.decode_request(marshal.dumps((wire.PROTOCOL, ["str"], {}, b"/", 0, [])))
+
+
+def test_the_socket_is_in_a_directory_of_this_user_alone(tmp_path: Path) -> None:
+    found = wire.socket_path({"XDG_RUNTIME_DIR": str(tmp_path)}, "/pkg")
+    assert found is not None and Path(found).parent == tmp_path / f"allocator-{os.getuid()}"
+    assert oct(Path(found).parent.stat().st_mode & 0o777) == "0o700"
+    assert wire.socket_path({"XDG_RUNTIME_DIR": str(tmp_path)}, "/other") != found
+    os.chmod(Path(found).parent, 0o755)
+    assert wire.socket_path({"XDG_RUNTIME_DIR": str(tmp_path)}, "/pkg") is None
+    link = tmp_path / "link"
+    (link / f"allocator-{os.getuid()}").parent.mkdir()
+    os.rmdir(link)
+    link.symlink_to(tmp_path / "elsewhere")
+    (tmp_path / "elsewhere").mkdir()
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    os.symlink(tmp_path / "elsewhere", planted / f"allocator-{os.getuid()}")
+    assert wire.socket_path({"XDG_RUNTIME_DIR": str(planted)}, "/pkg") is None
+
+
+def test_a_path_too_long_for_a_socket_is_none(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    assert wire.socket_path({"XDG_RUNTIME_DIR": str(deep)}, "/pkg") is None
+
+
+def test_off_means_off() -> None:
+    assert not wire.enabled({"ALLOCATOR_SERVER": "0"})
+    assert not wire.enabled({"ALLOCATOR_SERVER": "off"})
+    assert wire.enabled({}) == (os.uname().sysname == "Linux")
