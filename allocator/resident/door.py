@@ -10,6 +10,9 @@ worker with it (the worker sees the connection close).
 
 from __future__ import annotations
 
+# The C halves of socket and signal: their Python halves import enum and
+# selectors, milliseconds on every command, for nothing the door uses.
+import _socket
 import os
 import sys
 
@@ -18,7 +21,9 @@ from allocator.util.command_words import command_word
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import socket
+    import signal
+else:
+    import _signal as signal
 
 __all__ = ["main", "run"]
 
@@ -49,9 +54,7 @@ def main() -> int:
 
 def _through_server(path: str, argv: list[str]) -> int | None:
     """The exit status of the command run by the server; ``None``: run it here."""
-    import socket
-
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    connection = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         try:
             connection.connect(path)
@@ -77,13 +80,14 @@ def _through_server(path: str, argv: list[str]) -> int | None:
         connection.close()
 
 
-def _accepted(connection: socket.socket, argv: list[str]) -> bool:
+def _accepted(connection: _socket.socket, argv: list[str]) -> bool:
     """Send the request; ``True`` once the server accepted it (ready to run on go)."""
-    import socket
+    import array
 
     request = wire.encode_request(argv)
     connection.settimeout(ACCEPT_SECONDS)
-    sent = socket.send_fds(connection, [request[:4096]], [0, 1, 2])
+    stdio = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))
+    sent = connection.sendmsg([request[:4096]], [stdio])
     connection.sendall(request[sent:])
     if connection.recv(1) != wire.ACCEPTED:
         return False
@@ -94,9 +98,7 @@ def _accepted(connection: socket.socket, argv: list[str]) -> bool:
 class _Relay:
     """Signals this client receives: kept until go, then passed on to the worker."""
 
-    def __init__(self, connection: socket.socket) -> None:
-        import signal
-
+    def __init__(self, connection: _socket.socket) -> None:
         self.connection = connection
         self.received: list[int] = []
         self.live = False
@@ -136,8 +138,6 @@ class _Relay:
 
     def die_of(self, signum: int) -> int:
         """End as a command run here ends on ``signum``: Ctrl-C exits 130, others kill."""
-        import signal
-
         self.restore()
         if signum == signal.SIGINT:
             sys.stderr.write("allocator: error: interrupted\n")
@@ -147,8 +147,6 @@ class _Relay:
         return 128 + signum
 
     def restore(self) -> None:
-        import signal
-
         for number, handler in self.previous.items():
             signal.signal(number, handler)
         self.previous = {}
