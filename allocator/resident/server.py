@@ -17,16 +17,16 @@ import functools
 import importlib
 import os
 import pkgutil
+import select
 import signal
 import socket
-import struct
 import sys
 import sysconfig
 from collections.abc import Sequence
 
 import allocator
 from allocator.resident import wire
-from allocator.resident.worker import serve_one
+from allocator.resident.spare import TAKEN, Spare, fork_spare
 
 __all__ = ["IDLE_SECONDS", "PRELOAD_SKIPPED", "code_fingerprint", "main", "preload", "warm"]
 
@@ -156,49 +156,26 @@ def _serve(path: str, idle: float, lock: int) -> None:
     listener.listen(128)
     inode = os.stat(path).st_ino
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers
-    listener.settimeout(idle)
+    notes, noted = os.pipe()
+    spare = Spare(
+        listener,
+        noted,
+        lambda: code_fingerprint() == fingerprint and _still_ours(path, inode),
+        (notes, lock),
+    )
+    fork_spare(spare)
     try:
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                return
-            with connection:
-                if not _same_user(connection):
-                    continue
-                if code_fingerprint() != fingerprint or not _still_ours(path, inode):
-                    connection.sendall(wire.DECLINED)
-                    os.utime(path + ".lock", (0, 0))  # the next client starts a new one at once
-                    return
-                _fork_worker(connection, (listener.fileno(), lock))
+        while select.select([notes], [], [], idle)[0] and os.read(notes, 1) == TAKEN:
+            fork_spare(spare)
     finally:
         listener.close()
         if _still_ours(path, inode):
             os.unlink(path)
+            os.utime(path + ".lock", (0, 0))  # the next client starts a new one at once
 
 
 def _stop(_signum: int, _frame: object) -> None:
     raise SystemExit(0)  # through the finally that removes the socket
-
-
-def _fork_worker(connection: socket.socket, servers: tuple[int, int]) -> None:
-    connection.setblocking(True)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            for descriptor in servers:  # the worker neither accepts nor holds the lock
-                os.close(descriptor)
-            code = serve_one(connection)
-        finally:
-            os._exit(code)
-
-
-def _same_user(connection: socket.socket) -> bool:
-    """The peer's uid is ours (the socket's directory is ours alone; this is the second lock)."""
-    raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", raw)
-    return bool(uid == os.getuid())
 
 
 def _still_ours(path: str, inode: int) -> bool:
