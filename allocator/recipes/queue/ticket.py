@@ -44,6 +44,9 @@ class Ticket:
         self.lease: int | None = None
         self.keys: dict[str, str] = {}
         self.lost = False
+        #: An entry of this ticket may have been deleted (a cancel), or the watch
+        #: that would have said so broke: the waiter reads the tombstone once.
+        self.maybe_removed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch: Watch | None = None
@@ -125,11 +128,17 @@ class Ticket:
                 store = self.allocator.store
                 start = store.list(layout.policy, limit=1).revision + 1
                 self._watch = store.watch(f"{layout.root}/", start)
+                self.maybe_removed = True  # so would a cancel: its tombstone is read once
                 return  # a change before the watch began would go unseen: try once more
             while not self.lost and (left := end - time.monotonic()) > 0:
-                if any(e.key.startswith(prefixes) for e in self._watch.next(left)):
+                events = self._watch.next(left)
+                mine = self.keys.values()
+                if any(e.type == "delete" and e.key in mine for e in events):
+                    self.maybe_removed = True
+                if any(e.key.startswith(prefixes) for e in events):
                     return
         except AllocatorError:  # a broken or compacted watch: start a new one next time
+            self.maybe_removed = True  # a delete it missed would go unseen
             self._close_watches()
             time.sleep(max(0.0, min(end - time.monotonic(), 0.5)))
 

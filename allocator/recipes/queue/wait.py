@@ -211,8 +211,10 @@ class _Waiter:
                     what = ticket.request.describe()
                     raise WaitTimedOut(f"timed out waiting for {what} on {self.where}: {why}", why)
                 ticket.changes(min(RECHECK_S, left) if left is not None else RECHECK_S)
-                for key in ticket.keys.values():  # the entries as last joined
-                    _stop_if_cancelled(allocator, key)
+                if ticket.maybe_removed:  # a cancel deletes the entries: read its tombstone
+                    ticket.maybe_removed = False
+                    for key in ticket.keys.values():  # the entries as last joined
+                        _stop_if_cancelled(allocator, key)
                 found = _round(allocator, take, turn, ticket, outage)
                 if not isinstance(found, str):
                     return found
