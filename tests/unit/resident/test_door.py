@@ -197,3 +197,36 @@ def test_help_wraps_at_the_clients_width(resident: Resident) -> None:
     wide = resident.run("set", "--help", COLUMNS="200")
     assert wide.stdout == _cold(resident, "set", "--help", COLUMNS="200").stdout
     assert len(wide.stdout.splitlines()) < len(narrow.stdout.splitlines())
+
+
+def test_a_worker_killed_mid_command_is_exit_1_never_a_second_run(resident: Resident) -> None:
+    assert resident.run("set", "job=a", "gpus=0", "host=node1").returncode == 0
+    server = resident.wait_for_server()
+    waiter = resident.start("set", "job=b", "gpus=0", "host=node1", "--wait=60s")
+    try:
+        worker = wait_for("the worker", lambda: _workers(server), timeout=30)[0]
+        worker.kill()  # the OOM killer, say: the command may have done anything
+        _out, err = waiter.communicate(timeout=30)
+    finally:
+        waiter.kill()
+    assert waiter.returncode == 1
+    assert err.strip().endswith("ALLOCATOR_SERVER=0 runs commands in this process)"), err
+    assert resident.run("get", "job=b").returncode == 6  # and it was not run again here
+
+
+def test_a_client_without_stdin_runs_its_command_here(resident: Resident) -> None:
+    assert resident.run("get", "job=a").returncode == 6
+    resident.wait_for_server()
+    closed = subprocess.run(
+        [*resident.argv("set", "job=a", "gpus=0", "host=node1")],
+        env=resident.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        pass_fds=(),
+        preexec_fn=lambda: os.close(0),
+    )
+    assert closed.returncode == 0, closed.stderr
+    assert closed.stdout == "a@node1: gpus 0\n"
