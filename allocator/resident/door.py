@@ -81,8 +81,10 @@ def _through_server(path: str, argv: list[str]) -> int | None:
             return None
         relay = _Relay(connection)
         try:
-            if not _accepted(connection, argv):
+            worker = _accepted(connection, argv)
+            if worker is None:
                 return None
+            relay.worker = worker
             if relay.received:  # interrupted before it began: it never runs anywhere
                 return relay.die_of(relay.received[-1])
             connection.sendall(wire.GO)
@@ -96,8 +98,8 @@ def _through_server(path: str, argv: list[str]) -> int | None:
         connection.close()
 
 
-def _accepted(connection: _socket.socket, argv: list[str]) -> bool:
-    """Send the request; ``True`` once the server accepted it (ready to run on go)."""
+def _accepted(connection: _socket.socket, argv: list[str]) -> int | None:
+    """Send the request; the worker's pid once the server accepted it (ready to run on go)."""
     import array
 
     request = wire.encode_request(argv)
@@ -105,10 +107,16 @@ def _accepted(connection: _socket.socket, argv: list[str]) -> bool:
     stdio = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))
     sent = connection.sendmsg([request[:4096]], [stdio])
     connection.sendall(request[sent:])
-    if connection.recv(1) != wire.ACCEPTED:
-        return False
+    answer = connection.recv(5)
+    while answer[:1] == wire.ACCEPTED and len(answer) < 5:
+        chunk = connection.recv(5 - len(answer))
+        if not chunk:
+            return None
+        answer += chunk
+    if answer[:1] != wire.ACCEPTED:
+        return None
     connection.settimeout(None)
-    return True
+    return int.from_bytes(answer[1:5], "big")
 
 
 class _Relay:
@@ -118,10 +126,32 @@ class _Relay:
         self.connection = connection
         self.received: list[int] = []
         self.live = False
+        self.worker: int | None = None
         self.previous = {}
         for name in RELAYED:
             number = getattr(signal, name)
             self.previous[number] = signal.signal(number, self._caught)
+        for number, handler in ((signal.SIGTSTP, self._suspend), (signal.SIGCONT, self._resume)):
+            self.previous[number] = signal.signal(number, handler)
+
+    def _suspend(self, _signum: int, _frame: object) -> None:
+        """Ctrl-Z: stop the worker, then this client, as a command run here would stop."""
+        if self.live and self.worker is not None:
+            try:  # noqa: SIM105 (contextlib would cost this client its import)
+                os.kill(self.worker, signal.SIGSTOP)
+            except OSError:
+                pass
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)
+        signal.signal(signal.SIGTSTP, self._suspend)  # continued: stop again next time
+
+    def _resume(self, _signum: int, _frame: object) -> None:
+        """``fg``/``bg``: the worker goes on with this client."""
+        if self.live and self.worker is not None:
+            try:  # noqa: SIM105 (contextlib would cost this client its import)
+                os.kill(self.worker, signal.SIGCONT)
+            except OSError:
+                pass
 
     def _caught(self, signum: int, _frame: object) -> None:
         self.received.append(signum)

@@ -4,7 +4,8 @@ One request: the client's words, environment, working directory, umask and
 resource limits (``marshal``, length-prefixed), with its stdin, stdout and
 stderr attached as file descriptors (``SCM_RIGHTS``). Then single bytes:
 
-- server -> client ``D`` (declined: run it yourself) or ``A`` (accepted, ready);
+- server -> client ``D`` (declined: run it yourself) or ``A`` and the worker's
+  pid in 4 bytes (accepted, ready; Ctrl-Z stops that pid with the client);
 - client -> server ``G`` (go): only then does the worker run the command, so a
   client that gave up waiting runs it itself and the worker never does;
 - client -> server ``S`` + a signal number: a signal the client received;

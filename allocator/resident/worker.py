@@ -45,7 +45,7 @@ def serve_one(connection: socket.socket) -> int:
     except OSError:  # e.g. its working directory is gone: the client says so itself
         connection.sendall(wire.DECLINED)
         return 0
-    connection.sendall(wire.ACCEPTED)
+    connection.sendall(wire.ACCEPTED + os.getpid().to_bytes(4, "big"))
     if connection.recv(1) != wire.GO:
         return 0
     finished = threading.Event()

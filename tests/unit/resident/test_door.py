@@ -25,6 +25,16 @@ def _workers(server: int) -> list[psutil.Process]:
     return children[:-1]
 
 
+def _first_line(process: subprocess.Popen[str], timeout: float = 30) -> str:
+    """The first line ``process`` writes to stderr, within ``timeout`` seconds."""
+    import select
+
+    assert process.stderr is not None
+    ready, _, _ = select.select([process.stderr], [], [], timeout)
+    assert ready, "no line on stderr"
+    return process.stderr.readline()
+
+
 def _cold(resident: Resident, *words: str, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "allocator", *words],
@@ -197,3 +207,59 @@ def test_help_wraps_at_the_clients_width(resident: Resident) -> None:
     wide = resident.run("set", "--help", COLUMNS="200")
     assert wide.stdout == _cold(resident, "set", "--help", COLUMNS="200").stdout
     assert len(wide.stdout.splitlines()) < len(narrow.stdout.splitlines())
+
+
+def test_a_worker_killed_mid_command_is_exit_1_never_a_second_run(resident: Resident) -> None:
+    assert resident.run("set", "job=a", "gpus=0", "host=node1").returncode == 0
+    server = resident.wait_for_server()
+    waiter = resident.start("set", "job=b", "gpus=0", "host=node1", "--wait=60s")
+    try:
+        worker = wait_for("the worker", lambda: _workers(server), timeout=30)[0]
+        assert "waiting" in _first_line(waiter)  # it runs the command
+        worker.kill()  # the OOM killer, say: the command may have done anything
+        _out, err = waiter.communicate(timeout=30)
+    finally:
+        waiter.kill()
+    assert waiter.returncode == 1
+    assert err.strip().endswith("ALLOCATOR_SERVER=0 runs commands in this process)"), err
+    assert resident.run("get", "job=b").returncode == 6  # and it was not run again here
+
+
+def test_a_client_without_stdin_runs_its_command_here(resident: Resident) -> None:
+    assert resident.run("get", "job=a").returncode == 6
+    resident.wait_for_server()
+    closed = subprocess.run(
+        [*resident.argv("set", "job=a", "gpus=0", "host=node1")],
+        env=resident.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        pass_fds=(),
+        preexec_fn=lambda: os.close(0),
+    )
+    assert closed.returncode == 0, closed.stderr
+    assert closed.stdout == "a@node1: gpus 0\n"
+
+
+def test_ctrl_z_stops_the_worker_with_its_client_and_fg_goes_on(resident: Resident) -> None:
+    assert resident.run("set", "job=a", "gpus=0", "host=node1").returncode == 0
+    server = resident.wait_for_server()
+    waiter = resident.start("set", "job=b", "gpus=0", "host=node1", "--wait=60s")
+    try:
+        worker = wait_for("the worker", lambda: _workers(server), timeout=30)[0]
+        client = psutil.Process(waiter.pid)
+        assert "waiting" in _first_line(waiter)  # the worker runs the command: it said go
+        waiter.send_signal(signal.SIGTSTP)
+        stopped = psutil.STATUS_STOPPED
+        wait_for("the worker to stop", lambda: worker.status() == stopped, 15)
+        wait_for("the client to stop", lambda: client.status() == stopped, 15)
+        waiter.send_signal(signal.SIGCONT)
+        wait_for("the worker to go on", lambda: worker.status() != stopped, 15)
+        assert resident.run("release", "job=a", "host=node1").returncode == 0
+        _out, err = waiter.communicate(timeout=60)
+        assert waiter.returncode == 0, err
+    finally:
+        waiter.kill()
+    assert resident.run("get", "job=b").returncode == 0
