@@ -78,7 +78,7 @@ def enabled(environ: Mapping[str, str]) -> bool:
 
 
 def socket_path(environ: Mapping[str, str], package_dir: str) -> str | None:
-    """The socket of the server for this user, Python and installed package.
+    """The socket of the server for this user, Python environment and installed package.
 
     ``None`` when the directory is not safely this user's (owned by another,
     open to others, a symlink): the client then runs every command itself. A
@@ -103,7 +103,9 @@ def socket_path(environ: Mapping[str, str], package_dir: str) -> str | None:
         or stat.S_IMODE(found.st_mode) & 0o077
     ):
         return None
-    key = zlib.crc32(f"{PROTOCOL}\0{sys.executable}\0{package_dir}".encode())
+    # sys.prefix, not sys.executable: `python` and `python3` of one virtualenv
+    # are one interpreter, and must find one server.
+    key = zlib.crc32(f"{PROTOCOL}\0{sys.prefix}\0{package_dir}".encode())
     path = os.path.join(directory, f"server-{key:08x}.sock")
     return path if len(os.fsencode(path)) <= MAX_PATH else None
 

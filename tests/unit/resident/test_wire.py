@@ -66,3 +66,22 @@ def test_off_means_off() -> None:
     assert not wire.enabled({"ALLOCATOR_SERVER": "0"})
     assert not wire.enabled({"ALLOCATOR_SERVER": "off"})
     assert wire.enabled({}) == (os.uname().sysname == "Linux")
+
+
+def test_python_and_python3_of_one_environment_find_one_server(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    environ = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    probe = (
+        "import os; from allocator.resident import wire; print(wire.socket_path(os.environ, '/p'))"
+    )
+    found = set()
+    for name in ("python", "python3"):
+        interpreter = Path(sys.executable).parent / name
+        if interpreter.exists():
+            done = subprocess.run(
+                [str(interpreter), "-c", probe], env=environ, capture_output=True, text=True
+            )
+            found.add(done.stdout.strip())
+    assert len(found) == 1, found
