@@ -134,14 +134,14 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
             most=4,
         ),
         ratio_row(
-            "CLI set, etcd, in its own process (ALLOCATOR_SERVER=0)",
+            "CLI set in its own process (ALLOCATOR_SERVER=0), etcd",
             samples["set etcd here"],
             samples["etcdctl put"],
             most=8,
             note="a first command, or a server turned off: the imports are paid each time",
         ),
         ratio_row(
-            f"CLI get, etcd, in its own process (ALLOCATOR_SERVER=0), {hosts} hosts",
+            f"CLI get in its own process (ALLOCATOR_SERVER=0), etcd, {hosts} hosts",
             samples["get etcd here"],
             samples["etcdctl get"],
             most=8,

@@ -324,6 +324,24 @@ def rows(args: Any, work: Path) -> list[Row]:
     try:
         found = [placement(server, args.place_seconds)]
         found += idle_fleet(server.url, args.agents, args.idle, server.pid)
-        return found
+    finally:
+        server.stop()
+    return found + _large_idle_fleet(args, work)
+
+
+def _large_idle_fleet(args: Any, work: Path) -> list[Row]:
+    """The idle rows at ``args.large`` agents, on an etcd of their own, over a heartbeat.
+
+    At this size the agents' pacing stretches the heartbeat (about a minute at
+    12,500): the window holds one whole heartbeat, so every agent's
+    keep-alive and its share of re-reads fall in it.
+    """
+    count = args.large
+    paced = pacing(AgentConfig(host=host_name(0)), fleet_size(count))
+    window = args.idle if args.smoke else max(args.idle, 1.2 * paced.heartbeat_seconds)
+    server = EtcdServer(work / "etcd-idle-fleet")
+    server.start()
+    try:
+        return idle_fleet(server.url, count, window, server.pid)
     finally:
         server.stop()

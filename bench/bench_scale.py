@@ -63,40 +63,46 @@ def rows(args: argparse.Namespace, work: Path) -> list[Row]:
     server = EtcdServer(work / "etcd-scale")
     server.start()
     try:
+        sizes = (args.hosts, args.large, args.huge)
         if args.smoke:  # each command once, no warm-up: the smoke proves the rows run
-            return _measure(server, args.hosts, args.large, 1, work, warmup=0)
-        return _measure(server, args.hosts, args.large, max(2, args.rounds // 2), work)
+            return _measure(server, sizes, 1, work, warmup=0)
+        return _measure(server, sizes, max(2, args.rounds // 2), work)
     finally:
         server.stop()
 
 
 def _measure(
-    server: EtcdServer, small: int, large: int, rounds: int, work: Path, warmup: int = 1
+    server: EtcdServer, sizes: tuple[int, int, int], rounds: int, work: Path, warmup: int = 1
 ) -> list[Row]:
+    """``sizes``: the small fleet, the large one (whole-fleet and serve rows), the huge one."""
+    small, large, huge = sizes
     store = open_store(server.url)
     try:
-        for size in (small, large):
+        for size in sizes:
             load_fleet(store, f"/s{size}", hosts=size)
-        store.delete(KeyLayout(f"/s{large}").policy)  # the large fleet's first apply, below
+        for size in (large, huge):  # their first apply, below
+            store.delete(KeyLayout(f"/s{size}").policy)
     finally:
         store.close()
     env = {
-        size: clean_env(ALLOCATOR_STORE=server.url, ALLOCATOR_PREFIX=f"/s{size}")
-        for size in (small, large)
+        size: clean_env(ALLOCATOR_STORE=server.url, ALLOCATOR_PREFIX=f"/s{size}") for size in sizes
     }
     files = {}
-    for size in (small, large):
+    for size in sizes:
         for gpus in (None, 7):
             path = work / f"policy-{size}-{gpus}.yaml"
             path.write_text(ranged_policy(size, gpus))
             files[size, gpus] = path
-    first = run_timed(allocator_cli("policy", "apply", str(files[large, None])), env[large])
+    first = {
+        size: run_timed(allocator_cli("policy", "apply", str(files[size, None])), env[size])
+        for size in (large, huge)
+    }
     run_timed(allocator_cli("policy", "apply", str(files[small, None])), env[small])
     shares = bench_shares.rows(
         server.url, (small, large), env[large], (files[large, 7], files[large, None]), rounds
     )
     runs: dict[str, Callable[[], float]] = {}
-    for size in (small, large):
+    for size in sizes:
         runs |= _commands(size, env[size], files)
     samples = interleaved(runs, rounds, warmup)
     whole_rounds = max(2, rounds // 2) if warmup else rounds
@@ -117,11 +123,12 @@ def _measure(
         ),
         *(
             ratio_row(
-                f"{what}, {large:,} vs {small:,} hosts",
-                samples[f"{what} {large}"],
+                f"{what}, {size:,} vs {small:,} hosts",
+                samples[f"{what} {size}"],
                 samples[f"{what} {small}"],
                 most=most,
             )
+            for size in (large, huge)
             for what, most in (
                 ("CLI set", 1.2),
                 ("CLI get", 1.2),
@@ -129,7 +136,7 @@ def _measure(
                 ("policy apply of a one-host change", 3.0),
             )
         ),
-        value_row(f"first policy apply, {large:,} hosts", first, 60.0, "s"),
+        *(value_row(f"first policy apply, {n:,} hosts", first[n], 60.0, "s") for n in first),
         *served,
         *shares,
     ]

@@ -239,3 +239,40 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+#: What the page asks for when it is opened (``serve/static/page.js``), its usage
+#: panel under both windows the user can pick.
+PAGE_OPEN = (
+    "/",
+    "/api/v1/summary",
+    "/api/v1/queue",
+    "/api/v1/status?per_page=1",
+    "/api/v1/status?state=idle&per_page=10",
+    "/api/v1/free?limit=20",
+    "/api/v1/broken?limit=20",
+    "/api/v1/usage?jobs=count&limit=10&since=7d&by=user",
+    "/api/v1/usage?jobs=count&limit=10&since=7d&by=team",
+    "/api/v1/usage?jobs=count&limit=10&since=24h&by=user",
+    "/api/v1/usage?jobs=count&limit=10&since=24h&by=team",
+    "/api/v1/series",
+    "/api/v1/history?limit=50",
+)
+
+
+def page_open_rss(url: str, prefix: str, hosts: int, work: Path) -> float:
+    """Serve's peak RSS (MiB) once the page is open on ``hosts`` hosts: its stream and panels."""
+    serving = _Serving(f"{url}", prefix, work / "serve-page.log")
+    try:
+        serving.wait(
+            "the fleet",
+            lambda: serving.get("/api/v1/status?per_page=1")[0] == 200,
+        )
+        with _Streams(serving.base, 1):
+            for path in PAGE_OPEN:
+                code, _ = serving.get(path)
+                if code != 200:
+                    raise SystemExit(f"allocator serve answered {path} with {code}")
+            return _peak_rss_mib(serving.process.pid)
+    finally:
+        serving.close()

@@ -30,7 +30,9 @@ from allocator.records.keys import KeyLayout
 from allocator.records.types import Assignment
 from allocator.store import Op, Put, Store, open_store
 from allocator.util.times import format_time
+from bench.bench_serve import page_open_rss
 from bench.common import Row, allocator_cli, clean_env, value_row
+from bench.fleet import host_name, write_busy_fleet
 
 __all__ = ["fill", "rows"]
 
@@ -39,17 +41,31 @@ _BATCH = 60
 _DAYS = 28
 
 
-def fill(store: Store, layout: KeyLayout, hosts: int, per_host: int, now: datetime) -> None:
-    """``per_host`` ended holdings a host over :data:`_DAYS` days, and one open one each."""
+def fill(
+    store: Store,
+    layout: KeyLayout,
+    hosts: int,
+    per_host: int,
+    now: datetime,
+    *,
+    open_too: bool = True,
+) -> None:
+    """``per_host`` ended holdings a host over :data:`_DAYS` days, and one open one each.
+
+    ``open_too=False``: the hosts' holdings are written by someone else (the
+    status page's busy fleet), only the history here.
+    """
     history = layout.history
     span = _DAYS * 86_400 / per_host
     ops: list[Op] = []
     for index in range(hosts):
-        host = f"node{index:05d}"
-        held = Assignment(job="open", host=host, gpus=tuple(range(8)), mode="gpu",
-                          updated_by="alice@x", updated_at=format_time(now - timedelta(hours=3)),
-                          holder=f"user{index % 200}")  # fmt: skip
-        ops.append(Put(layout.assignment(host, "open"), held.to_json()))
+        host = host_name(index)
+        if open_too:
+            held = Assignment(job="open", host=host, gpus=tuple(range(8)), mode="gpu",
+                              updated_by="alice@x",
+                              updated_at=format_time(now - timedelta(hours=3)),
+                              holder=f"user{index % 200}")  # fmt: skip
+            ops.append(Put(layout.assignment(host, "open"), held.to_json()))
         for n in range(per_host):
             end = now.timestamp() - n * span - 60
             row = (host, f"job{n}", f"user{(index + n) % 200}", 1 + n % 8, 1, end - span / 2, end)
@@ -80,11 +96,13 @@ def rows(args: Any, work: Path) -> list[Row]:
     """Time and peak RSS of ``usage --by team --since 7d`` on the rollup of 1,000,000 entries."""
     hosts, per_host = _SCALE["smoke" if args.smoke else "full"]
     url = f"sqlite://{work / 'usage.db'}"
-    store = open_store(url)
     started = time.perf_counter()
+    # The status page's busy fleet (2 jobs a host, held now), and its history beside it.
+    write_busy_fleet(url, KeyLayout().prefix, hosts)
+    store = open_store(url)
     try:
         now = datetime.now(UTC)
-        fill(store, KeyLayout(), hosts, per_host, now)
+        fill(store, KeyLayout(), hosts, per_host, now, open_too=False)
         merged = time.perf_counter()
         # What the daily ``history prune`` leaves: the past days' keys merged.
         prune_history(store, KeyLayout(), frozenset(), 86_400 * 30, now, _ignore)
@@ -112,9 +130,17 @@ def rows(args: Any, work: Path) -> list[Row]:
         f"{hosts:,} hosts, {hosts * per_host * 2:,} history entries' rows over {_DAYS} days "
         f"(source: {source}), merged by history prune ({merged:.0f} s); loading took {loaded:.0f} s"
     )
+    served = page_open_rss(url, KeyLayout().prefix, hosts, work)
     return [
         value_row("usage --by team --since 7d, time", seconds, 1.0, "s", note=note),
         value_row("usage --by team --since 7d, peak RSS", peak, 100.0, "MiB", note=note),
+        value_row(
+            f"serve RSS, {hosts:,} hosts, page open with its usage panel",
+            served,
+            400.0,
+            "MiB",
+            note=f"peak (VmHWM) after every request the page makes on opening; {note}",
+        ),
     ]
 
 

@@ -20,6 +20,8 @@ ROWS = {
     "cli": (
         "CLI set, etcd",
         "CLI get, etcd, no host=",
+        "CLI set in its own process (ALLOCATOR_SERVER=0), etcd",
+        "CLI get in its own process (ALLOCATOR_SERVER=0), etcd",
         "CLI set, SQLite",
         "run -- python -c pass, SQLite",
         "fleet status",
@@ -50,8 +52,10 @@ ROWS = {
     ),
     "fleet": (
         "placement throughput",
-        "etcd write rate",
+        "etcd write rate, 10 idle agents",
         "etcd CPU, 10 idle agents",
+        "etcd write rate, 30 idle agents",
+        "etcd CPU, 30 idle agents",
         "fan-out: last of 10 watchers (2 processes) sees a policy change",
         "policy bytes per agent per apply (all-host change)",
         "policy bytes per agent per one-host change elsewhere",
@@ -65,11 +69,20 @@ ROWS = {
         "CLI status host=, 30 vs 10 hosts",
         "policy apply of a one-host change, 30 vs 10 hosts",
         "first policy apply, 30 hosts",
+        "CLI set, 40 vs 10 hosts",
+        "CLI get, 40 vs 10 hosts",
+        "CLI status host=, 40 vs 10 hosts",
+        "policy apply of a one-host change, 40 vs 10 hosts",
+        "first policy apply, 40 hosts",
         "status -o json, 30 hosts vs etcdctl get --prefix -w json",
         "status --summary vs whole status, 30 hosts",
     ),
-    "usage": ("usage --by team --since 7d, time", "usage --by team --since 7d, peak RSS"),
-    "page": ("page: first whole heatmap, 30 hosts",),
+    "usage": (
+        "usage --by team --since 7d, time",
+        "usage --by team --since 7d, peak RSS",
+        "serve RSS, 50 hosts, page open with its usage panel",
+    ),
+    "page": ("page: first whole heatmap, 30 hosts", "page: first whole heatmap, 40 hosts"),
 }
 
 
