@@ -165,9 +165,9 @@ def test_ranges_naming_more_hosts_than_a_policy_may_have_stop_being_expanded() -
         """
         version: 1
         hosts:
-          a[00000-19999]: {gpus: 1}
-          b[00000-19999]: {gpus: 1}
-          c[00000-19999]: {gpus: 1}
+          a[00000-29999]: {gpus: 1}
+          b[00000-29999]: {gpus: 1}
+          c[00000-29999]: {gpus: 1}
         """
     )
-    assert [(e.line, e.reason) for e in errors] == [(5, "declares more than 20,000 hosts")]
+    assert [(e.line, e.reason) for e in errors] == [(5, "declares more than 32,768 hosts")]

@@ -48,10 +48,10 @@ def test_reserved_gpu_indices_and_pool_limits_are_bounded_like_the_cli() -> None
 
 
 def test_the_whole_fleet_is_bounded_too() -> None:
-    hosts = "".join(f"  h{i}: {{gpus: 1024}}\n" for i in range(129))
+    hosts = "".join(f"  h{i}: {{gpus: 1024}}\n" for i in range(257))
     ((line, field, reason),) = errors_of("version: 1\nhosts:\n" + hosts)
     assert (line, field) == (2, "hosts")
-    assert reason == "the hosts declare 132,096 GPUs together; at most 131,072 in one policy"
+    assert reason == "the hosts declare 263,168 GPUs together; at most 262,144 in one policy"
 
 
 @pytest.mark.parametrize(
