@@ -43,8 +43,9 @@ SIZES = {
 }
 #: Processes the fan-out rows spread the agents' watches over, per mode.
 WATCHER_PROCESSES = {"full": 8, "quick": 8, "smoke": 2}
-#: The large fleet of the scale rows, per mode (the small one is ``hosts``).
-LARGE = {"full": 12_500, "quick": 12_500, "smoke": 30}
+#: The large fleet of the scale rows, per mode (the small one is ``hosts``):
+#: 25,000 hosts x 8 GPUs, the largest training clusters.
+LARGE = {"full": 25_000, "quick": 25_000, "smoke": 30}
 
 
 def format_table(rows: Sequence[Row]) -> str:
