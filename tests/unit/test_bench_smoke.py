@@ -69,7 +69,7 @@ ROWS = {
         "status --summary vs whole status, 30 hosts",
     ),
     "usage": ("usage --by team --since 7d, time", "usage --by team --since 7d, peak RSS"),
-    "page": ("page: first whole heatmap, 30 hosts",),
+    "page": ("page: first whole heatmap, 30 hosts", "page: height, 30 hosts"),
 }
 
 
