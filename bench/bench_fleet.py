@@ -58,6 +58,8 @@ __all__ = ["rows"]
 AGENTS_PER_CONNECTION = 50
 #: The most of a core an idle fleet may cost etcd (issue target at 12,500 agents).
 IDLE_ETCD_CORES = 0.4
+#: The large idle fleet the target is stated at.
+IDLE_AGENTS = 12_500
 
 
 @dataclass
@@ -330,13 +332,13 @@ def rows(args: Any, work: Path) -> list[Row]:
 
 
 def _large_idle_fleet(args: Any, work: Path) -> list[Row]:
-    """The idle rows at ``args.large`` agents, on an etcd of their own, over a heartbeat.
+    """The idle rows at :data:`IDLE_AGENTS` agents, on an etcd of their own, over a heartbeat.
 
     At this size the agents' pacing stretches the heartbeat (about a minute at
     12,500): the window holds one whole heartbeat, so every agent's
     keep-alive and its share of re-reads fall in it.
     """
-    count = args.large
+    count = 30 if args.smoke else IDLE_AGENTS
     paced = pacing(AgentConfig(host=host_name(0)), fleet_size(count))
     window = args.idle if args.smoke else max(args.idle, 1.2 * paced.heartbeat_seconds)
     server = EtcdServer(work / "etcd-idle-fleet")

@@ -44,10 +44,9 @@ SIZES = {
 }
 #: Processes the fan-out rows spread the agents' watches over, per mode.
 WATCHER_PROCESSES = {"full": 8, "quick": 8, "smoke": 2}
-#: The large fleet of the scale rows, per mode (the small one is ``hosts``).
-LARGE = {"full": 12_500, "quick": 12_500, "smoke": 30}
-#: The largest fleet, 200,000 GPUs: the per-host rows at this size too.
-HUGE = {"full": 25_000, "quick": 25_000, "smoke": 40}
+#: The large fleet of the scale rows, per mode (the small one is ``hosts``):
+#: 25,000 hosts x 8 GPUs, the largest training clusters.
+LARGE = {"full": 25_000, "quick": 25_000, "smoke": 30}
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -151,7 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, value in sizes.items():
         setattr(args, name, value)
     args.large = LARGE["smoke" if args.smoke else "quick" if args.quick else "full"]
-    args.huge = HUGE["smoke" if args.smoke else "quick" if args.quick else "full"]
     args.watcher_processes = WATCHER_PROCESSES[
         "smoke" if args.smoke else "quick" if args.quick else "full"
     ]

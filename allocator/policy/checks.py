@@ -41,8 +41,9 @@ def check_policy(values: dict[str, Any], r: Reader) -> dict[str, Any]:
     return values
 
 
-#: GPUs all declared hosts may have together: 8 on each of MAX_HOSTS hosts, above
-#: the largest single training clusters (about 200,000 GPUs, measured in ``make bench``).
+#: GPUs all declared hosts may have together: every host the bound allows with 8
+#: GPUs each (200,000 GPUs are the largest training clusters), so that what
+#: ``status`` reads of the whole fleet stays bounded.
 MAX_FLEET_GPUS = 262_144
 
 

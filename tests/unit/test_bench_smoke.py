@@ -69,11 +69,6 @@ ROWS = {
         "CLI status host=, 30 vs 10 hosts",
         "policy apply of a one-host change, 30 vs 10 hosts",
         "first policy apply, 30 hosts",
-        "CLI set, 40 vs 10 hosts",
-        "CLI get, 40 vs 10 hosts",
-        "CLI status host=, 40 vs 10 hosts",
-        "policy apply of a one-host change, 40 vs 10 hosts",
-        "first policy apply, 40 hosts",
         "status -o json, 30 hosts vs etcdctl get --prefix -w json",
         "status --summary vs whole status, 30 hosts",
     ),
@@ -82,7 +77,7 @@ ROWS = {
         "usage --by team --since 7d, peak RSS",
         "serve RSS, 50 hosts, page open with its usage panel",
     ),
-    "page": ("page: first whole heatmap, 30 hosts", "page: first whole heatmap, 40 hosts"),
+    "page": ("page: first whole heatmap, 30 hosts", "page: height, 30 hosts"),
 }
 
 

@@ -82,6 +82,11 @@ class Heatmap {
       if (height <= MAX_HEIGHT) break;
     }
     size = Math.max(size, 2);
+    if (height > MAX_HEIGHT) {  // 25,000 hosts and more: 2-px cells touch, only hosts' blocks keep a gap
+      pitch = size;
+      block = gpus * pitch + 3;
+      perRow = Math.max(1, Math.floor(width / block));
+    }
     const named = size >= NAMED_SIZE;
     if (named) { block = Math.max(block, NAMED_BLOCK); perRow = Math.max(1, Math.floor(width / block)); }
     const rowPitch = pitch + (named ? HOST_LABEL : 0), cellTop = named ? HOST_LABEL : 0;

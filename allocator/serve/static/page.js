@@ -218,7 +218,8 @@ const loadFree = () => {
   return panel("free", query, (a) => renderFree(a.doc, openHost));
 };
 const loadBroken = () => panel("broken", "/api/v1/broken?limit=" + LIST_ROWS, (a) => {
-  $("broken-count").textContent = "(" + a.doc.gpus_total + " unhealthy GPUs, " + a.doc.agents_total + " agents not up)";
+  $("broken-count").textContent = "(" + a.doc.gpus_total.toLocaleString("en-US") + " unhealthy GPUs, " +
+    a.doc.agents_total.toLocaleString("en-US") + " agents not up)";
   return renderBroken(a.doc, openHost);
 });
 // Top users and teams over the window chosen: one row each, their jobs counted, not named.
