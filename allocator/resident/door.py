@@ -141,9 +141,8 @@ class _Relay:
                 os.kill(self.worker, signal.SIGSTOP)
             except OSError:
                 pass
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)
-        signal.signal(signal.SIGTSTP, self._suspend)  # continued: stop again next time
+        # SIGSTOP, not SIGTSTP's default: that is discarded in an orphaned process group.
+        os.kill(os.getpid(), signal.SIGSTOP)
 
     def _resume(self, _signum: int, _frame: object) -> None:
         """``fg``/``bg``: the worker goes on with this client."""

@@ -220,6 +220,7 @@ def test_a_worker_killed_mid_command_is_exit_1_never_a_second_run(resident: Resi
         _out, err = waiter.communicate(timeout=30)
     finally:
         waiter.kill()
+        waiter.communicate()
     assert waiter.returncode == 1
     assert err.strip().endswith("ALLOCATOR_SERVER=0 runs commands in this process)"), err
     assert resident.run("get", "job=b").returncode == 6  # and it was not run again here
@@ -262,4 +263,5 @@ def test_ctrl_z_stops_the_worker_with_its_client_and_fg_goes_on(resident: Reside
         assert waiter.returncode == 0, err
     finally:
         waiter.kill()
+        waiter.communicate()
     assert resident.run("get", "job=b").returncode == 0
