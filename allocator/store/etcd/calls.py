@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from allocator.errors import AllocatorError, StoreError, StoreUnavailable
+from allocator.errors import AllocatorError, AmbiguousWrite, StoreError, StoreUnavailable
 from allocator.store.etcd.connection import Endpoint
 from allocator.store.etcd.http_wire import HttpError, NotHttp, NotSent
 from allocator.store.etcd.json_api import Json
@@ -25,6 +25,7 @@ from allocator.store.etcd.rules import (
     EtcdStatus,
     ambiguous_write,
     attempt_timeout,
+    electing,
     maybe_applied,
     token_is_stale,
     translate_status,
@@ -37,6 +38,14 @@ if TYPE_CHECKING:
     from allocator.store.etcd.config import EtcdConfig
 
 __all__ = ["EndpointCalls", "Send", "failure_error"]
+
+#: How long a call waits before asking every member again while they elect a leader.
+ELECTION_PAUSE_S = 0.1
+
+
+class _Electing(Exception):
+    """Every member answered that it has no leader: ask again after a pause."""
+
 
 _T = TypeVar("_T")
 #: One attempt of a call on an endpoint that is connected and logged in, by a deadline.
@@ -78,26 +87,47 @@ class EndpointCalls:
             if self.closed:
                 raise StoreError(f"the etcd store for {self.endpoints} is closed")
             started = time.monotonic()
-            count = len(self.config.endpoints)
-            for tried in range(1, count + 1):
-                share = attempt_timeout(
-                    started + self.config.timeout - time.monotonic(), count - tried + 1
-                )
-                until = time.monotonic() + share
-                endpoint = self._current()
-                where = endpoint.name if tried == 1 else self.endpoints
-                sent = False
+            while True:
                 try:
-                    endpoint.ready(until, check_etcd=not idempotent)
-                    sent = True
-                    return self._with_fresh_token(endpoint, send, until)
-                except (HttpError, EtcdStatus) as exc:
-                    last, timeout = tried == count, self.config.timeout
-                    error = failure_error(exc, where, sent, idempotent, last=last, timeout=timeout)
-                    if error is not None:
-                        raise error from exc
-                self._next_endpoint()
-            raise AssertionError("every attempt returns or raises")
+                    return self._every_endpoint(send, idempotent, started)
+                except _Electing:
+                    # Every member said it has no leader (one was killed, say): an
+                    # election takes about a second; try them all again within the budget.
+                    self._next_endpoint()
+                    time.sleep(ELECTION_PAUSE_S)
+
+    def _every_endpoint(self, send: Send[_T], idempotent: bool, started: float) -> _T:
+        """One pass over the endpoints; ``_Electing`` when the last said there is no leader."""
+        count = len(self.config.endpoints)
+        for tried in range(1, count + 1):
+            share = attempt_timeout(
+                started + self.config.timeout - time.monotonic(), count - tried + 1
+            )
+            until = time.monotonic() + share
+            endpoint = self._current()
+            where = endpoint.name if tried == 1 else self.endpoints
+            sent = False
+            try:
+                endpoint.ready(until, check_etcd=not idempotent)
+                sent = True
+                return self._with_fresh_token(endpoint, send, until)
+            except (HttpError, EtcdStatus) as exc:
+                last, timeout = tried == count, self.config.timeout
+                error = failure_error(exc, where, sent, idempotent, last=last, timeout=timeout)
+                if error is None:
+                    self._next_endpoint()
+                    continue
+                left = started + timeout - time.monotonic()
+                if (
+                    last
+                    and isinstance(exc, EtcdStatus)
+                    and electing(exc.code, exc.details)
+                    and not isinstance(error, AmbiguousWrite)
+                    and left > 2 * ELECTION_PAUSE_S
+                ):
+                    raise _Electing from exc
+                raise error from exc
+        raise AssertionError("every attempt returns or raises")
 
     def spare_connection(self) -> Endpoint:
         """A second connection to the endpoint in use, carrying its login token (not yet open)."""

@@ -35,6 +35,7 @@ __all__ = [
     "ambiguous_write",
     "attempt_timeout",
     "conflict",
+    "electing",
     "maybe_applied",
     "prefix_range_end",
     "token_is_stale",
@@ -119,6 +120,15 @@ def maybe_applied(code: int, details: str) -> bool:
     if code == Code.UNAVAILABLE:
         return "failed to connect" not in details and "no leader" not in details
     return code in (Code.DEADLINE_EXCEEDED, Code.CANCELLED)
+
+
+def electing(code: int, details: str) -> bool:
+    """Whether etcd's answer says its members are choosing a leader (asked again soon, it answers).
+
+    "no leader" comes while there is none; "leader changed" cancels a read
+    that was waiting on the old one. etcd's own client retries both.
+    """
+    return code == Code.UNAVAILABLE and ("no leader" in details or "leader changed" in details)
 
 
 def worth_another_endpoint(code: int, details: str, idempotent: bool) -> bool:
