@@ -56,7 +56,7 @@ from allocator.serve.guard import HeaderMiddleware, page_policy
 from allocator.serve.history import error_answer, history_json
 from allocator.serve.select import summary_json
 from allocator.serve.static_files import static_route
-from allocator.serve.usage import UsageAnswers
+from allocator.serve.usage import UsageAnswers, mirrored_assignments
 from allocator.status.metrics import CONTENT_TYPE
 from allocator.util.times import format_time
 
@@ -81,7 +81,9 @@ def build_app(fleet: Fleet, allowed_hosts: Sequence[str] = ("*",)) -> Starlette:
     page_headers = {"Cache-Control": "no-cache", "Content-Security-Policy": page_policy(page)}
     state: dict[str, Broadcaster] = {}
     history_pool = ThreadPoolExecutor(HISTORY_THREADS, thread_name_prefix="serve-history")
-    usage_answers = UsageAnswers(fleet.open_store, fleet.mirror.layout)
+    usage_answers = UsageAnswers(
+        fleet.open_store, fleet.mirror.layout, current=lambda: mirrored_assignments(fleet.mirror)
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:

@@ -22,9 +22,11 @@ from allocator.serve.history import error_answer
 from allocator.store import Store
 
 if TYPE_CHECKING:  # the report's code loads on the first usage request, not at serve's start
+    from allocator.records.types import Assignment
+    from allocator.serve.mirror import FleetMirror
     from allocator.status.usage_report import UsageRead
 
-__all__ = ["KEEP_SECONDS", "UsageAnswers"]
+__all__ = ["KEEP_SECONDS", "UsageAnswers", "mirrored_assignments"]
 
 #: How long one answer serves the same query.
 KEEP_SECONDS = 30.0
@@ -40,9 +42,12 @@ class UsageAnswers:
         open_store: Callable[[], Store],
         layout: KeyLayout,
         clock: Callable[[], float] = time.monotonic,
+        current: Callable[[], Mapping[tuple[str, str], Assignment]] | None = None,
     ) -> None:
         self._open_store = open_store
         self._layout = layout
+        # The assignments that exist now, from serve's mirror: not the fleet read again.
+        self._current = current
         self._clock = clock
         self._lock = threading.Lock()  # one read at a time: the others wait for its answer
         self._kept: tuple[float, UsageRead] | None = None
@@ -96,9 +101,19 @@ class UsageAnswers:
 
         store = self._open_store()
         try:
-            return read_usage(Allocator(store, prefix=self._layout.prefix), utc_now(), since)
+            current = self._current() if self._current is not None else None
+            client = Allocator(store, prefix=self._layout.prefix)
+            return read_usage(client, utc_now(), since, current)
         finally:
             store.close()
+
+
+def mirrored_assignments(mirror: FleetMirror) -> dict[tuple[str, str], Assignment]:
+    """The assignments serve's mirror holds now, keyed (host, job), for :class:`UsageAnswers`."""
+    from allocator.status.usage_report import current_assignments
+
+    items, _policy, revision = mirror.snapshot()
+    return current_assignments(items, mirror.layout, revision)
 
 
 def _covers(read: UsageRead, since: datetime) -> bool:

@@ -11,7 +11,7 @@ holdings, and :func:`usage_document` makes any window (from the read's
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,13 +25,14 @@ if TYPE_CHECKING:
     from allocator.records.keys import KeyLayout
     from allocator.records.types import Assignment
     from allocator.status.snapshots import PolicySnapshot
-    from allocator.store import Store
+    from allocator.store import KeyValue, Store
 
 __all__ = [
     "NO_POOL",
     "NO_TEAM",
     "UsageRead",
     "UsageSource",
+    "current_assignments",
     "read_usage",
     "usage_document",
     "usage_report",
@@ -69,8 +70,16 @@ class UsageRead:
     ended: list[Span] = field(default_factory=list)  # the rollup's rows
 
 
-def read_usage(allocator: UsageSource, now: datetime, since: datetime | None = None) -> UsageRead:
+def read_usage(
+    allocator: UsageSource,
+    now: datetime,
+    since: datetime | None = None,
+    current: Mapping[tuple[str, str], Assignment] | None = None,
+) -> UsageRead:
     """The holdings up to ``now``: the rollup's days from ``since`` and the open assignments.
+
+    ``current``: the assignments that exist now, when the caller has them
+    (``serve``'s mirror); else they are read from the store.
 
     Without a rollup (``allocator usage --rebuild`` never ran) or without
     ``since``, history is read whole and counted as before.
@@ -78,7 +87,7 @@ def read_usage(allocator: UsageSource, now: datetime, since: datetime | None = N
     from allocator.history.rollup import read_rollup
     from allocator.history.stream import read_history
 
-    current = _current(allocator)
+    current = _current(allocator) if current is None else current
     snapshot = allocator.policy()
     policy = snapshot.policy if snapshot is not None else None
     history = allocator.layout.history
@@ -144,11 +153,25 @@ def group_of(by: str, policy: Policy | None) -> Callable[[str, str, str], Sequen
 
 def _current(allocator: UsageSource) -> dict[tuple[str, str], Assignment]:
     """Every assignment that exists now, keyed (host, job): one read of the hosts' keys."""
+    listing = allocator.store.list(allocator.layout.hosts)
+    return current_assignments(listing.items, allocator.layout, listing.revision)
+
+
+def current_assignments(
+    items: Sequence[KeyValue], layout: KeyLayout, revision: int
+) -> dict[tuple[str, str], Assignment]:
+    """Every assignment among ``items`` (keys under the hosts prefix), keyed (host, job).
+
+    Only the jobs' keys are decoded: an agent's record (its GPUs, their
+    processes) is most of a busy host's bytes, and usage needs none of it.
+    """
+    from allocator.records.keys import split_host_key
     from allocator.status.snapshots import snapshots_by_host
 
-    listing = allocator.store.list(allocator.layout.hosts)
-    hosts = snapshots_by_host(listing.items, allocator.layout, listing.revision)
-    return {(h, job): a for h, snap in hosts.items() for job, a in snap.assignments.items()}
+    hosts = layout.hosts
+    jobs = [kv for kv in items if (part := split_host_key(kv.key, hosts)) and part[1] == "jobs"]
+    found = snapshots_by_host(jobs, layout, revision)
+    return {(h, job): a for h, snap in found.items() for job, a in snap.assignments.items()}
 
 
 def _pool(policy: Policy | None, host: str) -> str:

@@ -1,0 +1,65 @@
+"""serve's usage answers count the holdings its mirror holds: the fleet is not read again."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from allocator.control.client import Allocator
+from allocator.placement.choose import Request
+from allocator.records.keys import KeyLayout
+from allocator.serve.usage import UsageAnswers
+from allocator.status.usage_report import current_assignments
+from allocator.store import KeyValue, Store, open_store
+
+POLICY = "version: 1\nhosts:\n  node1: {gpus: 8}\n  node2: {gpus: 8}\n"
+NOW = datetime(2026, 6, 1, 12, tzinfo=UTC)
+
+
+def _fleet() -> tuple[Store, Allocator]:
+    store = open_store(f"memory://{uuid.uuid4().hex}")
+    client = Allocator(store, clock=lambda: NOW, actor="alice@h")
+    client.apply_policy(POLICY, "p.yaml")
+    client.assign(Request(job="train", host="node1", count=2))
+    client.assign(Request(job="eval", host="node2", count=1))
+    return store, client
+
+
+def test_only_the_jobs_keys_are_decoded() -> None:
+    store, client = _fleet()
+    layout = client.layout
+    listing = store.list(layout.hosts)
+    garbage = KeyValue(
+        key=layout.agent("node2"), value=b"{not json", mod_revision=1, create_revision=1
+    )
+    found = current_assignments([*listing.items, garbage], layout, listing.revision)
+    assert sorted(found) == [("node1", "train"), ("node2", "eval")]
+    assert found["node1", "train"].gpus == (0, 1)
+
+
+def test_serve_counts_its_mirrors_assignments_without_reading_the_hosts(
+    monkeypatch: object,
+) -> None:
+    store, client = _fleet()
+    layout = client.layout
+    mirrored = current_assignments(*_listed(store, layout))
+    reads: list[str] = []
+    plain_list = store.list
+
+    def watched_list(prefix: str, **kwargs: object) -> object:
+        reads.append(prefix)
+        return plain_list(prefix, **kwargs)  # type: ignore[arg-type]
+
+    store.list = watched_list  # type: ignore[method-assign]
+    store.close = lambda: None  # type: ignore[method-assign]
+    answers = UsageAnswers(lambda: store, layout, current=lambda: mirrored)
+    status, document = answers.answer({"since": "1d", "by": "user"})
+    assert status == 200, document
+    assert layout.hosts not in reads  # the mirror's, not a second read of the fleet
+    assert len(document["rows"]) == 1  # the holder of both (the process's user)
+    assert document["rows"][0]["holdings"] == 2
+
+
+def _listed(store: Store, layout: KeyLayout) -> tuple[list[KeyValue], KeyLayout, int]:
+    listing = store.list(layout.hosts)
+    return list(listing.items), layout, listing.revision
