@@ -136,19 +136,19 @@ class _Relay:
 
     def _suspend(self, _signum: int, _frame: object) -> None:
         """Ctrl-Z: stop the worker, then this client, as a command run here would stop."""
-        if self.live and self.worker is not None:
-            try:  # noqa: SIM105 (contextlib would cost this client its import)
-                os.kill(self.worker, signal.SIGSTOP)
-            except OSError:
-                pass
+        self._to_worker(signal.SIGSTOP)
         # SIGSTOP, not SIGTSTP's default: that is discarded in an orphaned process group.
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def _resume(self, _signum: int, _frame: object) -> None:
         """``fg``/``bg``: the worker goes on with this client."""
+        self._to_worker(signal.SIGCONT)
+
+    def _to_worker(self, signum: int) -> None:
+        """Send ``signum`` to the worker's process itself, once it runs the command."""
         if self.live and self.worker is not None:
             try:  # noqa: SIM105 (contextlib would cost this client its import)
-                os.kill(self.worker, signal.SIGCONT)
+                os.kill(self.worker, signum)
             except OSError:
                 pass
 

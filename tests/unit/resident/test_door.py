@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -209,18 +211,27 @@ def test_help_wraps_at_the_clients_width(resident: Resident) -> None:
     assert len(wide.stdout.splitlines()) < len(narrow.stdout.splitlines())
 
 
-def test_a_worker_killed_mid_command_is_exit_1_never_a_second_run(resident: Resident) -> None:
+@contextlib.contextmanager
+def _waiting_in_a_worker(
+    resident: Resident,
+) -> Iterator[tuple[subprocess.Popen[str], psutil.Process]]:
+    """A served ``set --wait`` behind job a's GPU, its worker running it (the client said go)."""
     assert resident.run("set", "job=a", "gpus=0", "host=node1").returncode == 0
     server = resident.wait_for_server()
     waiter = resident.start("set", "job=b", "gpus=0", "host=node1", "--wait=60s")
     try:
         worker = wait_for("the worker", lambda: _workers(server), timeout=30)[0]
-        assert "waiting" in _first_line(waiter)  # it runs the command
-        worker.kill()  # the OOM killer, say: the command may have done anything
-        _out, err = waiter.communicate(timeout=30)
+        assert "waiting" in _first_line(waiter)  # the worker runs the command: it said go
+        yield waiter, worker
     finally:
         waiter.kill()
         waiter.communicate()
+
+
+def test_a_worker_killed_mid_command_is_exit_1_never_a_second_run(resident: Resident) -> None:
+    with _waiting_in_a_worker(resident) as (waiter, worker):
+        worker.kill()  # the OOM killer, say: the command may have done anything
+        _out, err = waiter.communicate(timeout=30)
     assert waiter.returncode == 1
     assert err.strip().endswith("ALLOCATOR_SERVER=0 runs commands in this process)"), err
     assert resident.run("get", "job=b").returncode == 6  # and it was not run again here
@@ -245,13 +256,8 @@ def test_a_client_without_stdin_runs_its_command_here(resident: Resident) -> Non
 
 
 def test_ctrl_z_stops_the_worker_with_its_client_and_fg_goes_on(resident: Resident) -> None:
-    assert resident.run("set", "job=a", "gpus=0", "host=node1").returncode == 0
-    server = resident.wait_for_server()
-    waiter = resident.start("set", "job=b", "gpus=0", "host=node1", "--wait=60s")
-    try:
-        worker = wait_for("the worker", lambda: _workers(server), timeout=30)[0]
+    with _waiting_in_a_worker(resident) as (waiter, worker):
         client = psutil.Process(waiter.pid)
-        assert "waiting" in _first_line(waiter)  # the worker runs the command: it said go
         waiter.send_signal(signal.SIGTSTP)
         stopped = psutil.STATUS_STOPPED
         wait_for("the worker to stop", lambda: worker.status() == stopped, 15)
@@ -261,7 +267,4 @@ def test_ctrl_z_stops_the_worker_with_its_client_and_fg_goes_on(resident: Reside
         assert resident.run("release", "job=a", "host=node1").returncode == 0
         _out, err = waiter.communicate(timeout=60)
         assert waiter.returncode == 0, err
-    finally:
-        waiter.kill()
-        waiter.communicate()
     assert resident.run("get", "job=b").returncode == 0
