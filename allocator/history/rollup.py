@@ -150,10 +150,17 @@ def read_rollup(
     marker, *listings = store.read_many(reads)
     if not marker.items:
         return None
+    # Each name once, however many rows share it: a week of a busy fleet is
+    # hundreds of thousands of rows naming a few thousand hosts, jobs and holders.
+    names: dict[str, str] = {}
+    name = names.setdefault
     found: list[Row] = []
     for listing in listings:
         for item in listing.items:
-            found += _rows(item, on_bad)
+            found += [
+                (name(host, host), name(job, job), name(holder, holder), gpus, slots, start, end)
+                for host, job, holder, gpus, slots, start, end in _rows(item, on_bad)
+            ]
     return found
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "UsageRow",
     "holder_of",
     "holdings",
+    "open_spans",
     "span_of",
     "store_times",
     "summarize",
@@ -186,16 +187,46 @@ def _untracked(
     """The current assignments whose start history trimmed: open since their own time."""
     found = []
     for (host, job), held in current.items():
-        if (host, job) in tracked or not isinstance(held, Assignment) or held.mode != "gpu":
+        if (host, job) in tracked or not isinstance(held, Assignment):
             continue
-        start = parse_time(held.updated_at) or oldest.get(host)
-        if start is None or not held.gpus:
-            continue
-        if now is not None:
-            start = min(start, now)
-        holder = held.holder or held.updated_by.split("@", 1)[0] or held.updated_by
-        found.append(Holding(host, job, holder, len(held.gpus), held.slots, start, None))
+        opened = _opened(held, oldest.get(host), now)
+        if opened is not None:
+            holder, start = opened
+            found.append(Holding(host, job, holder, len(held.gpus), held.slots, start, None))
     return found
+
+
+def open_spans(assignments: Iterable[Assignment], now: datetime) -> list[Span]:
+    """The spans of ``assignments`` held now, each from its own time up to ``now`` (pure).
+
+    What :func:`holdings` counts for an assignment no history read tracks
+    (the rollup's count: its rows hold only ended holdings), without the
+    :class:`Holding` of each: a fleet holds tens of thousands.
+    """
+    until = now.timestamp()
+    spans: list[Span] = []
+    for held in assignments:
+        opened = _opened(held, None, now)
+        if opened is not None:
+            holder, start = opened
+            spans.append(
+                (held.host, held.job, holder, len(held.gpus), held.slots, start.timestamp(), until)
+            )
+    return spans
+
+
+def _opened(
+    held: Assignment, oldest: datetime | None, now: datetime | None
+) -> tuple[str, datetime] | None:
+    """Who holds ``held`` and since when (``oldest`` if its time is unreadable); None: no GPUs."""
+    if held.mode != "gpu" or not held.gpus:
+        return None
+    start = parse_time(held.updated_at) or oldest
+    if start is None:
+        return None
+    if now is not None:
+        start = min(start, now)
+    return held.holder or held.updated_by.split("@", 1)[0] or held.updated_by, start
 
 
 def summarize(

@@ -112,8 +112,8 @@ def mirrored_assignments(mirror: FleetMirror) -> dict[tuple[str, str], Assignmen
     """The assignments serve's mirror holds now, keyed (host, job), for :class:`UsageAnswers`."""
     from allocator.status.usage_report import current_assignments
 
-    items, _policy, revision = mirror.snapshot()
-    return current_assignments(items, mirror.layout, revision)
+    items, _policy, _revision = mirror.snapshot()
+    return current_assignments(items, mirror.layout)
 
 
 def _covers(read: UsageRead, since: datetime) -> bool:

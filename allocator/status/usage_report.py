@@ -11,12 +11,20 @@ holdings, and :func:`usage_document` makes any window (from the read's
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
-from allocator.history.usage import Holding, Span, UsageRow, holdings, span_of, summarize_spans
+from allocator.history.usage import (
+    Holding,
+    Span,
+    UsageRow,
+    holdings,
+    open_spans,
+    span_of,
+    summarize_spans,
+)
 from allocator.util.times import format_time
 
 if TYPE_CHECKING:
@@ -32,6 +40,7 @@ __all__ = [
     "NO_TEAM",
     "UsageRead",
     "UsageSource",
+    "assignments_in",
     "current_assignments",
     "read_usage",
     "usage_document",
@@ -40,6 +49,8 @@ __all__ = [
 
 NO_TEAM = "(no team)"
 NO_POOL = "(no pool)"
+#: Hosts to one key range (etcd) of the current assignments' read: each answer stays small.
+_HOSTS_PER_RUN = 500
 
 
 class UsageSource(Protocol):
@@ -67,7 +78,8 @@ class UsageRead:
     now: datetime
     since: datetime | None = None
     source: str = "history"
-    ended: list[Span] = field(default_factory=list)  # the rollup's rows
+    #: Counted as they are: the rollup's rows, and the open assignments read with them.
+    spans: list[Span] = field(default_factory=list)
 
 
 def read_usage(
@@ -87,7 +99,6 @@ def read_usage(
     from allocator.history.rollup import read_rollup
     from allocator.history.stream import read_history
 
-    current = _current(allocator) if current is None else current
     snapshot = allocator.policy()
     policy = snapshot.policy if snapshot is not None else None
     history = allocator.layout.history
@@ -95,7 +106,12 @@ def read_usage(
     if since is not None:
         ended = read_rollup(allocator.store, history, since, now, allocator.on_bad_record)
     if ended is not None:
-        return UsageRead(holdings([], current, now), policy, now, since, "rollup", ended)
+        # The rollup holds only ended holdings: every current assignment is open
+        # since its own time, counted as a span as it is read (none is kept).
+        held = current.values() if current is not None else _held_now(allocator, snapshot)
+        return UsageRead([], policy, now, since, "rollup", ended + open_spans(held, now))
+    if current is None:
+        current = {(a.host, a.job): a for a in _held_now(allocator, snapshot)}
     entries = read_history(
         allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
     )
@@ -116,7 +132,7 @@ def usage_document(
 
     ``limit``: keep only the first (largest) rows; ``rows_total`` says how many there were.
     """
-    spans = read.ended + [span_of(h, read.now) for h in read.found]
+    spans = read.spans + [span_of(h, read.now) for h in read.found]
     rows = summarize_spans(spans, since, read.now, group_of(by, read.policy))
     unended = sum(1 for h in read.found if h.ended_unrecorded and h.start >= since)
     shown = rows if limit is None else rows[:limit]
@@ -151,27 +167,57 @@ def group_of(by: str, policy: Policy | None) -> Callable[[str, str, str], Sequen
     return lambda host, job, holder: teams(holder)
 
 
-def _current(allocator: UsageSource) -> dict[tuple[str, str], Assignment]:
-    """Every assignment that exists now, keyed (host, job): one read of the hosts' keys."""
-    listing = allocator.store.list(allocator.layout.hosts)
-    return current_assignments(listing.items, allocator.layout, listing.revision)
+def _held_now(allocator: UsageSource, snapshot: PolicySnapshot | None) -> Iterator[Assignment]:
+    """Every assignment that exists now, each decoded as it is read.
+
+    Under a policy, only its hosts' ``jobs/`` keys are read, in runs of
+    hosts next to each other in key order: an agent's record (its GPUs,
+    their processes) is most of a busy host's bytes, and usage needs none
+    of it. On etcd a run is one key range at the policy's revision; on the
+    other stores each host's jobs are one query of a run's read. (An
+    assignment a forced ``policy apply`` left on a host it removed is
+    counted from history when it ends, not while it is open.) Without a
+    policy, one read of the hosts' keys.
+    """
+    layout = allocator.layout
+    if snapshot is None or snapshot.host is not None:
+        return assignments_in(allocator.store.list(layout.hosts).items, layout)
+    prefixes = sorted(layout.host_jobs(host) for host in snapshot.policy.hosts)
+    runs = [prefixes[at : at + _HOSTS_PER_RUN] for at in range(0, len(prefixes), _HOSTS_PER_RUN)]
+    listings = allocator.store.list_runs(runs, snapshot.revision)
+    return assignments_in((item for listing in listings for item in listing.items), layout)
 
 
 def current_assignments(
-    items: Sequence[KeyValue], layout: KeyLayout, revision: int
+    items: Iterable[KeyValue], layout: KeyLayout
 ) -> dict[tuple[str, str], Assignment]:
-    """Every assignment among ``items`` (keys under the hosts prefix), keyed (host, job).
+    """Every assignment among ``items`` (keys under the hosts prefix), keyed (host, job)."""
+    return {(held.host, held.job): held for held in assignments_in(items, layout)}
+
+
+def assignments_in(items: Iterable[KeyValue], layout: KeyLayout) -> Iterator[Assignment]:
+    """The assignments among ``items`` (keys under the hosts prefix), decoded one at a time.
 
     Only the jobs' keys are decoded: an agent's record (its GPUs, their
     processes) is most of a busy host's bytes, and usage needs none of it.
+    A record that does not decode, or names another host or job than its
+    key, is left out (``status`` lists it).
     """
+    from allocator.errors import BadRecord
+    from allocator.records.codec import decode_record
     from allocator.records.keys import split_host_key
-    from allocator.status.snapshots import snapshots_by_host
+    from allocator.records.types import Assignment
 
     hosts = layout.hosts
-    jobs = [kv for kv in items if (part := split_host_key(kv.key, hosts)) and part[1] == "jobs"]
-    found = snapshots_by_host(jobs, layout, revision)
-    return {(h, job): a for h, snap in found.items() for job, a in snap.assignments.items()}
+    for item in items:
+        part = split_host_key(item.key, hosts)
+        if part is None or part[1] != "jobs" or not part[2]:
+            continue
+        host, _kind, job = part
+        try:
+            yield decode_record(item.value, Assignment, item.key, job=job, host=host)
+        except BadRecord:
+            continue
 
 
 def _pool(policy: Policy | None, host: str) -> str:

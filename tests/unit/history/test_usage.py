@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from allocator.history.stream import Stored
 from allocator.history.usage import (
     Holding,
     holder_of,
     holdings,
+    open_spans,
     span_of,
     summarize,
     summarize_spans,
@@ -148,3 +152,40 @@ def test_a_writer_whose_clock_is_off_is_bounded_by_the_store_s_order() -> None:
         hours = {h.job: h.seconds(T0, T0 + timedelta(hours=3)) / 3600 for h in found}
         # Truly 0.003 h (entries keep whole seconds): within the neighbours', never 0 or 1 h.
         assert 0.0015 <= hours["a"] <= 0.0045, (off, hours["a"])
+
+
+@given(
+    held=st.lists(
+        st.tuples(
+            st.sampled_from(["gpu", "cpu"]),
+            st.lists(st.integers(0, 7), max_size=3, unique=True),
+            st.integers(-48, 48),  # hours from T0 (after ``now`` included)
+            st.sampled_from(["", "bob"]),
+            st.sampled_from(["alice@node1", "@node1", "carol"]),
+            st.integers(1, 4),
+        ),
+        max_size=8,
+    )
+)
+def test_open_spans_count_what_holdings_count_for_untracked_assignments(
+    held: list[tuple[str, list[int], int, str, str, int]],
+) -> None:
+    now = T0 + timedelta(hours=1)
+    current = {
+        ("node1", f"job{n}"): Assignment(
+            job=f"job{n}",
+            host="node1",
+            gpus=tuple(gpus) if mode == "gpu" else (),
+            mode=mode,  # type: ignore[arg-type]
+            updated_by=by,
+            updated_at=(T0 + timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            holder=holder,
+            slots=slots,
+        )
+        for n, (mode, gpus, hours, holder, by, slots) in enumerate(held)
+    }
+
+    spans = open_spans(current.values(), now)
+
+    assert spans == [span_of(h, now) for h in holdings([], current, now)]
+    assert all(start <= end == now.timestamp() for *_, start, end in spans)

@@ -32,7 +32,7 @@ def test_only_the_jobs_keys_are_decoded() -> None:
     garbage = KeyValue(
         key=layout.agent("node2"), value=b"{not json", mod_revision=1, create_revision=1
     )
-    found = current_assignments([*listing.items, garbage], layout, listing.revision)
+    found = current_assignments([*listing.items, garbage], layout)
     assert sorted(found) == [("node1", "train"), ("node2", "eval")]
     assert found["node1", "train"].gpus == (0, 1)
 
@@ -60,6 +60,5 @@ def test_serve_counts_its_mirrors_assignments_without_reading_the_hosts(
     assert document["rows"][0]["holdings"] == 2
 
 
-def _listed(store: Store, layout: KeyLayout) -> tuple[list[KeyValue], KeyLayout, int]:
-    listing = store.list(layout.hosts)
-    return list(listing.items), layout, listing.revision
+def _listed(store: Store, layout: KeyLayout) -> tuple[list[KeyValue], KeyLayout]:
+    return list(store.list(layout.hosts).items), layout
