@@ -173,6 +173,20 @@ class FleetMirror:
         with self._lock:
             return set(self._hosts)
 
+    def assignment_items(self) -> list[KeyValue]:
+        """Every assignment key (``hosts/<host>/jobs/<job>``), in no order.
+
+        What usage counts: not the agents' records, most of a busy host's keys.
+        """
+        hosts = self._hosts_prefix
+        with self._lock:
+            return [
+                item
+                for host, keys in self._hosts.items()
+                for key, item in keys.items()
+                if key.startswith(f"{hosts}{host}/jobs/")
+            ]
+
     def snapshot(self) -> tuple[list[KeyValue], KeyValue | None, int]:
         """The host items (sorted), the policy item, and the revision, consistently."""
         with self._lock:

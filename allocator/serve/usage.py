@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,7 @@ class UsageAnswers:
         open_store: Callable[[], Store],
         layout: KeyLayout,
         clock: Callable[[], float] = time.monotonic,
-        current: Callable[[], Mapping[tuple[str, str], Assignment]] | None = None,
+        current: Callable[[], Iterable[Assignment]] | None = None,
     ) -> None:
         self._open_store = open_store
         self._layout = layout
@@ -108,12 +108,11 @@ class UsageAnswers:
             store.close()
 
 
-def mirrored_assignments(mirror: FleetMirror) -> dict[tuple[str, str], Assignment]:
-    """The assignments serve's mirror holds now, keyed (host, job), for :class:`UsageAnswers`."""
-    from allocator.status.usage_report import current_assignments
+def mirrored_assignments(mirror: FleetMirror) -> Iterator[Assignment]:
+    """The assignments serve's mirror holds now, each decoded as it is counted."""
+    from allocator.status.usage_report import assignments_in
 
-    items, _policy, _revision = mirror.snapshot()
-    return current_assignments(items, mirror.layout)
+    return assignments_in(mirror.assignment_items(), mirror.layout)
 
 
 def _covers(read: UsageRead, since: datetime) -> bool:

@@ -11,7 +11,7 @@ holdings, and :func:`usage_document` makes any window (from the read's
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
@@ -86,7 +86,7 @@ def read_usage(
     allocator: UsageSource,
     now: datetime,
     since: datetime | None = None,
-    current: Mapping[tuple[str, str], Assignment] | None = None,
+    current: Iterable[Assignment] | None = None,
 ) -> UsageRead:
     """The holdings up to ``now``: the rollup's days from ``since`` and the open assignments.
 
@@ -108,14 +108,14 @@ def read_usage(
     if ended is not None:
         # The rollup holds only ended holdings: every current assignment is open
         # since its own time, counted as a span as it is read (none is kept).
-        held = current.values() if current is not None else _held_now(allocator, snapshot)
+        held = current if current is not None else _held_now(allocator, snapshot)
         return UsageRead([], policy, now, since, "rollup", ended + open_spans(held, now))
-    if current is None:
-        current = {(a.host, a.job): a for a in _held_now(allocator, snapshot)}
+    held = current if current is not None else _held_now(allocator, snapshot)
+    by_job = {(a.host, a.job): a for a in held}
     entries = read_history(
         allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
     )
-    return UsageRead(holdings(entries, current, now), policy, now)
+    return UsageRead(holdings(entries, by_job, now), policy, now)
 
 
 def usage_report(

@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 from allocator.control.client import Allocator
 from allocator.placement.choose import Request
-from allocator.records.keys import KeyLayout
-from allocator.serve.usage import UsageAnswers
+from allocator.serve.mirror import FleetMirror
+from allocator.serve.usage import UsageAnswers, mirrored_assignments
 from allocator.status.usage_report import current_assignments
 from allocator.store import KeyValue, Store, open_store
 
@@ -42,7 +42,8 @@ def test_serve_counts_its_mirrors_assignments_without_reading_the_hosts(
 ) -> None:
     store, client = _fleet()
     layout = client.layout
-    mirrored = current_assignments(*_listed(store, layout))
+    mirror = FleetMirror(layout)
+    mirror.reset(store.list(layout.hosts))
     reads: list[str] = []
     plain_list = store.list
 
@@ -50,9 +51,9 @@ def test_serve_counts_its_mirrors_assignments_without_reading_the_hosts(
         reads.append(prefix)
         return plain_list(prefix, **kwargs)  # type: ignore[arg-type]
 
-    store.list = watched_list  # type: ignore[method-assign]
+    store.list = watched_list  # type: ignore[method-assign,assignment]
     store.close = lambda: None  # type: ignore[method-assign]
-    answers = UsageAnswers(lambda: store, layout, current=lambda: mirrored)
+    answers = UsageAnswers(lambda: store, layout, current=lambda: mirrored_assignments(mirror))
     status, document = answers.answer({"since": "1d", "by": "user"})
     assert status == 200, document
     assert layout.hosts not in reads  # the mirror's, not a second read of the fleet
@@ -60,5 +61,17 @@ def test_serve_counts_its_mirrors_assignments_without_reading_the_hosts(
     assert document["rows"][0]["holdings"] == 2
 
 
-def _listed(store: Store, layout: KeyLayout) -> tuple[list[KeyValue], KeyLayout]:
-    return list(store.list(layout.hosts).items), layout
+def test_the_mirror_hands_usage_its_assignment_keys_only() -> None:
+    store, client = _fleet()
+    layout = client.layout
+    store.put(layout.agent("node2"), b"{not json")  # an agent's record: never usage's
+    mirror = FleetMirror(layout)
+    mirror.reset(store.list(layout.hosts))
+
+    keys = sorted(item.key for item in mirror.assignment_items())
+
+    assert keys == [layout.assignment("node1", "train"), layout.assignment("node2", "eval")]
+    assert sorted((a.host, a.job) for a in mirrored_assignments(mirror)) == [
+        ("node1", "train"),
+        ("node2", "eval"),
+    ]
