@@ -29,7 +29,6 @@ def job_environments(
     allocator: Any, job: str, host: str | None, *, per_gpu: bool = False
 ) -> tuple[list[dict[str, str]], str, list[str]]:
     """The job's worker environments, a remark (why none, or a fallback), container commands."""
-    from allocator.agent.planning.desired import desired_job
     from allocator.errors import RequestError
     from allocator.records.keys import validate_name
     from allocator.status.snapshots import job_not_found
@@ -57,6 +56,10 @@ def job_environments(
             assignment, inventory, policy, share, vendor, per_gpu
         )
         return envs, remark, [""] * len(envs)
+    # Only now: the agent's planner (every vendor's visibility rules) is most of what
+    # ``run`` would import, and a job no policy declares (``run``'s own) never needs it.
+    from allocator.agent.planning.desired import desired_job
+
     addr, port = _rendezvous(state, policy, host, job)
     want = desired_job(
         policy,

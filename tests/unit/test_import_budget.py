@@ -46,6 +46,9 @@ SQLITE_BUDGETS: list[tuple[tuple[str, ...], int, int]] = [
     (("history",), 42, 174),
     (("usage",), 52, 183),
     (("run", "--help"), 10, 86),
+    # Take, run /bin/true, release: the queue's wait, the cgroup and the visibility
+    # rules of every vendor; not the agent's planner (a job no policy declares).
+    (("run", "count=1", "--", "true"), 117, 270),
     (("submit", "--help"), 10, 87),
 ]
 

@@ -10,7 +10,6 @@ subreaper) instead of failing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import json
 import os
@@ -161,7 +160,8 @@ def become_subreaper() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        # The process's own symbols (libc's among them): ``find_library`` runs ldconfig.
+        libc = ctypes.CDLL(None, use_errno=True)
         return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
