@@ -173,7 +173,7 @@ def _held_now(allocator: UsageSource, snapshot: PolicySnapshot | None) -> Iterat
     Under a policy, only its hosts' ``jobs/`` keys are read, in runs of
     hosts next to each other in key order: an agent's record (its GPUs,
     their processes) is most of a busy host's bytes, and usage needs none
-    of it. On etcd a run is one key range at the policy's revision; on the
+    of it. On etcd a run is one key range, all at one revision; on the
     other stores each host's jobs are one query of a run's read. (An
     assignment a forced ``policy apply`` left on a host it removed is
     counted from history when it ends, not while it is open.) Without a
@@ -184,7 +184,13 @@ def _held_now(allocator: UsageSource, snapshot: PolicySnapshot | None) -> Iterat
         return assignments_in(allocator.store.list(layout.hosts).items, layout)
     prefixes = sorted(layout.host_jobs(host) for host in snapshot.policy.hosts)
     runs = [prefixes[at : at + _HOSTS_PER_RUN] for at in range(0, len(prefixes), _HOSTS_PER_RUN)]
-    listings = allocator.store.list_runs(runs, snapshot.revision)
+    if not prefixes:
+        return iter(())
+    # One revision for every run (etcd): the store's now, as one small read of keys
+    # every reader of assignments may read names it (the policy snapshot's revision
+    # is its own key's, older than assignments written since).
+    now = allocator.store.list(prefixes[0], limit=1).revision
+    listings = allocator.store.list_runs(runs, now)
     return assignments_in((item for listing in listings for item in listing.items), layout)
 
 
