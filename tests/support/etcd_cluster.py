@@ -13,6 +13,7 @@ ports and data (it rejoins as a follower), and each member's ``pause()`` /
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.error
 import urllib.request
@@ -85,6 +86,10 @@ class EtcdCluster:
             ClusterMember(data_dir / f"m{i}", f"m{i}", free_port(), free_port())
             for i in range(size)
         ]
+        self._introduce()
+
+    def _introduce(self) -> None:
+        """Tell every member the whole cluster's peer URLs."""
         peers = ",".join(f"{m.name}=http://127.0.0.1:{m.peer_port}" for m in self.members)
         for member in self.members:
             member.initial_cluster = peers
@@ -95,7 +100,25 @@ class EtcdCluster:
         return "etcd://" + ",".join(m.endpoint for m in self.members)
 
     def start(self, timeout: float = 30) -> None:
-        """Start every member, then wait until each is healthy."""
+        """Start every member, then wait until each is healthy.
+
+        Another process may take a port between ``free_port()`` and a member's
+        bind (a busy machine's outgoing connections use the same range): then
+        the cluster starts again, from empty data, on fresh ports (three tries).
+        """
+        for attempt in range(3):
+            try:
+                self._start_once(timeout)
+                return
+            except EtcdNotAvailable as exc:
+                if "address already in use" not in str(exc) or attempt == 2:
+                    raise
+            for member in self.members:
+                shutil.rmtree(member.data_dir / "data", ignore_errors=True)
+                member.client_port, member.peer_port = free_port(), free_port()
+            self._introduce()
+
+    def _start_once(self, timeout: float) -> None:
         for member in self.members:
             member.data_dir.mkdir(parents=True, exist_ok=True)
             member.spawn()

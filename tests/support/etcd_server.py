@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EtcdNotAvailable", "EtcdServer", "TlsFiles", "free_port"]
+__all__ = ["EtcdNotAvailable", "EtcdServer", "TlsFiles", "free_port", "wait_stopped"]
 
 ROOT_PASSWORD = "root-secret"
 _POLL_INTERVAL = 0.02
@@ -179,9 +179,14 @@ class EtcdServer:
         self._end(signal.SIGKILL, 10)
 
     def pause(self) -> None:
-        """SIGSTOP: the server keeps its sockets but answers nothing (a hung host)."""
+        """SIGSTOP: the server keeps its sockets but answers nothing (a hung host).
+
+        Returns once every thread of it is stopped: the signal is delivered
+        asynchronously, and a busy machine may let etcd answer one more request.
+        """
         assert self._proc is not None and self._proc.poll() is None, "etcd is not running"
         os.kill(self._proc.pid, signal.SIGSTOP)
+        wait_stopped(self._proc.pid)
 
     def resume(self) -> None:
         """SIGCONT after :meth:`pause`."""
@@ -341,3 +346,17 @@ class EtcdServer:
         if self._reaper is not None:
             self._reaper.detach()
             self._reaper = None
+
+
+def wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Wait until every thread of ``pid`` is stopped (state ``T`` in ``/proc``), after SIGSTOP."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = []
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            with contextlib.suppress(OSError):
+                states.append(stat.read_text().rpartition(")")[2].split()[0])
+        if states and all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"process {pid} is not stopped {timeout:.0f} s after SIGSTOP")

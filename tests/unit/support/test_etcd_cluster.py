@@ -6,7 +6,9 @@ project's own, given all three endpoints.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +82,17 @@ def test_a_frozen_member_leaves_the_other_two_serving(
     finally:
         frozen.resume()
     wait_for("the thawed member to answer", frozen.status)
+
+
+def test_a_port_taken_before_the_bind_gives_the_cluster_fresh_ports(tmp_path: Path) -> None:
+    cluster = EtcdCluster(tmp_path / "cluster")
+    taken = cluster.members[1].peer_port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        cluster.start()
+        try:
+            assert cluster.members[1].peer_port != taken
+            assert cluster.leader() in cluster.members
+        finally:
+            cluster.stop()
