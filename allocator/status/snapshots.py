@@ -81,10 +81,15 @@ def snapshots_by_host(
         if parsed is None:
             continue
         host, kind, name = parsed
-        part = parts.setdefault(
-            host,
-            {"assignments": {}, "workers": {}, "generation": 0, "agent": None, "bad_records": ()},
-        )
+        part = parts.get(host)
+        if part is None:  # not setdefault: its default would be built for every key
+            part = parts[host] = {
+                "assignments": {},
+                "workers": {},
+                "generation": 0,
+                "agent": None,
+                "bad_records": (),
+            }
         try:
             _add_host_item(part, item, host, kind, name)
         except BadRecord as exc:
