@@ -47,7 +47,11 @@ from allocator.agent.planning.limit_ends import limit_releases, next_limit_in
 from allocator.agent.planning.port_table import PortTable
 from allocator.agent.planning.reconcile import plan
 from allocator.agent.planning.types import Finish, IdleRelease
-from allocator.agent.planning.whole_job_end import agents_gone_since, whole_job_end
+from allocator.agent.planning.whole_job_end import (
+    agents_gone_since,
+    shares_unreported_since,
+    whole_job_end,
+)
 from allocator.agent.processes.holding_ends import HoldingEnds
 from allocator.agent.processes.supervisor import Supervisor
 from allocator.agent.step_guard import StepGuard
@@ -153,6 +157,8 @@ class Agent:
         self.busy = False  # stopping or starting: the loop looks more often
         self.busy_since = 0.0
         self.peers_gone: dict[str, float] = {}  # peer host -> when its agent was seen gone
+        # (peer host, job) -> since when its live agent has no report on the job's assignment
+        self.peers_unreported: dict[tuple[str, str], float] = {}
         self.held_back: dict[str, str] = {}  # finished share -> why its job is not released
         self.finished_here: set[str] = set()  # jobs this agent saw finish (not adopted so)
         self.results_recorded: set[tuple[str, int]] = set()  # (job, revision) "failed" entries
@@ -270,6 +276,7 @@ class Agent:
         held, peers, now = self.sync.assignments, self.sync.peers, self.clock()
         self.peers_gone = agents_gone_since(self.peers_gone, peers, now)
         gone_for = {host: now - since for host, since in self.peers_gone.items()}
+        self.peers_unreported = shares_unreported_since(self.peers_unreported, held, peers, now)
         finished, self.held_back, views = [], {}, self.supervisor.views()
         # Before the first read the other shares are unknown, not ended: no exit release.
         ends = self.supervisor.exit_releases() if self.sync.have_state else {}
@@ -280,7 +287,8 @@ class Agent:
                     continue
                 restarts = view.crash_restarts if view is not None else 0
                 rule, ttl = want.release_on_exit, self.config.lease_ttl
-                end = whole_job_end(held[job], reason, rule, peers, gone_for, ttl, restarts)
+                quiet = {h: now - t for (h, j), t in self.peers_unreported.items() if j == job}
+                end = whole_job_end(held[job], reason, rule, peers, gone_for, ttl, restarts, quiet)
                 if not end.release:  # the status says why, instead of a release not made
                     self.held_back[job] = end.reason
                     if end.failed:

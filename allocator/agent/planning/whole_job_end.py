@@ -19,8 +19,13 @@ assignment, :meth:`PeerShare.reports_on`):
   liveness. After ``grace`` seconds gone (an agent restarting comes back
   sooner) its share counts as ended, its end unknown, and the job is
   released: a peer that never returns never holds the job's GPUs for ever;
-* a host this agent may not read, or with no report on the current
-  assignment yet, holds nothing up (nothing is known of it).
+* its agent alive but no report on the current assignment yet: the share
+  is starting (both agents saw the assignment at about the same moment, and
+  this share may end before the other's first report); the job has not
+  ended, this share waits. After ``grace`` seconds without a report (an
+  agent that cannot run it reports so sooner) its end counts as unknown and
+  the job is released, as for a gone agent;
+* a host this agent may not read holds nothing up (nothing is known of it).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from allocator.agent.planning.across_hosts import PeerHost
 from allocator.agent.planning.exit_codes import describe_exit
 from allocator.records.types import Assignment, WorkerRecord
 
-__all__ = ["WholeJobEnd", "agents_gone_since", "whole_job_end"]
+__all__ = ["WholeJobEnd", "agents_gone_since", "shares_unreported_since", "whole_job_end"]
 
 #: A share's states that are the job's result when they are its end.
 _FAILED = {"gave-up": "gave up", "failed": "failed"}
@@ -58,6 +63,26 @@ def agents_gone_since(
     }
 
 
+def shares_unreported_since(
+    before: Mapping[tuple[str, str], float],
+    held: Mapping[str, Assignment],
+    peers: Mapping[str, PeerHost],
+    now: float,
+) -> dict[tuple[str, str], float]:
+    """Each (peer host, job across hosts) whose live agent has not reported on the job's
+    current assignment -> since when it is seen so."""
+    found: dict[tuple[str, str], float] = {}
+    for job, mine in held.items():
+        for node in mine.nodes if len(mine.nodes) > 1 else ():
+            peer = peers.get(node)
+            if node == mine.host or peer is None or not peer.readable or not peer.agent_alive:
+                continue
+            share = peer.shares.get(job)
+            if share is None or share.reports_on(mine) is None:
+                found[node, job] = before.get((node, job), now)
+    return found
+
+
 def whole_job_end(
     assignment: Assignment,
     own_end: str,
@@ -66,12 +91,14 @@ def whole_job_end(
     gone_for: Mapping[str, float],
     grace: float,
     own_crash_restarts: int = 0,
+    unreported_for: Mapping[str, float] | None = None,
 ) -> WholeJobEnd:
     """Judge the job of ``assignment``, whose share here finished as ``own_end`` says.
 
     ``own_end`` is this share's end (``finished (exit 0); its GPUs released
     (release_on_exit)``), after ``own_crash_restarts``; ``gone_for``:
-    seconds each peer host's agent has been seen gone.
+    seconds each peer host's agent has been seen gone; ``unreported_for``:
+    seconds each peer host's live agent has had no report on this assignment.
     """
     kept: list[str] = []
     waiting: list[str] = []
@@ -94,6 +121,12 @@ def whole_job_end(
                 notes.append(f"{node}'s agent is gone ({gone:.0f}s): its share's end is unknown")
         elif worker is not None:
             waiting.append(f"{node}'s share ({worker.state})")
+        else:  # alive, no report on this assignment yet: starting
+            quiet = (unreported_for or {}).get(node, 0.0)
+            if quiet < grace:
+                waiting.append(f"{node}'s share (starting)")
+            else:
+                notes.append(f"{node}'s share never reported ({quiet:.0f}s): its end is unknown")
     words = own_end.split("; ")[0]  # "finished (exit 0)", without what it would release
     if kept:
         reason = f"{words}; {kept[0]}: that is the job's result; GPUs kept"

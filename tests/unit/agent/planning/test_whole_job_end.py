@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from allocator.agent.planning.across_hosts import PeerHost, PeerShare
-from allocator.agent.planning.whole_job_end import agents_gone_since, whole_job_end
+from allocator.agent.planning.whole_job_end import (
+    agents_gone_since,
+    shares_unreported_since,
+    whole_job_end,
+)
 from allocator.records.types import Assignment, WorkerRecord
 
 NODES = ("node1", "node2", "node3")
@@ -35,8 +39,12 @@ def peer(
     return PeerHost(host, True, alive, None, {"train": PeerShare(share(host), REVISION, worker)})
 
 
-def judge(peers: dict[str, PeerHost], gone_for: dict[str, float] | None = None) -> tuple[bool, str]:
-    end = whole_job_end(share("node1"), OWN, (0,), peers, gone_for or {}, GRACE)
+def judge(
+    peers: dict[str, PeerHost],
+    gone_for: dict[str, float] | None = None,
+    quiet: dict[str, float] | None = None,
+) -> tuple[bool, str]:
+    end = whole_job_end(share("node1"), OWN, (0,), peers, gone_for or {}, GRACE, 0, quiet)
     assert end.failed == end.reason.endswith("GPUs kept")  # a result, not a wait
     return end.release, end.reason
 
@@ -81,11 +89,36 @@ def test_a_dead_peers_share_is_judged_by_its_agents_liveness_after_the_grace() -
     assert judge({"node2": peer("node2", "finished", last_exit=3, alive=False)})[0] is False
 
 
+def test_a_share_its_live_agent_has_not_reported_on_yet_is_starting_until_the_grace() -> None:
+    # Both agents saw the assignment at once; this share ended before the other's first
+    # report (a report on the older assignment, or none): releasing now would stop it.
+    stale = peer("node2", "running", revision=REVISION - 1)
+    none = PeerHost("node2", True, True, None, {})
+    waits = "finished (exit 0); the job's GPUs go once every share ends (node2's share (starting))"
+    for unreported in (stale, none):
+        assert judge({"node2": unreported}) == (False, waits)
+        assert judge({"node2": unreported}, quiet={"node2": GRACE - 1}) == (False, waits)
+        assert judge({"node2": unreported}, quiet={"node2": GRACE}) == (
+            True,
+            f"{OWN}; node2's share never reported (30s): its end is unknown",
+        )
+
+
 def test_what_is_not_known_holds_nothing_up() -> None:
-    stale = peer("node2", "running", revision=REVISION - 1)  # a report on an older assignment
-    assert judge({"node2": stale}) == (True, OWN)
     assert judge({"node2": PeerHost("node2", readable=False)}) == (True, OWN)
     assert judge({}) == (True, OWN)
+
+
+def test_a_share_is_unreported_since_its_live_agent_was_first_seen_without_a_report() -> None:
+    held = {"train": share("node1")}
+    peers = {"node2": peer("node2", revision=REVISION - 1), "node3": peer("node3")}
+    first = shares_unreported_since({}, held, peers, 100.0)
+    assert first == {("node2", "train"): 100.0}  # node3 reports on this assignment
+    assert shares_unreported_since(first, held, peers, 130.0) == {("node2", "train"): 100.0}
+    peers["node2"] = peer("node2")  # its first report came
+    assert shares_unreported_since(first, held, peers, 131.0) == {}
+    peers["node2"] = peer("node2", revision=REVISION - 1, alive=False)  # gone: that rule
+    assert shares_unreported_since({}, held, peers, 132.0) == {}
 
 
 def test_a_peers_agent_is_gone_since_it_was_first_seen_gone() -> None:
