@@ -39,7 +39,7 @@ SQLITE_BUDGETS: list[tuple[tuple[str, ...], int, int]] = [
     (("get", "job=train"), 41, 170),
     # A set reads the host's queue to say which waiting requests it passed, and
     # resolves the pool's time limit: the queue's order and view, and time_limit.
-    (("set", "job=train", "gpus=0", "host=node1"), 73, 203),
+    (("set", "job=train", "gpus=1", "host=node1"), 73, 203),
     (("release", "job=train", "host=node1"), 58, 188),
     (("status",), 64, 195),
     (("queue",), 50, 179),
@@ -91,16 +91,20 @@ def _within(args: tuple[str, ...], modules: set[str], own_most: int, all_most: i
     )
 
 
-@pytest.fixture(scope="module")
-def sqlite_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> str:
+    """A store of each test's own, ``train`` holding GPU 0 of node1: no command's count
+    depends on which ran before it (a release of a job held nowhere loads more)."""
     from allocator.control.client import Allocator
+    from allocator.placement.request import Request
     from allocator.store import open_store
 
-    url = f"sqlite://{tmp_path_factory.mktemp('budget') / 's.db'}"
+    url = f"sqlite://{tmp_path / 's.db'}"
     store = open_store(url, create=True)
     try:
         allocator = Allocator(store)
         allocator.apply_policy(_EXAMPLE.read_text(), "policy.yaml")
+        allocator.assign(Request(job="train", host="node1", gpus=(0,)))  # get/release find it
     finally:
         store.close()
     return url
