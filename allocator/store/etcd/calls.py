@@ -99,6 +99,9 @@ class EndpointCalls:
     def _every_endpoint(self, send: Send[_T], idempotent: bool, started: float) -> _T:
         """One pass over the endpoints; ``_Electing`` when the last said there is no leader."""
         count = len(self.config.endpoints)
+        # A member said there is no leader: one refusing connections after it (the
+        # killed leader, tried last) still means the others are electing one.
+        electing_seen = False
         for tried in range(1, count + 1):
             share = attempt_timeout(
                 started + self.config.timeout - time.monotonic(), count - tried + 1
@@ -113,6 +116,8 @@ class EndpointCalls:
                 return self._with_fresh_token(endpoint, send, until)
             except (HttpError, EtcdStatus) as exc:
                 last, timeout = tried == count, self.config.timeout
+                if isinstance(exc, EtcdStatus) and electing(exc.code, exc.details):
+                    electing_seen = True
                 error = failure_error(exc, where, sent, idempotent, last=last, timeout=timeout)
                 if error is None:
                     self._next_endpoint()
@@ -120,8 +125,7 @@ class EndpointCalls:
                 left = started + timeout - time.monotonic()
                 if (
                     last
-                    and isinstance(exc, EtcdStatus)
-                    and electing(exc.code, exc.details)
+                    and electing_seen
                     and not isinstance(error, AmbiguousWrite)
                     and left > 2 * ELECTION_PAUSE_S
                 ):

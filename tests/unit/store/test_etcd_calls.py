@@ -12,7 +12,7 @@ from allocator.store.etcd.calls import ELECTION_PAUSE_S, EndpointCalls
 from allocator.store.etcd.config import parse_etcd_url
 from allocator.store.etcd.connection import Endpoint
 from allocator.store.etcd.rules import Code, EtcdStatus
-from tests.support.etcd_server import EtcdServer
+from tests.support.etcd_server import EtcdServer, free_port
 
 
 @pytest.fixture
@@ -74,3 +74,18 @@ def test_a_write_whose_answer_was_leader_changed_is_never_sent_again(store_url: 
     finally:
         calls.close_connection()
     assert len(tries) == 1
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+def test_an_election_is_ridden_out_when_the_killed_leader_is_the_last_endpoint_tried(
+    store_url: str, idempotent: bool
+) -> None:
+    """A member says "no leader", the dead one refuses the connection: neither took it."""
+    dead = f"127.0.0.1:{free_port()}"
+    calls = _calls(f"{store_url},{dead}")
+    tries, send = _electing_for(2, "etcdserver: no leader")
+    try:
+        assert calls.run(send, idempotent=idempotent) == "answered"  # type: ignore[arg-type]
+    finally:
+        calls.close_connection()
+    assert len(tries) == 3
