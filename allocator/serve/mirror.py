@@ -179,13 +179,12 @@ class FleetMirror:
         What usage counts: not the agents' records, most of a busy host's keys.
         """
         hosts = self._hosts_prefix
+        found: list[KeyValue] = []
         with self._lock:
-            return [
-                item
-                for host, keys in self._hosts.items()
-                for key, item in keys.items()
-                if key.startswith(f"{hosts}{host}/jobs/")
-            ]
+            for host, keys in self._hosts.items():
+                jobs = f"{hosts}{host}/jobs/"  # once a host, not once a key
+                found += [item for key, item in keys.items() if key.startswith(jobs)]
+        return found
 
     def snapshot(self) -> tuple[list[KeyValue], KeyValue | None, int]:
         """The host items (sorted), the policy item, and the revision, consistently."""

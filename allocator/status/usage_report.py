@@ -41,7 +41,6 @@ __all__ = [
     "UsageRead",
     "UsageSource",
     "assignments_in",
-    "current_assignments",
     "read_usage",
     "usage_document",
     "usage_report",
@@ -105,12 +104,11 @@ def read_usage(
     ended = None
     if since is not None:
         ended = read_rollup(allocator.store, history, since, now, allocator.on_bad_record)
+    held = current if current is not None else _held_now(allocator, snapshot)
     if ended is not None:
         # The rollup holds only ended holdings: every current assignment is open
         # since its own time, counted as a span as it is read (none is kept).
-        held = current if current is not None else _held_now(allocator, snapshot)
         return UsageRead([], policy, now, since, "rollup", ended + open_spans(held, now))
-    held = current if current is not None else _held_now(allocator, snapshot)
     by_job = {(a.host, a.job): a for a in held}
     entries = read_history(
         allocator.store, allocator.layout, allocator.on_bad_record, with_policy=False
@@ -183,22 +181,15 @@ def _held_now(allocator: UsageSource, snapshot: PolicySnapshot | None) -> Iterat
     if snapshot is None or snapshot.host is not None:
         return assignments_in(allocator.store.list(layout.hosts).items, layout)
     prefixes = sorted(layout.host_jobs(host) for host in snapshot.policy.hosts)
-    runs = [prefixes[at : at + _HOSTS_PER_RUN] for at in range(0, len(prefixes), _HOSTS_PER_RUN)]
     if not prefixes:
         return iter(())
+    runs = [prefixes[at : at + _HOSTS_PER_RUN] for at in range(0, len(prefixes), _HOSTS_PER_RUN)]
     # One revision for every run (etcd): the store's now, as one small read of keys
     # every reader of assignments may read names it (the policy snapshot's revision
     # is its own key's, older than assignments written since).
     now = allocator.store.list(prefixes[0], limit=1).revision
     listings = allocator.store.list_runs(runs, now)
     return assignments_in((item for listing in listings for item in listing.items), layout)
-
-
-def current_assignments(
-    items: Iterable[KeyValue], layout: KeyLayout
-) -> dict[tuple[str, str], Assignment]:
-    """Every assignment among ``items`` (keys under the hosts prefix), keyed (host, job)."""
-    return {(held.host, held.job): held for held in assignments_in(items, layout)}
 
 
 def assignments_in(items: Iterable[KeyValue], layout: KeyLayout) -> Iterator[Assignment]:

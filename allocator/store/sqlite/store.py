@@ -234,17 +234,13 @@ class SqliteStore(local.ConditionalWrites):
         """Every key starting with ``prefix`` (sorted; ``limit``, ``descending``: see Store)."""
         local.check_prefix(prefix)
         order = "DESC" if descending else "ASC"
-        cut = -1 if local.check_limit(limit) is None else limit  # -1: no limit
-        low, high = local.prefix_range(prefix)
+        checked = local.check_limit(limit)
+        cut = -1 if checked is None else checked  # -1: no limit
         with self._reading(f"listing {prefix}") as conn:
             if conn is None:
                 return Listing((), 0)
             with transaction(conn, "DEFERRED"):
-                rows = conn.execute(
-                    f"SELECT {_COLUMNS} FROM kv WHERE kv.key >= ? AND kv.key < ?"
-                    f" AND {_VISIBLE} ORDER BY kv.key {order} LIMIT ?",
-                    (low, high, *self._now_twice(), cut),
-                ).fetchall()
+                rows = _prefix_rows(conn, prefix, self._now_twice(), order, cut)
                 revision = self._revisions(conn)[0]
         return _listing(rows, revision)
 
@@ -267,12 +263,7 @@ class SqliteStore(local.ConditionalWrites):
             with transaction(conn, "DEFERRED"):
                 now_twice = self._now_twice()
                 for prefix in run:
-                    low, high = local.prefix_range(prefix)
-                    rows += conn.execute(
-                        f"SELECT {_COLUMNS} FROM kv WHERE kv.key >= ? AND kv.key < ?"
-                        f" AND {_VISIBLE} ORDER BY kv.key",
-                        (low, high, *now_twice),
-                    ).fetchall()
+                    rows += _prefix_rows(conn, prefix, now_twice)
                 revision = self._revisions(conn)[0]
         return _listing(rows, revision)
 
@@ -401,6 +392,22 @@ class SqliteStore(local.ConditionalWrites):
         """Close the database connections. Idempotent."""
         with self._lock:
             self._files.close()
+
+
+def _prefix_rows(
+    conn: sqlite3.Connection,
+    prefix: str,
+    now_twice: tuple[float, float],
+    order: str = "ASC",
+    cut: int = -1,
+) -> list[tuple[Any, ...]]:
+    """The live rows under ``prefix``, in key ``order``, ``cut`` at most (-1: all)."""
+    low, high = local.prefix_range(prefix)
+    return conn.execute(
+        f"SELECT {_COLUMNS} FROM kv WHERE kv.key >= ? AND kv.key < ?"
+        f" AND {_VISIBLE} ORDER BY kv.key {order} LIMIT ?",
+        (low, high, *now_twice, cut),
+    ).fetchall()
 
 
 def _key_value(row: tuple[Any, ...]) -> KeyValue:

@@ -9,7 +9,7 @@ from allocator.control.client import Allocator
 from allocator.placement.choose import Request
 from allocator.serve.mirror import FleetMirror
 from allocator.serve.usage import UsageAnswers, mirrored_assignments
-from allocator.status.usage_report import current_assignments
+from allocator.status.usage_report import assignments_in
 from allocator.store import KeyValue, Store, open_store
 
 POLICY = "version: 1\nhosts:\n  node1: {gpus: 8}\n  node2: {gpus: 8}\n"
@@ -32,7 +32,7 @@ def test_only_the_jobs_keys_are_decoded() -> None:
     garbage = KeyValue(
         key=layout.agent("node2"), value=b"{not json", mod_revision=1, create_revision=1
     )
-    found = current_assignments([*listing.items, garbage], layout)
+    found = {(a.host, a.job): a for a in assignments_in([*listing.items, garbage], layout)}
     assert sorted(found) == [("node1", "train"), ("node2", "eval")]
     assert found["node1", "train"].gpus == (0, 1)
 
