@@ -10,9 +10,9 @@ loading the same file; ``allocator run count=1 -- python -c pass`` on SQLite
 Each pair runs interleaved, ``rounds`` times.
 
 The console script hands a command to the user's command server once one
-runs (:mod:`allocator.resident`), so ``set`` and ``get`` are also measured in
-their own process (``ALLOCATOR_SERVER=0``): a first command, or a server
-turned off.
+runs (:mod:`allocator.resident`), so ``set``, ``get`` and ``run`` are also
+measured in their own process (``ALLOCATOR_SERVER=0``): a first command, or
+a server turned off (or, for ``run``, unlike its caller).
 """
 
 from __future__ import annotations
@@ -104,6 +104,10 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
                 allocator_cli("run", "host=node1", "count=1", "--", sys.executable, "-c", "pass"),
                 on_node1,
             ),
+            "run sqlite here": lambda: timed_run(
+                allocator_cli("run", "host=node1", "count=1", "--", sys.executable, "-c", "pass"),
+                {**on_node1, "ALLOCATOR_SERVER": "0"},
+            ),
         },
         rounds,
         warmup,
@@ -154,6 +158,14 @@ def _measure(server: EtcdServer, rounds: int, hosts: int, work: Path, warmup: in
             samples["python -c pass"],
             most=8,
             note="take, run the command, release: against starting the command directly",
+        ),
+        ratio_row(
+            "run -- python -c pass in its own process (ALLOCATOR_SERVER=0), SQLite",
+            samples["run sqlite here"],
+            samples["python -c pass"],
+            most=16,
+            note="a first run, or a server turned off or unlike the caller (another cgroup, "
+            "nice, CPUs...): the imports are paid each time",
         ),
         ratio_row(
             f"fleet status, {hosts} hosts x 8 GPUs",

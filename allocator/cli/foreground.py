@@ -131,6 +131,7 @@ class Children:
         self._grace = grace
         self._while_stopped = while_stopped
         self._resume: Callable[[], None] | None = None
+        self._continued = False  # a SIGCONT since the last Ctrl-Z
         self._monotonic = monotonic
         self._procs: list[subprocess.Popen[bytes]] = []
         self._interrupts = 0
@@ -258,14 +259,23 @@ class Children:
                 first.wait(_POLL_SECONDS)  # no pidfd here: subprocess's own (sleeping) poll
 
     def suspend(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
-        """Ctrl-Z: stop the whole tree, keep the hold alive, then stop ``run`` itself."""
+        """Ctrl-Z: stop the whole tree, keep the hold alive, then stop ``run`` itself.
+
+        A ``fg`` that comes while the keeper starts (its handler runs inside
+        this one) leaves ``run`` running: stopping after it would be for ever.
+        """
         self.signal(signal.SIGSTOP)
+        self._continued = False
         if self._while_stopped is not None and self._resume is None:
             self._resume = self._while_stopped()
+        if self._continued:
+            self.resume()
+            return
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def resume(self, _signum: int = 0, _frame: FrameType | None = None) -> None:
         """``fg``/``bg`` (SIGCONT): ``run`` keeps its own lease again; the tree goes on."""
+        self._continued = True
         if self._resume is not None:
             resume, self._resume = self._resume, None
             resume()

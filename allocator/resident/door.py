@@ -4,8 +4,10 @@ The command runs exactly once: in the server's worker, only after this client
 said go (``G``), or here, when no server answered, it declined, or it was too
 slow to accept. A worker that ends without an exit status after go is an
 internal error (exit 1), never a second run. Signals this client receives
-(Ctrl-C, SIGTERM) go on to the worker; a client killed outright takes its
-worker with it (the worker sees the connection close).
+(Ctrl-C, SIGTERM, Ctrl-Z and ``fg``) go on to the worker, and those it was
+started ignoring (``nohup``) stay ignored there too; a client killed
+outright takes its worker's command with it (the worker sees the connection
+close).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from allocator.util.command_words import command_word
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
+    from collections.abc import Callable
 else:
     import _signal as signal
 
@@ -79,9 +82,10 @@ def _through_server(path: str, argv: list[str]) -> int | None:
             return None
         except OSError:
             return None
-        relay = _Relay(connection)
+        ignored = [n for n in wire.INHERITED_IGNORED if signal.getsignal(n) == signal.SIG_IGN]
+        relay = _Relay(connection, ignored)
         try:
-            worker = _accepted(connection, argv)
+            worker = _accepted(connection, argv, ignored)
             if worker is None:
                 return None
             relay.worker = worker
@@ -98,11 +102,11 @@ def _through_server(path: str, argv: list[str]) -> int | None:
         connection.close()
 
 
-def _accepted(connection: _socket.socket, argv: list[str]) -> int | None:
+def _accepted(connection: _socket.socket, argv: list[str], ignored: list[int]) -> int | None:
     """Send the request; the worker's pid once the server accepted it (ready to run on go)."""
     import array
 
-    request = wire.encode_request(argv)
+    request = wire.encode_request(argv, ignored)
     connection.settimeout(ACCEPT_SECONDS)
     stdio = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))
     sent = connection.sendmsg([request[:4096]], [stdio])
@@ -120,24 +124,39 @@ def _accepted(connection: _socket.socket, argv: list[str]) -> int | None:
 
 
 class _Relay:
-    """Signals this client receives: kept until go, then passed on to the worker."""
+    """Signals this client receives: kept until go, then passed on to the worker.
 
-    def __init__(self, connection: _socket.socket) -> None:
+    One this client was started ignoring is left ignored: the worker ignores
+    it too (the request says so), as a command run here would.
+    """
+
+    def __init__(self, connection: _socket.socket, ignored: list[int]) -> None:
         self.connection = connection
         self.received: list[int] = []
         self.live = False
         self.worker: int | None = None
         self.previous = {}
-        for name in RELAYED:
-            number = getattr(signal, name)
-            self.previous[number] = signal.signal(number, self._caught)
-        for number, handler in ((signal.SIGTSTP, self._suspend), (signal.SIGCONT, self._resume)):
-            self.previous[number] = signal.signal(number, handler)
+        handlers: dict[int, Callable[[int, object], None]] = {
+            getattr(signal, name): self._caught for name in RELAYED
+        }
+        handlers[signal.SIGTSTP] = self._suspend
+        handlers[signal.SIGCONT] = self._resume
+        for number, handler in handlers.items():
+            if number not in ignored:
+                self.previous[number] = signal.signal(number, handler)
 
     def _suspend(self, _signum: int, _frame: object) -> None:
-        """Ctrl-Z: stop the worker, then this client, as a command run here would stop."""
-        self._to_worker(signal.SIGSTOP)
-        # SIGSTOP, not SIGTSTP's default: that is discarded in an orphaned process group.
+        """Ctrl-Z: the worker stops as the command would here (``run``: its tree first), then this.
+
+        The worker gets SIGTSTP and stops itself; a lookout started here
+        continues it should this client die while it is stopped (the
+        worker's own thread that would notice is stopped with it). This
+        client stops with SIGSTOP, not SIGTSTP's default, which is discarded
+        in an orphaned process group.
+        """
+        if self.live and self.worker is not None:
+            _start_lookout(self.worker)
+        self._to_worker(signal.SIGTSTP)
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def _resume(self, _signum: int, _frame: object) -> None:
@@ -195,6 +214,26 @@ class _Relay:
         for number, handler in self.previous.items():
             signal.signal(number, handler)
         self.previous = {}
+
+
+def _start_lookout(worker: int) -> None:
+    """Start :mod:`allocator.resident.stopped` for ``worker`` and this client, detached."""
+    null = os.devnull
+    try:  # noqa: SIM105 (contextlib would cost this client its import)
+        os.posix_spawn(
+            sys.executable,
+            [sys.executable, "-P", "-m", "allocator.resident.stopped", str(worker),
+             str(os.getpid())],
+            os.environ,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0),
+            ],
+            setsid=True,
+        )  # fmt: skip
+    except OSError:
+        pass  # no lookout: a client killed while stopped leaves its worker stopped
 
 
 def _start_server(path: str) -> None:

@@ -28,7 +28,15 @@ import allocator
 from allocator.resident import wire
 from allocator.resident.spare import TAKEN, Spare, fork_spare
 
-__all__ = ["IDLE_SECONDS", "PRELOAD_SKIPPED", "code_fingerprint", "main", "preload", "warm"]
+__all__ = [
+    "IDLE_SECONDS",
+    "PRELOAD_ALSO",
+    "PRELOAD_SKIPPED",
+    "code_fingerprint",
+    "main",
+    "preload",
+    "warm",
+]
 
 IDLE_SECONDS = 600.0
 #: What a served command never needs: the agent, the web server, torch, vendor libraries.
@@ -39,12 +47,20 @@ PRELOAD_SKIPPED = (
     "allocator.torch",
     "allocator.worker",
     "allocator.resident",
-    "allocator.gpus.vendors",
     "allocator.cli.agent",
     "allocator.cli.serve",
     "allocator.cli.demo",
-    "allocator.cli.run",
     "allocator.store.consul",
+)
+#: What ``run`` loads beyond the CLI: its cgroup and subreaper calls, and a
+#: declared job's worker plan (the environment the agent would give it).
+PRELOAD_ALSO = (
+    "allocator.agent.kernel.cgroups",
+    "allocator.agent.kernel.procs",
+    "allocator.agent.planning.desired",
+    "ctypes",
+    "encodings.ascii",
+    "pwd",
 )
 
 
@@ -79,6 +95,8 @@ def preload() -> None:
             importlib.import_module(found.name)
         except Exception:  # e.g. an optional library not installed: a command loads it if run
             continue
+    for name in PRELOAD_ALSO:
+        importlib.import_module(name)
 
 
 def warm() -> None:

@@ -72,7 +72,8 @@ def _wait_and_serve(spare: Spare) -> int:
             if os.getppid() != spare.server:
                 return 0
     with connection:
-        if not _same_user(connection):
+        client = _same_user(connection)
+        if client is None:
             os.write(spare.notes, TAKEN)
             return 0
         if not spare.current():
@@ -83,11 +84,11 @@ def _wait_and_serve(spare: Spare) -> int:
         spare.listener.close()
         os.close(spare.notes)
         connection.setblocking(True)
-        return serve_one(connection)
+        return serve_one(connection, client)
 
 
-def _same_user(connection: socket.socket) -> bool:
-    """The peer's uid is ours (the socket's directory is ours alone; this is the second lock)."""
+def _same_user(connection: socket.socket) -> int | None:
+    """The peer's pid when its uid is ours (the socket's directory is ours alone; a second lock)."""
     raw = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    _pid, uid, _gid = struct.unpack("3i", raw)
-    return bool(uid == os.getuid())
+    pid, uid, _gid = struct.unpack("3i", raw)
+    return int(pid) if uid == os.getuid() else None

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 import psutil
+import pytest
 
 from allocator.cli.foreground import _proc_descendants
 from tests.support.waiting import wait_for
@@ -86,3 +88,32 @@ def test_a_command_that_ignores_sigterm_ends_at_its_time_limit() -> None:
 def test_a_command_within_its_time_limit_is_not_stopped() -> None:
     found = _run_children(["true"], limit=60.0)
     assert found == {"status": 0, "timed_out": False}
+
+
+def test_fg_while_the_keeper_starts_leaves_run_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGCONT handled inside Ctrl-Z's handler (the keeper takes a while to start).
+
+    Stopping after it would stop ``run`` for ever: no second SIGCONT comes.
+    """
+    import os
+    import signal
+
+    from allocator.cli.foreground import Children
+
+    stops: list[int] = []
+    ended: list[bool] = []
+    children: Children
+
+    def keeper_starting() -> Callable[[], None]:
+        if not ended:
+            children.resume()  # `fg` arrives now, the first time
+        return lambda: ended.append(True)
+
+    children = Children(["true"], [{}], while_stopped=keeper_starting)
+    monkeypatch.setattr(children, "signal", lambda signum: None)
+    monkeypatch.setattr(os, "kill", lambda pid, signum: stops.append(signum))
+    children.suspend()
+    assert signal.SIGSTOP not in stops
+    assert ended == [True]  # the keeper it started is ended: run keeps its own lease again
+    children.suspend()  # a later Ctrl-Z stops as before
+    assert stops == [signal.SIGSTOP]

@@ -97,8 +97,9 @@ def test_garbage_on_the_socket_runs_nothing_and_the_server_keeps_serving(
 
 
 def test_long_running_and_local_commands_are_never_served() -> None:
-    assert {"run", "agent", "serve", "demo", "doctor", "completion"}.isdisjoint(wire.SERVED)
-    assert {"set", "get", "status", "release", "queue", "cancel", "submit"} <= wire.SERVED
+    assert {"agent", "serve", "demo", "doctor", "completion"}.isdisjoint(wire.SERVED)
+    assert {"set", "get", "status", "release", "queue", "cancel", "submit", "run"} <= wire.SERVED
+    assert {"run"} == wire.STARTS_PROCESSES
 
 
 def test_the_server_socket_is_for_this_user_alone(resident: Resident) -> None:
