@@ -31,6 +31,7 @@ STOPPING_SECONDS = 10.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Watch the worker and client ``argv`` names; 2 for words that name none."""
     words = list(sys.argv[1:] if argv is None else argv)
     try:
         worker, client = int(words[0]), int(words[1])
