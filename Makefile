@@ -75,7 +75,7 @@ bench: servers $(VENV)/.dev
 schema: $(VENV)/.base
 	$(BIN)/allocator policy schema > config/policy.schema.json
 
-# The manual's pictures of the status page (docs/operations.md: 2 and 12,500 hosts), taken by its browser tests.
+# The manual's pictures of the status page (docs/operations.md: 2 and 25,000 hosts), taken by its browser tests.
 screenshot: servers $(VENV)/.dev
 	ALLOCATOR_SCREENSHOT=docs $(BIN)/pytest -q -s tests/e2e/test_serve_page.py \
 		tests/e2e/test_serve_page_panels.py -k "two_hosts or fleet"

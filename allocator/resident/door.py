@@ -218,22 +218,9 @@ class _Relay:
 
 def _start_lookout(worker: int) -> None:
     """Start :mod:`allocator.resident.stopped` for ``worker`` and this client, detached."""
-    null = os.devnull
-    try:  # noqa: SIM105 (contextlib would cost this client its import)
-        os.posix_spawn(
-            sys.executable,
-            [sys.executable, "-P", "-m", "allocator.resident.stopped", str(worker),
-             str(os.getpid())],
-            os.environ,
-            file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0),
-            ],
-            setsid=True,
-        )  # fmt: skip
-    except OSError:
-        pass  # no lookout: a client killed while stopped leaves its worker stopped
+    # No lookout where it cannot start: a client killed while stopped then
+    # leaves its worker stopped.
+    _spawn_detached("allocator.resident.stopped", [str(worker), str(os.getpid())], _python_env())
 
 
 def _start_server(path: str) -> None:
@@ -257,18 +244,29 @@ def _start_server(path: str) -> None:
         os.close(marker)
     except OSError:
         return
-    keep = ("PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "HOME", "LANG", "TZ")
-    environ = {k: v for k, v in os.environ.items() if k in keep or k.startswith(("LC_", "XDG_"))}
+    environ = _python_env()
     idle = os.environ.get("ALLOCATOR_SERVER_IDLE")
     if idle is not None:
         environ["ALLOCATOR_SERVER_IDLE"] = idle
+    # No server where it cannot start: every command runs in its own process, as before.
+    _spawn_detached("allocator.resident.server", [path], environ)
+
+
+def _python_env() -> dict[str, str]:
+    """What of this client's environment a helper it starts needs: Python's, the locale's."""
+    keep = ("PATH", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "HOME", "LANG", "TZ")
+    return {k: v for k, v in os.environ.items() if k in keep or k.startswith(("LC_", "XDG_"))}
+
+
+def _spawn_detached(module: str, words: list[str], environ: dict[str, str]) -> None:
+    """Start ``python -m module words``: its own session, /dev/null for stdio; never raises."""
     null = os.devnull
     try:  # noqa: SIM105 (contextlib would cost this client its import)
         os.posix_spawn(
             sys.executable,
-            # -P: not the working directory first on sys.path, so the server loads the
+            # -P: not the working directory first on sys.path, so it loads the
             # package this client did, whatever directory it was started from.
-            [sys.executable, "-P", "-m", "allocator.resident.server", path],
+            [sys.executable, "-P", "-m", module, *words],
             environ,
             file_actions=[
                 (os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0),
@@ -278,7 +276,7 @@ def _start_server(path: str) -> None:
             setsid=True,
         )
     except OSError:
-        pass  # no server: every command runs in its own process, as before
+        pass
 
 
 if __name__ == "__main__":
