@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 
+from allocator.agent.kernel.procs import stat_fields
+
 __all__ = ["difference", "facts"]
 
 #: Lines of ``/proc/PID/status`` a child inherits.
@@ -40,8 +42,8 @@ _NAMESPACES = (
     "user",
     "uts",
 )
-#: ``/proc/PID/stat`` fields after the command's name: nice, rt_priority, policy.
-_STAT_FIELDS = {"nice": 16, "rt_priority": 37, "policy": 38}
+#: ``/proc/PID/stat``'s fields a child inherits, by their numbers in proc(5).
+_STAT_FIELDS = {"nice": 19, "rt_priority": 40, "policy": 41}
 
 
 def facts(pid: int | str) -> dict[str, str]:
@@ -65,10 +67,10 @@ def facts(pid: int | str) -> dict[str, str]:
         except FileNotFoundError:
             found[f"ns/{name}"] = "(absent)"
     found["root"] = os.readlink(f"{root}/root")
-    with open(f"{root}/stat", "rb") as stat:
-        after_name = stat.read().rsplit(b")", 1)[1].split()
-    for name, index in _STAT_FIELDS.items():
-        found[name] = after_name[index].decode()
+    with open(f"{root}/stat", encoding="utf-8", errors="replace") as stat:
+        fields = stat_fields(stat.read())
+    for name, number in _STAT_FIELDS.items():
+        found[name] = fields[number - 3]
     return found
 
 

@@ -22,6 +22,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from allocator.agent.kernel.procs import read_stat
+
 __all__ = ["main", "watch"]
 
 #: How often the worker's state is looked at (the client's end wakes this at once).
@@ -66,12 +68,8 @@ def watch(worker: int, client_end: int, state: Callable[[int], str | None]) -> N
 
 def _state(pid: int) -> str | None:
     """The process's state letter (``T``: stopped), or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
-    return None if state in ("Z", "X") else state
+    found = read_stat(pid)
+    return None if found is None or found.state in ("Z", "X") else found.state
 
 
 if __name__ == "__main__":

@@ -27,7 +27,10 @@ import zlib
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal as _signal
     from collections.abc import Mapping
+else:
+    import _signal  # the C half of signal: its Python half imports enum
 
 __all__ = [
     "ACCEPTED",
@@ -74,7 +77,10 @@ LIMITS = (
 )  # fmt: skip
 #: Signals whose disposition a worker takes from its client when the client
 #: ignores them (``nohup``'s SIGHUP): the command, and what it starts, ignore them too.
-INHERITED_IGNORED = (1, 2, 3, 15, 20, 21, 22)  # HUP INT QUIT TERM TSTP TTIN TTOU (Linux)
+INHERITED_IGNORED: tuple[int, ...] = (
+    _signal.SIGHUP, _signal.SIGINT, _signal.SIGQUIT, _signal.SIGTERM, _signal.SIGTSTP,
+    _signal.SIGTTIN, _signal.SIGTTOU,
+)  # fmt: skip
 #: A Unix socket's path must fit in sun_path (108 bytes on Linux, with its NUL).
 MAX_PATH = 107
 #: After a server was started, how long clients wait before starting another.

@@ -32,6 +32,7 @@ __all__ = [
     "same_process_alive",
     "signal_group",
     "signal_process",
+    "stat_fields",
     "ticks_to_epoch",
     "write_json_atomic",
 ]
@@ -64,10 +65,15 @@ def read_stat(pid: int) -> ProcStat | None:
         return None
 
 
+def stat_fields(raw: str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat``'s text after the command's name: field N at N - 3."""
+    # The command name is in parentheses and may itself hold spaces and ")".
+    return raw[raw.rindex(")") + 2 :].split()
+
+
 def parse_stat(pid: int, raw: str) -> ProcStat:
     """Parse the text of ``/proc/<pid>/stat``."""
-    # The command name is in parentheses and may itself hold spaces and ")".
-    fields = raw[raw.rindex(")") + 2 :].split()
+    fields = stat_fields(raw)
 
     def field(number: int) -> int:
         return int(fields[number - 3])
