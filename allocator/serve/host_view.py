@@ -131,7 +131,7 @@ def _metric_lines(status: HostStatus) -> tuple[bytes, bytes, bytes]:
     for row in status.gpus:
         if row.gpu == "cpu":
             continue
-        held = row.holder not in ("", "-")
+        held = row.holder is not None
         counts["unhealthy" if row.health != "ok" else "assigned" if held else "free"] += 1
         if row.unassigned:
             strays.append(

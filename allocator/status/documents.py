@@ -28,31 +28,6 @@ __all__ = [
     "status_json",
 ]
 
-#: Status fields whose empty value ("" or the table's "-") means "none".
-_GPU_OPTIONAL = (
-    "holder",
-    "since",
-    "reason",
-    "reserved",
-    "outside_reservation",
-    "slots",
-    "idle",
-    "user",
-    "ends_at",
-    "time_left",
-)
-_JOB_OPTIONAL = (
-    "since",
-    "by",
-    "reason",
-    "workers",
-    "picked",
-    "idle_rule",
-    "log_path",
-    "user",
-    "ends_at",
-)
-
 
 def status_document(
     hosts: Iterable[HostStatus],
@@ -64,7 +39,7 @@ def status_document(
     every job across several hosts shown as one; ``queue`` (the waiting requests, as
     ``allocator queue -o json`` lists them) only when some wait."""
     document = {
-        "hosts": [_host(h.to_dict()) for h in hosts],
+        "hosts": [h.to_dict() for h in hosts],
         "jobs_across_hosts": [g.to_dict() for g in groups],
         "revision": revision,
     }
@@ -75,7 +50,7 @@ def status_document(
 
 def status_host_document(host: HostStatus) -> dict[str, Any]:
     """One host of ``status -o json``: an item of its ``hosts``."""
-    return _host(host.to_dict())
+    return host.to_dict()
 
 
 def status_host_json(host: HostStatus) -> bytes:
@@ -86,7 +61,9 @@ def status_host_json(host: HostStatus) -> bytes:
     """
     import msgspec
 
-    text = msgspec.json.format(msgspec.json.encode(_host(host.to_dict()), order="sorted"), indent=2)
+    # The rows are the document's shape already (None where a field says nothing):
+    # written from the structs in one call, with no dict of each row on the way.
+    text = msgspec.json.format(msgspec.json.encode(host, order="sorted"), indent=2)
     return b"    " + text.replace(b"\n", b"\n    ")  # no raw line break inside a JSON string
 
 
@@ -121,26 +98,6 @@ def status_json(
         pieces += (host, b",\n")
     pieces[-1] = b"\n  ]" + tail + b"\n"
     return pieces
-
-
-def _host(data: dict[str, Any]) -> dict[str, Any]:
-    data["gpus"] = [_nulls(row, _GPU_OPTIONAL) for row in data["gpus"]]
-    data["jobs"] = [_nulls(_listed(row), _JOB_OPTIONAL) for row in data["jobs"]]
-    data["bad_records"] = list(data["bad_records"])
-    return data
-
-
-def _listed(row: dict[str, Any]) -> dict[str, Any]:
-    row["output_tail"] = list(row["output_tail"])
-    return row
-
-
-def _nulls(row: dict[str, Any], optional: Sequence[str]) -> dict[str, Any]:
-    """``row`` (a fresh dict) with its empty optional fields set to ``None``."""
-    for name in optional:
-        if row[name] in ("", "-"):
-            row[name] = None
-    return row
 
 
 def history_document(entries: Iterable[Stored]) -> dict[str, Any]:

@@ -265,7 +265,7 @@ def hosts_to_read(
 def gpu_states(row: GpuRow, holders: Sequence[JobRow] = ()) -> frozenset[str]:
     """The states of one GPU row (see the module docstring); ``holders``: the jobs holding it."""
     states: set[str] = set()
-    held = row.holder not in ("", "-")
+    held = row.holder is not None
     if row.gpu == "cpu":
         return frozenset({"fallback"}) if any(j.fallback for j in holders) else frozenset()
     if held:
@@ -337,7 +337,7 @@ def _trimmed(host: HostStatus, wanted: StatusFilter) -> HostStatus | None:
             continue
         if wanted.states and not gpu_states(row, jobs) & set(wanted.states):
             continue
-        if wanted.users and not set(row.user.split(",")) & set(wanted.users):
+        if wanted.users and not set((row.user or "").split(",")) & set(wanted.users):
             continue
         rows.append(row)
     if not rows:

@@ -31,7 +31,7 @@ from allocator.placement.occupancy import Holding, gpu_holdings, usage_text
 from allocator.placement.reservations import on_host, trespassers
 from allocator.placement.time_limit import time_left_text
 from allocator.policy import Policy
-from allocator.policy.model import Sharing
+from allocator.policy.model import Reservation, Sharing
 from allocator.records.keys import KeyLayout
 from allocator.status.gpu_use import IdleInfo, idle_info, unassigned_by_gpu
 from allocator.status.snapshots import HostSnapshot, snapshots_by_host
@@ -56,67 +56,73 @@ class GpuRow(msgspec.Struct, frozen=True):
 
     ``holder`` names every holder (``infer,train(2)``: train holds two slots;
     ``(whole)``: an exclusive job in a shared pool); ``slots`` is the GPU's use
-    in a shared pool (``3/4 slots``), ``""`` in an exclusive one.
+    in a shared pool (``3/4 slots``). A field that has nothing to say is
+    ``None`` (a free GPU's ``holder``, an exclusive pool's ``slots``): the row
+    is already the ``-o json`` document's shape (the table prints ``-``).
     """
 
     host: str
     gpu: str
-    holder: str
-    since: str
-    reason: str
+    holder: str | None
+    since: str | None
+    reason: str | None
     health: str
-    reserved: str
+    reserved: str | None
     #: Holders inside a reservation window in force that does not admit them.
-    outside_reservation: str = ""
-    slots: str = ""
-    #: How long the holder's GPUs have been idle ("" while busy or unmeasured), and
+    outside_reservation: str | None = None
+    slots: str | None = None
+    #: How long the holder's GPUs have been idle (None while busy or unmeasured), and
     #: whether that is past its idle rule.
-    idle: str = ""
+    idle: str | None = None
     idle_holder: bool = False
     #: Processes the agent found on this GPU that no job there was given.
     unassigned: tuple[dict[str, Any], ...] = ()
     #: Who holds it: each holding job's ``holder`` (the authenticated user), once, in
-    #: the order of ``holder``; "" when free.
-    user: str = ""
+    #: the order of ``holder``; None when free.
+    user: str | None = None
     #: When the first holder's time limit ends (RFC 3339) and how long is left
-    #: (``1h29m``); "" when it has none.
-    ends_at: str = ""
-    time_left: str = ""
+    #: (``1h29m``); None when it has none.
+    ends_at: str | None = None
+    time_left: str | None = None
 
 
 class JobRow(msgspec.Struct, frozen=True):
-    """One job's desired assignment joined with what its agent reports."""
+    """One job's desired assignment joined with what its agent reports.
+
+    As in :class:`GpuRow`, a field with nothing to say is ``None`` (``workers``
+    when no worker is reported, ``picked`` for an explicit GPU list).
+    """
 
     host: str
     job: str
     gpus: str
     mode: str
-    since: str
-    by: str
-    reason: str
-    workers: str
+    since: str | None
+    by: str | None
+    reason: str | None
+    workers: str | None
     matches: bool | None
     #: A job across several hosts: all its hosts in node-rank order, and its port.
     nodes: tuple[str, ...] = ()
     master_port: int | None = None
-    #: Why ``count=N`` picked the GPUs (``NVLink pair``); "" for an explicit list.
-    picked: str = ""
+    #: Why ``count=N`` picked the GPUs (``NVLink pair``).
+    picked: str | None = None
     #: When all the job's GPUs went idle (RFC 3339; None while busy), for how long,
     #: the idle rule in force, and whether the job is past it (an idle holder).
     idle_since: str | None = None
     idle_seconds: float | None = None
-    idle_rule: str = ""
+    idle_rule: str | None = None
     idle_holder: bool = False
     #: Why the agent gave up on the job: the failed worker's last lines, and its log.
     output_tail: tuple[str, ...] = ()
-    log_path: str = ""
+    log_path: str | None = None
     #: Whether the job runs on CPU by its fallback rule (none of its GPUs could
     #: serve: none free when it asked, or one went unhealthy).
     fallback: bool = False
-    #: Who holds the job's GPUs: its assignment's ``holder`` ("" in older records).
-    user: str = ""
-    #: When its time limit ends (RFC 3339); "" when it has none.
-    ends_at: str = ""
+    #: Who holds the job's GPUs: its assignment's ``holder`` (None in older records).
+    user: str | None = None
+    #: When its time limit ends (RFC 3339); None when it has none.
+    ends_at: str | None = None
 
 
 class GroupShare(msgspec.Struct, frozen=True):
@@ -187,12 +193,8 @@ class HostStatus(msgspec.Struct, frozen=True):
     inventory: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON/YAML-ready form: every field, rows as dicts (copies: the caller may edit them)."""
-        gpus = tuple(
-            {**_fields(row), "unassigned": tuple(dict(p) for p in row.unassigned)}
-            for row in self.gpus
-        )
-        return {**_fields(self), "gpus": gpus, "jobs": tuple(map(_fields, self.jobs))}
+        """JSON/YAML-ready form: every field, rows as dicts, tuples as lists (all new)."""
+        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
 #: A row's fields as a dict, one level deep (status rows are built and turned into
@@ -230,10 +232,11 @@ def status_of_part(
     stored = snapshots_by_host(items, layout, 0)
     names = [only_host] if only_host is not None else sorted(set(stored).union(declared))
     agent_keys = {item.key: item for item in items if item.key.endswith("/agent")}
+    prefix = layout.hosts  # each name was checked where it came from: the policy, or a key
     hosts = []
     for name in names:
         snapshot = stored.get(name, HostSnapshot(name))
-        agent = agent_state(agent_keys.get(layout.agent(name)), snapshot)
+        agent = agent_state(agent_keys.get(f"{prefix}{name}/agent"), snapshot)
         hosts.append(_host_status(policy, snapshot, agent, now))
     return hosts
 
@@ -256,7 +259,8 @@ def group_status(hosts: Sequence[HostStatus]) -> list[GroupStatus]:
                 shares.append(GroupShare(node, rank, "", agents.get(node, "none"), "-", None))
                 continue
             host, row = held
-            shares.append(GroupShare(node, rank, row.gpus, host.agent, row.workers, row.matches))
+            workers = row.workers or "-"
+            shares.append(GroupShare(node, rank, row.gpus, host.agent, workers, row.matches))
         found.append(GroupStatus(job, nodes, ports[job], tuple(shares)))
     return found
 
@@ -280,62 +284,121 @@ def agent_state(key: KeyValue | None, snapshot: HostSnapshot) -> str:
 def _host_status(
     policy: Policy | None, snapshot: HostSnapshot, agent: str, now: datetime
 ) -> HostStatus:
-    inventory = snapshot.agent.gpus if snapshot.agent and snapshot.agent.gpus else None
-    unhealthy = snapshot.agent.unhealthy if snapshot.agent else {}
+    host, record, assignments = snapshot.host, snapshot.agent, snapshot.assignments
+    inventory = record.gpus if record is not None and record.gpus else None
     indices: tuple[int, ...] = ()
-    if policy is not None and (snapshot.host in policy.hosts or inventory):
-        indices = host_gpu_indices(policy, snapshot.host, inventory)
+    if policy is not None and (host in policy.hosts or inventory):
+        indices = host_gpu_indices(policy, host, inventory)
     elif inventory:
         indices = tuple(g.index for g in inventory)
-    holdings = gpu_holdings(snapshot.assignments)
-    holders = {index: [hold.job for hold in holds] for index, holds in holdings.items()}
-    sharing = pool_sharing(policy, snapshot.host) if policy is not None else Sharing()
-    reservations = _reservation_labels(policy, snapshot.host, now)
-    outside = (
-        trespassers(policy, snapshot.host, holders, now, snapshot.assignments)
-        if policy is not None
-        else {}
-    )
+    holdings = gpu_holdings(assignments)
     idle = {
-        job: idle_info(policy, snapshot.host, job, snapshot.workers.get(job), now)
-        for job in snapshot.assignments
+        job: idle_info(policy, host, job, snapshot.workers.get(job), now) for job in assignments
     }
-    strays = unassigned_by_gpu(snapshot.agent)
-    rows = []
-    for index in sorted(set(indices) | set(holdings)):
-        holds = holdings.get(index, [])
-        first = snapshot.assignments[holds[0].job] if holds else None
-        first_idle = idle[holds[0].job] if holds else _NOT_HELD
-        trespass = outside.get(index, "")
-        rows.append(
-            GpuRow(
-                host=snapshot.host,
-                gpu=str(index),
-                holder=_holders(holds, sharing) or "-",
-                since=first.updated_at if first else "",
-                reason=first.reason if first else "",
-                health=f"unhealthy: {unhealthy[index]}" if index in unhealthy else "ok",
-                reserved=_flagged(reservations.get(index, ""), trespass),
-                outside_reservation=trespass,
-                slots=usage_text(holds, sharing),
-                idle=first_idle.label,
-                idle_holder=first_idle.holder,
-                unassigned=strays.get(index, ()),
-                user=_users(holds, snapshot),
-                ends_at=first.ends_at if first else "",
-                time_left=time_left_text(first.ends_at, now) if first else "",
-            )
-        )
-    for job, held in sorted(snapshot.assignments.items()):
+    gpu_row = _GpuRows(policy, snapshot, holdings, idle, now)
+    rows = [gpu_row(index) for index in sorted(set(indices).union(holdings))]
+    for job, held in sorted(assignments.items()):
         if held.mode == "cpu":
-            cells = (snapshot.host, "cpu", job, held.updated_at, held.reason, "-", "")
-            left = time_left_text(held.ends_at, now)
-            rows.append(GpuRow(*cells, user=held.holder, ends_at=held.ends_at, time_left=left))
-    job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(snapshot.assignments))
-    bad = tuple(str(b) for b in snapshot.bad_records)
+            cells = (host, "cpu", job, held.updated_at or None, held.reason or None, "-")
+            rows.append(
+                GpuRow(
+                    *cells,
+                    reserved=None,
+                    user=held.holder or None,
+                    ends_at=held.ends_at or None,
+                    time_left=time_left_text(held.ends_at, now) or None,
+                )
+            )
+    job_rows = tuple(_job_row(snapshot, job, idle[job]) for job in sorted(assignments))
+    bad = tuple(map(str, snapshot.bad_records))
     vendor, mismatch = _vendor(policy, snapshot)
-    source = snapshot.agent.inventory_source if snapshot.agent is not None else ""
-    return HostStatus(snapshot.host, agent, tuple(rows), job_rows, bad, vendor, mismatch, source)
+    source = record.inventory_source if record is not None else ""
+    return HostStatus(host, agent, tuple(rows), job_rows, bad, vendor, mismatch, source)
+
+
+class _GpuRows:
+    """Makes one host's GPU rows: what every row of the host shares, worked out once.
+
+    A fleet's status makes 8,000 rows at 1,000 hosts, most of them held by
+    one job in an exclusive pool, or free: those take the short ways.
+    """
+
+    __slots__ = (
+        "holdings",
+        "host",
+        "idle",
+        "labels",
+        "now",
+        "outside",
+        "sharing",
+        "snapshot",
+        "strays",
+        "unhealthy",
+    )
+
+    def __init__(
+        self,
+        policy: Policy | None,
+        snapshot: HostSnapshot,
+        holdings: dict[int, list[Holding]],
+        idle: dict[str, IdleInfo],
+        now: datetime,
+    ) -> None:
+        self.host, self.snapshot, self.holdings, self.idle, self.now = (
+            snapshot.host,
+            snapshot,
+            holdings,
+            idle,
+            now,
+        )
+        record = snapshot.agent
+        self.unhealthy = record.unhealthy if record is not None else {}
+        self.strays = unassigned_by_gpu(record)
+        self.sharing = pool_sharing(policy, snapshot.host) if policy is not None else _EXCLUSIVE
+        self.labels: dict[int, str] = {}
+        self.outside: dict[int, str] = {}
+        active = _active_reservations(policy, snapshot.host, now)
+        if active and policy is not None:
+            self.labels = _reservation_labels(active)
+            holders = {index: [hold.job for hold in holds] for index, holds in holdings.items()}
+            self.outside = trespassers(policy, snapshot.host, holders, now, snapshot.assignments)
+
+    def __call__(self, index: int) -> GpuRow:
+        trouble = self.unhealthy.get(index)
+        health = "ok" if trouble is None else f"unhealthy: {trouble}"
+        holds = self.holdings.get(index)
+        if not holds:
+            label = self.labels.get(index) or None
+            strays = self.strays.get(index, ())
+            slots = usage_text((), self.sharing) or None if self.sharing.shared else None
+            cells = (self.host, str(index), None, None, None, health, label)
+            return GpuRow(*cells, slots=slots, unassigned=strays)
+        first = self.snapshot.assignments[holds[0].job]
+        first_idle = self.idle[holds[0].job]
+        trespass = self.outside.get(index, "")
+        sharing = self.sharing
+        alone = len(holds) == 1 and not sharing.shared
+        return GpuRow(
+            host=self.host,
+            gpu=str(index),
+            holder=holds[0].job if alone else _holders(holds, sharing) or None,
+            since=first.updated_at or None,
+            reason=first.reason or None,
+            health=health,
+            reserved=_flagged(self.labels.get(index, ""), trespass) or None,
+            outside_reservation=trespass or None,
+            slots=None if not sharing.shared else usage_text(holds, sharing) or None,
+            idle=first_idle.label or None,
+            idle_holder=first_idle.holder,
+            unassigned=self.strays.get(index, ()),
+            user=first.holder or None if alone else _users(holds, self.snapshot) or None,
+            ends_at=first.ends_at or None,
+            time_left=time_left_text(first.ends_at, self.now) or None if first.ends_at else None,
+        )
+
+
+#: No sharing: what a host outside any pool with slots has.
+_EXCLUSIVE = Sharing()
 
 
 def _vendor(policy: Policy | None, snapshot: HostSnapshot) -> tuple[str, str]:
@@ -347,15 +410,11 @@ def _vendor(policy: Policy | None, snapshot: HostSnapshot) -> tuple[str, str]:
     return found or said or "", ""
 
 
-#: A GPU nobody holds: no idle time to show.
-_NOT_HELD = IdleInfo()
-
-
 def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
     held = snapshot.assignments[job]
     worker = snapshot.workers.get(job)
     matches: bool | None = None
-    workers = "-"
+    workers: str | None = None
     fallback = held.mode == "cpu" and bool(held.fallback_reason)
     if worker is not None:
         workers = worker.state + (f" pid {','.join(map(str, worker.pids))}" if worker.pids else "")
@@ -365,7 +424,7 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
             workers += f" on CPU ({worker.fallback_reason})"
             matches = fallback = True
         else:
-            matches = tuple(worker.gpus) == tuple(held.gpus) and on_cpu == (held.mode == "cpu")
+            matches = worker.gpus == held.gpus and on_cpu == (held.mode == "cpu")
         if worker.state == "finished" and worker.message.startswith("finished"):
             workers = worker.message  # finished (exit 0)[; its GPUs released ...]
         elif not worker.pids and worker.message:
@@ -376,23 +435,23 @@ def _job_row(snapshot: HostSnapshot, job: str, idle: IdleInfo) -> JobRow:
         job=job,
         gpus=gpus,
         mode=held.mode,
-        since=held.updated_at,
-        by=held.updated_by,
-        reason=held.reason or (held.fallback_reason or ""),
+        since=held.updated_at or None,
+        by=held.updated_by or None,
+        reason=held.reason or held.fallback_reason or None,
         workers=workers,
         matches=matches,
         nodes=held.nodes,
         master_port=held.master_port,
-        picked=held.picked,
+        picked=held.picked or None,
         idle_since=idle.since,
         idle_seconds=idle.seconds,
-        idle_rule=idle.rule,
+        idle_rule=idle.rule or None,
         idle_holder=idle.holder,
-        output_tail=tuple(printable(line) for line in worker.output_tail) if worker else (),
-        log_path=printable(worker.log_path or "") if worker else "",
+        output_tail=tuple(map(printable, worker.output_tail)) if worker else (),
+        log_path=printable(worker.log_path) or None if worker and worker.log_path else None,
         fallback=fallback,
-        user=held.holder,
-        ends_at=held.ends_at,
+        user=held.holder or None,
+        ends_at=held.ends_at or None,
     )
 
 
@@ -417,12 +476,19 @@ def _flagged(label: str, outside: str) -> str:
     return f"{label}: HELD OUTSIDE IT ({outside})" if outside else label
 
 
-def _reservation_labels(policy: Policy | None, host: str, now: datetime) -> dict[int, str]:
-    labels: dict[int, str] = {}
+def _active_reservations(
+    policy: Policy | None, host: str, now: datetime
+) -> tuple[Reservation, ...]:
+    """The reservations of ``host`` whose window is in force at ``now``."""
     if policy is None:
-        return labels
-    for reservation in on_host(policy, host):
-        if reservation.active(now):
-            for gpu in reservation.gpus:
-                labels[gpu] = f"{reservation.name} ({','.join(reservation.for_jobs)})"
+        return ()
+    return tuple(r for r in on_host(policy, host) if r.active(now))
+
+
+def _reservation_labels(active: Iterable[Reservation]) -> dict[int, str]:
+    """GPU -> the RESERVED column's label, of the reservations in force there."""
+    labels: dict[int, str] = {}
+    for reservation in active:
+        for gpu in reservation.gpus:
+            labels[gpu] = f"{reservation.name} ({','.join(reservation.for_jobs)})"
     return labels

@@ -94,18 +94,22 @@ def split_points(
     Key order is not name order (``node1-a/`` sorts before ``node1/``).
     Invalid names are left out (a cut is only ever a hint).
     """
-    keys = sorted(layout.host(h) for h in hosts if _valid_host(layout, h))
+    keys = sorted(filter(None, (_host_key(layout, h) for h in hosts)))
     parts = min(max_parts, len(keys) // max(1, per_part))
     parts = max(parts, -(-len(keys) // MAX_HOSTS_PER_PART))
     return [keys[len(keys) * i // parts] for i in range(1, parts)]
 
 
-def _valid_host(layout: KeyLayout, host: str) -> bool:
+def _host_key(layout: KeyLayout, host: str) -> str | None:
+    """``host``'s prefix, or ``None`` for a name that is no valid host name."""
     try:
-        layout.host(host)
+        return layout.host(host)
     except InvalidName:
-        return False
-    return True
+        return None
+
+
+def _valid_host(layout: KeyLayout, host: str) -> bool:
+    return _host_key(layout, host) is not None
 
 
 #: Joins one part of the hosts' keys, and the policy's hosts that fall in it, into rows.
@@ -241,8 +245,9 @@ def declared_by_part(
     ``splits`` as :func:`split_points` makes them: in key order, each once.
     """
     groups: list[list[str]] = [[] for _ in range(len(splits) + 1)]
+    prefix = layout.hosts  # the policy's host names were checked when it was loaded
     for host in hosts:
-        groups[bisect.bisect_right(splits, layout.host(host))].append(host)
+        groups[bisect.bisect_right(splits, f"{prefix}{host}/")].append(host)
     return groups
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from allocator.errors import BadRecord, NotFound, RequestError
-from allocator.records.codec import decode_record
-from allocator.records.keys import KeyLayout, split_host_key
+from allocator.records.codec import current_record, decode_record
+from allocator.records.keys import KeyLayout
 from allocator.records.types import AgentRecord, Assignment, PolicyRecord, WorkerRecord
 from allocator.store import KeyValue, Store, bad_key_records
 
@@ -69,32 +69,77 @@ def snapshots_by_host(
 ) -> dict[str, HostSnapshot]:
     """Decode keys read under the hosts prefix into one :class:`HostSnapshot` per host.
 
-    One pass over ``items``: ``status`` on a fleet reads every host at once.
+    One pass over ``items``: ``status`` on a fleet reads every host at once
+    (14,000 keys at 1,000 hosts), so the loop is written out here, with the
+    common case (a record as this allocator writes it, naming its own key)
+    decoded in one call and anything else sent through
+    :func:`~allocator.records.codec.decode_record`, which says what is wrong.
     A record that does not decode, or whose body disagrees with its key, is
     left out and listed in its host's ``bad_records``; it never hides the
     rest of the host, let alone other hosts.
     """
-    parts: dict[str, dict[str, Any]] = {}
+    parts: dict[str, _Parts] = {}
     hosts = layout.hosts
+    skip = len(hosts)
     for item in items:
-        parsed = split_host_key(item.key, hosts)
-        if parsed is None:
+        key = item.key
+        if not key.startswith(hosts):
             continue
-        host, kind, name = parsed
+        names = key[skip:].split("/")
+        if len(names) == 3:
+            host, kind, name = names
+        elif len(names) == 2:
+            (host, kind), name = names, ""
+        else:
+            continue
         part = parts.get(host)
-        if part is None:  # not setdefault: its default would be built for every key
-            part = parts[host] = {
-                "assignments": {},
-                "workers": {},
-                "generation": 0,
-                "agent": None,
-                "bad_records": (),
-            }
+        if part is None:
+            part = parts[host] = _Parts()
         try:
-            _add_host_item(part, item, host, kind, name)
+            if kind == "jobs" and name:
+                held = current_record(item.value, Assignment)
+                if held is None or held.job != name or held.host != host:
+                    held = decode_record(item.value, Assignment, key, job=name, host=host)
+                part.assignments[name] = held
+            elif kind == "workers" and name:
+                worker = current_record(item.value, WorkerRecord)
+                if worker is None or worker.job != name or worker.host != host:
+                    worker = decode_record(item.value, WorkerRecord, key, job=name, host=host)
+                part.workers[name] = worker
+            elif kind == "generation":
+                part.generation = item.mod_revision
+            elif kind == "agent":
+                part.agent_revision = item.mod_revision  # compared even when the body is damaged
+                part.agent = decode_record(item.value, AgentRecord, key, host=host)
         except BadRecord as exc:
-            part["bad_records"] = (*part["bad_records"], exc)
-    return {host: HostSnapshot(host, revision=revision, **part) for host, part in parts.items()}
+            part.bad.append(exc)
+    return {
+        host: HostSnapshot(
+            host,
+            part.assignments,
+            part.generation,
+            part.agent,
+            part.workers,
+            revision,
+            tuple(part.bad),
+            part.agent_revision,
+        )
+        for host, part in parts.items()
+    }
+
+
+class _Parts:
+    """One host's records while :func:`snapshots_by_host` collects them."""
+
+    __slots__ = ("agent", "agent_revision", "assignments", "bad", "generation", "workers")
+
+    def __init__(self) -> None:
+        self.assignments: dict[str, Assignment] = {}
+        self.workers: dict[str, WorkerRecord] = {}
+        self.generation = 0
+        self.agent: AgentRecord | None = None
+        self.agent_revision = 0
+        self.bad: list[BadRecord] = []
 
 
 def read_host(
@@ -123,19 +168,3 @@ def job_not_found(job: str, host: str | None, held_there: Sequence[str] = ()) ->
     where = f"on host {host!r}" if host else "on any host"
     others = f" (jobs there: {', '.join(sorted(held_there))})" if held_there else ""
     return NotFound(f"job {job!r} holds nothing {where}{others}")
-
-
-def _add_host_item(part: dict[str, Any], item: KeyValue, host: str, kind: str, name: str) -> None:
-    if kind == "jobs" and name:
-        part["assignments"][name] = decode_record(
-            item.value, Assignment, item.key, job=name, host=host
-        )
-    elif kind == "workers" and name:
-        part["workers"][name] = decode_record(
-            item.value, WorkerRecord, item.key, job=name, host=host
-        )
-    elif kind == "generation":
-        part["generation"] = item.mod_revision
-    elif kind == "agent":
-        part["agent_revision"] = item.mod_revision  # compared even when the record is damaged
-        part["agent"] = decode_record(item.value, AgentRecord, item.key, host=host)

@@ -219,15 +219,29 @@ def range_listing(body: bytes) -> Listing:
         raise ValueError(f"not a range reply: {exc}") from None
     if not reply.header.cluster_id:
         raise ValueError("not etcd's range reply (no header.cluster_id)")
+    kvs = reply.kvs
+    try:  # every key text, as keys almost always are: one pass, no call per key
+        keys = [kv.key.decode("utf-8") for kv in kvs]
+    except UnicodeDecodeError:
+        return _listing_with_bad_keys(kvs, reply.header.revision)
+    items = tuple(
+        KeyValue(key, kv.value, kv.mod_revision, kv.create_revision, kv.lease or None)
+        for key, kv in zip(keys, kvs, strict=True)
+    )
+    return Listing(items, reply.header.revision)
+
+
+def _listing_with_bad_keys(kvs: Sequence[_RangeKv], revision: int) -> Listing:
+    """A range reply's keys where some are not text: those are named in ``bad_keys``."""
     items: list[KeyValue] = []
     bad: list[str] = []
-    for kv in reply.kvs:
+    for kv in kvs:
         key = key_or_none(kv.key)
         if key is None:
             bad.append(key_text(kv.key))
             continue
         items.append(KeyValue(key, kv.value, kv.mod_revision, kv.create_revision, kv.lease or None))
-    return Listing(tuple(items), reply.header.revision, tuple(bad))
+    return Listing(tuple(items), revision, tuple(bad))
 
 
 def watch_request(prefix: str, start_revision: int) -> Json:

@@ -131,9 +131,9 @@ def test_status_flags_a_holder_inside_a_window_it_is_not_part_of() -> None:
     assert rows["3"].reserved == (
         "eval (eval-*): HELD OUTSIDE IT ('train' is not in reservation 'eval')"
     )
-    assert rows["2"].outside_reservation == ""
+    assert rows["2"].outside_reservation is None
     (before,) = build_status(policy(), items, layout, BEFORE)
-    assert all(row.outside_reservation == "" for row in before.gpus)
+    assert all(row.outside_reservation is None for row in before.gpus)
 
 
 def test_upcoming_conflicts_name_each_held_gpu_a_window_will_take() -> None:

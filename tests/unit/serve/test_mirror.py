@@ -42,7 +42,7 @@ def test_a_read_then_events_keep_the_fleet_current_and_ignore_other_keys() -> No
             4,
         )
     )
-    assert _holders(mirror) == [("alive", "0", "train"), ("alive", "1", "-")]
+    assert _holders(mirror) == [("alive", "0", "train"), ("alive", "1", None)]
     changed = mirror.apply(
         [
             Event("delete", LAYOUT.assignment("n1", "train"), None, 5),
@@ -52,7 +52,7 @@ def test_a_read_then_events_keep_the_fleet_current_and_ignore_other_keys() -> No
         {},
     )
     assert changed and mirror.revision == 5
-    assert _holders(mirror) == [("alive", "0", "-"), ("alive", "1", "eval")]
+    assert _holders(mirror) == [("alive", "0", None), ("alive", "1", "eval")]
     assert not mirror.apply([Event("put", "/a/v1/jobs/x", b"{}", 6)], {})  # not kept
     assert mirror.revision == 6
 

@@ -220,7 +220,7 @@ def test_json_text_writes_what_json_dumps_wrote(data: dict[Any, Any]) -> None:
 
 
 def test_a_gpu_row_keeps_its_fields_in_the_document() -> None:
-    row = GpuRow("n1", "0", "-", "", "", "ok", "")
+    row = GpuRow("n1", "0", None, None, None, "ok", None)
     document = status_document([HostStatus("n1", "none", (row,), ())], 1)
     (host,) = json.loads(json_text(document))["hosts"]
     assert host["gpus"] == [
@@ -242,3 +242,18 @@ def test_a_gpu_row_keeps_its_fields_in_the_document() -> None:
             "time_left": None,
         }
     ]
+
+
+def test_no_row_says_none_with_an_empty_string_or_the_tables_dash() -> None:
+    # The rows are the document (written from the structs as they are): a field the
+    # join leaves "" or "-" would reach `-o json` as such, not as null.
+    hosts, groups = _status()
+    document = json.loads(json_text(status_document(hosts, 41, groups)))
+    gpus = [row for host in document["hosts"] for row in host["gpus"]]
+    jobs = [row for host in document["hosts"] for row in host["jobs"]]
+    for rows, optional in ((gpus, GPU_OPTIONAL), (jobs, JOB_OPTIONAL)):
+        for name in optional:
+            values = [row[name] for row in rows]
+            # The fleet has a row without it (every job here has a since and a by)...
+            assert None in values or name in ("since", "by"), name
+            assert not {"", "-"} & set(values), (name, values)  # ...and says so with null

@@ -195,11 +195,11 @@ def test_every_row_and_job_names_who_holds_it() -> None:
         ("0", "train", "alice"),
         ("1", "train", "alice"),
         ("2", "infer", "bob"),
-        ("3", "-", ""),
+        ("3", None, None),
     ]
     assert [(g.gpu, g.user) for g in m1.gpus if g.gpu == "cpu"] == [("cpu", "alice")]
     assert [(j.job, j.user) for j in n1.jobs] == [("infer", "bob"), ("train", "alice")]
-    assert n2.gpus[0].user == ""
+    assert n2.gpus[0].user is None
 
 
 def test_user_filter_keeps_the_rows_and_jobs_that_user_holds() -> None:

@@ -54,14 +54,14 @@ def test_a_job_idle_past_its_pools_rule_is_an_idle_holder_and_an_exempt_one_is_n
     train, serve = sorted(host.jobs, key=lambda j: j.job != "train")
     assert (train.idle_seconds, train.idle_holder) == (7380.0, True)
     assert train.idle_rule == "release after 2h (pool a100)"
-    assert (serve.idle_holder, serve.idle_rule) == (False, "")  # action: none
+    assert (serve.idle_holder, serve.idle_rule) == (False, None)  # action: none
     assert [(g.idle, g.idle_holder) for g in host.gpus] == [("2h03m", True), ("2h03m", False)]
 
 
 def test_a_busy_job_shows_no_idle_time() -> None:
     (host,) = build_status(POLICY, _items(None), LAYOUT, NOW)
     assert [(j.idle_since, j.idle_holder) for j in host.jobs] == [(None, False)] * 2
-    assert [g.idle for g in host.gpus] == ["", ""]
+    assert [g.idle for g in host.gpus] == [None, None]
 
 
 def test_unassigned_processes_are_listed_on_their_gpu_and_in_the_text() -> None:

@@ -60,8 +60,8 @@ def test_every_declared_host_and_gpu_is_listed_with_its_holder() -> None:
     assert [(g.gpu, g.holder) for g in n1.gpus] == [
         ("0", "train"),
         ("1", "train"),
-        ("2", "-"),
-        ("3", "-"),
+        ("2", None),
+        ("3", None),
     ]
     assert n1.gpus[0].since == "2026-06-01T11:00:00Z" and n1.gpus[0].reason == "why"
     assert [g.gpu for g in n2.gpus] == ["0", "1"]
@@ -70,7 +70,7 @@ def test_every_declared_host_and_gpu_is_listed_with_its_holder() -> None:
 def test_active_reservations_are_labelled_and_expired_ones_are_not() -> None:
     (n1,) = build_status(POLICY, [], LAYOUT, NOW, only_host="n1")
     labels = {g.gpu: g.reserved for g in n1.gpus}
-    assert labels["3"] == "nightly (eval-*)" and labels["2"] == ""
+    assert labels["3"] == "nightly (eval-*)" and labels["2"] is None
 
 
 def test_agent_liveness_is_its_leased_key_not_a_clock() -> None:
@@ -152,7 +152,7 @@ def test_a_shared_gpu_shows_its_slots_in_use_and_every_holder() -> None:
 
     policy = Policy(
         version=1,
-        hosts={"n1": Host("n1", 2, pool="p")},
+        hosts={"n1": Host("n1", 3, pool="p")},
         pools={"p": Pool("p", ("n1",), sharing=Sharing("mps", 4))},
         jobs={"a": Job("a", ("a",)), "b": Job("b", ("b",))},
     )
@@ -170,8 +170,9 @@ def test_a_shared_gpu_shows_its_slots_in_use_and_every_holder() -> None:
     assert [(g.gpu, g.holder, g.slots) for g in n1.gpus] == [
         ("0", "a,b(2)", "3/4 slots"),
         ("1", "c(whole)", "4/4 slots"),
+        ("2", None, "0/4 slots"),  # free: every slot of it
     ]
-    assert [j.picked for j in n1.jobs] == ["NVLink pair", "", ""]
+    assert [j.picked for j in n1.jobs] == ["NVLink pair", None, None]
 
 
 def test_a_job_across_hosts_says_plainly_which_share_has_no_agent() -> None:
