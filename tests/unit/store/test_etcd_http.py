@@ -289,6 +289,18 @@ def test_a_range_reply_is_read_in_one_pass_as_each_key_value_would_be() -> None:
     ]
 
 
+def test_a_range_reply_with_a_key_that_is_no_text_names_it_and_keeps_the_rest() -> None:
+    kvs = [
+        {"key": "L2E=", "value": "dg==", "mod_revision": "9", "create_revision": "3"},
+        {"key": "L/8=", "value": "dg==", "mod_revision": "9", "create_revision": "3"},  # b"/\xff"
+        {"key": "L2M=", "value": "dw==", "mod_revision": "4", "create_revision": "4"},
+    ]
+    body = {"header": {"cluster_id": "7", "revision": "41"}, "kvs": kvs}
+    listing = range_listing(json.dumps(body).encode())
+    assert [(kv.key, kv.value) for kv in listing.items] == [("/a", b"v"), ("/c", b"w")]
+    assert (listing.bad_keys, listing.revision) == (("/\\xff",), 41)
+
+
 def test_an_empty_range_reply_leaves_out_its_kvs_and_is_read_as_none() -> None:
     listing = range_listing(b'{"header": {"cluster_id": "7", "revision": "8"}}')
     assert (listing.items, listing.revision) == ((), 8)
