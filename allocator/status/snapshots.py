@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from allocator.errors import BadRecord, NotFound, RequestError
 from allocator.records.codec import current_record, decode_record
@@ -82,10 +82,9 @@ def snapshots_by_host(
     hosts = layout.hosts
     skip = len(hosts)
     for item in items:
-        key = item.key
-        if not key.startswith(hosts):
+        if not item.key.startswith(hosts):
             continue
-        names = key[skip:].split("/")
+        names = item.key[skip:].split("/")  # <host>/<kind>[/<job>]
         if len(names) == 3:
             host, kind, name = names
         elif len(names) == 2:
@@ -96,36 +95,10 @@ def snapshots_by_host(
         if part is None:
             part = parts[host] = _Parts()
         try:
-            if kind == "jobs" and name:
-                held = current_record(item.value, Assignment)
-                if held is None or held.job != name or held.host != host:
-                    held = decode_record(item.value, Assignment, key, job=name, host=host)
-                part.assignments[name] = held
-            elif kind == "workers" and name:
-                worker = current_record(item.value, WorkerRecord)
-                if worker is None or worker.job != name or worker.host != host:
-                    worker = decode_record(item.value, WorkerRecord, key, job=name, host=host)
-                part.workers[name] = worker
-            elif kind == "generation":
-                part.generation = item.mod_revision
-            elif kind == "agent":
-                part.agent_revision = item.mod_revision  # compared even when the body is damaged
-                part.agent = decode_record(item.value, AgentRecord, key, host=host)
+            part.add(item, host, kind, name)
         except BadRecord as exc:
             part.bad.append(exc)
-    return {
-        host: HostSnapshot(
-            host,
-            part.assignments,
-            part.generation,
-            part.agent,
-            part.workers,
-            revision,
-            tuple(part.bad),
-            part.agent_revision,
-        )
-        for host, part in parts.items()
-    }
+    return {host: part.snapshot(host, revision) for host, part in parts.items()}
 
 
 class _Parts:
@@ -140,6 +113,47 @@ class _Parts:
         self.agent: AgentRecord | None = None
         self.agent_revision = 0
         self.bad: list[BadRecord] = []
+
+    def add(self, item: KeyValue, host: str, kind: str, name: str) -> None:
+        """File one key of the host; :class:`BadRecord` for a record that cannot be filed."""
+        if kind == "jobs" and name:
+            self.assignments[name] = _named(item, Assignment, host, name)
+        elif kind == "workers" and name:
+            self.workers[name] = _named(item, WorkerRecord, host, name)
+        elif kind == "generation":
+            self.generation = item.mod_revision
+        elif kind == "agent":
+            self.agent_revision = item.mod_revision  # compared even when the body is damaged
+            self.agent = decode_record(item.value, AgentRecord, item.key, host=host)
+
+    def snapshot(self, host: str, revision: int) -> HostSnapshot:
+        """What was filed, as the host's snapshot read at ``revision``."""
+        return HostSnapshot(
+            host,
+            self.assignments,
+            self.generation,
+            self.agent,
+            self.workers,
+            revision,
+            tuple(self.bad),
+            self.agent_revision,
+        )
+
+
+_Named = TypeVar("_Named", Assignment, WorkerRecord)
+
+
+def _named(item: KeyValue, kind: type[_Named], host: str, job: str) -> _Named:
+    """``item``'s record of ``job`` on ``host``; :class:`BadRecord` if it is not one.
+
+    The common case (written as this allocator writes it, naming its own
+    key) takes one call; anything else goes through the checked path, which
+    says what is wrong.
+    """
+    record = current_record(item.value, kind)
+    if record is None or record.job != job or record.host != host:
+        record = decode_record(item.value, kind, item.key, job=job, host=host)
+    return record
 
 
 def read_host(
