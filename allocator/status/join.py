@@ -197,8 +197,7 @@ class HostStatus(msgspec.Struct, frozen=True):
         return msgspec.to_builtins(self)  # type: ignore[no-any-return]
 
 
-#: A row's fields as a dict, one level deep (status rows are built and turned into
-#: dicts by the thousand: msgspec does both in C).
+#: A struct's fields as a dict, one level deep (in C).
 _fields = msgspec.structs.asdict
 
 
@@ -232,7 +231,9 @@ def status_of_part(
     stored = snapshots_by_host(items, layout, 0)
     names = [only_host] if only_host is not None else sorted(set(stored).union(declared))
     agent_keys = {item.key: item for item in items if item.key.endswith("/agent")}
-    prefix = layout.hosts  # each name was checked where it came from: the policy, or a key
+    # Not layout.agent(name): a name from a key written by hand may be no valid name
+    # (``-x``, ``bad name``), and status shows that host with its bad records, not a crash.
+    prefix = layout.hosts
     hosts = []
     for name in names:
         snapshot = stored.get(name, HostSnapshot(name))

@@ -192,3 +192,16 @@ def test_a_job_across_hosts_says_plainly_which_share_has_no_agent() -> None:
         "ring across n1,n2,n3 (MASTER_PORT 29500): n1 rank 0 gpus 0: running pid 7; "
         "n2 rank 1 gpus 0, AGENT GONE: last reported running pid 7; n3 rank 2 NO SHARE, no agent"
     )
+
+
+def test_a_host_name_no_policy_allows_written_by_hand_is_shown_with_its_bad_records() -> None:
+    items = [
+        _kv("/a/v1/hosts/-x/agent", b"{}", lease=5),
+        _kv("/a/v1/hosts/bad name/jobs/t", b"{}"),
+        _assignment("train", "n1", (0,)),
+    ]
+    hosts = {h.host: h for h in build_status(POLICY, items, LAYOUT, NOW)}
+    assert (hosts["-x"].agent, hosts["bad name"].agent) == ("alive", "none")  # a leased key
+    assert "no schema_version" in hosts["-x"].bad_records[0]
+    assert "no schema_version" in hosts["bad name"].bad_records[0]
+    assert [g.holder for g in hosts["n1"].gpus][:1] == ["train"]
