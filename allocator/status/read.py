@@ -245,9 +245,8 @@ def declared_by_part(
     ``splits`` as :func:`split_points` makes them: in key order, each once.
     """
     groups: list[list[str]] = [[] for _ in range(len(splits) + 1)]
-    prefix = layout.hosts  # the policy's host names were checked when it was loaded
     for host in hosts:
-        groups[bisect.bisect_right(splits, f"{prefix}{host}/")].append(host)
+        groups[bisect.bisect_right(splits, layout.host(host))].append(host)
     return groups
 
 
