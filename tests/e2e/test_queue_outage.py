@@ -54,39 +54,88 @@ def _finished(proc: subprocess.Popen[str]) -> Result:
     return Result(proc.returncode, out, err)
 
 
-def _outage(seconds: float, procs: list[subprocess.Popen[str]]) -> None:
-    """Keep the store down ``seconds`` (the fault's length), ending early if a waiter exits."""
+def _ended(procs: list[subprocess.Popen[str]]) -> str:
+    """Each waiter that exited: its exit code and its last line (the failure, whole)."""
+    lines = []
+    for number, proc in enumerate(procs):
+        if proc.poll() is not None:
+            done = _finished(proc)
+            last = (done.err.strip().splitlines() or ["(nothing on stderr)"])[-1]
+            lines.append(f"waiter {number} exited {done.code}: {last}")
+    return "\n".join(lines)
+
+
+def _up_for(seconds: float, procs: list[subprocess.Popen[str]]) -> None:
+    """Let ``seconds`` pass (a fault's length or offset), ending early if a waiter exits."""
     end = time.monotonic() + seconds
     wait_for(
-        "the outage",
+        f"{seconds} s to pass",
         lambda: time.monotonic() >= end or any(p.poll() is not None for p in procs),
         seconds + 5,
     )
 
 
-def test_set_and_run_waiters_keep_their_place_across_an_etcd_restart(
-    world: tuple[Any, dict[str, str]], tmp_path: Any
-) -> None:
-    server, env = world
+def _two_waiters(env: dict[str, str]) -> list[subprocess.Popen[str]]:
+    """node1's GPUs held by ``hold``; ``first`` (set) and ``second`` (run) queued behind it."""
     assert run_cli(["set", "job=hold", "count=3", "host=node1"], env).code == 0
-    procs = [_start(env, "set", "job=first", "count=1", "host=node1", "--wait=60s")]
+    procs = [_start(env, "set", "job=first", "count=1", "host=node1", "--wait=120s")]
     wait_for("first queued", lambda: [j for j, _ in _entries(env)] == ["first"], 30)
-    procs.append(_start(env, "run", "job=second", "count=1", "host=node1", "--wait=60s",
+    procs.append(_start(env, "run", "job=second", "count=1", "host=node1", "--wait=120s",
                         "--", sys.executable, "-c", "pass"))  # fmt: skip
     wait_for("second queued", lambda: len(_entries(env)) == 2, 30)
+    return procs
+
+
+def _both_take_their_turn(env: dict[str, str], procs: list[subprocess.Popen[str]]) -> None:
+    assert run_cli(["release", "job=hold"], env).code == 0
+    results = [_finished(p) for p in procs]
+    assert [r.code for r in results] == [0, 0], [r.err for r in results]
+
+
+def test_set_and_run_waiters_keep_their_place_across_an_etcd_restart(
+    world: tuple[Any, dict[str, str]],
+) -> None:
+    server, env = world
+    procs = _two_waiters(env)
     before = _entries(env)
     try:
         server.kill()  # a crash, two seconds down, and a restart
-        _outage(2.0, procs)
+        _up_for(2.0, procs)
         server.restart()
-        assert all(p.poll() is None for p in procs), [_finished(p) for p in procs]
+        assert all(p.poll() is None for p in procs), _ended(procs)
         assert _entries(env) == before  # the same entries, in the same order
-        assert all(p.poll() is None for p in procs), [_finished(p) for p in procs]
-        assert run_cli(["release", "job=hold"], env).code == 0
-        results = [_finished(p) for p in procs]
-        assert [r.code for r in results] == [0, 0], [r.err for r in results]
+        assert all(p.poll() is None for p in procs), _ended(procs)
+        _both_take_their_turn(env, procs)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        _stop(procs)
+
+
+@pytest.mark.slow
+def test_waiters_ride_out_etcd_killed_at_any_point_of_their_round(
+    world: tuple[Any, dict[str, str]],
+) -> None:
+    """Killed mid-read, mid-take or mid-lease: a waiter tries again every two seconds (each
+    ``run`` try grants a lease and revokes it), so ten kills a fifth of a second apart land
+    on each step of that round. A take the kill cut off is read back before any other, and
+    no waiter gives up or loses its place."""
+    server, env = world
+    procs = _two_waiters(env)
+    before = _entries(env)
+    try:
+        for step in range(10):
+            _up_for(0.2 * step, procs)
+            server.kill()
+            _up_for(0.3, procs)
+            server.restart()
+            assert all(p.poll() is None for p in procs), f"kill {step}: {_ended(procs)}"
+            assert _entries(env) == before, f"kill {step}"
+        _both_take_their_turn(env, procs)
+    finally:
+        _stop(procs)
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()

@@ -10,7 +10,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from allocator.errors import StoreUnavailable
+from allocator.errors import AmbiguousWrite, StoreUnavailable
 
 __all__ = ["OUTAGE_S", "Outage", "default_sigterm", "exit_on_sigterm"]
 
@@ -28,6 +28,9 @@ class Outage:
     def __init__(self, clock: Callable[[], float]) -> None:
         self.clock = clock
         self.since: float | None = None
+        #: A take the outage cut off (its first entry's key, and the error): whether
+        #: it landed is read, once the store answers, before anything else is taken.
+        self.cut: tuple[str | None, AmbiguousWrite] | None = None
 
     def ride(self, down: StoreUnavailable) -> str:
         """Why it waits now; ``down`` itself once the store stayed away too long."""

@@ -249,6 +249,8 @@ def _round(
     outage: Outage,
 ) -> T | str:
     """One try of a queued waiter (rejoining first if its entries were lost); else why not."""
+    if (waits := _settle_cut(allocator, outage)) is not None:
+        return waits  # a cut-off take still unread: nothing else is taken meanwhile
     try:
         if ticket.lost:
             turn.seat(ticket.join())
@@ -258,16 +260,37 @@ def _round(
     try:
         found = _try(allocator, take, turn)
     except AmbiguousWrite as down:
-        # The take deletes the entries in its own transaction: while one is
-        # there, the take did not land and the waiter may go on.
-        mine = next(iter(ticket.keys.values()), None)
-        if mine is None or allocator.store.get(mine) is None:
-            raise
-        return outage.ride(down)
+        outage.cut = (next(iter(ticket.keys.values()), None), down)
+        return _settle_cut(allocator, outage) or outage.ride(down)
     except StoreUnavailable as down:
         return outage.ride(down)
     outage.since = None
     return found
+
+
+def _settle_cut(allocator: Context, outage: Outage) -> str | None:
+    """``None`` once no take the store cut off may have landed unseen; else why it waits.
+
+    The take deletes the entries in its own transaction: while one is
+    there, the take did not land and the waiter may go on. Gone, it may
+    have landed: its ``AmbiguousWrite`` is raised. Unreadable (the store
+    still away), the cut is kept and read again before any other take, so
+    a take never lands twice.
+    """
+    if outage.cut is None:
+        return None
+    mine, down = outage.cut
+    try:
+        gone = mine is None or allocator.store.get(mine) is None
+    except StoreUnavailable as away:
+        try:
+            return outage.ride(away)
+        except StoreUnavailable:
+            raise down from None  # away too long: the take may have landed, and it says so
+    if gone:
+        raise down
+    outage.cut = None
+    return None
 
 
 def _try(allocator: Context, take: Callable[[Gate], T], turn: Turn | Gang) -> T | str:

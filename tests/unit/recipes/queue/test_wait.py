@@ -10,6 +10,7 @@ import pytest
 
 from allocator.control.client import Allocator
 from allocator.control.gate import NotYourTurn
+from allocator.errors import AmbiguousWrite, StoreUnavailable
 from allocator.placement.choose import Request
 from allocator.recipes.queue.tombstone import Cancelled, tombstone_ops
 from allocator.recipes.queue.wait import wait_in_queue
@@ -88,3 +89,74 @@ def test_a_cancelled_waiter_stops_naming_who_cancelled_it() -> None:
     request = Request(job="w", host="node1", count=1)
     with pytest.raises(Cancelled, match="cancelled by bob@h"):
         wait_in_queue(client, request, take, timeout=60, on_wait=lambda _why: None)
+
+
+def _cut_world(landed: bool) -> tuple[Allocator, Store, list[str], list[int]]:
+    """A waiter whose second take is cut off by the store (``AmbiguousWrite``), and whose
+    first reads of its entry after that fail too (the store still away).
+
+    ``landed``: the cut-off take had deleted the entry (it landed, unseen).
+    Returns the world, the log of what happened, and how many reads still fail.
+    """
+    client, store = _waiting_world()
+    log: list[str] = []
+    failing = [2]
+    plain_get = store.get
+    poke = client.layout.host_queue("node1") + "poke"
+
+    def away_get(key: str) -> KeyValue | None:
+        if key.startswith(client.layout.host_queue("node1")) and failing[0] > 0:
+            failing[0] -= 1
+            log.append("unread")
+            store.put(poke, b"x")  # a change: the next round comes at once
+            raise StoreUnavailable("etcd at 127.0.0.1:2379 is unavailable: failed to connect")
+        return plain_get(key)
+
+    store.get = away_get  # type: ignore[method-assign]
+    return client, store, log, failing
+
+
+def _cut_take(client: Allocator, store: Store, log: list[str], landed: bool) -> object:
+    takes = iter(range(100))
+
+    def take(_gate: object) -> int:
+        n = next(takes)
+        log.append(f"take {n}")
+        if n == 1:
+            if landed:
+                (entry,) = [
+                    kv for kv in store.list(client.layout.host_queue("node1")).items
+                    if not kv.key.endswith("poke")
+                ]  # fmt: skip
+                store.delete(entry.key)
+            raise AmbiguousWrite("etcd at 127.0.0.1:2379 may have applied the write")
+        if n >= 2:
+            return 42
+        store.put(client.layout.host_queue("node1") + "poke", b"x")
+        raise NotYourTurn("held by job 'a'")
+
+    return take
+
+
+def test_a_cut_off_take_is_read_back_before_the_waiter_takes_again() -> None:
+    """The store went away mid-take and stays away for the read-back: the waiter rides
+    that out, and takes again only once it has read that the cut-off take did not land."""
+    client, store, log, failing = _cut_world(landed=False)
+    take = _cut_take(client, store, log, landed=False)
+    request = Request(job="w", host="node1", count=1)
+    heard: list[str] = []
+    assert wait_in_queue(client, request, take, timeout=60, on_wait=heard.append) == 42
+    assert log == ["take 0", "take 1", "unread", "unread", "take 2"]
+    assert failing == [0]
+    assert any("the store is unreachable, still in line" in why for why in heard), heard
+
+
+def test_a_cut_off_take_that_landed_is_never_taken_again() -> None:
+    """Its entry gone (the take deleted it in its own transaction), the waiter says the
+    write may have landed (exit 4) and takes nothing more, however long the read-back took."""
+    client, store, log, _failing = _cut_world(landed=True)
+    take = _cut_take(client, store, log, landed=True)
+    request = Request(job="w", host="node1", count=1)
+    with pytest.raises(AmbiguousWrite, match="may have applied"):
+        wait_in_queue(client, request, take, timeout=60, on_wait=lambda _why: None)
+    assert log == ["take 0", "take 1", "unread", "unread"]
