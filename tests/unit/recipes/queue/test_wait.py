@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from allocator.control.client import Allocator
 from allocator.control.gate import NotYourTurn
 from allocator.errors import AmbiguousWrite, StoreUnavailable
 from allocator.placement.choose import Request
+from allocator.recipes.queue.faults import OUTAGE_S
 from allocator.recipes.queue.tombstone import Cancelled, tombstone_ops
 from allocator.recipes.queue.wait import wait_in_queue
 from allocator.store import open_store
@@ -91,32 +93,38 @@ def test_a_cancelled_waiter_stops_naming_who_cancelled_it() -> None:
         wait_in_queue(client, request, take, timeout=60, on_wait=lambda _why: None)
 
 
-def _cut_world(landed: bool) -> tuple[Allocator, Store, list[str], list[int]]:
-    """A waiter whose second take is cut off by the store (``AmbiguousWrite``), and whose
-    first reads of its entry after that fail too (the store still away).
+def _cut_world(
+    failing_reads: int = 2, seconds_each: float = 0.0
+) -> tuple[Allocator, Store, list[str], list[int], Callable[[], float]]:
+    """A store whose next ``failing_reads`` reads of node1's queue fail (the store away),
+    each taking ``seconds_each`` on the waiter's clock.
 
-    ``landed``: the cut-off take had deleted the entry (it landed, unseen).
-    Returns the world, the log of what happened, and how many reads still fail.
+    Returns the world, the log of what happened, how many reads still fail,
+    and the waiter's clock.
     """
     client, store = _waiting_world()
     log: list[str] = []
-    failing = [2]
+    failing = [failing_reads]
+    now = [0.0]
     plain_get = store.get
     poke = client.layout.host_queue("node1") + "poke"
 
     def away_get(key: str) -> KeyValue | None:
         if key.startswith(client.layout.host_queue("node1")) and failing[0] > 0:
             failing[0] -= 1
+            now[0] += seconds_each
             log.append("unread")
             store.put(poke, b"x")  # a change: the next round comes at once
             raise StoreUnavailable("etcd at 127.0.0.1:2379 is unavailable: failed to connect")
         return plain_get(key)
 
     store.get = away_get  # type: ignore[method-assign]
-    return client, store, log, failing
+    return client, store, log, failing, lambda: now[0]
 
 
 def _cut_take(client: Allocator, store: Store, log: list[str], landed: bool) -> object:
+    """A take refused once, then cut off by the store (``landed``: after it deleted the
+    waiter's entry, as a take that landed does), then one that succeeds (42)."""
     takes = iter(range(100))
 
     def take(_gate: object) -> int:
@@ -141,7 +149,7 @@ def _cut_take(client: Allocator, store: Store, log: list[str], landed: bool) -> 
 def test_a_cut_off_take_is_read_back_before_the_waiter_takes_again() -> None:
     """The store went away mid-take and stays away for the read-back: the waiter rides
     that out, and takes again only once it has read that the cut-off take did not land."""
-    client, store, log, failing = _cut_world(landed=False)
+    client, store, log, failing, _clock = _cut_world()
     take = _cut_take(client, store, log, landed=False)
     request = Request(job="w", host="node1", count=1)
     heard: list[str] = []
@@ -154,9 +162,22 @@ def test_a_cut_off_take_is_read_back_before_the_waiter_takes_again() -> None:
 def test_a_cut_off_take_that_landed_is_never_taken_again() -> None:
     """Its entry gone (the take deleted it in its own transaction), the waiter says the
     write may have landed (exit 4) and takes nothing more, however long the read-back took."""
-    client, store, log, _failing = _cut_world(landed=True)
+    client, store, log, _failing, _clock = _cut_world()
     take = _cut_take(client, store, log, landed=True)
     request = Request(job="w", host="node1", count=1)
     with pytest.raises(AmbiguousWrite, match="may have applied"):
         wait_in_queue(client, request, take, timeout=60, on_wait=lambda _why: None)
     assert log == ["take 0", "take 1", "unread", "unread"]
+
+
+def test_a_cut_off_take_unreadable_past_the_outage_limit_says_it_may_have_landed() -> None:
+    """The store away past ``OUTAGE_S`` while the cut-off take is unread: the waiter gives
+    up with the take's ``AmbiguousWrite`` (it may have landed), not a plain "unavailable"."""
+    client, store, log, failing, clock = _cut_world(failing_reads=5, seconds_each=OUTAGE_S / 2)
+    take = _cut_take(client, store, log, landed=False)
+    request = Request(job="w", host="node1", count=1)
+    with pytest.raises(AmbiguousWrite, match="may have applied"):
+        wait_in_queue(client, request, take, on_wait=lambda _why: None, clock=clock)
+    # The outage counts from the first unread (30 s on the clock): 90 s is past the limit.
+    assert log == ["take 0", "take 1", "unread", "unread", "unread", "unread"]
+    assert failing == [1]
