@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from allocator.errors import BadRecord, NotFound, RequestError
 from allocator.records.codec import current_record, decode_record
-from allocator.records.keys import KeyLayout
+from allocator.records.keys import KeyLayout, split_host_key
 from allocator.records.types import AgentRecord, Assignment, PolicyRecord, WorkerRecord
 from allocator.store import KeyValue, Store, bad_key_records
 
@@ -70,9 +70,9 @@ def snapshots_by_host(
     """Decode keys read under the hosts prefix into one :class:`HostSnapshot` per host.
 
     One pass over ``items``: ``status`` on a fleet reads every host at once
-    (14,000 keys at 1,000 hosts), so the loop is written out here, with the
-    common case (a record as this allocator writes it, naming its own key)
-    decoded in one call and anything else sent through
+    (14,000 keys at 1,000 hosts), so the common case (a record as this
+    allocator writes it, naming its own key) is decoded in one call and
+    anything else sent through
     :func:`~allocator.records.codec.decode_record`, which says what is wrong.
     A record that does not decode, or whose body disagrees with its key, is
     left out and listed in its host's ``bad_records``; it never hides the
@@ -80,17 +80,11 @@ def snapshots_by_host(
     """
     parts: dict[str, _Parts] = {}
     hosts = layout.hosts
-    skip = len(hosts)
     for item in items:
-        if not item.key.startswith(hosts):
+        parsed = split_host_key(item.key, hosts)  # <host>/<kind>[/<job>]
+        if parsed is None:
             continue
-        names = item.key[skip:].split("/")  # <host>/<kind>[/<job>]
-        if len(names) == 3:
-            host, kind, name = names
-        elif len(names) == 2:
-            (host, kind), name = names, ""
-        else:
-            continue
+        host, kind, name = parsed
         part = parts.get(host)
         if part is None:
             part = parts[host] = _Parts()
